@@ -1,0 +1,43 @@
+# README's two commands: `make run` (audit + probe on the built-in model) and `make test`.
+# Everything is installed into a project-local virtual environment (.venv): the package names
+# agent/, collectors/, tuning/ are generic and must never land in a shared site-packages.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.hftagent-installed
+
+.PHONY: run test venv apt-deps bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the tests use for real (promtool, prometheus, amtool). Installed only when missing.
+apt-deps:
+	@if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+	  else echo "note: promtool/amtool missing and cannot apt-get install them; those tests will skip" >&2; fi; \
+	fi
+
+# Main job: read-only audit of this host, then the probe on the built-in model.
+# audit exits 2 when it finds something to fix; that is a report, not a failure of `make run`.
+run: $(STAMP)
+	$(BIN)/hftagent audit || [ $$? -eq 2 ]
+	$(BIN)/hftagent probe
+
+test: $(STAMP) apt-deps
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/audit_bench.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check agent collectors tuning tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""agent: orchestration — the CLI, probe, watch loop, attribution, exporter, history, gate."""

@@ -1,0 +1,48 @@
+"""Options and error handling shared by every command (defined once)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, TypeVar
+
+import typer
+
+from agent.errors import AgentError
+from collectors.host import Host, HostError
+
+F = TypeVar("F", bound=Callable)
+
+RootOpt = Annotated[str, typer.Option("--root", help="Read the host under this directory "
+                                      "(a captured tree) instead of /.")]
+ProcfsOpt = Annotated[str | None, typer.Option("--procfs", help="procfs mount point "
+                                               "(default ROOT/proc).")]
+SysfsOpt = Annotated[str | None, typer.Option("--sysfs", help="sysfs mount point "
+                                              "(default ROOT/sys).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print one line on stderr and return the Exit to raise."""
+    print(f"hftagent: error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def cli_errors(fn: F) -> F:
+    """Turn domain errors into one stderr line and exit 1 (the CLI layer's only job here)."""
+    from tuning.profiles import ProfileError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (AgentError, HostError, ProfileError) as exc:
+            raise fail(str(exc)) from None
+        except PermissionError as exc:
+            raise fail(f"permission denied: {exc.filename or exc} (retry as root)") from None
+    return wrapper  # type: ignore[return-value]
+
+
+def make_host(root: str = "/", procfs: str | None = None, sysfs: str | None = None) -> Host:
+    return Host(root, procfs, sysfs)

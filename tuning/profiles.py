@@ -1,0 +1,131 @@
+"""Profiles: data files (TOML) with the expected value, severity and rationale of each setting.
+
+Shipped: ``hft-cpu``, ``hft-gpu``, ``bench`` (tuning/profiles/*.toml). ``--profile FILE`` loads a
+user profile, which may set ``extends = "hft-cpu"`` and override only some settings. Audit and
+tune read the same profile.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tuning.findings import Status
+
+BUILTIN = ("hft-cpu", "hft-gpu", "bench")
+
+# Every key a profile may set, with the type its "expected" value must have.
+SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    "governor": (str,), "min_freq": (str,), "turbo": (str,), "epp": (str,),
+    "cstate_max_exit_latency_us": (int,), "smt": (str,), "isolation": (bool,),
+    "irq_affinity": (str,), "irqbalance": (str,), "thp_enabled": (str,), "thp_defrag": (str,),
+    "ksm": (int,), "swap": (str,), "swappiness": (int,), "numa_balancing": (int,),
+    "nmi_watchdog": (int,), "timer_migration": (int,), "stat_interval": (int,),
+    "sched_rt_runtime_us": (int,), "clocksource": (str,), "perf_event_paranoid": (int,),
+    "steal_max_pct": (float, int), "numa_single_node": (bool,), "pcie_link": (str,),
+    "other_tuners": (str,), "tf_threads": (str,), "gpu_persistence": (str,),
+    "gpu_compute_mode": (str,), "gpu_foreign_processes": (int,), "gpu_clocks": (str,),
+    "gpu_pcie_link": (str,), "gpu_ecc": (int,), "gpu_mig": (str,),
+}
+# Values a string setting may take ("any" everywhere means: report, never fail).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "turbo": ("on", "off", "any"), "smt": ("on", "off", "any"), "min_freq": ("max", "any"),
+    "irq_affinity": ("off-target", "any"), "irqbalance": ("off", "banned", "any"),
+    "thp_enabled": ("always", "madvise", "never", "any"),
+    "thp_defrag": ("always", "defer", "defer+madvise", "madvise", "never", "any"),
+    "swap": ("off", "any"), "pcie_link": ("max", "any"), "other_tuners": ("none", "any"),
+    "tf_threads": ("pinned", "any"), "gpu_persistence": ("on", "off", "any"),
+    "gpu_compute_mode": ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "any"),
+    "gpu_clocks": ("unthrottled", "any"), "gpu_pcie_link": ("max", "any"),
+    "gpu_mig": ("on", "off", "any"),
+}
+
+
+class ProfileError(Exception):
+    """An unknown profile name or a malformed profile file."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    expected: Any
+    severity: Status
+    why: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    settings: dict[str, Setting]
+    source: str
+
+    def get(self, key: str) -> Setting | None:
+        return self.settings.get(key)
+
+    def expected(self, key: str, default: Any = None) -> Any:
+        s = self.settings.get(key)
+        return default if s is None else s.expected
+
+
+def _parse(data: dict, source: str, base: Profile | None) -> Profile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: not a table")
+    unknown_top = set(data) - {"name", "description", "extends", "settings"}
+    if unknown_top:
+        raise ProfileError(f"{source}: unknown top-level key(s) {sorted(unknown_top)}")
+    settings = dict(base.settings) if base else {}
+    raw = data.get("settings", {})
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{source}: [settings] must be a table")
+    for key, entry in raw.items():
+        if key not in SETTING_TYPES:
+            raise ProfileError(f"{source}: unknown setting {key!r}")
+        if not isinstance(entry, dict) or "expected" not in entry:
+            raise ProfileError(f"{source}: settings.{key} needs an 'expected' value")
+        exp = entry["expected"]
+        types = SETTING_TYPES[key]
+        # bool is an int subclass in Python: keep "expected = true" out of integer settings
+        if not isinstance(exp, types) or (isinstance(exp, bool) and bool not in types):
+            names = "/".join(t.__name__ for t in types)
+            raise ProfileError(f"{source}: settings.{key}.expected must be {names}, got {exp!r}")
+        if key in CHOICES and exp not in CHOICES[key]:
+            raise ProfileError(f"{source}: settings.{key}.expected {exp!r} is not one of "
+                               f"{', '.join(CHOICES[key])}")
+        sev_s = entry.get("severity", base.settings[key].severity.value
+                          if base and key in base.settings else "warn")
+        if sev_s not in ("fail", "warn"):
+            raise ProfileError(f"{source}: settings.{key}.severity must be 'fail' or 'warn'")
+        why = entry.get("why", base.settings[key].why if base and key in base.settings else "")
+        settings[key] = Setting(key, exp, Status(sev_s), str(why))
+    name = data.get("name") or (Path(source).stem if source else "custom")
+    return Profile(str(name), str(data.get("description", "")), settings, source)
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Load a built-in profile by name or a user profile from a TOML file."""
+    if name_or_path in BUILTIN:
+        text = resources.files("tuning").joinpath("profiles", f"{name_or_path}.toml").read_text()
+        return _parse(tomllib.loads(text), f"builtin:{name_or_path}", None)
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        raise ProfileError(f"unknown profile {name_or_path!r} (built-in: {', '.join(BUILTIN)}; "
+                           "or a path to a .toml file)")
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {name_or_path!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"cannot read profile {name_or_path!r}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"profile {name_or_path!r} is not valid TOML: {exc}") from None
+    base = None
+    if "extends" in data:
+        if data["extends"] not in BUILTIN:
+            raise ProfileError(f"{name_or_path}: extends {data['extends']!r} is not a built-in "
+                               "profile")
+        base = load_profile(data["extends"])
+    return _parse(data, str(path), base)
