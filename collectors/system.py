@@ -1,0 +1,165 @@
+"""Whole-system facts: NUMA nodes, virtualization, processes (other tuners), a target PID.
+
+Sources:
+- /sys/devices/system/node/nodeN/cpulist                    [numactl --hardware]
+- /sys/hypervisor/type, /sys/class/dmi/id/{sys_vendor,product_name}, cpuinfo "hypervisor" flag
+                                                            [systemd-detect-virt]
+- /proc/stat steal ticks over a short window               [vmstat 1, column st]
+- /proc/<pid>/{comm,status,environ}                          [ps, cat]
+- /etc/tuned/active_profile                                  [tuned-adm active]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from collectors.cpu import cpuinfo_flags
+from collectors.host import Host, Reading
+from collectors.parsers import parse_cpulist, parse_environ, parse_kv, parse_proc_stat
+
+# --------------------------------------------------------------------------------------------
+# NUMA
+# --------------------------------------------------------------------------------------------
+
+
+def numa_nodes(host: Host) -> dict[int, list[int]]:
+    """{node id: CPU ids}. A kernel without NUMA sysfs gives {} (callers treat as one node)."""
+    out = {}
+    for name, d in host.glob_dirs(host.sys("devices/system/node"), "node"):
+        if name[4:].isdigit():
+            r = host.read(d / "cpulist").map(parse_cpulist)
+            out[int(name[4:])] = r.value or []
+    return out
+
+
+def node_of_cpus(nodes: dict[int, list[int]], cpus: list[int]) -> set[int]:
+    return {n for n, cl in nodes.items() if set(cl) & set(cpus)}
+
+
+# --------------------------------------------------------------------------------------------
+# Virtualization
+# --------------------------------------------------------------------------------------------
+
+_DMI_HINTS = {
+    "qemu": "kvm", "kvm": "kvm", "vmware": "vmware", "virtualbox": "virtualbox",
+    "microsoft corporation": "hyperv", "xen": "xen", "amazon ec2": "kvm",
+    "google compute engine": "kvm", "firecracker": "firecracker",
+}
+
+
+@dataclass(frozen=True)
+class Virt:
+    """``kind`` is None on bare metal; evidence says what revealed it."""
+
+    kind: str | None
+    evidence: str
+
+
+def virtualization(host: Host) -> Virt:
+    hv = host.read(host.sys("hypervisor/type"))
+    if hv.ok and hv.value:
+        return Virt(hv.value.strip(), hv.path)
+    for f in ("sys_vendor", "product_name", "board_vendor"):
+        r = host.read(host.sys("class/dmi/id", f))
+        if r.ok:
+            low = r.value.lower()
+            for hint, kind in _DMI_HINTS.items():
+                if hint in low:
+                    return Virt(kind, f"{r.path}={r.value.strip()}")
+    if "hypervisor" in cpuinfo_flags(host):
+        cmd = host.read(host.proc("cmdline")).value or ""
+        kind = "firecracker" if "firecracker" in cmd else "unknown-hypervisor"
+        return Virt(kind, "/proc/cpuinfo flags: hypervisor")
+    return Virt(None, "no hypervisor flag in /proc/cpuinfo, no /sys/hypervisor, no VM DMI vendor")
+
+
+def steal_share(host: Host, cpus: list[int], window_s: float = 0.2) -> Reading[dict[int, float]]:
+    """Share (0..1) of each CPU's time stolen by the hypervisor over ``window_s`` seconds,
+    from two /proc/stat reads. On a fixture tree (not live) a single read is all there is:
+    the share since boot is returned instead."""
+    path = host.proc("stat")
+    first = host.read(path).map(parse_proc_stat)
+    if not first.ok:
+        return Reading(None, first.path, first.reason)
+    if host.live and window_s > 0:
+        time.sleep(window_s)
+        second = host.read(path).map(parse_proc_stat)
+        if not second.ok:
+            return Reading(None, second.path, second.reason)
+        a, b = first.value.cpus, second.value.cpus
+    else:
+        a = {c: dict.fromkeys(v, 0) for c, v in first.value.cpus.items()}
+        b = first.value.cpus
+    out = {}
+    for c in cpus:
+        if c not in a or c not in b:
+            continue
+        total = sum(b[c].get(k, 0) - a[c].get(k, 0) for k in b[c]
+                    if k not in ("guest", "guest_nice"))  # guest time is already in user
+        steal = b[c].get("steal", 0) - a[c].get("steal", 0)
+        out[c] = steal / total if total > 0 else 0.0
+    return Reading(out, first.path)
+
+
+# --------------------------------------------------------------------------------------------
+# Processes
+# --------------------------------------------------------------------------------------------
+
+
+def process_names(host: Host) -> dict[int, str]:
+    """{pid: comm} of every process under procfs (cheap: one small read each)."""
+    out = {}
+    for pid in host.pids():
+        r = host.read(host.proc(pid, "comm"))
+        if r.ok:
+            out[pid] = r.value.strip()
+    return out
+
+
+def find_processes(host: Host, names: set[str]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for pid, comm in process_names(host).items():
+        if comm in names:
+            found.setdefault(comm, []).append(pid)
+    return found
+
+
+def tuned_profile(host: Host) -> Reading[str]:
+    return host.read(host.etc("tuned", "active_profile"))
+
+
+@dataclass
+class ProcessInfo:
+    pid: int
+    comm: str | None
+    cpus_allowed: list[int] | None
+    mems_allowed: list[int] | None
+    threads: int | None
+    environ: dict[str, str] | None
+    environ_reason: str | None
+
+
+def process_info(host: Host, pid: int) -> ProcessInfo | None:
+    """Affinity, memory binding, thread count and environment of a process; None if gone."""
+    st = host.read(host.proc(pid, "status"))
+    if not st.ok:
+        return None
+    kv = parse_kv(st.value, ":")
+    try:
+        env_bytes = host.proc(pid, "environ").read_bytes()
+        env, env_reason = parse_environ(env_bytes), None
+    except PermissionError:
+        env, env_reason = None, "permission (retry as root or as the process owner)"
+    except OSError as exc:
+        env, env_reason = None, f"unreadable: {exc.strerror}"
+
+    def cl(key: str) -> list[int] | None:
+        try:
+            return parse_cpulist(kv[key]) if key in kv else None
+        except ValueError:
+            return None
+
+    threads = kv.get("Threads")
+    return ProcessInfo(pid, kv.get("Name"), cl("Cpus_allowed_list"), cl("Mems_allowed_list"),
+                       int(threads) if threads and threads.isdigit() else None, env, env_reason)
