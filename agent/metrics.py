@@ -1,0 +1,433 @@
+"""WatchMetrics: the state `hftagent watch` feeds and the Prometheus exporter reads.
+
+Contract (for the watch loop; the exporter in :mod:`agent.exporter` only reads this object)
+--------------------------------------------------------------------------------------------
+One ``WatchMetrics`` per process, built in the composition function (nothing at import)::
+
+    m = WatchMetrics(thresholds_us=(500, 1000, 5000), source="probe", variant="xla")
+
+Every method is thread-safe. Writers and the scrape never block each other for long: each
+write holds one uncontended lock for a few list/array stores; a scrape copies the state under
+that lock and does all formatting and quantile work outside it.
+
+Hot path (probe thread, up to ~1 kHz)
+    ``observe(latency_ns)``        one probe sample, int nanoseconds, wall time of one call.
+                                   Updates the histogram, the sample count, the exceedance
+                                   counts (a sample *over* a threshold, strictly) and the
+                                   rolling window (the last window_s seconds, at most
+                                   window_capacity = 65,536 samples: 60 s at 1 kHz); stamps
+                                   the last-sample time. No allocation
+                                   beyond Python ints; ~1 µs.
+    ``observe_many(latencies_ns)`` the same for a batch (numpy int64 array), if the probe
+                                   prefers to flush its preallocated buffer periodically.
+
+Probe state
+    ``probe_up(up)``               True once the probe is warmed and timing; False while
+                                   warming, restarting or after it died. Starts False.
+                                   Staleness (no sample for a while) is visible separately
+                                   through the last-sample timestamp; nothing to call.
+
+Attribution and sampler (slow path: Hz, not kHz)
+    ``spike(cause)``               one attributed slow sample. ``cause`` is one of
+                                   :data:`CAUSES`; anything else is counted as "other" (the
+                                   label set stays bounded whatever the engine emits).
+    ``set_collector(name, success, duration_s)``
+                                   outcome of one collector run (collectors.base.CollectorResult
+                                   has exactly these fields). Up to :data:`MAX_COLLECTORS` names.
+    ``set_gauge(name, value, **labels)``
+                                   a host/GPU reading attribution relies on. ``name`` and the
+                                   label names must be in :data:`GAUGES`; label values are
+                                   validated (CPU/GPU indices, PCI addresses, fixed enums).
+                                   ``value=None`` means "cannot be read now": the series is
+                                   removed, never exported as 0. A bad name/label raises
+                                   ValueError (a programming error: tests catch it).
+    ``set_gpu_clock_event_reasons(gpu, mask)``
+                                   decodes NVML's clock-event-reason bitmask
+                                   (``gpu.N.clock_event_reasons``) into one 0/1 gauge per
+                                   reason; None removes them.
+    ``set_audit(findings)``        the latest audit result (list of tuning.findings.Finding);
+                                   replaces the previous one. Up to :data:`MAX_AUDIT_CHECKS`.
+
+Reading (exporter, tests, benchmarks)
+    ``snapshot()``                 a consistent, immutable :class:`Snapshot` of everything.
+
+Units: latencies in int nanoseconds on the way in, seconds in the snapshot (base units at the
+edge). Series bounds: see docs/fleet.md for the count per box.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tuning.findings import Finding
+
+# Histogram bucket upper bounds, µs. Fit for 10 µs–100 ms with the resolution where inference
+# budgets sit (0.3–5 ms), so histogram_quantile() over a fleet lands close to the true P99.
+# The thresholds are merged in: the exceedance counters then equal count − bucket{le=threshold}.
+DEFAULT_BUCKETS_US: tuple[int, ...] = (
+    10, 20, 50, 100, 200, 300, 400, 500, 600, 800, 1000, 1500, 2000, 3000, 5000, 7500,
+    10_000, 20_000, 50_000, 100_000)
+
+DEFAULT_THRESHOLDS_US: tuple[int, ...] = (500, 1000, 5000)
+
+# Rolling-window quantiles exported as gauges, with the samples needed to claim each one at
+# 99 % confidence (n·(1 − q) ≥ 6.62; the P99 and P99.9 figures are DESIGN.md's). Below that
+# the gauge is absent rather than a guess.
+QUANTILES: tuple[float, ...] = (0.5, 0.99, 0.999)
+REQUIRED_SAMPLES: dict[float, int] = {0.5: 14, 0.99: 662, 0.999: 6636}
+
+# Causes of the attribution engine (agent/watch). Anything else is counted as "other".
+CAUSES: tuple[str, ...] = (
+    "cpu_contention", "irq", "softirq", "freq_drop", "steal", "migration", "page_faults",
+    "numa_remote", "gpu_throttle", "gpu_foreign_process", "pcie_errors", "unexplained",
+    "other")
+
+AUDIT_STATUSES: tuple[str, ...] = (
+    "ok", "warn", "fail", "unsupported", "pending-reboot", "error")
+
+MAX_COLLECTORS = 32
+MAX_AUDIT_CHECKS = 256
+MAX_SERIES_PER_GAUGE = 512
+
+# NVML clock-event ("throttle") reason bits, nvml.h nvmlClocksEventReason*.
+GPU_CLOCK_EVENT_REASONS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+_CPU = re.compile(r"^(0|[1-9][0-9]{0,3})$")           # 0..9999
+_GPU = re.compile(r"^(0|[1-9][0-9]?)$")               # 0..99
+_PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")  # 0000:17:00.0
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_CHECK = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}$")
+
+
+def _enum(*values: str) -> re.Pattern[str]:
+    return re.compile("^(" + "|".join(re.escape(v) for v in values) + ")$")
+
+
+@dataclass(frozen=True)
+class GaugeSpec:
+    """One allowed gauge: exported as ``hftagent_<name>``; labels in this order."""
+    help: str
+    labels: tuple[tuple[str, re.Pattern[str]], ...]
+
+
+# The host and GPU gauges attribution relies on. Fixed: adding one is a code change, so the
+# series count per box stays known (docs/fleet.md).
+GAUGES: dict[str, GaugeSpec] = {
+    "cpu_frequency_hertz": GaugeSpec(
+        "Current frequency of a probe CPU (cpufreq scaling_cur_freq).",
+        (("cpu", _CPU),)),
+    "gpu_clock_hertz": GaugeSpec(
+        "Current GPU clock (NVML nvmlDeviceGetClockInfo; nvidia-smi --query-gpu=clocks.sm).",
+        (("gpu", _GPU), ("clock", _enum("graphics", "sm", "memory", "video")))),
+    "gpu_clock_event_reason": GaugeSpec(
+        "1 when the NVML clock-event (throttle) reason is active "
+        "(nvidia-smi --query-gpu=clocks_event_reasons.active).",
+        (("gpu", _GPU), ("reason", _enum(*GPU_CLOCK_EVENT_REASONS)))),
+    "gpu_temperature_celsius": GaugeSpec(
+        "GPU core temperature (nvidia-smi --query-gpu=temperature.gpu).", (("gpu", _GPU),)),
+    "gpu_power_watts": GaugeSpec(
+        "GPU power draw (nvidia-smi --query-gpu=power.draw).", (("gpu", _GPU),)),
+    "gpu_foreign_processes": GaugeSpec(
+        "Compute processes on the GPU other than the probe's.", (("gpu", _GPU),)),
+    "pcie_link_degraded": GaugeSpec(
+        "1 when the PCIe link runs below its maximum speed or width "
+        "(current_link_speed/width vs max_link_speed/width in sysfs).", (("device", _PCI),)),
+    "pcie_link_speed_transfers_per_second": GaugeSpec(
+        "Current PCIe link speed per lane (sysfs current_link_speed, GT/s × 1e9).",
+        (("device", _PCI),)),
+    "pcie_link_width": GaugeSpec(
+        "Current PCIe link width in lanes (sysfs current_link_width).", (("device", _PCI),)),
+}
+
+
+@dataclass(frozen=True)
+class CollectorState:
+    success: bool
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the exporter prints, copied consistently at one instant."""
+    source: str
+    variant: str
+    bucket_bounds_s: tuple[float, ...]      # finite upper bounds; +Inf implied
+    bucket_cumulative: tuple[int, ...]      # len(bounds) + 1 cumulative counts (last = count)
+    count: int
+    sum_s: float
+    exceedances: dict[int, int]             # threshold µs -> samples strictly over it
+    window_s: float
+    window_samples: int
+    quantiles: dict[float, float]           # only the ones the window has enough samples for
+    probe_up: bool
+    last_sample_unix_s: float | None        # None: no sample yet
+    spikes: dict[str, int]                  # every cause in CAUSES, 0 included
+    collectors: dict[str, CollectorState]
+    audit: dict[str, str] | None            # check id -> status; None: no audit yet
+    audit_unix_s: float | None
+    gauges: dict[str, dict[tuple[str, ...], float]]
+    dropped: dict[str, int]                 # label values refused because a bound was hit
+
+
+class WatchMetrics:
+    """Thread-safe metric state for `hftagent watch` (see the module docstring)."""
+
+    def __init__(self, thresholds_us: Iterable[int] = DEFAULT_THRESHOLDS_US, *,
+                 source: str = "probe", variant: str = "",
+                 buckets_us: Iterable[int] = DEFAULT_BUCKETS_US,
+                 window_s: float = 60.0, window_capacity: int = 1 << 16,
+                 quantile_refresh_s: float = 1.0) -> None:
+        self.thresholds_us = tuple(sorted({int(t) for t in thresholds_us}))
+        if not self.thresholds_us or self.thresholds_us[0] <= 0:
+            raise ValueError("thresholds_us must be positive")
+        if not _NAME.match(source) or (variant and not re.match(r"^[A-Za-z0-9_.-]{1,32}$",
+                                                                 variant)):
+            raise ValueError(f"bad source/variant label: {source!r}/{variant!r}")
+        if window_s <= 0 or window_capacity < 1024:
+            raise ValueError("window_s must be > 0 and window_capacity >= 1024")
+        self.source = source
+        self.variant = variant
+        bounds_us = sorted({int(b) for b in buckets_us} | set(self.thresholds_us))
+        self._bounds_ns: list[int] = [b * 1000 for b in bounds_us]
+        self._bounds_s = tuple(b / 1e6 for b in bounds_us)
+        self._thr_index = {t: bounds_us.index(t) for t in self.thresholds_us}
+        self.window_s = float(window_s)
+        self._window_ns = int(window_s * 1e9)
+        self._cap = int(window_capacity)
+        self._q_refresh_ns = int(quantile_refresh_s * 1e9)
+
+        self._lock = threading.Lock()
+        # Hot state: plain Python ints and typed arrays (no per-sample allocation).
+        self._counts: list[int] = [0] * (len(self._bounds_ns) + 1)  # last: over the top bound
+        self._n = 0
+        self._sum_ns = 0
+        self._ring_lat = array("q", bytes(8 * self._cap))
+        self._ring_t = array("q", bytes(8 * self._cap))
+        self._pos = 0
+        self._last_mono_ns: int | None = None
+        self._up = False
+        # Slow state.
+        self._spikes: dict[str, int] = dict.fromkeys(CAUSES, 0)
+        self._collectors: dict[str, CollectorState] = {}
+        self._audit: dict[str, str] | None = None
+        self._audit_unix_s: float | None = None
+        self._gauges: dict[str, dict[tuple[str, ...], float]] = {g: {} for g in GAUGES}
+        self._dropped: dict[str, int] = {}
+        # Quantile cache: at most one window computation per quantile_refresh_s, however many
+        # scrapers there are (50 concurrent scrapers must not multiply the work).
+        self._q_lock = threading.Lock()
+        self._q_at_ns: int | None = None
+        self._q_value: tuple[int, dict[float, float]] = (0, {})
+
+    # ---- hot path -------------------------------------------------------------------------
+
+    def observe(self, latency_ns: int) -> None:
+        """Record one probe sample (int ns). Called from the probe thread at up to ~1 kHz."""
+        i = bisect_left(self._bounds_ns, latency_ns)
+        now = time.monotonic_ns()
+        with self._lock:
+            self._counts[i] += 1
+            self._n += 1
+            self._sum_ns += latency_ns
+            p = self._pos
+            self._ring_lat[p] = latency_ns
+            self._ring_t[p] = now
+            p += 1
+            self._pos = p if p < self._cap else 0
+            self._last_mono_ns = now
+
+    def observe_many(self, latencies_ns: np.ndarray) -> None:
+        """Record a batch of samples (int64 ns), all stamped now."""
+        lat = np.asarray(latencies_ns, dtype=np.int64)
+        if lat.size == 0:
+            return
+        if lat.size > self._cap:  # only the newest fit in the window; all are counted
+            head, lat_w = lat, lat[-self._cap:]
+        else:
+            head = lat_w = lat
+        idx = np.searchsorted(np.asarray(self._bounds_ns, dtype=np.int64), head, side="left")
+        add = np.bincount(idx, minlength=len(self._counts)).tolist()
+        total = int(head.sum())
+        now = time.monotonic_ns()
+        with self._lock:
+            for k, c in enumerate(add):
+                if c:
+                    self._counts[k] += c
+            self._n += int(head.size)
+            self._sum_ns += total
+            ring_lat = np.frombuffer(self._ring_lat, dtype=np.int64)
+            ring_t = np.frombuffer(self._ring_t, dtype=np.int64)
+            p, m = self._pos, lat_w.size
+            first = min(m, self._cap - p)
+            ring_lat[p:p + first] = lat_w[:first]
+            ring_t[p:p + first] = now
+            if m > first:
+                ring_lat[:m - first] = lat_w[first:]
+                ring_t[:m - first] = now
+            self._pos = (p + m) % self._cap
+            self._last_mono_ns = now
+            del ring_lat, ring_t  # release the buffer exports
+
+    # ---- probe state ----------------------------------------------------------------------
+
+    def probe_up(self, up: bool) -> None:
+        """Whether the probe is warmed and producing samples."""
+        with self._lock:
+            self._up = bool(up)
+
+    # ---- slow path ------------------------------------------------------------------------
+
+    def spike(self, cause: str) -> None:
+        """Count one attributed spike; causes outside CAUSES count as "other"."""
+        key = cause if cause in self._spikes else "other"
+        with self._lock:
+            self._spikes[key] += 1
+
+    def set_collector(self, name: str, success: bool, duration_s: float) -> None:
+        """Outcome of one collector run (CollectorResult.name/.success/.duration_s)."""
+        if not _NAME.match(name):
+            raise ValueError(f"bad collector name {name!r}")
+        with self._lock:
+            if name not in self._collectors and len(self._collectors) >= MAX_COLLECTORS:
+                self._drop_locked("collector")
+                return
+            self._collectors[name] = CollectorState(bool(success), float(duration_s))
+
+    def set_audit(self, findings: Iterable[Finding]) -> None:
+        """Replace the audit state with these findings (check id -> status)."""
+        state, dropped = audit_state(findings)
+        with self._lock:
+            self._audit = state
+            self._audit_unix_s = time.time()
+            if dropped:
+                self._drop_locked("audit", dropped)
+
+    def set_gauge(self, name: str, value: float | None, **labels: Any) -> None:
+        """Set (or with None, remove) one allowlisted gauge series. See :data:`GAUGES`."""
+        spec = GAUGES.get(name)
+        if spec is None:
+            raise ValueError(f"unknown gauge {name!r}; allowed: {', '.join(GAUGES)}")
+        if set(labels) != {ln for ln, _ in spec.labels}:
+            raise ValueError(f"gauge {name}: labels must be {[ln for ln, _ in spec.labels]}, "
+                             f"got {sorted(labels)}")
+        key = []
+        for ln, pat in spec.labels:
+            v = str(labels[ln])
+            if not pat.match(v):
+                raise ValueError(f"gauge {name}: bad {ln}={v!r}")
+            key.append(v)
+        k = tuple(key)
+        with self._lock:
+            series = self._gauges[name]
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                series.pop(k, None)
+            elif k in series or len(series) < MAX_SERIES_PER_GAUGE:
+                series[k] = float(value)
+            else:
+                self._drop_locked(name)
+
+    def set_gpu_clock_event_reasons(self, gpu: int | str, mask: int | None) -> None:
+        """Decode NVML's clock-event-reason bitmask into one 0/1 gauge per reason."""
+        for reason, bit in GPU_CLOCK_EVENT_REASONS.items():
+            self.set_gauge("gpu_clock_event_reason",
+                           None if mask is None else float(bool(int(mask) & bit)),
+                           gpu=gpu, reason=reason)
+
+    def _drop_locked(self, what: str, n: int = 1) -> None:
+        self._dropped[what] = self._dropped.get(what, 0) + n
+
+    # ---- reading --------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """A consistent copy of the state. Quantiles are recomputed at most once per
+        ``quantile_refresh_s``; everything else is exact at the time of the call."""
+        with self._lock:
+            counts = list(self._counts)
+            n, sum_ns, up = self._n, self._sum_ns, self._up
+            last = self._last_mono_ns
+            spikes = dict(self._spikes)
+            collectors = dict(self._collectors)
+            audit = None if self._audit is None else dict(self._audit)
+            audit_ts = self._audit_unix_s
+            gauges = {g: dict(s) for g, s in self._gauges.items()}
+            dropped = dict(self._dropped)
+        now_mono = time.monotonic_ns()
+        cum, acc = [], 0
+        for c in counts:
+            acc += c
+            cum.append(acc)
+        exceed = {t: n - cum[i] for t, i in self._thr_index.items()}
+        wn, quant = self._window_quantiles(now_mono)
+        last_unix = None if last is None else time.time() - (now_mono - last) / 1e9
+        return Snapshot(
+            source=self.source, variant=self.variant, bucket_bounds_s=self._bounds_s,
+            bucket_cumulative=tuple(cum), count=n, sum_s=sum_ns / 1e9, exceedances=exceed,
+            window_s=self.window_s, window_samples=wn, quantiles=quant, probe_up=up,
+            last_sample_unix_s=last_unix, spikes=spikes, collectors=collectors,
+            audit=audit, audit_unix_s=audit_ts, gauges=gauges, dropped=dropped)
+
+    def _window_quantiles(self, now_mono: int) -> tuple[int, dict[float, float]]:
+        with self._q_lock:
+            if self._q_at_ns is not None and now_mono - self._q_at_ns < self._q_refresh_ns:
+                return self._q_value
+            with self._lock:  # one memcpy of each ring (≤ 1 MiB), nothing else under the lock
+                lat = np.frombuffer(self._ring_lat, dtype=np.int64).copy()
+                ts = np.frombuffer(self._ring_t, dtype=np.int64).copy()
+            # Unwritten slots have t = 0 and fall out with the window test (monotonic_ns is
+            # far above window_ns on any booted machine; guard anyway with t > 0).
+            sel = lat[(ts > 0) & (ts >= now_mono - self._window_ns)]
+            out: dict[float, float] = {}
+            if sel.size:
+                ks = {q: _nearest_rank_index(q, sel.size) for q in QUANTILES
+                      if sel.size >= REQUIRED_SAMPLES[q]}
+                if ks:
+                    # A full sort beats np.partition with three kth on these sizes (measured).
+                    srt = np.sort(sel)
+                    out = {q: float(srt[k]) / 1e9 for q, k in ks.items()}
+            self._q_at_ns = now_mono
+            self._q_value = (int(sel.size), out)
+            return self._q_value
+
+
+def _nearest_rank_index(q: float, n: int) -> int:
+    """0-based index of the nearest-rank quantile q (0 < q ≤ 1) of n sorted samples; exact
+    rational arithmetic so P99.9 of 10,000 samples is rank 9,990 (as agent.probe.stats)."""
+    return max(math.ceil(Fraction(str(q)) * n), 1) - 1
+
+
+def audit_state(findings: Iterable[Finding]) -> tuple[dict[str, str], int]:
+    """(check id -> status value, number dropped over MAX_AUDIT_CHECKS). Raises ValueError on
+    an id or status outside the bounded label set. Shared with agent.textfile."""
+    state: dict[str, str] = {}
+    dropped = 0
+    for f in findings:
+        status = getattr(f.status, "value", f.status)
+        if not _CHECK.match(f.id) or status not in AUDIT_STATUSES:
+            raise ValueError(f"bad finding id/status: {f.id!r}/{status!r}")
+        if f.id not in state and len(state) >= MAX_AUDIT_CHECKS:
+            dropped += 1
+            continue
+        state[f.id] = status
+    return state, dropped
