@@ -1,0 +1,74 @@
+"""Probe settings and thread configurations (JSON-serialisable: they travel to workers)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from agent.probe.models import ModelSpec
+
+DEFAULT_SAMPLES = 6636        # enough to claim P99.9 (see stats.REQUIRED_SAMPLES)
+DEFAULT_DURATION_S = 6.0      # per-run time budget: slow variants stop here, marked insufficient
+DEFAULT_WARMUP = 200
+DEFAULT_WARMUP_BUDGET_S = 5.0
+DEFAULT_THRESHOLD_US = 5000.0  # the field notes' alerting limit (5 ms)
+CALLER_THREAD = -1             # inter_op_parallelism_threads < 0: ops run in the caller thread
+
+
+@dataclass
+class ThreadConfig:
+    """TF/LiteRT threading and CPU affinity of one worker process (None: TF's default)."""
+
+    intra: int | None = None
+    inter: int | None = None
+    cpus: list[int] | None = None
+
+    @property
+    def id(self) -> str:
+        from collectors.parsers import format_cpulist
+        intra = "default" if self.intra is None else str(self.intra)
+        inter = ("default" if self.inter is None else
+                 "caller" if self.inter < 0 else str(self.inter))
+        cpus = "all" if not self.cpus else format_cpulist(self.cpus)
+        return f"intra={intra} inter={inter} cpus={cpus}"
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ThreadConfig:
+        return cls(d.get("intra"), d.get("inter"), d.get("cpus"))
+
+
+@dataclass
+class ProbeSettings:
+    """Everything a worker needs besides its ThreadConfig."""
+
+    model: ModelSpec = field(default_factory=ModelSpec)
+    variants: list[str] = field(default_factory=lambda: ["graph", "xla", "tflite"])
+    shape: list[int] | None = None
+    samples: int | None = DEFAULT_SAMPLES
+    duration_s: float | None = DEFAULT_DURATION_S
+    warmup: int = DEFAULT_WARMUP
+    warmup_budget_s: float = DEFAULT_WARMUP_BUDGET_S
+    rate_hz: float | None = None
+    threshold_us: float = DEFAULT_THRESHOLD_US
+    input_data: str = "random"
+    calib: str | None = None
+    batch: list[int] = field(default_factory=lambda: [1])
+    agree_n: int = 64
+    sweep: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ProbeSettings:
+        d = dict(d)
+        d["model"] = ModelSpec(**d["model"])
+        return cls(**d)
+
+    def tasks(self) -> list[tuple[str, int]]:
+        """(variant, batch) in run order. tflite-int8 last: TF's INT8 calibrator has crashed
+        the process on an LSTM (SIGSEGV in TF 2.21), so it runs after the others."""
+        order = sorted(self.variants, key=lambda v: v == "tflite-int8")
+        return [(v, b) for v in order for b in self.batch]
