@@ -8,10 +8,14 @@ time: ``hftagent audit`` must start and finish within a second.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-import click
 import typer
+
+# typer >= 0.22 vendors click as typer._click (pinned in pyproject); its exception classes are
+# the ones raised in non-standalone mode.
+from typer._click import exceptions as click_exc
 
 # Command modules, in the order they appear in --help. Each has register(app).
 COMMANDS = (
@@ -25,6 +29,14 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _root() -> None:
+    """Host tuning and tail-latency attribution for low-latency TensorFlow inference.
+
+    Start with `hftagent audit` (read-only), then `hftagent probe`.
+    """
 
 
 def _wire() -> None:
@@ -48,14 +60,23 @@ def main() -> None:
     """Console entry point: bad usage is one line on stderr and exit 1, never a traceback."""
     try:
         rc = get_app()(standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         rc = exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("hftagent: aborted", file=sys.stderr)
         rc = 130
-    except click.ClickException as exc:
+    except click_exc.NoArgsIsHelpError as exc:
+        exc.show()
+        rc = 0
+    except click_exc.ClickException as exc:
         print(f"hftagent: error: {exc.format_message()}", file=sys.stderr)
         rc = 1
     except KeyboardInterrupt:
         rc = 130
+    except Exception as exc:  # noqa: BLE001 - a bug must still not spill a traceback on users
+        if os.environ.get("HFTAGENT_DEBUG"):
+            raise
+        print(f"hftagent: internal error: {type(exc).__name__}: {exc} "
+              "(HFTAGENT_DEBUG=1 shows the traceback)", file=sys.stderr)
+        rc = 1
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -23,7 +23,7 @@ PROC_ITEMS = [
     ("cmdline", 0), ("stat", 0), ("interrupts", 0), ("softirqs", 0), ("swaps", 0),
     ("meminfo", 0), ("vmstat", 0), ("cpuinfo", 0), ("version", 0), ("loadavg", 0),
     ("pressure", 1), ("sys/kernel", 1), ("sys/vm", 1), ("sys/kernel/random/boot_id", 0),
-    ("irq", 2),
+    ("irq", 2), ("driver/nvidia/version", 0), ("driver/nvidia/gpus", 2),
 ]
 SYS_ITEMS = [
     ("devices/system/cpu", 4), ("devices/system/node", 2), ("devices/system/clocksource", 2),

@@ -1,0 +1,89 @@
+"""`hftagent audit`: read-only report of host settings that hurt tail latency."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from agent.commands.common import (
+    JsonOpt,
+    ProcfsOpt,
+    RootOpt,
+    SysfsOpt,
+    cli_errors,
+    fail,
+    make_host,
+)
+
+HELP = """Report every host setting that hurts tail latency, with evidence and the exact fix.
+
+Read-only: nothing on the host is written. Exit status: 0 nothing fails; 2 a check failed or
+needs a reboot (--fail-on warn: warnings too); 1 the audit itself could not run."""
+
+
+def audit(
+    cpus: Annotated[str | None, typer.Option("--cpus", help="Target CPUs where inference runs "
+                                             "(e.g. 2-5,8). Default: isolated CPUs, else all.")] = None,
+    pid: Annotated[int | None, typer.Option("--pid", help="Also check this inference process: "
+                                            "affinity, memory nodes, TF thread settings.")] = None,
+    profile: Annotated[str, typer.Option("--profile", help="hft-cpu | hft-gpu | bench | "
+                                         "path to a profile .toml")] = "hft-cpu",
+    fail_on: Annotated[str, typer.Option("--fail-on", help="fail | warn: lowest status that "
+                                         "makes the exit status 2.")] = "fail",
+    json_out: JsonOpt = False,
+    textfile: Annotated[str | None, typer.Option("--textfile", help="Also write the result as "
+                                                 "DIR/hftagent_audit.prom for node_exporter's "
+                                                 "textfile collector (atomic).")] = None,
+    steal_window: Annotated[float, typer.Option("--steal-window", help="Seconds over which CPU "
+                                                "steal is measured.")] = 0.2,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show evidence of passing "
+                                          "checks too.")] = False,
+    root: RootOpt = "/",
+    procfs: ProcfsOpt = None,
+    sysfs: SysfsOpt = None,
+) -> None:
+    from tuning.audit import AuditInputError, run_audit
+    from tuning.findings import Status, exit_code
+    from tuning.profiles import load_profile
+
+    if fail_on not in ("fail", "warn"):
+        raise fail(f"--fail-on must be 'fail' or 'warn', not {fail_on!r}")
+    if not 0 <= steal_window <= 10:
+        raise fail("--steal-window must be between 0 and 10 seconds")
+    host = make_host(root, procfs, sysfs)
+    prof = load_profile(profile)
+    try:
+        report = run_audit(host, prof, cpus=cpus, pid=pid, steal_window_s=steal_window)
+    except AuditInputError as exc:
+        raise fail(str(exc)) from None
+    if textfile:
+        from agent.textfile import write_textfile
+
+        try:
+            write_textfile(report.findings, textfile)
+        except OSError as exc:
+            raise fail(f"cannot write textfile in {textfile!r}: {exc.strerror or exc}") from None
+    if json_out:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        from rich.console import Console
+
+        from agent.render import render_findings
+        from collectors.parsers import format_cpulist
+
+        console = Console()
+        h = report.host
+        console.print(f"[bold]hftagent audit[/bold]  profile [cyan]{report.profile}[/cyan]  "
+                      f"target CPUs [cyan]{format_cpulist(report.target_cpus)}[/cyan]  "
+                      f"kernel {h['kernel']}  virt {h['virtualization']}  "
+                      f"online {h['online_cpus']}  NUMA nodes {h['numa_nodes']}")
+        if h["cpu_model"]:
+            console.print(f"cpu: {h['cpu_model']}", style="dim")
+        render_findings(console, report.findings, verbose)
+    raise typer.Exit(exit_code(report.findings, Status.WARN if fail_on == "warn" else Status.FAIL))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("audit", help=HELP)(cli_errors(audit))

@@ -1,0 +1,126 @@
+"""`hftagent audit`: read-only checks of every host setting that hurts tail latency.
+
+Families run in a fixed order (the report's order). Each family is isolated: a check that
+raises is reported as one ``error`` finding for its family and the others still run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from collectors import cpu as cpuc
+from collectors import kernel, system
+from collectors.host import Host
+from collectors.parsers import format_cpulist, parse_cpulist
+from tuning.checks import cpu, gpu, irq, isolation, platform
+from tuning.checks import kernel as kernel_checks
+from tuning.checks.base import AuditContext
+from tuning.findings import Finding, Status, summarize
+from tuning.profiles import Profile
+
+SCHEMA_VERSION = 1
+
+# (family, check). Virtualization first: later checks use its verdict to say "unsupported
+# in this guest" instead of "missing".
+FAMILIES: list[tuple[str, Callable[[AuditContext], list[Finding]]]] = [
+    ("virt", platform.check_virt),
+    ("cpu", cpu.check),
+    ("isolation", isolation.check),
+    ("irq", irq.check),
+    ("kernel", kernel_checks.check),
+    ("numa", platform.check_numa),
+    ("pcie", platform.check_pcie),
+    ("tuners", platform.check_tuners),
+    ("gpu", gpu.check),
+]
+
+
+class AuditInputError(ValueError):
+    """Bad --cpus / --pid: the audit cannot run as asked."""
+
+
+@dataclass
+class AuditReport:
+    profile: str
+    target_cpus: list[int]
+    host: dict
+    findings: list[Finding]
+    duration_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA_VERSION,
+            "profile": self.profile,
+            "target_cpus": format_cpulist(self.target_cpus),
+            "host": self.host,
+            "summary": summarize(self.findings),
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def resolve_cpus(host: Host, spec: str | None) -> tuple[list[int], list[int]]:
+    """(target CPUs, online CPUs). Default target: isolated CPUs if any, else all online."""
+    online_r = cpuc.online_cpus(host)
+    if not online_r.ok:
+        raise AuditInputError(f"cannot read online CPUs ({online_r.path}: {online_r.reason})")
+    online = online_r.value
+    if spec is None:
+        iso = [c for c in cpuc.isolated_cpus(host) if c in online]
+        return (iso or online), online
+    try:
+        cpus = parse_cpulist(spec)
+    except ValueError as exc:
+        raise AuditInputError(f"bad --cpus {spec!r}: {exc}") from None
+    if not cpus:
+        raise AuditInputError("--cpus is empty")
+    offline = sorted(set(cpus) - set(online))
+    if offline:
+        raise AuditInputError(f"--cpus {spec!r}: CPU(s) {format_cpulist(offline)} not online "
+                              f"(online: {format_cpulist(online)})")
+    return cpus, online
+
+
+def host_facts(host: Host, ctx: AuditContext) -> dict:
+    virt = ctx.cache["virt"]
+    return {
+        "kernel": kernel.kernel_release(host),
+        "cpu_model": cpuc.cpu_model(host),
+        "online_cpus": format_cpulist(ctx.online),
+        "isolated_cpus": format_cpulist(cpuc.isolated_cpus(host)),
+        "numa_nodes": len(system.numa_nodes(host)) or 1,
+        "virtualization": virt.kind or "none",
+        "live": host.live,
+    }
+
+
+def run_audit(host: Host, profile: Profile, cpus: str | None = None, pid: int | None = None,
+              steal_window_s: float = 0.2, families: list[str] | None = None) -> AuditReport:
+    t0 = time.perf_counter()
+    target, online = resolve_cpus(host, cpus)
+    ctx = AuditContext(host=host, profile=profile, cpus=target, online=online, pid=pid,
+                       steal_window_s=steal_window_s)
+    if pid is not None:
+        if pid <= 0:
+            raise AuditInputError(f"bad --pid {pid}")
+        info = system.process_info(host, pid)
+        if info is None:
+            raise AuditInputError(f"--pid {pid}: no such process")
+        ctx.cache["pidinfo"] = info
+    ctx.cache["virt"] = system.virtualization(host)
+    findings: list[Finding] = []
+    for name, fn in FAMILIES:
+        if families and name not in families:
+            continue
+        try:
+            findings.extend(fn(ctx))
+        except Exception as exc:  # noqa: BLE001 - one broken family must not hide the others
+            findings.append(Finding(f"{name}.check", name, f"{name} checks", Status.ERROR,
+                                    current=f"check failed: {type(exc).__name__}: {exc}"))
+    if pid is not None:
+        # process findings are grouped under their own family, after numa
+        findings.sort(key=lambda f: 0 if f.family != "process" else 1)
+    return AuditReport(profile=profile.name, target_cpus=target, host=host_facts(host, ctx),
+                       findings=findings, duration_s=time.perf_counter() - t0)

@@ -1,0 +1,80 @@
+"""Boot-time isolation: isolcpus / nohz_full / rcu_nocbs / irqaffinity / skew_tick.
+
+These are kernel command-line arguments: nothing can fix them at runtime, so a missing one is
+``pending-reboot`` with the exact argument and the grubby command that adds it.
+"""
+
+from __future__ import annotations
+
+from collectors import cpu as cpuc
+from collectors import kernel
+from collectors.parsers import format_cpulist, isolation_cpus, parse_cpulist
+from tuning.checks.base import AuditContext, unsupported
+from tuning.findings import Finding, Status
+
+FAMILY = "isolation"
+
+
+def housekeeping_and_isolated(ctx: AuditContext) -> tuple[list[int], list[int]]:
+    """Which CPUs should be isolated: the target CPUs, unless they cover every online CPU —
+    then all but CPU 0 and its SMT siblings (one core stays for the kernel and the agent)."""
+    online = ctx.online
+    if set(ctx.cpus) != set(online):
+        return sorted(set(online) - set(ctx.cpus)), list(ctx.cpus)
+    sib = cpuc.smt(ctx.host, [0]).siblings.get(0, [0])
+    house = sorted(set(sib) | {0})
+    return house, sorted(set(online) - set(house))
+
+
+def grubby(args: str) -> str:
+    return (f'grubby --update-kernel=ALL --args="{args}"  '
+            f'(Debian/Ubuntu: add to GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub); reboot')
+
+
+def check(ctx: AuditContext) -> list[Finding]:
+    host = ctx.host
+    cl = kernel.cmdline(host)
+    if not cl.ok:
+        return [Finding("isolation.cmdline", FAMILY, "Kernel command line", Status.ERROR,
+                        current=f"unreadable: {cl.reason}", evidence=cl.path)]
+    args = cl.value
+    house, iso = housekeeping_and_isolated(ctx)
+    if not iso:
+        return [unsupported("isolation.isolcpus", FAMILY, "CPU isolation",
+                            f"only {len(ctx.online)} CPU online: nothing left to isolate",
+                            cl.path)]
+    iso_s, house_s = format_cpulist(iso), format_cpulist(house)
+    out: list[Finding] = []
+    want = ctx.profile.expected("isolation", True)
+
+    def add(id_: str, title: str, current_cpus: list[int] | None, raw: str | None, arg: str,
+            ok: bool) -> None:
+        cur = f"{id_.split('.')[1]}={raw}" if raw is not None else "not set"
+        if current_cpus is not None and raw is not None:
+            cur += f" (covers {format_cpulist(current_cpus) or 'nothing'})"
+        st = Status.OK if ok or not want else Status.PENDING_REBOOT
+        out.append(ctx.finding("isolation", id_, FAMILY, title, ok, current=cur, expected=arg,
+                               evidence=f"{cl.path}", fix=grubby(arg), status=st,
+                               data={"kernel_arg": arg}))
+
+    # isolcpus: the kernel publishes the result in /sys/devices/system/cpu/isolated as well
+    raw = args.get("isolcpus")
+    cur = isolation_cpus(raw) if raw else cpuc.isolated_cpus(host)
+    add("isolation.isolcpus", "isolcpus (scheduler isolation)", cur, raw,
+        f"isolcpus=managed_irq,domain,{iso_s}", set(iso) <= set(cur))
+    for key, title in (("nohz_full", "nohz_full (no timer tick)"),
+                       ("rcu_nocbs", "rcu_nocbs (RCU callbacks offloaded)")):
+        raw = args.get(key)
+        cur = isolation_cpus(raw) if raw else []
+        add(f"isolation.{key}", title, cur, raw, f"{key}={iso_s}", set(iso) <= set(cur))
+    raw = args.get("irqaffinity")
+    try:
+        irq_cpus = parse_cpulist(raw) if raw else None
+    except ValueError:
+        irq_cpus = None
+    add("isolation.irqaffinity", "irqaffinity (boot-time IRQ CPUs)", irq_cpus, raw,
+        f"irqaffinity={house_s}", irq_cpus is not None and not (set(irq_cpus) & set(iso)))
+    raw = args.get("skew_tick")
+    add("isolation.skew_tick", "skew_tick (offset per-CPU ticks)", None, raw, "skew_tick=1",
+        raw == "1")
+    return out

@@ -1,0 +1,266 @@
+"""The tunable model: one small class per setting, TuneD-style, with a pure ``plan``.
+
+A tunable owns a set of *targets*. A target is one thing the kernel (or the GPU driver, or the
+service manager) holds a value for, named by a stable string key:
+
+- a file, by the path a user would type on the box itself ("/proc/sys/vm/swappiness",
+  "/sys/devices/system/cpu/cpu3/cpufreq/scaling_governor") — resolved under the Host root, so a
+  journal written against a tree copy names the same keys as one written on the live box;
+- a non-file target: "service:irqbalance", "nvml:gpu0:persistence_mode".
+
+Values are normalised strings (the text a user would write with ``echo``), so that the journal,
+plan and verify all compare like with like ("madvise", not "always [madvise] never").
+
+Life cycle (see tuning/apply.py for the orchestration):
+
+    reason = t.available(ctx)          # None when it can be tuned here, else why not
+    want   = t.desired(ctx)            # {target: value} from the profile and the host's offers;
+                                       # raises TuneError on a value the kernel does not offer
+    have   = t.read(ctx, want)         # {target: value | None}
+    plan   = t.plan(want, have)        # pure: list[Change]
+    t.write(ctx, target, value)        # one write, raises OSError
+    t.verify(ctx, want)                # read back -> Finding
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from collectors.host import Host
+from collectors.parsers import format_cpulist
+from tuning.findings import Finding, Status
+from tuning.profiles import Profile
+
+
+class TuneError(Exception):
+    """Bad input or a value the kernel does not offer; the message is for the user.
+    Raised while planning, so nothing has been written when it is seen."""
+
+
+# Change kinds
+WRITE = "write"                    # a runtime write apply will do
+PENDING_REBOOT = "pending-reboot"  # boot arguments: printed, never applied
+MANUAL = "manual"                  # config outside kernel state (irqbalance banned list)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One planned change of one target (the output of a pure ``plan``)."""
+
+    tunable: str
+    target: str
+    current: str | None
+    desired: str
+    kind: str = WRITE
+    scope: str = ""          # "cpu" | "irq" | "gpu" | "" (global): how targets group in output
+    index: int | None = None  # the CPU / IRQ / GPU number of the target, for compact ranges
+    detail: str = ""         # e.g. the cpuidle state name and latency, the exact grubby command
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writers: the only code that changes a file. Injected so tests can put a kernel simulation
+# (bracketed selectors, read-only attributes, EIO/EPERM/EINVAL) in front of a tree copy.
+# ----------------------------------------------------------------------------------------------
+
+
+class Writer(Protocol):
+    def write(self, path: Path, text: str) -> None: ...
+
+
+class FileWriter:
+    """Writes like ``echo VALUE > FILE``: one ``write(2)`` of the value and a newline.
+
+    Never creates a file (no O_CREAT): a target that is not there is an error, not a new
+    file in /sys. One write call matters for sysfs, whose store() sees each write separately.
+    """
+
+    def write(self, path: Path, text: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            data = (text + "\n").encode()
+            n = os.write(fd, data)
+            if n != len(data):  # sysfs takes it whole or fails; a short write is an error
+                raise OSError(errno.EIO, f"short write ({n} of {len(data)} bytes)", str(path))
+        finally:
+            os.close(fd)
+
+
+# Module-level so the CLI tests can put a kernel simulation in front of a tree copy.
+default_writer: Callable[[], Writer] = FileWriter
+
+
+class ServiceManager(Protocol):
+    """Start/stop a system service (irqbalance). The real one runs systemctl with an argv."""
+
+    def is_active(self, name: str) -> bool | None: ...
+    def stop(self, name: str) -> None: ...
+    def start(self, name: str) -> None: ...
+
+
+class GpuControl(Protocol):
+    """The few NVML calls tuning needs (the GPU engineer's NvmlAdapter satisfies it; tests use a
+    fake). Getters return None when NVML says NotSupported/NoPermission; setters raise."""
+
+    def device_count(self) -> int: ...
+    def persistence_mode(self, index: int) -> bool | None: ...
+    def set_persistence_mode(self, index: int, on: bool) -> None: ...
+    def compute_mode(self, index: int) -> str | None: ...
+    def set_compute_mode(self, index: int, mode: str) -> None: ...
+
+
+@dataclass
+class TuneContext:
+    """Everything a tunable needs. ``cpus`` are the target (inference) CPUs, possibly []."""
+
+    host: Host
+    profile: Profile
+    cpus: list[int]
+    online: list[int]
+    writer: Writer = field(default_factory=lambda: default_writer())
+    services: ServiceManager | None = None
+    gpu: GpuControl | None = None
+    gpu_reason: str = "no NVML adapter"
+    services_reason: str = "service control only on the live host"
+
+
+# ----------------------------------------------------------------------------------------------
+# The base class
+# ----------------------------------------------------------------------------------------------
+
+
+class Tunable:
+    """Base of every tunable. Subclasses set the class attributes and implement ``desired``,
+    ``read_target`` and ``write``; ``plan`` and ``verify`` are generic."""
+
+    id: str = ""            # stable dotted id, shared with audit findings ("cpu.governor")
+    family: str = ""
+    title: str = ""
+    key: str = ""           # the profile setting it implements
+    scope: str = ""
+
+    # -- what subclasses provide ----------------------------------------------------------
+    def available(self, ctx: TuneContext) -> str | None:
+        """None when this host exposes the knob, else the reason it cannot be tuned here."""
+        return None
+
+    def wanted(self, ctx: TuneContext) -> Any:
+        """The profile's expected value, or None when the profile says "any" / nothing."""
+        exp = ctx.profile.expected(self.key)
+        return None if exp is None or exp == "any" else exp
+
+    def desired(self, ctx: TuneContext) -> dict[str, str]:
+        raise NotImplementedError
+
+    def read_target(self, ctx: TuneContext, target: str) -> str | None:
+        raise NotImplementedError
+
+    def write(self, ctx: TuneContext, target: str, value: str) -> None:
+        raise NotImplementedError
+
+    def index_of(self, target: str) -> int | None:
+        return None
+
+    def detail(self, ctx: TuneContext, target: str) -> str:
+        return ""
+
+    # -- generic ------------------------------------------------------------------------------
+    def read(self, ctx: TuneContext, targets) -> dict[str, str | None]:
+        return {t: self.read_target(ctx, t) for t in targets}
+
+    def plan(self, desired: dict[str, str], current: dict[str, str | None]) -> list[Change]:
+        """Pure: one Change per target whose current value differs from the desired one."""
+        return [Change(self.id, t, current.get(t), v, WRITE, self.scope, self.index_of(t))
+                for t, v in desired.items() if current.get(t) != v]
+
+    def unchangeable(self, exc: OSError) -> bool:
+        """Whether a write error means "the kernel will not let this target change" (reported,
+        not a failure). Only IRQ affinity says yes (EIO/EPERM on managed or per-CPU IRQs)."""
+        return False
+
+    def verify(self, ctx: TuneContext, desired: dict[str, str]) -> Finding:
+        """Read every target back and compare with what the profile asked for."""
+        setting = ctx.profile.get(self.key)
+        current = self.read(ctx, desired)
+        bad = {t: v for t, v in current.items() if v != desired[t]}
+        status = Status.OK if not bad else (setting.severity if setting else Status.WARN)
+        return Finding(
+            id=self.id, family=self.family, title=self.title, status=status,
+            current=render_values(self, current), expected=render_values(self, desired),
+            evidence=", ".join(sorted(bad)[:3]) or (next(iter(desired), "")),
+            fix="" if not bad else "hftagent tune apply",
+            why=setting.why if setting else "",
+            data={"mismatched": sorted(bad)})
+
+
+class FileTunable(Tunable):
+    """A tunable whose targets are files under procfs/sysfs."""
+
+    def read_target(self, ctx: TuneContext, target: str) -> str | None:
+        r = ctx.host.read(resolve(ctx.host, target))
+        return None if r.value is None else self.normalise(r.value)
+
+    def normalise(self, text: str) -> str:
+        return " ".join(text.split())
+
+    def write(self, ctx: TuneContext, target: str, value: str) -> None:
+        ctx.writer.write(resolve(ctx.host, target), value)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def resolve(host: Host, target: str) -> Path:
+    """The user-facing path of a file target ("/proc/sys/vm/swappiness") to the Host's path."""
+    for prefix, base in (("/proc/", host.procfs), ("/sys/", host.sysfs)):
+        if target.startswith(prefix):
+            rel = target[len(prefix):]
+            if ".." in Path(rel).parts:
+                raise TuneError(f"refusing path with '..': {target}")
+            return base / rel
+    raise TuneError(f"not a /proc or /sys target: {target}")
+
+
+def path_matches(pattern: str, target: str) -> bool:
+    """fnmatch per path segment ("*" never crosses a "/")."""
+    p, t = pattern.split("/"), target.split("/")
+    return len(p) == len(t) and all(fnmatch.fnmatchcase(ts, ps) for ps, ts in zip(p, t))
+
+
+def render_values(tunable: Tunable, values: dict[str, str | None]) -> str:
+    """Compact rendering of per-target values: "cpu 0-7=performance; cpu 8-15=powersave"."""
+    if not values:
+        return ""
+    groups: dict[str, list[int]] = {}
+    loose: dict[str, str | None] = {}
+    for t, v in values.items():
+        idx = tunable.index_of(t)
+        if idx is None:
+            loose[t] = v
+        else:
+            groups.setdefault("unreadable" if v is None else v, []).append(idx)
+    parts = [f"{tunable.scope} {format_cpulist(ids)}={v}"
+             for v, ids in sorted(groups.items(), key=lambda kv: min(kv[1]))]
+    if len(loose) == 1 and not parts:
+        v = next(iter(loose.values()))
+        return "unreadable" if v is None else v
+    parts += [f"{t}={'unreadable' if v is None else v}" for t, v in loose.items()]
+    return "; ".join(parts)
+
+
+def cpu_target_index(target: str) -> int | None:
+    """CPU number of a "/sys/devices/system/cpu/cpuN/..." target."""
+    parts = target.split("/")
+    if len(parts) > 5 and parts[5].startswith("cpu") and parts[5][3:].isdigit():
+        return int(parts[5][3:])
+    return None

@@ -1,0 +1,149 @@
+"""Memory-management and sysctl tunables (THP, KSM, vm.*, kernel.*)."""
+
+from __future__ import annotations
+
+from collectors.kernel import sysctl_path
+from collectors.parsers import parse_bracketed
+from tuning.tunables.base import FileTunable, TuneContext, TuneError
+
+
+class _Selector(FileTunable):
+    """A sysfs "a [b] c" selector: the value is the bracketed word; offers are all words."""
+
+    family = "memory"
+    rel = ""
+
+    def _path(self, ctx: TuneContext):
+        return ctx.host.sys(self.rel)
+
+    def available(self, ctx: TuneContext) -> str | None:
+        r = ctx.host.read(self._path(ctx))
+        return None if r.ok else f"unsupported: {r.path} {r.reason}"
+
+    def normalise(self, text: str) -> str:
+        return parse_bracketed(text)[0]
+
+    def read_target(self, ctx: TuneContext, target: str) -> str | None:
+        try:
+            return super().read_target(ctx, target)
+        except ValueError:  # no [selected] word: a malformed file is unreadable, not a value
+            return None
+
+    def desired(self, ctx: TuneContext) -> dict[str, str]:
+        want = str(self.wanted(ctx))
+        r = ctx.host.read(self._path(ctx))
+        offers = parse_bracketed(r.value)[1] if r.ok else []
+        if want not in offers:
+            raise TuneError(f"{self.key} {want!r} is not offered by the kernel "
+                            f"({r.path}: {' '.join(offers)})")
+        return {r.path: want}
+
+
+class ThpEnabled(_Selector):
+    """Transparent huge pages mode.
+
+    File: /sys/kernel/mm/transparent_hugepage/enabled ("always [madvise] never").
+    Equivalent: ``echo madvise > /sys/kernel/mm/transparent_hugepage/enabled``.
+    """
+
+    id, title, key = "memory.thp_enabled", "Transparent huge pages", "thp_enabled"
+    rel = "kernel/mm/transparent_hugepage/enabled"
+
+
+class ThpDefrag(_Selector):
+    """THP defragmentation policy (direct compaction on fault).
+
+    File: /sys/kernel/mm/transparent_hugepage/defrag ("always defer defer+madvise [madvise]
+    never"). Equivalent: ``echo madvise > /sys/kernel/mm/transparent_hugepage/defrag``.
+    """
+
+    id, title, key = "memory.thp_defrag", "THP defrag", "thp_defrag"
+    rel = "kernel/mm/transparent_hugepage/defrag"
+
+
+class Ksm(FileTunable):
+    """Kernel samepage merging daemon: 0 = stopped, 1 = running (2 = unmerge all, never
+    written by us: rollback writes back whatever was there).
+
+    File: /sys/kernel/mm/ksm/run. Equivalent: ``echo 0 > /sys/kernel/mm/ksm/run``.
+    """
+
+    id, family, title, key = "memory.ksm", "memory", "KSM", "ksm"
+
+    def available(self, ctx: TuneContext) -> str | None:
+        r = ctx.host.read(ctx.host.sys("kernel/mm/ksm/run"))
+        return None if r.ok else f"unsupported: {r.path} {r.reason}"
+
+    def desired(self, ctx: TuneContext) -> dict[str, str]:
+        want = int(self.wanted(ctx))
+        if want not in (0, 1):
+            raise TuneError(f"ksm {want} is not 0 (stop) or 1 (run)")
+        return {ctx.host.display(ctx.host.sys("kernel/mm/ksm/run")): str(want)}
+
+
+class Sysctl(FileTunable):
+    """An integer sysctl under /proc/sys (dots are slashes). Equivalent: ``sysctl -w NAME=V``
+    (runtime only; nothing is written to /etc/sysctl.d)."""
+
+    name = ""
+
+    def _path(self, ctx: TuneContext):
+        return sysctl_path(ctx.host, self.name)
+
+    def available(self, ctx: TuneContext) -> str | None:
+        r = ctx.host.read(self._path(ctx))
+        return None if r.ok else f"unsupported: {r.path} {r.reason}"
+
+    def desired(self, ctx: TuneContext) -> dict[str, str]:
+        return {ctx.host.display(self._path(ctx)): str(int(self.wanted(ctx)))}
+
+
+class Swappiness(Sysctl):
+    """vm.swappiness (0..200): how eagerly anonymous memory is swapped.
+    File: /proc/sys/vm/swappiness. Equivalent: ``sysctl -w vm.swappiness=1``."""
+
+    id, family, title, key, name = ("memory.swappiness", "memory", "vm.swappiness",
+                                    "swappiness", "vm.swappiness")
+
+
+class NumaBalancing(Sysctl):
+    """kernel.numa_balancing: 0 off, 1 on (2 = tiering mode on newer kernels).
+    File: /proc/sys/kernel/numa_balancing. Equivalent: ``sysctl -w kernel.numa_balancing=0``."""
+
+    id, family, title, key, name = ("memory.numa_balancing", "memory", "NUMA balancing",
+                                    "numa_balancing", "kernel.numa_balancing")
+
+
+class TimerMigration(Sysctl):
+    """kernel.timer_migration: 0 keeps timers on the CPU that armed them.
+    File: /proc/sys/kernel/timer_migration. Equivalent: ``sysctl -w kernel.timer_migration=0``."""
+
+    id, family, title, key, name = ("kernel.timer_migration", "kernel", "Timer migration",
+                                    "timer_migration", "kernel.timer_migration")
+
+
+class StatInterval(Sysctl):
+    """vm.stat_interval in seconds: period of the per-CPU vmstat update work.
+    File: /proc/sys/vm/stat_interval. Equivalent: ``sysctl -w vm.stat_interval=10``."""
+
+    id, family, title, key, name = ("kernel.stat_interval", "kernel", "vmstat interval",
+                                    "stat_interval", "vm.stat_interval")
+
+
+class NmiWatchdog(Sysctl):
+    """kernel.nmi_watchdog: 0 stops the periodic perf NMI on every CPU.
+    File: /proc/sys/kernel/nmi_watchdog (absent on kernels/VMs without a hard-lockup detector).
+    Equivalent: ``sysctl -w kernel.nmi_watchdog=0``."""
+
+    id, family, title, key, name = ("kernel.nmi_watchdog", "kernel", "NMI watchdog",
+                                    "nmi_watchdog", "kernel.nmi_watchdog")
+
+
+class SchedRtRuntime(Sysctl):
+    """kernel.sched_rt_runtime_us: -1 disables RT throttling (a SCHED_FIFO inference thread is
+    no longer stopped for 50 ms each second). A runaway FIFO thread can then own its CPU: use
+    with isolated CPUs only. File: /proc/sys/kernel/sched_rt_runtime_us (µs).
+    Equivalent: ``sysctl -w kernel.sched_rt_runtime_us=-1``."""
+
+    id, family, title, key, name = ("kernel.sched_rt_runtime_us", "kernel", "RT throttling",
+                                    "sched_rt_runtime_us", "kernel.sched_rt_runtime_us")
