@@ -37,6 +37,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
@@ -80,14 +81,18 @@ def probe_families(s: Snapshot) -> Iterator[Metric]:
     for t, c in sorted(s.exceedances.items()):
         exc.add_metric([str(t)], c)
     yield exc
-    q = GaugeMetricFamily(
+    # A summary, not a gauge with a "quantile" label (promtool rejects that): quantiles over
+    # the sliding window, _count/_sum cumulative, the way client_golang's Summary with MaxAge
+    # works. Quantiles are absent until the window holds enough samples (99 % confidence).
+    q = SummaryMetricFamily(
         P + "probe_latency_quantile_seconds",
-        f"Nearest-rank latency quantile over the last {s.window_s:g} s of samples; absent "
-        "until the window holds enough samples to claim it (99 % confidence).",
-        labels=["quantile"])
+        f"Nearest-rank probe latency quantiles over the last {s.window_s:g} s of samples.")
+    q.add_sample(P + "probe_latency_quantile_seconds_count", {}, s.count)
+    q.add_sample(P + "probe_latency_quantile_seconds_sum", {}, s.sum_s)
     for qq in QUANTILES:
         if qq in s.quantiles:
-            q.add_metric([_fmt(qq)], s.quantiles[qq])
+            q.add_sample(P + "probe_latency_quantile_seconds", {"quantile": _fmt(qq)},
+                         s.quantiles[qq])
     yield q
     yield GaugeMetricFamily(P + "probe_window_samples",
                             "Samples in the rolling quantile window.", value=s.window_samples)

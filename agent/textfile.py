@@ -1,0 +1,90 @@
+"""node_exporter textfile mode: `hftagent audit --textfile DIR` writes hftagent_audit.prom.
+
+For fleets that already run node_exporter with ``--collector.textfile.directory=DIR``: the
+audit result becomes the same ``hftagent_audit_*`` series the watch exporter serves, so the
+rules and dashboard work with either source.
+
+The write is atomic: a hidden temp file in DIR (node_exporter only reads ``*.prom``, so it
+never sees a half-written file), fsync, rename over the target, fsync of DIR. A reader sees the
+old file or the new one, never a mix; a crash leaves at most a stray ``.hftagent_audit.prom.*``
+temp file. No timestamps on samples (node_exporter refuses them).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from agent.errors import AgentError
+from agent.exporter import audit_families
+from agent.metrics import audit_state
+
+if TYPE_CHECKING:
+    from tuning.findings import Finding
+
+TEXTFILE_NAME = "hftagent_audit.prom"
+
+
+class _AuditCollector:
+    def __init__(self, state: dict[str, str], at: float) -> None:
+        self.state, self.at = state, at
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        yield from audit_families(self.state, self.at)
+
+
+def render_textfile(findings: Iterable[Finding], now: float | None = None) -> bytes:
+    """The .prom content for these findings (text exposition format)."""
+    state, _dropped = audit_state(findings)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_AuditCollector(state, time.time() if now is None else now))  # type: ignore[arg-type]
+    return generate_latest(reg)
+
+
+def write_textfile(findings: Iterable[Finding], directory: str | os.PathLike[str], *,
+                   filename: str = TEXTFILE_NAME, now: float | None = None) -> Path:
+    """Write the audit result to DIRECTORY/FILENAME atomically; return the path written.
+
+    Raises AgentError (one line for the CLI) when DIRECTORY is missing or not writable.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise AgentError(f"--textfile: {d} is not a directory")
+    if not filename.endswith(".prom") or "/" in filename:
+        raise AgentError(f"--textfile: bad file name {filename!r} (must be NAME.prom)")
+    data = render_textfile(findings, now)
+    target = d / filename
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=d)
+    except OSError as exc:
+        raise AgentError(f"--textfile: cannot write in {d}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; node_exporter may run as another user
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, OSError):
+            raise AgentError(f"--textfile: cannot write {target}: "
+                             f"{exc.strerror or exc}") from None
+        raise
+    # The rename itself is durable only once the directory entry is on disk.
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return target
