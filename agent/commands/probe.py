@@ -1,0 +1,90 @@
+"""`hftagent probe`: warmed, fixed-shape TF inference probe with honest tail statistics."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.commands.common import JsonOpt, cli_errors, fail
+
+HELP = """Probe a TensorFlow model's inference latency: P50/P99/P99.9, cold start, tail jitter.
+
+Without --model the built-in LSTM order-flow model ([1,64,32] → LSTM(128) → Dense(3)) is built
+on first use and cached. Each thread configuration runs in its own worker process. Default
+variants: graph, xla, tflite (--variant all adds eager, tflite-int8, tf-trt). Exit status: 0 at
+least one variant ran; 1 bad input or nothing ran."""
+
+
+def probe(
+    model: Annotated[str | None, typer.Option("--model", help="SavedModel dir, .keras or "
+                                              ".tflite file (default: built-in).")] = None,
+    builtin: Annotated[str, typer.Option("--builtin", help="Built-in model: lstm | mlp | "
+                                         "conv1d.")] = "lstm",
+    signature: Annotated[str, typer.Option("--signature", help="SavedModel signature.")
+                         ] = "serving_default",
+    shape: Annotated[str | None, typer.Option("--shape", help="Fixed input shape, e.g. "
+                                              "1,64,32 (required for dynamic dims).")] = None,
+    input_data: Annotated[str, typer.Option("--input-data", help="random | zeros | FILE.npy")
+                          ] = "random",
+    variant: Annotated[str | None, typer.Option("--variant", help="Comma list of eager, graph, "
+                                                "xla, tflite, tflite-int8, tf-trt, or all.")
+                       ] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Timed samples per run "
+                                                "(default 6636: enough for P99.9).")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Time budget per run in "
+                                                   "seconds (default 6).")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Minimum warm-up calls.")] = 200,
+    rate: Annotated[float | None, typer.Option("--rate", help="Open loop at this many calls/s "
+                                               "(response time from the intended start).")
+                    ] = None,
+    threshold_us: Annotated[float, typer.Option("--threshold-us", help="Tail-jitter threshold "
+                                                "in µs.")] = 5000.0,
+    calib: Annotated[str | None, typer.Option("--calib", help="Representative samples "
+                                              "[N,...] .npy for tflite-int8.")] = None,
+    intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads (and "
+                                              "LiteRT threads).")] = None,
+    inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads (-1: run "
+                                              "ops in the caller thread).")] = None,
+    cpus: Annotated[str | None, typer.Option("--cpus", help="Pin the worker to these CPUs "
+                                             "(e.g. 1 or 0-3).")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="threads: measure a grid of "
+                                              "intra/inter/affinity.")] = None,
+    batch: Annotated[str, typer.Option("--batch", help="Batch sizes, e.g. 1,8,32.")] = "1",
+    json_out: JsonOpt = False,
+    csv_path: Annotated[str | None, typer.Option("--csv", help="Write one row per sample to "
+                                                 "this file.")] = None,
+) -> None:
+    from agent.probe import options
+    from agent.probe.progress import progress_hook
+    from agent.probe.runner import run_probe
+
+    settings, configs = options.build(
+        model=model, builtin=builtin, signature=signature, shape=shape, input_data=input_data,
+        variant=variant, samples=samples, duration=duration, warmup=warmup, rate=rate,
+        threshold_us=threshold_us, calib=calib, intra=intra, inter=inter, cpus=cpus,
+        sweep=sweep, batch=batch)
+    with progress_hook(enabled=sys.stderr.isatty()) as hook:
+        result, arrays = run_probe(settings, configs, on_event=hook)
+    if csv_path:
+        from agent.probe.report import write_csv
+        try:
+            with open(csv_path, "w", newline="") as f:
+                write_csv(f, result, arrays)
+        except OSError as exc:
+            raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
+    if json_out:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from agent.probe.report import render
+        render(result)
+    if not result.any_ran:
+        for r in result.runs:
+            print(f"hftagent: {r.variant}: {r.status}: {r.reason}", file=sys.stderr)
+        raise fail("no variant ran")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("probe", help=HELP)(cli_errors(probe))
