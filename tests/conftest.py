@@ -1,0 +1,24 @@
+"""Shared test helpers: fixture trees are copied before anything could write to them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+TREES = ("vm-dev", "gpu-h200", "synthetic-2socket", "synthetic-tuned")
+
+
+@pytest.fixture
+def tree_copy(tmp_path):
+    """Writable copy of a fixture tree: ``tree_copy("synthetic-2socket") -> Path``."""
+
+    def make(name: str) -> Path:
+        dst = tmp_path / name
+        shutil.copytree(FIXTURES / name, dst, symlinks=True)
+        return dst
+
+    return make

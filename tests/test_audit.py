@@ -1,0 +1,137 @@
+"""`hftagent audit`: golden JSON per fixture tree, exit codes, bad input, partial hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli import get_app
+from tests.conftest import FIXTURES, GOLDEN, TREES
+
+runner = CliRunner()
+
+
+def audit(*args: str):
+    return runner.invoke(get_app(), ["audit", *args])
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_golden(tree):
+    res = audit("--root", str(FIXTURES / tree), "--json")
+    assert res.exit_code in (0, 2), res.output
+    got = json.loads(res.stdout)
+    path = GOLDEN / f"audit-{tree}.json"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
+    assert got == json.loads(path.read_text()), \
+        f"audit of {tree} changed; if intended: UPDATE_GOLDEN=1 pytest tests/test_audit.py"
+
+
+def by_id(res) -> dict:
+    return {f["id"]: f for f in json.loads(res.stdout)["findings"]}
+
+
+def test_bad_box_is_caught_everywhere():
+    res = audit("--root", str(FIXTURES / "synthetic-2socket"), "--json")
+    assert res.exit_code == 2
+    f = by_id(res)
+    assert f["cpu.governor"]["status"] == "fail" and "4-7=powersave" in f["cpu.governor"]["current"]
+    assert "cpupower -c 4-7 frequency-set -g performance" == f["cpu.governor"]["fix"]
+    assert f["cpu.cstates"]["status"] == "fail" and "C6 (133 µs)" in f["cpu.cstates"]["current"]
+    assert f["cpu.cstates"]["fix"] == "cpupower -c 2-7 idle-set -D 10"
+    assert f["isolation.isolcpus"]["status"] == "ok"
+    assert f["isolation.nohz_full"]["status"] == "pending-reboot"
+    assert "nohz_full=2-7" in f["isolation.nohz_full"]["fix"]
+    assert f["irq.affinity"]["status"] == "fail"
+    assert any("mlx5_comp" in i for i in f["irq.affinity"]["data"]["irqs"])
+    assert f["irq.irqbalance"]["status"] == "warn"
+    assert f["kernel.thp_enabled"]["current"] == "always"
+    assert f["kernel.swap"]["status"] == "warn"
+    assert f["kernel.numa_balancing"]["status"] == "fail"
+    assert f["numa.target_nodes"]["status"] == "fail"
+    assert f["pcie.links"]["status"] == "fail" and "gen3 x8 (max gen5 x16)" in f["pcie.links"]["current"]
+    assert "tuned" in f["tuners.others"]["current"]
+
+
+def test_tuned_box_passes_and_fail_on_warn_tightens():
+    assert audit("--root", str(FIXTURES / "synthetic-tuned")).exit_code == 0
+    assert audit("--root", str(FIXTURES / "synthetic-tuned"), "--fail-on", "warn").exit_code == 2
+
+
+def test_cpus_option_changes_target():
+    res = audit("--root", str(FIXTURES / "synthetic-2socket"), "--cpus", "0-1", "--json")
+    f = by_id(res)
+    assert json.loads(res.stdout)["target_cpus"] == "0-1"
+    assert f["cpu.governor"]["status"] == "ok"  # 0-3 run performance
+
+
+def test_bench_profile_wants_turbo_off():
+    res = audit("--root", str(FIXTURES / "synthetic-tuned"), "--profile", "bench", "--json")
+    assert by_id(res)["cpu.turbo"]["status"] == "fail"
+    assert res.exit_code == 2
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--cpus", "3-1"], "runs backwards"),
+    (["--cpus", "x"], "bad CPU number"),
+    (["--cpus", "99"], "not online"),
+    (["--pid", "99999999"], "no such process"),
+    (["--profile", "nope"], "unknown profile"),
+    (["--fail-on", "info"], "--fail-on"),
+])
+def test_bad_input_one_line_exit_1(args, msg):
+    res = audit("--root", str(FIXTURES / "synthetic-2socket"), *args)
+    assert res.exit_code == 1
+    assert msg in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_nonexistent_root():
+    res = audit("--root", "/nonexistent-root-xyz")
+    assert res.exit_code == 1 and "not a directory" in res.output
+
+
+def test_partly_unreadable_host_still_reports(tree_copy):
+    root = tree_copy("synthetic-2socket")
+    (root / "proc/interrupts").unlink()
+    shutil.rmtree(root / "proc/irq")
+    (root / "proc/swaps").unlink()
+    (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("garbage\n")
+    res = audit("--root", str(root), "--json")
+    assert res.exit_code == 2
+    f = by_id(res)
+    assert f["irq.affinity"]["status"] == "error"
+    assert f["kernel.swap"]["status"] == "error" and "absent" in f["kernel.swap"]["current"]
+    assert f["kernel.thp_enabled"]["status"] == "unsupported"
+    assert f["cpu.governor"]["status"] == "fail"  # the rest still reports
+
+
+def test_no_online_file_means_audit_cannot_run(tree_copy):
+    root = tree_copy("synthetic-tuned")
+    (root / "sys/devices/system/cpu/online").unlink()
+    res = audit("--root", str(root))
+    assert res.exit_code == 1 and "online CPUs" in res.output
+
+
+def test_pid_checks_on_fixture_process(tree_copy):
+    root = tree_copy("synthetic-tuned")
+    (root / "proc/812/environ").write_bytes(b"TF_NUM_INTRAOP_THREADS=16\0PATH=/bin\0")
+    res = audit("--root", str(root), "--pid", "812", "--json")
+    f = by_id(res)
+    assert f["process.affinity"]["status"] == "fail"  # 0-15 allowed, target 4-7
+    assert "intra-op 16 > 16" not in f["process.tf_threads"]["current"]
+    assert "TF_NUM_INTEROP_THREADS unset" in f["process.tf_threads"]["current"]
+    assert f["process.membind"]["status"] == "fail"
+
+
+def test_human_report_groups_and_ranges():
+    res = audit("--root", str(FIXTURES / "synthetic-2socket"))
+    out = res.output
+    assert "2-3=performance; 4-7=powersave" in out.replace("\n", " ").replace("│", " ") or \
+        "4-7=powersave" in out
+    assert "all boot arguments at once" in out
+    assert "summary:" in out

@@ -1,0 +1,78 @@
+"""Host model: path resolution under a root, readings with reasons, never 0 for missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectors import cpu as cpuc
+from collectors import kernel, pcie, system
+from collectors.host import ABSENT, Host, HostError
+from tests.conftest import FIXTURES
+
+
+def test_bad_roots():
+    with pytest.raises(HostError):
+        Host("/nonexistent-root")
+    with pytest.raises(HostError):
+        Host(FIXTURES / "vm-dev", procfs="/nonexistent-proc")
+
+
+def test_paths_resolve_under_root_and_overrides(tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "s").mkdir()
+    h = Host(FIXTURES / "vm-dev", procfs=tmp_path / "p", sysfs=tmp_path / "s")
+    assert h.proc("irq", 5) == tmp_path / "p" / "irq" / "5"
+    assert h.sys("devices/system/cpu") == tmp_path / "s" / "devices/system/cpu"
+    assert not h.live
+
+
+def test_missing_is_none_with_reason_and_display_path():
+    h = Host(FIXTURES / "vm-dev")
+    r = h.read_int(h.sys("devices/system/cpu/cpu0/cpufreq/scaling_min_freq"))
+    assert r.value is None and r.reason == ABSENT
+    assert r.path == "/sys/devices/system/cpu/cpu0/cpufreq/scaling_min_freq"
+
+
+def test_garbage_is_error_not_zero(tree_copy):
+    root = tree_copy("synthetic-2socket")
+    (root / "proc/sys/vm/swappiness").write_text("lots\n")
+    r = kernel.sysctl_int(Host(root), "vm.swappiness")
+    assert r.value is None and r.reason.startswith("error")
+
+
+def test_readers_on_synthetic_tree():
+    h = Host(FIXTURES / "synthetic-2socket")
+    assert cpuc.online_cpus(h).value == list(range(16))
+    assert cpuc.isolated_cpus(h) == [2, 3, 4, 5, 6, 7]
+    f = cpuc.cpufreq(h, 4)
+    assert f.governor == "powersave" and f.min_hz == 800_000_000 and f.cpuinfo_max_hz == 3_900_000_000
+    states = cpuc.cpuidle_states(h, 2)
+    assert [(s.name, s.latency_us) for s in states][-1] == ("C6", 133)
+    assert cpuc.turbo(h).enabled is True
+    assert system.numa_nodes(h) == {0: [0, 1, 2, 3, 8, 9, 10, 11], 1: [4, 5, 6, 7, 12, 13, 14, 15]}
+    gpu = [d for d in pcie.pci_devices(h) if d.klass == "gpu-3d"][0]
+    assert gpu.width_degraded and gpu.cur_gen == 3 and gpu.max_gen == 5 and gpu.numa_node == 1
+    assert system.find_processes(h, {"irqbalance"}) == {"irqbalance": [640]}
+
+
+def test_vm_capture_has_no_cpufreq():
+    h = Host(FIXTURES / "vm-dev")
+    assert cpuc.cpufreq(h, 0) is None
+    assert system.virtualization(h).kind == "firecracker"
+
+
+def test_bus_id_normalisation():
+    assert pcie.normalize_bus_id("00000000:00:06.0") == "0000:00:06.0"
+    assert pcie.normalize_bus_id("0000:3B:00.0") == "0000:3b:00.0"
+    assert pcie.normalize_bus_id("3b:00.0") == "0000:3b:00.0"
+
+
+def test_hot_file_pread(tmp_path):
+    p = tmp_path / "f"
+    p.write_text("1 2 3\n")
+    h = Host(FIXTURES / "vm-dev")
+    hf = h.open_hot(p)
+    assert hf.read() == b"1 2 3\n"
+    p.write_text("4 5 6\n")  # same inode, rewritten: pread sees the new content
+    assert hf.read() == b"4 5 6\n"
+    hf.close()
