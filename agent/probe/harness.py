@@ -230,7 +230,7 @@ def warm_up(fn: Callable[[], object], min_calls: int = 200, *, window: int = 100
         mv[i] = t1 - t0
         i += 1
     per_call = int(np.median(lat[:i]))
-    if budget_ns and per_call * min_calls > budget_ns:
+    if budget_ns and per_call * max(min_calls, 2 * window) > budget_ns:
         window = max(5, min(window, int(budget_ns // max(per_call, 1)) // 4))
     medians: list[int] = []
     stable = False
