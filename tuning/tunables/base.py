@@ -234,7 +234,7 @@ def resolve(host: Host, target: str) -> Path:
 def path_matches(pattern: str, target: str) -> bool:
     """fnmatch per path segment ("*" never crosses a "/")."""
     p, t = pattern.split("/"), target.split("/")
-    return len(p) == len(t) and all(fnmatch.fnmatchcase(ts, ps) for ps, ts in zip(p, t))
+    return len(p) == len(t) and all(fnmatch.fnmatchcase(ts, ps) for ps, ts in zip(p, t, strict=False))
 
 
 def render_values(tunable: Tunable, values: dict[str, str | None]) -> str:

@@ -219,8 +219,7 @@ class CpuIdle(_PerCpu):
 
     def _states(self, ctx: TuneContext):
         for c in ctx.online:
-            for s in cpuidle_states(ctx.host, c) or []:
-                yield s
+            yield from cpuidle_states(ctx.host, c) or []
 
     def desired(self, ctx: TuneContext) -> dict[str, str]:
         budget = int(self.wanted(ctx))

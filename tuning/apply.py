@@ -1,0 +1,432 @@
+"""Orchestration: plan → journal → write → read back → verify; rollback; status.
+
+Safety model (docs/tuning.md has the long form):
+- the whole plan is computed, validated against what the kernel offers and checked against the
+  allowlist *before* the first write: bad input changes nothing;
+- each target's original value is saved in the journal (atomically) before the write to it;
+- the value is re-read right before writing, so the journal holds the value the kernel had at
+  that moment, not at plan time (a governor change may already have moved EPP);
+- an IRQ the kernel refuses to move (EIO/EPERM) is "unchangeable", not a failure;
+- rollback restores the journal's originals (never defaults) in reverse order, dropping each
+  entry once restored; drift (a value changed since we wrote it) is reported and left unless
+  ``force``; entries that fail (e.g. EBUSY from ordering) get one more try at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from collectors.host import Host
+from tuning.allowlist import allowed
+from tuning.findings import Finding
+from tuning.journal import (
+    Checkpoint,
+    Journal,
+    JournalError,
+    StaleJournal,
+    journal_path,
+    load,
+    locked,
+    stale,
+)
+from tuning.tunables import (
+    MANUAL,
+    PENDING_REBOOT,
+    WRITE,
+    Change,
+    Tunable,
+    TuneContext,
+    TuneError,
+    all_tunables,
+    by_id,
+)
+
+# Plan item states
+PLANNED, IN_PLACE, NOT_ASKED, UNAVAILABLE, SKIPPED = (
+    "planned", "in-place", "not-asked", "unavailable", "skipped")
+
+
+@dataclass
+class PlanItem:
+    tunable: Tunable
+    state: str
+    reason: str = ""
+    desired: dict[str, str] = field(default_factory=dict)
+    current: dict[str, str | None] = field(default_factory=dict)
+    changes: list[Change] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"id": self.tunable.id, "title": self.tunable.title, "state": self.state,
+                "reason": self.reason, "changes": [c.to_dict() for c in self.changes]}
+
+
+@dataclass
+class Plan:
+    items: list[PlanItem]
+
+    @property
+    def changes(self) -> list[Change]:
+        return [c for it in self.items for c in it.changes]
+
+    @property
+    def writes(self) -> list[Change]:
+        return [c for c in self.changes if c.kind == WRITE]
+
+
+def selected(tid: str, only: list[str] | None, skip: list[str] | None) -> bool:
+    """``--only``/``--skip`` match a tunable id or its family prefix ("gpu" → "gpu.*")."""
+    def hit(pats: list[str]) -> bool:
+        return any(tid == p or tid.startswith(p.rstrip(".") + ".") for p in pats)
+    if only and not hit(only):
+        return False
+    return not (skip and hit(skip))
+
+
+def make_plan(ctx: TuneContext, only: list[str] | None = None,
+              skip: list[str] | None = None) -> Plan:
+    """Read the host and diff current → desired for every tunable. Writes nothing.
+    Raises TuneError on values the kernel does not offer or bad CPU lists."""
+    items = []
+    for t in all_tunables():
+        if not selected(t.id, only, skip):
+            items.append(PlanItem(t, SKIPPED, "skipped (--only/--skip)"))
+            continue
+        if t.wanted(ctx) is None:
+            items.append(PlanItem(t, NOT_ASKED, f"profile does not ask ({t.key})"))
+            continue
+        reason = t.available(ctx)
+        if reason:
+            items.append(PlanItem(t, UNAVAILABLE, reason))
+            continue
+        desired = t.desired(ctx)
+        current = t.read(ctx, desired)
+        changes = t.plan(desired, current)
+        changes = [c if c.detail else _with_detail(t, ctx, c) for c in changes]
+        for c in changes:
+            if c.kind == WRITE and not allowed(c.target):
+                raise TuneError(f"internal: {c.target} is not on the allowlist (bug; nothing "
+                                "was written)")
+        items.append(PlanItem(t, PLANNED if changes else IN_PLACE, "", desired, current, changes))
+    return Plan(items)
+
+
+def _with_detail(t: Tunable, ctx: TuneContext, c: Change) -> Change:
+    d = t.detail(ctx, c.target)
+    if not d:
+        return c
+    return Change(c.tunable, c.target, c.current, c.desired, c.kind, c.scope, c.index, d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Privilege
+# ----------------------------------------------------------------------------------------------
+
+
+def touches_live_kernel(host: Host) -> bool:
+    """Whether writes would reach the running kernel (either mount is the real one)."""
+    from pathlib import Path as _P
+    return host.procfs.resolve() == _P("/proc") or host.sysfs.resolve() == _P("/sys")
+
+
+def require_privilege(host: Host, euid: int | None = None) -> None:
+    """Refuse, with one message, to change the running kernel without root.
+
+    On a tree copy (``--root DIR`` with neither mount the real one) the file system's own
+    permissions decide: the copy belongs to whoever made it, and no kernel state is at stake.
+    """
+    if not touches_live_kernel(host):
+        return
+    uid = os.geteuid() if euid is None else euid
+    if uid != 0:
+        raise TuneError("changing kernel settings needs root (CAP_SYS_ADMIN and write access "
+                        "to /proc/sys, /sys and /proc/irq): retry with sudo")
+
+
+# ----------------------------------------------------------------------------------------------
+# Apply
+# ----------------------------------------------------------------------------------------------
+
+APPLIED, ALREADY, UNCHANGEABLE, FAILED, NOT_HELD, DRY_RUN = (
+    "applied", "already", "unchangeable", "failed", "not-held", "dry-run")
+
+
+@dataclass
+class Outcome:
+    change: Change
+    result: str
+    message: str = ""
+    readback: str | None = None
+
+    def to_dict(self) -> dict:
+        return {**self.change.to_dict(), "result": self.result, "message": self.message,
+                "readback": self.readback}
+
+
+@dataclass
+class ApplyReport:
+    outcomes: list[Outcome]
+    findings: list[Finding]
+    journal: str
+
+    @property
+    def ok(self) -> bool:
+        return not any(o.result in (FAILED, NOT_HELD) for o in self.outcomes)
+
+
+def _boot_id(host: Host) -> str | None:
+    return host.boot_id()
+
+
+def _open_journal(ctx: TuneContext, state_dir: Path, profile: str) -> Journal:
+    j = load(state_dir)
+    boot = _boot_id(ctx.host)
+    if j is not None and stale(j, boot):
+        raise StaleJournal(
+            f"journal {j.path} is from an earlier boot (boot id {j.boot_id}, now {boot}); its "
+            "originals describe a kernel that no longer runs, so it is not replayed. Remove it "
+            "with `hftagent tune rollback --discard-stale`")
+    if j is None:
+        from collectors.parsers import format_cpulist
+        j = Journal(journal_path(state_dir), boot, profile=profile,
+                    cpus=format_cpulist(ctx.cpus))
+    return j
+
+
+def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = "",
+               dry_run: bool = False, checkpoint: Checkpoint | None = None) -> ApplyReport:
+    """Journal, write, read back, verify every change of ``plan``."""
+    cp = checkpoint or (lambda _step: None)
+    tunables = {it.tunable.id: it.tunable for it in plan.items}
+    outcomes: list[Outcome] = []
+    unchangeable: dict[str, set[str]] = {}
+    if dry_run:
+        outcomes = [Outcome(c, DRY_RUN if c.kind == WRITE else c.kind) for c in plan.changes]
+        return ApplyReport(outcomes, [], str(journal_path(state_dir)))
+    with locked(state_dir):
+        j = _open_journal(ctx, state_dir, profile)
+        for ch in plan.changes:
+            if ch.kind in (PENDING_REBOOT, MANUAL):
+                outcomes.append(Outcome(ch, ch.kind, ch.detail))
+                continue
+            t = tunables[ch.tunable]
+            cur = t.read_target(ctx, ch.target)
+            if cur == ch.desired:
+                outcomes.append(Outcome(ch, ALREADY, "already in place", cur))
+                continue
+            if cur is None:
+                outcomes.append(Outcome(ch, FAILED, "unreadable: original cannot be saved, so "
+                                        "it is not written"))
+                continue
+            prev = j.get(ch.target)
+            prev_written = prev.written if prev else None
+            j.record(ch.tunable, ch.target, cur, ch.desired, ch.detail)
+            j.save(cp)
+            cp("journaled")
+            try:
+                t.write(ctx, ch.target, ch.desired)
+            except OSError as exc:
+                # The write did not happen: take the entry back out (or restore its previous
+                # "written"), so the journal only lists targets we changed.
+                if prev is None:
+                    j.drop(ch.target)
+                else:
+                    prev.written = prev_written or prev.written
+                j.save(cp)
+                msg = f"{os.strerror(exc.errno) if exc.errno else exc}"
+                if t.unchangeable(exc):
+                    unchangeable.setdefault(t.id, set()).add(ch.target)
+                    outcomes.append(Outcome(ch, UNCHANGEABLE, f"kernel refuses to move it "
+                                            f"({msg})", cur))
+                else:
+                    outcomes.append(Outcome(ch, FAILED, msg, cur))
+                continue
+            cp("written")
+            back = t.read_target(ctx, ch.target)
+            if back == ch.desired:
+                outcomes.append(Outcome(ch, APPLIED, "", back))
+            else:
+                outcomes.append(Outcome(ch, NOT_HELD, f"read back {back!r}", back))
+                if back is not None and back != cur:
+                    # remember what the kernel made of our write, so rollback does not call
+                    # its own normalisation "drift"
+                    j.record(ch.tunable, ch.target, cur, back, ch.detail)
+                    j.save(cp)
+    findings = verify_plan(ctx, plan, unchangeable)
+    return ApplyReport(outcomes, findings, str(journal_path(state_dir)))
+
+
+def verify_plan(ctx: TuneContext, plan: Plan,
+                unchangeable: dict[str, set[str]] | None = None) -> list[Finding]:
+    """Read back every planned tunable and compare with the profile (unchangeable IRQs
+    excluded and listed)."""
+    out = []
+    for it in plan.items:
+        if it.state not in (PLANNED, IN_PLACE):
+            continue
+        skip = (unchangeable or {}).get(it.tunable.id, set())
+        desired = {t: v for t, v in it.desired.items() if t not in skip}
+        f = it.tunable.verify(ctx, desired)
+        if skip:
+            f.data["unchangeable"] = sorted(skip)
+        out.append(f)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Rollback
+# ----------------------------------------------------------------------------------------------
+
+RESTORED, WAS_ORIGINAL, DRIFT, UNREADABLE, DISCARDED = (
+    "restored", "was-original", "drift", "unreadable", "discarded")
+
+
+@dataclass
+class RollbackItem:
+    tunable: str
+    target: str
+    original: str
+    written: str
+    current: str | None
+    result: str
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RollbackReport:
+    items: list[RollbackItem]
+    journal: str
+    remaining: int
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.remaining == 0
+
+
+def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
+             discard_stale: bool = False, checkpoint: Checkpoint | None = None) -> RollbackReport:
+    """Restore every journalled original in reverse order. Idempotent."""
+    cp = checkpoint or (lambda _step: None)
+    jpath = journal_path(state_dir)
+    if not jpath.exists():
+        return RollbackReport([], str(jpath), 0, "no journal: nothing to roll back")
+    with locked(state_dir):
+        j = load(state_dir)
+        if j is None:
+            return RollbackReport([], str(jpath), 0, "no journal: nothing to roll back")
+        boot = _boot_id(ctx.host)
+        if stale(j, boot):
+            if discard_stale:
+                n = len(j.entries)
+                j.entries = []
+                j.save()
+                return RollbackReport([], str(jpath), 0, f"discarded a journal of {n} entries "
+                                      f"from an earlier boot ({j.boot_id})")
+            raise StaleJournal(
+                f"journal {jpath} is from an earlier boot (boot id {j.boot_id}, now {boot}): "
+                "the reboot already reset those settings, so it is not replayed. Remove it "
+                "with `hftagent tune rollback --discard-stale`")
+        tunables = by_id()
+        unknown = sorted({e.tunable for e in j.entries} - set(tunables))
+        if unknown:
+            raise JournalError(f"journal {jpath} names unknown tunable(s) {', '.join(unknown)} "
+                               "(written by another version?); nothing was changed")
+        items: list[RollbackItem] = []
+        retry = []
+        for e in sorted(j.entries, key=lambda x: x.seq, reverse=True):
+            t = tunables[e.tunable]
+            cur = t.read_target(ctx, e.target)
+            if cur is None:
+                items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur,
+                                          UNREADABLE, "cannot read current value; kept"))
+                continue
+            if cur == e.original:
+                j.drop(e.target)
+                j.save(cp)
+                items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur,
+                                          WAS_ORIGINAL))
+                continue
+            if cur != e.written and not force:
+                items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur, DRIFT,
+                                          f"changed since we wrote {e.written!r}: left as is "
+                                          "(--force restores the original anyway)"))
+                continue
+            item = _restore(ctx, t, j, e, cur, cp)
+            if item.result == FAILED:
+                retry.append((t, e, cur))
+            else:
+                items.append(item)
+        # Second pass: a restore can depend on another made later in the loop (intel_pstate
+        # refuses a non-performance EPP with EBUSY until the governor is back).
+        for t, e, cur in retry:
+            items.append(_restore(ctx, t, j, e, cur, cp))
+    return RollbackReport(items, str(jpath), len(j.entries))
+
+
+def _restore(ctx: TuneContext, t: Tunable, j: Journal, e, cur: str, cp: Callable) -> RollbackItem:
+    try:
+        t.write(ctx, e.target, e.original)
+    except OSError as exc:
+        return RollbackItem(e.tunable, e.target, e.original, e.written, cur, FAILED,
+                            os.strerror(exc.errno) if exc.errno else str(exc))
+    cp("restored")
+    back = t.read_target(ctx, e.target)
+    if back != e.original:
+        return RollbackItem(e.tunable, e.target, e.original, e.written, back, FAILED,
+                            f"read back {back!r}; kept in the journal")
+    j.drop(e.target)
+    j.save(cp)
+    return RollbackItem(e.tunable, e.target, e.original, e.written, back, RESTORED)
+
+
+# ----------------------------------------------------------------------------------------------
+# Status
+# ----------------------------------------------------------------------------------------------
+
+HOLDS = "holds"
+
+
+@dataclass
+class StatusReport:
+    items: list[RollbackItem]
+    journal: str
+    exists: bool
+    stale: bool = False
+    boot_id: str | None = None
+    profile: str = ""
+    cpus: str = ""
+
+    @property
+    def all_hold(self) -> bool:
+        return all(i.result == HOLDS for i in self.items)
+
+
+def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
+    """What the journal says is applied, and whether each value still holds. Read-only."""
+    jpath = journal_path(state_dir)
+    j = load(state_dir)
+    if j is None:
+        return StatusReport([], str(jpath), False)
+    if stale(j, _boot_id(ctx.host)):
+        return StatusReport([], str(jpath), True, True, j.boot_id, j.profile, j.cpus)
+    tunables = by_id()
+    items = []
+    for e in j.entries:
+        t = tunables.get(e.tunable)
+        cur = t.read_target(ctx, e.target) if t else None
+        if cur is None:
+            res = UNREADABLE
+        elif cur == e.written:
+            res = HOLDS
+        elif cur == e.original:
+            res = WAS_ORIGINAL
+        else:
+            res = DRIFT
+        items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur, res))
+    return StatusReport(items, str(jpath), True, False, j.boot_id, j.profile, j.cpus)

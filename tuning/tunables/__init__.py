@@ -1,0 +1,62 @@
+"""Tunables, in the order apply runs them (rollback runs the journal in reverse).
+
+Ordering constraints, written next to the list as pyperf does:
+- governor before EPP and min_freq: on intel_pstate a governor change resets EPP and limits;
+- turbo before min_freq: turning turbo off lowers scaling_max_freq, the floor we copy;
+- irqbalance before any IRQ move: it would move them back;
+- default_smp_affinity before existing IRQs: an IRQ requested in between lands off target.
+"""
+
+from __future__ import annotations
+
+from tuning.tunables.base import (
+    MANUAL,
+    PENDING_REBOOT,
+    WRITE,
+    Change,
+    FileWriter,
+    GpuControl,
+    ServiceManager,
+    Tunable,
+    TuneContext,
+    TuneError,
+)
+from tuning.tunables.boot import BootIsolation
+from tuning.tunables.cpu import CpuIdle, Epb, Epp, Governor, MinFreq, PstateMinPerf, Turbo
+from tuning.tunables.gpu import GpuComputeMode, GpuPersistence
+from tuning.tunables.irq import DefaultIrqAffinity, IrqAffinity, Irqbalance
+from tuning.tunables.memory import (
+    Ksm,
+    NmiWatchdog,
+    NumaBalancing,
+    SchedRtRuntime,
+    StatInterval,
+    Swappiness,
+    ThpDefrag,
+    ThpEnabled,
+    TimerMigration,
+)
+
+ORDER: tuple[type[Tunable], ...] = (
+    Governor, Turbo, PstateMinPerf, MinFreq, Epp, Epb, CpuIdle,
+    ThpEnabled, ThpDefrag, Ksm, Swappiness, NumaBalancing, TimerMigration, StatInterval,
+    NmiWatchdog, SchedRtRuntime,
+    Irqbalance, DefaultIrqAffinity, IrqAffinity,
+    GpuPersistence, GpuComputeMode,
+    BootIsolation,
+)
+
+
+def all_tunables() -> list[Tunable]:
+    """Fresh instances in apply order (built on demand: nothing happens at import)."""
+    return [cls() for cls in ORDER]
+
+
+def by_id() -> dict[str, Tunable]:
+    return {t.id: t for t in all_tunables()}
+
+
+__all__ = [
+    "MANUAL", "PENDING_REBOOT", "WRITE", "Change", "FileWriter", "GpuControl", "ORDER",
+    "ServiceManager", "Tunable", "TuneContext", "TuneError", "all_tunables", "by_id",
+]
