@@ -20,6 +20,7 @@ from typer._click import exceptions as click_exc
 # Command modules, in the order they appear in --help. Each has register(app).
 COMMANDS = (
     "agent.commands.audit",
+    "agent.commands.capture",
     "agent.commands.probe",
 )
 
