@@ -103,6 +103,11 @@ def probe_families(s: Snapshot) -> Iterator[Metric]:
     if s.last_sample_unix_s is not None:
         last.add_metric([], s.last_sample_unix_s)
     yield last
+    budget = GaugeMetricFamily(P + "probe_p99_budget_seconds",
+                               "This box's P99 latency budget (HftP99OverBudget).")
+    if s.p99_budget_s is not None:
+        budget.add_metric([], s.p99_budget_s)
+    yield budget
     info = GaugeMetricFamily(P + "probe_info", "What the probe measures (always 1).",
                              labels=["source", "variant"])
     info.add_metric([s.source, s.variant], 1.0)

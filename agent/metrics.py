@@ -4,7 +4,8 @@ Contract (for the watch loop; the exporter in :mod:`agent.exporter` only reads t
 --------------------------------------------------------------------------------------------
 One ``WatchMetrics`` per process, built in the composition function (nothing at import)::
 
-    m = WatchMetrics(thresholds_us=(500, 1000, 5000), source="probe", variant="xla")
+    m = WatchMetrics(thresholds_us=(500, 1000, 5000), source="probe", variant="xla",
+                     p99_budget_us=2000)        # optional: the box's P99 budget for alerts
 
 Every method is thread-safe. Writers and the scrape never block each other for long: each
 write holds one uncontended lock for a few list/array stores; a scrape copies the state under
@@ -173,6 +174,7 @@ class Snapshot:
     """Everything the exporter prints, copied consistently at one instant."""
     source: str
     variant: str
+    p99_budget_s: float | None
     bucket_bounds_s: tuple[float, ...]      # finite upper bounds; +Inf implied
     bucket_cumulative: tuple[int, ...]      # len(bounds) + 1 cumulative counts (last = count)
     count: int
@@ -198,7 +200,7 @@ class WatchMetrics:
                  source: str = "probe", variant: str = "",
                  buckets_us: Iterable[int] = DEFAULT_BUCKETS_US,
                  window_s: float = 60.0, window_capacity: int = 1 << 16,
-                 quantile_refresh_s: float = 1.0) -> None:
+                 quantile_refresh_s: float = 1.0, p99_budget_us: int | None = None) -> None:
         self.thresholds_us = tuple(sorted({int(t) for t in thresholds_us}))
         if not self.thresholds_us or self.thresholds_us[0] <= 0:
             raise ValueError("thresholds_us must be positive")
@@ -209,6 +211,9 @@ class WatchMetrics:
             raise ValueError("window_s must be > 0 and window_capacity >= 1024")
         self.source = source
         self.variant = variant
+        # Exported as hftagent_probe_p99_budget_seconds; HftP99OverBudget compares the
+        # histogram P99 with it (and with a 2 ms default where a box exports none).
+        self.p99_budget_us = None if p99_budget_us is None else int(p99_budget_us)
         bounds_us = sorted({int(b) for b in buckets_us} | set(self.thresholds_us))
         self._bounds_ns: list[int] = [b * 1000 for b in bounds_us]
         self._bounds_s = tuple(b / 1e6 for b in bounds_us)
@@ -382,7 +387,9 @@ class WatchMetrics:
         wn, quant = self._window_quantiles(now_mono)
         last_unix = None if last is None else time.time() - (now_mono - last) / 1e9
         return Snapshot(
-            source=self.source, variant=self.variant, bucket_bounds_s=self._bounds_s,
+            source=self.source, variant=self.variant,
+            p99_budget_s=None if self.p99_budget_us is None else self.p99_budget_us / 1e6,
+            bucket_bounds_s=self._bounds_s,
             bucket_cumulative=tuple(cum), count=n, sum_s=sum_ns / 1e9, exceedances=exceed,
             window_s=self.window_s, window_samples=wn, quantiles=quant, probe_up=up,
             last_sample_unix_s=last_unix, spikes=spikes, collectors=collectors,
