@@ -135,3 +135,13 @@ def test_human_report_groups_and_ranges():
         "4-7=powersave" in out
     assert "all boot arguments at once" in out
     assert "summary:" in out
+
+
+def test_textfile_written_atomically_for_node_exporter(tmp_path):
+    res = audit("--root", str(FIXTURES / "synthetic-2socket"), "--textfile", str(tmp_path))
+    assert res.exit_code == 2
+    text = (tmp_path / "hftagent_audit.prom").read_text()
+    assert 'hftagent_audit_check_status{check="cpu.governor",status="fail"} 1' in text
+    assert not [p for p in tmp_path.iterdir() if p.name != "hftagent_audit.prom"]  # no temp left
+    res = audit("--root", str(FIXTURES / "synthetic-2socket"), "--textfile", str(tmp_path / "nope"))
+    assert res.exit_code == 1 and "not a directory" in res.output

@@ -134,7 +134,7 @@ def _check_pid(ctx: AuditContext, nodes: dict[int, list[int]]) -> list[Finding]:
 # ------------------------------------------------------------------------------------------
 
 INTERESTING = ("gpu-3d", "display-vga", "display", "network", "network-infiniband",
-               "accelerator", "storage-nvme")
+               "accelerator")
 
 
 def check_pcie(ctx: AuditContext) -> list[Finding]:
