@@ -430,3 +430,73 @@ def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
             res = DRIFT
         items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur, res))
     return StatusReport(items, str(jpath), True, False, j.boot_id, j.profile, j.cpus)
+
+
+# ----------------------------------------------------------------------------------------------
+# Context (composition: the CLI calls this once)
+# ----------------------------------------------------------------------------------------------
+
+
+def resolve_target_cpus(host: Host, spec: str | None) -> tuple[list[int], list[int]]:
+    """(target CPUs, online CPUs). Default target: the isolated CPUs, else nohz_full ones, else
+    none (then IRQ and isolation tunables report "no target CPUs"). Raises TuneError."""
+    from collectors import cpu as cpuc
+    from collectors.parsers import format_cpulist, parse_cpulist
+
+    online_r = cpuc.online_cpus(host)
+    if not online_r.ok:
+        raise TuneError(f"cannot read online CPUs ({online_r.path}: {online_r.reason})")
+    online = online_r.value
+    if spec is None:
+        iso = [c for c in cpuc.isolated_cpus(host) if c in online]
+        nohz = [c for c in cpuc.nohz_full_cpus(host) if c in online]
+        return iso or nohz, online
+    try:
+        cpus = parse_cpulist(spec)
+    except ValueError as exc:
+        raise TuneError(f"bad --cpus {spec!r}: {exc}") from None
+    if not cpus:
+        raise TuneError("--cpus is empty")
+    offline = sorted(set(cpus) - set(online))
+    if offline:
+        raise TuneError(f"--cpus {spec!r}: CPU(s) {format_cpulist(offline)} not online "
+                        f"(online: {format_cpulist(online)})")
+    return cpus, online
+
+
+def build_context(host: Host, profile, cpus: str | None, *, want_gpu: bool = False,
+                  gpu=None, services=None) -> TuneContext:
+    """Wire a TuneContext. Services and NVML are only attached on the live host (a tree copy
+    has neither a service manager nor GPUs behind it); tests pass fakes explicitly."""
+    target, online = resolve_target_cpus(host, cpus)
+    ctx = TuneContext(host, profile, target, online)
+    live = touches_live_kernel(host)
+    if services is not None:
+        ctx.services = services
+    elif live:
+        from tuning.tunables.irq import SystemctlServices
+        ctx.services = SystemctlServices()
+    else:
+        ctx.services_reason = "service control only on the live host (--root given)"
+    if gpu is not None:
+        ctx.gpu = gpu
+    elif want_gpu and live:
+        try:
+            from collectors.gpu import Nvml
+        except ImportError as exc:  # the GPU module is optional at this layer
+            ctx.gpu_reason = f"unsupported: NVML adapter unavailable ({exc})"
+        else:
+            from tuning.tunables.gpu import NvmlControl
+            ctx.gpu = NvmlControl(Nvml())
+    elif not live:
+        ctx.gpu_reason = "GPU settings only on the live host (--root given)"
+    return ctx
+
+
+def wants_gpu(profile, only: list[str] | None, skip: list[str] | None) -> bool:
+    """Whether any GPU tunable is asked for (so NVML is not even initialised otherwise)."""
+    for key, tid in (("gpu_persistence", "gpu.persistence"),
+                     ("gpu_compute_mode", "gpu.compute_mode")):
+        if profile.expected(key) not in (None, "any") and selected(tid, only, skip):
+            return True
+    return False

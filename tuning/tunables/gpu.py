@@ -88,3 +88,36 @@ class GpuComputeMode(_Gpu):
         if value not in COMPUTE_MODES:
             raise OSError(errno.EINVAL, f"bad compute mode {value!r}")
         ctx.gpu.set_compute_mode(self.index_of(target) or 0, value)
+
+
+class NvmlControl:
+    """:class:`GpuControl` over the NVML adapter (collectors.gpu.Nvml), whose calls return a
+    Reading: a None reading from a getter stays None; a refused setter becomes an OSError
+    (EPERM for NoPermission, else EIO) so apply reports it like any failed write."""
+
+    def __init__(self, nvml) -> None:
+        self.nvml = nvml
+
+    def device_count(self) -> int:
+        r = self.nvml.device_count()
+        if not r.ok:
+            raise OSError(errno.ENODEV, f"NVML: {r.reason}")
+        return int(r.value)
+
+    def persistence_mode(self, index: int) -> bool | None:
+        return self.nvml.persistence_mode(index).value
+
+    def compute_mode(self, index: int) -> str | None:
+        return self.nvml.compute_mode(index).value
+
+    @staticmethod
+    def _check(r) -> None:
+        if not r.ok:
+            code = errno.EPERM if "permission" in (r.reason or "").lower() else errno.EIO
+            raise OSError(code, f"NVML: {r.reason}")
+
+    def set_persistence_mode(self, index: int, on: bool) -> None:
+        self._check(self.nvml.set_persistence_mode(index, on))
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        self._check(self.nvml.set_compute_mode(index, mode))

@@ -1,0 +1,313 @@
+"""`hftagent tune plan|apply|rollback|status`: change runtime host settings, prove it, undo it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agent.commands.common import JsonOpt, ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail, make_host
+
+HELP = """Plan, apply, verify and roll back runtime host settings from a profile.
+
+apply journals every original value (atomically, before each write) in /run/hftagent; rollback
+restores those originals in reverse order, even after a crash half-way. Boot arguments are
+never applied: they are printed as grubby/GRUB commands (pending-reboot)."""
+
+ProfileOpt = Annotated[str, typer.Option("--profile", help="hft-cpu | hft-gpu | bench | path to "
+                                         "a profile .toml")]
+CpusOpt = Annotated[str | None, typer.Option("--cpus", help="Target (inference) CPUs, e.g. 2-5. "
+                                             "IRQs are moved off them. Default: isolated CPUs.")]
+StateOpt = Annotated[str | None, typer.Option("--state-dir", help="Journal directory (default "
+                                              "ROOT/run/hftagent: tmpfs on a live box).")]
+OnlyOpt = Annotated[list[str] | None, typer.Option("--only", help="Only these tunables or "
+                                                   "families (repeatable): cpu, irq.affinity...")]
+SkipOpt = Annotated[list[str] | None, typer.Option("--skip", help="Skip these tunables or "
+                                                   "families (repeatable), e.g. --skip gpu.")]
+
+
+class _Err:
+    """Turn tuning's domain errors into one stderr line and exit 1."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, exc, tb):
+        from tuning.journal import JournalError
+        from tuning.tunables import TuneError
+
+        if exc is not None and isinstance(exc, TuneError | JournalError):
+            raise fail(str(exc)) from None
+        return False
+
+
+def _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir):
+    from tuning.apply import build_context, wants_gpu
+    from tuning.profiles import load_profile
+
+    host = make_host(root, procfs, sysfs)
+    prof = load_profile(profile)
+    ctx = build_context(host, prof, cpus, want_gpu=wants_gpu(prof, only, skip))
+    sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
+    return host, prof, ctx, sd
+
+
+# ----------------------------------------------------------------------------------------------
+# rendering
+# ----------------------------------------------------------------------------------------------
+
+
+def _groups(rows, key):
+    """Group rows (tunable id, target, index, *rest) into compact target sets per key."""
+    from collectors.parsers import format_cpulist
+    from tuning.tunables import by_id
+
+    tunables = by_id()
+    grouped: dict[tuple, list] = {}
+    for r in rows:
+        grouped.setdefault((r["tunable"],) + key(r), []).append(r)
+    out = []
+    for k, rs in grouped.items():
+        t = tunables.get(k[0])
+        idx = [t.index_of(r["target"]) if t else None for r in rs]
+        if t and all(i is not None for i in idx) and t.scope:
+            where = f"{t.scope} {format_cpulist(idx)}"
+        else:
+            where = ", ".join(r["target"] for r in rs[:3]) + (f" (+{len(rs) - 3})"
+                                                               if len(rs) > 3 else "")
+        out.append((k, where))
+    return out
+
+
+def _console():
+    from rich.console import Console
+    return Console()
+
+
+def _render_plan(plan, prof, ctx, title: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from collectors.parsers import format_cpulist
+    from tuning.apply import UNAVAILABLE
+    from tuning.tunables import PENDING_REBOOT, WRITE
+
+    con = _console()
+    con.print(f"[bold]{title}[/bold]  profile [cyan]{prof.name}[/cyan]  target CPUs "
+              f"[cyan]{format_cpulist(ctx.cpus) or 'none'}[/cyan]  online "
+              f"{format_cpulist(ctx.online)}")
+    rows = [c.to_dict() for c in plan.changes if c.kind == WRITE]
+    if rows:
+        t = Table(show_lines=False, pad_edge=False)
+        t.add_column("tunable", no_wrap=True)
+        t.add_column("targets", overflow="fold")
+        for col in ("current", "desired", "note"):
+            t.add_column(col, overflow="fold")
+        for (tid, cur, des, det), where in _groups(
+                rows, lambda r: (r["current"], r["desired"], r["detail"])):
+            t.add_row(tid, where, "unreadable" if cur is None else cur, des, det)
+        con.print(t)
+    else:
+        con.print("[green]nothing to change at runtime[/green]")
+    boot = [c for c in plan.changes if c.kind == PENDING_REBOOT]
+    if boot:
+        con.print("[magenta]pending-reboot[/magenta] (never applied; run these yourself):")
+        for cmd in boot[0].detail.split("; "):
+            con.print(Text("    " + cmd))
+    for c in plan.changes:
+        if c.kind not in (WRITE, PENDING_REBOOT):
+            con.print(Text(f"manual: {c.tunable}: {c.detail}", style="yellow"))
+    na = [it for it in plan.items if it.state == UNAVAILABLE]
+    if na:
+        con.print(Text("not tunable here: " + "; ".join(f"{it.tunable.id} ({it.reason})"
+                                                         for it in na), style="dim"))
+
+
+def _plan_json(plan, prof, ctx) -> dict:
+    from collectors.parsers import format_cpulist
+    return {"profile": prof.name, "cpus": format_cpulist(ctx.cpus),
+            "online": format_cpulist(ctx.online),
+            "items": [it.to_dict() for it in plan.items]}
+
+
+def _render_rows(title: str, rows: list[dict], result_key: str, extra: str) -> None:
+    from rich.table import Table
+
+    con = _console()
+    con.print(f"[bold]{title}[/bold]")
+    if not rows:
+        return
+    t = Table(pad_edge=False)
+    t.add_column("tunable", no_wrap=True)
+    for col in ("targets", "result", extra, "note"):
+        t.add_column(col, overflow="fold")
+    for (tid, res, val, msg), where in _groups(
+            rows, lambda r: (r[result_key], str(r.get("_val")), r.get("message", ""))):
+        style = {"applied": "green", "restored": "green", "holds": "green",
+                 "unchangeable": "yellow", "drift": "yellow", "was-original": "dim",
+                 "already": "dim"}.get(res, "red")
+        t.add_row(tid, where, f"[{style}]{res}[/{style}]", val, msg)
+    con.print(t)
+
+
+# ----------------------------------------------------------------------------------------------
+# commands
+# ----------------------------------------------------------------------------------------------
+
+
+def plan_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOpt = None,
+             skip: SkipOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
+             procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
+    """The diff current → desired per tunable and target. Nothing is written.
+    Exit 0: nothing to change; 2: changes (or reboot-only arguments) pending."""
+    from tuning.apply import make_plan
+
+    with _Err():
+        _host, prof, ctx, _sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, None)
+        plan = make_plan(ctx, only, skip)
+    if json_out:
+        print(json.dumps(_plan_json(plan, prof, ctx), indent=2))
+    else:
+        _render_plan(plan, prof, ctx, "hftagent tune plan (nothing written)")
+    raise typer.Exit(2 if plan.changes else 0)
+
+
+def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOpt = None,
+              skip: SkipOpt = None,
+              dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what apply would "
+                                                    "write; write nothing.")] = False,
+              state_dir: StateOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
+              procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
+    """Journal originals, write, read back and verify. Exit 0: applied and verified;
+    2: something does not hold or needs a reboot; 1: an error (nothing or part written —
+    `tune rollback` undoes the part)."""
+    from tuning.apply import FAILED, apply_plan, make_plan, require_privilege
+    from tuning.findings import exit_code
+
+    with _Err():
+        host, prof, ctx, sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir)
+        if not dry_run:
+            require_privilege(host)
+        plan = make_plan(ctx, only, skip)
+        report = apply_plan(ctx, plan, sd, profile=prof.name, dry_run=dry_run)
+    if json_out:
+        print(json.dumps({**_plan_json(plan, prof, ctx), "dry_run": dry_run,
+                          "journal": report.journal,
+                          "outcomes": [o.to_dict() for o in report.outcomes],
+                          "findings": [f.to_dict() for f in report.findings]}, indent=2))
+    elif dry_run:
+        _render_plan(plan, prof, ctx, "hftagent tune apply --dry-run (nothing written)")
+    else:
+        from agent.render import findings_table
+        rows = [{**o.to_dict(), "_val": o.change.desired} for o in report.outcomes
+                if o.change.kind == "write"]
+        _render_rows(f"hftagent tune apply  profile {prof.name}  journal {report.journal}",
+                     rows, "result", "value")
+        boot = [o for o in report.outcomes if o.result == "pending-reboot"]
+        con = _console()
+        if boot:
+            con.print("[magenta]pending-reboot[/magenta] (never applied; run these yourself):")
+            for cmd in boot[0].message.split("; "):
+                con.print("    " + cmd, markup=False, highlight=False)
+        if report.findings:
+            con.print(findings_table(report.findings, title="verify"))
+    if dry_run:
+        raise typer.Exit(2 if plan.changes else 0)
+    if any(o.result == FAILED for o in report.outcomes):
+        raise typer.Exit(1)
+    raise typer.Exit(exit_code(report.findings) if report.ok else 2)
+
+
+def rollback_cmd(force: Annotated[bool, typer.Option("--force", help="Restore originals even "
+                                                     "where the value drifted since we wrote "
+                                                     "it.")] = False,
+                 discard_stale: Annotated[bool, typer.Option("--discard-stale", help="Delete a "
+                                                             "journal from an earlier boot "
+                                                             "(never replayed).")] = False,
+                 state_dir: StateOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
+                 procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
+    """Restore journalled originals in reverse order. Idempotent. Exit 0: everything restored
+    (or nothing to do); 2: entries left (drift, unreadable); 1: an error."""
+    from tuning.apply import FAILED, require_privilege, rollback
+    from tuning.profiles import load_profile
+    from tuning.tunables import TuneContext
+
+    with _Err():
+        host = make_host(root, procfs, sysfs)
+        require_privilege(host)
+        from tuning.apply import build_context
+        # Rollback needs no profile or target CPUs: only the host, its writer and services.
+        ctx: TuneContext = build_context(host, load_profile("hft-cpu"), None,
+                                         want_gpu=_journal_has_gpu(host, state_dir))
+        sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
+        rep = rollback(ctx, sd, force=force, discard_stale=discard_stale)
+    if json_out:
+        print(json.dumps({"journal": rep.journal, "remaining": rep.remaining, "note": rep.note,
+                          "items": [i.to_dict() for i in rep.items]}, indent=2))
+    else:
+        rows = [{**i.to_dict(), "_val": i.current} for i in rep.items]
+        _render_rows(f"hftagent tune rollback  journal {rep.journal}", rows, "result", "now")
+        con = _console()
+        if rep.note:
+            con.print(rep.note)
+        con.print(f"{rep.remaining} journal entr{'y' if rep.remaining == 1 else 'ies'} left")
+    if any(i.result == FAILED for i in rep.items):
+        raise typer.Exit(1)
+    raise typer.Exit(0 if rep.ok else 2)
+
+
+def _journal_has_gpu(host, state_dir) -> bool:
+    """Initialise NVML for rollback only when the journal holds GPU entries."""
+    from tuning.journal import JournalError, load
+    sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
+    try:
+        j = load(sd)
+    except JournalError:
+        return False  # rollback() loads it again and reports the error
+    return bool(j and any(e.target.startswith("nvml:") for e in j.entries))
+
+
+def status_cmd(state_dir: StateOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
+               procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
+    """What tune apply changed (from the journal) and whether each value still holds.
+    Exit 0: all hold (or nothing applied); 2: drift, restored by someone else, unreadable, or a
+    journal from an earlier boot."""
+    from tuning.apply import build_context, status
+    from tuning.profiles import load_profile
+
+    with _Err():
+        host = make_host(root, procfs, sysfs)
+        ctx = build_context(host, load_profile("hft-cpu"), None,
+                            want_gpu=_journal_has_gpu(host, state_dir))
+        sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
+        rep = status(ctx, sd)
+    if json_out:
+        print(json.dumps({"journal": rep.journal, "exists": rep.exists, "stale": rep.stale,
+                          "boot_id": rep.boot_id, "profile": rep.profile, "cpus": rep.cpus,
+                          "all_hold": rep.all_hold,
+                          "items": [i.to_dict() for i in rep.items]}, indent=2))
+    else:
+        con = _console()
+        if not rep.exists:
+            con.print(f"nothing applied (no journal at {rep.journal})")
+        elif rep.stale:
+            con.print(f"[yellow]journal {rep.journal} is from an earlier boot ({rep.boot_id}): "
+                      "not replayed; `hftagent tune rollback --discard-stale` removes it"
+                      "[/yellow]")
+        else:
+            rows = [{**i.to_dict(), "_val": f"{i.written} (was {i.original})"} for i in rep.items]
+            _render_rows(f"hftagent tune status  profile {rep.profile}  target CPUs "
+                         f"{rep.cpus or 'none'}  journal {rep.journal}", rows, "result",
+                         "applied (original)")
+    raise typer.Exit(2 if rep.stale or not rep.all_hold else 0)
+
+
+def register(app: typer.Typer) -> None:
+    sub = typer.Typer(name="tune", help=HELP, no_args_is_help=True)
+    sub.command("plan")(cli_errors(plan_cmd))
+    sub.command("apply")(cli_errors(apply_cmd))
+    sub.command("rollback")(cli_errors(rollback_cmd))
+    sub.command("status")(cli_errors(status_cmd))
+    app.add_typer(sub, name="tune")
