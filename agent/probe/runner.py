@@ -26,7 +26,7 @@ import numpy as np
 
 from agent.errors import AgentError
 from agent.probe.config import CALLER_THREAD, ProbeSettings, ThreadConfig
-from agent.probe.harness import COLUMNS, Samples
+from agent.probe.harness import Samples
 from agent.probe.result import ProbeResult, RunResult
 
 MAX_RESTARTS = 4

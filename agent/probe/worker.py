@@ -217,8 +217,8 @@ def main(argv: list[str]) -> int:
         shape = (batch, *base[1:])
         x = x1 if batch == 1 else load_input(settings.input_data, shape, model.input_dtype)
         r, s = run_task(model, variant, shape, settings, threads, x, agree, calib,
-                        emit=lambda **ev: emit(event="task", idx=i, variant=variant,
-                                               batch=batch, **ev))
+                        emit=lambda i=i, v=variant, b=batch, **ev: emit(
+                            event="task", idx=i, variant=v, batch=b, **ev))
         if s is not None:
             np.save(d / f"samples-{i}.npy", s.data)
         tmp = d / f"run-{i}.json.tmp"
