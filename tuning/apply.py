@@ -180,8 +180,17 @@ def _boot_id(host: Host) -> str | None:
     return host.boot_id()
 
 
+def _check_known(j: Journal) -> None:
+    unknown = sorted({e.tunable for e in j.entries} - {t.id for t in all_tunables()})
+    if unknown:
+        raise JournalError(f"journal {j.path} names unknown tunable(s) {', '.join(unknown)} "
+                           "(written by another version?); nothing was changed")
+
+
 def _open_journal(ctx: TuneContext, state_dir: Path, profile: str) -> Journal:
     j = load(state_dir)
+    if j is not None:
+        _check_known(j)
     boot = _boot_id(ctx.host)
     if j is not None and stale(j, boot):
         raise StaleJournal(
@@ -333,10 +342,7 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
                 "the reboot already reset those settings, so it is not replayed. Remove it "
                 "with `hftagent tune rollback --discard-stale`")
         tunables = by_id()
-        unknown = sorted({e.tunable for e in j.entries} - set(tunables))
-        if unknown:
-            raise JournalError(f"journal {jpath} names unknown tunable(s) {', '.join(unknown)} "
-                               "(written by another version?); nothing was changed")
+        _check_known(j)
         items: list[RollbackItem] = []
         retry = []
         for e in sorted(j.entries, key=lambda x: x.seq, reverse=True):
@@ -415,6 +421,7 @@ def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
         return StatusReport([], str(jpath), False)
     if stale(j, _boot_id(ctx.host)):
         return StatusReport([], str(jpath), True, True, j.boot_id, j.profile, j.cpus)
+    _check_known(j)
     tunables = by_id()
     items = []
     for e in j.entries:

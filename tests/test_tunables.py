@@ -1,0 +1,461 @@
+"""Every tunable round-trips plan → apply → verify → rollback byte for byte on writable copies of
+fixture trees (real captures and a SYNTHETIC bare-metal tree), including EIO, EPERM, EINVAL,
+EBUSY and read-only attributes. Nothing here touches the real /proc or /sys."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from collectors.host import Host
+from tests.treecopy import KernelSim, copy_fixture, diff, make_synthetic, snapshot
+from tuning.apply import (
+    ALREADY,
+    APPLIED,
+    FAILED,
+    IN_PLACE,
+    PLANNED,
+    UNCHANGEABLE,
+    apply_plan,
+    build_context,
+    make_plan,
+    rollback,
+    status,
+)
+from tuning.findings import Status
+from tuning.profiles import load_profile
+from tuning.tunables import TuneError, all_tunables
+from tuning.tunables.boot import boot_args, grub_commands
+from tuning.tunables.gpu import NvmlControl
+
+
+class FakeServices:
+    def __init__(self, active: bool = True) -> None:
+        self.active = active
+        self.calls: list[str] = []
+
+    def is_active(self, name: str) -> bool | None:
+        return self.active
+
+    def stop(self, name: str) -> None:
+        self.calls.append(f"stop {name}")
+        self.active = False
+
+    def start(self, name: str) -> None:
+        self.calls.append(f"start {name}")
+        self.active = True
+
+
+class FakeGpu:
+    """GpuControl fake: two GPUs, persistence off, compute mode DEFAULT."""
+
+    def __init__(self, n: int = 2, refuse: bool = False) -> None:
+        self.pm = [False] * n
+        self.cm = ["DEFAULT"] * n
+        self.refuse = refuse
+
+    def device_count(self) -> int:
+        return len(self.pm)
+
+    def persistence_mode(self, i: int) -> bool | None:
+        return self.pm[i]
+
+    def set_persistence_mode(self, i: int, on: bool) -> None:
+        if self.refuse:
+            raise OSError(errno.EPERM, "NVML: permission")
+        self.pm[i] = on
+
+    def compute_mode(self, i: int) -> str | None:
+        return self.cm[i]
+
+    def set_compute_mode(self, i: int, mode: str) -> None:
+        self.cm[i] = mode
+
+
+def _ctx(root: Path, profile: str = "hft-cpu", cpus: str | None = "2-3", writer=None, **kw):
+    host = Host(root)
+    ctx = build_context(host, load_profile(profile), cpus, **kw)
+    ctx.writer = writer or KernelSim()
+    return ctx
+
+
+def _roundtrip(root: Path, profile: str, cpus: str | None, writer=None, **kw):
+    before = snapshot(root)
+    ctx = _ctx(root, profile, cpus, writer, **kw)
+    plan = make_plan(ctx)
+    assert diff(before, snapshot(root)) == [], "planning wrote something"
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, plan, sd, profile=profile)
+    st = status(ctx, sd)
+    rb = rollback(ctx, sd)
+    assert rb.remaining == 0, [i.to_dict() for i in rb.items]
+    assert diff(before, snapshot(root)) == []
+    assert not (sd / "journal.json").exists()
+    return plan, rep, st
+
+
+@pytest.mark.parametrize("profile", ["hft-cpu", "hft-gpu", "bench"])
+def test_synthetic_roundtrip_every_profile(tmp_path, profile):
+    root = make_synthetic(tmp_path / "syn")
+    plan, rep, st = _roundtrip(root, profile, "2-3")
+    assert rep.ok and plan.writes
+    assert all(o.result == APPLIED for o in rep.outcomes if o.change.kind == "write")
+    bad = [f for f in rep.findings if f.status not in (Status.OK, Status.PENDING_REBOOT)]
+    assert bad == []
+    assert st.all_hold and len(st.items) == len(plan.writes)
+
+
+@pytest.mark.parametrize("fixture", ["gpu-h200", "vm-dev"])
+def test_real_fixture_roundtrip(tmp_path, fixture):
+    root = copy_fixture(fixture, tmp_path / fixture)
+    online = Host(root).read(Host(root).sys("devices/system/cpu/online")).value
+    cpus = "8-15" if online == "0-15" else "1"
+    plan, rep, _ = _roundtrip(root, "hft-cpu", cpus)
+    ids = {c.tunable for c in plan.writes}
+    # what these VMs expose: THP, sysctls, IRQ affinity (no cpufreq on either)
+    assert {"memory.swappiness", "irq.affinity", "irq.default_affinity"} <= ids
+    assert "cpu.governor" not in ids
+    assert rep.ok
+
+
+@pytest.mark.parametrize("tid", [t.id for t in all_tunables()
+                                 if not t.id.startswith(("gpu.", "irq.irqbalance"))])
+def test_each_tunable_roundtrips_alone(tmp_path, tid):
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    ctx = _ctx(root, "bench")
+    plan = make_plan(ctx, only=[tid])
+    assert {c.tunable for c in plan.changes} == {tid}
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, plan, sd)
+    if tid != "isolation.boot_args":
+        assert [f.status for f in rep.findings] == [Status.OK]
+        assert diff(before, snapshot(root)) != []
+    else:  # never applied: nothing written, reported pending-reboot
+        assert [f.status for f in rep.findings] == [Status.PENDING_REBOOT]
+        assert diff(before, snapshot(root)) == []
+    rollback(ctx, sd)
+    assert diff(before, snapshot(root)) == []
+
+
+def test_plan_is_pure():
+    t = all_tunables()[0]
+    want = {"/a": "performance", "/b": "performance"}
+    have = {"/a": "performance", "/b": "powersave"}
+    changes = t.plan(want, have)
+    assert [(c.target, c.current, c.desired) for c in changes] == \
+        [("/b", "powersave", "performance")]
+    assert want == {"/a": "performance", "/b": "performance"}  # inputs untouched
+
+
+def test_apply_twice_is_a_noop(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    ctx = _ctx(root, "bench")
+    sd = ctx.host.run_dir("hftagent")
+    apply_plan(ctx, make_plan(ctx), sd)
+    after_first = snapshot(root, exclude=())
+    plan2 = make_plan(ctx)
+    assert plan2.writes == []
+    assert all(it.state != PLANNED or not it.changes or
+               all(c.kind != "write" for c in it.changes) for it in plan2.items)
+    rep2 = apply_plan(ctx, plan2, sd)
+    assert not [o for o in rep2.outcomes if o.result == APPLIED]
+    assert snapshot(root, exclude=()) == after_first  # journal included: not even rewritten
+
+
+def test_second_profile_keeps_first_original(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    ctx = _ctx(root, "hft-cpu")
+    sd = ctx.host.run_dir("hftagent")
+    apply_plan(ctx, make_plan(ctx), sd)
+    # an operator edits the profile: swappiness 5 instead of 1
+    prof = tmp_path / "p.toml"
+    prof.write_text('extends = "hft-cpu"\n[settings.swappiness]\nexpected = 5\n')
+    ctx2 = _ctx(root, str(prof))
+    apply_plan(ctx2, make_plan(ctx2), sd)
+    st = status(ctx2, sd)
+    sw = [i for i in st.items if i.target == "/proc/sys/vm/swappiness"][0]
+    assert (sw.original, sw.written, sw.result) == ("60", "5", "holds")
+    rollback(ctx2, sd)
+    assert diff(before, snapshot(root)) == []
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.EPERM])
+def test_irq_eio_eperm_is_unchangeable_not_failure(tmp_path, err):
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    sim = KernelSim(fail={"irq/27/smp_affinity_list": err})
+    ctx = _ctx(root, "hft-cpu", writer=sim)
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, make_plan(ctx, only=["irq"]), sd)
+    res = {o.change.target: o.result for o in rep.outcomes}
+    assert res["/proc/irq/27/smp_affinity_list"] == UNCHANGEABLE
+    assert res["/proc/irq/24/smp_affinity_list"] == APPLIED
+    assert rep.ok
+    irq = [f for f in rep.findings if f.id == "irq.affinity"][0]
+    assert irq.status == Status.OK and irq.data["unchangeable"] == ["/proc/irq/27/smp_affinity_list"]
+    st = status(ctx, sd)
+    assert "/proc/irq/27/smp_affinity_list" not in {i.target for i in st.items}
+    rollback(ctx, sd)
+    assert diff(before, snapshot(root)) == []
+
+
+def test_einval_is_a_failure_and_not_journalled(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    ctx = _ctx(root, "hft-cpu", writer=KernelSim(fail={"vm/swappiness": errno.EINVAL}))
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, make_plan(ctx), sd)
+    res = {o.change.target: o for o in rep.outcomes}
+    assert res["/proc/sys/vm/swappiness"].result == FAILED
+    assert "Invalid argument" in res["/proc/sys/vm/swappiness"].message
+    assert not rep.ok
+    assert "/proc/sys/vm/swappiness" not in {i.target for i in status(ctx, sd).items}
+    rollback(ctx, sd)
+    assert diff(before, snapshot(root)) == []
+
+
+def test_read_only_attribute_fails_cleanly(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    ksm = root / "sys/kernel/mm/ksm/run"
+    os.chmod(ksm, 0o444)  # kernfs: no store() → EACCES even for root (KernelSim enforces it)
+    before = snapshot(root)
+    ctx = _ctx(root, "hft-cpu")
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, make_plan(ctx), sd)
+    o = [o for o in rep.outcomes if o.change.target == "/sys/kernel/mm/ksm/run"][0]
+    assert o.result == FAILED and "Permission denied" in o.message
+    ksm_f = [f for f in rep.findings if f.id == "memory.ksm"][0]
+    assert ksm_f.status != Status.OK
+    rollback(ctx, sd)
+    assert diff(before, snapshot(root)) == []
+
+
+def test_rollback_retries_ebusy_after_the_rest(tmp_path):
+    """intel_pstate refuses a non-performance EPP while the governor is performance (EBUSY):
+    rollback restores EPP before the governor (reverse order), so it must retry at the end."""
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+
+    class PstateSim(KernelSim):
+        def write(self, path, text):
+            if path.name == "energy_performance_preference" and text != "performance":
+                gov = (path.parent / "scaling_governor").read_text().strip()
+                if gov == "performance":
+                    raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+            super().write(path, text)
+
+    ctx = _ctx(root, "hft-cpu", writer=PstateSim())
+    sd = ctx.host.run_dir("hftagent")
+    apply_plan(ctx, make_plan(ctx, only=["cpu.governor", "cpu.epp"]), sd)
+    rb = rollback(ctx, sd)
+    assert rb.remaining == 0
+    assert diff(before, snapshot(root)) == []
+
+
+def test_drift_is_reported_and_left_unless_force(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    ctx = _ctx(root, "hft-cpu")
+    sd = ctx.host.run_dir("hftagent")
+    apply_plan(ctx, make_plan(ctx, only=["memory.swappiness", "kernel"]), sd)
+    (root / "proc/sys/vm/swappiness").write_text("30\n")  # someone else changed it
+    st = status(ctx, sd)
+    assert {i.target: i.result for i in st.items}["/proc/sys/vm/swappiness"] == "drift"
+    rb = rollback(ctx, sd)
+    assert rb.remaining == 1 and [i.result for i in rb.items if i.result == "drift"]
+    assert (root / "proc/sys/vm/swappiness").read_text() == "30\n"
+    assert (root / "proc/sys/kernel/timer_migration").read_text() == "1\n"  # others restored
+    rb = rollback(ctx, sd, force=True)
+    assert rb.remaining == 0
+    assert (root / "proc/sys/vm/swappiness").read_text() == "60\n"
+
+
+def test_rollback_is_idempotent(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    ctx = _ctx(root, "hft-cpu")
+    sd = ctx.host.run_dir("hftagent")
+    apply_plan(ctx, make_plan(ctx), sd)
+    assert rollback(ctx, sd).remaining == 0
+    again = rollback(ctx, sd)
+    assert again.items == [] and again.remaining == 0 and "nothing" in again.note
+
+
+# -- bad input: clear error, nothing written --------------------------------------------------
+
+
+def test_governor_not_offered_is_refused(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root, exclude=())
+    prof = tmp_path / "p.toml"
+    prof.write_text('extends = "hft-cpu"\n[settings.governor]\nexpected = "schedutil"\n')
+    with pytest.raises(TuneError, match="schedutil.*not offered.*performance powersave"):
+        make_plan(_ctx(root, str(prof)))
+    assert snapshot(root, exclude=()) == before
+
+
+def test_thp_value_not_offered_is_refused(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    (root / "sys/kernel/mm/transparent_hugepage/defrag").write_text("[always] never\n")
+    with pytest.raises(TuneError, match="thp_defrag 'madvise' is not offered"):
+        make_plan(_ctx(root, "hft-cpu"))
+
+
+@pytest.mark.parametrize("cpus,msg", [("7", "not online"), ("0-3", "every online CPU"),
+                                      ("x", "bad --cpus")])
+def test_bad_cpu_lists(tmp_path, cpus, msg):
+    root = make_synthetic(tmp_path / "syn")
+    with pytest.raises(TuneError, match=msg):
+        make_plan(_ctx(root, "hft-cpu", cpus))
+
+
+def test_cpuidle_by_latency_and_name_not_index(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    # a driver with a different state order: the deep state sits at index 1 here
+    d = root / "sys/devices/system/cpu/cpu0/cpuidle"
+    (d / "state1/name").write_text("C10\n")
+    (d / "state1/latency").write_text("890\n")
+    ctx = _ctx(root, "hft-cpu")
+    plan = make_plan(ctx, only=["cpu.cstates"])
+    cpu0 = sorted(c.detail for c in plan.changes if c.index == 0)
+    assert cpu0 == ["C10 (exit latency 890 µs)", "C6 (exit latency 133 µs)"]
+    assert all("POLL" not in c.detail for c in plan.changes)
+
+
+def test_no_target_cpus_leaves_irqs_alone(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    plan = make_plan(_ctx(root, "hft-cpu", None))
+    states = {it.tunable.id: (it.state, it.reason) for it in plan.items}
+    assert states["irq.affinity"][0] == "unavailable"
+    assert "--cpus" in states["irq.affinity"][1]
+
+
+def test_default_cpus_are_the_isolated_ones(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    (root / "sys/devices/system/cpu/isolated").write_text("3\n")
+    (root / "proc/cmdline").write_text("ro isolcpus=managed_irq,domain,3 nohz_full=3 "
+                                       "rcu_nocbs=3 irqaffinity=0-2\n")
+    ctx = _ctx(root, "hft-cpu", None)
+    assert ctx.cpus == [3]
+    plan = make_plan(ctx)
+    st = {it.tunable.id: it.state for it in plan.items}
+    assert st["isolation.boot_args"] == IN_PLACE
+
+
+# -- boot arguments, irqbalance, GPU ------------------------------------------------------------
+
+
+def test_boot_args_are_printed_never_written(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    args = boot_args([2, 3], [0, 1, 2, 3])
+    assert args == {"isolcpus": "managed_irq,domain,2-3", "nohz_full": "2-3",
+                    "rcu_nocbs": "2-3", "irqaffinity": "0-1"}
+    cmds = grub_commands(args)
+    assert cmds[0] == ("grubby --update-kernel=ALL --remove-args='isolcpus nohz_full rcu_nocbs "
+                       "irqaffinity' --args='isolcpus=managed_irq,domain,2-3 nohz_full=2-3 "
+                       "rcu_nocbs=2-3 irqaffinity=0-1'")
+    assert "update-grub" in cmds[1]
+    ctx = _ctx(root, "hft-cpu")
+    rep = apply_plan(ctx, make_plan(ctx, only=["isolation"]), ctx.host.run_dir("hftagent"))
+    assert {o.result for o in rep.outcomes} == {"pending-reboot"}
+    assert rep.findings[0].status == Status.PENDING_REBOOT
+    assert diff(before, snapshot(root)) == []
+
+
+def test_irqbalance_stopped_and_restarted(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    svc = FakeServices(active=True)
+    ctx = _ctx(root, "hft-cpu", services=svc)
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, make_plan(ctx, only=["irq"]), sd)
+    order = [o.change.tunable for o in rep.outcomes]
+    assert order[0] == "irq.irqbalance"  # stopped before any IRQ is moved
+    assert svc.calls == ["stop irqbalance"]
+    rollback(ctx, sd)
+    assert svc.calls == ["stop irqbalance", "start irqbalance"] and svc.active
+
+
+def test_irqbalance_banned_is_manual(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    prof = tmp_path / "p.toml"
+    prof.write_text('extends = "hft-cpu"\n[settings.irqbalance]\nexpected = "banned"\n')
+    svc = FakeServices(active=True)
+    ctx = _ctx(root, str(prof), services=svc)
+    plan = make_plan(ctx, only=["irq.irqbalance"])
+    assert [c.kind for c in plan.changes] == ["manual"]
+    assert "IRQBALANCE_BANNED_CPULIST=2-3" in plan.changes[0].detail
+    apply_plan(ctx, plan, ctx.host.run_dir("hftagent"))
+    assert svc.calls == []
+
+
+def test_gpu_tunables_through_fake(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    gpu = FakeGpu()
+    ctx = _ctx(root, "hft-gpu", gpu=gpu)
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, make_plan(ctx, only=["gpu"]), sd)
+    assert gpu.pm == [True, True] and gpu.cm == ["EXCLUSIVE_PROCESS"] * 2
+    assert [f.status for f in rep.findings] == [Status.OK, Status.OK]
+    rollback(ctx, sd)
+    assert gpu.pm == [False, False] and gpu.cm == ["DEFAULT"] * 2
+
+
+def test_gpu_refused_is_a_failure_not_a_crash(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    ctx = _ctx(root, "hft-gpu", gpu=FakeGpu(refuse=True))
+    rep = apply_plan(ctx, make_plan(ctx, only=["gpu.persistence"]), ctx.host.run_dir("hftagent"))
+    assert {o.result for o in rep.outcomes} == {FAILED}
+
+
+def test_gpu_absent_on_a_tree_copy(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    plan = make_plan(_ctx(root, "hft-gpu", want_gpu=True))
+    it = [i for i in plan.items if i.tunable.id == "gpu.persistence"][0]
+    assert it.state == "unavailable" and "live host" in it.reason
+
+
+def test_nvml_control_maps_readings():
+    from collectors.host import Reading
+
+    class FakeNvml:
+        def __init__(self):
+            self.pm = {0: False}
+
+        def device_count(self):
+            return Reading(1, "nvml:nvmlDeviceGetCount")
+
+        def persistence_mode(self, i):
+            return Reading(self.pm[i], "nvml:x")
+
+        def set_persistence_mode(self, i, on):
+            return Reading(None, "nvml:set", "permission: NoPermission")
+
+        def compute_mode(self, i):
+            return Reading(None, "nvml:x", "unsupported: NotSupported")
+
+        def set_compute_mode(self, i, mode):
+            self.mode = mode
+            return Reading(True, "nvml:set")
+
+    c = NvmlControl(FakeNvml())
+    assert c.device_count() == 1 and c.persistence_mode(0) is False
+    assert c.compute_mode(0) is None
+    with pytest.raises(OSError) as ei:
+        c.set_persistence_mode(0, True)
+    assert ei.value.errno == errno.EPERM
+    c.set_compute_mode(0, "EXCLUSIVE_PROCESS")
+
+
+def test_already_in_place_is_not_journalled(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    (root / "proc/sys/vm/swappiness").write_text("1\n")
+    ctx = _ctx(root, "hft-cpu")
+    plan = make_plan(ctx, only=["memory.swappiness"])
+    assert plan.changes == []
+    rep = apply_plan(ctx, plan, ctx.host.run_dir("hftagent"))
+    assert rep.outcomes == [] and not (ctx.host.run_dir("hftagent") / "journal.json").exists()
+    assert ALREADY  # (value re-read at write time; covered by test_apply_twice_is_a_noop)
