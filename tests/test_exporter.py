@@ -1,0 +1,362 @@
+"""Exporter: exposition content, promtool-clean scrape, HTTP server lifecycle and robustness;
+node_exporter textfile writer."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import prometheus_client
+import pytest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as om_parse,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.errors import AgentError
+from agent.exporter import Exporter, make_registry, parse_listen, render
+from agent.metrics import CAUSES, WatchMetrics
+from agent.textfile import TEXTFILE_NAME, write_textfile
+from tuning.findings import Finding, Status
+
+MS = 1_000_000
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (Debian package 'prometheus'; `make apt-deps`)")
+
+
+def populated() -> WatchMetrics:
+    m = WatchMetrics(thresholds_us=(500, 1000, 5000), variant="xla", p99_budget_us=2000)
+    for i in range(10_000):
+        m.observe(300_000 + (i % 100) * 10_000 + (8 * MS if i % 500 == 0 else 0))
+    m.probe_up(True)
+    m.spike("irq")
+    m.spike("freq_drop")
+    m.spike("not-a-cause")
+    m.set_collector("cpu", True, 0.0004)
+    m.set_collector("gpu", False, 0.021)
+    m.set_audit([Finding("cpu.governor", "cpu", "Governor", Status.FAIL),
+                 Finding("irq.balance", "irq", "irqbalance", Status.OK)])
+    m.set_gauge("cpu_frequency_hertz", 2.1e9, cpu=2)
+    m.set_gauge("gpu_clock_hertz", 1.98e9, gpu=0, clock="sm")
+    m.set_gpu_clock_event_reasons(0, 0x1)
+    m.set_gauge("pcie_link_degraded", 0, device="0000:17:00.0")
+    m.set_gauge("pcie_link_width", 16, device="0000:17:00.0")
+    return m
+
+
+def samples_by_name(text: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def scrape(url: str, accept: str | None = None) -> tuple[int, str, str]:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.status, r.headers["Content-Type"], r.read().decode()
+
+
+def test_exposition_content_and_base_units():
+    body, ctype = render(make_registry(populated()))
+    assert ctype.startswith("text/plain")
+    s = samples_by_name(body.decode())
+    buckets = {x.labels["le"]: x.value for x in s["hftagent_probe_latency_seconds_bucket"]}
+    assert buckets["+Inf"] == 10_000 and buckets["1e-05"] == 0
+    assert buckets["0.005"] == 10_000 - 20  # 20 samples got +8 ms
+    assert s["hftagent_probe_samples_total"][0].value == 10_000
+    exc = {x.labels["threshold_us"]: x.value for x in s["hftagent_probe_exceedances_total"]}
+    # 300..1290 µs in 10 µs steps: 79 % over 500 µs, 29 % over 1 ms; plus the 20 at +8 ms
+    # (those have i % 100 == 0, i.e. 300 µs + 8 ms, under the others' lines)
+    assert exc == {"500": 7920.0, "1000": 2920.0, "5000": 20.0}
+    q = {x.labels["quantile"]: x.value for x in s["hftagent_probe_latency_quantile_seconds"]}
+    assert set(q) == {"0.5", "0.99", "0.999"} and q["0.999"] > 0.008
+    spikes = {x.labels["cause"]: x.value for x in s["hftagent_spikes_total"]}
+    assert set(spikes) == set(CAUSES) and spikes["irq"] == 1 and spikes["other"] == 1
+    st = {(x.labels["check"], x.labels["status"]): x.value
+          for x in s["hftagent_audit_check_status"]}
+    assert st[("cpu.governor", "fail")] == 1 and st[("cpu.governor", "ok")] == 0
+    assert st[("irq.balance", "ok")] == 1 and len(st) == 2 * 6
+    ok = {x.labels["check"]: x.value for x in s["hftagent_audit_check_ok"]}
+    assert ok == {"cpu.governor": 0.0, "irq.balance": 1.0}
+    coll = {x.labels["collector"]: x.value for x in s["hftagent_collector_success"]}
+    assert coll == {"cpu": 1.0, "gpu": 0.0}
+    assert s["hftagent_collector_duration_seconds"][1].value == pytest.approx(0.021)
+    assert s["hftagent_cpu_frequency_hertz"][0].labels == {"cpu": "2"}
+    reasons = {x.labels["reason"]: x.value for x in s["hftagent_gpu_clock_event_reason"]}
+    assert reasons["gpu_idle"] == 1 and reasons["hw_slowdown"] == 0
+    assert s["hftagent_probe_up"][0].value == 1
+    assert s["hftagent_probe_p99_budget_seconds"][0].value == pytest.approx(0.002)
+    assert s["hftagent_probe_info"][0].labels == {"source": "probe", "variant": "xla"}
+    assert abs(s["hftagent_probe_last_sample_timestamp_seconds"][0].value - time.time()) < 5
+
+
+def test_empty_state_exports_no_fake_values():
+    s = samples_by_name(render(make_registry(WatchMetrics()))[0].decode())
+    assert s["hftagent_probe_samples_total"][0].value == 0
+    assert s["hftagent_probe_up"][0].value == 0
+    assert "hftagent_probe_last_sample_timestamp_seconds" not in s
+    assert "hftagent_probe_latency_quantile_seconds" not in s  # only _count/_sum
+    assert "hftagent_audit_last_run_timestamp_seconds" not in s
+    assert "hftagent_cpu_frequency_hertz" not in s
+
+
+def test_nothing_in_the_default_registry():
+    before = set(prometheus_client.REGISTRY._names_to_collectors)
+    with Exporter(populated(), "127.0.0.1:0") as ex:
+        scrape(ex.url)
+    assert set(prometheus_client.REGISTRY._names_to_collectors) == before
+    assert not any(n.startswith("hftagent") for n in before)
+
+
+@needs_promtool
+def test_promtool_check_metrics_on_a_real_scrape():
+    with Exporter(populated(), "127.0.0.1:0") as ex:
+        status, _, body = scrape(ex.url)
+    assert status == 200
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_promtool_check_metrics_catches_a_bad_exposition():
+    """The check above can fail: promtool rejects what our names avoid."""
+    bad = ("# HELP hftagent_probe_samples counted\n# TYPE hftagent_probe_samples counter\n"
+           "hftagent_probe_samples 3\n")
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=bad, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode != 0
+
+
+def test_openmetrics_negotiated():
+    with Exporter(populated(), "127.0.0.1:0") as ex:
+        _, ctype, body = scrape(ex.url, "application/openmetrics-text; version=1.0.0")
+    assert ctype.startswith("application/openmetrics-text")
+    fams = {f.name: f for f in om_parse(body)}
+    assert fams["hftagent_probe_samples"].type == "counter"
+    assert fams["hftagent_probe_latency_seconds"].type == "histogram"
+
+
+def test_parse_listen():
+    assert parse_listen("127.0.0.1:9877") == ("127.0.0.1", 9877)
+    assert parse_listen(":9877") == ("127.0.0.1", 9877)
+    assert parse_listen("9877") == ("127.0.0.1", 9877)
+    assert parse_listen("[::1]:9000") == ("::1", 9000)
+    assert parse_listen("0.0.0.0:1") == ("0.0.0.0", 1)
+    for bad in ("localhost:9877", "1.2.3.4", "1.2.3.4:99999", "[::1]9000", "x:y"):
+        with pytest.raises(AgentError):
+            parse_listen(bad)
+
+
+def test_default_is_loopback():
+    ex = Exporter(WatchMetrics())
+    assert (ex.host, ex.port) == ("127.0.0.1", 9877)
+
+
+def refused(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+
+
+def test_restart_leaves_no_port_bound():
+    m = populated()
+    ex = Exporter(m, "127.0.0.1:0").start()
+    port = ex.port
+    # a keep-alive connection left open by a scraper
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert conn.recv(12) == b"HTTP/1.1 200"
+    ex.stop()
+    ex.stop()  # idempotent
+    assert refused(port)
+    conn.settimeout(5)
+    rest = b""
+    while chunk := conn.recv(65536):  # the server closed it: EOF, not a hang
+        rest += chunk
+    conn.close()
+    # the same port again, in the same process (a restart)
+    with Exporter(m, f"127.0.0.1:{port}") as ex2:
+        assert ex2.port == port and scrape(ex2.url)[0] == 200
+    assert refused(port)
+
+
+def test_port_in_use_is_a_one_line_error():
+    with Exporter(WatchMetrics(), "127.0.0.1:0") as ex:
+        with pytest.raises(AgentError, match="cannot listen on 127.0.0.1"):
+            Exporter(WatchMetrics(), f"127.0.0.1:{ex.port}").start()
+
+
+def test_ipv6_loopback():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this kernel")
+    try:
+        ex = Exporter(WatchMetrics(), "[::1]:0").start()
+    except AgentError as exc:
+        pytest.skip(f"::1 not configured here: {exc}")
+    try:
+        assert ex.url.startswith("http://[::1]:")
+        assert scrape(ex.url)[0] == 200
+    finally:
+        ex.stop()
+
+
+def test_paths_and_methods():
+    with Exporter(WatchMetrics(), "127.0.0.1:0") as ex:
+        base = ex.url.removesuffix("/metrics")
+        assert scrape(base + "/")[0] == 200
+        with pytest.raises(urllib.error.HTTPError) as e:
+            scrape(base + "/nope")
+        assert e.value.code == 404
+        c = http.client.HTTPConnection("127.0.0.1", ex.port, timeout=5)
+        c.request("HEAD", "/metrics")
+        r = c.getresponse()
+        assert r.status == 200 and r.read() == b"" and int(r.headers["Content-Length"]) > 1000
+        c.request("POST", "/metrics", body=b"x")
+        assert c.getresponse().status == 501
+        c.close()
+
+
+def test_malformed_requests_do_not_disturb_the_probe():
+    m = WatchMetrics()
+    stop = threading.Event()
+    fed = [0]
+
+    def probe():
+        while not stop.is_set():
+            m.observe(400_000)
+            fed[0] += 1
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    try:
+        with Exporter(m, "127.0.0.1:0") as ex:
+            junk = [b"\x00\xff" * 100 + b"\r\n\r\n", b"GET /metrics HTTP/9.9\r\n\r\n",
+                    b"GET " + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n",
+                    b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 200 + b"\r\n",
+                    b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"]
+            for payload in junk:
+                s = socket.create_connection(("127.0.0.1", ex.port), timeout=5)
+                try:
+                    s.sendall(payload)
+                    s.shutdown(socket.SHUT_WR)
+                    while s.recv(65536):
+                        pass
+                except OSError:
+                    pass  # the server may reset a connection it refused: fine
+                s.close()
+            # half-open connections that never send a byte, and clients that hang up early
+            idle = [socket.create_connection(("127.0.0.1", ex.port)) for _ in range(5)]
+            for _ in range(5):
+                s = socket.create_connection(("127.0.0.1", ex.port))
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.close()  # RST mid-response
+            before = fed[0]
+            status, _, body = scrape(ex.url)
+            assert status == 200 and "hftagent_probe_samples_total" in body
+            time.sleep(0.2)
+            assert fed[0] > before  # the probe kept running throughout
+            for s in idle:
+                s.close()
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_connection_bound_answers_503():
+    with Exporter(WatchMetrics(), "127.0.0.1:0", max_connections=3) as ex:
+        held = [socket.create_connection(("127.0.0.1", ex.port)) for _ in range(3)]
+        time.sleep(0.2)  # let the server accept them
+        s = socket.create_connection(("127.0.0.1", ex.port), timeout=5)
+        assert s.recv(100).startswith(b"HTTP/1.1 503")
+        s.close()
+        assert ex.stats["refused"] == 1
+        for h in held:
+            h.close()
+        time.sleep(0.2)
+        assert scrape(ex.url)[0] == 200
+
+
+def test_scrape_reflects_live_state():
+    m = WatchMetrics()
+    with Exporter(m, "127.0.0.1:0") as ex:
+        a = samples_by_name(scrape(ex.url)[2])["hftagent_probe_samples_total"][0].value
+        for _ in range(7):
+            m.observe(10 * MS)
+        s = samples_by_name(scrape(ex.url)[2])
+    assert (a, s["hftagent_probe_samples_total"][0].value) == (0, 7)
+    exc = {x.labels["threshold_us"]: x.value for x in s["hftagent_probe_exceedances_total"]}
+    assert exc["5000"] == 7
+
+
+# ---- textfile ----------------------------------------------------------------------------
+
+FINDINGS = [Finding("cpu.governor", "cpu", "Governor", Status.FAIL),
+            Finding("kernel.nohz_full", "isolation", "nohz_full", Status.PENDING_REBOOT),
+            Finding("irq.balance", "irq", "irqbalance", Status.OK)]
+
+
+def test_write_textfile(tmp_path):
+    p = write_textfile(FINDINGS, tmp_path, now=1700000000.0)
+    assert p == tmp_path / TEXTFILE_NAME
+    assert sorted(os.listdir(tmp_path)) == [TEXTFILE_NAME]  # no temp file left
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644
+    s = samples_by_name(p.read_text())
+    st = {(x.labels["check"], x.labels["status"]): x.value
+          for x in s["hftagent_audit_check_status"]}
+    assert st[("kernel.nohz_full", "pending-reboot")] == 1
+    assert st[("cpu.governor", "fail")] == 1 and st[("cpu.governor", "ok")] == 0
+    assert s["hftagent_audit_last_run_timestamp_seconds"][0].value == 1700000000.0
+    assert all(x.timestamp is None for v in s.values() for x in v)  # node_exporter rule
+    # rewritten in place: the new content replaces the old
+    write_textfile(FINDINGS[2:], tmp_path)
+    assert "cpu.governor" not in p.read_text()
+
+
+@needs_promtool
+def test_textfile_is_promtool_clean(tmp_path):
+    p = write_textfile(FINDINGS, tmp_path)
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=p.read_text(),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_textfile_failure_keeps_the_old_file(tmp_path, monkeypatch):
+    p = write_textfile(FINDINGS, tmp_path)
+    old = p.read_bytes()
+
+    def boom(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(AgentError, match="No space left"):
+        write_textfile(FINDINGS[2:], tmp_path)
+    assert p.read_bytes() == old
+    assert sorted(os.listdir(tmp_path)) == [TEXTFILE_NAME]
+
+
+def test_textfile_bad_directory(tmp_path):
+    with pytest.raises(AgentError, match="not a directory"):
+        write_textfile(FINDINGS, tmp_path / "missing")
+    with pytest.raises(AgentError, match="bad file name"):
+        write_textfile(FINDINGS, tmp_path, filename="x.txt")
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        with pytest.raises(AgentError, match="cannot write"):
+            write_textfile(FINDINGS, ro)

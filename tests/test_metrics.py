@@ -1,0 +1,280 @@
+"""WatchMetrics: histogram, exceedances, window quantiles, bounded labels, thread safety."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from agent.metrics import (
+    CAUSES,
+    GAUGES,
+    MAX_AUDIT_CHECKS,
+    MAX_COLLECTORS,
+    WatchMetrics,
+)
+from agent.probe.stats import nearest_rank_index
+from tuning.findings import Finding, Status
+
+MS = 1_000_000
+
+
+def bucket_count(s, le_s: float) -> int:
+    return s.bucket_cumulative[s.bucket_bounds_s.index(le_s)]
+
+
+def test_buckets_span_10us_to_100ms_and_include_thresholds():
+    m = WatchMetrics(thresholds_us=(750, 4321))
+    s = m.snapshot()
+    assert s.bucket_bounds_s[0] == pytest.approx(10e-6)
+    assert s.bucket_bounds_s[-1] == pytest.approx(0.1)
+    assert 4321e-6 in s.bucket_bounds_s and 750e-6 in s.bucket_bounds_s
+    assert list(s.bucket_bounds_s) == sorted(s.bucket_bounds_s)
+    assert len(s.bucket_cumulative) == len(s.bucket_bounds_s) + 1
+
+
+def test_exceedance_is_strictly_over_the_threshold():
+    m = WatchMetrics(thresholds_us=(500, 1000, 5000))
+    for ns in (5 * MS, 5 * MS + 1, 1 * MS, 400_000, 200 * MS):
+        m.observe(ns)
+    s = m.snapshot()
+    assert s.count == 5
+    assert s.exceedances == {500: 4, 1000: 3, 5000: 2}
+    # consistent with the histogram, so rules may use either
+    for t, n in s.exceedances.items():
+        assert n == s.count - bucket_count(s, t / 1e6)
+    assert s.bucket_cumulative[-1] == 5
+    assert s.bucket_cumulative[-2] == 4  # 200 ms is above the top finite bucket
+    assert s.sum_s == pytest.approx((5 * MS * 2 + 1 + MS + 400_000 + 200 * MS) / 1e9)
+
+
+def test_quantiles_are_nearest_rank_and_only_claimed_with_enough_samples():
+    rng = np.random.default_rng(7)
+    lat = rng.integers(100_000, 3 * MS, size=7000)
+    m = WatchMetrics()
+    for v in lat[:600]:
+        m.observe(int(v))
+    s = m.snapshot()
+    assert s.window_samples == 600
+    assert set(s.quantiles) == {0.5}  # 600 < 662: no P99 claim
+    m2 = WatchMetrics()
+    for v in lat:
+        m2.observe(int(v))
+    s2 = m2.snapshot()
+    assert set(s2.quantiles) == {0.5, 0.99, 0.999}
+    srt = np.sort(lat)
+    for q, got in s2.quantiles.items():
+        # the probe's own nearest-rank definition (exact: P99.9 of 7,000 is rank 6,993, where
+        # numpy's float arithmetic picks 6,994)
+        want = srt[nearest_rank_index(round(q * 100, 3), lat.size)] / 1e9
+        assert got == want, q
+    assert s2.quantiles[0.999] == srt[6992] / 1e9
+
+
+def test_window_forgets_old_samples_by_time_and_capacity():
+    m = WatchMetrics(window_s=0.2, quantile_refresh_s=0.0)
+    for _ in range(100):
+        m.observe(9 * MS)
+    time.sleep(0.3)
+    for _ in range(50):
+        m.observe(1 * MS)
+    s = m.snapshot()
+    assert s.window_samples == 50
+    assert s.quantiles[0.5] == pytest.approx(1e-3)
+    assert s.count == 150  # counters never forget
+
+    m = WatchMetrics(window_capacity=1024, quantile_refresh_s=0.0)
+    for i in range(3000):
+        m.observe(i * 1000)
+    s = m.snapshot()
+    assert s.window_samples == 1024
+    newest = np.arange(3000 - 1024, 3000) * 1000
+    assert s.quantiles[0.5] == pytest.approx(
+        np.percentile(newest, 50, method="inverted_cdf") / 1e9)
+
+
+def test_quantiles_are_cached_between_refreshes():
+    m = WatchMetrics(quantile_refresh_s=60.0)
+    for _ in range(100):
+        m.observe(1 * MS)
+    assert m.snapshot().quantiles[0.5] == pytest.approx(1e-3)
+    for _ in range(1000):
+        m.observe(3 * MS)
+    s = m.snapshot()
+    assert s.count == 1100  # counters are live ...
+    assert s.quantiles[0.5] == pytest.approx(1e-3)  # ... the window quantiles are cached
+
+
+def test_observe_many_matches_observe():
+    rng = np.random.default_rng(1)
+    lat = rng.integers(1_000, 150 * MS, size=5000)
+    a, b = WatchMetrics(), WatchMetrics()
+    for v in lat:
+        a.observe(int(v))
+    b.observe_many(lat[:1234])
+    b.observe_many(lat[1234:])
+    b.observe_many(np.array([], dtype=np.int64))
+    sa, sb = a.snapshot(), b.snapshot()
+    assert sa.bucket_cumulative == sb.bucket_cumulative
+    assert sa.exceedances == sb.exceedances
+    assert sa.sum_s == sb.sum_s
+    assert sa.quantiles == sb.quantiles
+
+
+def test_observe_many_larger_than_the_window_wraps():
+    m = WatchMetrics(window_capacity=1024)
+    m.observe(1)
+    m.observe_many(np.arange(5000, dtype=np.int64) * 1000)
+    s = m.snapshot()
+    assert s.count == 5001 and s.window_samples == 1024
+    assert s.quantiles[0.5] == pytest.approx(
+        np.percentile(np.arange(5000 - 1024, 5000) * 1000, 50, method="inverted_cdf") / 1e9)
+
+
+def test_concurrent_writers_and_readers_lose_nothing():
+    m = WatchMetrics(quantile_refresh_s=0.0)
+    stop = threading.Event()
+    bad: list[str] = []
+
+    def reader():
+        while not stop.is_set():
+            s = m.snapshot()
+            if s.bucket_cumulative[-1] != s.count:
+                bad.append(f"{s.bucket_cumulative[-1]} != {s.count}")
+
+    def writer(k):
+        for i in range(20_000):
+            m.observe(((i * 7919 + k) % 9000) * 1000)
+            if i % 1000 == 0:
+                m.spike(CAUSES[i % len(CAUSES)])
+
+    r = threading.Thread(target=reader)
+    r.start()
+    ws = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join()
+    stop.set()
+    r.join()
+    s = m.snapshot()
+    assert not bad
+    assert s.count == 80_000
+    assert sum(s.spikes.values()) == 80
+
+
+def test_spikes_unknown_cause_counts_as_other():
+    m = WatchMetrics()
+    m.spike("irq")
+    m.spike("irq")
+    m.spike("cosmic_rays")
+    m.spike("")
+    s = m.snapshot()
+    assert set(s.spikes) == set(CAUSES)
+    assert s.spikes["irq"] == 2 and s.spikes["other"] == 2
+
+
+def test_collectors_bounded():
+    m = WatchMetrics()
+    m.set_collector("cpu", True, 0.001)
+    m.set_collector("cpu", False, 0.002)
+    s = m.snapshot()
+    assert s.collectors["cpu"].success is False and s.collectors["cpu"].duration_s == 0.002
+    for i in range(MAX_COLLECTORS + 5):
+        m.set_collector(f"c{i}", True, 0.0)
+    s = m.snapshot()
+    assert len(s.collectors) == MAX_COLLECTORS
+    assert s.dropped["collector"] == 6
+    with pytest.raises(ValueError):
+        m.set_collector('cpu"} 1\nevil', True, 0.0)
+
+
+def test_audit_replaced_and_bounded():
+    m = WatchMetrics()
+    assert m.snapshot().audit is None
+    m.set_audit([Finding("cpu.governor", "cpu", "Governor", Status.FAIL),
+                 Finding("irq.balance", "irq", "irqbalance", Status.OK)])
+    s = m.snapshot()
+    assert s.audit == {"cpu.governor": "fail", "irq.balance": "ok"}
+    assert s.audit_unix_s == pytest.approx(time.time(), abs=5)
+    m.set_audit([Finding("cpu.governor", "cpu", "Governor", Status.PENDING_REBOOT)])
+    assert m.snapshot().audit == {"cpu.governor": "pending-reboot"}
+    m.set_audit([Finding(f"x.c{i}", "x", "t", Status.OK) for i in range(MAX_AUDIT_CHECKS + 3)])
+    s = m.snapshot()
+    assert len(s.audit) == MAX_AUDIT_CHECKS and s.dropped["audit"] == 3
+    with pytest.raises(ValueError):
+        m.set_audit([Finding("Bad Id!", "x", "t", Status.OK)])
+
+
+def test_set_gauge_allowlist_and_none_removes():
+    m = WatchMetrics()
+    m.set_gauge("cpu_frequency_hertz", 2.4e9, cpu=3)
+    m.set_gauge("gpu_clock_hertz", 1.98e9, gpu=0, clock="sm")
+    m.set_gauge("pcie_link_degraded", 1, device="0000:17:00.0")
+    s = m.snapshot()
+    assert s.gauges["cpu_frequency_hertz"] == {("3",): 2.4e9}
+    assert s.gauges["gpu_clock_hertz"] == {("0", "sm"): 1.98e9}
+    m.set_gauge("cpu_frequency_hertz", None, cpu=3)  # unreadable now: absent, never 0
+    m.set_gauge("pcie_link_degraded", float("nan"), device="0000:17:00.0")
+    s = m.snapshot()
+    assert s.gauges["cpu_frequency_hertz"] == {} and s.gauges["pcie_link_degraded"] == {}
+    with pytest.raises(ValueError, match="unknown gauge"):
+        m.set_gauge("load_average", 1.0)
+    with pytest.raises(ValueError, match="labels must be"):
+        m.set_gauge("cpu_frequency_hertz", 1.0, cpu=1, pid=7)
+    for bad in ({"cpu": "-1"}, {"cpu": "all"}, {"cpu": "01"}):
+        with pytest.raises(ValueError, match="bad cpu"):
+            m.set_gauge("cpu_frequency_hertz", 1.0, **bad)
+    with pytest.raises(ValueError, match="bad clock"):
+        m.set_gauge("gpu_clock_hertz", 1.0, gpu=0, clock="shader")
+    with pytest.raises(ValueError, match="bad device"):
+        m.set_gauge("pcie_link_degraded", 1.0, device="17:00.0")
+    assert set(GAUGES) >= {"cpu_frequency_hertz", "gpu_clock_hertz", "gpu_clock_event_reason",
+                           "pcie_link_degraded"}
+
+
+def test_gauge_series_bound(monkeypatch):
+    import agent.metrics as mod
+    monkeypatch.setattr(mod, "MAX_SERIES_PER_GAUGE", 4)
+    m = WatchMetrics()
+    for cpu in range(6):
+        m.set_gauge("cpu_frequency_hertz", 1e9, cpu=cpu)
+    m.set_gauge("cpu_frequency_hertz", 2e9, cpu=0)  # updating an existing series still works
+    s = m.snapshot()
+    assert len(s.gauges["cpu_frequency_hertz"]) == 4
+    assert s.gauges["cpu_frequency_hertz"][("0",)] == 2e9
+    assert s.dropped["cpu_frequency_hertz"] == 2
+
+
+def test_gpu_clock_event_reasons_decoded():
+    m = WatchMetrics()
+    m.set_gpu_clock_event_reasons(1, 0x1 | 0x40)  # idle + hw thermal slowdown
+    g = m.snapshot().gauges["gpu_clock_event_reason"]
+    assert g[("1", "gpu_idle")] == 1.0 and g[("1", "hw_thermal_slowdown")] == 1.0
+    assert g[("1", "hw_slowdown")] == 0.0 and g[("1", "hw_power_brake_slowdown")] == 0.0
+    assert sum(g.values()) == 2.0
+    m.set_gpu_clock_event_reasons(1, None)
+    assert m.snapshot().gauges["gpu_clock_event_reason"] == {}
+
+
+def test_probe_up_and_last_sample_time():
+    m = WatchMetrics()
+    s = m.snapshot()
+    assert s.probe_up is False and s.last_sample_unix_s is None
+    m.probe_up(True)
+    m.observe(MS)
+    s = m.snapshot()
+    assert s.probe_up is True
+    assert s.last_sample_unix_s == pytest.approx(time.time(), abs=1.0)
+
+
+def test_constructor_validates():
+    with pytest.raises(ValueError):
+        WatchMetrics(thresholds_us=())
+    with pytest.raises(ValueError):
+        WatchMetrics(thresholds_us=(0,))
+    with pytest.raises(ValueError):
+        WatchMetrics(variant='x"y')
+    assert WatchMetrics(thresholds_us=(5000, 500, 500)).thresholds_us == (500, 5000)
