@@ -1,18 +1,475 @@
-"""GPU family of the audit (owner: GPU work, issue 8). Without an NVIDIA driver: one
-`unsupported` finding with the reason."""
+"""GPU family of the audit (`hftagent audit --profile hft-gpu`).
+
+Ids: ``gpu.driver``, ``gpu.nvml``, then per GPU index N: ``gpu.N.persistence``,
+``gpu.N.compute_mode``, ``gpu.N.foreign_processes``, ``gpu.N.clocks``, ``gpu.N.app_clocks``,
+``gpu.N.pcie_link``, ``gpu.N.pcie_replay``, ``gpu.N.ecc``, ``gpu.N.retired_pages``,
+``gpu.N.numa``, ``gpu.N.mig``; and ``gpu.tf_cuda`` (TF build vs driver).
+
+Sources:
+* /proc/driver/nvidia/version (through Host) decides whether there is a driver at all: without
+  it, one ``unsupported`` finding (the dev VM and CI have no GPU).
+* NVML (collectors.gpu.Nvml, cached on ``ctx.gpu``) for everything the driver knows. NVML always
+  reads the live machine, so on a ``--root`` tree it is never called: the NVML checks are one
+  ``unsupported`` finding, and only the sysfs-derived checks (PCIe link, NUMA locality of the
+  NVIDIA PCI functions in the tree) run.
+* sysfs /sys/bus/pci/devices/<bus>/{current,max}_link_{speed,width}, numa_node, local_cpulist
+  (collectors.pcie), joined with NVML by the normalised bus id.
+* TensorFlow's build_info.py, read as a file (find_spec + ast), never imported: importing TF
+  costs seconds and the audit must stay under one second. It holds exactly the dict that
+  ``tf.sysconfig.get_build_info()`` returns. Note: the TF this finds is the one of the Python
+  running the audit (the agent's own venv carries tensorflow-cpu), so a CPU-only build there is
+  reported as ``unsupported``, not as a fault of the inference environment.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+from pathlib import Path
+
+from collectors.gpu import (
+    CLOCK_EVENT_IDLE,
+    CLOCK_SM,
+    LOST,
+    Nvml,
+    decode_clock_event_reasons,
+    harmful_clock_event_reasons,
+    nvidia_driver_version,
+)
+from collectors.host import Reading
+from collectors.parsers import format_cpulist
+from collectors.pcie import PciDevice, pci_devices
 from tuning.checks.base import AuditContext, unsupported
-from tuning.findings import Finding
+from tuning.findings import Finding, Status
+
+FAMILY = "gpu"
+_find_spec = importlib.util.find_spec  # tests replace it
+WHY_GPU = "GPU persistence, exclusivity and clocks decide GPU tail latency."
+NOT_LIVE = "NVML reads the live machine; --root given"
+
+_THROTTLE_FIX = {
+    "SW power cap": "power limit reached: check `nvidia-smi -i {i} -q -d POWER`; raise it with "
+                    "`nvidia-smi -i {i} -pl <watts>` if the board allows",
+    "HW slowdown": "hardware slowdown (thermal or power brake): check cooling and power "
+                   "delivery, `nvidia-smi -i {i} -q -d PERFORMANCE,TEMPERATURE` and the BMC log",
+    "SW thermal slowdown": "GPU too hot: improve cooling/airflow "
+                           "(`nvidia-smi -i {i} -q -d TEMPERATURE`)",
+    "HW thermal slowdown": "GPU hit its hardware thermal limit: fix cooling now",
+    "HW power brake": "external power brake asserted (PSU/chassis): check the BMC / power supply",
+    "board limit": "board-level limit: check `nvidia-smi -i {i} -q -d PERFORMANCE`",
+    "reliability": "reliability voltage limit: check `nvidia-smi -i {i} -q -d PERFORMANCE`",
+}
+
+
+def _smi(query: str, fn: str) -> str:
+    return f"nvidia-smi --query-gpu={query} (NVML {fn})"
+
+
+def _nvidia_pci(host) -> list[PciDevice]:
+    """NVIDIA display-class PCI functions (vendor 0x10de), in bus order = NVML's index order."""
+    return [d for d in pci_devices(host)
+            if (d.vendor or "").lower() == "0x10de" and d.klass.startswith(("gpu", "display"))]
 
 
 def check(ctx: AuditContext) -> list[Finding]:
     host = ctx.host
-    version = host.read(host.proc("driver/nvidia/version"))
+    version = nvidia_driver_version(host)
     if not version.ok:
-        return [unsupported("gpu.driver", "gpu", "NVIDIA GPU", "no NVIDIA driver loaded",
-                            evidence=version.path,
-                            why="GPU persistence, exclusivity and clocks decide GPU tail latency.")]
-    return [unsupported("gpu.driver", "gpu", "NVIDIA GPU", "GPU checks not implemented yet",
-                        evidence=version.path)]
+        present = [d.address for d in _nvidia_pci(host)]
+        reason = "no NVIDIA driver loaded"
+        if present:
+            reason += f" (NVIDIA GPU(s) at {', '.join(present)} in sysfs)"
+        return [unsupported("gpu.driver", FAMILY, "NVIDIA GPU", reason, evidence=version.path,
+                            why=WHY_GPU)]
+    if not host.live:
+        out = [unsupported("gpu.nvml", FAMILY, "NVIDIA GPU (NVML)", NOT_LIVE,
+                           evidence=version.path, why=WHY_GPU)]
+        for i, dev in enumerate(_nvidia_pci(host)):
+            out.append(_pcie_link(ctx, i, f"GPU {i}", None, dev, idle=None))
+            out.append(_numa(ctx, i, f"GPU {i}", None, dev))
+        return out
+
+    if ctx.gpu is None:
+        ctx.gpu = Nvml()
+    nv: Nvml = ctx.gpu
+    init = nv.init()
+    if not init.ok:
+        return [unsupported("gpu.nvml", FAMILY, "NVIDIA GPU (NVML)", init.reason or "NVML failed",
+                            evidence=init.path, why=WHY_GPU)]
+    count = nv.device_count()
+    if not count.ok or not count.value:
+        return [unsupported("gpu.nvml", FAMILY, "NVIDIA GPU (NVML)",
+                            count.reason or "NVML sees no GPU", evidence=count.path, why=WHY_GPU)]
+    drv, cuda = nv.driver_version(), nv.cuda_driver_version()
+    out = [Finding(id="gpu.driver", family=FAMILY, title="NVIDIA driver", status=Status.OK,
+                   current=f"{drv.value or '?'}, CUDA {_ver(cuda.value)}, {count.value} GPU(s)",
+                   evidence=f"{version.path}; nvidia-smi (NVML nvmlSystemGetDriverVersion)",
+                   why=WHY_GPU)]
+    pci = {d.address: d for d in _nvidia_pci(host)}
+    for i in range(count.value):
+        try:
+            out.extend(_device(ctx, nv, i, pci))
+        except Exception as exc:  # noqa: BLE001 - one GPU's bug must not hide the others
+            out.append(Finding(id=f"gpu.{i}", family=FAMILY, title=f"GPU {i}",
+                               status=Status.ERROR, current=f"error: {type(exc).__name__}: {exc}"))
+    out.extend(_tf_build(cuda))
+    return out
+
+
+def _ver(v: tuple[int, int] | None) -> str:
+    return "?" if v is None else f"{v[0]}.{v[1]}"
+
+
+def _short(reason: str | None) -> str:
+    """The NVML error name of a reason ("NotSupported"), or the reason itself."""
+    r = reason or "unreadable"
+    return r[r.rfind("(") + 1:-1] if r.endswith(")") and "(" in r else r
+
+
+def _unsup(id: str, title: str, r: Reading, why: str = "") -> Finding:
+    return unsupported(id, FAMILY, title, (r.reason or "unreadable").removeprefix("unsupported: "),
+                       evidence=r.path, why=why)
+
+
+def _device(ctx: AuditContext, nv: Nvml, i: int, pci: dict[str, PciDevice]) -> list[Finding]:
+    name = nv.name(i)
+    if nv.is_lost(i) or (name.reason or "").startswith(LOST):
+        return [Finding(id=f"gpu.{i}.lost", family=FAMILY, title=f"GPU {i}", status=Status.FAIL,
+                        current=name.reason or "lost", expected="GPU answering",
+                        evidence=name.path,
+                        fix="check `dmesg | grep -i xid` (Xid 79: fell off the bus); drain the "
+                            f"box, then `nvidia-smi -i {i} -r` or reboot",
+                        why="A lost GPU fails every inference scheduled on it.")]
+    title = f"GPU {i} ({name.value or '?'})"
+    bus = nv.pci_bus_id(i).value
+    dev = pci.get(bus) if bus else None
+    reasons = nv.clock_event_reasons(i)
+    util = nv.utilization(i)
+    idle = None
+    if reasons.ok:
+        idle = bool(reasons.value & CLOCK_EVENT_IDLE)
+    elif util.ok:
+        idle = util.value[0] == 0
+    return [
+        _persistence(ctx, nv, i, title), _compute_mode(ctx, nv, i, title),
+        _foreign(ctx, nv, i, title), _clocks(ctx, nv, i, title, reasons),
+        _app_clocks(ctx, nv, i, title, reasons), _pcie_link(ctx, i, title, nv, dev, idle),
+        _replay(ctx, nv, i, title), _ecc(ctx, nv, i, title), _retired(ctx, nv, i, title),
+        _numa(ctx, i, title, nv, dev), _mig(ctx, nv, i, title),
+    ]
+
+
+def _persistence(ctx, nv: Nvml, i: int, title: str) -> Finding:
+    fid, r = f"gpu.{i}.persistence", nv.persistence_mode(i)
+    if not r.ok:
+        return _unsup(fid, f"{title} persistence mode", r)
+    cur = "on" if r.value else "off"
+    exp = ctx.profile.expected("gpu_persistence", "on")
+    return ctx.finding("gpu_persistence", fid, FAMILY, f"{title} persistence mode",
+                       exp == "any" or cur == exp, current=cur,
+                       evidence=_smi("persistence_mode", "nvmlDeviceGetPersistenceMode"),
+                       fix=f"nvidia-smi -i {i} -pm {1 if exp == 'on' else 0} "
+                           "(or enable nvidia-persistenced.service)")
+
+
+def _compute_mode(ctx, nv: Nvml, i: int, title: str) -> Finding:
+    fid, r = f"gpu.{i}.compute_mode", nv.compute_mode(i)
+    if not r.ok:
+        return _unsup(fid, f"{title} compute mode", r)
+    exp = ctx.profile.expected("gpu_compute_mode", "EXCLUSIVE_PROCESS")
+    return ctx.finding("gpu_compute_mode", fid, FAMILY, f"{title} compute mode",
+                       exp == "any" or r.value == exp, current=r.value,
+                       evidence=_smi("compute_mode", "nvmlDeviceGetComputeMode"),
+                       fix=f"nvidia-smi -i {i} -c {exp}")
+
+
+def _foreign(ctx, nv: Nvml, i: int, title: str) -> Finding:
+    fid, r = f"gpu.{i}.foreign_processes", nv.compute_processes(i)
+    t = f"{title} foreign compute processes"
+    if not r.ok:
+        return _unsup(fid, t, r)
+    procs = r.value
+    allowed = ctx.profile.expected("gpu_foreign_processes", 0)
+
+    def fmt(ps):
+        return ", ".join(f"{p.pid} ({p.name or '?'})" for p in ps) or "none"
+    if ctx.pid is not None:
+        foreign = [p for p in procs if p.pid != ctx.pid]
+        note = f"target pid {ctx.pid}"
+    else:
+        # Without --pid we cannot tell which process is the inference one: one process is
+        # assumed to be it, every further one is foreign.
+        foreign = procs[1:]
+        note = "no --pid: one process assumed to be the inference one"
+    cur = f"{len(foreign)} foreign ({fmt(foreign)}); all: {fmt(procs)}; {note}"
+    return ctx.finding("gpu_foreign_processes", fid, FAMILY, t, len(foreign) <= allowed,
+                       current=cur, expected=f"<= {allowed} foreign",
+                       evidence="nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+                                "(NVML nvmlDeviceGetComputeRunningProcesses)",
+                       fix=f"move PID(s) {', '.join(str(p.pid) for p in foreign)} off GPU {i} "
+                           "(CUDA_VISIBLE_DEVICES) and set compute mode EXCLUSIVE_PROCESS",
+                       data={"processes": [p.__dict__ for p in procs],
+                             "foreign": [p.pid for p in foreign]})
+
+
+def _clocks(ctx, nv: Nvml, i: int, title: str, reasons: Reading) -> Finding:
+    fid, t = f"gpu.{i}.clocks", f"{title} SM clock and clock-event reasons"
+    if not reasons.ok:
+        return _unsup(fid, t, reasons)
+    sm, mx = nv.clock_mhz(i, CLOCK_SM).value, nv.max_clock_mhz(i, CLOCK_SM).value
+    mask = reasons.value
+    harmful = harmful_clock_event_reasons(mask)
+    cur = (f"SM {sm if sm is not None else '?'} of {mx if mx is not None else '?'} MHz; "
+           f"reasons 0x{mask:x} ({', '.join(decode_clock_event_reasons(mask))})")
+    if not harmful and mask & CLOCK_EVENT_IDLE and sm is not None and mx and sm < mx:
+        cur += "; idle downclock (harmless)"
+    exp = ctx.profile.expected("gpu_clocks", "unthrottled")
+    fix = "; ".join(_THROTTLE_FIX[h].format(i=i) for h in harmful if h in _THROTTLE_FIX)
+    return ctx.finding("gpu_clocks", fid, FAMILY, t, exp == "any" or not harmful, current=cur,
+                       expected="no throttling reason (idle 0x1 is fine)",
+                       evidence=_smi("clocks.sm,clocks.max.sm,clocks_event_reasons.active",
+                                     "nvmlDeviceGetCurrentClocksEventReasons"),
+                       fix=fix, data={"reasons": mask, "harmful": harmful})
+
+
+def _app_clocks(ctx, nv: Nvml, i: int, title: str, reasons: Reading) -> Finding:
+    fid, t = f"gpu.{i}.app_clocks", f"{title} applications clocks"
+    app, dflt = nv.applications_clock_mhz(i), nv.default_applications_clock_mhz(i)
+    if not app.ok:
+        return _unsup(fid, t, app)
+    cur = f"SM applications clock {app.value} MHz (default {dflt.value if dflt.ok else '?'})"
+    lowered = dflt.ok and app.value < dflt.value
+    # NVML has no getter for locked clocks (nvidia-smi -lgc); under load they show as an SM
+    # clock capped below max with no throttling reason, which the clocks check reports.
+    if reasons.ok and reasons.value & 0x2:
+        cur += "; clocks held by the applications-clocks setting (0x2)"
+    return ctx.finding("gpu_clocks", fid, FAMILY, t, not lowered, current=cur,
+                       expected="applications clock = default (not lowered)",
+                       evidence=_smi("clocks.applications.graphics,"
+                                     "clocks.default_applications.graphics",
+                                     "nvmlDeviceGetApplicationsClock"),
+                       fix=f"nvidia-smi -i {i} -rac  (reset applications clocks)")
+
+
+def _pcie_link(ctx, i: int, title: str, nv: Nvml | None, dev: PciDevice | None,
+               idle: bool | None) -> Finding:
+    fid, t = f"gpu.{i}.pcie_link", f"{title} PCIe link"
+    exp = ctx.profile.expected("gpu_pcie_link", "max")
+    if nv is not None:
+        link = nv.pcie_link(i)
+        cg, mg, cw, mw = link.cur_gen, link.max_gen, link.cur_width, link.max_width
+        cur = str(link)
+        evidence = _smi("pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,"
+                        "pcie.link.width.max", "nvmlDeviceGetCurrPcieLinkGeneration")
+        if dev is not None and dev.has_link:
+            cur += f"; sysfs {dev.link_str()}"
+            evidence += f"; {dev.path}/current_link_speed"
+    elif dev is not None and dev.has_link:
+        cg, mg, cw, mw = dev.cur_gen, dev.max_gen, dev.cur_width, dev.max_width
+        cur, evidence = f"sysfs {dev.link_str()}", f"{dev.path}/current_link_speed"
+    else:
+        return unsupported(fid, FAMILY, t, "link speed/width not readable",
+                           evidence=dev.path if dev else "")
+    if None in (cg, mg, cw, mw):
+        return unsupported(fid, FAMILY, t, f"link partly unreadable: {cur}", evidence=evidence)
+    width_drop, gen_drop = cw < mw, cg < mg
+    ok = exp == "any" or not (width_drop or (gen_drop and not idle))
+    if gen_drop and not width_drop and idle:
+        # Dynamic link speed: an idle GPU drops to gen1 to save power and retrains on load.
+        cur += "; gen below max at idle (link power saving: re-check under load)"
+    fix = ("width below max: reseat the card / check the riser and slot "
+           "(`lspci -vv -s <bus>`: LnkSta vs LnkCap)" if width_drop else
+           "gen below max under load: check BIOS PCIe speed settings, the riser, and "
+           "`lspci -vv` LnkSta; `nvidia-smi -q -d PCIE`")
+    return ctx.finding("gpu_pcie_link", fid, FAMILY, t, ok, current=cur,
+                       expected="gen and width = max (a gen drop at idle is power saving)",
+                       evidence=evidence, fix=fix)
+
+
+def _replay(ctx, nv: Nvml, i: int, title: str) -> Finding:
+    fid, t = f"gpu.{i}.pcie_replay", f"{title} PCIe replay counter"
+    r = nv.pcie_replay_counter(i)
+    if not r.ok:
+        return _unsup(fid, t, r)
+    return ctx.finding("gpu_pcie_link", fid, FAMILY, t, r.value == 0,
+                       current=f"{r.value} replays since reset", expected="0",
+                       status=None if r.value == 0 else Status.WARN,
+                       evidence="nvidia-smi -q -d PCIE 'Replays Since Reset' "
+                                "(NVML nvmlDeviceGetPcieReplayCounter)",
+                       fix="link-level retransmissions: check the slot/riser/cable; watch "
+                           "whether the counter keeps growing (hftagent watch: pcie_replay_total)")
+
+
+def _ecc(ctx, nv: Nvml, i: int, title: str) -> Finding:
+    fid, t = f"gpu.{i}.ecc", f"{title} volatile uncorrected ECC errors"
+    r = nv.ecc_volatile_uncorrected(i)
+    if not r.ok:
+        return _unsup(fid, t, r)
+    mode = nv.ecc_mode(i)
+    allowed = ctx.profile.expected("gpu_ecc", 0)
+    cur = f"{r.value} uncorrected since driver load; ECC {'on' if mode.value else 'off' if mode.ok else '?'}"
+    return ctx.finding("gpu_ecc", fid, FAMILY, t, r.value <= allowed, current=cur,
+                       expected=f"<= {allowed}",
+                       evidence=_smi("ecc.errors.uncorrected.volatile.total,ecc.mode.current",
+                                     "nvmlDeviceGetTotalEccErrors"),
+                       fix=f"drain GPU {i}; check `nvidia-smi -i {i} -q -d ECC,PAGE_RETIREMENT,"
+                           "ROW_REMAPPER` and dmesg for Xid 48/63/94/95; reset or RMA")
+
+
+def _retired(ctx, nv: Nvml, i: int, title: str) -> Finding:
+    fid, t = f"gpu.{i}.retired_pages", f"{title} retired pages / remapped rows"
+    rows, pages = nv.remapped_rows(i), nv.retired_pages(i)
+    if not rows.ok and not pages.ok:
+        return _unsup(fid, t, rows)
+    parts, bad, pending = [], False, False
+    if rows.ok:
+        corr, unc, rpend, fail = rows.value
+        parts.append(f"remapped rows: {corr} correctable, {unc} uncorrectable, "
+                     f"pending {'yes' if rpend else 'no'}, failure {'yes' if fail else 'no'}")
+        bad |= fail or unc > 0
+        pending |= rpend
+    else:
+        parts.append(f"remapped rows: {rows.reason}")
+    if pages.ok:
+        sbe, dbe, ppend = pages.value
+        parts.append(f"retired pages: {sbe} single-bit, {dbe} double-bit, "
+                     f"pending {'yes' if ppend else 'no'}")
+        bad |= dbe > 0
+        pending |= ppend
+    else:
+        parts.append(f"retired pages: {(pages.reason or '').removeprefix('unsupported: ')}")
+    status = (Status.PENDING_REBOOT if pending and not bad else None)
+    return ctx.finding("gpu_ecc", fid, FAMILY, t, not (bad or pending), current="; ".join(parts),
+                       expected="no uncorrectable remaps, nothing pending", status=status,
+                       evidence="nvidia-smi --query-remapped-rows=... / --query-retired-pages=... "
+                                "(NVML nvmlDeviceGetRemappedRows, nvmlDeviceGetRetiredPages)",
+                       fix=f"a pending remap/retirement needs a GPU reset: drain, then "
+                           f"`nvidia-smi -i {i} -r`; a remap failure means RMA")
+
+
+def _numa(ctx, i: int, title: str, nv: Nvml | None, dev: PciDevice | None) -> Finding:
+    fid, t = f"gpu.{i}.numa", f"{title} NUMA locality vs target CPUs"
+    node = dev.numa_node if dev else None
+    local, evidence = (dev.local_cpus, f"{dev.path}/local_cpulist") if dev else (None, "")
+    if local is None and nv is not None:
+        aff = nv.cpu_affinity(i, max(ctx.online or [0]) + 1)
+        if aff.ok:
+            local, evidence = aff.value, "nvidia-smi topo -m 'CPU Affinity' (NVML nvmlDeviceGetCpuAffinity)"
+    nvnode = ""
+    if nv is not None:
+        n = nv.numa_node(i)
+        nvnode = f"; NVML NUMA node {n.value if n.ok else _short(n.reason)}"
+    if not local:
+        return unsupported(fid, FAMILY, t, "GPU local CPUs not readable", evidence=evidence)
+    target = sorted(ctx.cpus)
+    off = sorted(set(target) - set(local))
+    cur = (f"GPU local CPUs {format_cpulist(local)}, NUMA node "
+           f"{node if node is not None else 'none (-1: single node)'}{nvnode}; target CPUs "
+           f"{format_cpulist(target)}")
+    if off:
+        cur += f"; not local: {format_cpulist(off)}"
+    bind = f" / numactl --cpunodebind={node} --membind={node}" if node is not None else ""
+    return ctx.finding("numa_single_node", fid, FAMILY, t, not off, current=cur,
+                       expected="target CPUs within the GPU's local CPUs", evidence=evidence,
+                       fix=f"pin inference to CPUs {format_cpulist(local)} "
+                           f"(taskset -c {format_cpulist(local)}{bind})")
+
+
+def _mig(ctx, nv: Nvml, i: int, title: str) -> Finding:
+    fid, t = f"gpu.{i}.mig", f"{title} MIG mode"
+    r = nv.mig_mode(i)
+    exp = ctx.profile.expected("gpu_mig", "off")
+    ev = _smi("mig.mode.current,mig.mode.pending", "nvmlDeviceGetMigMode")
+    if not r.ok:
+        if "NotSupported" in (r.reason or "") and exp in ("off", "any"):
+            return ctx.finding("gpu_mig", fid, FAMILY, t, True,
+                               current="off (GPU without MIG support)", evidence=ev)
+        return _unsup(fid, t, r)
+    cur_on, pend_on = r.value
+    cur = f"{'on' if cur_on else 'off'} (pending {'on' if pend_on else 'off'})"
+    want_on = exp == "on"
+    if exp != "any" and cur_on != pend_on and pend_on == want_on:
+        return ctx.finding("gpu_mig", fid, FAMILY, t, False, current=cur,
+                           status=Status.PENDING_REBOOT, evidence=ev,
+                           fix=f"reset GPU {i} (`nvidia-smi -i {i} -r`) to apply the pending mode")
+    return ctx.finding("gpu_mig", fid, FAMILY, t, exp == "any" or cur_on == want_on, current=cur,
+                       evidence=ev, fix=f"nvidia-smi -i {i} -mig {1 if want_on else 0} "
+                                        "(then reset the GPU)")
+
+
+# -- TensorFlow build vs driver ---------------------------------------------------------------
+def tf_build_info() -> Reading[dict]:
+    """TensorFlow's build info without importing TF (which costs seconds).
+
+    ``importlib.util.find_spec("tensorflow")`` locates the package without executing it; its
+    generated ``python/platform/build_info.py`` holds ``build_info = OrderedDict([...])``, the
+    dict ``tf.sysconfig.get_build_info()`` returns (cuda_version, cudnn_version,
+    is_cuda_build). Parsed with ast, never executed."""
+    try:
+        spec = _find_spec("tensorflow")
+    except (ImportError, ValueError) as exc:
+        return Reading(None, "tensorflow", f"absent: {exc}")
+    if spec is None or not spec.submodule_search_locations:
+        return Reading(None, "tensorflow", "absent: TensorFlow not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / "python/platform/build_info.py"
+    try:
+        tree = ast.parse(path.read_text())
+    except OSError as exc:
+        return Reading(None, str(path), f"absent: {exc.strerror}")
+    except SyntaxError as exc:
+        return Reading(None, str(path), f"error: cannot parse: {exc}")
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "build_info"
+                                                 for t in node.targets)):
+            v = node.value
+            try:
+                if isinstance(v, ast.Call) and v.args:  # collections.OrderedDict([...])
+                    return Reading(dict(ast.literal_eval(v.args[0])), str(path))
+                return Reading(dict(ast.literal_eval(v)), str(path))
+            except (ValueError, TypeError, SyntaxError) as exc:
+                return Reading(None, str(path), f"error: cannot parse build_info: {exc}")
+    return Reading(None, str(path), "error: no build_info in the file")
+
+
+def _parse_ver(s: str) -> tuple[int, int] | None:
+    parts = str(s).split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return None
+
+
+def _tf_build(cuda: Reading) -> list[Finding]:
+    t = "TensorFlow CUDA/cuDNN build vs driver"
+    why = ("A TF built for a newer CUDA than the driver supports cannot use the GPU or misses "
+           "XLA kernels.")
+    info = tf_build_info()
+    if not info.ok:
+        return [unsupported("gpu.tf_cuda", FAMILY, t, info.reason or "", evidence=info.path,
+                            why=why)]
+    b = info.value
+    if not b.get("is_cuda_build"):
+        return [unsupported("gpu.tf_cuda", FAMILY, t,
+                            "TensorFlow in this environment is a CPU-only build "
+                            "(is_cuda_build False)", evidence=info.path, why=why)]
+    tf_cuda, cudnn = _parse_ver(b.get("cuda_version", "")), b.get("cudnn_version", "?")
+    cur = (f"TF built for CUDA {b.get('cuda_version', '?')}, cuDNN {cudnn}; driver supports "
+           f"CUDA {_ver(cuda.value)}")
+    if tf_cuda is None or not cuda.ok:
+        return [unsupported("gpu.tf_cuda", FAMILY, t, f"cannot compare: {cur}",
+                            evidence=info.path, why=why)]
+    drv = cuda.value
+    if tf_cuda[0] > drv[0]:
+        status, fix = Status.FAIL, (f"upgrade the NVIDIA driver to one supporting CUDA "
+                                    f"{tf_cuda[0]}.{tf_cuda[1]}, or install a TF built for "
+                                    f"CUDA {drv[0]}")
+    elif tf_cuda > drv:
+        # Same major: CUDA minor-version compatibility runs it, but PTX newer than the driver
+        # cannot be JIT-compiled (missing XLA/custom kernels).
+        status, fix = Status.WARN, "upgrade the driver to the CUDA minor version TF was built for"
+    else:
+        status, fix = Status.OK, ""
+    return [Finding(id="gpu.tf_cuda", family=FAMILY, title=t, status=status, current=cur,
+                    expected="TF CUDA version <= driver CUDA version",
+                    evidence=f"{info.path} (= tf.sysconfig.get_build_info()); NVML "
+                             "nvmlSystemGetCudaDriverVersion", fix=fix, why=why)]
