@@ -22,6 +22,7 @@ COMMANDS = (
     "agent.commands.audit",
     "agent.commands.capture",
     "agent.commands.probe",
+    "agent.commands.profile",
 )
 
 app = typer.Typer(
