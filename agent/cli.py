@@ -23,6 +23,8 @@ COMMANDS = (
     "agent.commands.capture",
     "agent.commands.probe",
     "agent.commands.profile",
+    "agent.commands.tune",
+    "agent.commands.run",
 )
 
 app = typer.Typer(

@@ -10,11 +10,11 @@ import typer
 
 from agent.commands.common import JsonOpt, ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail, make_host
 
-HELP = """Plan, apply, verify and roll back runtime host settings from a profile.
-
-apply journals every original value (atomically, before each write) in /run/hftagent; rollback
-restores those originals in reverse order, even after a crash half-way. Boot arguments are
-never applied: they are printed as grubby/GRUB commands (pending-reboot)."""
+HELP = ("Plan, apply, verify and roll back runtime host settings from a profile.\n\n"
+        "apply journals every original value (atomically, before each write) in /run/hftagent; "
+        "rollback restores those originals in reverse order, even after a crash half-way. Boot "
+        "arguments are never applied: they are printed as grubby/GRUB commands "
+        "(pending-reboot).")
 
 ProfileOpt = Annotated[str, typer.Option("--profile", help="hft-cpu | hft-gpu | bench | path to "
                                          "a profile .toml")]

@@ -1,0 +1,72 @@
+"""`hftagent run -- CMD ARGS`: exec an inference command pinned, bound, with TF threads set."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.commands.common import JsonOpt, ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail, make_host
+
+HELP = ("Run CMD pinned to CPUs, with NUMA memory binding, TF thread counts and SCHED_FIFO.\n\n"
+        "No shell: CMD and its arguments are exec'd as given (put them after --); the process "
+        "keeps the launcher's PID. Default CPUs: isolated CPUs, else the GPU's NUMA node, else "
+        "all but CPU 0. Threads: TF_NUM_INTRAOP_THREADS = number of CPUs, "
+        "TF_NUM_INTEROP_THREADS = 1 unless given.")
+
+
+def run_cmd(
+    cmd: Annotated[list[str] | None, typer.Argument(help="Command and arguments (after --).")]
+    = None,
+    cpus: Annotated[str | None, typer.Option("--cpus", help="CPU list, e.g. 2-5.")] = None,
+    mem_node: Annotated[int | None, typer.Option("--mem-node", help="Bind memory to this NUMA "
+                                                 "node (needs numactl).")] = None,
+    intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads "
+                                              "(default: number of CPUs).")] = None,
+    inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads "
+                                              "(default 1).")] = None,
+    sched: Annotated[str | None, typer.Option("--sched", help="fifo:PRIO for SCHED_FIFO "
+                                              "(PRIO 1..99).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be exec'd; do "
+                                          "not run it.")] = False,
+    json_out: JsonOpt = False,
+    root: RootOpt = "/",
+    procfs: ProcfsOpt = None,
+    sysfs: SysfsOpt = None,
+) -> None:
+    from tuning.launcher import LaunchError, build_launch, command_line, exec_launch
+
+    host = make_host(root, procfs, sysfs)
+    try:
+        launch = build_launch(host, list(cmd or []), cpus=cpus, mem_node=mem_node, intra=intra,
+                              inter=inter, sched=sched)
+    except LaunchError as exc:
+        raise fail(str(exc)) from None
+    if dry_run:
+        if json_out:
+            print(json.dumps({**launch.to_dict(), "command": command_line(launch, cmd or [])},
+                             indent=2))
+        else:
+            d = launch.to_dict()
+            print(f"cpus {d['cpus']} ({d['cpus_source']}); "
+                  + " ".join(f"{k}={v}" for k, v in d["env"].items())
+                  + (f"; sched {d['sched']['policy']}:{d['sched']['priority']}"
+                     if d["sched"] else ""))
+            print("exec: " + " ".join(launch.argv))
+        raise typer.Exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        exec_launch(launch)
+    except PermissionError as exc:
+        raise fail(f"cannot start {launch.argv[0]!r}: {exc.strerror} (SCHED_FIFO needs root or "
+                   "CAP_SYS_NICE)") from None
+    except OSError as exc:
+        raise fail(f"cannot start {launch.argv[0]!r}: {exc.strerror or exc}") from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run", help=HELP, context_settings={"allow_interspersed_args": False})(
+        cli_errors(run_cmd))
