@@ -1,0 +1,237 @@
+"""deploy/: rules, rule unit tests, scrape config, Alertmanager config, systemd units, dashboard,
+checked with the real tools (promtool, amtool, systemd-analyze)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+PROM = DEPLOY / "prometheus"
+RULES = PROM / "hftagent.rules.yml"
+RULE_TESTS = PROM / "hftagent.rules.test.yml"
+AM = DEPLOY / "alertmanager" / "alertmanager.yml"
+DASHBOARD = DEPLOY / "grafana" / "hftagent-dashboard.json"
+UNITS = DEPLOY / "systemd"
+
+PROMTOOL = shutil.which("promtool")
+AMTOOL = shutil.which("amtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (Debian package 'prometheus'; `make apt-deps`)")
+needs_amtool = pytest.mark.skipif(
+    AMTOOL is None,
+    reason="amtool not installed (Debian package 'prometheus-alertmanager'; `make apt-deps`)")
+
+ALERTS = ("HftTailJitterHigh", "HftP99OverBudget", "HftProbeDown", "HftProbeStale",
+          "HftAuditDrift", "HftPcieLinkDegraded", "HftGpuThrottled")
+
+
+def run(*cmd: str, cwd: Path | None = None, stdin: str | None = None):
+    return subprocess.run(list(cmd), cwd=cwd, input=stdin, capture_output=True, text=True,
+                          timeout=60)
+
+
+# ---- rules --------------------------------------------------------------------------------
+
+@needs_promtool
+def test_promtool_check_rules():
+    r = run(PROMTOOL, "check", "rules", str(RULES))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+@needs_promtool
+def test_promtool_test_rules():
+    r = run(PROMTOOL, "test", "rules", RULE_TESTS.name, cwd=PROM)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_alert_is_defined_and_tested_firing_and_not_firing():
+    defined = set(re.findall(r"^\s*- alert: (\w+)", RULES.read_text(), re.M))
+    assert defined == set(ALERTS)
+    # alert_rule_test entries: "alertname: X" followed by "exp_alerts: []" or a list
+    text = RULE_TESTS.read_text()
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for m in re.finditer(r"alertname: (\w+)\n\s+exp_alerts:(.*)\n", text):
+        (silent if m.group(2).strip() == "[]" else fires).add(m.group(1))
+    assert fires == set(ALERTS), f"no firing case for {set(ALERTS) - fires}"
+    assert silent == set(ALERTS), f"no not-firing case for {set(ALERTS) - silent}"
+
+
+def mutated_rule_test(tmp_path: Path, old: str, new: str) -> subprocess.CompletedProcess:
+    text = RULES.read_text()
+    assert old in text
+    (tmp_path / RULES.name).write_text(text.replace(old, new))
+    shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
+    return run(PROMTOOL, "test", "rules", RULE_TESTS.name, cwd=tmp_path)
+
+
+@needs_promtool
+@pytest.mark.parametrize("old,new,why", [
+    ("(14.4 * 0.0005)", "(14.4 * 0.005)", "a 10x looser budget must stop the fast-burn page"),
+    ('reason=~"hw_slowdown|', 'reason=~"gpu_idle|hw_slowdown|', "the idle bit must not alert"),
+    ('status=~"fail|pending-reboot"', 'status=~"fail|pending-reboot|warn"',
+     "warn is not drift"),
+    ('{threshold_us="5000"} > (6 * 0.0005)', '{threshold_us="500"} > (6 * 0.0005)',
+     "the slow burn looks at the 5 ms threshold"),
+])
+def test_rule_tests_catch_a_broken_rule(tmp_path, old, new, why):
+    """The rule unit tests can fail: each mutation of the rules makes them fail."""
+    r = mutated_rule_test(tmp_path, old, new)
+    assert r.returncode != 0, why
+
+
+@needs_promtool
+def test_promtool_check_config(tmp_path):
+    shutil.copy(PROM / "prometheus.yml", tmp_path)
+    shutil.copy(RULES, tmp_path)
+    r = run(PROMTOOL, "check", "config", "prometheus.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 rule files found" in r.stdout
+
+
+# ---- Alertmanager ------------------------------------------------------------------------
+
+@needs_amtool
+def test_amtool_check_config():
+    r = run(AMTOOL, "check-config", str(AM))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_amtool
+@pytest.mark.parametrize("labels,receiver", [
+    (["alertname=HftTailJitterHigh", "severity=page"], "trading-infra-pager"),
+    (["alertname=HftProbeDown", "severity=page"], "trading-infra-pager"),
+    (["alertname=HftTailJitterHigh", "severity=ticket"], "trading-infra-queue"),
+    (["alertname=HftAuditDrift", "severity=ticket", "check=cpu.governor"],
+     "trading-infra-queue"),
+])
+def test_alertmanager_routes(labels, receiver):
+    r = run(AMTOOL, "config", "routes", "test", f"--config.file={AM}", *labels)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == receiver
+
+
+@needs_amtool
+def test_amtool_check_config_rejects_a_broken_config(tmp_path):
+    bad = tmp_path / "am.yml"
+    bad.write_text(AM.read_text().replace("receiver: trading-infra-pager",
+                                          "receiver: no-such-receiver", 1))
+    assert run(AMTOOL, "check-config", str(bad)).returncode != 0
+
+
+# ---- systemd -----------------------------------------------------------------------------
+
+def unit(name: str) -> dict[str, list[str]]:
+    """key -> values (a key may repeat) of a unit file; sections flattened."""
+    out: dict[str, list[str]] = {}
+    for line in (UNITS / name).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "[")):
+            continue
+        k, _, v = line.partition("=")
+        out.setdefault(k, []).append(v)
+    return out
+
+
+def test_watch_unit_is_hardened_pinned_and_restarts():
+    u = unit("hftagent-watch.service")
+    assert u["Restart"] == ["on-failure"]
+    assert u["NoNewPrivileges"] == ["yes"]
+    assert u["ProtectSystem"] == ["strict"]
+    assert u["CPUAffinity"], "pinned to housekeeping CPUs"
+    assert u["KillSignal"] == ["SIGTERM"]
+    assert "watch" in u["ExecStart"][0] and "--listen" in u["ExecStart"][0]
+    assert "127.0.0.1:9877" in (UNITS / "hftagent.default").read_text()
+
+
+def test_tune_unit_is_oneshot_with_rollback():
+    u = unit("hftagent-tune.service")
+    assert u["Type"] == ["oneshot"] and u["RemainAfterExit"] == ["yes"]
+    assert "tune apply" in u["ExecStart"][0]
+    assert any("tune rollback" in v for v in u.get("ExecStop", []) + u.get("ExecStopPost", []))
+    assert "hftagent-watch.service" in u["Before"][0]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze absent")
+def test_systemd_analyze_verify(tmp_path):
+    # The units name the installed path; point them at this checkout's entry point so verify
+    # can also check that the executable exists.
+    exe = str(Path(sys.executable).with_name("hftagent"))
+    if not Path(exe).exists():
+        pytest.skip(f"{exe} not installed (pip install -e .)")
+    for name in ("hftagent-watch.service", "hftagent-tune.service"):
+        (tmp_path / name).write_text(
+            (UNITS / name).read_text().replace("/opt/hftagent/.venv/bin/hftagent", exe))
+    r = run("systemd-analyze", "verify", "hftagent-watch.service", "hftagent-tune.service",
+            cwd=tmp_path)
+    noise = [ln for ln in r.stderr.splitlines()
+             if "hftagent" in ln and ("Unknown" in ln or "ignoring" in ln or "rror" in ln)]
+    assert r.returncode == 0 and not noise, r.stderr
+
+
+def cli_params(path: list[str]):
+    """Option names of the registered command at ``path`` (None: not registered yet)."""
+    import typer.main
+
+    from agent.cli import get_app
+    cmd = typer.main.get_command(get_app())
+    for part in path:
+        sub = getattr(cmd, "commands", {}).get(part)
+        if sub is None:
+            return None
+        cmd = sub
+    return {o for p in cmd.params for o in getattr(p, "opts", [])}
+
+
+@pytest.mark.parametrize("name,key", [("hftagent-watch.service", "ExecStart"),
+                                      ("hftagent-tune.service", "ExecStart"),
+                                      ("hftagent-tune.service", "ExecStopPost")])
+def test_unit_command_lines_match_the_cli(name, key):
+    argv = shlex.split(unit(name)[key][0])[1:]
+    words = [a for a in argv if not a.startswith(("-", "$"))]
+    path = words[:2] if words[:1] == ["tune"] else words[:1]
+    opts = cli_params(path)
+    if opts is None:
+        pytest.skip(f"`hftagent {' '.join(path)}` is not registered in agent/cli.py yet")
+    used = {a for a in argv if a.startswith("--")}
+    assert used <= opts, f"unknown options {used - opts} for hftagent {' '.join(path)}"
+
+
+# ---- Grafana -----------------------------------------------------------------------------
+
+def dashboard_queries() -> list[str]:
+    d = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+
+
+def test_dashboard_shape():
+    d = json.loads(DASHBOARD.read_text())
+    titles = " | ".join(p["title"] for p in d["panels"])
+    for want in ("percentiles", "jitter ratio", "Spikes by cause", "Audit"):
+        assert want.lower() in titles.lower(), want
+    assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
+    for p in d["panels"]:
+        assert p["targets"], p["title"]
+        assert p["datasource"]["uid"] == "${datasource}"
+    exprs = dashboard_queries()
+    assert any("0.0005" in e for e in exprs)  # the budget line
+    # every metric the dashboard reads is one the exporter or the rules produce
+    from agent.exporter import make_registry, render
+    from agent.metrics import WatchMetrics
+    exported = set(re.findall(r"^(hftagent_\w+?)(?:_bucket|_count|_sum)?[{ ]",
+                              render(make_registry(WatchMetrics()))[0].decode(), re.M))
+    exported |= set(re.findall(r"^# TYPE (hftagent_\w+) ",
+                               render(make_registry(WatchMetrics()))[0].decode(), re.M))
+    recorded = set(re.findall(r"record: (\S+)", RULES.read_text()))
+    for e in exprs:
+        for name in re.findall(r"\b((?:hftagent|job)[:_][\w:]+)", e):
+            assert name in exported or name in recorded, f"{name} in {e!r}"
