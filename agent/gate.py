@@ -1,0 +1,435 @@
+"""The regression gate: is this run's tail latency worse than its baseline, or over budget?
+
+Pure numpy + stdlib math (no scipy, no TensorFlow). Latencies are int64 nanoseconds.
+
+Checks (one :class:`Check` each, gathered in a :class:`Verdict` per scenario):
+
+``p99-regression``
+    The P99 ratio current/baseline with a bootstrap 95 % interval. It **fails only when the
+    interval's lower bound exceeds 1 + the allowed regression** (default 10 %): a noisy pair of
+    P99s never fails on its point estimate alone. Needs ≥ 662 samples on both sides (the
+    DESIGN.md sufficiency rule for P99), else the check is ``insufficient`` (exit 3).
+    A baseline without raw samples (a probe ``--json`` document) is treated as a known
+    constant: the interval then comes from the current run only.
+
+``p99-budget`` / ``cold-start-budget``
+    Absolute budgets (``--max-p99-us``, ``--max-cold-start-us``) on the nearest-rank point
+    value, the way the seeds' pipelines apply them ("fail above 4.3 ms"). The cold-start value
+    is the nearest-rank P99 of the cold-start samples (the maximum when fewer than 100).
+
+``jitter-rate``
+    Share of samples over the jitter threshold (default 5 ms) against ``--max-jitter-rate``
+    (default 0.05 %): an exact one-sided binomial test, failing when the rate is over the
+    budget at the 5 % level (p = P(X ≥ k | n, budget)). The change against the baseline's own
+    exceedances is reported with Fisher's exact test (one-sided); a significant increase
+    within budget is a warning, not a failure.
+
+Bootstrap: the exact order-statistic bootstrap. The k-th order statistic of n draws with
+replacement from the sorted sample s is s[ceil(n·U) − 1] with U ~ Beta(k, n + 1 − k) (inverse
+transform of n uniforms, whose k-th order statistic is Beta distributed), so each resample's
+P99 costs one Beta draw instead of n index draws and a partition: 2,000 resamples of 6,636
+samples take well under a millisecond and no memory. tests/test_gate_stats.py checks it
+against the naive resampling bootstrap.
+
+Exit status of a gate (:func:`exit_code`): 0 pass, 1 fail, 2 not comparable (host fingerprint
+mismatch without ``--allow-mismatch``), 3 insufficient samples. Bad input is 1 as well (CLI).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from agent.errors import AgentError
+
+P99 = 99.0
+P99_MIN_SAMPLES = 662          # DESIGN.md: ≥ 662 samples to claim P99 (99 % confidence)
+DEFAULT_RESAMPLES = 2000
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_ALPHA = 0.05
+DEFAULT_MAX_P99_REGRESSION = 0.10      # the seeds' release rule: P99 no more than 10 % worse
+DEFAULT_MAX_JITTER_RATE = 0.0005       # share of samples over 5 ms: 0.05 %
+DEFAULT_JITTER_THRESHOLD_NS = 5_000_000
+
+PASS, FAIL, WARN, SKIP, INSUFFICIENT = "pass", "fail", "warn", "skip", "insufficient"
+
+EXIT_PASS, EXIT_FAIL, EXIT_NOT_COMPARABLE, EXIT_INSUFFICIENT = 0, 1, 2, 3
+
+
+# -- order statistics and the bootstrap ------------------------------------------------------
+def nearest_rank_index(q: float, n: int) -> int:
+    """0-based index of the nearest-rank P``q`` among n sorted samples (same rule as the
+    probe's statistics: rank ceil(q/100 · n))."""
+    from agent.probe.stats import nearest_rank_index as f
+    return f(q, n)
+
+
+def quantile_nr(values: np.ndarray, q: float) -> int:
+    """Nearest-rank percentile (an observed sample)."""
+    v = np.asarray(values)
+    k = nearest_rank_index(q, int(v.size))
+    return int(np.partition(v, k)[k])
+
+
+def bootstrap_quantile(values: np.ndarray, q: float = P99, resamples: int = DEFAULT_RESAMPLES,
+                       rng: np.random.Generator | None = None, *, presorted: bool = False
+                       ) -> np.ndarray:
+    """``resamples`` bootstrap replicates of the nearest-rank P``q`` of ``values`` (exact: see
+    the module docstring). Returns float64 [resamples]."""
+    rng = rng or np.random.default_rng()
+    s = np.asarray(values) if presorted else np.sort(np.asarray(values))
+    n = int(s.size)
+    if n == 0:
+        raise ValueError("no samples")
+    k = nearest_rank_index(q, n) + 1          # 1-based rank of the percentile
+    u = rng.beta(k, n + 1 - k, size=resamples)
+    idx = np.clip(np.ceil(u * n).astype(np.int64) - 1, 0, n - 1)
+    return s[idx].astype(np.float64)
+
+
+@dataclass
+class RatioInterval:
+    """Ratio current/baseline of a percentile: point estimate and bootstrap interval."""
+
+    ratio: float
+    low: float
+    high: float
+    confidence: float
+    resamples: int
+
+
+def quantile_ratio_interval(baseline: np.ndarray | float, current: np.ndarray, q: float = P99,
+                            *, resamples: int = DEFAULT_RESAMPLES,
+                            confidence: float = DEFAULT_CONFIDENCE,
+                            rng: np.random.Generator | None = None) -> RatioInterval:
+    """Percentile-bootstrap interval of P``q``(current) / P``q``(baseline).
+
+    Both samples are resampled independently; a scalar ``baseline`` (a summary without raw
+    samples) is held fixed.
+    """
+    rng = rng or np.random.default_rng()
+    cur = np.sort(np.asarray(current))
+    b_cur = bootstrap_quantile(cur, q, resamples, rng, presorted=True)
+    p_cur = float(cur[nearest_rank_index(q, cur.size)])
+    if np.isscalar(baseline) or np.ndim(baseline) == 0:
+        p_base = float(baseline)  # type: ignore[arg-type]
+        b_base = np.full(resamples, p_base)
+    else:
+        base = np.sort(np.asarray(baseline))
+        b_base = bootstrap_quantile(base, q, resamples, rng, presorted=True)
+        p_base = float(base[nearest_rank_index(q, base.size)])
+    if p_base <= 0 or np.any(b_base <= 0):
+        raise ValueError("baseline percentile is not positive")
+    ratios = b_cur / b_base
+    tail = (1.0 - confidence) / 2
+    lo, hi = np.quantile(ratios, [tail, 1.0 - tail])
+    return RatioInterval(p_cur / p_base, float(lo), float(hi), confidence, resamples)
+
+
+# -- exact tests on counts -------------------------------------------------------------------
+def _log_binom_pmf(k: np.ndarray, n: int, p: float) -> np.ndarray:
+    return (math.lgamma(n + 1) - _lgamma(k + 1) - _lgamma(n - k + 1)
+            + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+def _lgamma(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.lgamma, otypes=[float])(x)
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """Exact P(X ≥ k) for X ~ Binomial(n, p) (the one-sided binomial test's p-value)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    # Terms beyond the mode fall off faster than geometrically: 40 sd past it is enough.
+    mean = n * p
+    stop = min(n, int(max(k, mean) + 40 * math.sqrt(mean * (1 - p)) + 50))
+    ks = np.arange(k, stop + 1, dtype=np.float64)
+    logs = _log_binom_pmf(ks, n, p)
+    m = float(logs.max())
+    return float(min(1.0, math.exp(m) * np.exp(logs - m).sum()))
+
+
+def clopper_pearson(k: int, n: int, confidence: float = DEFAULT_CONFIDENCE
+                    ) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) interval for a proportion k/n, by bisection on binom_sf."""
+    if n <= 0:
+        return (0.0, 1.0)
+    a = (1.0 - confidence) / 2
+
+    def solve(f, target: float) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if f(mid) < target:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+    low = 0.0 if k == 0 else solve(lambda p: binom_sf(k, n, p), a)
+    # upper: P(X ≤ k | p) = a  ⇔  1 − P(X ≥ k + 1 | p) = a; decreasing in p.
+    high = 1.0 if k == n else solve(lambda p: -(1.0 - binom_sf(k + 1, n, p)), -a)
+    return (low, high)
+
+
+def fisher_greater(k_cur: int, n_cur: int, k_base: int, n_base: int) -> float:
+    """One-sided Fisher exact test p-value that the current exceedance rate is higher than the
+    baseline's (hypergeometric upper tail, margins fixed)."""
+    total_k = k_cur + k_base
+    n = n_cur + n_base
+    if total_k == 0:
+        return 1.0
+    lo = max(0, total_k - n_base)
+    hi = min(total_k, n_cur)
+    xs = np.arange(max(k_cur, lo), hi + 1, dtype=np.float64)
+    if xs.size == 0:
+        return 0.0
+    lc = math.lgamma
+
+    def log_h(x: np.ndarray) -> np.ndarray:  # log C(n_cur, x) C(n_base, K − x) / C(n, K)
+        return (lc(n_cur + 1) - _lgamma(x + 1) - _lgamma(n_cur - x + 1)
+                + lc(n_base + 1) - _lgamma(total_k - x + 1) - _lgamma(n_base - total_k + x + 1)
+                - (lc(n + 1) - lc(total_k + 1) - lc(n - total_k + 1)))
+    logs = log_h(xs)
+    m = float(logs.max())
+    return float(min(1.0, math.exp(m) * np.exp(logs - m).sum()))
+
+
+# -- limits, checks, verdicts ----------------------------------------------------------------
+@dataclass
+class Limits:
+    """What the gate enforces. None disables a budget."""
+
+    max_p99_regression: float = DEFAULT_MAX_P99_REGRESSION
+    max_p99_ns: int | None = None
+    max_cold_start_ns: int | None = None
+    max_jitter_rate: float | None = DEFAULT_MAX_JITTER_RATE
+    jitter_threshold_ns: int = DEFAULT_JITTER_THRESHOLD_NS
+    alpha: float = DEFAULT_ALPHA
+    confidence: float = DEFAULT_CONFIDENCE
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int | None = None
+
+    def validate(self) -> None:
+        """Out-of-range values raise AgentError (one line for the user)."""
+        if not 0.0 <= self.max_p99_regression <= 10.0:
+            raise AgentError(f"--max-p99-regression must be between 0% and 1000%, not "
+                             f"{self.max_p99_regression:.4g}")
+        if self.max_p99_ns is not None and self.max_p99_ns <= 0:
+            raise AgentError("--max-p99-us must be > 0")
+        if self.max_cold_start_ns is not None and self.max_cold_start_ns <= 0:
+            raise AgentError("--max-cold-start-us must be > 0")
+        if self.max_jitter_rate is not None and not 0.0 <= self.max_jitter_rate < 1.0:
+            raise AgentError(f"--max-jitter-rate must be in [0, 1), not {self.max_jitter_rate}")
+        if self.jitter_threshold_ns <= 0:
+            raise AgentError("--jitter-threshold-us must be > 0")
+        if not 0.0 < self.alpha < 0.5:
+            raise AgentError(f"alpha must be in (0, 0.5), not {self.alpha}")
+        if not 100 <= self.resamples <= 1_000_000:
+            raise AgentError(f"--resamples must be between 100 and 1000000, not {self.resamples}")
+
+
+def parse_ratio(text: str, what: str) -> float:
+    """"10%" → 0.10, "0.1" → 0.1 (a bare number ≥ 1 without % is ambiguous: rejected)."""
+    t = text.strip()
+    try:
+        if t.endswith("%"):
+            v = float(t[:-1]) / 100.0
+        else:
+            v = float(t)
+            if v >= 1.0:
+                raise AgentError(f"{what} {text!r}: write a percentage (e.g. 10%) or a fraction "
+                                 "below 1 (e.g. 0.1)")
+    except ValueError:
+        raise AgentError(f"{what} must be a percentage like 10% or a fraction like 0.1, "
+                         f"not {text!r}") from None
+    if not math.isfinite(v):
+        raise AgentError(f"{what} must be finite, not {text!r}")
+    return v
+
+
+@dataclass
+class GateInput:
+    """One side of a comparison: raw latencies when known, else a summary P99."""
+
+    label: str
+    latency_ns: np.ndarray | None = None
+    p99_ns: int | None = None
+    count: int = 0
+    cold_start_ns: list[int] = field(default_factory=list)
+    fingerprint: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.latency_ns is not None:
+            self.latency_ns = np.asarray(self.latency_ns, dtype=np.int64)
+            self.count = int(self.latency_ns.size)
+            if self.count:
+                self.p99_ns = quantile_nr(self.latency_ns, P99)
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    value: str
+    limit: str
+    detail: str = ""
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    scenario: str
+    current: str
+    baseline: str | None
+    checks: list[Check]
+    comparable: bool = True
+    mismatches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if not self.comparable:
+            return "not-comparable"
+        st = {c.status for c in self.checks}
+        if FAIL in st:
+            return FAIL
+        if INSUFFICIENT in st:
+            return INSUFFICIENT
+        return PASS
+
+    @property
+    def exit_code(self) -> int:
+        return {PASS: EXIT_PASS, FAIL: EXIT_FAIL, "not-comparable": EXIT_NOT_COMPARABLE,
+                INSUFFICIENT: EXIT_INSUFFICIENT}[self.status]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status
+        d["exit_code"] = self.exit_code
+        return d
+
+
+def exit_code(verdicts: list[Verdict]) -> int:
+    """Worst over scenarios, in the order: not comparable (2) > fail (1) > insufficient (3)."""
+    codes = {v.exit_code for v in verdicts}
+    for c in (EXIT_NOT_COMPARABLE, EXIT_FAIL, EXIT_INSUFFICIENT):
+        if c in codes:
+            return c
+    return EXIT_PASS
+
+
+def _us(ns: float | None) -> str:
+    return "—" if ns is None else f"{ns / 1e3:,.1f} µs"
+
+
+def p99_regression(base: GateInput, cur: GateInput, limits: Limits,
+                   rng: np.random.Generator) -> Check:
+    allowed = 1.0 + limits.max_p99_regression
+    limit = f"lower 95% bound ≤ +{limits.max_p99_regression:.0%}"
+    short = [f"{x.label} has {x.count}" for x in (cur, base)
+             if x.count < P99_MIN_SAMPLES]
+    if short or cur.latency_ns is None or base.p99_ns is None:
+        why = ", ".join(short) if short else "no samples"
+        return Check("p99-regression", INSUFFICIENT, "—", limit,
+                     f"P99 needs ≥ {P99_MIN_SAMPLES} samples: {why}")
+    b = base.latency_ns if base.latency_ns is not None else float(base.p99_ns)
+    ri = quantile_ratio_interval(b, cur.latency_ns, P99, resamples=limits.resamples,
+                                 confidence=limits.confidence, rng=rng)
+    status = FAIL if ri.low > allowed else PASS
+    value = f"{ri.ratio - 1:+.1%} [{ri.low - 1:+.1%}, {ri.high - 1:+.1%}]"
+    detail = f"P99 {_us(base.p99_ns)} → {_us(cur.p99_ns)}"
+    if base.latency_ns is None:
+        detail += " (baseline without samples: held fixed)"
+    return Check("p99-regression", status, value, limit, detail,
+                 {"ratio": ri.ratio, "low": ri.low, "high": ri.high,
+                  "baseline_p99_ns": base.p99_ns, "current_p99_ns": cur.p99_ns,
+                  "allowed_ratio": allowed})
+
+
+def p99_budget(cur: GateInput, limits: Limits) -> Check | None:
+    if limits.max_p99_ns is None:
+        return None
+    limit = f"≤ {_us(limits.max_p99_ns)}"
+    if cur.count < P99_MIN_SAMPLES or cur.p99_ns is None:
+        return Check("p99-budget", INSUFFICIENT, _us(cur.p99_ns), limit,
+                     f"P99 needs ≥ {P99_MIN_SAMPLES} samples: {cur.count}")
+    status = FAIL if cur.p99_ns > limits.max_p99_ns else PASS
+    return Check("p99-budget", status, _us(cur.p99_ns), limit, f"{cur.count} samples",
+                 {"p99_ns": cur.p99_ns})
+
+
+def cold_start_budget(cur: GateInput, limits: Limits) -> Check | None:
+    if limits.max_cold_start_ns is None:
+        return None
+    limit = f"≤ {_us(limits.max_cold_start_ns)}"
+    if not cur.cold_start_ns:
+        return Check("cold-start-budget", INSUFFICIENT, "—", limit, "no cold-start sample")
+    v = quantile_nr(np.asarray(cur.cold_start_ns, dtype=np.int64), P99)
+    n = len(cur.cold_start_ns)
+    status = FAIL if v > limits.max_cold_start_ns else PASS
+    what = "first call" if n == 1 else f"P99 of {n} fresh processes' first calls"
+    return Check("cold-start-budget", status, _us(v), limit, what,
+                 {"cold_start_p99_ns": v, "n": n})
+
+
+def jitter_rate(base: GateInput | None, cur: GateInput, limits: Limits) -> Check | None:
+    if limits.max_jitter_rate is None or cur.latency_ns is None:
+        return None
+    thr = limits.jitter_threshold_ns
+    n = cur.count
+    k = int(np.count_nonzero(cur.latency_ns > thr))
+    limit = f"≤ {limits.max_jitter_rate:.3%} over {_us(thr)}"
+    if n == 0:
+        return Check("jitter-rate", INSUFFICIENT, "—", limit, "no samples")
+    p = binom_sf(k, n, limits.max_jitter_rate) if limits.max_jitter_rate > 0 else (
+        0.0 if k else 1.0)
+    lo, hi = clopper_pearson(k, n, limits.confidence)
+    status = FAIL if p < limits.alpha else PASS
+    detail = f"{k}/{n}, exact 95% [{lo:.3%}, {hi:.3%}], binomial p={p:.3g}"
+    data = {"count": k, "samples": n, "rate": k / n, "binom_p": p, "cp_low": lo, "cp_high": hi}
+    if base is not None and base.latency_ns is not None and base.count:
+        kb = int(np.count_nonzero(base.latency_ns > thr))
+        fp = fisher_greater(k, n, kb, base.count)
+        data.update(baseline_count=kb, baseline_samples=base.count, fisher_p=fp)
+        detail += f"; baseline {kb}/{base.count}, Fisher p={fp:.3g}"
+        if status == PASS and fp < limits.alpha:
+            status = WARN
+            detail += " (significant increase, within budget)"
+    return Check("jitter-rate", status, f"{k / n:.3%}", limit, detail, data)
+
+
+def evaluate(cur: GateInput, base: GateInput | None, limits: Limits, *, scenario: str = "warm",
+             mismatches: list[str] | None = None, allow_mismatch: bool = False,
+             relative: bool = True) -> Verdict:
+    """All checks of one scenario. ``relative=False`` skips the P99 comparison (the cold
+    scenario has a handful of fresh-process samples, never 662)."""
+    rng = np.random.default_rng(limits.seed)
+    mismatches = list(mismatches or [])
+    comparable = allow_mismatch or not mismatches
+    checks: list[Check] = []
+    notes: list[str] = []
+    if mismatches and allow_mismatch:
+        notes.append("host fingerprints differ (--allow-mismatch): " + "; ".join(mismatches))
+    if base is None:
+        checks.append(Check("p99-regression", SKIP, "—",
+                            f"lower 95% bound ≤ +{limits.max_p99_regression:.0%}",
+                            "no baseline"))
+    elif not relative:
+        checks.append(Check("p99-regression", SKIP, "—", "—",
+                            f"{scenario}: {cur.count} samples; compared by budgets only"))
+    elif comparable:
+        checks.append(p99_regression(base, cur, limits, rng))
+    for c in (p99_budget(cur, limits) if relative else None, cold_start_budget(cur, limits),
+              jitter_rate(base if comparable else None, cur, limits) if relative else None):
+        if c is not None:
+            checks.append(c)
+    return Verdict(scenario, cur.label, base.label if base else None, checks, comparable,
+                   mismatches, notes)
