@@ -1,0 +1,183 @@
+"""`hftagent tune plan|apply|rollback|status` through the CLI, always with --root on a writable
+copy (tree copies of real captures, the lead's synthetic bare-metal trees, or our own)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import tuning.tunables.base as tunables_base
+from agent.cli import get_app
+from tests.treecopy import KernelSim, copy_fixture, diff, make_synthetic, snapshot
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def kernel_sim(monkeypatch):
+    """Every write of these tests goes through the kernel simulation (on the tree copy)."""
+    monkeypatch.setattr(tunables_base, "default_writer", KernelSim)
+
+
+def tune(*args: str):
+    return runner.invoke(get_app(), ["tune", *args])
+
+
+@pytest.fixture
+def syn(tmp_path):
+    return make_synthetic(tmp_path / "syn")
+
+
+def test_plan_writes_nothing_and_exits_2(syn):
+    before = snapshot(syn, exclude=())
+    res = tune("plan", "--root", str(syn), "--cpus", "2-3", "--json")
+    assert res.exit_code == 2, res.output
+    data = json.loads(res.stdout)
+    items = {i["id"]: i for i in data["items"]}
+    gov = items["cpu.governor"]
+    assert gov["state"] == "planned" and len(gov["changes"]) == 4
+    assert items["irq.irqbalance"]["state"] == "unavailable"
+    assert snapshot(syn, exclude=()) == before
+
+
+def test_plan_human_groups_cpus(syn):
+    res = tune("plan", "--root", str(syn), "--cpus", "2-3")
+    assert res.exit_code == 2
+    assert "cpu 0-3" in res.stdout and "irq 24-27" in res.stdout
+    assert "grubby --update-kernel=ALL" in res.stdout
+
+
+def test_apply_status_rollback_roundtrip(syn):
+    before = snapshot(syn)
+    res = tune("apply", "--root", str(syn), "--cpus", "2-3", "--json")
+    # 2: boot args are pending-reboot (never applied)
+    assert res.exit_code == 2, res.output
+    data = json.loads(res.stdout)
+    assert {o["result"] for o in data["outcomes"]} == {"applied", "pending-reboot"}
+    assert {f["status"] for f in data["findings"]} == {"ok", "pending-reboot"}
+    assert data["journal"].endswith("run/hftagent/journal.json")
+    st = tune("status", "--root", str(syn), "--json")
+    assert st.exit_code == 0 and json.loads(st.stdout)["all_hold"]
+    again = tune("apply", "--root", str(syn), "--cpus", "2-3", "--json")
+    assert not [o for o in json.loads(again.stdout)["outcomes"] if o["result"] == "applied"]
+    rb = tune("rollback", "--root", str(syn))
+    assert rb.exit_code == 0, rb.output
+    assert diff(before, snapshot(syn)) == []
+    rb2 = tune("rollback", "--root", str(syn), "--json")
+    assert rb2.exit_code == 0 and json.loads(rb2.stdout)["items"] == []
+    st = tune("status", "--root", str(syn))
+    assert st.exit_code == 0 and "nothing applied" in st.stdout
+
+
+def test_dry_run_writes_nothing(syn):
+    before = snapshot(syn, exclude=())
+    res = tune("apply", "--dry-run", "--root", str(syn), "--cpus", "2-3")
+    assert res.exit_code == 2
+    assert snapshot(syn, exclude=()) == before
+
+
+def test_state_dir_overrides(syn, tmp_path):
+    sd = tmp_path / "state"
+    res = tune("apply", "--root", str(syn), "--only", "memory", "--state-dir", str(sd))
+    assert res.exit_code == 0, res.output
+    assert (sd / "journal.json").exists() and not (syn / "run").exists()
+    assert tune("rollback", "--root", str(syn), "--state-dir", str(sd)).exit_code == 0
+
+
+def test_drift_exit_codes(syn):
+    tune("apply", "--root", str(syn), "--only", "memory.swappiness")
+    (syn / "proc/sys/vm/swappiness").write_text("33\n")
+    assert tune("status", "--root", str(syn)).exit_code == 2
+    rb = tune("rollback", "--root", str(syn))
+    assert rb.exit_code == 2 and "drift" in rb.stdout
+    assert tune("rollback", "--root", str(syn), "--force").exit_code == 0
+    assert (syn / "proc/sys/vm/swappiness").read_text() == "60\n"
+
+
+@pytest.mark.parametrize("tree", ["gpu-h200", "vm-dev", "synthetic-2socket", "synthetic-tuned"])
+def test_cli_roundtrip_on_fixture_copies(tmp_path, tree):
+    root = copy_fixture(tree, tmp_path / tree)
+    before = snapshot(root)
+    res = tune("apply", "--root", str(root), "--profile", "bench", "--cpus", "1", "--json")
+    assert res.exit_code in (0, 2), res.output
+    outcomes = json.loads(res.stdout)["outcomes"]
+    assert not [o for o in outcomes if o["result"] == "failed"], outcomes
+    assert tune("status", "--root", str(root)).exit_code == 0
+    assert tune("rollback", "--root", str(root)).exit_code == 0
+    assert diff(before, snapshot(root)) == []
+
+
+# -- bad input: one line on stderr, exit 1, nothing written -----------------------------------
+
+
+def _one_line_error(res, needle: str):
+    assert res.exit_code == 1, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+    assert lines[0].startswith("hftagent: error: ")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--profile", "nope"], "unknown profile"),
+    (["--cpus", "9"], "not online"),
+    (["--cpus", "0-3"], "every online CPU"),
+])
+def test_bad_input(syn, args, needle):
+    before = snapshot(syn, exclude=())
+    for cmd in ("plan", "apply"):
+        _one_line_error(tune(cmd, "--root", str(syn), *args), needle)
+    assert snapshot(syn, exclude=()) == before
+
+
+def test_malformed_profile_file(syn, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[settings.governor\nexpected=")
+    _one_line_error(tune("apply", "--root", str(syn), "--profile", str(bad)), "not valid TOML")
+    bad.write_text('[settings.governor]\nexpected = "schedutil"\n')
+    before = snapshot(syn, exclude=())
+    _one_line_error(tune("apply", "--root", str(syn), "--profile", str(bad)), "not offered")
+    assert snapshot(syn, exclude=()) == before
+
+
+def test_corrupt_journal_cli(syn):
+    tune("apply", "--root", str(syn), "--only", "memory")
+    j = syn / "run/hftagent/journal.json"
+    j.write_text(j.read_text()[:40])
+    before = snapshot(syn, exclude=())
+    for cmd in ("rollback", "status", "apply"):
+        _one_line_error(tune(cmd, "--root", str(syn)), "corrupt")
+    assert snapshot(syn, exclude=()) == before
+
+
+def test_stale_journal_cli(syn):
+    tune("apply", "--root", str(syn), "--only", "memory")
+    (syn / "proc/sys/kernel/random/boot_id").write_text("another-boot\n")
+    _one_line_error(tune("rollback", "--root", str(syn)), "earlier boot")
+    st = tune("status", "--root", str(syn))
+    assert st.exit_code == 2 and "earlier boot" in st.stdout
+    assert tune("rollback", "--root", str(syn), "--discard-stale").exit_code == 0
+    assert not (syn / "run/hftagent/journal.json").exists()
+
+
+def test_refuses_without_root_on_the_live_kernel(syn, monkeypatch):
+    """Privilege is checked before anything else. Simulated on a tree copy (touches_live_kernel
+    forced True, euid forced 1000) so that even a bug here could only write the copy."""
+    import tuning.apply as ap
+
+    monkeypatch.setattr(ap, "touches_live_kernel", lambda host: True)
+    monkeypatch.setattr(ap.os, "geteuid", lambda: 1000)
+    before = snapshot(syn, exclude=())
+    for cmd in ("apply", "rollback"):
+        _one_line_error(tune(cmd, "--root", str(syn)), "needs root")
+    assert snapshot(syn, exclude=()) == before
+    # plan and status only read: no privilege needed
+    assert tune("plan", "--root", str(syn), "--cpus", "2").exit_code == 2
+
+
+def test_tree_copy_needs_no_root():
+    from collectors.host import Host
+    from tuning.apply import require_privilege
+
+    require_privilege(Host(str(make_synthetic.__globals__["FIXTURES"] / "vm-dev")), euid=1000)
