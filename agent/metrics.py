@@ -34,7 +34,8 @@ Attribution and sampler (slow path: Hz, not kHz)
                                    label set stays bounded whatever the engine emits).
     ``set_collector(name, success, duration_s)``
                                    outcome of one collector run (collectors.base.CollectorResult
-                                   has exactly these fields). Up to :data:`MAX_COLLECTORS` names.
+                                   has exactly these fields; ``set_collector_result(r)`` takes
+                                   one directly). Up to :data:`MAX_COLLECTORS` names.
     ``set_gauge(name, value, **labels)``
                                    a host/GPU reading attribution relies on. ``name`` and the
                                    label names must be in :data:`GAUGES`; label values are
@@ -319,6 +320,10 @@ class WatchMetrics:
                 self._drop_locked("collector")
                 return
             self._collectors[name] = CollectorState(bool(success), float(duration_s))
+
+    def set_collector_result(self, result: Any) -> None:
+        """Same as set_collector, from a collectors.base.CollectorResult (duck-typed)."""
+        self.set_collector(result.name, result.success, result.duration_s)
 
     def set_audit(self, findings: Iterable[Finding]) -> None:
         """Replace the audit state with these findings (check id -> status)."""

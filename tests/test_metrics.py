@@ -191,6 +191,27 @@ def test_collectors_bounded():
         m.set_collector('cpu"} 1\nevil', True, 0.0)
 
 
+def test_set_collector_result_from_run_collector():
+    from collectors.base import Availability, run_collector
+
+    class Broken:
+        name = "irq"
+
+        def available(self):
+            return Availability.yes()
+
+        def sample(self):
+            raise OSError("gone")
+
+        def close(self):
+            pass
+
+    m = WatchMetrics()
+    m.set_collector_result(run_collector(Broken()))
+    c = m.snapshot().collectors["irq"]
+    assert c.success is False and 0 <= c.duration_s < 1
+
+
 def test_audit_replaced_and_bounded():
     m = WatchMetrics()
     assert m.snapshot().audit is None
