@@ -238,6 +238,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"      # keep-alive: Prometheus reuses its connection
     timeout = 10.0                     # a silent or half-sent request frees its thread
+    # TCP_NODELAY: headers and body go out in two writes; with Nagle + the client's delayed
+    # ACK a keep-alive scrape waited ~40 ms for the body (measured: P50 44 ms -> < 1 ms).
+    disable_nagle_algorithm = True
     server_version = "hftagent"
     sys_version = ""
 

@@ -1,0 +1,280 @@
+"""Scrape benchmark: /metrics latency while observe() runs at 1 kHz, and 50 concurrent
+scrapers for 30 s against the probe's tail, side by side in one run.
+
+Layout (the deployment's): this process = the watch process (WatchMetrics, the exporter, a
+1 kHz latency stream calling observe()) on the housekeeping CPU; a separate probe process on
+the probe CPU timing a fixed compute unit open-loop at 1 kHz (a stand-in for the TF probe
+worker); the scrapers in a third process on the housekeeping CPU (like a local Prometheus
+agent).
+
+Phases, in this order, in one run:
+  off1   (--off-s)   stream + probe, no scrapes
+  single (--single-s) one scraper in a loop: the scrape latency figure (P50/P99/max)
+  load   (--load-s)  --scrapers concurrent scrapers, each every --interval s (0 = flat out)
+  off2   (--off-s)   no scrapes again
+Probe latency and observe() cost in `load` are compared with off1+off2 pooled (ratios), so
+drift of this noisy shared machine over the run shows as off1 vs off2.
+
+    .venv/bin/python bench/scrape_bench.py                    # paced: 50 scrapers at 1/s
+    .venv/bin/python bench/scrape_bench.py --interval 0       # flat out
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.exporter import Exporter  # noqa: E402
+from agent.metrics import WatchMetrics  # noqa: E402
+from tuning.findings import Finding, Status  # noqa: E402
+
+
+def pin(cpu: int | None) -> None:
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError:
+            pass
+
+
+def pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q, method="inverted_cdf")) if len(a) else float("nan")
+
+
+# ---- probe stand-in (own process) ----------------------------------------------------------
+
+def work_unit(n: int) -> int:
+    acc = 0
+    for i in range(n):
+        acc += i * i
+    return acc
+
+
+def probe_proc(cpu: int | None, n: int, stop_at: float, out: mp.Queue) -> None:
+    """Open loop at 1 kHz: intended start times, latency = end − intended start (coordinated-
+    omission free)."""
+    pin(cpu)
+    times, phases = [], []
+    period = 1_000_000
+    t_next = time.monotonic_ns()
+    while time.monotonic() < stop_at:
+        while time.monotonic_ns() < t_next:
+            pass
+        work_unit(n)
+        end = time.monotonic_ns()
+        times.append(end - t_next)
+        phases.append(end)
+        t_next += period
+        if end > t_next + 50 * period:  # fell far behind (machine stalled): resync
+            t_next = end
+    out.put((np.array(phases, dtype=np.int64), np.array(times, dtype=np.int64)))
+
+
+# ---- scrapers (own process) ----------------------------------------------------------------
+
+def scraper_proc(cpu: int | None, port: int, n: int, interval: float, duration: float,
+                 out: mp.Queue) -> None:
+    pin(cpu)
+    lat: list[list[int]] = [[] for _ in range(n)]
+    errors: list[str] = []
+    start = time.monotonic()
+
+    def one(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        nxt = time.monotonic() + (interval * k / n if interval else 0)
+        while True:
+            now = time.monotonic()
+            if now - start >= duration:
+                break
+            if interval and now < nxt:
+                time.sleep(nxt - now)
+            nxt += interval
+            t0 = time.perf_counter_ns()
+            try:
+                conn.request("GET", "/metrics")
+                r = conn.getresponse()
+                body = r.read()
+                if r.status != 200 or b"hftagent_probe_samples_total" not in body:
+                    errors.append(f"status {r.status}")
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                continue
+            lat[k].append(time.perf_counter_ns() - t0)
+        conn.close()
+
+    ts = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put((np.array([x for v in lat for x in v], dtype=np.int64), errors))
+
+
+# ---- the watch-side stream (this process) --------------------------------------------------
+
+class Stream(threading.Thread):
+    """Calls observe() at 1 kHz, recording each call's cost and when it happened."""
+
+    def __init__(self, m: WatchMetrics, seconds: float) -> None:
+        super().__init__(daemon=True)
+        self.m = m
+        n = int(seconds * 1000) + 1000
+        self.at = np.zeros(n, dtype=np.int64)
+        self.cost = np.zeros(n, dtype=np.int64)
+        self.n = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        rng = np.random.default_rng(3)
+        vals = (rng.lognormal(np.log(450e3), 0.3, size=4096)).astype(np.int64).tolist()
+        m, at, cost = self.m, self.at, self.cost
+        period = 1_000_000
+        t_next = time.monotonic_ns()
+        i = 0
+        while not self.stop.is_set() and i < len(at):
+            now = time.monotonic_ns()
+            if now < t_next:
+                time.sleep((t_next - now) / 1e9)
+            t0 = time.perf_counter_ns()
+            m.observe(vals[i & 4095])
+            cost[i] = time.perf_counter_ns() - t0
+            at[i] = time.monotonic_ns()
+            i += 1
+            t_next += period
+        self.n = i
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scrapers", type=int, default=50)
+    ap.add_argument("--interval", type=float, default=1.0,
+                    help="seconds between one scraper's scrapes; 0 = flat out (default 1)")
+    ap.add_argument("--load-s", type=float, default=30.0)
+    ap.add_argument("--single-s", type=float, default=10.0)
+    ap.add_argument("--off-s", type=float, default=15.0)
+    ap.add_argument("--work", type=int, default=4000, help="probe work unit (loop iterations)")
+    ap.add_argument("--housekeeping-cpu", type=int, default=0)
+    ap.add_argument("--probe-cpu", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    pin(a.housekeeping_cpu)
+
+    m = WatchMetrics(thresholds_us=(500, 1000, 5000), variant="bench", p99_budget_us=2000)
+    m.probe_up(True)
+    m.set_audit([Finding(f"check.c{i}", "x", "t", Status.OK if i % 5 else Status.WARN)
+                 for i in range(40)])
+    for c in ("cpu", "sched", "irq", "memory", "numa", "pcie", "gpu"):
+        m.set_collector(c, True, 0.0004)
+    for cpu in range(2):
+        m.set_gauge("cpu_frequency_hertz", 2.0e9, cpu=cpu)
+
+    total = 2 * a.off_s + a.single_s + a.load_s + 2.0
+    with Exporter(m, "127.0.0.1:0") as ex:
+        stream = Stream(m, total + 5)
+        q: mp.Queue = ctx.Queue()
+        t_begin = time.monotonic()
+        probe = ctx.Process(target=probe_proc, args=(a.probe_cpu, a.work,
+                                                     time.monotonic() + total, q))
+        probe.start()
+        stream.start()
+        time.sleep(1.0)  # probe process start-up
+        marks = {"off1": time.monotonic_ns()}
+        time.sleep(a.off_s)
+        marks["single"] = time.monotonic_ns()
+        sq: mp.Queue = ctx.Queue()
+        sp = ctx.Process(target=scraper_proc,
+                         args=(a.housekeeping_cpu, ex.port, 1, 0.0, a.single_s, sq))
+        sp.start()
+        single_lat, single_err = sq.get()
+        sp.join()
+        marks["load"] = time.monotonic_ns()
+        lq: mp.Queue = ctx.Queue()
+        lp = ctx.Process(target=scraper_proc, args=(a.housekeeping_cpu, ex.port, a.scrapers,
+                                                    a.interval, a.load_s, lq))
+        lp.start()
+        load_lat, load_err = lq.get()
+        lp.join()
+        marks["off2"] = time.monotonic_ns()
+        time.sleep(a.off_s)
+        marks["end"] = time.monotonic_ns()
+        phases, plat = q.get()
+        probe.join()
+        stream.stop.set()
+        stream.join()
+        server_stats = ex.stats
+    del t_begin
+
+    def sel(at: np.ndarray, v: np.ndarray, p0: str, p1: str) -> np.ndarray:
+        return v[(at >= marks[p0]) & (at < marks[p1])]
+
+    n = stream.n
+    s_at, s_cost = stream.at[:n], stream.cost[:n]
+    off_probe = np.concatenate([sel(phases, plat, "off1", "single"),
+                                sel(phases, plat, "off2", "end")])
+    off_cost = np.concatenate([sel(s_at, s_cost, "off1", "single"),
+                               sel(s_at, s_cost, "off2", "end")])
+    res = {
+        "command": " ".join(sys.argv),
+        "scrape_single": {"n": int(len(single_lat)), "errors": len(single_err),
+                          "p50_ms": pct(single_lat, 50) / 1e6, "p99_ms": pct(single_lat, 99) / 1e6,
+                          "max_ms": float(single_lat.max()) / 1e6 if len(single_lat) else None},
+        "scrape_load": {"scrapers": a.scrapers, "interval_s": a.interval, "seconds": a.load_s,
+                        "n": int(len(load_lat)), "errors": len(load_err),
+                        "error_samples": load_err[:5], "server": server_stats,
+                        "p50_ms": pct(load_lat, 50) / 1e6, "p99_ms": pct(load_lat, 99) / 1e6},
+        "probe_us": {}, "observe_ns": {},
+    }
+    for name, arr in (("off1", sel(phases, plat, "off1", "single")),
+                      ("single", sel(phases, plat, "single", "load")),
+                      ("load", sel(phases, plat, "load", "off2")),
+                      ("off2", sel(phases, plat, "off2", "end")), ("off_pooled", off_probe)):
+        res["probe_us"][name] = {"n": int(len(arr)), "p50": pct(arr, 50) / 1e3,
+                                 "p99": pct(arr, 99) / 1e3}
+    for name, arr in (("off1", sel(s_at, s_cost, "off1", "single")),
+                      ("single", sel(s_at, s_cost, "single", "load")),
+                      ("load", sel(s_at, s_cost, "load", "off2")),
+                      ("off2", sel(s_at, s_cost, "off2", "end")), ("off_pooled", off_cost)):
+        res["observe_ns"][name] = {"n": int(len(arr)), "p50": pct(arr, 50), "p99": pct(arr, 99)}
+    po, pl = res["probe_us"]["off_pooled"], res["probe_us"]["load"]
+    oo, ol = res["observe_ns"]["off_pooled"], res["observe_ns"]["load"]
+    res["ratios_load_vs_off"] = {
+        "probe_p50": pl["p50"] / po["p50"], "probe_p99": pl["p99"] / po["p99"],
+        "observe_p50": ol["p50"] / oo["p50"], "observe_p99": ol["p99"] / oo["p99"],
+        "off2_vs_off1_probe_p99": res["probe_us"]["off2"]["p99"] / res["probe_us"]["off1"]["p99"],
+    }
+    if a.json:
+        print(json.dumps(res, indent=2))
+    else:
+        ss, sl = res["scrape_single"], res["scrape_load"]
+        print(f"scrape, 1 scraper, observe at 1 kHz: n={ss['n']} P50 {ss['p50_ms']:.2f} ms  "
+              f"P99 {ss['p99_ms']:.2f} ms  max {ss['max_ms']:.2f} ms  errors {ss['errors']}")
+        print(f"scrape, {a.scrapers} scrapers x {a.load_s:g} s (interval {a.interval:g} s): "
+              f"n={sl['n']} P50 {sl['p50_ms']:.2f} ms  P99 {sl['p99_ms']:.2f} ms  "
+              f"errors {sl['errors']}  server {sl['server']}")
+        for ph, v in res["probe_us"].items():
+            o = res["observe_ns"][ph]
+            print(f"  {ph:10s} probe P50 {v['p50']:8.1f} us  P99 {v['p99']:8.1f} us  (n={v['n']})"
+                  f" | observe() P50 {o['p50']:6.0f} ns  P99 {o['p99']:6.0f} ns")
+        r = res["ratios_load_vs_off"]
+        print(f"load / off: probe P50 x{r['probe_p50']:.3f}  P99 x{r['probe_p99']:.3f}  "
+              f"observe P50 x{r['observe_p50']:.2f}  P99 x{r['observe_p99']:.2f}  "
+              f"(drift off2/off1 probe P99 x{r['off2_vs_off1_probe_p99']:.3f})")
+    return 0 if res["scrape_load"]["errors"] == 0 and res["scrape_single"]["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
