@@ -75,8 +75,11 @@ def _groups(rows, key):
         if t and all(i is not None for i in idx) and t.scope:
             where = f"{t.scope} {format_cpulist(idx)}"
         else:
-            where = ", ".join(r["target"] for r in rs[:3]) + (f" (+{len(rs) - 3})"
-                                                               if len(rs) > 3 else "")
+            # a global file target: its last two path components say enough in a table
+            # (--json keeps the full path)
+            short = ["/".join(r["target"].split("/")[-2:]) if r["target"].startswith("/")
+                     else r["target"] for r in rs]
+            where = ", ".join(short[:3]) + (f" (+{len(rs) - 3})" if len(rs) > 3 else "")
         out.append((k, where))
     return out
 
