@@ -116,6 +116,12 @@ def _text(v: Any) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
+def _done(r: Reading) -> Reading[bool]:
+    """A setter's result: NVML's setters return None, so success must become True explicitly
+    (a None value without a reason would read as "failed for no reason")."""
+    return Reading(True, r.path) if r.reason is None else r
+
+
 def _import_pynvml() -> Any:
     import pynvml  # lazy: importing it costs ~30 ms and needs no GPU; loading libnvidia-ml is
     return pynvml  # what nvmlInit does
@@ -296,8 +302,7 @@ class Nvml:
     def set_persistence_mode(self, gpu: int, on: bool) -> Reading[bool]:
         """Set persistence mode; value True when NVML accepted it, else None + reason
         (NoPermission without root). Equivalent: ``nvidia-smi -i GPU -pm 1|0``."""
-        return self.device_call(gpu, "nvmlDeviceSetPersistenceMode", 1 if on else 0).map(
-            lambda _: True)
+        return _done(self.device_call(gpu, "nvmlDeviceSetPersistenceMode", 1 if on else 0))
 
     def compute_mode(self, gpu: int) -> Reading[str]:
         """Compute mode: DEFAULT | EXCLUSIVE_PROCESS | PROHIBITED | EXCLUSIVE_THREAD
@@ -311,8 +316,7 @@ class Nvml:
         unknown mode name (a caller bug, not a host condition)."""
         if mode not in COMPUTE_MODE_IDS:
             raise ValueError(f"unknown compute mode {mode!r} (one of {', '.join(COMPUTE_MODE_IDS)})")
-        return self.device_call(gpu, "nvmlDeviceSetComputeMode", COMPUTE_MODE_IDS[mode]).map(
-            lambda _: True)
+        return _done(self.device_call(gpu, "nvmlDeviceSetComputeMode", COMPUTE_MODE_IDS[mode]))
 
     def clock_mhz(self, gpu: int, clock: int = CLOCK_SM) -> Reading[int]:
         """Current clock in MHz (nvidia-smi --query-gpu=clocks.sm / clocks.mem)."""
