@@ -25,6 +25,8 @@ COMMANDS = (
     "agent.commands.profile",
     "agent.commands.tune",
     "agent.commands.run",
+    "agent.commands.history",
+    "agent.commands.gate",
 )
 
 app = typer.Typer(

@@ -1,0 +1,283 @@
+"""`hftagent gate`: regression gate for CI on the probe's tail latency."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from agent.commands.common import JsonOpt, cli_errors, fail
+from agent.errors import AgentError
+
+HELP = """Gate a run against its baseline: P99 change with a bootstrap 95 % interval, tail-jitter
+rate with an exact binomial test, absolute budgets. Fails only when the interval's lower bound
+exceeds --max-p99-regression.
+
+The current run is --run ID (or 'latest') from history, else the probe runs now (one variant;
+with --scenarios cold,warm,concurrent16 each scenario runs and is gated) and is recorded. The
+baseline is --baseline RUN | FILE (history export or probe --json) | last-pass (default: the
+newest earlier passing run of the same model, variant and scenario). Exit status: 0 pass,
+1 fail or bad input, 2 not comparable (host fingerprints differ; --allow-mismatch), 3 too few
+samples (< 662 for P99)."""
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="History database (default "
+                                           "$HFTAGENT_DB, else the user's state dir).")]
+
+
+def gate(
+    run: Annotated[str | None, typer.Option("--run", help="Gate this history run (id or "
+                                            "'latest') instead of probing now.")] = None,
+    baseline: Annotated[str, typer.Option("--baseline", help="RUN id | FILE.json | last-pass")
+                        ] = "last-pass",
+    max_p99_regression: Annotated[str, typer.Option("--max-p99-regression",
+                                                    help="Allowed P99 increase, e.g. 10%.")
+                                  ] = "10%",
+    max_p99_us: Annotated[float | None, typer.Option("--max-p99-us", help="Absolute P99 "
+                                                     "budget in µs.")] = None,
+    max_cold_start_us: Annotated[float | None, typer.Option("--max-cold-start-us",
+                                                            help="Cold-start budget in µs "
+                                                            "(first call; P99 over fresh "
+                                                            "processes for 'cold').")] = None,
+    max_jitter_rate: Annotated[str, typer.Option("--max-jitter-rate", help="Allowed share of "
+                                                 "samples over --jitter-threshold-us "
+                                                 "(0.0005 or 0.05%; 'off').")] = "0.0005",
+    jitter_threshold_us: Annotated[float, typer.Option("--jitter-threshold-us",
+                                                       help="Tail-jitter threshold in µs.")
+                                   ] = 5000.0,
+    allow_mismatch: Annotated[bool, typer.Option("--allow-mismatch", help="Compare even when "
+                                                 "the host fingerprints differ.")] = False,
+    scenarios: Annotated[str, typer.Option("--scenarios", help="Comma list of cold, warm, "
+                                           "concurrent16 (probing only).")] = "warm",
+    cold_processes: Annotated[int, typer.Option("--cold-processes", help="Fresh processes "
+                                                "for the cold scenario.")] = 5,
+    model: Annotated[str | None, typer.Option("--model", help="Model to probe (default: "
+                                              "built-in).")] = None,
+    builtin: Annotated[str, typer.Option("--builtin", help="Built-in model.")] = "lstm",
+    variant: Annotated[str, typer.Option("--variant", help="One probe variant.")] = "tflite",
+    samples: Annotated[int | None, typer.Option("--samples", help="Timed samples (default "
+                                                "6636).")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Time budget per run "
+                                                   "in seconds.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Minimum warm-up calls.")] = 200,
+    cpus: Annotated[str | None, typer.Option("--cpus", help="Pin the probe to these CPUs.")
+                    ] = None,
+    intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads.")] = None,
+    inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads.")] = None,
+    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")] = 2000,
+    seed: Annotated[int | None, typer.Option("--seed", help="Bootstrap seed (reproducible "
+                                             "intervals).")] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from agent import gate as g
+    from agent.history import History
+
+    limits = g.Limits(
+        max_p99_regression=g.parse_ratio(max_p99_regression, "--max-p99-regression"),
+        max_p99_ns=None if max_p99_us is None else int(max_p99_us * 1000),
+        max_cold_start_ns=None if max_cold_start_us is None else int(max_cold_start_us * 1000),
+        max_jitter_rate=None if max_jitter_rate.strip().lower() == "off" else
+        g.parse_ratio(max_jitter_rate, "--max-jitter-rate"),
+        jitter_threshold_ns=int(jitter_threshold_us * 1000), resamples=resamples, seed=seed)
+    limits.validate()
+    if not 1 <= cold_processes <= 100:
+        raise fail("--cold-processes must be between 1 and 100")
+    names = g.parse_scenarios(scenarios)
+    if run is not None and scenarios != "warm":
+        raise fail("--scenarios runs the probe; it cannot be combined with --run")
+    if len(names) > 1 and baseline != "last-pass":
+        raise fail("with several --scenarios the baseline must be last-pass (one per scenario)")
+    base_file = None
+    if baseline != "last-pass" and not baseline.isdigit():
+        base_file = load_baseline_file(baseline)
+
+    with History(db) as h:
+        if run is not None:
+            rid = h.latest_id() if run == "latest" else _int_id(run, "--run")
+            current_ids = [(h.get(rid).scenario or "warm", rid)]
+        else:
+            current_ids = _probe_now(h, names, limits, model=model, builtin=builtin,
+                                     variant=variant, samples=samples, duration=duration,
+                                     warmup=warmup, cpus=cpus, intra=intra, inter=inter,
+                                     cold_processes=cold_processes)
+        verdicts = []
+        for scen, rid in current_ids:
+            cur_run = h.get(rid)
+            cur = _input_from_run(h, cur_run)
+            if base_file is not None:
+                base = _input_from_file(base_file, cur_run.variant, baseline)
+                base_id = None
+            elif baseline.isdigit():
+                b = h.get(int(baseline))
+                if b.id == cur_run.id:
+                    raise fail(f"--baseline {b.id} is the run being gated")
+                base, base_id = _input_from_run(h, b), b.id
+            else:
+                b = h.last_pass(model_key_=cur_run.model_key, variant=cur_run.variant,
+                                scenario=cur_run.scenario, before=cur_run.id)
+                base, base_id = (_input_from_run(h, b), b.id) if b else (None, None)
+            from agent.fingerprint import differences
+            mism = differences(base.fingerprint, cur.fingerprint) if base is not None else []
+            v = g.evaluate(cur, base, limits, scenario=scen, mismatches=mism,
+                           allow_mismatch=allow_mismatch, relative=scen != "cold")
+            if base is not None and cur_run.model_hash and base_id is not None:
+                bm = h.get(base_id)
+                if bm.model_hash and bm.model_hash != cur_run.model_hash:
+                    v.notes.append("model content changed since the baseline")
+                if bm.variant != cur_run.variant:
+                    v.notes.append(f"variant changed: {bm.variant} → {cur_run.variant}")
+            h.add_gate_result(cur_run.id, base_id, scen, v.status, v.to_dict())
+            verdicts.append(v)
+    code = g.exit_code(verdicts)
+    if json_out:
+        print(json.dumps({"schema": "hftagent.gate", "schema_version": 1, "exit_code": code,
+                          "verdicts": [v.to_dict() for v in verdicts]}, indent=2,
+                         default=_default))
+    else:
+        render(verdicts, code)
+    raise typer.Exit(code)
+
+
+def _default(o: Any) -> Any:
+    import numpy as np
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(type(o).__name__)
+
+
+def _int_id(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise AgentError(f"{what} must be a run id (integer) or 'latest', not {text!r}") from None
+
+
+def _probe_now(h, names: list[str], limits, *, model, builtin, variant, samples, duration,
+               warmup, cpus, intra, inter, cold_processes) -> list[tuple[str, int]]:
+    from agent import gate as g
+    from agent.fingerprint import collect
+    from agent.probe import options
+    if "," in variant or variant == "all":
+        raise fail("--variant: the gate measures one variant")
+    settings, configs = options.build(
+        model=model, builtin=builtin, signature="serving_default", shape=None,
+        input_data="random", variant=variant, samples=samples, duration=duration,
+        warmup=warmup, rate=None, threshold_us=limits.jitter_threshold_ns / 1000, calib=None,
+        intra=intra, inter=inter, cpus=cpus, sweep=None, batch="1")
+    fp = collect()
+    out = []
+    for name in names:
+        if sys.stderr.isatty():
+            print(f"hftagent gate: running scenario {name} ({variant})...", file=sys.stderr)
+        sr = g.run_scenario(name, settings, configs[0], cold_processes=cold_processes)
+        spec = settings.model
+        from agent.history import _builtin_hash, model_hash, model_key
+        rid = h.add_run(kind="probe", command="gate", summary=sr.summary,
+                        samples_ns=sr.latency_ns, scenario=name, model_path=spec.path,
+                        model_key_=model_key(spec.path, spec.builtin),
+                        model_hash_=model_hash(spec.path) if spec.path else
+                        _builtin_hash(spec.builtin),
+                        variant=sr.variant, tf_version=(sr.summary.get("host") or {}
+                                                        ).get("tensorflow"),
+                        fingerprint=fp, cold_start_ns=sr.cold_start_ns[0]
+                        if name != "cold" else max(sr.cold_start_ns))
+        out.append((name, rid))
+    return out
+
+
+def _input_from_run(h, r):
+    from agent.gate import GateInput
+    lat = h.samples(r.id)
+    if r.scenario == "cold":
+        colds = [] if lat is None else [int(v) for v in lat]
+        return GateInput(f"run {r.id}", None, None, len(colds), colds, r.fingerprint)
+    colds = [r.cold_start_ns] if r.cold_start_ns is not None else []
+    if lat is None:
+        return GateInput(f"run {r.id}", None, r.p99_ns, r.sample_count or 0, colds,
+                         r.fingerprint)
+    return GateInput(f"run {r.id}", lat, cold_start_ns=colds, fingerprint=r.fingerprint)
+
+
+def load_baseline_file(path: str) -> dict:
+    """A baseline file: an ``hftagent.run`` export (history show/export --json) or an
+    ``hftagent.probe`` document (probe --json). Anything else is one clear error."""
+    if not os.path.isfile(path):
+        raise AgentError(f"--baseline {path!r}: not a run id, 'last-pass' or an existing file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise AgentError(f"--baseline {path}: not JSON ({type(exc).__name__}); expected an "
+                         "hftagent history export or probe --json document") from None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema == "hftagent.runs" and len(doc.get("runs") or []) == 1:
+        doc = doc["runs"][0]
+        schema = doc.get("schema")
+    if schema == "hftagent.run" and doc.get("schema_version") == 1 and \
+            isinstance(doc.get("run"), dict):
+        return doc
+    if schema == "hftagent.probe" and doc.get("schema_version") == 1 and \
+            isinstance(doc.get("runs"), list):
+        return doc
+    raise AgentError(f"--baseline {path}: wrong format (schema {schema!r}); expected an "
+                     "hftagent.run v1 export (hftagent history show ID --json) or an "
+                     "hftagent.probe v1 document (hftagent probe --json)")
+
+
+def _input_from_file(doc: dict, variant: str | None, path: str):
+    import numpy as np
+
+    from agent.gate import GateInput
+    label = f"file {os.path.basename(path)}"
+    if doc["schema"] == "hftagent.run":
+        r = doc["run"]
+        lat = doc.get("latency_ns")
+        try:
+            arr = None if lat is None else np.asarray(lat, dtype=np.int64)
+        except (TypeError, ValueError):
+            raise AgentError(f"--baseline {path}: latency_ns is not a list of integers") from None
+        colds = [r["cold_start_ns"]] if r.get("cold_start_ns") is not None else []
+        if arr is None:
+            return GateInput(label, None, r.get("p99_ns"), r.get("sample_count") or 0, colds,
+                             r.get("fingerprint"))
+        return GateInput(label, arr, cold_start_ns=colds, fingerprint=r.get("fingerprint"))
+    runs = [r for r in doc["runs"] if isinstance(r, dict) and r.get("status") == "ok"
+            and (r.get("latency") or {}).get("p99_ns") is not None]
+    pick = [r for r in runs if r.get("variant") == variant] or (runs if len(runs) == 1 else [])
+    if not pick:
+        raise AgentError(f"--baseline {path}: no ok run of variant {variant!r} in the probe "
+                         "document")
+    r = pick[0]
+    colds = [r["cold_start_ns"]] if r.get("cold_start_ns") is not None else []
+    return GateInput(label, None, r["latency"]["p99_ns"], r["latency"]["count"], colds, None)
+
+
+def render(verdicts, code: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    style = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim",
+             "insufficient": "magenta", "not-comparable": "bold yellow"}
+    for v in verdicts:
+        t = Table(title=f"gate [{v.scenario}] {v.current} vs {v.baseline or 'no baseline'}: "
+                        f"[{style.get(v.status, '')}]{v.status}[/]", title_justify="left")
+        for col in ("check", "status", "value", "limit", "detail"):
+            t.add_column(col, overflow="fold")
+        for c in v.checks:
+            t.add_row(c.name, f"[{style.get(c.status, '')}]{c.status}[/]", c.value, c.limit,
+                      c.detail)
+        con.print(t)
+        for m in v.mismatches:
+            con.print(f"  host differs: {m}", style="yellow")
+        for n in v.notes:
+            con.print(f"  note: {n}", style="dim")
+    words = {0: "pass", 1: "FAIL", 2: "NOT COMPARABLE (--allow-mismatch to compare anyway)",
+             3: "INSUFFICIENT SAMPLES"}
+    con.print(f"gate: {words[code]} (exit {code})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gate", help=HELP)(cli_errors(gate))

@@ -1,0 +1,230 @@
+"""`hftagent history`: list, show, export and plot recorded runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from agent.commands.common import JsonOpt, cli_errors, fail
+
+HELP = """Runs recorded by probe, watch, audit and gate (SQLite; --db, else $HFTAGENT_DB,
+else $XDG_STATE_HOME/hftagent/history.sqlite). Without a subcommand: list the newest runs."""
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="History database (default "
+                                           "$HFTAGENT_DB, else the user's state dir).")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Only runs whose model path, "
+                                              "key (builtin:NAME) or hash contains this.")]
+LimitOpt = Annotated[int, typer.Option("--limit", help="Newest N runs.")]
+KindOpt = Annotated[str | None, typer.Option("--kind", help="probe | watch | audit | gate")]
+
+CSV_COLUMNS = ("id", "created_utc", "kind", "command", "scenario", "model_key", "model_hash",
+               "variant", "tf_version", "host_digest", "sample_count", "p50_ns", "p99_ns",
+               "p999_ns", "cold_start_ns", "gate_status")
+
+
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= 1_000_000:
+        raise fail("--limit must be between 1 and 1000000")
+
+
+def _us(ns: Any) -> str:
+    if ns is None:
+        return "—"
+    return f"{ns / 1e3:,.0f}" if ns >= 100_000 else f"{ns / 1e3:.1f}"
+
+
+def history_list(ctx: typer.Context, model: ModelOpt = None, limit: LimitOpt = 20,
+                 kind: KindOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    from agent.history import History
+    _check_limit(limit)
+    with History(db) as h:
+        runs = h.runs(model=model, kind=kind, limit=limit)
+        path = h.path
+    if json_out:
+        print(json.dumps([_row(r) for r in runs], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"{len(runs)} run(s) in {path}", title_justify="left")
+    for c in ("id", "UTC", "kind", "model", "variant", "n", "P50µs", "P99µs", "P99.9µs",
+              "gate"):
+        t.add_column(c, overflow="fold")
+    for r in runs:
+        kind = r.kind + (f"/{r.scenario}" if r.scenario else "")
+        t.add_row(str(r.id), r.created_utc[5:16].replace("T", " "), kind,
+                  (r.model_key or "").removeprefix("builtin:"), r.variant or "",
+                  str(r.sample_count or ""), _us(r.p50_ns), _us(r.p99_ns), _us(r.p999_ns),
+                  r.gate_status or "")
+    Console().print(t)
+
+
+def _row(r) -> dict:
+    d = r.to_dict()
+    return {k: d[k] for k in CSV_COLUMNS}
+
+
+def export_doc(h, r, with_samples: bool) -> dict:
+    """The ``hftagent.run`` v1 document (also a valid ``gate --baseline FILE``)."""
+    d: dict = {"schema": "hftagent.run", "schema_version": 1, "run": r.to_dict(),
+               "gate_results": h.gate_results(r.id)}
+    if with_samples:
+        lat = h.samples(r.id)
+        d["latency_ns"] = None if lat is None else lat.tolist()
+    return d
+
+
+def show(run_id: Annotated[str, typer.Argument(help="Run id or 'latest'.")],
+         samples: Annotated[bool, typer.Option("--samples/--no-samples",
+                                               help="Include raw latencies in --json.")] = True,
+         db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    from agent.history import History
+    with History(db, create=False) as h:
+        rid = h.latest_id() if run_id == "latest" else _parse_id(run_id)
+        r = h.get(rid)
+        doc = export_doc(h, r, samples and json_out)
+    if json_out:
+        print(json.dumps(doc))
+        return
+    from rich.console import Console
+    con = Console()
+    con.print(f"[bold]run {r.id}[/bold]  {r.created_utc}  {r.kind} ({r.command})  "
+              f"scenario {r.scenario or '—'}")
+    con.print(f"model {r.model_key or '—'}  hash {(r.model_hash or '—')[:16]}  variant "
+              f"{r.variant or '—'}  TF {r.tf_version or '—'}")
+    con.print(f"samples {r.sample_count or 0}  P50 {_us(r.p50_ns)} µs  P99 {_us(r.p99_ns)} µs"
+              f"  P99.9 {_us(r.p999_ns)} µs  cold start {_us(r.cold_start_ns)} µs")
+    fp = r.fingerprint or {}
+    con.print("host: " + ", ".join(f"{k}={fp.get(k)}" for k in
+                                   ("hostname", "kernel", "cpu_model", "governors", "turbo",
+                                    "isolated_cpus", "virtualization", "gpu_models",
+                                    "gpu_driver", "audit")), style="dim")
+    for g in doc["gate_results"]:
+        con.print(f"gate #{g['id']} [{g['scenario']}] vs {g['baseline_id'] or '—'}: "
+                  f"{g['status']}")
+
+
+def _parse_id(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise fail(f"run id must be an integer or 'latest', not {text!r}") from None
+
+
+def export(fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
+           out: Annotated[str | None, typer.Option("--out", help="File (default stdout).")
+                          ] = None,
+           samples: Annotated[bool, typer.Option("--samples/--no-samples",
+                                                 help="JSON: include raw latencies.")] = False,
+           model: ModelOpt = None, limit: LimitOpt = 1000, kind: KindOpt = None,
+           db: DbOpt = None) -> None:
+    from agent.history import History
+    if fmt not in ("csv", "json"):
+        raise fail(f"--format must be csv or json, not {fmt!r}")
+    _check_limit(limit)
+    with History(db, create=False) as h:
+        runs = h.runs(model=model, kind=kind, limit=limit)
+        docs = [export_doc(h, r, samples) for r in runs] if fmt == "json" else None
+    try:
+        f = open(out, "w", newline="", encoding="utf-8") if out else sys.stdout
+    except OSError as exc:
+        raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
+    try:
+        if fmt == "csv":
+            w = csv.writer(f)
+            w.writerow(CSV_COLUMNS)
+            for r in runs:
+                row = _row(r)
+                w.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])
+        else:
+            json.dump({"schema": "hftagent.runs", "schema_version": 1, "runs": docs}, f)
+            f.write("\n")
+    finally:
+        if out:
+            f.close()
+
+
+def plot(out: Annotated[str, typer.Option("--out", help="FILE.png or FILE.svg")],
+         model: ModelOpt = None,
+         variant: Annotated[str | None, typer.Option("--variant", help="Only this variant.")
+                            ] = None,
+         scenario: Annotated[str | None, typer.Option("--scenario", help="Only this scenario "
+                                                      "(default: the latest run's).")] = None,
+         limit: LimitOpt = 50, db: DbOpt = None) -> None:
+    """Percentiles across runs and the latest run's latency distribution."""
+    if not out.lower().endswith((".png", ".svg")):
+        raise fail(f"--out must end in .png or .svg, not {out!r}")
+    _check_limit(limit)
+    try:
+        import matplotlib
+    except ImportError:
+        raise fail("history plot needs matplotlib: pip install 'hftagent[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agent.history import History
+    with History(db, create=False) as h:
+        runs = [r for r in h.runs(model=model, variant=variant, scenario=scenario, limit=None)
+                if r.p99_ns is not None]
+        if not runs:
+            raise fail("no runs with latency samples match")
+        latest = runs[0]
+        same = [r for r in runs if (r.model_key, r.variant, r.scenario) ==
+                (latest.model_key, latest.variant, latest.scenario)][:limit][::-1]
+        lat = h.samples(latest.id)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ids = [r.id for r in same]
+    for attr, label in (("p50_ns", "P50"), ("p99_ns", "P99"), ("p999_ns", "P99.9")):
+        ys = [getattr(r, attr) / 1e3 if getattr(r, attr) is not None else float("nan")
+              for r in same]
+        ax1.plot(ids, ys, marker="o", label=label)
+    for r in same:
+        if r.gate_status == "fail":
+            ax1.axvline(r.id, color="red", alpha=0.2)
+    ax1.set_xlabel("run id")
+    ax1.set_ylabel("latency (µs)")
+    ax1.set_yscale("log")
+    ax1.set_title(f"{latest.model_key} {latest.variant} [{latest.scenario}]")
+    ax1.legend()
+    ax1.grid(True, which="both", alpha=0.3)
+    if lat is not None and lat.size:
+        import numpy as np
+        us = lat / 1e3
+        lo, hi = max(float(us.min()), 1e-3), float(us.max())
+        bins = np.geomspace(lo, hi * 1.0001, 80) if hi > lo else 10
+        ax2.hist(us, bins=bins)
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        for attr, label, c in (("p50_ns", "P50", "green"), ("p99_ns", "P99", "orange"),
+                               ("p999_ns", "P99.9", "red")):
+            v = getattr(latest, attr)
+            if v is not None:
+                ax2.axvline(v / 1e3, color=c, linestyle="--", label=f"{label} {v / 1e3:,.0f} µs")
+        ax2.legend()
+    ax2.set_xlabel("latency (µs)")
+    ax2.set_ylabel("samples")
+    ax2.set_title(f"run {latest.id}: {latest.sample_count or 0} samples")
+    fig.tight_layout()
+    try:
+        fig.savefig(out)
+    except OSError as exc:
+        raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    print(f"wrote {out} ({len(same)} runs)", file=sys.stderr)
+
+
+def register(app: typer.Typer) -> None:
+    sub = typer.Typer(help=HELP, invoke_without_command=True, no_args_is_help=False)
+    sub.callback()(cli_errors(history_list))
+    sub.command("show", help="One run: summary, host fingerprint, gate results; --json "
+                "gives an hftagent.run document (a valid gate --baseline FILE).")(cli_errors(show))
+    sub.command("export", help="Runs as CSV or JSON.")(cli_errors(export))
+    sub.command("plot", help="Percentiles across runs and the latest run's distribution "
+                "(needs matplotlib: the 'plot' extra).")(cli_errors(plot))
+    app.add_typer(sub, name="history")
