@@ -181,3 +181,52 @@ def test_tree_copy_needs_no_root():
     from tuning.apply import require_privilege
 
     require_privilege(Host(str(make_synthetic.__globals__["FIXTURES"] / "vm-dev")), euid=1000)
+
+
+# -- tune threads (from a saved `probe --sweep threads --json` result; no TF needed) ----------
+
+
+def _sweep_doc(tmp_path):
+    from agent.probe.result import ProbeResult, RunResult
+    from agent.probe.runner import finish
+
+    def run(intra, inter, cpus, p99):
+        lat = {"p99_ns": p99, "count": 7000, "sufficient": {"p99": True, "p999": True},
+               "required": {"p99": 662, "p999": 6636}}
+        cid = f"intra={intra} inter={'caller' if inter == -1 else inter} cpus={cpus[0]}" \
+            if len(cpus) == 1 else f"intra={intra} inter={inter} cpus=0-1"
+        return RunResult("xla", 1, {"id": cid, "intra": intra, "inter": inter, "cpus": cpus},
+                         latency=lat)
+
+    res = ProbeResult(host={}, model={}, settings={}, created_utc="2026-11-29T00:00:00Z",
+                      runs=[run(2, 1, [0, 1], 900_000), run(1, -1, [1], 450_000),
+                            run(1, 1, [1], 470_000)])
+    finish(res)
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps(res.to_dict()))
+    return p
+
+
+def test_threads_prints_the_run_line_of_the_winner(tmp_path):
+    doc = _sweep_doc(tmp_path)
+    res = tune("threads", "--from", str(doc), "--json", "--", "python3", "serve.py", "--port", "1")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["command"] == ("hftagent run --cpus 1 --intra 1 --inter -1 -- python3 serve.py "
+                              "--port 1")
+    human = tune("threads", "--from", str(doc))
+    assert "best" in human.stdout and "hftagent run --cpus 1" in human.stdout
+
+
+def test_threads_run_line_is_accepted_by_run(tmp_path):
+    from collectors.host import Host
+    from tuning.launcher import build_launch
+
+    launch = build_launch(Host("/"), ["true"], cpus="0", intra=1, inter=-1)
+    assert launch.env["TF_NUM_INTEROP_THREADS"] == "-1"
+
+
+def test_threads_bad_file(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    _one_line_error(tune("threads", "--from", str(bad)), "not a saved probe result")

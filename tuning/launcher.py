@@ -116,9 +116,12 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
             raise LaunchError(f"--cpus {cpus!r}: CPU(s) {format_cpulist(off)} not online "
                               f"(online: {format_cpulist(online)})")
         source = "--cpus"
-    for name, v in (("--intra", intra), ("--inter", inter)):
-        if v is not None and v < 1:
-            raise LaunchError(f"{name} must be at least 1")
+    if intra is not None and intra < 1:
+        raise LaunchError("--intra must be at least 1")
+    # -1: TF runs inter-op work in the caller thread (what `probe --sweep threads` calls
+    # "caller"); 0 would mean TF's own default, which is what omitting --inter is for.
+    if inter is not None and inter < 1 and inter != -1:
+        raise LaunchError("--inter must be at least 1, or -1 (run in the caller thread)")
     n_intra = intra if intra is not None else len(cpu_list)
     n_inter = inter if inter is not None else 1
     out_env = dict(os.environ if env is None else env)

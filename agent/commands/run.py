@@ -26,7 +26,7 @@ def run_cmd(
     intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads "
                                               "(default: number of CPUs).")] = None,
     inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads "
-                                              "(default 1).")] = None,
+                                              "(default 1; -1: the caller thread).")] = None,
     sched: Annotated[str | None, typer.Option("--sched", help="fifo:PRIO for SCHED_FIFO "
                                               "(PRIO 1..99).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be exec'd; do "

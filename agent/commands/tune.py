@@ -313,4 +313,83 @@ def register(app: typer.Typer) -> None:
     sub.command("apply")(cli_errors(apply_cmd))
     sub.command("rollback")(cli_errors(rollback_cmd))
     sub.command("status")(cli_errors(status_cmd))
+    sub.command("threads", context_settings={"allow_interspersed_args": False})(
+        cli_errors(threads_cmd))
     app.add_typer(sub, name="tune")
+
+
+def threads_cmd(
+    cmd: Annotated[list[str] | None, typer.Argument(help="Your inference command (after --), "
+                                                    "for the printed `hftagent run` line.")]
+    = None,
+    from_file: Annotated[str | None, typer.Option("--from", help="A saved `hftagent probe "
+                                                  "--sweep threads --json` result instead of "
+                                                  "running the sweep now.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="SavedModel dir, .keras or "
+                                              ".tflite (default: built-in).")] = None,
+    builtin: Annotated[str, typer.Option("--builtin", help="Built-in model.")] = "lstm",
+    variant: Annotated[str | None, typer.Option("--variant", help="Variant to sweep "
+                                                "(default xla).")] = None,
+    cpus: Annotated[str | None, typer.Option("--cpus", help="CPUs the sweep may use.")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Seconds per "
+                                                   "configuration (default 3).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Pick intra/inter/affinity from the probe's thread sweep and print the `hftagent run`
+    command that reproduces the winner (lowest P99 among runs with enough samples)."""
+    from agent.probe.result import ProbeResult
+
+    if from_file:
+        try:
+            result = ProbeResult.from_dict(json.loads(Path(from_file).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise fail(f"--from {from_file!r}: not a saved probe result ({exc})") from None
+    else:
+        from agent.probe import options
+        from agent.probe.runner import run_probe
+
+        settings, configs = options.build(
+            model=model, builtin=builtin, signature="serving_default", shape=None,
+            input_data="random", variant=variant, samples=None, duration=duration, warmup=200,
+            rate=None, threshold_us=5000.0, calib=None, intra=None, inter=None, cpus=cpus,
+            sweep="threads", batch="1")
+        result, _arrays = run_probe(settings, configs)
+    rec = result.sweep_recommendation or result.recommendation
+    if rec is None:
+        raise fail("no configuration of the sweep can be recommended (none ran with enough "
+                   "samples for P99)")
+    command = _run_line(rec["config"], cmd or ["<your inference command>"])
+    if json_out:
+        print(json.dumps({"recommendation": rec, "command": command,
+                          "runs": [{"config": r.config.get("id"), "status": r.status,
+                                    "p99_ns": r.p99_ns()} for r in result.runs]}, indent=2))
+        raise typer.Exit(0)
+    from rich.table import Table
+
+    con = _console()
+    t = Table(title="thread sweep (batch 1)", pad_edge=False)
+    for col in ("configuration", "variant", "P99 µs", ""):
+        t.add_column(col)
+    for r in sorted(result.runs, key=lambda r: (r.p99_ns() is None, r.p99_ns() or 0)):
+        p99 = r.p99_ns()
+        t.add_row(str(r.config.get("id")), r.variant,
+                  "-" if p99 is None else f"{p99 / 1000:.1f}",
+                  "[green]best[/green]" if r.config.get("id") == rec["config"].get("id")
+                  and r.variant == rec["variant"] else (r.reason or ""))
+    con.print(t)
+    con.print(f"reproduce with: [bold]{command}[/bold]", highlight=False)
+
+
+def _run_line(config: dict, cmd: list[str]) -> str:
+    """`hftagent run` argv (shell-quoted for display) for a sweep configuration."""
+    import shlex
+
+    from collectors.parsers import format_cpulist
+    parts = ["hftagent", "run"]
+    if config.get("cpus"):
+        parts += ["--cpus", format_cpulist(config["cpus"])]
+    if config.get("intra"):
+        parts += ["--intra", str(config["intra"])]
+    if config.get("inter") is not None and config["inter"] != 0:
+        parts += ["--inter", str(config["inter"])]
+    return shlex.join([*parts, "--", *cmd])
