@@ -27,6 +27,7 @@ COMMANDS = (
     "agent.commands.run",
     "agent.commands.history",
     "agent.commands.gate",
+    "agent.commands.watch",
 )
 
 app = typer.Typer(

@@ -194,3 +194,115 @@ def cpuinfo_flags(host: Host) -> set[str]:
 
 def absent(r: Reading) -> bool:
     return r.reason == ABSENT
+
+
+# ----------------------------------------------------------------------------------------------
+# CpuCollector: the fast sampler's view of the CPUs (used by `hftagent watch`)
+# ----------------------------------------------------------------------------------------------
+
+# /proc/stat per-CPU fields the sampler keeps (USER_HZ ticks, counters).
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def fast_proc_stat(data: bytes, cpus: frozenset[int] | None) -> dict[str, float]:
+    """/proc/stat bytes → ``cpu.N.<field>_ticks`` counters for the CPUs in ``cpus`` (all when
+    None), plus ``cpu.all.ctxt`` (counter) and ``cpu.all.procs_running`` /
+    ``cpu.all.procs_blocked`` (gauges). Pure; raises ValueError on a file without cpu lines."""
+    out: dict[str, float] = {}
+    seen = False
+    for line in data.split(b"\n"):
+        if line[:3] == b"cpu":
+            parts = line.split()
+            key = parts[0]
+            if key == b"cpu":
+                continue
+            seen = True
+            cpu = int(key[3:])
+            if cpus is not None and cpu not in cpus:
+                continue
+            for name, v in zip(_STAT_FIELDS, parts[1:9]):
+                out[f"cpu.{cpu}.{name}_ticks"] = float(v)
+        elif line[:5] == b"ctxt ":
+            out["cpu.all.ctxt"] = float(line[5:])
+        elif line[:14] == b"procs_running ":
+            out["cpu.all.procs_running"] = float(line[14:])
+        elif line[:14] == b"procs_blocked ":
+            out["cpu.all.procs_blocked"] = float(line[14:])
+    if not seen:
+        raise ValueError("no per-CPU lines in /proc/stat")
+    return out
+
+
+class CpuCollector:
+    """Per-CPU time split and steal, current frequency, thermal throttle counts.
+
+    Sources: /proc/stat (``cpu.N.{user,nice,system,idle,iowait,irq,softirq,steal}_ticks``,
+    USER_HZ ticks, counters; ``cpu.all.ctxt`` counter; ``cpu.all.procs_running`` gauge)
+    [mpstat -P ALL 1]; /sys/devices/system/cpu/cpuN/cpufreq/scaling_cur_freq (``cpu.N.freq_hz``,
+    gauge; kHz in the file) [cpupower monitor]; /sys/devices/system/cpu/cpuN/thermal_throttle/
+    {core,package}_throttle_count (``cpu.N.core_throttle_total`` /
+    ``cpu.N.package_throttle_total``, counters). No cpufreq driver (VMs) or no thermal_throttle
+    directory: those signals are absent and listed in :attr:`unsupported`, never 0.
+    """
+
+    name = "cpu"
+    # 20 Hz: the kernel generates all of /proc/stat (every CPU and the per-IRQ "intr" line)
+    # on each read, and its time fields move in USER_HZ (10 ms) ticks anyway.
+    period_s = 0.05
+
+    def __init__(self, host: Host, cpus: list[int] | None = None) -> None:
+        self.host = host
+        r = online_cpus(host)
+        self.cpus = sorted(cpus) if cpus else (r.value or [])
+        self._filter = frozenset(self.cpus) if cpus else None
+        self._stat = None
+        self._freq: dict[int, object] = {}
+        self._throttle: dict[str, object] = {}
+        self.unsupported: dict[str, str] = {}
+
+    def available(self):
+        from collectors.base import Availability
+        try:
+            self._open()
+        except OSError as exc:
+            return Availability.no(f"/proc/stat: {exc.strerror}")
+        return Availability.yes()
+
+    def _open(self) -> None:
+        if self._stat is not None:
+            return
+        self._stat = self.host.open_hot(self.host.proc("stat"))
+        for c in self.cpus:
+            p = cpu_dir(self.host, c) / "cpufreq/scaling_cur_freq"
+            # Check first: a failed open_hot leaves a half-built HotFile behind.
+            if self.host.exists(p):
+                self._freq[c] = self.host.open_hot(p)
+            else:
+                self.unsupported[f"cpu.{c}.freq_hz"] = "unsupported: no cpufreq driver"
+            for kind in ("core", "package"):
+                p = cpu_dir(self.host, c) / f"thermal_throttle/{kind}_throttle_count"
+                key = f"cpu.{c}.{kind}_throttle_total"
+                if self.host.exists(p):
+                    self._throttle[key] = self.host.open_hot(p)
+                else:
+                    self.unsupported[key] = "unsupported: no thermal_throttle counters"
+
+    def is_counter(self, name: str) -> bool:
+        return name.endswith(("_ticks", "_total", ".ctxt"))
+
+    def sample(self) -> dict[str, float | None]:
+        self._open()
+        out: dict[str, float | None] = fast_proc_stat(self._stat.read(), self._filter)
+        for c, hf in self._freq.items():
+            out[f"cpu.{c}.freq_hz"] = float(int(hf.read()) * 1000)
+        for key, hf in self._throttle.items():
+            out[key] = float(int(hf.read()))
+        return out
+
+    def close(self) -> None:
+        for hf in [self._stat, *self._freq.values(), *self._throttle.values()]:
+            if hf is not None:
+                hf.close()
+        self._stat = None
+        self._freq.clear()
+        self._throttle.clear()

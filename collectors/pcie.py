@@ -100,3 +100,62 @@ def pci_devices(host: Host) -> list[PciDevice]:
             local_cpus=rd("local_cpulist", parse_cpulist),
             aer=aer, path=host.display(d)))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# PcieCollector: link state and AER counters of GPU/NIC devices for `hftagent watch`
+# ----------------------------------------------------------------------------------------------
+
+WATCHED_CLASSES = ("gpu-3d", "display-vga", "display", "accelerator", "network",
+                   "network-infiniband")
+
+
+class PcieCollector:
+    """Link speed/width current vs max and AER error counters of GPU and NIC devices.
+
+    Signals per device (address in sysfs form): ``pcie.<addr>.speed_gts``,
+    ``pcie.<addr>.max_speed_gts``, ``pcie.<addr>.width``, ``pcie.<addr>.max_width`` (gauges;
+    absent when the device reports no link) and ``pcie.<addr>.aer_<NAME>_total`` (counters from
+    aer_dev_{correctable,nonfatal,fatal}; absent without AER). [lspci -vv: LnkCap/LnkSta]
+    Sampled slowly (1 Hz): these change on link retraining or errors, not per request.
+    """
+
+    name = "pcie"
+    period_s = 1.0
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.devices: list[str] = []
+
+    def available(self):
+        from collectors.base import Availability
+        devs = [d for d in pci_devices(self.host) if d.klass in WATCHED_CLASSES]
+        self.devices = [d.address for d in devs]
+        if not devs:
+            return Availability.no("unsupported: no GPU or NIC PCI device")
+        return Availability.yes()
+
+    def is_counter(self, name: str) -> bool:
+        return name.endswith("_total")
+
+    def sample(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        base = self.host.sys("bus/pci/devices")
+        for addr in self.devices:
+            d = base / addr
+            p = f"pcie.{addr}"
+            for key, fname, parser in (("speed_gts", "current_link_speed", parse_pci_speed),
+                                       ("max_speed_gts", "max_link_speed", parse_pci_speed),
+                                       ("width", "current_link_width", parse_pci_width),
+                                       ("max_width", "max_link_width", parse_pci_width)):
+                v = self.host.read(d / fname).map(parser).value
+                if v is not None:
+                    out[f"{p}.{key}"] = float(v)
+            for kind in ("correctable", "nonfatal", "fatal"):
+                for k, v in (self.host.read(d / f"aer_dev_{kind}").map(parse_aer).value
+                             or {}).items():
+                    out[f"{p}.aer_{k}_total"] = float(v)
+        return out
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,153 @@
+"""``hftagent watch``: keep a probe (or your own process) timed, sample the host, and name the
+cause of every slow sample."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.commands.common import ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail, make_host
+
+
+def register(app: typer.Typer) -> None:
+    app.command("watch")(watch)
+
+
+@cli_errors
+def watch(
+    probe: Annotated[str, typer.Option(help="Latency source: tf (built-in TF probe), numpy "
+                                       "(numpy LSTM-shaped probe, no TF), or external "
+                                       "(--pid/--ring: your process with agent.client).")] = "tf",
+    model: Annotated[str, typer.Option(help="Built-in model name or a model path (tf).")] = "lstm",
+    variant: Annotated[str, typer.Option(help="TF variant for the probe (tf).")] = "xla",
+    rate: Annotated[float, typer.Option(help="Probe starts per second (open loop).")] = 500.0,
+    cpus: Annotated[str | None, typer.Option(help="Probe CPUs (default: the last online "
+                                             "CPU).")] = None,
+    housekeeping: Annotated[str | None, typer.Option(help="CPUs for the sampler and watch "
+                                                     "itself (default: all but the probe's)."
+                                                     )] = None,
+    pid: Annotated[int | None, typer.Option(help="External process to attribute (its ring is "
+                                            "/dev/shm/hftagent-PID.ring).")] = None,
+    ring: Annotated[str | None, typer.Option(help="External latency ring path.")] = None,
+    sample_hz: Annotated[float, typer.Option(help="Collector rounds per second.")] = 100.0,
+    threshold_us: Annotated[float | None, typer.Option(help="A sample over this is a spike.")
+                            ] = None,
+    k: Annotated[float, typer.Option("--k", help="A sample over k × rolling P50 is a spike.")
+                 ] = 3.0,
+    flight_us: Annotated[float | None, typer.Option(help="Dump every signal's surrounding "
+                                                    "window for spikes over this.")] = None,
+    flight_dir: Annotated[str, typer.Option(help="Where flight records go.")] = "hftagent-flight",
+    spike_log: Annotated[str | None, typer.Option(help="JSONL spike log (appended).")] = None,
+    duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+    perf: Annotated[bool, typer.Option(help="Also stream `perf stat -I` software events.")
+                    ] = False,
+    listen: Annotated[str | None, typer.Option(help="Serve Prometheus /metrics here "
+                                               "(e.g. 127.0.0.1:9877; loopback unless you say "
+                                               "otherwise).")] = None,
+    live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live view (default: "
+                                              "when stdout is a terminal).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Summary as JSON on stdout.")] = False,
+    root: RootOpt = "/",
+    procfs: ProcfsOpt = None,
+    sysfs: SysfsOpt = None,
+) -> None:
+    """Attribute every slow probe sample to a named cause, continuously."""
+    from agent.watch.session import MetricsFeed, WatchConfig, WatchSession, cpu_plan
+    from collectors.cpu import online_cpus
+    from collectors.parsers import parse_cpulist
+
+    host = make_host(root, procfs, sysfs)
+    if probe not in ("tf", "numpy", "external"):
+        raise fail(f"--probe must be tf, numpy or external, not {probe!r}")
+    if pid is not None or ring is not None:
+        probe = "external"
+    if probe == "external" and pid is None and ring is None:
+        raise fail("--probe external needs --pid or --ring")
+    if rate <= 0 or sample_hz <= 0 or k <= 1:
+        raise fail("--rate and --sample-hz must be > 0 and --k > 1")
+    try:
+        want = parse_cpulist(cpus) if cpus else None
+        hk = parse_cpulist(housekeeping) if housekeeping else None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    online = online_cpus(host).value or []
+    if probe == "external" and want is None and pid is not None:
+        import os
+        try:
+            want = sorted(os.sched_getaffinity(pid))
+            if hk is None and len(want) == len(online):
+                want = [online[-1]]  # unpinned process: watch the last CPU, keep one free
+        except OSError:
+            want = None
+    probe_cpus, hk_cpus = cpu_plan(online, want, hk)
+    cfg = WatchConfig(probe=probe, model=model, variant=variant, rate_hz=rate,
+                      probe_cpus=probe_cpus, housekeeping_cpus=hk_cpus, pid=pid, ring_path=ring,
+                      sample_hz=sample_hz, threshold_us=threshold_us, k_p50=k,
+                      flight_us=flight_us, flight_dir=flight_dir, spike_log=spike_log,
+                      duration_s=duration, perf=perf)
+    metrics = exporter = None
+    if listen:
+        from agent.exporter import Exporter
+        from agent.metrics import WatchMetrics
+        wm = WatchMetrics(source="probe" if probe != "external" else "client",
+                          variant=variant if probe == "tf" else "")
+        exporter = Exporter(wm, listen).start()
+        metrics = MetricsFeed(wm)
+        print(f"metrics: {exporter.url}", file=sys.stderr)
+    view = None
+    if live if live is not None else (sys.stdout.isatty() and not json_out):
+        from agent.watch.view import LiveView
+        view = LiveView()
+    session = WatchSession(cfg, host, metrics=metrics, view=view)
+    try:
+        rc = session.run()
+    finally:
+        if view is not None:
+            view.close()
+        if exporter is not None:
+            exporter.stop()
+    summary = session.summary()
+    if json_out:
+        print(json.dumps(summary, indent=1))
+    else:
+        _print_summary(summary, spike_log)
+    if summary["source_error"]:
+        print(f"hftagent: error: {summary['source_error']}; spike log kept"
+              + (f" at {spike_log}" if spike_log else ""), file=sys.stderr)
+    if rc:
+        raise typer.Exit(rc)
+
+
+def _print_summary(s: dict, spike_log: str | None) -> None:
+    print(f"watched {s['source']} (pid {s['pid']}) on CPU "
+          f"{','.join(map(str, s['probe_cpus']))} for {s['duration_s']} s: "
+          f"{s['samples']} samples, P50 {s['p50_us']} µs, P99 {s['p99_us']} µs, "
+          f"P99.9 {s['p999_us']} µs, max {s['max_us']} µs")
+    print(f"spikes: {s['spikes']} ({s['attributed']} attributed"
+          + (f", {s['not_attributed']} over the attribution rate limit"
+             if s['not_attributed'] else "") + ")")
+    for c, d in s["causes"].items():
+        top = f"  e.g. {'; '.join(d['top'])}" if d["top"] else ""
+        print(f"  {c:<20} {d['count']:>6}  {100 * d['share']:5.1f} %{top}")
+    delay = s["attribution_delay_ms"]
+    if delay["p50"] is not None:
+        print(f"spike → attributed record: P50 {delay['p50']:.0f} ms, max {delay['max']:.0f} ms")
+    bad = {n: c for n, c in s["collectors"].items() if c["state"] != "ok"}
+    if bad:
+        print("unsupported collectors: " + "; ".join(f"{n} ({c['reason']})"
+                                                     for n, c in bad.items()))
+    smp = s["sampler"]
+    if smp:
+        print(f"sampler on CPU {smp['pinned_to']}: {smp['rounds']} rounds, "
+              f"{smp['mean_round_us']} µs/round, {100 * (smp['cpu_share_of_one_cpu'] or 0):.2f} % "
+              "of one CPU")
+    for w in s["warnings"]:
+        print(f"warning: {w}")
+    if s["flight_records"]:
+        print(f"flight records: {len(s['flight_records'])} in "
+              f"{s['flight_records'][0].rsplit('/', 1)[0]}")
+    if spike_log:
+        print(f"spike log: {spike_log}")

@@ -1,0 +1,538 @@
+"""Attribution: give every slow sample a named cause, a score and the evidence.
+
+For one spike (a latency sample over the threshold), in this order:
+
+1. **In-process evidence** of the sample itself, measured by the probe around the call (or by
+   a client that records it): involuntary context switches, run-queue delay
+   (/proc/thread-self/schedstat), minor/major faults (getrusage), CPU time vs wall time, the
+   CPU at start and end. Cheap and strong: a sample that waited 3 ms on a run queue was
+   preempted, whatever the host counters say.
+2. **Host signals in the spike's window** (the collector rows overlapping
+   [start, end]) against their own recent baseline — the rows of the preceding
+   ``baseline_s`` seconds, excluding the last ``exclude_s`` — as median/MAD z-scores and
+   excess counts: run-queue delay and switches of the thread (sched), IRQ and softirq counts
+   on the probe CPUs (irq, softirq), steal and frequency (cpu), faults/reclaim/compaction and
+   PSI (memory), NUMA misses (numa), GPU clock-event reasons and foreign processes (gpu),
+   AER errors and link degradation (pcie), perf software events (perf).
+
+Each named cause gets a strength s ∈ [0, 1] from its evidence; the residual
+"unexplained" is Π(1 − s); scores are the strengths and the residual normalised to sum 1,
+ranked. The primary cause is the top one when its strength is at least ``MIN_STRENGTH``,
+otherwise "unexplained". Who/what is named when the evidence allows it: the task that ran on
+the probe CPU (from the sched task scan), the IRQ or softirq and its device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent.watch.ring import SignalRing
+
+CAUSES: dict[str, str] = {
+    "cpu_contention": "CPU contention on the probe CPU",
+    "irq": "hardware IRQ on the probe CPU",
+    "softirq": "softirq on the probe CPU",
+    "steal": "hypervisor steal",
+    "freq_drop": "CPU frequency drop / thermal throttle",
+    "migration": "migration to another CPU",
+    "page_faults": "page faults / reclaim / compaction",
+    "numa_remote": "NUMA remote memory",
+    "gpu_throttle": "GPU clock throttle",
+    "gpu_foreign_process": "foreign GPU process",
+    "pcie_errors": "PCIe errors / degraded link",
+    "unexplained": "unexplained",
+}
+# The names are agent.metrics.CAUSES (the exporter's bounded label set).
+MIN_STRENGTH = 0.35
+
+# Interrupt and softirq rows that follow scheduling activity itself (a busy CPU takes timer
+# ticks, preemption sends rescheduling IPIs): weak evidence of their own, so that a CPU hog
+# is not blamed on the timer tick it causes.
+HOUSEKEEPING_ROWS = frozenset({"LOC", "RES", "CAL", "TLB", "IWI", "TIMER", "SCHED", "RCU",
+                               "HRTIMER", "NMI", "PMI", "HYP", "PIN", "NPI", "PIW", "SPU"})
+HOUSEKEEPING_WEIGHT = 0.3
+
+# NVML clock-event reason bits (nvmlClocksEventReason*): idle (0x1) and application-clock
+# setting (0x2) are not throttles.
+GPU_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+               0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+               0x100: "display_clocks"}
+
+
+@dataclass
+class Spike:
+    """One slow sample. Evidence fields are -1 when not measured (external clients)."""
+
+    seq: int
+    start_ns: int
+    end_ns: int
+    pid: int
+    tid: int
+    p50_ns: int
+    nivcsw: int = -1
+    nvcsw: int = -1
+    minflt: int = -1
+    majflt: int = -1
+    cpu_ns: int = -1
+    rq_delay_ns: int = -1
+    cpu_start: int = -1
+    cpu_end: int = -1
+
+    @property
+    def latency_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def excess_ns(self) -> int:
+        return max(1, self.latency_ns - self.p50_ns)
+
+    def in_process(self) -> dict:
+        keys = ("nivcsw", "nvcsw", "minflt", "majflt", "cpu_ns", "rq_delay_ns", "cpu_start",
+                "cpu_end")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) >= 0}
+
+
+@dataclass
+class CauseScore:
+    cause: str
+    strength: float
+    score: float = 0.0
+    detail: str = ""
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"cause": self.cause, "score": round(self.score, 3),
+                "strength": round(self.strength, 3), "detail": self.detail,
+                "evidence": self.evidence}
+
+
+@dataclass
+class Attribution:
+    cause: str
+    causes: list[CauseScore]
+    unexplained: float
+    in_process: dict
+
+    def to_dict(self) -> dict:
+        return {"cause": self.cause, "unexplained": round(self.unexplained, 3),
+                "causes": [c.to_dict() for c in self.causes], "in_process": self.in_process}
+
+
+@dataclass
+class SignalWindow:
+    """One signal in the spike window vs its baseline (rates per second)."""
+
+    name: str
+    window: float  # sum of deltas (counters) or extreme value (gauges) in the window
+    window_rate: float
+    base_rate: float  # baseline median rate (counters) or median value (gauges)
+    mad: float
+    z: float
+    excess: float  # window count above what the baseline rate predicts
+
+    def to_dict(self) -> dict:
+        return {"window": _r(self.window), "baseline_rate_per_s": _r(self.base_rate),
+                "z": _r(self.z), "excess": _r(self.excess)}
+
+
+def _r(x: float) -> float | None:
+    if x is None or x != x:
+        return None
+    if math.isinf(x):
+        return 1e9 if x > 0 else -1e9
+    return round(float(x), 3)
+
+
+class RingView:
+    """Window/baseline statistics over one SignalRing for one spike (computed once per ring:
+    all columns at a time)."""
+
+    def __init__(self, ring: SignalRing, t_from: int, t_to: int, baseline_s: float,
+                 exclude_s: float) -> None:
+        self.ring = ring
+        self.win = ring.window(t_from, t_to)
+        b_to = t_from - int(exclude_s * 1e9)
+        b_from = t_from - int(baseline_s * 1e9)
+        self.base = ring.window(b_from, b_to)
+        self.base = self.base[ring.t1[self.base] <= b_to] if len(self.base) else self.base
+        dt_w = (ring.t1[self.win] - ring.t0[self.win]) / 1e9
+        self.win_dt = float(dt_w.sum()) if len(dt_w) else 0.0
+        dt_b = (ring.t1[self.base] - ring.t0[self.base]) / 1e9
+        self.base_dt = np.where(dt_b > 0, dt_b, np.nan)
+        self.row_s = float(np.nanmedian(self.base_dt)) if len(self.base) and \
+            not np.isnan(self.base_dt).all() else (self.win_dt / max(1, len(self.win)) or 0.01)
+
+    def counter(self, name: str) -> SignalWindow | None:
+        i = self.ring.cols.get(name)
+        if i is None or not len(self.win):
+            return None
+        w = self.ring.data[self.win, i]
+        if np.isnan(w).all():
+            return None
+        total = float(np.nansum(w))
+        rate = total / self.win_dt if self.win_dt > 0 else float("nan")
+        if len(self.base) >= 5:
+            b = self.ring.data[self.base, i] / self.base_dt
+            b = b[~np.isnan(b)]
+        else:
+            b = np.empty(0)
+        if len(b) >= 5:
+            med = float(np.median(b))
+            mad = float(np.median(np.abs(b - med)))
+        else:
+            med, mad = 0.0, 0.0  # no baseline yet: compare with nothing happening
+        floor = 1.0 / max(self.row_s, 1e-3)  # one event per row
+        scale = max(1.4826 * mad, 0.1 * abs(med), floor)
+        z = (rate - med) / scale if rate == rate else float("nan")
+        excess = total - med * self.win_dt
+        return SignalWindow(name, total, rate, med, mad, z, excess)
+
+    def gauge(self, name: str, low: bool = True) -> SignalWindow | None:
+        i = self.ring.cols.get(name)
+        if i is None or not len(self.win):
+            return None
+        w = self.ring.data[self.win, i]
+        if np.isnan(w).all():
+            return None
+        val = float(np.nanmin(w) if low else np.nanmax(w))
+        b = self.ring.data[self.base, i] if len(self.base) else np.empty(0)
+        b = b[~np.isnan(b)]
+        med = float(np.median(b)) if len(b) else float("nan")
+        mad = float(np.median(np.abs(b - med))) if len(b) else float("nan")
+        z = (val - med) / max(1.4826 * mad, 1e-9) if len(b) else float("nan")
+        return SignalWindow(name, val, val, med, mad, z, val - med if len(b) else float("nan"))
+
+    def names(self, prefix: str) -> list[str]:
+        return [n for n in self.ring.cols if n.startswith(prefix)]
+
+
+class Attributor:
+    """Maps a :class:`Spike` to ranked causes using the collector rings.
+
+    ``rings``: collector name → SignalRing. ``probe_cpus``: the CPUs the latency source runs
+    on. ``who_ran(t0, t1, cpus)`` (optional): tasks that ran on those CPUs in the window
+    (``SchedCollector.who_ran``). ``irq_desc()`` (optional): IRQ row → device description.
+    """
+
+    def __init__(self, rings: Mapping[str, SignalRing] | Callable[[], Mapping[str, SignalRing]],
+                 probe_cpus: list[int], *, who_ran=None, irq_desc=None,
+                 baseline_s: float = 10.0, exclude_s: float = 0.1,
+                 slack_ns: int = 1_000_000) -> None:
+        self._rings = rings
+        self.probe_cpus = list(probe_cpus)
+        self.who_ran = who_ran
+        self.irq_desc = irq_desc
+        self.baseline_s = baseline_s
+        self.exclude_s = exclude_s
+        self.slack_ns = slack_ns
+
+    def rings(self) -> Mapping[str, SignalRing]:
+        return self._rings() if callable(self._rings) else self._rings
+
+    def attribute(self, spike: Spike, recent: np.ndarray | None = None) -> Attribution:
+        """``recent``: in-process evidence of recent non-spike samples, rows of
+        (minflt, majflt, nivcsw) for the fault baseline (None: no baseline)."""
+        t_from, t_to = spike.start_ns - self.slack_ns, spike.end_ns + self.slack_ns
+        views = {name: RingView(r, t_from, t_to, self.baseline_s, self.exclude_s)
+                 for name, r in self.rings().items() if r.rows}
+        cpus = set(self.probe_cpus)
+        if spike.cpu_start >= 0:
+            cpus.add(spike.cpu_start)
+        if spike.cpu_end >= 0:
+            cpus.add(spike.cpu_end)
+        scores = [
+            self._cpu_contention(spike, views, cpus),
+            self._irq(spike, views, cpus),
+            self._steal(spike, views, cpus),
+            self._frequency(spike, views, cpus),
+            self._migration(spike, views),
+            self._memory(spike, views, recent),
+            self._numa(spike, views),
+            *self._gpu(spike, views),
+            self._pcie(spike, views),
+        ]
+        scores = [s for s in scores if s is not None and s.strength > 0]
+        # CPU contention by a softirq or migration kernel thread is that cause, named.
+        for s in list(scores):
+            if s.cause == "cpu_contention" and s.evidence.get("ran_on_cpu"):
+                top = s.evidence["ran_on_cpu"][0]["comm"]
+                if top.startswith("ksoftirqd/"):
+                    s.cause = "softirq"
+                    s.detail = f"softirq work in {top} preempted the probe ({s.detail})"
+                elif top.startswith("migration/"):
+                    s.cause = "migration"
+                    s.detail = f"{top} stopper thread preempted the probe ({s.detail})"
+        merged: dict[str, CauseScore] = {}
+        for s in scores:
+            old = merged.get(s.cause)
+            if old is None or s.strength > old.strength:
+                if old is not None:
+                    s.evidence = {**old.evidence, **s.evidence}
+                merged[s.cause] = s
+            else:
+                old.evidence = {**s.evidence, **old.evidence}
+        ranked = sorted(merged.values(), key=lambda c: -c.strength)
+        resid = 1.0
+        for c in ranked:
+            resid *= 1.0 - min(c.strength, 0.99)
+        total = sum(c.strength for c in ranked) + resid
+        for c in ranked:
+            c.score = c.strength / total
+        unexplained = resid / total
+        primary = ranked[0].cause if ranked and ranked[0].strength >= MIN_STRENGTH \
+            else "unexplained"
+        return Attribution(primary, ranked, unexplained, spike.in_process())
+
+    # -- causes ------------------------------------------------------------------------------
+    def _cpu_contention(self, sp: Spike, views, cpus) -> CauseScore | None:
+        s = 0.0
+        ev: dict = {}
+        details = []
+        if sp.rq_delay_ns >= 0:
+            ev["rq_delay_us"] = round(sp.rq_delay_ns / 1e3, 1)
+            if sp.rq_delay_ns >= 50_000:
+                s = max(s, min(0.95, 0.3 + sp.rq_delay_ns / sp.excess_ns))
+                details.append(f"waited {sp.rq_delay_ns / 1e3:.0f} µs on the run queue")
+        if sp.nivcsw > 0:
+            ev["nivcsw"] = sp.nivcsw
+            s = max(s, 0.7 if sp.rq_delay_ns < 0 or sp.rq_delay_ns >= 20_000 else 0.4)
+            details.append(f"{sp.nivcsw} involuntary context switch(es)")
+        v = views.get("sched")
+        if v is not None:
+            rq = v.counter(f"sched.{sp.tid}.rq_delay_ns")
+            if rq is not None and rq.window == rq.window:
+                ev["thread_rq_delay_window_us"] = round(rq.window / 1e3, 1)
+                if rq.window >= 0.3 * sp.excess_ns and rq.window >= 100_000:
+                    s = max(s, min(0.85, 0.3 + 0.6 * rq.window / sp.excess_ns))
+                    if sp.rq_delay_ns < 0:
+                        details.append(f"thread waited {rq.window / 1e3:.0f} µs on the run "
+                                       "queue in the window")
+            nv = v.counter(f"sched.{sp.tid}.nivcsw")
+            if nv is not None and nv.window > 0 and sp.nivcsw < 0:
+                ev["thread_nivcsw_window"] = nv.window
+                s = max(s, 0.55)
+                details.append(f"{nv.window:.0f} involuntary switch(es) in the window")
+        if s <= 0:
+            return None
+        if self.who_ran is not None:
+            runs = self.who_ran(sp.start_ns - 1, sp.end_ns + 1, cpus)
+            if runs:
+                ev["ran_on_cpu"] = [{"comm": r.comm, "pid": r.pid, "tid": r.tid, "cpu": r.cpu,
+                                     "run_us": round(r.run_ns / 1e3)} for r in runs[:3]]
+                top = runs[0]
+                details.append(f"{top.comm} (pid {top.pid}) ran on CPU {top.cpu}")
+        return CauseScore("cpu_contention", s, detail="; ".join(details), evidence=ev)
+
+    def _irq(self, sp: Spike, views, cpus) -> CauseScore | None:
+        best: tuple[float, SignalWindow | None, str] = (0.0, None, "")
+        ev: dict = {}
+        for ring_name, fam in (("irq", "irq"), ("softirq", "softirq")):
+            v = views.get(ring_name)
+            if v is None:
+                continue
+            for c in cpus:
+                for name in v.names(f"{fam}.{c}."):
+                    w = v.counter(name)
+                    if w is None or not (w.z >= 3 and w.excess >= 5):
+                        continue
+                    row = name.rsplit(".", 1)[1]
+                    st = min(0.85, 0.2 * math.log2(1 + w.excess / 5))
+                    if row in HOUSEKEEPING_ROWS:
+                        st *= HOUSEKEEPING_WEIGHT
+                    ev[name] = w.to_dict()
+                    if st > best[0]:
+                        best = (st, w, row)
+        s, w, row = best
+        if w is None or s <= 0:
+            return None
+        preempted = sp.nivcsw > 0 or sp.rq_delay_ns >= 50_000
+        if preempted:
+            s *= 0.5  # a switch explains the sample better than the interrupts around it
+        elif sp.nivcsw == 0:
+            s = min(0.9, s * 1.2)  # slow while never leaving the CPU: interrupted
+        label = row
+        if self.irq_desc is not None and row.isdigit():
+            d = (self.irq_desc() or {}).get(row)
+            if d:
+                label = f"IRQ {row} ({d.split()[-1]})"
+        elif w.name.startswith("softirq."):
+            label = f"softirq {row}"
+        cpu = w.name.split(".")[1]
+        ev = dict(sorted(ev.items(), key=lambda kv: -(kv[1]["excess"] or 0))[:5])
+        cause = "softirq" if w.name.startswith("softirq.") else "irq"
+        return CauseScore(cause, s, detail=f"{label} on CPU {cpu}: +{w.excess:.0f} over "
+                          f"baseline in the window (z={w.z:.1f})", evidence=ev)
+
+    def _steal(self, sp: Spike, views, cpus) -> CauseScore | None:
+        v = views.get("cpu")
+        if v is None:
+            return None
+        best = None
+        for c in cpus:
+            w = v.counter(f"cpu.{c}.steal_ticks")
+            if w is not None and w.window >= 1 and w.z >= 2:
+                if best is None or w.window > best.window:
+                    best = w
+        if best is None:
+            return None
+        s = min(0.8, 0.4 + 0.2 * best.window)
+        cpu = best.name.split(".")[1]
+        return CauseScore("steal", s, detail=f"{best.window:.0f} steal tick(s) on CPU {cpu} "
+                          "in the window", evidence={best.name: best.to_dict()})
+
+    def _frequency(self, sp: Spike, views, cpus) -> CauseScore | None:
+        v = views.get("cpu")
+        if v is None:
+            return None
+        s, ev, detail = 0.0, {}, ""
+        for c in cpus:
+            f = v.gauge(f"cpu.{c}.freq_hz", low=True)
+            if f is not None and f.base_rate == f.base_rate and f.base_rate > 0:
+                drop = 1 - f.window / f.base_rate
+                if drop >= 0.1:
+                    ev[f.name] = {"window_min_hz": f.window, "baseline_hz": f.base_rate}
+                    if 0.4 + drop > s:
+                        s = min(0.85, 0.4 + drop)
+                        detail = (f"CPU {c} at {f.window / 1e6:.0f} MHz vs "
+                                  f"{f.base_rate / 1e6:.0f} MHz baseline")
+            for kind in ("core", "package"):
+                t = v.counter(f"cpu.{c}.{kind}_throttle_total")
+                if t is not None and t.window > 0:
+                    ev[t.name] = t.to_dict()
+                    if s < 0.7:
+                        s, detail = 0.7, f"{kind} thermal throttle on CPU {c}"
+        return CauseScore("freq_drop", s, detail=detail, evidence=ev) if s > 0 else None
+
+    def _migration(self, sp: Spike, views) -> CauseScore | None:
+        s, ev, details = 0.0, {}, []
+        if sp.cpu_start >= 0 and sp.cpu_end >= 0 and sp.cpu_start != sp.cpu_end:
+            s = 0.85
+            ev["cpu_start"], ev["cpu_end"] = sp.cpu_start, sp.cpu_end
+            details.append(f"moved from CPU {sp.cpu_start} to CPU {sp.cpu_end} during the call")
+        v = views.get("sched")
+        if v is not None and sp.cpu_start < 0:
+            i = v.ring.cols.get(f"sched.{sp.tid}.cpu")
+            if i is not None and len(v.win):
+                vals = v.ring.data[v.win, i]
+                prev = v.ring.data[v.base[-1:], i] if len(v.base) else np.empty(0)
+                seen = set(np.concatenate([prev, vals])[~np.isnan(np.concatenate([prev, vals]))]
+                           .astype(int).tolist())
+                if len(seen) > 1:
+                    s = max(s, 0.6)
+                    ev["thread_cpus_in_window"] = sorted(seen)
+                    details.append(f"thread ran on CPUs {sorted(seen)} in the window")
+        p = views.get("perf")
+        if p is not None:
+            w = p.counter(f"perf.{sp.pid}.cpu_migrations_total")
+            if w is not None and w.window > 0 and w.z >= 3:
+                ev[w.name] = w.to_dict()
+                s = max(s, 0.5)
+                details.append(f"perf: {w.window:.0f} cpu-migrations in the window")
+        return CauseScore("migration", s, detail="; ".join(details), evidence=ev) if s else None
+
+    def _memory(self, sp: Spike, views, recent) -> CauseScore | None:
+        s, ev, details = 0.0, {}, []
+        if sp.majflt > 0:
+            s = 0.9
+            ev["majflt"] = sp.majflt
+            details.append(f"{sp.majflt} major fault(s) in the call")
+        if sp.minflt >= 0:
+            med, mad = 0.0, 0.0
+            if recent is not None and len(recent) >= 20:
+                col = recent[:, 0]
+                col = col[col >= 0]
+                if len(col):
+                    med = float(np.median(col))
+                    mad = float(np.median(np.abs(col - med)))
+            excess = sp.minflt - med
+            if excess >= max(8.0, 5 * 1.4826 * mad):
+                st = min(0.85, 0.3 + 0.15 * math.log2(excess / 8.0 + 1))
+                if st > s:
+                    s = st
+                ev["minflt"] = sp.minflt
+                ev["minflt_baseline_median"] = med
+                details.append(f"{sp.minflt} minor faults in the call (baseline {med:.0f})")
+        v = views.get("sched")
+        if v is not None and sp.minflt < 0:
+            for k, thr, st in (("majflt", 1, 0.8), ("minflt", 16, 0.5)):
+                w = v.counter(f"sched.{sp.tid}.{k}")
+                if w is not None and w.excess >= thr and w.z >= 3:
+                    ev[w.name] = w.to_dict()
+                    s = max(s, st)
+                    details.append(f"thread {k}: +{w.excess:.0f} in the window")
+        m = views.get("memory")
+        if m is not None:
+            for k in ("pgmajfault", "pgscan_direct", "allocstall_normal", "allocstall_movable",
+                      "compact_stall", "thp_fault_fallback"):
+                w = m.counter(f"mem.all.{k}")
+                if w is not None and w.excess >= 1 and w.z >= 3:
+                    ev[w.name] = w.to_dict()
+                    if s > 0:
+                        s = min(0.95, s + 0.05)
+                    elif k != "pgmajfault":
+                        s = max(s, 0.3)  # host-wide reclaim/compaction, not seen in-process
+                    details.append(f"{k} +{w.excess:.0f}")
+            w = m.counter("psi.memory.some_us")
+            if w is not None and w.window > 0 and w.z >= 3:
+                ev[w.name] = w.to_dict()
+                s = max(s, min(0.8, 0.3 + w.window * 1e3 / sp.excess_ns))
+                details.append(f"memory PSI stall {w.window:.0f} µs")
+        return CauseScore("page_faults", s, detail="; ".join(details), evidence=ev) if s else None
+
+    def _numa(self, sp: Spike, views) -> CauseScore | None:
+        ev, s = {}, 0.0
+        for rname, names in (("numa", None), ("memory", ["mem.all.numa_miss",
+                                                         "mem.all.numa_foreign"])):
+            v = views.get(rname)
+            if v is None:
+                continue
+            for name in names or [n for n in v.ring.cols
+                                  if n.endswith((".numa_miss", ".other_node", ".numa_foreign"))]:
+                w = v.counter(name)
+                if w is not None and w.excess >= 10 and w.z >= 4:
+                    ev[name] = w.to_dict()
+                    s = max(s, min(0.6, 0.2 * math.log10(w.excess)))
+        return CauseScore("numa_remote", s, detail="remote NUMA allocations in the window",
+                          evidence=ev) if s else None
+
+    def _gpu(self, sp: Spike, views) -> list[CauseScore | None]:
+        v = views.get("gpu")
+        if v is None:
+            return []
+        out: list[CauseScore | None] = []
+        for name in v.names("gpu."):
+            if name.endswith(".clock_event_reasons"):
+                w = v.gauge(name, low=False)
+                if w is None or w.window != w.window:
+                    continue
+                bits = int(w.window)
+                named = [n for b, n in GPU_REASONS.items() if bits & b]
+                if named:
+                    out.append(CauseScore("gpu_throttle", 0.7,
+                                          detail=f"GPU {name.split('.')[1]}: {', '.join(named)}",
+                                          evidence={name: bits}))
+            elif name.endswith(".foreign_processes"):
+                w = v.gauge(name, low=False)
+                if w is not None and w.window >= 1:
+                    out.append(CauseScore("gpu_foreign_process", 0.6,
+                                          detail=f"{w.window:.0f} foreign compute process(es) on "
+                                          f"GPU {name.split('.')[1]}", evidence={name: w.window}))
+        return out
+
+    def _pcie(self, sp: Spike, views) -> CauseScore | None:
+        v = views.get("pcie")
+        if v is None:
+            return None
+        ev, s, details = {}, 0.0, []
+        for name in v.names("pcie."):
+            if "_total" in name and ".aer_" in name:
+                w = v.counter(name)
+                if w is not None and w.window > 0:
+                    ev[name] = w.window
+                    s = max(s, 0.6)
+                    details.append(f"{name}: +{w.window:.0f}")
+        return CauseScore("pcie_errors", s, detail="; ".join(details), evidence=ev) if s else None

@@ -1,0 +1,188 @@
+"""The built-in open-loop probe of ``hftagent watch``, in its own process pinned to the probe
+CPUs.
+
+Run as ``python -m agent.watch.probe_worker --ring PATH --rate HZ --cpus LIST --probe KIND``.
+It pins itself, applies thread settings before TensorFlow initialises, builds the callable
+(``tf``: the probe engineer's ``agent.probe`` API — built-in LSTM, ``build_callable`` variant
+``xla`` by default; ``numpy``: a numpy LSTM-shaped recurrence, no TensorFlow, for CI and
+boxes without TF), warms it up with ``agent.probe.harness.warm_up``, prints one JSON "ready"
+line on stdout, then calls it on a fixed schedule of ``rate`` starts per second and writes
+every sample into the shared-memory latency ring (:mod:`agent.client`), with its in-process
+evidence: involuntary/voluntary switches and faults of the thread (getrusage RUSAGE_THREAD),
+process CPU time, run-queue delay of the thread (pread of /proc/thread-self/schedstat on a
+kept-open descriptor, 0.6 µs) and the CPU at start and end (sched_getcpu).
+
+Why not ``agent.probe.harness.time_loop``: it fills a preallocated array and returns at the
+end of a run, while watch must see every sample within a second, and it does not record the
+run-queue delay or the CPU; this loop keeps its open-loop schedule and recording rules
+(intended start, rusage taken after the wait, never charging the sleep to a sample).
+
+Exits 0 at ``--duration`` or on SIGTERM/SIGINT, 2 when the probe cannot be built (one JSON
+``{"error": ...}`` line), and by itself when its parent (watch) goes away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+
+def _setup_threads(ncpu: int) -> None:
+    # Must precede the numpy/TF imports: BLAS pools read these once at load.
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(ncpu))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def build_numpy_probe(steps: int = 64, features: int = 32, hidden: int = 128):
+    """A numpy LSTM-shaped recurrence ([1, steps, features] → hidden): ~0.3-1 ms here, the
+    same order as the XLA LSTM, with no TensorFlow (fast start for CI)."""
+    import numpy as np
+    rng = np.random.default_rng(20240611)
+    x = rng.standard_normal((steps, features)).astype(np.float32)
+    w = (rng.standard_normal((features + hidden, 4 * hidden)) * 0.05).astype(np.float32)
+    b = np.zeros(4 * hidden, dtype=np.float32)
+    xh = np.zeros(features + hidden, dtype=np.float32)
+    z = np.empty(4 * hidden, dtype=np.float32)
+
+    def fn():
+        c = np.zeros(hidden, dtype=np.float32)
+        xh[features:] = 0.0
+        for t in range(steps):
+            xh[:features] = x[t]
+            np.dot(xh, w, out=z)
+            np.add(z, b, out=z)
+            np.tanh(z, out=z)  # tanh as a cheap stand-in for the sigmoid/tanh gates
+            c *= z[:hidden]
+            c += z[hidden:2 * hidden] * z[2 * hidden:3 * hidden]
+            np.multiply(z[3 * hidden:], np.tanh(c), out=xh[features:])
+        return xh
+    return fn, f"numpy-lstm [1,{steps},{features}]→{hidden}"
+
+
+def build_tf_probe(model: str, variant: str, ncpu: int):
+    """The probe engineer's built-in model + variant (``agent.probe``)."""
+    import numpy as np
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(ncpu)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from agent.probe.models import ModelSpec, load_model, resolve_shape
+    from agent.probe.variants import build_callable
+    spec = ModelSpec(path=model) if os.path.exists(model) else ModelSpec(builtin=model)
+    m = load_model(spec)
+    shape, _warnings = resolve_shape(m.input_shape, None)
+    built = build_callable(m, variant, shape)
+    x = np.random.default_rng(1).standard_normal(shape).astype(m.input_dtype)
+    return built.bind(x), f"{m.name} {variant} {list(shape)}"
+
+
+def _sched_getcpu():
+    import ctypes
+    import ctypes.util
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    fn = libc.sched_getcpu
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    return fn
+
+
+def run(args: argparse.Namespace) -> int:
+    cpus = [int(c) for c in args.cpus.split(",") if c != ""]
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    _setup_threads(len(cpus) or os.cpu_count() or 1)
+    stop = {"flag": False}
+
+    def _stop(*_):
+        stop["flag"] = True
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        if args.probe == "numpy":
+            fn, desc = build_numpy_probe()
+        else:
+            fn, desc = build_tf_probe(args.model, args.variant, len(cpus) or 1)
+        from agent.probe.harness import warm_up
+        wu = warm_up(fn, min_calls=args.warmup, budget_ns=int(20e9))
+    except Exception as exc:  # noqa: BLE001 - reported to watch as one line
+        print(json.dumps({"error": f"cannot build the {args.probe} probe: "
+                          f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 2
+    from agent.client import LatencyRing
+    ring = LatencyRing(args.ring, capacity=args.capacity)
+    import resource
+    import threading
+    tid = threading.get_native_id()
+    ss_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+    getcpu = _sched_getcpu()
+    print(json.dumps({"ready": True, "pid": os.getpid(), "tid": tid, "probe": desc,
+                      "warmup": wu.to_dict()}), flush=True)
+
+    clock = time.monotonic_ns
+    cpu = time.process_time_ns
+    getru = resource.getrusage
+    who = resource.RUSAGE_THREAD
+    pread = os.pread
+    sleep = time.sleep
+    period = int(round(1e9 / args.rate))
+    parent = os.getppid()
+    begin = clock() + period
+    end_at = begin + int(args.duration * 1e9) if args.duration else 1 << 62
+    spin = 200_000
+    i = 0
+    record = ring.record
+    while not stop["flag"]:
+        intended = begin + i * period
+        if intended >= end_at:
+            break
+        ahead = intended - clock()
+        if ahead > spin:
+            sleep((ahead - spin) * 1e-9)
+        while clock() < intended:
+            pass
+        c_a = getcpu()
+        r0 = getru(who)
+        q0 = int(pread(ss_fd, 64, 0).split()[1])
+        p0 = cpu()
+        t0 = clock()
+        fn()
+        t1 = clock()
+        p1 = cpu()
+        q1 = int(pread(ss_fd, 64, 0).split()[1])
+        r1 = getru(who)
+        c_b = getcpu()
+        record(t0, t1, tid, r1.ru_nivcsw - r0.ru_nivcsw, r1.ru_nvcsw - r0.ru_nvcsw,
+               r1.ru_minflt - r0.ru_minflt, r1.ru_majflt - r0.ru_majflt, p1 - p0, q1 - q0,
+               c_a, c_b)
+        i += 1
+        if i % 512 == 0 and os.getppid() != parent:
+            break  # watch is gone
+        if t1 > intended + 50 * period:
+            # Far behind (a long stall): restart the schedule instead of a burst of
+            # back-to-back calls that would measure the backlog, not the host.
+            begin = clock() + period
+            i = 0
+    ring.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hftagent-probe-worker")
+    ap.add_argument("--ring", required=True)
+    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument("--cpus", default="")
+    ap.add_argument("--probe", choices=("tf", "numpy"), default="tf")
+    ap.add_argument("--model", default="lstm")
+    ap.add_argument("--variant", default="xla")
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--duration", type=float, default=0.0)
+    ap.add_argument("--capacity", type=int, default=1 << 15)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Fixed-size ring buffers for collector signals and latency samples (memory bounded for days).
+
+A :class:`SignalRing` holds one collector's rounds: per row the interval it covers
+(``t0_ns``, ``t1_ns``, CLOCK_MONOTONIC) and one float64 column per signal (NaN = not read that
+round). Counters are stored as deltas over the row's interval (see :func:`counter_delta`),
+gauges as read. Columns are added as signals appear, up to ``max_signals``; memory is
+``capacity × max_signals × 8`` bytes at most.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NAN = float("nan")
+
+
+def counter_delta(prev: float | None, cur: float | None) -> float:
+    """Delta of a monotonically increasing counter between two reads.
+
+    * normal: ``cur - prev``
+    * 32-bit wrap (``/proc/interrupts`` counts are ``unsigned int`` per CPU): prev in the upper
+      half of the 32-bit range and cur below it → ``cur + 2**32 - prev``
+    * reset (the source restarted: a thread re-created, a driver reloaded): NaN, never a
+      negative or a made-up value
+    * either read missing: NaN
+    """
+    if prev is None or cur is None or prev != prev or cur != cur:
+        return NAN
+    if cur >= prev:
+        return cur - prev
+    if 2**31 <= prev < 2**32 and cur < 2**31:
+        return cur + 2**32 - prev
+    return NAN
+
+
+class DeltaTracker:
+    """Turns one collector's raw samples into per-interval values (counter deltas, gauges)."""
+
+    def __init__(self, is_counter) -> None:
+        self.is_counter = is_counter
+        self._prev: dict[str, float] = {}
+        self._kind: dict[str, bool] = {}
+        self.resets = 0
+
+    def update(self, values: dict[str, float | None]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        prev = self._prev
+        kind = self._kind
+        for name, v in values.items():
+            if v is None:
+                continue
+            c = kind.get(name)
+            if c is None:
+                c = kind[name] = bool(self.is_counter(name))
+            if c:
+                p = prev.get(name)
+                if p is not None:
+                    d = counter_delta(p, v)
+                    if d != d:
+                        self.resets += 1
+                    out[name] = d
+                prev[name] = v
+            else:
+                out[name] = v
+        return out
+
+
+class SignalRing:
+    """Rows of (t0_ns, t1_ns, values...) for one collector, newest overwriting oldest."""
+
+    def __init__(self, name: str, capacity: int = 3000, max_signals: int = 512) -> None:
+        self.name = name
+        self.capacity = int(capacity)
+        self.max_signals = int(max_signals)
+        self.t0 = np.zeros(self.capacity, dtype=np.int64)
+        self.t1 = np.zeros(self.capacity, dtype=np.int64)
+        self.data = np.full((self.capacity, 8), np.nan)
+        self.cols: dict[str, int] = {}
+        self.rows = 0  # total rows ever written
+        self.dropped_signals = 0
+
+    def _col(self, name: str) -> int | None:
+        i = self.cols.get(name)
+        if i is not None:
+            return i
+        if len(self.cols) >= self.max_signals:
+            self.dropped_signals += 1
+            return None
+        i = len(self.cols)
+        if i >= self.data.shape[1]:
+            grow = min(self.max_signals, self.data.shape[1] * 2)
+            new = np.full((self.capacity, grow), np.nan)
+            new[:, :self.data.shape[1]] = self.data
+            self.data = new
+        self.cols[name] = i
+        return i
+
+    def append(self, t0_ns: int, t1_ns: int, values: dict[str, float]) -> None:
+        r = self.rows % self.capacity
+        self.t0[r] = t0_ns
+        self.t1[r] = t1_ns
+        row = self.data[r]
+        row.fill(np.nan)
+        cols = self.cols
+        for name, v in values.items():
+            i = cols.get(name)
+            if i is None:
+                i = self._col(name)
+                if i is None:
+                    continue
+                row = self.data[r]  # the matrix may have grown
+            row[i] = v
+        self.rows += 1
+
+    def _order(self) -> np.ndarray:
+        n = min(self.rows, self.capacity)
+        return (np.arange(self.rows - n, self.rows) % self.capacity).astype(np.int64)
+
+    @property
+    def latest_t1(self) -> int:
+        return int(self.t1[(self.rows - 1) % self.capacity]) if self.rows else 0
+
+    def window(self, t_from: int, t_to: int) -> np.ndarray:
+        """Ring indices (chronological) of rows whose interval overlaps [t_from, t_to]."""
+        idx = self._order()
+        if not len(idx):
+            return idx
+        sel = (self.t1[idx] >= t_from) & (self.t0[idx] <= t_to)
+        return idx[sel]
+
+    def column(self, name: str, idx: np.ndarray) -> np.ndarray:
+        i = self.cols.get(name)
+        if i is None:
+            return np.full(len(idx), np.nan)
+        return self.data[idx, i]
+
+    def dump(self, t_from: int, t_to: int) -> dict:
+        """Rows in [t_from, t_to] as JSON-ready lists (for the flight recorder)."""
+        idx = self.window(t_from, t_to)
+        sig = {}
+        for name, i in self.cols.items():
+            col = self.data[idx, i]
+            if np.isnan(col).all():
+                continue
+            sig[name] = [None if v != v else float(v) for v in col]
+        return {"t0_ns": self.t0[idx].tolist(), "t1_ns": self.t1[idx].tolist(), "signals": sig}
+
+    def nbytes(self) -> int:
+        return self.data.nbytes + self.t0.nbytes + self.t1.nbytes
+
+
+class LatencyRing:
+    """The last ``capacity`` latency records (client ring rows) for rolling statistics and the
+    flight recorder."""
+
+    def __init__(self, capacity: int = 20000, width: int = 14) -> None:
+        self.capacity = capacity
+        self.data = np.zeros((capacity, width), dtype=np.int64)
+        self.rows = 0
+
+    def extend(self, recs: np.ndarray) -> None:
+        n = len(recs)
+        if not n:
+            return
+        if n >= self.capacity:
+            recs = recs[-self.capacity:]
+            n = self.capacity
+        start = self.rows % self.capacity
+        first = min(n, self.capacity - start)
+        self.data[start:start + first] = recs[:first]
+        if first < n:
+            self.data[:n - first] = recs[first:]
+        self.rows += len(recs) if len(recs) < self.capacity else self.capacity
+
+    def last(self, n: int) -> np.ndarray:
+        n = min(n, self.rows, self.capacity)
+        idx = (np.arange(self.rows - n, self.rows) % self.capacity)
+        return self.data[idx]

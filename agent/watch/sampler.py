@@ -1,0 +1,194 @@
+"""The sampler: a thread pinned to a housekeeping CPU that runs the collectors at
+``sample_hz`` into fixed-size rings.
+
+Each round runs every collector whose ``period_s`` has elapsed through
+:func:`collectors.base.run_collector` (a failing collector is reported with its success
+flag and duration and skipped; it never stops the others), turns counters into deltas and
+appends a row to that collector's :class:`~agent.watch.ring.SignalRing`. A collector that
+fails with a permission error, or ``max_failures`` times in a row, is closed and marked
+``unsupported: <reason>`` — watch keeps going without it.
+
+The thread pins itself with ``sched_setaffinity(0, ...)`` (on Linux pid 0 is the calling
+thread), so the probe's CPUs never run the sampler.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.watch.ring import DeltaTracker, SignalRing
+from collectors.base import CollectorResult, run_collector
+
+
+def _default_is_counter(name: str) -> bool:
+    """Collectors without ``is_counter`` follow the Prometheus convention: ``_total``."""
+    return name.endswith("_total")
+
+
+@dataclass
+class CollectorState:
+    name: str
+    state: str = "ok"  # ok | unsupported | failed
+    reason: str | None = None
+    runs: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    busy_ns: int = 0
+    last_duration_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"state": self.state, "reason": self.reason, "runs": self.runs,
+                "failures": self.failures,
+                "mean_us": round(self.busy_ns / self.runs / 1e3, 2) if self.runs else None}
+
+
+@dataclass
+class _Entry:
+    collector: object
+    ring: SignalRing
+    deltas: DeltaTracker
+    state: CollectorState
+    period_ns: int
+    last_ns: int = 0
+    prev_t_ns: int = 0
+
+
+@dataclass
+class SamplerStats:
+    rounds: int = 0
+    late_rounds: int = 0
+    busy_ns: int = 0  # wall time spent inside rounds
+    cpu_ns: int = 0  # thread CPU time over the whole run
+    started_ns: int = 0
+    per_collector: dict[str, CollectorState] = field(default_factory=dict)
+
+
+class Sampler:
+    """Runs collectors at ``hz`` on a thread pinned to ``cpus`` (housekeeping)."""
+
+    def __init__(self, collectors: list, hz: float = 100.0, cpus: list[int] | None = None,
+                 capacity_s: float = 30.0, max_failures: int = 3,
+                 on_result: Callable[[CollectorResult], None] | None = None) -> None:
+        self.hz = float(hz)
+        self.period_ns = int(1e9 / self.hz)
+        self.cpus = list(cpus) if cpus else None
+        self.max_failures = max_failures
+        self.on_result = on_result
+        cap = max(16, int(capacity_s * self.hz))
+        self.entries: list[_Entry] = []
+        for c in collectors:
+            period = max(self.period_ns, int(getattr(c, "period_s", 0.0) * 1e9))
+            is_counter = getattr(c, "is_counter", None) or _default_is_counter
+            self.entries.append(_Entry(c, SignalRing(c.name, cap), DeltaTracker(is_counter),
+                                       CollectorState(c.name), period))
+        self.stats = SamplerStats(per_collector={e.state.name: e.state for e in self.entries})
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.pin_error: str | None = None
+        self.native_id: int | None = None
+        self._lock = threading.Lock()  # held while a round writes the rings
+
+    # -- lookup -----------------------------------------------------------------------------
+    def ring(self, name: str) -> SignalRing | None:
+        for e in self.entries:
+            if e.ring.name == name:
+                return e.ring
+        return None
+
+    def collector(self, name: str):
+        for e in self.entries:
+            if e.state.name == name:
+                return e.collector
+        return None
+
+    def rings(self) -> list[SignalRing]:
+        return [e.ring for e in self.entries]
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    def latest_ns(self) -> int:
+        """The end of the most recent round (all due collectors have a row up to here)."""
+        return self._latest
+
+    _latest = 0
+
+    # -- running ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hftagent-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for e in self.entries:
+            try:
+                e.collector.close()
+            except Exception:  # noqa: BLE001 - closing must not mask the run's result
+                pass
+
+    def round(self, now_ns: int | None = None) -> None:
+        """One sampling round (public for tests and benchmarks)."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        t_start = time.perf_counter_ns()
+        for e in self.entries:
+            st = e.state
+            if st.state != "ok" or now - e.last_ns < e.period_ns - self.period_ns // 4:
+                continue
+            e.last_ns = now
+            res = run_collector(e.collector)
+            st.runs += 1
+            st.busy_ns += int(res.duration_s * 1e9)
+            st.last_duration_s = res.duration_s
+            if self.on_result is not None:
+                self.on_result(res)
+            if res.success:
+                st.consecutive_failures = 0
+                vals = e.deltas.update(res.values)
+                with self._lock:
+                    e.ring.append(e.prev_t_ns or now, now, vals)
+                e.prev_t_ns = now
+                continue
+            st.failures += 1
+            st.consecutive_failures += 1
+            st.reason = res.error
+            perm = "Permission" in (res.error or "") or "EACCES" in (res.error or "")
+            if perm or st.consecutive_failures >= self.max_failures:
+                # Degrade, never crash: a collector that lost its permission (or keeps
+                # failing) is closed and reported as unsupported from now on.
+                st.state = "unsupported"
+                st.reason = f"unsupported: {res.error}"
+                try:
+                    e.collector.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        self._latest = now
+        self.stats.rounds += 1
+        self.stats.busy_ns += time.perf_counter_ns() - t_start
+
+    def _run(self) -> None:
+        self.native_id = threading.get_native_id()
+        if self.cpus:
+            try:
+                os.sched_setaffinity(0, self.cpus)  # pid 0 = this thread on Linux
+            except OSError as exc:
+                self.pin_error = f"cannot pin sampler to CPUs {self.cpus}: {exc.strerror}"
+        cpu0 = time.thread_time_ns()
+        self.stats.started_ns = time.monotonic_ns()
+        nxt = time.monotonic_ns()
+        while not self._stop.is_set():
+            self.round()
+            nxt += self.period_ns
+            now = time.monotonic_ns()
+            if now > nxt:
+                self.stats.late_rounds += 1
+                nxt = now  # never try to catch up in a burst
+            else:
+                self._stop.wait((nxt - now) / 1e9)
+            self.stats.cpu_ns = time.thread_time_ns() - cpu0

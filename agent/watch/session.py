@@ -1,0 +1,611 @@
+"""The watch loop: latency source → spike detection → attribution → JSONL log, flight
+recorder, metrics, live view, summary.
+
+One :class:`WatchSession` owns: the latency source (the built-in probe worker process on the
+probe CPUs, or an external process's client ring), the :class:`~agent.watch.sampler.Sampler`
+thread on the housekeeping CPUs, the :class:`~agent.watch.attribution.Attributor`, and the
+outputs. The main loop runs every ``loop_s`` (50 ms) on a housekeeping CPU:
+
+1. drain the latency ring (every record since the last loop);
+2. mark spikes: latency over ``threshold_us`` or over ``k`` × the rolling P50 (after
+   ``min_samples`` samples), and ask the sched collector for a task scan ("who ran");
+3. attribute a spike once the sampler has rows past its end (and the scan covers it, or
+   0.5 s passed), write its JSONL record (flushed), feed metrics;
+4. flight recorder: a spike over ``flight_us`` dumps every ring's rows in
+   [start − ``flight_window_s``, end + ``flight_window_s``] and the latency samples around it
+   to ``flight_dir`` once the "after" part has been sampled;
+5. source liveness: a probe or external process that dies ends the run with exit code 3, the
+   spike log kept and closed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from agent.client import FIELDS, RingError, RingReader, default_ring_path
+from agent.errors import AgentError
+from agent.watch.attribution import CAUSES, Attributor, Spike
+from agent.watch.ring import LatencyRing
+from agent.watch.sampler import Sampler
+from collectors.host import Host
+
+F = {name: i for i, name in enumerate(FIELDS)}
+EXIT_SOURCE_DIED = 3
+
+
+@dataclass
+class WatchConfig:
+    probe: str = "tf"  # tf | numpy | external
+    model: str = "lstm"
+    variant: str = "xla"
+    rate_hz: float = 500.0
+    probe_cpus: list[int] = field(default_factory=list)
+    housekeeping_cpus: list[int] = field(default_factory=list)
+    pid: int | None = None
+    ring_path: str | None = None
+    sample_hz: float = 100.0
+    threshold_us: float | None = None
+    k_p50: float = 3.0
+    min_samples: int = 200
+    flight_us: float | None = None
+    flight_dir: str = "hftagent-flight"
+    flight_window_s: float = 1.0
+    spike_log: str | None = None
+    duration_s: float | None = None
+    perf: bool = False
+    baseline_s: float = 10.0
+    warmup: int = 200
+    loop_s: float = 0.05
+    max_attributions_per_s: float = 200.0
+
+
+def cpu_plan(online: list[int], probe_cpus: list[int] | None,
+             housekeeping: list[int] | None) -> tuple[list[int], list[int]]:
+    """(probe CPUs, housekeeping CPUs). Default: the probe on the last online CPU, everything
+    else housekeeping; on a 1-CPU box both share CPU 0 (said in the warnings)."""
+    if not online:
+        online = sorted(os.sched_getaffinity(0))
+    probe = sorted(probe_cpus) if probe_cpus else [online[-1]]
+    bad = [c for c in probe if c not in online]
+    if bad:
+        raise AgentError(f"probe CPU(s) {bad} not online (online: {online})")
+    if housekeeping:
+        hk = sorted(housekeeping)
+        if set(hk) & set(probe):
+            raise AgentError(f"housekeeping CPUs {hk} overlap the probe CPUs {probe}: the "
+                             "sampler must never run on the probe's CPUs")
+    else:
+        hk = [c for c in online if c not in probe] or list(probe)
+    return probe, hk
+
+
+class LatencyHistogram:
+    """Log-bucketed latency counts (1 % wide buckets from 1 µs to ~100 s): bounded memory for
+    a days-long run; percentiles within 1 %."""
+
+    BASE = 1.01
+    LO_NS = 1000.0
+
+    def __init__(self) -> None:
+        self.n_buckets = int(math.log(1e11 / self.LO_NS) / math.log(self.BASE)) + 2
+        self.counts = np.zeros(self.n_buckets, dtype=np.int64)
+        self.total = 0
+        self.max_ns = 0
+
+    def add(self, lat_ns: np.ndarray) -> None:
+        if not len(lat_ns):
+            return
+        idx = np.floor(np.log(np.maximum(lat_ns, self.LO_NS) / self.LO_NS)
+                       / math.log(self.BASE)).astype(np.int64) + 1
+        idx = np.clip(idx, 0, self.n_buckets - 1)
+        np.add.at(self.counts, idx, 1)
+        self.total += len(lat_ns)
+        self.max_ns = max(self.max_ns, int(lat_ns.max()))
+
+    def quantile(self, q: float) -> float | None:
+        if not self.total:
+            return None
+        rank = max(1, math.ceil(q * self.total))
+        i = int(np.searchsorted(np.cumsum(self.counts), rank))
+        return self.LO_NS * self.BASE ** i  # upper edge of the bucket
+
+
+def _iso(wall_ns: int) -> str:
+    return datetime.fromtimestamp(wall_ns / 1e9, tz=UTC).isoformat(
+        timespec="microseconds")
+
+
+class WatchSession:
+    def __init__(self, cfg: WatchConfig, host: Host | None = None, *, metrics=None,
+                 view=None, collectors: list | None = None) -> None:
+        self.cfg = cfg
+        self.host = host or Host()
+        self.metrics = metrics
+        self.view = view
+        self._extra_collectors = collectors
+        self.proc: subprocess.Popen | None = None
+        self.reader: RingReader | None = None
+        self.sampler: Sampler | None = None
+        self.sched = None
+        self.irq = None
+        self.attributor: Attributor | None = None
+        self.lat = LatencyRing(20000)
+        self.hist = LatencyHistogram()
+        self.samples = 0
+        self.spikes = 0
+        self.attributed = 0
+        self.not_attributed = 0
+        self.cause_counts: Counter[str] = Counter()
+        self.cause_details: dict[str, Counter[str]] = {}
+        self.last_spikes: deque[dict] = deque(maxlen=8)
+        self.pending: list[tuple[Spike, int]] = []  # (spike, detected at monotonic ns)
+        self.flight_pending: list[tuple[Spike, dict]] = []
+        self.flight_files: list[str] = []
+        self.attr_delays_ms: list[float] = []
+        self.source_error: str | None = None
+        self.warnings: list[str] = []
+        self.probe_info: dict = {}
+        self._log = None
+        self._recent_lat = deque(maxlen=2000)
+        self._p50_ns = 0
+        self._wall_off = time.time_ns() - time.monotonic_ns()
+        self._attr_budget = cfg.max_attributions_per_s
+        self._attr_budget_t = time.monotonic()
+        self.started_ns = 0
+        self.ended_ns = 0
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _start_probe(self) -> None:
+        cfg = self.cfg
+        path = str(default_ring_path(0)).replace("-0.ring", f"-watch-{os.getpid()}.ring")
+        cmd = [sys.executable, "-m", "agent.watch.probe_worker", "--ring", path,
+               "--rate", str(cfg.rate_hz), "--cpus", ",".join(map(str, cfg.probe_cpus)),
+               "--probe", cfg.probe, "--model", cfg.model, "--variant", cfg.variant,
+               "--warmup", str(cfg.warmup)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()  # blocks through TF import + warm-up
+        try:
+            msg = json.loads(line) if line else {}
+        except json.JSONDecodeError:
+            msg = {}
+        if not msg.get("ready"):
+            err = msg.get("error")
+            if not err:
+                self.proc.wait(timeout=5)
+                tail = (self.proc.stderr.read() or "").strip().splitlines()[-3:]
+                err = f"probe worker exited ({self.proc.returncode}): {' | '.join(tail)}"
+            self._kill_probe()
+            raise AgentError(err)
+        self.probe_info = msg
+        self.cfg.pid = int(msg["pid"])
+        self.reader = RingReader(path)
+
+    def _attach_external(self) -> None:
+        cfg = self.cfg
+        path = Path(cfg.ring_path) if cfg.ring_path else default_ring_path(cfg.pid)
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                self.reader = RingReader(path)
+                break
+            except RingError as exc:
+                if time.monotonic() > deadline:
+                    raise AgentError(f"{exc} (is the process using agent.client, and is "
+                                     "HFTAGENT_RING the same path?)") from None
+                time.sleep(0.1)
+        if cfg.pid is None:
+            cfg.pid = self.reader.creator_pid
+        self.probe_info = {"pid": cfg.pid, "probe": f"external process {cfg.pid} ({path})"}
+        if not cfg.probe_cpus:
+            try:
+                cfg.probe_cpus = sorted(os.sched_getaffinity(cfg.pid))
+            except OSError:
+                pass
+
+    def _collectors(self) -> list:
+        from collectors.cpu import CpuCollector
+        from collectors.irq import IrqCollector, SoftirqCollector
+        from collectors.memory import MemoryCollector
+        from collectors.numa import NumaCollector
+        from collectors.pcie import PcieCollector
+        from collectors.sched import SchedCollector
+        cpus = self.cfg.probe_cpus
+        self.sched = SchedCollector(self.host, [self.cfg.pid], cpus)
+        self.irq = IrqCollector(self.host, cpus)
+        cands = [CpuCollector(self.host, cpus), self.sched, self.irq,
+                 SoftirqCollector(self.host, cpus), MemoryCollector(self.host),
+                 NumaCollector(self.host, cpus), PcieCollector(self.host)]
+        if self.cfg.perf:
+            from collectors.perf import PerfCollector
+            cands.append(PerfCollector(self.cfg.pid))
+        cands.extend(_gpu_collectors(self.host, [self.cfg.pid]))
+        cands.extend(self._extra_collectors or [])
+        out = []
+        self.unavailable: dict[str, str] = {}
+        for c in cands:
+            try:
+                a = c.available()
+            except Exception as exc:  # noqa: BLE001 - an adapter bug is "unavailable"
+                a = None
+                self.unavailable[c.name] = f"error: {type(exc).__name__}: {exc}"
+            if a is not None and a.ok:
+                out.append(c)
+            elif a is not None:
+                self.unavailable[c.name] = a.reason or "unavailable"
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        return out
+
+    def start(self) -> None:
+        cfg = self.cfg
+        if cfg.spike_log:
+            Path(cfg.spike_log).parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(cfg.spike_log, "a", buffering=1, encoding="utf-8")
+        try:
+            os.sched_setaffinity(0, cfg.housekeeping_cpus)
+        except OSError as exc:
+            self.warnings.append(f"cannot pin watch to CPUs {cfg.housekeeping_cpus}: "
+                                 f"{exc.strerror}")
+        if set(cfg.housekeeping_cpus) & set(cfg.probe_cpus):
+            self.warnings.append("one CPU only: the sampler shares the probe's CPU")
+        if cfg.probe == "external":
+            self._attach_external()
+        else:
+            self._start_probe()
+        collectors = self._collectors()
+        on_result = self.metrics.set_collector_result if self.metrics is not None else None
+        self.sampler = Sampler(collectors, cfg.sample_hz, cfg.housekeeping_cpus,
+                               capacity_s=max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
+                               on_result=on_result)
+        rings = {e.ring.name: e.ring for e in self.sampler.entries}
+        self.attributor = Attributor(rings, cfg.probe_cpus, who_ran=self.sched.who_ran,
+                                     irq_desc=lambda: self.irq.descriptions,
+                                     baseline_s=cfg.baseline_s)
+        self.sampler.start()
+        self.started_ns = time.monotonic_ns()
+
+    # -- the loop ----------------------------------------------------------------------------
+    def step(self) -> None:
+        recs = self.reader.read()
+        now = time.monotonic_ns()
+        if len(recs):
+            self._ingest(recs)
+        self._attribute_ready(now)
+        self._flight_ready()
+        if self.metrics is not None:
+            self.metrics.set_gauges(self)
+
+    def _ingest(self, recs: np.ndarray) -> None:
+        lat = recs[:, F["end_ns"]] - recs[:, F["start_ns"]]
+        self.samples += len(recs)
+        self.hist.add(lat)
+        self.lat.extend(recs)
+        self.sched.watch_tids(np.unique(recs[:, F["tid"]]).tolist())
+        if self.metrics is not None:
+            self.metrics.observe_many(lat)
+        cfg = self.cfg
+        thr = cfg.threshold_us * 1e3 if cfg.threshold_us else None
+        for i in range(len(recs)):
+            li = int(lat[i])
+            p50 = self._p50_ns
+            over_abs = thr is not None and li > thr
+            over_rel = p50 > 0 and li > cfg.k_p50 * p50 and len(self._recent_lat) >= \
+                cfg.min_samples
+            if over_abs or over_rel:
+                r = recs[i]
+                sp = Spike(int(r[F["seq"]]), int(r[F["start_ns"]]), int(r[F["end_ns"]]),
+                           int(r[F["pid"]]), int(r[F["tid"]]), p50,
+                           *(int(r[F[k]]) for k in ("nivcsw", "nvcsw", "minflt", "majflt",
+                                                    "cpu_ns", "rq_delay_ns", "cpu_start",
+                                                    "cpu_end")))
+                self.spikes += 1
+                self.pending.append((sp, time.monotonic_ns()))
+                self.sched.request_scan()
+            else:
+                self._recent_lat.append(li)
+        if len(self._recent_lat) >= 20:
+            self._p50_ns = int(np.median(np.fromiter(self._recent_lat, dtype=np.int64)))
+
+    def _attribute_ready(self, now: int) -> None:
+        if not self.pending:
+            return
+        latest = self.sampler.latest_ns()
+        keep = []
+        recent = self.lat.last(500)[:, [F["minflt"], F["majflt"], F["nivcsw"]]]
+        for sp, t_det in self.pending:
+            waited = now - t_det
+            rows_ready = latest >= sp.end_ns + self.attributor.slack_ns
+            scan_ready = self.sched.latest_scan_ns() >= sp.end_ns
+            if not (rows_ready and (scan_ready or waited > 500_000_000)) and waited < 900_000_000:
+                keep.append((sp, t_det))
+                continue
+            t = time.monotonic()
+            if t - self._attr_budget_t >= 1.0:
+                self._attr_budget_t, self._attr_budget = t, self.cfg.max_attributions_per_s
+            if self._attr_budget < 1:
+                self.not_attributed += 1
+                self._write({"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
+                             "latency_us": round(sp.latency_ns / 1e3, 1),
+                             "cause": None, "note": "not attributed: attribution rate limit"})
+                continue
+            self._attr_budget -= 1
+            with self.sampler.lock:
+                a = self.attributor.attribute(sp, recent)
+            delay_ms = (time.monotonic_ns() - sp.end_ns) / 1e6
+            self.attr_delays_ms.append(delay_ms)
+            if len(self.attr_delays_ms) > 10000:
+                del self.attr_delays_ms[:5000]
+            rec = {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
+                   "latency_us": round(sp.latency_ns / 1e3, 1),
+                   "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid, "tid": sp.tid,
+                   **a.to_dict(), "attributed_after_ms": round(delay_ms, 1)}
+            self._write(rec)
+            self.attributed += 1
+            self.cause_counts[a.cause] += 1
+            if a.causes and a.cause != "unexplained":
+                self.cause_details.setdefault(a.cause, Counter())[_short(a.causes[0].detail)] += 1
+            self.last_spikes.append(rec)
+            if self.metrics is not None:
+                self.metrics.spike(a.cause)
+            if self.cfg.flight_us and sp.latency_ns >= self.cfg.flight_us * 1e3:
+                self.flight_pending.append((sp, rec))
+        self.pending = keep
+
+    def _flight_ready(self) -> None:
+        if not self.flight_pending:
+            return
+        latest = self.sampler.latest_ns()
+        w = int(self.cfg.flight_window_s * 1e9)
+        keep = []
+        for sp, rec in self.flight_pending:
+            if latest < sp.end_ns + w and self.source_error is None and not self._stopping:
+                keep.append((sp, rec))
+                continue
+            self._dump_flight(sp, rec, w)
+        self.flight_pending = keep
+
+    _stopping = False
+
+    def _dump_flight(self, sp: Spike, rec: dict, w: int) -> None:
+        d = Path(self.cfg.flight_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        t0, t1 = sp.start_ns - w, sp.end_ns + w
+        with self.sampler.lock:
+            rings = {r.name: r.dump(t0, t1) for r in self.sampler.rings()}
+        lat = self.lat.last(self.lat.capacity)
+        sel = (lat[:, F["end_ns"]] >= t0) & (lat[:, F["start_ns"]] <= t1)
+        samples = {k: lat[sel, i].tolist() for k, i in F.items() if k not in ("seq2",)}
+        out = {"spike": rec, "window_ns": [t0, t1], "wall_offset_ns": self._wall_off,
+               "samples": samples, "collectors": rings}
+        path = d / f"spike-{sp.seq}-{sp.end_ns}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, path)
+        self.flight_files.append(str(path))
+        rec_note = {"flight_record": str(path), "seq": sp.seq}
+        self._write({"time": rec["time"], **rec_note})
+
+    def _write(self, rec: dict) -> None:
+        if self._log is not None:
+            self._log.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def check_source(self) -> str | None:
+        if self.proc is not None:
+            rc = self.proc.poll()
+            if rc is not None:
+                tail = ""
+                try:
+                    tail = " | ".join((self.proc.stderr.read() or "").strip().splitlines()[-2:])
+                except (OSError, ValueError):
+                    pass
+                return f"probe worker (pid {self.proc.pid}) exited with code {rc}" + \
+                    (f": {tail}" if tail else "")
+        elif self.cfg.pid is not None:
+            try:
+                os.kill(self.cfg.pid, 0)
+            except ProcessLookupError:
+                return f"external process {self.cfg.pid} exited"
+            except PermissionError:
+                pass
+            # A zombie still answers kill(0): look at its state.
+            st = self.host.read(self.host.proc(self.cfg.pid, "stat")).value
+            if st and st[st.rfind(")") + 2:st.rfind(")") + 3] in ("Z", "X"):
+                return f"external process {self.cfg.pid} exited"
+        return None
+
+    def run(self) -> int:
+        """Start, loop until ``duration_s`` or the source dies, stop. Returns the exit code."""
+        self.start()
+        cfg = self.cfg
+        end = time.monotonic() + cfg.duration_s if cfg.duration_s else float("inf")
+        rc = 0
+        try:
+            while time.monotonic() < end:
+                t = time.monotonic()
+                self.step()
+                err = self.check_source()
+                if err:
+                    self.step()  # drain what it wrote before dying
+                    self.source_error = err
+                    rc = EXIT_SOURCE_DIED
+                    break
+                if self.view is not None:
+                    self.view.update(self)
+                time.sleep(max(0.0, cfg.loop_s - (time.monotonic() - t)))
+        except KeyboardInterrupt:
+            rc = 130
+        finally:
+            self.stop()
+        return rc
+
+    def stop(self) -> None:
+        self._stopping = True
+        # Attribute what is still pending (the sampler still has its rows).
+        if self.sampler is not None and self.reader is not None:
+            try:
+                self.step()
+                deadline = time.monotonic() + 1.0
+                while self.pending and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    self._attribute_ready(time.monotonic_ns())
+                self._flight_ready()
+            except Exception as exc:  # noqa: BLE001 - stopping must finish
+                self.warnings.append(f"final drain failed: {exc}")
+        self.ended_ns = time.monotonic_ns()
+        if self.metrics is not None:
+            self.metrics.down()
+        if self.sampler is not None:
+            self.sampler.stop()
+        self._kill_probe()
+        if self.reader is not None:
+            self.reader.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _kill_probe(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.reader is None:
+            return
+        try:
+            os.unlink(self.reader.path)
+        except OSError:
+            pass
+
+    # -- reporting ---------------------------------------------------------------------------
+    def rolling(self) -> dict:
+        last = self.lat.last(10000)
+        if not len(last):
+            return {}
+        lat = np.sort(last[:, F["end_ns"]] - last[:, F["start_ns"]])
+        n = len(lat)
+
+        def q(p):
+            return float(lat[min(n - 1, max(0, math.ceil(p * n) - 1))]) / 1e3
+        out = {"n": n, "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999)}
+        thr = self.cfg.threshold_us * 1e3 if self.cfg.threshold_us else \
+            self.cfg.k_p50 * self._p50_ns
+        out["jitter_rate"] = float((lat > thr).mean()) if thr else 0.0
+        return out
+
+    def summary(self) -> dict:
+        h = self.hist
+        dur = ((self.ended_ns or time.monotonic_ns()) - self.started_ns) / 1e9 \
+            if self.started_ns else 0.0
+        col = {}
+        if self.sampler is not None:
+            for name, st in self.sampler.stats.per_collector.items():
+                col[name] = st.to_dict()
+            s = self.sampler.stats
+            sampler = {"rounds": s.rounds, "late_rounds": s.late_rounds,
+                       "cpu_share_of_one_cpu": round(s.cpu_ns / 1e9 / dur, 4) if dur else None,
+                       "mean_round_us": round(s.busy_ns / s.rounds / 1e3, 1) if s.rounds else None,
+                       "pinned_to": self.cfg.housekeeping_cpus, "pin_error": self.sampler.pin_error}
+        else:
+            sampler = {}
+        for name, reason in getattr(self, "unavailable", {}).items():
+            col[name] = {"state": "unsupported", "reason": reason}
+        delays = sorted(self.attr_delays_ms)
+        return {
+            "source": self.probe_info.get("probe"), "pid": self.cfg.pid,
+            "probe_cpus": self.cfg.probe_cpus, "duration_s": round(dur, 2),
+            "samples": self.samples, "lost_records": self.reader.lost if self.reader else 0,
+            "p50_us": _us(h.quantile(0.5)), "p99_us": _us(h.quantile(0.99)),
+            "p999_us": _us(h.quantile(0.999)), "max_us": _us(h.max_ns or None),
+            "spikes": self.spikes, "attributed": self.attributed,
+            "not_attributed": self.not_attributed,
+            "causes": {c: {"count": n, "share": round(n / self.attributed, 3),
+                           "label": CAUSES.get(c, c),
+                           "top": [d for d, _ in self.cause_details.get(c, Counter())
+                                   .most_common(3)]}
+                       for c, n in self.cause_counts.most_common()},
+            "attribution_delay_ms": {"p50": delays[len(delays) // 2] if delays else None,
+                                     "max": delays[-1] if delays else None},
+            "flight_records": self.flight_files, "collectors": col, "sampler": sampler,
+            "source_error": self.source_error, "warnings": self.warnings,
+        }
+
+
+class MetricsFeed:
+    """Feeds an :class:`agent.metrics.WatchMetrics` from the session (every sample, every
+    attributed spike, every collector result) at the rates its contract expects."""
+
+    def __init__(self, metrics) -> None:
+        self.m = metrics
+        self._last_gauges = 0.0
+        self._up = False
+
+    def set_collector_result(self, res) -> None:
+        self.m.set_collector(res.name, res.success, res.duration_s)
+
+    def observe_many(self, lat_ns: np.ndarray) -> None:
+        if not self._up:
+            self.m.probe_up(True)
+            self._up = True
+        self.m.observe_many(lat_ns)
+
+    def spike(self, cause: str) -> None:
+        self.m.spike(cause)
+
+    def down(self) -> None:
+        self.m.probe_up(False)
+        self._up = False
+
+    def set_gauges(self, session: WatchSession) -> None:
+        t = time.monotonic()
+        if t - self._last_gauges < 1.0 or session.sampler is None:
+            return
+        self._last_gauges = t
+        ring = session.sampler.ring("cpu")
+        if ring is not None and ring.rows:
+            idx = ring.window(ring.latest_t1, ring.latest_t1)
+            for c in session.cfg.probe_cpus:
+                v = ring.column(f"cpu.{c}.freq_hz", idx)
+                if len(v) and v[-1] == v[-1]:
+                    self.m.set_gauge("cpu_frequency_hertz", float(v[-1]), cpu=str(c))
+
+
+def _us(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e3, 1)
+
+
+def _short(detail: str) -> str:
+    return detail.split(";")[-1].strip() if "ran on CPU" in detail else detail.split(":")[0]
+
+
+def _gpu_collectors(host: Host, own_pids: list[int]) -> list:
+    """The GPU engineer's collector when it is installed; its absence is "unsupported"."""
+    try:
+        import importlib
+        mod = importlib.import_module("collectors.gpu")
+    except ImportError:
+        return []
+    cls = getattr(mod, "GpuCollector", None)
+    if cls is None:
+        return []
+    try:
+        return [cls(own_pids=own_pids, host=host)]
+    except Exception:  # noqa: BLE001 - a GPU adapter that cannot start is "unsupported"
+        return []
