@@ -392,7 +392,9 @@ def _mig(ctx, nv: Nvml, i: int, title: str) -> Finding:
         return ctx.finding("gpu_mig", fid, FAMILY, t, False, current=cur,
                            status=Status.PENDING_REBOOT, evidence=ev,
                            fix=f"reset GPU {i} (`nvidia-smi -i {i} -r`) to apply the pending mode")
-    return ctx.finding("gpu_mig", fid, FAMILY, t, exp == "any" or cur_on == want_on, current=cur,
+    # A pending mode other than the wanted one takes effect at the next GPU reset.
+    ok = exp == "any" or (cur_on == want_on and pend_on == want_on)
+    return ctx.finding("gpu_mig", fid, FAMILY, t, ok, current=cur,
                        evidence=ev, fix=f"nvidia-smi -i {i} -mig {1 if want_on else 0} "
                                         "(then reset the GPU)")
 
