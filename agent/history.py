@@ -162,6 +162,8 @@ def model_hash(model_path: str | None) -> str | None:
     if not model_path:
         return None
     p = Path(model_path)
+    if not p.exists():
+        return None
     h = hashlib.sha256()
     try:
         files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())

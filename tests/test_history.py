@@ -1,0 +1,250 @@
+"""History store: location, round trip, v1 → v2 migration, concurrent writers, corruption."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent import history as hs
+from agent.history import History, HistoryError, record_run
+
+FP = {"version": 1, "hostname": "h", "kernel": "6.1", "cpu_model": "X", "online_cpus": "0-1",
+      "governors": "0-1=performance", "turbo": False, "isolated_cpus": "1",
+      "nohz_full_cpus": "1", "smt_active": 0, "virtualization": "none", "gpu_models": None,
+      "gpu_driver": None, "audit": None}
+
+
+def lat(n: int = 1000, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(150_000, 400_000, n).astype(np.int64)
+
+
+# -- location -----------------------------------------------------------------------------------
+def test_db_path_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("HFTAGENT_DB", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert hs.resolve_db() == tmp_path / "state/hftagent/history.sqlite"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hs.resolve_db() == tmp_path / "home/.local/state/hftagent/history.sqlite"
+    monkeypatch.setenv("HFTAGENT_DB", str(tmp_path / "env.sqlite"))
+    assert hs.resolve_db() == tmp_path / "env.sqlite"           # read at call time
+    assert hs.resolve_db(tmp_path / "arg.sqlite") == tmp_path / "arg.sqlite"
+
+
+def test_import_reads_no_environment_and_no_tensorflow():
+    code = ("import os, sys; os.environ.pop('HFTAGENT_DB', None); "
+            "import agent.history, agent.gate, agent.fingerprint, agent.commands.gate, "
+            "agent.commands.history; "
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; "
+            "os.environ['HFTAGENT_DB'] = '/x/y.sqlite'; "
+            "assert str(agent.history.resolve_db()) == '/x/y.sqlite'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- round trip ---------------------------------------------------------------------------------
+def test_record_and_read_back(tmp_path):
+    db = tmp_path / "h.sqlite"
+    x = lat(6636)
+    rid = record_run("probe", {"latency": {"p99_ns": 123, "count": 6636}}, x, command="probe",
+                     builtin="lstm", variant="tflite", tf_version="2.21.0", fingerprint=FP,
+                     cold_start_ns=999, db=db)
+    with History(db) as h:
+        r = h.get(rid)
+        assert (r.kind, r.scenario, r.model_key, r.variant) == ("probe", "warm", "builtin:lstm",
+                                                               "tflite")
+        assert r.p99_ns == 123 and r.sample_count == 6636 and r.cold_start_ns == 999
+        assert r.fingerprint["governors"] == "0-1=performance" and r.host_digest
+        np.testing.assert_array_equal(h.samples(rid), x)
+        codec, blob = h.con.execute("SELECT codec, data FROM samples").fetchone()
+        assert codec == "zlib-i64le" and len(blob) < x.nbytes / 2
+        assert h.con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert h.schema_version() == hs.SCHEMA_VERSION
+
+
+def test_p99_computed_from_samples_when_summary_lacks_it(tmp_path):
+    x = lat(1000)
+    rid = record_run("watch", {}, x, command="watch", fingerprint=FP, db=tmp_path / "h.sqlite")
+    with History(tmp_path / "h.sqlite") as h:
+        r = h.get(rid)
+    k = int(np.ceil(0.99 * 1000)) - 1
+    assert r.p99_ns == int(np.sort(x)[k])
+    assert r.scenario is None and r.model_key is None
+
+
+def test_model_hash_changes_with_content(tmp_path):
+    d = tmp_path / "sm"
+    (d / "variables").mkdir(parents=True)
+    (d / "saved_model.pb").write_bytes(b"a")
+    (d / "variables/v").write_bytes(b"b")
+    h1 = hs.model_hash(str(d))
+    (d / "variables/v").write_bytes(b"c")
+    assert hs.model_hash(str(d)) != h1 and len(h1) == 64
+    assert hs.model_hash(str(tmp_path / "missing")) is None
+
+
+def test_unknown_kind_and_unknown_id(tmp_path):
+    with History(tmp_path / "h.sqlite") as h:
+        with pytest.raises(HistoryError, match="unknown run kind"):
+            h.add_run(kind="nope", command="x", summary={})
+        with pytest.raises(HistoryError, match="unknown run id 42"):
+            h.get(42)
+
+
+def test_last_pass(tmp_path):
+    db = tmp_path / "h.sqlite"
+    ids = [record_run("probe", {}, lat(700, i), command="probe", builtin="lstm",
+                      variant="tflite", fingerprint=FP, db=db) for i in range(4)]
+    other = record_run("probe", {}, lat(700), command="probe", builtin="lstm", variant="xla",
+                       fingerprint=FP, db=db)
+    with History(db) as h:
+        # Nothing gated yet: the previous run of the same model/variant/scenario.
+        assert h.last_pass(model_key_="builtin:lstm", variant="tflite", scenario="warm",
+                           before=ids[3]).id == ids[2]
+        h.add_gate_result(ids[1], ids[0], "warm", "pass", {})
+        h.add_gate_result(ids[2], ids[1], "warm", "fail", {})
+        assert h.last_pass(model_key_="builtin:lstm", variant="tflite", scenario="warm",
+                           before=ids[3]).id == ids[1]
+        assert h.last_pass(model_key_="builtin:lstm", variant="xla", scenario="warm",
+                           before=other) is None
+        assert h.get(ids[2]).gate_status == "fail"
+
+
+# -- migration from v1 ----------------------------------------------------------------------------
+def make_v1(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A database as the first release wrote it: schema v1, raw int64 sample blobs."""
+    con = sqlite3.connect(path)
+    con.executescript(hs.SCHEMA_V1)
+    a, b = lat(800, 1), lat(900, 2)
+    for i, (x, kind) in enumerate(((a, "probe"), (b, "probe"), (None, "audit")), 1):
+        con.execute("INSERT INTO runs (id, created_utc, kind, command, model_key, variant, "
+                    "fingerprint, summary, sample_count, p99_ns) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (i, f"2025-01-0{i}T00:00:00Z", kind, kind, "builtin:lstm", "xla",
+                     json.dumps(FP), "{}", None if x is None else x.size, 1))
+        if x is not None:
+            con.execute("INSERT INTO samples (run_id, data) VALUES (?, ?)",
+                        (i, x.astype("<i8").tobytes()))
+    con.execute("PRAGMA user_version = 1")
+    con.commit()
+    con.close()
+    return a, b
+
+
+def test_migrates_v1_to_v2_keeping_every_run(tmp_path):
+    db = tmp_path / "old.sqlite"
+    a, b = make_v1(db)
+    with History(db) as h:
+        assert h.schema_version() == 2
+        runs = h.runs(limit=None)
+        assert [r.id for r in runs] == [3, 2, 1]
+        assert [r.scenario for r in runs] == [None, "warm", "warm"]
+        assert runs[1].host_digest is not None
+        np.testing.assert_array_equal(h.samples(1), a)
+        np.testing.assert_array_equal(h.samples(2), b)
+        rid = h.add_run(kind="probe", command="probe", summary={}, samples_ns=a,
+                        scenario="warm", model_key_="builtin:lstm", variant="xla")
+        h.add_gate_result(rid, 2, "warm", "pass", {})
+        assert h.last_pass(model_key_="builtin:lstm", variant="xla", scenario="warm",
+                           before=rid + 1).id == rid
+
+
+def test_migration_is_atomic(tmp_path, monkeypatch):
+    db = tmp_path / "old.sqlite"
+    make_v1(db)
+
+    def boom(con):
+        con.execute("ALTER TABLE runs ADD COLUMN scenario TEXT")
+        raise RuntimeError("crash mid-migration")
+    monkeypatch.setitem(hs.MIGRATIONS, 1, boom)
+    with pytest.raises(RuntimeError):
+        History(db)
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 1
+    cols = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
+    assert "scenario" not in cols and con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
+    con.close()
+    monkeypatch.undo()
+    with History(db) as h:
+        assert h.schema_version() == 2 and len(h.runs(limit=None)) == 3
+
+
+def test_newer_schema_is_refused(tmp_path):
+    db = tmp_path / "new.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA user_version = 99")
+    con.close()
+    with pytest.raises(HistoryError, match="newer than this hftagent"):
+        History(db)
+
+
+# -- corruption -------------------------------------------------------------------------------------
+def test_not_a_database_is_a_clear_error_and_left_untouched(tmp_path):
+    db = tmp_path / "h.sqlite"
+    junk = b"this is not sqlite at all\n" * 100
+    db.write_bytes(junk)
+    with pytest.raises(HistoryError, match="unreadable.*left untouched"):
+        History(db)
+    assert db.read_bytes() == junk
+
+
+def test_damaged_page_is_a_clear_error_and_file_kept(tmp_path):
+    db = tmp_path / "h.sqlite"
+    for i in range(30):
+        record_run("probe", {"pad": "x" * 2000}, lat(2000, i), command="probe",
+                   fingerprint=FP, db=db)
+    with History(db) as h:  # checkpoint the WAL into the main file, then damage it
+        h.con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(db.read_bytes())
+    data[4096:4096 * 8] = b"\xff" * (4096 * 7)
+    db.write_bytes(bytes(data))
+    with pytest.raises(HistoryError, match="unreadable"):
+        with History(db) as h:
+            h.runs(limit=None)
+            for r in h.runs(limit=None):
+                h.samples(r.id)
+    assert db.read_bytes() == bytes(data)
+
+
+def test_damaged_sample_blob_loses_only_that_run(tmp_path):
+    db = tmp_path / "h.sqlite"
+    ids = [record_run("probe", {}, lat(700, i), command="probe", fingerprint=FP, db=db)
+           for i in range(3)]
+    with History(db) as h:
+        h.con.execute("UPDATE samples SET data = ? WHERE run_id = ?", (b"garbage", ids[1]))
+        with pytest.raises(HistoryError, match=f"run {ids[1]}: stored samples are damaged"):
+            h.samples(ids[1])
+        np.testing.assert_array_equal(h.samples(ids[0]), lat(700, 0))
+        np.testing.assert_array_equal(h.samples(ids[2]), lat(700, 2))
+        assert len(h.runs(limit=None)) == 3
+
+
+# -- concurrent writers -------------------------------------------------------------------------------
+def _writer(db: str, wid: int, n: int) -> None:
+    for i in range(n):
+        record_run("probe", {"writer": wid, "i": i}, lat(500, wid * 1000 + i), command="probe",
+                   builtin="lstm", variant="tflite", fingerprint=FP, db=db)
+
+
+def test_concurrent_writers(tmp_path):
+    db = str(tmp_path / "h.sqlite")  # no file yet: the writers also race to create the schema
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(db, w, 15)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    with History(db) as h:
+        runs = h.runs(limit=None)
+        assert len(runs) == 60 and len({r.id for r in runs}) == 60
+        seen = {(r.summary["writer"], r.summary["i"]) for r in runs}
+        assert seen == {(w, i) for w in range(4) for i in range(15)}
+        for r in runs[:8]:
+            w, i = r.summary["writer"], r.summary["i"]
+            np.testing.assert_array_equal(h.samples(r.id), lat(500, w * 1000 + i))
