@@ -11,15 +11,18 @@ Three layers, one module:
   method's docstring names its unit and the ``nvidia-smi`` equivalent. Tests pass a fake
   library with the same shape (tests/fakes/nvml.py).
 * :class:`GpuCollector` -- the uniform collector (collectors.base) for watch: fast signals in
-  ``sample()`` (~20 µs per GPU measured on the H200), slow ones on their own thread (PCIe
-  throughput blocks ~20 ms per call; violation counters and the replay counter ~0.1-0.5 ms).
+  ``sample()`` (58 µs median per call for one idle H200; 309 µs median, 1.2 ms p99 with the
+  GPU busy and the slow thread running, see docs/gpu-validation.md), slow ones on their own
+  thread (PCIe throughput blocks ~20 ms per call; violation status 0.4-1.0 ms; replay counter
+  0.1-0.2 ms).
 * :func:`gpu_causes` -- attribution of a slow window to "GPU throttle (reason)", "GPU shared
   with PID ... (name)" and "PCIe replay / errors", from the collector's recent history.
 
-Per-call costs measured on the lent H200 (driver 580.159.04, nvidia-ml-py 13.x, 2026-11-29):
-clock 1.9 µs, event reasons 1.6 µs, utilisation 1.4 µs, compute processes 8 µs, volatile ECC
-1.5 µs, replay counter 93 µs, violation status 420-480 µs, field values 520 µs, application
-clocks 520-640 µs, PCIe throughput 20.6 ms (see docs/gpu-validation.md, bench/nvml_cost.py).
+Raw pynvml per-call costs measured on the lent H200 (driver 580.159.04, 2026-11-29): clock
+1.9-2.2 µs, event reasons 1.6-1.8 µs, utilisation 1.4-1.8 µs, compute processes 8-10 µs,
+volatile ECC 1.5-3 µs, replay counter 93-175 µs, violation status 0.4-0.8 ms, application
+clocks 0.5-0.6 ms, PCIe throughput 20.6-20.9 ms. The adapter adds ~4 µs per call there
+(docs/gpu-validation.md, bench/nvml_cost.py).
 """
 
 from __future__ import annotations
