@@ -59,9 +59,11 @@ def test_no_driver_is_one_unsupported_finding():
     assert "no NVIDIA driver loaded" in f.current
 
 
-def test_no_driver_but_an_nvidia_device_in_sysfs_says_so():
-    [f] = checks.check(AuditContext(Host(FIX / "gpu-h200"), PROFILE, [0], list(range(16))))
-    assert f.status == Status.UNSUPPORTED and "0000:00:06.0" in f.current
+def test_captured_h200_tree_without_driver_file_is_unsupported_and_never_calls_nvml():
+    lib = h200_r580()
+    host = Host(FIX / "gpu-h200")
+    [f] = checks.check(AuditContext(host, PROFILE, [0], list(range(16)), gpu=Nvml(lib=lib)))
+    assert f.status == Status.UNSUPPORTED and lib.calls == []
 
 
 def test_root_tree_never_queries_nvml(gpu_tree):
