@@ -73,6 +73,7 @@ class HotFile:
 
     def __init__(self, path: str, size: int = 65536) -> None:
         self.path = path
+        self.fd = -1  # set first: __del__ must work even when open() below raises
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._size = size
 

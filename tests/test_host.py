@@ -76,3 +76,15 @@ def test_hot_file_pread(tmp_path):
     p.write_text("4 5 6\n")  # same inode, rewritten: pread sees the new content
     assert hf.read() == b"4 5 6\n"
     hf.close()
+
+
+def test_hot_file_open_failure_raises_cleanly(tmp_path):
+    import gc
+    import warnings
+
+    h = Host(FIXTURES / "vm-dev")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FileNotFoundError):
+            h.open_hot(tmp_path / "missing")
+        gc.collect()  # the half-built HotFile's __del__ must not raise
