@@ -233,7 +233,9 @@ class SchedCollector:
                 if state == "R":
                     runnable[cpu] += 1
                 prev = self._prev_runs.get(tid)
-                delta = run_ns - prev if prev is not None and self._last_scan_ns else 0
+                # A task absent from the previous scan started since: all its run time falls
+                # in this interval (a freshly started hog is the typical culprit).
+                delta = (run_ns - (prev or 0)) if self._last_scan_ns else 0
                 if delta > 0:
                     runs.append(TaskRun(tid, pid, comm, cpu, delta, state))
                     others[cpu] += delta

@@ -374,7 +374,7 @@ class Attributor:
         best = None
         for c in cpus:
             w = v.counter(f"cpu.{c}.steal_ticks")
-            if w is not None and w.window >= 1 and w.z >= 2:
+            if w is not None and w.window >= 1 and (w.z >= 2 or w.base_rate == 0):
                 if best is None or w.window > best.window:
                     best = w
         if best is None:

@@ -43,15 +43,12 @@ EXPECTED = {"cpu_hog": "cpu_contention", "softirq_flood": "softirq",
             "memory_pressure": "page_faults", "oversubscription": "cpu_contention",
             "migration": "migration"}
 
-_HOG = "import os,sys\nos.sched_setaffinity(0,[int(c) for c in sys.argv[1].split(',')])\n" \
-       "x=0\nwhile True:\n    x+=1\n"
+_HOG = "import os,sys\nif sys.argv[1]: os.sched_setaffinity(0,[int(c) for c in " \
+       "sys.argv[1].split(',')])\nos.nice(int(sys.argv[2]))\nx=0\nwhile True:\n    x+=1\n"
 
 
-def _spawn_hog(cpus: str | None) -> subprocess.Popen:
-    if cpus is None:
-        code = "x=0\nwhile True:\n    x+=1\n"
-        return subprocess.Popen([sys.executable, "-c", code])
-    return subprocess.Popen([sys.executable, "-c", _HOG, cpus])
+def _spawn_hog(cpus: str | None, nice: int = 0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _HOG, cpus or "", str(nice)])
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -67,9 +64,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 @contextlib.contextmanager
-def cpu_hog(cpu: int, duty: float = 1.0) -> Iterator[list[int]]:
-    """A busy-loop process pinned to ``cpu``."""
-    procs = [_spawn_hog(str(cpu))]
+def cpu_hog(cpu: int, nice: int = 0, count: int = 1) -> Iterator[list[int]]:
+    """``count`` busy-loop processes pinned to ``cpu`` at ``nice``."""
+    procs = [_spawn_hog(str(cpu), nice) for _ in range(count)]
     try:
         yield [p.pid for p in procs]
     finally:
@@ -77,10 +74,10 @@ def cpu_hog(cpu: int, duty: float = 1.0) -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def oversubscription(threads: int | None = None) -> Iterator[list[int]]:
+def oversubscription(threads: int | None = None, nice: int = 0) -> Iterator[list[int]]:
     """``threads`` (default 2 × CPUs) unpinned busy processes."""
     n = threads or 2 * (os.cpu_count() or 1)
-    procs = [_spawn_hog(None) for _ in range(n)]
+    procs = [_spawn_hog(None, nice) for _ in range(n)]
     try:
         yield [p.pid for p in procs]
     finally:

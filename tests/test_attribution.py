@@ -1,0 +1,192 @@
+"""The attribution engine on synthetic signal traces with known causes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.watch.attribution import Attributor, Spike
+from agent.watch.ring import SignalRing
+from collectors.sched import TaskRun
+
+MS = 1_000_000
+T0 = 100_000 * MS  # trace start (monotonic ns)
+ROW = 10 * MS
+N = 1500  # 15 s of 10 ms rows
+SPIKE_ROW = 1400
+TID = 4242
+
+
+def trace(rng, signals: dict[str, callable], name: str) -> SignalRing:
+    """One collector ring: each signal is f(row) -> value (counter deltas or gauges)."""
+    r = SignalRing(name, capacity=2000)
+    for i in range(N):
+        r.append(T0 + i * ROW, T0 + (i + 1) * ROW, {k: f(i, rng) for k, f in signals.items()})
+    return r
+
+
+def quiet_rings(rng, **override) -> dict[str, SignalRing]:
+    """A quiet host: a few timer interrupts, no steal, no faults, thread never waiting."""
+    sched = {f"sched.{TID}.rq_delay_ns": lambda i, g: float(g.integers(0, 20_000)),
+             f"sched.{TID}.nivcsw": lambda i, g: 0.0,
+             f"sched.{TID}.minflt": lambda i, g: 0.0,
+             f"sched.{TID}.majflt": lambda i, g: 0.0,
+             f"sched.{TID}.cpu": lambda i, g: 1.0}
+    softirq = {"softirq.1.TIMER": lambda i, g: float(g.integers(0, 3)),
+               "softirq.1.NET_RX": lambda i, g: float(g.integers(0, 2)),
+               "softirq.0.NET_RX": lambda i, g: float(g.integers(0, 2))}
+    irq = {"irq.1.LOC": lambda i, g: float(g.integers(5, 12)),
+           "irq.1.38": lambda i, g: float(g.integers(0, 2))}
+    cpu = {"cpu.1.steal_ticks": lambda i, g: 0.0, "cpu.1.freq_hz": lambda i, g: 3.0e9}
+    memory = {"mem.all.pgmajfault": lambda i, g: 0.0, "mem.all.compact_stall": lambda i, g: 0.0,
+              "psi.memory.some_us": lambda i, g: 0.0}
+    fams = {"sched": sched, "softirq": softirq, "irq": irq, "cpu": cpu, "memory": memory}
+    for key, fn in override.items():
+        fam = key.split("__")[0]
+        fams[fam][key.split("__")[1]] = fn
+    return {name: trace(rng, sigs, name) for name, sigs in fams.items()}
+
+
+def at_spike(base, value):
+    """Signal = base outside the spike row, ``value`` in it."""
+    return lambda i, g: value if i == SPIKE_ROW else base(i, g)
+
+
+def spike(**kw) -> Spike:
+    start = T0 + SPIKE_ROW * ROW + 2 * MS
+    d = dict(seq=1, start_ns=start, end_ns=start + 4 * MS, pid=TID, tid=TID, p50_ns=400_000,
+             nivcsw=0, nvcsw=0, minflt=0, majflt=0, cpu_ns=4 * MS, rq_delay_ns=0,
+             cpu_start=1, cpu_end=1)
+    d.update(kw)
+    return Spike(**d)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(7)
+
+
+def test_cpu_contention_names_the_task(rng):
+    rings = quiet_rings(rng, **{
+        f"sched__sched.{TID}.rq_delay_ns": at_spike(lambda i, g: 5_000.0, 3_300_000.0)})
+    hog = TaskRun(999, 999, "stress-ng-cpu", 1, 8_000_000, "R")
+    calls = []
+
+    def who_ran(t0, t1, cpus):
+        calls.append((t0, t1, set(cpus)))
+        return [hog]
+    a = Attributor(rings, [1], who_ran=who_ran).attribute(
+        spike(nivcsw=2, rq_delay_ns=3_200_000, cpu_ns=800_000))
+    assert a.cause == "cpu_contention"
+    top = a.causes[0]
+    assert "stress-ng-cpu (pid 999)" in top.detail
+    assert top.evidence["rq_delay_us"] == 3200.0 and top.evidence["nivcsw"] == 2
+    assert calls and 1 in calls[0][2]
+    assert 0 <= a.unexplained < 0.2
+
+
+def test_softirq_burst_without_preemption(rng):
+    rings = quiet_rings(rng, **{"softirq__softirq.1.NET_RX": at_spike(
+        lambda i, g: float(g.integers(0, 2)), 400.0)})
+    a = Attributor(rings, [1]).attribute(spike())
+    assert a.cause == "softirq"
+    assert "NET_RX on CPU 1" in a.causes[0].detail
+    # The same burst on another CPU is not the probe's problem.
+    rings = quiet_rings(rng, **{"softirq__softirq.0.NET_RX": at_spike(
+        lambda i, g: float(g.integers(0, 2)), 400.0)})
+    assert Attributor(rings, [1]).attribute(spike()).cause == "unexplained"
+
+
+def test_hardware_irq_named_with_its_device(rng):
+    rings = quiet_rings(rng, **{"irq__irq.1.38": at_spike(lambda i, g: 0.0, 900.0)})
+    a = Attributor(rings, [1], irq_desc=lambda: {"38": "PCI-MSIX 1-edge virtio2-input.0"}) \
+        .attribute(spike())
+    assert a.cause == "irq" and "IRQ 38 (virtio2-input.0)" in a.causes[0].detail
+
+
+def test_timer_ticks_from_a_busy_cpu_do_not_outrank_preemption(rng):
+    rings = quiet_rings(rng, **{"irq__irq.1.LOC": at_spike(lambda i, g: 8.0, 60.0)})
+    a = Attributor(rings, [1]).attribute(spike(nivcsw=1, rq_delay_ns=3_000_000))
+    assert a.cause == "cpu_contention"
+
+
+def test_ksoftirqd_preemption_is_softirq(rng):
+    rings = quiet_rings(rng)
+    who = [TaskRun(15, 15, "ksoftirqd/1", 1, 3_000_000, "R")]
+    a = Attributor(rings, [1], who_ran=lambda *a: who).attribute(
+        spike(nivcsw=1, rq_delay_ns=2_500_000))
+    assert a.cause == "softirq" and "ksoftirqd/1" in a.causes[0].detail
+
+
+def test_steal(rng):
+    rings = quiet_rings(rng, **{"cpu__cpu.1.steal_ticks": at_spike(lambda i, g: 0.0, 1.0)})
+    a = Attributor(rings, [1]).attribute(spike())
+    assert a.cause == "steal"
+
+
+def test_frequency_drop(rng):
+    rings = quiet_rings(rng, **{"cpu__cpu.1.freq_hz": at_spike(lambda i, g: 3.0e9, 1.2e9)})
+    a = Attributor(rings, [1]).attribute(spike())
+    assert a.cause == "freq_drop" and "1200 MHz" in a.causes[0].detail
+
+
+def test_major_faults_and_reclaim(rng):
+    rings = quiet_rings(rng, **{"memory__mem.all.pgmajfault": at_spike(lambda i, g: 0.0, 40.0),
+                                "memory__psi.memory.some_us": at_spike(lambda i, g: 0.0,
+                                                                       2500.0)})
+    a = Attributor(rings, [1]).attribute(spike(majflt=12, minflt=30))
+    assert a.cause == "page_faults"
+    assert a.causes[0].evidence["majflt"] == 12 and "mem.all.pgmajfault" in a.causes[0].evidence
+
+
+def test_minor_fault_storm_against_the_probes_own_baseline(rng):
+    recent = np.column_stack([rng.integers(0, 3, 500), np.zeros(500), np.zeros(500)])
+    a = Attributor(quiet_rings(rng), [1]).attribute(spike(minflt=300), recent)
+    assert a.cause == "page_faults"
+    # The same count is normal for a probe that always faults that much.
+    busy = np.column_stack([rng.integers(290, 310, 500), np.zeros(500), np.zeros(500)])
+    assert Attributor(quiet_rings(rng), [1]).attribute(spike(minflt=300), busy).cause == \
+        "unexplained"
+
+
+def test_migration_in_process_and_from_sched(rng):
+    a = Attributor(quiet_rings(rng), [1]).attribute(spike(cpu_start=1, cpu_end=0))
+    assert a.cause == "migration" and "CPU 1 to CPU 0" in a.causes[0].detail
+    # External client (no in-process CPU): the thread's last-CPU gauge changed in the window.
+    rings = quiet_rings(rng, **{f"sched__sched.{TID}.cpu": at_spike(lambda i, g: 1.0, 0.0)})
+    sp = spike(nivcsw=-1, nvcsw=-1, minflt=-1, majflt=-1, cpu_ns=-1, rq_delay_ns=-1,
+               cpu_start=-1, cpu_end=-1)
+    assert Attributor(rings, [1]).attribute(sp).cause == "migration"
+
+
+def test_external_client_contention_from_thread_rq_delay(rng):
+    rings = quiet_rings(rng, **{
+        f"sched__sched.{TID}.rq_delay_ns": at_spike(lambda i, g: 5_000.0, 3_500_000.0)})
+    sp = spike(nivcsw=-1, nvcsw=-1, minflt=-1, majflt=-1, cpu_ns=-1, rq_delay_ns=-1,
+               cpu_start=-1, cpu_end=-1)
+    a = Attributor(rings, [1]).attribute(sp)
+    assert a.cause == "cpu_contention"
+    assert a.causes[0].evidence["thread_rq_delay_window_us"] == 3500.0
+
+
+def test_nothing_unusual_is_unexplained(rng):
+    a = Attributor(quiet_rings(rng), [1]).attribute(spike())
+    assert a.cause == "unexplained" and a.unexplained == 1.0 and a.causes == []
+
+
+def test_gpu_throttle_and_foreign_process(rng):
+    rings = quiet_rings(rng)
+    gpu = {"gpu.0.clock_event_reasons": lambda i, g: 0x40 if i == SPIKE_ROW else 0x1,
+           "gpu.0.foreign_processes": lambda i, g: 0.0}
+    rings["gpu"] = trace(rng, gpu, "gpu")
+    a = Attributor(rings, [1]).attribute(spike())
+    assert a.cause == "gpu_throttle" and "hw_thermal" in a.causes[0].detail
+
+
+def test_scores_are_normalised_with_residual(rng):
+    rings = quiet_rings(rng, **{"softirq__softirq.1.NET_RX": at_spike(lambda i, g: 0.0, 60.0)})
+    a = Attributor(rings, [1]).attribute(spike(nivcsw=1, rq_delay_ns=2_000_000, majflt=1))
+    total = sum(c.score for c in a.causes) + a.unexplained
+    assert total == pytest.approx(1.0)
+    assert [c.score for c in a.causes] == sorted((c.score for c in a.causes), reverse=True)
+    assert {c.cause for c in a.causes} >= {"cpu_contention", "page_faults", "softirq"}

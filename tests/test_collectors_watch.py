@@ -1,0 +1,226 @@
+"""Watch collectors against the vm-dev fixture tree (a real capture of the dev VM), cross-checked
+with the audit's independent parsers, plus counter wrap/reset and permission-loss handling."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.watch.ring import DeltaTracker, counter_delta
+from agent.watch.sampler import Sampler
+from collectors.base import Availability
+from collectors.cpu import CpuCollector, fast_proc_stat
+from collectors.host import Host
+from collectors.irq import IrqCollector, SoftirqCollector, fast_interrupts
+from collectors.memory import MemoryCollector, parse_psi
+from collectors.numa import NumaCollector
+from collectors.parsers import (
+    parse_interrupts,
+    parse_proc_stat,
+    parse_softirqs,
+    parse_vmstat,
+)
+from collectors.perf import parse_perf_line
+from collectors.sched import SchedCollector, parse_stat_fields, parse_status_switches
+
+FIX = Path(__file__).parent / "fixtures" / "vm-dev"
+
+
+@pytest.fixture
+def host() -> Host:
+    return Host(FIX)
+
+
+def test_cpu_collector_matches_proc_stat(host):
+    c = CpuCollector(host, [1])
+    assert c.available().ok
+    got = c.sample()
+    ref = parse_proc_stat((FIX / "proc/stat").read_text())
+    for f in ("user", "system", "idle", "irq", "softirq", "steal"):
+        assert got[f"cpu.1.{f}_ticks"] == ref.cpus[1][f]
+    assert "cpu.0.user_ticks" not in got  # restricted to the probe CPU
+    assert got["cpu.all.ctxt"] == ref.ctxt
+    assert got["cpu.all.procs_running"] == ref.procs_running
+    # The VM has no cpufreq driver: unsupported, never a 0 frequency.
+    assert "cpu.1.freq_hz" not in got
+    assert c.unsupported["cpu.1.freq_hz"].startswith("unsupported")
+    c.close()
+
+
+def test_irq_and_softirq_collectors_match_parsers(host):
+    irq = IrqCollector(host, [0, 1])
+    got = irq.sample()
+    cpus, rows = parse_interrupts((FIX / "proc/interrupts").read_text())
+    n = 0
+    for row in rows:
+        if len(row.counts) == len(cpus):
+            for i, c in enumerate(cpus):
+                assert got[f"irq.{c}.{row.irq}"] == row.counts[i]
+                n += 1
+        else:
+            assert got[f"irq.all.{row.irq}"] == row.counts[0]
+    assert n > 20
+    some = next(r for r in rows if r.numeric and r.desc)
+    assert irq.descriptions[some.irq] == some.desc
+    soft = SoftirqCollector(host, [1]).sample()
+    scpus, srows = parse_softirqs((FIX / "proc/softirqs").read_text())
+    for name, counts in srows.items():
+        assert soft[f"softirq.1.{name}"] == counts[scpus.index(1)]
+    assert not any(k.startswith("softirq.0.") for k in soft)
+
+
+def test_memory_and_numa_collectors(host):
+    m = MemoryCollector(host)
+    assert m.available().ok
+    got = m.sample()
+    ref = parse_vmstat((FIX / "proc/vmstat").read_text())
+    for k in ("pgfault", "pgmajfault", "compact_stall", "numa_miss"):
+        if k in ref:
+            assert got[f"mem.all.{k}"] == ref[k]
+    assert "mem.all.nr_free_pages" not in got  # gauges of no use to attribution are not kept
+    # PSI is in the capture: totals in µs.
+    assert got["psi.memory.some_us"] >= 0 and "psi.cpu.some_us" in got
+    n = NumaCollector(host, [1])
+    assert n.nodes == [0] and n.available().ok
+    v = n.sample()
+    assert v["numa.0.numa_hit"] > 0 and "numa.0.other_node" in v
+
+
+def test_sched_collector_live_thread_and_scan():
+    """The capture holds no task directories, so this one reads the live /proc: our own
+    thread's schedstat/stat/status, and a scan that sees a busy child on our CPU."""
+    import subprocess
+    import sys
+    import time
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    h = Host()
+    me = os.getpid()
+    c = SchedCollector(h, [me], [cpu], scan_period_s=0.0, min_scan_gap_s=0.0, status_every=1)
+    assert c.available().ok
+    first = c.sample()
+    assert first[f"sched.{me}.run_ns"] > 0 and f"sched.{me}.nivcsw" in first
+    hog = subprocess.Popen([sys.executable, "-c",
+                            f"import os; os.sched_setaffinity(0, [{cpu}])\nwhile True: pass"])
+    try:
+        t0 = time.monotonic_ns()
+        time.sleep(0.4)
+        c.sample()
+        runs = c.who_ran(t0, time.monotonic_ns())
+        assert any(r.pid == hog.pid and r.cpu == cpu and r.run_ns > 10_000_000 for r in runs)
+    finally:
+        hog.kill()
+        hog.wait()
+    c.close()
+
+
+def test_missing_proc_files_are_unavailable_not_zero(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "sys").mkdir()
+    h = Host(tmp_path)
+    a = MemoryCollector(h).available()
+    assert not a.ok and "vmstat" in a.reason
+    assert not SoftirqCollector(h).available().ok
+    assert not NumaCollector(h, [0]).available().ok
+    s = SchedCollector(h, [12345], [0]).available()
+    assert not s.ok and s.reason.startswith("absent")
+
+
+def test_fast_parsers_edge_cases():
+    with pytest.raises(ValueError):
+        fast_proc_stat(b"intr 1 2\nctxt 5\n", None)
+    out, desc = fast_interrupts(b"           CPU0       CPU1\n  5:  1  2  IO-APIC 5-edge  acpi\n"
+                                b"LOC:  10  20  Local timer interrupts\nERR:  3\n", None)
+    assert out == {"irq.0.5": 1, "irq.1.5": 2, "irq.0.LOC": 10, "irq.1.LOC": 20, "irq.all.ERR": 3}
+    assert desc["5"] == "IO-APIC 5-edge acpi"
+    rest = ["R"] + ["0"] * 48
+    rest[7], rest[9], rest[11], rest[12], rest[36] = "7", "3", "11", "4", "1"  # stat fields
+    comm, state, mn, mj, ticks, cpu = parse_stat_fields(  # 10, 12, 14, 15, 39
+        b"42 (a) b (c)) " + " ".join(rest).encode())
+    assert (comm, state, mn, mj, ticks, cpu) == ("a) b (c)", "R", 7, 3, 15, 1)
+    assert parse_status_switches(b"Name:\tx\nvoluntary_ctxt_switches:\t12\n"
+                                 b"nonvoluntary_ctxt_switches:\t3\n") == (12, 3)
+    assert parse_psi(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=123\n"
+                     b"full avg10=0.00 avg60=0.00 avg300=0.00 total=7\n", "io") == \
+        {"psi.io.some_us": 123.0, "psi.io.full_us": 7.0}
+    assert parse_perf_line("0.100,<not supported>,,cycles,0,100.00,,") == \
+        ("cycles", None, "<not supported>")
+    assert parse_perf_line("0.100,<not counted>,,page-faults,0,100.00,,") == \
+        ("page-faults", 0.0, "<not counted>")
+    assert parse_perf_line("0.200,17,,context-switches,100,100.00,,")[:2] == \
+        ("context-switches", 17.0)
+    assert parse_perf_line("# time counts unit events") is None
+
+
+def test_counter_wrap_and_reset():
+    assert counter_delta(10, 15) == 5
+    # /proc/interrupts counts are 32-bit per CPU: a wrap is a delta, not a negative.
+    assert counter_delta(2**32 - 3, 4) == 7
+    # A reset (the source restarted) is unknown, never negative and never invented.
+    d = counter_delta(5_000_000_000, 12)
+    assert d != d
+    assert counter_delta(None, 3) != counter_delta(None, 3)
+    t = DeltaTracker(lambda n: n.endswith("_total"))
+    assert t.update({"a_total": 100.0, "g": 5.0}) == {"g": 5.0}
+    assert t.update({"a_total": 130.0, "g": 6.0}) == {"a_total": 30.0, "g": 6.0}
+    out = t.update({"a_total": 10.0})
+    assert out["a_total"] != out["a_total"] and t.resets == 1
+    assert t.update({"a_total": 25.0}) == {"a_total": 15.0}
+
+
+class _Flaky:
+    """A collector that loses its permission after ``ok_runs`` samples."""
+
+    name = "flaky"
+    period_s = 0.0
+
+    def __init__(self, ok_runs: int) -> None:
+        self.left = ok_runs
+        self.closed = False
+
+    def available(self) -> Availability:
+        return Availability.yes()
+
+    def is_counter(self, name: str) -> bool:
+        return True
+
+    def sample(self):
+        if self.left <= 0:
+            raise PermissionError(13, "Permission denied", "/proc/1/schedstat")
+        self.left -= 1
+        return {"flaky.x": float(self.left)}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_collector_losing_permission_degrades_to_unsupported(host):
+    flaky = _Flaky(3)
+    cpu = CpuCollector(host, [1])
+    s = Sampler([flaky, cpu], hz=100)
+    for i in range(10):
+        s.round(now_ns=1_000_000_000 + i * 60_000_000)
+    st = s.stats.per_collector
+    assert st["flaky"].state == "unsupported" and "Permission" in st["flaky"].reason
+    assert flaky.closed
+    assert st["flaky"].runs == 4  # never retried after it degraded
+    assert st["cpu"].state == "ok" and st["cpu"].runs == 10
+    assert s.ring("cpu").rows == 10
+
+
+def test_permission_loss_on_a_real_file(tmp_path):
+    """The hot file disappears under the collector (a tree unmounted / the process gone)."""
+    root = tmp_path / "vm"
+    shutil.copytree(FIX / "proc", root / "proc", ignore=shutil.ignore_patterns("[0-9]*"))
+    (root / "sys").mkdir()
+    h = Host(root)
+    soft = SoftirqCollector(h, [1])
+    s = Sampler([soft], hz=100, max_failures=2)
+    s.round(now_ns=10**9)
+    soft._soft.close()  # the descriptor goes bad: EBADF on the next pread
+    (root / "proc/softirqs").unlink()
+    for i in range(1, 5):
+        s.round(now_ns=10**9 + i * 10**7)
+    assert s.stats.per_collector["softirq"].state == "unsupported"
