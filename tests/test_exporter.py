@@ -360,3 +360,33 @@ def test_textfile_bad_directory(tmp_path):
         ro.mkdir(mode=0o555)
         with pytest.raises(AgentError, match="cannot write"):
             write_textfile(FINDINGS, ro)
+
+
+def test_series_count_matches_docs_fleet_formula():
+    """docs/fleet.md: exporter series per box = 53 + 7 C + 2 K + P + 16 G + 3 D (the other
+    21 of its 74 are Prometheus' own per-target series and the recording rules)."""
+    C, K, P, G, D = 32, 7, 2, 1, 1
+    m = WatchMetrics(p99_budget_us=2000)
+    for i in range(7000):
+        m.observe(400_000 + i)
+    m.probe_up(True)
+    m.set_audit([Finding(f"fam.check{i}", "fam", "t", Status.OK) for i in range(C)])
+    for k in range(K):
+        m.set_collector(f"c{k}", True, 0.001)
+    for cpu in range(P):
+        m.set_gauge("cpu_frequency_hertz", 2e9, cpu=cpu)
+    for g in range(G):
+        for clock in ("graphics", "sm", "memory", "video"):
+            m.set_gauge("gpu_clock_hertz", 1e9, gpu=g, clock=clock)
+        m.set_gpu_clock_event_reasons(g, 0)
+        m.set_gauge("gpu_temperature_celsius", 40, gpu=g)
+        m.set_gauge("gpu_power_watts", 100, gpu=g)
+        m.set_gauge("gpu_foreign_processes", 0, gpu=g)
+    for d in range(D):
+        dev = f"0000:{17 + d:02x}:00.0"
+        for name in ("pcie_link_degraded", "pcie_link_speed_transfers_per_second",
+                     "pcie_link_width"):
+            m.set_gauge(name, 1, device=dev)
+    body = render(make_registry(m))[0].decode()
+    series = [ln for ln in body.splitlines() if ln and not ln.startswith("#")]
+    assert len(series) == 53 + 7 * C + 2 * K + P + 16 * G + 3 * D

@@ -205,3 +205,101 @@ def test_prometheus_fires_tail_jitter_and_evaluates_the_dashboard(stack):
     for must in ("p99_rate5m", "jitter_ratio:rate5m", "spikes_total", "audit_check_status",
                  "probe_up"):
         assert not [e for e in empty if must in e], (must, empty)
+
+
+# ---- the same against the real `hftagent watch --listen` with a tiny fault ---------------
+
+HFTAGENT = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "hftagent"
+
+
+def _watch_registered() -> bool:
+    from agent.cli import COMMANDS
+    return "agent.commands.watch" in COMMANDS
+
+
+class StallFault(threading.Thread):
+    """Tiny fault: SIGSTOP the probe worker for 15 ms every 150 ms. Open-loop timing charges
+    the stall to the samples due during it, so ~10 % of them land over 5 ms."""
+
+    def __init__(self, watch_pid: int) -> None:
+        super().__init__(daemon=True)
+        self.watch_pid, self.stop = watch_pid, threading.Event()
+        self.stalls = 0
+
+    def run(self) -> None:
+        import psutil
+        while not self.stop.is_set():
+            try:
+                kids = psutil.Process(self.watch_pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            workers = [k for k in kids if "worker" in " ".join(k.cmdline())]
+            for w in workers:
+                try:
+                    w.suspend()
+                    time.sleep(0.015)
+                    w.resume()
+                    self.stalls += 1
+                except psutil.NoSuchProcess:
+                    pass
+            self.stop.wait(0.15)
+
+
+@pytest.mark.skipif(not _watch_registered(), reason="`hftagent watch` not registered yet")
+def test_prometheus_fires_on_hftagent_watch_with_a_fault(tmp_path):
+    exporter_port = free_port()
+    watch = subprocess.Popen(
+        [str(HFTAGENT), "watch", "--probe", "numpy", "--rate", "500", "--duration", "120",
+         "--listen", f"127.0.0.1:{exporter_port}", "--no-live",
+         "--spike-log", str(tmp_path / "spikes.jsonl")],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "watch.log", "wb"), cwd=tmp_path,
+        start_new_session=True)
+    fault = StallFault(watch.pid)
+    fast_rules(tmp_path / "hftagent.rules.yml")
+    (tmp_path / "prometheus.yml").write_text(f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [hftagent.rules.yml]
+scrape_configs:
+  - job_name: hftagent
+    scrape_timeout: 900ms
+    static_configs: [{{targets: ["127.0.0.1:{exporter_port}"]}}]
+""")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    prom = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=tmp_path, start_new_session=True)
+    try:
+        def probe_timing():
+            with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics",
+                                        timeout=2) as r:
+                body = r.read().decode()
+            return "hftagent_probe_up 1.0" in body
+
+        wait_for("watch probe up", probe_timing, 60, watch)
+        fault.start()
+
+        def jitter_alert():
+            return [a for a in api(base, "alerts")["data"]["alerts"]
+                    if a["labels"]["alertname"] == "HftTailJitterHigh"
+                    and a["state"] in ("pending", "firing")]
+
+        got = wait_for("HftTailJitterHigh from watch", jitter_alert, 60, prom)
+        assert got[0]["labels"]["threshold_us"] == "5000"
+        assert fault.stalls > 0
+    finally:
+        fault.stop.set()
+        for p in (watch, prom):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in (watch, prom):
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+        fault.join(5)
+    with socket.socket() as s:  # SIGTERM left nothing listening
+        assert s.connect_ex(("127.0.0.1", exporter_port)) != 0
