@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,9 +61,11 @@ def test_no_driver_is_one_unsupported_finding():
     assert "no NVIDIA driver loaded" in f.current
 
 
-def test_captured_h200_tree_without_driver_file_is_unsupported_and_never_calls_nvml():
+def test_captured_h200_tree_without_driver_file_is_unsupported_and_never_calls_nvml(tree_copy):
+    root = tree_copy("gpu-h200")
+    shutil.rmtree(root / "proc/driver/nvidia")  # as if the driver were not loaded
     lib = h200_r580()
-    host = Host(FIX / "gpu-h200")
+    host = Host(root)
     [f] = checks.check(AuditContext(host, PROFILE, [0], list(range(16)), gpu=Nvml(lib=lib)))
     assert f.status == Status.UNSUPPORTED and lib.calls == []
 
