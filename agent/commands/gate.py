@@ -257,23 +257,24 @@ def _input_from_file(doc: dict, variant: str | None, path: str):
 
 def render(verdicts, code: int) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     con = Console()
     style = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim",
              "insufficient": "magenta", "not-comparable": "bold yellow"}
     for v in verdicts:
-        t = Table(title=f"gate [{v.scenario}] {v.current} vs {v.baseline or 'no baseline'}: "
+        t = Table(title=f"gate \\[{v.scenario}] {v.current} vs {v.baseline or 'no baseline'}: "
                         f"[{style.get(v.status, '')}]{v.status}[/]", title_justify="left")
         for col in ("check", "status", "value", "limit", "detail"):
             t.add_column(col, overflow="fold")
         for c in v.checks:
-            t.add_row(c.name, f"[{style.get(c.status, '')}]{c.status}[/]", c.value, c.limit,
-                      c.detail)
+            t.add_row(c.name, f"[{style.get(c.status, '')}]{c.status}[/]", escape(c.value),
+                      escape(c.limit), escape(c.detail))
         con.print(t)
         for m in v.mismatches:
-            con.print(f"  host differs: {m}", style="yellow")
+            con.print(f"  host differs: {escape(m)}", style="yellow")
         for n in v.notes:
-            con.print(f"  note: {n}", style="dim")
+            con.print(f"  note: {escape(n)}", style="dim")
     words = {0: "pass", 1: "FAIL", 2: "NOT COMPARABLE (--allow-mismatch to compare anyway)",
              3: "INSUFFICIENT SAMPLES"}
     con.print(f"gate: {words[code]} (exit {code})")
