@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
-
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
