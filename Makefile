@@ -33,8 +33,12 @@ run: $(STAMP)
 test: $(STAMP) apt-deps
 	$(BIN)/python -m pytest -q
 
+# The benchmarks behind docs/benchmarks.md (several minutes; run on a quiet machine).
 bench: $(STAMP)
 	$(BIN)/python bench/audit_bench.py
+	$(BIN)/python bench/probe_bench.py
+	$(BIN)/python bench/scrape_bench.py
+	$(BIN)/python bench/nvml_cost.py --fake
 
 lint: $(STAMP)
 	$(BIN)/ruff check agent collectors tuning tests bench
