@@ -248,3 +248,17 @@ def test_concurrent_writers(tmp_path):
         for r in runs[:8]:
             w, i = r.summary["writer"], r.summary["i"]
             np.testing.assert_array_equal(h.samples(r.id), lat(500, w * 1000 + i))
+
+
+def test_audit_summary_rides_along_in_later_fingerprints(tmp_path):
+    db = tmp_path / "h.sqlite"
+    report = {"findings": [{"id": "a", "status": "ok"}, {"id": "b", "status": "fail"},
+                           {"id": "c", "status": "fail"}]}
+    aid = record_run("audit", report, None, command="audit", fingerprint=dict(FP), db=db)
+    pid = record_run("probe", {}, lat(700), command="probe", fingerprint=dict(FP), db=db)
+    other = record_run("probe", {}, lat(700), command="probe", db=db,
+                       fingerprint=dict(FP, kernel="6.9"))
+    with History(db) as h:
+        assert h.get(aid).fingerprint["audit"] == {"ok": 1, "fail": 2}
+        assert h.get(pid).fingerprint["audit"] == {"run_id": aid, "ok": 1, "fail": 2}
+        assert h.get(other).fingerprint["audit"] is None   # another host configuration

@@ -94,7 +94,7 @@ def gate(
     if baseline != "last-pass" and not baseline.isdigit():
         base_file = load_baseline_file(baseline)
 
-    with History(db) as h:
+    with History(db, create=run is None) as h:
         if run is not None:
             rid = h.latest_id() if run == "latest" else _int_id(run, "--run")
             current_ids = [(h.get(rid).scenario or "warm", rid)]

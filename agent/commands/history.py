@@ -41,8 +41,14 @@ def history_list(ctx: typer.Context, model: ModelOpt = None, limit: LimitOpt = 2
                  kind: KindOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    from agent.history import History
+    from agent.history import History, resolve_db
     _check_limit(limit)
+    if not resolve_db(db).exists():  # listing never creates a database
+        if json_out:
+            print("[]")
+        else:
+            print(f"no runs recorded yet (no history database at {resolve_db(db)})")
+        return
     with History(db) as h:
         runs = h.runs(model=model, kind=kind, limit=limit)
         path = h.path
@@ -166,6 +172,7 @@ def plot(out: Annotated[str, typer.Option("--out", help="FILE.png or FILE.svg")]
         raise fail("history plot needs matplotlib: pip install 'hftagent[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     from agent.history import History
     with History(db, create=False) as h:
@@ -191,6 +198,7 @@ def plot(out: Annotated[str, typer.Option("--out", help="FILE.png or FILE.svg")]
     ax1.set_yscale("log")
     ax1.set_title(f"{latest.model_key} {latest.variant} [{latest.scenario}]")
     ax1.legend()
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.grid(True, which="both", alpha=0.3)
     if lat is not None and lat.size:
         import numpy as np
@@ -206,6 +214,10 @@ def plot(out: Annotated[str, typer.Option("--out", help="FILE.png or FILE.svg")]
             if v is not None:
                 ax2.axvline(v / 1e3, color=c, linestyle="--", label=f"{label} {v / 1e3:,.0f} µs")
         ax2.legend()
+    for axis in (ax1.yaxis, ax2.xaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        axis.set_minor_formatter(NullFormatter())
     ax2.set_xlabel("latency (µs)")
     ax2.set_ylabel("samples")
     ax2.set_title(f"run {latest.id}: {latest.sample_count or 0} samples")

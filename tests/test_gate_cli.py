@@ -1,0 +1,205 @@
+"""`hftagent gate` and `hftagent history` through the CLI on synthetic recorded runs: exit
+codes 0/1/2/3, baselines (id, file, last-pass), bad input as one stderr line with exit 1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli import get_app
+from agent.history import History, record_run
+
+runner = CliRunner()
+FP = {"version": 1, "hostname": "h", "kernel": "6.1", "cpu_model": "X", "online_cpus": "0-1",
+      "governors": "0-1=performance", "turbo": False, "isolated_cpus": "1",
+      "nohz_full_cpus": "1", "smt_active": 0, "virtualization": "none", "gpu_models": None,
+      "gpu_driver": None, "audit": None}
+
+
+def lat(n: int, scale: float = 1.0, seed: int = 0) -> np.ndarray:
+    r = np.random.default_rng(seed)
+    return (r.lognormal(np.log(200e3), 0.2, n) * scale).astype(np.int64)
+
+
+def add(db, x, fp=FP, variant="tflite", cold=300_000, scenario=None):
+    return record_run("probe", {}, x, command="probe", builtin="lstm", variant=variant,
+                      fingerprint=fp, cold_start_ns=cold, scenario=scenario, db=db)
+
+
+def gate(db, *args):
+    return runner.invoke(get_app(), ["gate", "--db", str(db), "--seed", "3", *args])
+
+
+@pytest.fixture
+def db(tmp_path):
+    return tmp_path / "h.sqlite"
+
+
+def test_pass_fail_and_last_pass(db):
+    add(db, lat(6636, seed=1))
+    add(db, lat(6636, seed=2))
+    add(db, lat(6636, 1.3, seed=3))
+    r = gate(db, "--run", "2", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["verdicts"][0]["baseline"] == "run 1"
+    r = gate(db, "--run", "3")
+    assert r.exit_code == 1 and "FAIL" in r.stdout and "p99-regression" in r.stdout
+    # last-pass skips the failed run 3: run 4 is compared with run 2.
+    add(db, lat(6636, seed=4))
+    r = gate(db, "--run", "latest", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["verdicts"][0]["baseline"] == "run 2"
+    with History(db) as h:
+        assert [x.gate_status for x in h.runs(limit=None)] == ["pass", "fail", "pass", None]
+
+
+def test_explicit_baseline_id_and_regression_option(db):
+    add(db, lat(6636, seed=1))
+    add(db, lat(6636, 1.3, seed=2))
+    assert gate(db, "--run", "2", "--baseline", "1").exit_code == 1
+    assert gate(db, "--run", "2", "--baseline", "1", "--max-p99-regression", "50%"
+                ).exit_code == 0
+
+
+def test_fingerprint_mismatch_exit_2(db):
+    add(db, lat(6636, seed=1))
+    add(db, lat(6636, seed=2), fp=dict(FP, governors="0-1=powersave"))
+    r = gate(db, "--run", "2")
+    assert r.exit_code == 2 and "governors" in r.stdout
+    assert gate(db, "--run", "2", "--allow-mismatch").exit_code == 0
+
+
+def test_insufficient_samples_exit_3(db):
+    add(db, lat(6636, seed=1))
+    add(db, lat(500, seed=2))
+    r = gate(db, "--run", "2")
+    assert r.exit_code == 3 and "662" in r.stdout
+
+
+def test_absolute_budgets(db):
+    add(db, lat(6636, seed=1), cold=5_000_000)
+    assert gate(db, "--run", "1", "--max-cold-start-us", "4300").exit_code == 1
+    assert gate(db, "--run", "1", "--max-cold-start-us", "6000").exit_code == 0
+    assert gate(db, "--run", "1", "--max-p99-us", "100").exit_code == 1
+
+
+def test_baseline_from_export_file_and_probe_json(db, tmp_path):
+    add(db, lat(6636, seed=1))
+    add(db, lat(6636, 1.3, seed=2))
+    r = runner.invoke(get_app(), ["history", "show", "1", "--json", "--db", str(db)])
+    assert r.exit_code == 0
+    f = tmp_path / "base.json"
+    f.write_text(r.stdout)
+    assert gate(db, "--run", "2", "--baseline", str(f)).exit_code == 1
+    # The same run against itself as a file baseline passes.
+    assert gate(db, "--run", "1", "--baseline", str(f)).exit_code == 0
+    # A probe --json document has no fingerprint: not comparable unless allowed.
+    p99 = int(np.sort(lat(6636, seed=1))[int(np.ceil(0.99 * 6636)) - 1])
+    probe_doc = {"schema": "hftagent.probe", "schema_version": 1, "runs": [
+        {"variant": "tflite", "status": "ok", "cold_start_ns": 1,
+         "latency": {"p99_ns": p99, "count": 6636}}]}
+    pf = tmp_path / "probe.json"
+    pf.write_text(json.dumps(probe_doc))
+    assert gate(db, "--run", "2", "--baseline", str(pf)).exit_code == 2
+    assert gate(db, "--run", "2", "--baseline", str(pf), "--allow-mismatch").exit_code == 1
+    assert gate(db, "--run", "1", "--baseline", str(pf), "--allow-mismatch").exit_code == 0
+
+
+# -- bad input: one line on stderr, exit 1, nothing lost ------------------------------------
+def cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def one_error_line(p: subprocess.CompletedProcess, needle: str) -> None:
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hftagent: error:"), p.stderr
+    assert needle in lines[0] and "Traceback" not in p.stderr
+
+
+def test_bad_inputs(db, tmp_path):
+    add(db, lat(1000))
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"schema": "something.else", "x": 1}))
+    notjson = tmp_path / "x.csv"
+    notjson.write_text("a,b\n1,2\n")
+    cases = [
+        (["gate", "--run", "99"], "unknown run id 99"),
+        (["gate", "--run", "abc"], "must be a run id"),
+        (["gate", "--run", "1", "--baseline", str(wrong)], "wrong format"),
+        (["gate", "--run", "1", "--baseline", str(notjson)], "not JSON"),
+        (["gate", "--run", "1", "--baseline", str(tmp_path / "nope.json")], "not a run id"),
+        (["gate", "--run", "1", "--max-p99-regression", "-5%"], "--max-p99-regression"),
+        (["gate", "--run", "1", "--max-p99-regression", "lots"], "--max-p99-regression"),
+        (["gate", "--run", "1", "--max-jitter-rate", "2"], "--max-jitter-rate"),
+        (["gate", "--run", "1", "--max-p99-us", "0"], "--max-p99-us"),
+        (["gate", "--run", "1", "--scenarios", "hot"], "unknown scenario"),
+        (["history", "show", "7"], "unknown run id 7"),
+        (["history", "plot", "--out", str(tmp_path / "x.pdf")], ".png or .svg"),
+        (["history", "export", "--format", "xml"], "--format"),
+    ]
+    for args, needle in cases:
+        one_error_line(cli(*args, "--db", str(db)), needle)
+    with History(db) as h:
+        assert len(h.runs(limit=None)) == 1
+
+
+def test_corrupt_database_is_one_line_and_untouched(tmp_path):
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"garbage" * 1000)
+    for args in (["gate", "--run", "1"], ["history"]):
+        one_error_line(cli(*args, "--db", str(bad)), "unreadable")
+    assert bad.read_bytes() == b"garbage" * 1000
+
+
+def test_db_from_environment(db, monkeypatch):
+    import os
+    add(db, lat(700))
+    p = cli("history", "--json", env=dict(os.environ, HFTAGENT_DB=str(db)))
+    assert p.returncode == 0 and [r["id"] for r in json.loads(p.stdout)] == [1]
+
+
+# -- history listing and export -------------------------------------------------------------------
+def test_history_list_show_export(db, tmp_path):
+    add(db, lat(700, seed=1))
+    add(db, lat(700, seed=2), variant="xla")
+    r = runner.invoke(get_app(), ["history", "--db", str(db), "--limit", "1", "--json"])
+    assert r.exit_code == 0 and [x["id"] for x in json.loads(r.stdout)] == [2]
+    r = runner.invoke(get_app(), ["history", "--db", str(db), "--model", "lstm"])
+    assert r.exit_code == 0 and "xla" in r.stdout and "tflite" in r.stdout
+    r = runner.invoke(get_app(), ["history", "--db", str(db), "--model", "nomatch", "--json"])
+    assert json.loads(r.stdout) == []
+    out = tmp_path / "runs.csv"
+    r = runner.invoke(get_app(), ["history", "export", "--db", str(db), "--out", str(out)])
+    assert r.exit_code == 0
+    rows = out.read_text().splitlines()
+    assert rows[0].startswith("id,created_utc,kind") and len(rows) == 3
+    r = runner.invoke(get_app(), ["history", "export", "--db", str(db), "--format", "json",
+                                  "--samples"])
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "hftagent.runs" and len(doc["runs"][1]["latency_ns"]) == 700
+    r = runner.invoke(get_app(), ["history", "show", "latest", "--db", str(db)])
+    assert r.exit_code == 0 and "run 2" in r.stdout
+
+
+def test_plot_without_matplotlib_is_one_clear_line(db, monkeypatch):
+    add(db, lat(700))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    r = runner.invoke(get_app(), ["history", "plot", "--db", str(db), "--out", "x.png"])
+    assert r.exit_code == 1 and "needs matplotlib" in r.stderr
+
+
+@pytest.mark.parametrize("ext,magic", [("png", b"\x89PNG"), ("svg", b"<?xml")])
+def test_plot_writes_file(db, tmp_path, ext, magic):
+    pytest.importorskip("matplotlib")
+    for i in range(3):
+        add(db, lat(700, 1 + i / 10, seed=i))
+    out = tmp_path / f"p.{ext}"
+    r = runner.invoke(get_app(), ["history", "plot", "--db", str(db), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:len(magic)] == magic
