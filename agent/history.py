@@ -478,14 +478,26 @@ def record_run(kind: str, summary: dict, samples_ns: np.ndarray | None, *, comma
                model_path: str | None = None, builtin: str | None = None,
                variant: str | None = None, tf_version: str | None = None,
                scenario: str | None = None, cold_start_ns: int | None = None,
-               fingerprint: dict | None = None, db: str | os.PathLike | None = None) -> int:
+               fingerprint: dict | None = None, db: str | os.PathLike | None = None,
+               warn: bool = False) -> int | None:
     """Store one run and return its id.
 
     ``summary``: any JSON-able dict (a probe RunResult dict puts its ``latency`` summary in the
     indexed columns). ``samples_ns``: raw per-sample latencies (int ns) or None. The host
     fingerprint is taken now unless given; the latest audit run's status counts ride along.
-    Raises HistoryError (an AgentError) when the database cannot be used.
+    Raises HistoryError (an AgentError) when the database cannot be used; with ``warn=True``
+    prints one warning line on stderr instead and returns None (a command whose own result
+    is already out must not fail because its history could not be written).
     """
+    if warn:
+        try:
+            return record_run(kind, summary, samples_ns, command=command,
+                              model_path=model_path, builtin=builtin, variant=variant,
+                              tf_version=tf_version, scenario=scenario,
+                              cold_start_ns=cold_start_ns, fingerprint=fingerprint, db=db)
+        except HistoryError as exc:
+            _warn(exc)
+            return None
     from agent import fingerprint as fpm
     if fingerprint is None:
         fingerprint = fpm.collect()
@@ -506,6 +518,11 @@ def record_run(kind: str, summary: dict, samples_ns: np.ndarray | None, *, comma
                          _builtin_hash(builtin) if key else None,
                          variant=variant, tf_version=tf_version, fingerprint=fingerprint,
                          cold_start_ns=cold_start_ns)
+
+
+def _warn(exc: Exception) -> None:
+    import sys
+    print(f"hftagent: warning: run not recorded in history: {exc}", file=sys.stderr)
 
 
 def audit_counts(summary: dict) -> dict:
@@ -540,9 +557,17 @@ def latencies_of(arrays: Any) -> np.ndarray | None:
 
 def record_probe(result: Any, arrays: list, *, command: str = "probe",
                  scenario: str = "warm", db: str | os.PathLike | None = None,
-                 fingerprint: dict | None = None) -> list[int]:
+                 fingerprint: dict | None = None, warn: bool = False) -> list[int]:
     """Store every run of a ProbeResult that got samples (one history run each); returns the
-    ids in order. ``arrays`` is parallel to ``result.runs`` (run_probe or run_config output)."""
+    ids in order. ``arrays`` is parallel to ``result.runs`` (run_probe or run_config output).
+    ``warn=True``: a history failure is one warning line on stderr, never an exception."""
+    if warn:
+        try:
+            return record_probe(result, arrays, command=command, scenario=scenario, db=db,
+                                fingerprint=fingerprint)
+        except HistoryError as exc:
+            _warn(exc)
+            return []
     from agent import fingerprint as fpm
     d = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     fingerprint = fingerprint or fpm.collect()
