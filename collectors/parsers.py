@@ -51,6 +51,23 @@ def parse_cpulist(text: str) -> list[int]:
     return sorted(cpus)
 
 
+def parse_cpu_option(spec: str, online: Iterable[int]) -> list[int]:
+    """A user's ``--cpus`` value checked against the online CPUs. Raises ValueError with a
+    message fit for the user ("bad --cpus '3-1': CPU range '3-1' runs backwards")."""
+    try:
+        cpus = parse_cpulist(spec)
+    except ValueError as exc:
+        raise ValueError(f"bad --cpus {spec!r}: {exc}") from None
+    if not cpus:
+        raise ValueError("--cpus is empty")
+    online = set(online)
+    offline = sorted(set(cpus) - online)
+    if offline:
+        raise ValueError(f"--cpus {spec!r}: CPU(s) {format_cpulist(offline)} not online "
+                         f"(online: {format_cpulist(online)})")
+    return cpus
+
+
 def format_cpulist(cpus: Iterable[int]) -> str:
     """Compact range form of a CPU set: [0,1,2,3,8] -> "0-3,8"; empty -> ""."""
     ids = sorted(set(cpus))

@@ -162,3 +162,13 @@ def test_bracketed_and_task_stat():
                           "0 100 1000 10 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 5 0 0")
     assert st_.comm == "my (odd) proc" and st_.minflt == 50 and st_.majflt == 3
     assert st_.utime == 7 and st_.num_threads == 9 and st_.processor == 5
+
+
+@pytest.mark.parametrize("spec,msg", [("3-1", "runs backwards"), ("", "empty"),
+                                      ("0-4", "CPU(s) 4 not online (online: 0-3)")])
+def test_cpu_option_is_validated_against_online(spec, msg):
+    from collectors.parsers import parse_cpu_option
+
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        parse_cpu_option(spec, [0, 1, 2, 3])
+    assert parse_cpu_option("1-2", [0, 1, 2, 3]) == [1, 2]

@@ -448,7 +448,7 @@ def resolve_target_cpus(host: Host, spec: str | None) -> tuple[list[int], list[i
     """(target CPUs, online CPUs). Default target: the isolated CPUs, else nohz_full ones, else
     none (then IRQ and isolation tunables report "no target CPUs"). Raises TuneError."""
     from collectors import cpu as cpuc
-    from collectors.parsers import format_cpulist, parse_cpulist
+    from collectors.parsers import parse_cpu_option
 
     online_r = cpuc.online_cpus(host)
     if not online_r.ok:
@@ -459,15 +459,9 @@ def resolve_target_cpus(host: Host, spec: str | None) -> tuple[list[int], list[i
         nohz = [c for c in cpuc.nohz_full_cpus(host) if c in online]
         return iso or nohz, online
     try:
-        cpus = parse_cpulist(spec)
+        cpus = parse_cpu_option(spec, online)
     except ValueError as exc:
-        raise TuneError(f"bad --cpus {spec!r}: {exc}") from None
-    if not cpus:
-        raise TuneError("--cpus is empty")
-    offline = sorted(set(cpus) - set(online))
-    if offline:
-        raise TuneError(f"--cpus {spec!r}: CPU(s) {format_cpulist(offline)} not online "
-                        f"(online: {format_cpulist(online)})")
+        raise TuneError(str(exc)) from None
     return cpus, online
 
 

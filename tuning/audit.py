@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from collectors import cpu as cpuc
 from collectors import kernel, system
 from collectors.host import Host
-from collectors.parsers import format_cpulist, parse_cpulist
+from collectors.parsers import format_cpulist, parse_cpu_option
 from tuning.checks import cpu, gpu, irq, isolation, platform
 from tuning.checks import kernel as kernel_checks
 from tuning.checks.base import AuditContext
@@ -71,15 +71,9 @@ def resolve_cpus(host: Host, spec: str | None) -> tuple[list[int], list[int]]:
         iso = [c for c in cpuc.isolated_cpus(host) if c in online]
         return (iso or online), online
     try:
-        cpus = parse_cpulist(spec)
+        cpus = parse_cpu_option(spec, online)
     except ValueError as exc:
-        raise AuditInputError(f"bad --cpus {spec!r}: {exc}") from None
-    if not cpus:
-        raise AuditInputError("--cpus is empty")
-    offline = sorted(set(cpus) - set(online))
-    if offline:
-        raise AuditInputError(f"--cpus {spec!r}: CPU(s) {format_cpulist(offline)} not online "
-                              f"(online: {format_cpulist(online)})")
+        raise AuditInputError(str(exc)) from None
     return cpus, online
 
 

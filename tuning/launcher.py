@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from collectors.host import Host
-from collectors.parsers import format_cpulist, parse_cpulist
+from collectors.parsers import format_cpulist, parse_cpu_option
 
 NVIDIA_VENDOR = "0x10de"
 
@@ -106,15 +106,9 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
         cpu_list, source = default_cpus(host, online)
     else:
         try:
-            cpu_list = parse_cpulist(cpus)
+            cpu_list = parse_cpu_option(cpus, online)
         except ValueError as exc:
-            raise LaunchError(f"bad --cpus {cpus!r}: {exc}") from None
-        if not cpu_list:
-            raise LaunchError("--cpus is empty")
-        off = sorted(set(cpu_list) - set(online))
-        if off:
-            raise LaunchError(f"--cpus {cpus!r}: CPU(s) {format_cpulist(off)} not online "
-                              f"(online: {format_cpulist(online)})")
+            raise LaunchError(str(exc)) from None
         source = "--cpus"
     if intra is not None and intra < 1:
         raise LaunchError("--intra must be at least 1")
