@@ -250,7 +250,6 @@ def _tflite(model: LoadedModel, shape, *, threads, workdir, **_):
 
 
 def _tflite_int8(model: LoadedModel, shape, *, threads, calib, workdir, **_):
-    import tensorflow as tf
     if model.tflite_bytes is not None:
         raise VariantUnavailable("a .tflite file cannot be re-quantized: pass the SavedModel "
                                  "or .keras model")
@@ -262,23 +261,49 @@ def _tflite_int8(model: LoadedModel, shape, *, threads, calib, workdir, **_):
                      "representative; pass --calib FILE.npy with 100+ real samples")
     else:
         notes.append(f"calibrated on {calib.shape[0]} samples from --calib")
-    samples = calib
-
-    def rep():
-        for i in range(samples.shape[0]):
-            yield [np.ascontiguousarray(samples[i:i + 1], dtype=np.float32)]
-
-    conv = _converter(model, shape, workdir)
-    conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    conv.representative_dataset = rep
-    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    data = _convert(conv)
+    data, how, calibrated = _full_integer(model, shape, calib, workdir)
+    if not calibrated:
+        notes = []  # dynamic range: the calibration data was not used
+    notes.append(how)
     try:
         bind, predict, n = _interpreter(data, shape, threads)
     except Exception as exc:  # noqa: BLE001
         raise VariantFailed(f"LiteRT interpreter failed: {_one_line(exc)}") from None
     notes.append(f"LiteRT num_threads={n}, {len(data) / 1024:.0f} KiB, float in/out")
     return bind, predict, notes
+
+
+def _full_integer(model: LoadedModel, shape, calib: np.ndarray,
+                  workdir: str) -> tuple[bytes, str, bool]:
+    """Full-integer INT8 conversion in a child process (see agent/probe/quantize.py); when TF's
+    calibrator crashes that child, dynamic-range INT8 instead, said plainly in the note."""
+    import signal
+    import subprocess
+    import sys
+
+    import tensorflow as tf
+    sm = _fixed_saved_model(model, shape, workdir)
+    sig = model.signature if model.kind == "savedmodel" and model.signature else "-"
+    calib_path = os.path.join(workdir, "int8-calib.npy")
+    out = os.path.join(workdir, "int8.tflite")
+    np.save(calib_path, np.ascontiguousarray(calib, dtype=np.float32))
+    proc = subprocess.run([sys.executable, "-m", "agent.probe.quantize", sm, sig, calib_path, out],
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode == 0:
+        with open(out, "rb") as fh:
+            return fh.read(), "full-integer INT8 (int8 weights and activations)", True
+    if proc.returncode > 0:
+        msg = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise VariantFailed(f"INT8 {msg}")
+    try:
+        sig_name = signal.Signals(-proc.returncode).name
+    except ValueError:
+        sig_name = f"signal {-proc.returncode}"
+    conv = _converter(model, shape, workdir)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]  # no representative dataset: dynamic range
+    return _convert(conv), (f"TF's INT8 calibrator crashed ({sig_name}) on this model, as it "
+                            "does on recurrent layers lowered to WHILE loops: fell back to "
+                            "dynamic-range INT8 (int8 weights, float activations)"), False
 
 
 def tftrt_unavailable_reason() -> str | None:
