@@ -145,3 +145,128 @@ def test_import_is_light():
             "bad = [m for m in ('tensorflow', 'pynvml') if m in sys.modules]; print(bad)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert r.stdout.strip() == "[]", r.stderr
+
+
+def _children(ppid: int, needle: bytes) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            pp = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if needle in cmd and pp == ppid:
+            out.append(int(pid))
+    return out
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_stops_cleanly(tmp_path, sig):
+    """SIGTERM (systemctl stop) and SIGINT (Ctrl-C): the spike log is flushed and closed,
+    the summary printed, the exporter and the probe worker stopped, exit 0."""
+    import signal
+    import urllib.error
+    import urllib.request
+    log = tmp_path / "spikes.jsonl"
+    p = subprocess.Popen([sys.executable, "-c", "from agent.cli import main; main()", "watch",
+                          "--probe", "numpy", "--duration", "120", "--spike-log", str(log),
+                          "--no-live", "--json", "--threshold-us", "1", "--listen",
+                          "127.0.0.1:0", "--p99-budget-us", "1500"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = p.stderr.readline().strip().removeprefix("metrics: ")
+        assert url.startswith("http://127.0.0.1:"), url
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (log.exists() and log.stat().st_size > 0):
+            time.sleep(0.2)
+        workers = _children(p.pid, b"agent.watch.probe_worker")
+        assert len(workers) == 1
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert "hftagent_probe_p99_budget_seconds" in body and " 0.0015" in body
+        assert "hftagent_audit_check_status{" in body  # the audit ran once at start
+        assert "hftagent_probe_up" in body and "hftagent_probe_up 1.0" in body
+        p.send_signal(getattr(signal, sig))
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert f"stopped by {sig}" in err and "Traceback" not in err
+    s = json.loads(out)
+    assert s["stopped_by"] == sig and s["source_error"] is None and s["samples"] > 0
+    lines = log.read_text().splitlines()
+    assert lines and log.read_text().endswith("\n")
+    recs = [json.loads(x) for x in lines]  # every line complete: flushed, nothing torn
+    assert sum(1 for r in recs if r.get("cause")) == s["attributed"] > 0
+    assert not any(Path(f"/proc/{w}").exists() for w in workers)  # worker stopped
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(url, timeout=2)
+
+
+@needs_two_cpus
+def test_sigterm_during_start_up_is_a_clean_stop(tmp_path):
+    """A stop that arrives while the probe is still warming up does not wait for it."""
+    import signal
+    p = subprocess.Popen([sys.executable, "-c", "from agent.cli import main; main()", "watch",
+                          "--probe", "numpy", "--duration", "60", "--no-live", "--json"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        workers: list[int] = []
+        while not workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+            workers = _children(p.pid, b"agent.watch.probe_worker")
+        assert workers
+        t = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=20)
+        took = time.monotonic() - t
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert json.loads(out)["stopped_by"] == "SIGTERM"
+    assert took < 10
+    assert not any(Path(f"/proc/{w}").exists() for w in workers)
+
+
+def test_metrics_feed_sets_gpu_and_pcie_gauges():
+    """The GPU clock / throttle / foreign-process gauges and the pcie_link_* gauges come from
+    the latest collector rows; a signal that was not measured removes its series."""
+    from types import SimpleNamespace
+
+    from agent.metrics import WatchMetrics
+    from agent.watch.ring import SignalRing
+    from agent.watch.session import MetricsFeed
+    rings = {n: SignalRing(n, 16) for n in ("cpu", "gpu", "pcie")}
+    rings["cpu"].append(0, 10, {"cpu.1.freq_hz": 2.4e9})
+    rings["gpu"].append(0, 10, {"gpu.0.sm_clock_hz": 1.98e9, "gpu.0.mem_clock_hz": 2.6e9,
+                                "gpu.0.clock_event_reasons": 0x20 | 0x1,
+                                "gpu.0.foreign_processes": 2.0})
+    dev = "0000:17:00.0"
+    rings["pcie"].append(0, 10, {f"pcie.{dev}.speed_gts": 16.0, f"pcie.{dev}.max_speed_gts":
+                                 32.0, f"pcie.{dev}.width": 16.0, f"pcie.{dev}.max_width": 16.0})
+    sess = SimpleNamespace(sampler=SimpleNamespace(ring=rings.get),
+                           cfg=SimpleNamespace(probe_cpus=[1]))
+    wm = WatchMetrics()
+    MetricsFeed(wm).set_gauges(sess)
+    g = wm.snapshot().gauges
+    assert g["cpu_frequency_hertz"] == {("1",): 2.4e9}
+    assert g["gpu_clock_hertz"] == {("0", "sm"): 1.98e9, ("0", "memory"): 2.6e9}
+    reasons = {k[1]: v for k, v in g["gpu_clock_event_reason"].items()}
+    assert sum(reasons.values()) == 2 and len(reasons) >= 8  # idle + sw_thermal set, rest 0
+    assert g["gpu_foreign_processes"] == {("0",): 2.0}
+    assert g["pcie_link_speed_transfers_per_second"] == {(dev,): 16e9}
+    assert g["pcie_link_width"] == {(dev,): 16.0}
+    assert g["pcie_link_degraded"] == {(dev,): 1.0}  # Gen4 on a Gen5 link
+    # Next round: the GPU stops answering (None → NaN in the ring): its series go away.
+    rings["gpu"].append(10, 20, {"gpu.0.sm_clock_hz": None})
+    feed = MetricsFeed(wm)
+    feed.set_gauges(sess)
+    g = wm.snapshot().gauges
+    assert g["gpu_clock_hertz"] == {} and g["gpu_clock_event_reason"] == {}

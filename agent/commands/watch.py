@@ -4,6 +4,7 @@ cause of every slow sample."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Annotated
 
@@ -50,6 +51,11 @@ def watch(
     live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live view (default: "
                                               "when stdout is a terminal).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Summary as JSON on stdout.")] = False,
+    p99_budget_us: Annotated[int | None, typer.Option(help="P99 budget exported with --listen "
+                                                      "(hftagent_probe_p99_budget_seconds; "
+                                                      "the HftP99OverBudget alert).")] = None,
+    profile: Annotated[str, typer.Option(help="Audit profile for the audit state exported "
+                                         "with --listen (run once at start).")] = "hft-cpu",
     root: RootOpt = "/",
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
@@ -68,6 +74,8 @@ def watch(
         raise fail("--probe external needs --pid or --ring")
     if rate <= 0 or sample_hz <= 0 or k <= 1:
         raise fail("--rate and --sample-hz must be > 0 and --k > 1")
+    if p99_budget_us is not None and p99_budget_us <= 0:
+        raise fail("--p99-budget-us must be > 0")
     try:
         want = parse_cpulist(cpus) if cpus else None
         hk = parse_cpulist(housekeeping) if housekeeping else None
@@ -93,7 +101,8 @@ def watch(
         from agent.exporter import Exporter
         from agent.metrics import WatchMetrics
         wm = WatchMetrics(source="probe" if probe != "external" else "client",
-                          variant=variant if probe == "tf" else "")
+                          variant=variant if probe == "tf" else "", p99_budget_us=p99_budget_us)
+        _set_audit(wm, host, profile, probe_cpus)
         exporter = Exporter(wm, listen).start()
         metrics = MetricsFeed(wm)
         print(f"metrics: {exporter.url}", file=sys.stderr)
@@ -102,6 +111,14 @@ def watch(
         from agent.watch.view import LiveView
         view = LiveView()
     session = WatchSession(cfg, host, metrics=metrics, view=view)
+
+    def _on_signal(signum, _frame) -> None:
+        session.request_stop(signal.Signals(signum).name)
+
+    # SIGTERM (systemctl stop, kill) and SIGINT (Ctrl-C) are a requested stop: the loop ends
+    # at its next turn, pending spikes are attributed, the spike log is flushed and closed,
+    # the exporter stopped, the summary printed, exit 0 (deploy/systemd/hftagent-watch.service).
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         rc = session.run()
     finally:
@@ -109,16 +126,34 @@ def watch(
             view.close()
         if exporter is not None:
             exporter.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
     summary = session.summary()
     if json_out:
         print(json.dumps(summary, indent=1))
     else:
         _print_summary(summary, spike_log)
+    if summary["stopped_by"]:
+        print(f"hftagent: stopped by {summary['stopped_by']}"
+              + (f"; spike log flushed to {spike_log}" if spike_log else ""), file=sys.stderr)
     if summary["source_error"]:
         print(f"hftagent: error: {summary['source_error']}; spike log kept"
               + (f" at {spike_log}" if spike_log else ""), file=sys.stderr)
     if rc:
         raise typer.Exit(rc)
+
+
+def _set_audit(wm, host, profile: str, probe_cpus: list[int]) -> None:
+    """Run the audit once (≈ 0.2 s) so /metrics carries hftagent_audit_check; a failing audit
+    is a warning, never a reason not to watch."""
+    try:
+        from tuning.audit import run_audit
+        from tuning.profiles import load_profile
+        report = run_audit(host, load_profile(profile), cpus=",".join(map(str, probe_cpus)))
+        wm.set_audit(report.findings)
+    except Exception as exc:  # noqa: BLE001 - metrics are best effort
+        print(f"warning: audit for /metrics failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
 
 
 def _print_summary(s: dict, spike_log: str | None) -> None:

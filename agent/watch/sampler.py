@@ -118,6 +118,18 @@ class Sampler:
 
     _latest = 0
 
+    def covered_ns(self, max_period_s: float = 0.1) -> int:
+        """Time up to which every working collector with a period ≤ ``max_period_s`` has a
+        row: a spike ending before it can be attributed with all its fast signals (a 20 Hz
+        collector's row for the spike comes up to 50 ms after the 100 Hz rounds'). Slow
+        collectors (pcie, 1 Hz) are not waited for: the ≤ 1 s attribution budget matters more."""
+        lim = int(max_period_s * 1e9)
+        t = self._latest
+        for e in self.entries:
+            if e.state.state == "ok" and e.period_ns <= lim and e.ring.rows:
+                t = min(t, e.ring.latest_t1)
+        return t
+
     # -- running ----------------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hftagent-sampler", daemon=True)

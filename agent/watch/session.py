@@ -16,6 +16,13 @@ outputs. The main loop runs every ``loop_s`` (50 ms) on a housekeeping CPU:
    to ``flight_dir`` once the "after" part has been sampled;
 5. source liveness: a probe or external process that dies ends the run with exit code 3, the
    spike log kept and closed.
+
+A requested stop (:meth:`WatchSession.request_stop`, which the CLI calls from its SIGTERM and
+SIGINT handlers) ends the loop at its next turn: pending spikes are attributed, the spike log
+is flushed and closed, the worker is stopped and :meth:`run` returns 0. The handler only sets
+a flag while the loop runs (never an exception in the middle of a log write); during start-up
+(TF import and warm-up can take seconds) it raises :class:`StopRequested` so a stop is not
+delayed until the probe is ready.
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ from collectors.host import Host
 
 F = {name: i for i, name in enumerate(FIELDS)}
 EXIT_SOURCE_DIED = 3
+
+
+class StopRequested(Exception):
+    """A stop (SIGTERM/SIGINT) arrived while the session was still starting."""
 
 
 @dataclass
@@ -164,17 +175,33 @@ class WatchSession:
         self._attr_budget_t = time.monotonic()
         self.started_ns = 0
         self.ended_ns = 0
+        self.stopped_by: str | None = None
+        self._looping = False
+        self._own_ring: str | None = None
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Ask the loop to end cleanly (safe from a signal handler: sets a flag). While the
+        session is still starting, raises :class:`StopRequested` instead, which :meth:`run`
+        turns into the same clean stop."""
+        if self.stopped_by is None:
+            self.stopped_by = reason
+        if not self._looping:
+            raise StopRequested(reason)
 
     # -- set-up ------------------------------------------------------------------------------
     def _start_probe(self) -> None:
         cfg = self.cfg
         path = str(default_ring_path(0)).replace("-0.ring", f"-watch-{os.getpid()}.ring")
+        self._own_ring = path  # the worker creates it; we remove it when we stop the worker
         cmd = [sys.executable, "-m", "agent.watch.probe_worker", "--ring", path,
                "--rate", str(cfg.rate_hz), "--cpus", ",".join(map(str, cfg.probe_cpus)),
                "--probe", cfg.probe, "--model", cfg.model, "--variant", cfg.variant,
                "--warmup", str(cfg.warmup)]
+        # Own session: a terminal's Ctrl-C (SIGINT to the foreground group) reaches only
+        # watch, which then stops the worker itself after the final drain; otherwise the
+        # worker could exit first and the stop would look like a dead probe (exit 3).
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
         line = self.proc.stdout.readline()  # blocks through TF import + warm-up
         try:
             msg = json.loads(line) if line else {}
@@ -323,7 +350,7 @@ class WatchSession:
     def _attribute_ready(self, now: int) -> None:
         if not self.pending:
             return
-        latest = self.sampler.latest_ns()
+        latest = self.sampler.covered_ns()
         keep = []
         recent = self.lat.last(500)[:, [F["minflt"], F["majflt"], F["nivcsw"]]]
         for sp, t_det in self.pending:
@@ -428,27 +455,37 @@ class WatchSession:
         return None
 
     def run(self) -> int:
-        """Start, loop until ``duration_s`` or the source dies, stop. Returns the exit code."""
-        self.start()
+        """Start, loop until ``duration_s``, a requested stop or the source dying; stop.
+        Returns the exit code: 0 (duration reached or stop requested) or 3 (source died)."""
         cfg = self.cfg
-        end = time.monotonic() + cfg.duration_s if cfg.duration_s else float("inf")
         rc = 0
         try:
-            while time.monotonic() < end:
+            self.start()
+            end = time.monotonic() + cfg.duration_s if cfg.duration_s else float("inf")
+            self._looping = True
+            if self.stopped_by is not None:  # a stop that arrived between start() and here
+                return 0
+            while time.monotonic() < end and self.stopped_by is None:
                 t = time.monotonic()
                 self.step()
                 err = self.check_source()
-                if err:
+                if err and self.stopped_by is None:
                     self.step()  # drain what it wrote before dying
                     self.source_error = err
+                    if self.metrics is not None:
+                        self.metrics.down()  # probe_up 0 at once, before the final drain
                     rc = EXIT_SOURCE_DIED
                     break
                 if self.view is not None:
                     self.view.update(self)
                 time.sleep(max(0.0, cfg.loop_s - (time.monotonic() - t)))
-        except KeyboardInterrupt:
-            rc = 130
+        except StopRequested:
+            rc = 0
+        except KeyboardInterrupt:  # no handler installed (library use): same clean stop
+            self.stopped_by = self.stopped_by or "SIGINT"
+            rc = 0
         finally:
+            self._looping = True  # a second signal during the drain only sets the flag
             self.stop()
         return rc
 
@@ -487,10 +524,11 @@ class WatchSession:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.reader is None:
+        path = self._own_ring or (self.reader.path if self.reader is not None else None)
+        if path is None:
             return
         try:
-            os.unlink(self.reader.path)
+            os.unlink(path)
         except OSError:
             pass
 
@@ -544,7 +582,8 @@ class WatchSession:
             "attribution_delay_ms": {"p50": delays[len(delays) // 2] if delays else None,
                                      "max": delays[-1] if delays else None},
             "flight_records": self.flight_files, "collectors": col, "sampler": sampler,
-            "source_error": self.source_error, "warnings": self.warnings,
+            "source_error": self.source_error, "stopped_by": self.stopped_by,
+            "warnings": self.warnings,
         }
 
 
@@ -574,17 +613,50 @@ class MetricsFeed:
         self._up = False
 
     def set_gauges(self, session: WatchSession) -> None:
+        """Once a second: the allowlisted host/GPU gauges (agent.metrics.GAUGES) from the
+        latest row of each collector ring."""
         t = time.monotonic()
         if t - self._last_gauges < 1.0 or session.sampler is None:
             return
         self._last_gauges = t
-        ring = session.sampler.ring("cpu")
-        if ring is not None and ring.rows:
-            idx = ring.window(ring.latest_t1, ring.latest_t1)
-            for c in session.cfg.probe_cpus:
-                v = ring.column(f"cpu.{c}.freq_hz", idx)
-                if len(v) and v[-1] == v[-1]:
-                    self.m.set_gauge("cpu_frequency_hertz", float(v[-1]), cpu=str(c))
+        for c in session.cfg.probe_cpus:
+            v = _latest(session.sampler.ring("cpu"), f"cpu.{c}.freq_hz")
+            if v is not None:
+                self.m.set_gauge("cpu_frequency_hertz", v, cpu=str(c))
+        gpu = session.sampler.ring("gpu")
+        if gpu is not None:
+            for g in sorted({n.split(".")[1] for n in gpu.cols if n.count(".") == 2}):
+                p = f"gpu.{g}."
+                for clock, key in (("sm", "sm_clock_hz"), ("memory", "mem_clock_hz")):
+                    self.m.set_gauge("gpu_clock_hertz", _latest(gpu, p + key), gpu=g,
+                                     clock=clock)
+                mask = _latest(gpu, p + "clock_event_reasons")
+                self.m.set_gpu_clock_event_reasons(g, None if mask is None else int(mask))
+                self.m.set_gauge("gpu_foreign_processes", _latest(gpu, p + "foreign_processes"),
+                                 gpu=g)
+        pcie = session.sampler.ring("pcie")
+        if pcie is not None:
+            for dev in sorted({n[5:].rsplit(".", 1)[0] for n in pcie.cols}):
+                p = f"pcie.{dev}."
+                speed, width = _latest(pcie, p + "speed_gts"), _latest(pcie, p + "width")
+                mspeed, mwidth = _latest(pcie, p + "max_speed_gts"), _latest(pcie, p + "max_width")
+                self.m.set_gauge("pcie_link_speed_transfers_per_second",
+                                 None if speed is None else speed * 1e9, device=dev)
+                self.m.set_gauge("pcie_link_width", width, device=dev)
+                known = None not in (speed, mspeed) or None not in (width, mwidth)
+                degraded = (speed is not None and mspeed is not None and speed < mspeed) or \
+                    (width is not None and mwidth is not None and width < mwidth)
+                self.m.set_gauge("pcie_link_degraded", float(degraded) if known else None,
+                                 device=dev)
+
+
+def _latest(ring, name: str) -> float | None:
+    """The newest non-NaN value of ``name`` in the ring's latest row (None: not measured)."""
+    if ring is None or not ring.rows:
+        return None
+    idx = ring.window(ring.latest_t1, ring.latest_t1)
+    v = ring.column(name, idx)
+    return float(v[-1]) if len(v) and v[-1] == v[-1] else None
 
 
 def _us(ns: float | None) -> float | None:
@@ -606,6 +678,16 @@ def _gpu_collectors(host: Host, own_pids: list[int]) -> list:
     if cls is None:
         return []
     try:
-        return [cls(own_pids=own_pids, host=host)]
+        c = cls(own_pids=own_pids, host=host)
     except Exception:  # noqa: BLE001 - a GPU adapter that cannot start is "unsupported"
         return []
+    # ~20 Hz (every 5th round at 100 Hz): on the lent H200 under load one sample() took
+    # 309 µs median / 1.16 ms P99, 4.95 % of one CPU at 100 Hz (docs/gpu-validation.md);
+    # GPU clocks and throttle reasons change on a ms-to-s scale, and a throttle that lasts
+    # 50 ms still shows in the window + slack of the spikes it causes.
+    c.period_s = GPU_PERIOD_S
+    return [c]
+
+
+GPU_PERIOD_S = 0.05
+
