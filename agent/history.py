@@ -439,8 +439,9 @@ class History:
     def last_pass(self, *, model_key_: str | None, variant: str | None,
                   scenario: str | None, before: int) -> Run | None:
         """The newest earlier run of the same model key, variant and scenario whose latest
-        gate verdict passed; if none of those runs was ever gated, the newest earlier one
-        (bootstrap: the first gate compares with the previous run)."""
+        gate verdict passed; if none passed, the newest earlier run never gated (bootstrap:
+        the first gate compares with the previous probe run). A failed run is never a
+        baseline."""
         cands = self._q(
             f"SELECT {_RUN_COLS} FROM runs WHERE id < ? AND kind IN ('probe', 'gate') "
             "AND model_key IS ? AND variant IS ? AND scenario IS ? ORDER BY id DESC",
@@ -449,9 +450,7 @@ class History:
         for r in runs:
             if r.gate_status == "pass":
                 return r
-        if runs and not any(r.gate_status for r in runs):
-            return runs[0]
-        return None
+        return next((r for r in runs if r.gate_status is None), None)
 
     def gate_results(self, run_id: int) -> list[dict]:
         rows = self._q("SELECT id, baseline_id, scenario, status, created_utc, verdict FROM "

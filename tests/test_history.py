@@ -114,6 +114,17 @@ def test_last_pass(tmp_path):
         assert h.last_pass(model_key_="builtin:lstm", variant="xla", scenario="warm",
                            before=other) is None
         assert h.get(ids[2]).gate_status == "fail"
+    # No run passed yet: the newest ungated one, never a failed one.
+    db2 = tmp_path / "h2.sqlite"
+    ids = [record_run("probe", {}, lat(700, i), command="probe", builtin="lstm",
+                      variant="tflite", fingerprint=FP, db=db2) for i in range(3)]
+    with History(db2) as h:
+        h.add_gate_result(ids[1], ids[0], "warm", "fail", {})
+        assert h.last_pass(model_key_="builtin:lstm", variant="tflite", scenario="warm",
+                           before=ids[2]).id == ids[0]
+        h.add_gate_result(ids[0], None, "warm", "fail", {})
+        assert h.last_pass(model_key_="builtin:lstm", variant="tflite", scenario="warm",
+                           before=ids[2]) is None
 
 
 # -- migration from v1 ----------------------------------------------------------------------------
