@@ -38,6 +38,8 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     t_fault = time.monotonic() + args.settle
     t_end = t_fault + args.duration
     stack = contextlib.ExitStack()
+    check0: dict = {}
+    t_check0 = 0.0
     started = False
     spikes_before = 0
     rc = 0
@@ -50,6 +52,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
             if not started and time.monotonic() >= t_fault:
                 spikes_before = len(records)
                 started = True
+                check0, t_check0 = fault_check(pid), time.monotonic()
                 if fault == "cpu_hog":
                     stack.enter_context(kit.cpu_hog(probe_cpu, nice=args.hog_nice))
                 elif fault == "softirq_flood":
@@ -61,9 +64,16 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
                 elif fault == "migration":
                     stack.enter_context(kit.migration(pid, (probe_cpu, hk_cpu)))
             time.sleep(0.05)
+        check = _check_delta(check0, fault_check(pid), time.monotonic() - t_check0, probe_cpu) \
+            if started else {}
     finally:
         stack.close()
         s.stop()
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+        with open(os.path.join(args.log_dir, f"{fault or 'none'}.jsonl"), "w") as fh:
+            for r in records[spikes_before:]:
+                fh.write(json.dumps(r) + "\n")
     recs = [r for r in records[spikes_before:] if "cause" in r and r.get("cause")]
     n = len(recs)
     causes = Counter(r["cause"] for r in recs)
@@ -82,7 +92,34 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
             "delay_ms_p50": delays[len(delays) // 2] if delays else None,
             "delay_ms_max": delays[-1] if delays else None,
             "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
-            "source_error": summ["source_error"], "rc": rc}
+            "source_error": summ["source_error"], "rc": rc,
+            "fault_check": check}
+
+
+def fault_check(pid: int) -> dict:
+    """What each fault claims to produce, read from the kernel: NET_RX/NET_TX and softirq
+    ticks per CPU, the probe's own faults, its threads' CPUs and migration counts."""
+    st = open(f"/proc/{pid}/stat").read()
+    f = st[st.rfind(")") + 2:].split()
+    vm = {ln.split()[0]: int(ln.split()[1]) for ln in open("/proc/vmstat")}
+    return {"softirq": kit.softirq_counts(), "minflt": int(f[7]), "majflt": int(f[9]),
+            "pgmajfault": vm.get("pgmajfault", 0), "threads": kit.thread_cpu_and_migrations(pid)}
+
+
+def _check_delta(a: dict, b: dict, dt: float, probe_cpu: int) -> dict:
+    if not a:
+        return {}
+    sa, sb = a["softirq"], b["softirq"]
+    mig = [m1 - m0 for t, (_c, m0) in a["threads"].items()
+           if t in b["threads"] and m0 is not None and (m1 := b["threads"][t][1]) is not None]
+    return {
+        "seconds": round(dt, 1),
+        "net_rx_per_s_by_cpu": [round((y - x) / dt) for x, y in zip(sa["NET_RX"], sb["NET_RX"])],
+        "softirq_share_of_probe_cpu": round((sb["softirq_ticks"][probe_cpu]
+                                             - sa["softirq_ticks"][probe_cpu]) / (100 * dt), 3),
+        "probe_minflt": b["minflt"] - a["minflt"], "probe_majflt": b["majflt"] - a["majflt"],
+        "vmstat_pgmajfault": b["pgmajfault"] - a["pgmajfault"],
+        "probe_thread_migrations": max(mig) if mig else None}
 
 
 def main() -> int:
@@ -96,6 +133,7 @@ def main() -> int:
     ap.add_argument("--faults", default="none,cpu_hog,softirq_flood,memory_pressure,"
                     "oversubscription,migration")
     ap.add_argument("--json")
+    ap.add_argument("--log-dir", help="write each fault's spike records (JSONL) here")
     args = ap.parse_args()
     online = sorted(os.sched_getaffinity(0))
     probe_cpu, hk_cpu = online[-1], online[0]

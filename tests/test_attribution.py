@@ -190,3 +190,21 @@ def test_scores_are_normalised_with_residual(rng):
     assert total == pytest.approx(1.0)
     assert [c.score for c in a.causes] == sorted((c.score for c in a.causes), reverse=True)
     assert {c.cause for c in a.causes} >= {"cpu_contention", "page_faults", "softirq"}
+
+
+def test_sample_moved_off_its_cpu_is_migration_not_the_contention_it_met(rng):
+    """A pinned probe whose affinity was flipped to a busy housekeeping CPU: it waited on that
+    CPU's run queue, but the cause is the move (in-process placement evidence first)."""
+    rings = quiet_rings(rng)
+    busy = TaskRun(77, 77, "python", 0, 6_000_000, "R")
+    a = Attributor(rings, [1], who_ran=lambda t0, t1, cpus: [busy]).attribute(
+        spike(cpu_start=0, cpu_end=0, nivcsw=1, rq_delay_ns=3_000_000, cpu_ns=900_000))
+    assert a.cause == "migration"
+    top = a.causes[0]
+    assert top.evidence["outside_probe_cpus"] == [0] and "outside its CPUs 1" in top.detail
+    contention = next(c for c in a.causes if c.cause == "cpu_contention")
+    assert "moved to" in contention.detail and contention.strength < top.strength
+    # The same wait on the probe's own CPU stays CPU contention.
+    b = Attributor(rings, [1], who_ran=lambda t0, t1, cpus: [busy]).attribute(
+        spike(cpu_start=1, cpu_end=1, nivcsw=1, rq_delay_ns=3_000_000, cpu_ns=900_000))
+    assert b.cause == "cpu_contention"

@@ -266,6 +266,14 @@ class Attributor:
                 elif top.startswith("migration/"):
                     s.cause = "migration"
                     s.detail = f"{top} stopper thread preempted the probe ({s.detail})"
+        # In-process placement evidence first: contention met on a CPU the probe was moved to
+        # is the move's consequence, not a contender on the probe's own CPU.
+        mig = next((s for s in scores if s.cause == "migration"), None)
+        if mig is not None and mig.evidence.get("outside_probe_cpus"):
+            for s in scores:
+                if s.cause == "cpu_contention":
+                    s.strength *= 0.5
+                    s.detail += " (on a CPU it was moved to)"
         merged: dict[str, CauseScore] = {}
         for s in scores:
             old = merged.get(s.cause)
@@ -409,10 +417,20 @@ class Attributor:
 
     def _migration(self, sp: Spike, views) -> CauseScore | None:
         s, ev, details = 0.0, {}, []
+        seen_cpus = {c for c in (sp.cpu_start, sp.cpu_end) if c >= 0}
+        outside = sorted(seen_cpus - set(self.probe_cpus)) if self.probe_cpus else []
         if sp.cpu_start >= 0 and sp.cpu_end >= 0 and sp.cpu_start != sp.cpu_end:
             s = 0.85
             ev["cpu_start"], ev["cpu_end"] = sp.cpu_start, sp.cpu_end
             details.append(f"moved from CPU {sp.cpu_start} to CPU {sp.cpu_end} during the call")
+        if outside:
+            # The sample ran (partly) outside the CPUs the probe is placed on: its affinity
+            # was changed or it was migrated. Whatever it met there (a busy housekeeping CPU,
+            # a cold cache) is a consequence of the move.
+            s = max(s, 0.8)
+            ev["outside_probe_cpus"] = outside
+            details.append(f"ran on CPU {','.join(map(str, outside))}, outside its CPUs "
+                           f"{','.join(map(str, self.probe_cpus))}")
         v = views.get("sched")
         if v is not None and sp.cpu_start < 0:
             i = v.ring.cols.get(f"sched.{sp.tid}.cpu")

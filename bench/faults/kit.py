@@ -10,16 +10,29 @@ fault               what it does                                        expected
 cpu_hog             a busy process pinned to the probe CPU, at normal   cpu_contention
                     priority: CFS shares the CPU, the probe is
                     preempted at each slice
-softirq_flood       a loopback UDP flood whose receive processing is    softirq
-                    steered to the probe CPU with RPS
+softirq_flood       bursts of a loopback UDP flood whose receive        softirq
+                    processing is steered to the probe CPU with RPS
                     (/sys/class/net/lo/queues/rx-0/rps_cpus, restored)
                     while sender and receiver run on the housekeeping
-                    CPU: NET_RX softirqs (and ksoftirqd) on the probe
-                    CPU
-memory_pressure     the probe's own memory is reclaimed: the target     page_faults
-                    process is put in a memory cgroup (v1) whose limit
-                    is set just above its usage and then squeezed, so
-                    its file-backed pages are evicted and re-faulted
+                    CPU. On this kernel (6.18) loopback's netif_rx()
+                    honours RPS: NET_RX runs on the probe CPU in IRQ
+                    exit after the RPS IPI, interrupting the probe
+                    without a context switch (measured: NET_RX
+                    count and softirq ticks on the probe CPU, see
+                    :func:`softirq_counts`). Bursts (``on_ms`` every
+                    ``period_ms``), not a constant flood: a constant
+                    one is a level shift that the k × rolling-P50
+                    detector absorbs within seconds.
+memory_pressure     the probe's own pages are reclaimed: ``hz`` times   page_faults
+                    a second process_madvise(MADV_PAGEOUT) on its
+                    file-backed mappings (the code and data of numpy,
+                    OpenBLAS, TF...), as memory-cgroup or kswapd
+                    reclaim would; the probe re-faults them (major
+                    faults, seen in its own getrusage delta). This VM
+                    has no swap, so anonymous memory cannot be paged
+                    out; the old cgroup-v1 limit squeeze reclaimed
+                    nothing of the probe (its library pages are
+                    charged to the cgroup that first read them).
 oversubscription    more busy threads than CPUs (2 × online, unpinned)  cpu_contention
 migration           the probe thread's affinity is flipped between two  migration
                     CPUs at ``hz`` (sched_setaffinity on its tids)
@@ -29,6 +42,8 @@ migration           the probe thread's affinity is flipped between two  migratio
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import signal
 import socket
@@ -85,7 +100,7 @@ def oversubscription(threads: int | None = None, nice: int = 0) -> Iterator[list
 
 
 _FLOOD = r"""
-import os, socket, sys
+import os, socket, sys, time
 os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(',')])
 port = int(sys.argv[2])
 if sys.argv[3] == "rx":
@@ -97,27 +112,53 @@ if sys.argv[3] == "rx":
 else:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     msg = b"x" * int(sys.argv[4])
+    on_s, period_s = float(sys.argv[5]) / 1e3, float(sys.argv[6]) / 1e3
+    clock = time.monotonic
     while True:
-        try:
-            s.sendto(msg, ("127.0.0.1", port))
-        except OSError:
-            pass
+        t_end = clock() + on_s
+        while clock() < t_end:
+            for _ in range(64):
+                try:
+                    s.sendto(msg, ("127.0.0.1", port))
+                except OSError:
+                    pass
+        if period_s > on_s:
+            time.sleep(period_s - on_s)
 """
+
+
+def softirq_counts(cpus: int = 0) -> dict[str, list[int]]:
+    """NET_RX / NET_TX rows of /proc/softirqs (per CPU) and the softirq ticks of /proc/stat:
+    what the flood's check compares before/after."""
+    out: dict[str, list[int]] = {}
+    for line in Path("/proc/softirqs").read_text().splitlines()[1:]:
+        name, _, rest = line.partition(":")
+        if name.strip() in ("NET_RX", "NET_TX"):
+            out[name.strip()] = [int(x) for x in rest.split()]
+    ticks = []
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3] != " ":
+            ticks.append(int(line.split()[7]))
+    out["softirq_ticks"] = ticks
+    return out
 
 
 @contextlib.contextmanager
 def softirq_flood(probe_cpu: int, housekeeping_cpu: int, port: int = 39555,
-                  size: int = 1024, senders: int = 1) -> Iterator[list[int]]:
-    """Loopback UDP flood with receive softirqs steered to ``probe_cpu`` by RPS (needs root
-    and CONFIG_RPS; restores rps_cpus on exit)."""
+                  size: int = 1024, senders: int = 1, on_ms: float = 40.0,
+                  period_ms: float = 250.0) -> Iterator[list[int]]:
+    """Bursts of a loopback UDP flood (``on_ms`` of every ``period_ms``) with receive
+    softirqs steered to ``probe_cpu`` by RPS (needs root and CONFIG_RPS; restores rps_cpus on
+    exit). Sender and receiver stay on ``housekeeping_cpu``: what reaches the probe CPU is the
+    softirq work only, not a competing task."""
     rps = Path("/sys/class/net/lo/queues/rx-0/rps_cpus")
     old = rps.read_text().strip()
     rps.write_text(format(1 << probe_cpu, "x"))
     hk = str(housekeeping_cpu)
     procs = [subprocess.Popen([sys.executable, "-c", _FLOOD, hk, str(port), "rx"])]
     time.sleep(0.2)
-    procs += [subprocess.Popen([sys.executable, "-c", _FLOOD, hk, str(port), "tx", str(size)])
-              for _ in range(senders)]
+    procs += [subprocess.Popen([sys.executable, "-c", _FLOOD, hk, str(port), "tx", str(size),
+                                str(on_ms), str(period_ms)]) for _ in range(senders)]
     try:
         yield [p.pid for p in procs]
     finally:
@@ -158,69 +199,95 @@ def migration(pid: int, cpus: tuple[int, int], hz: float = 20.0) -> Iterator[lis
                 os.sched_setaffinity(t, a)
 
 
-_CG = Path("/sys/fs/cgroup/memory")
+_SYS_PIDFD_OPEN = 434  # x86_64 and the generic table
+_SYS_PROCESS_MADVISE = 440
+MADV_PAGEOUT = 21
 
 
-def _rss_file_bytes(pid: int) -> tuple[int, int]:
-    anon = file = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            anon = int(line.split()[1]) * 1024
-        elif line.startswith("RssFile:"):
-            file = int(line.split()[1]) * 1024
-    return anon, file
+class _Iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def _file_mappings(pid: int) -> list[tuple[int, int]]:
+    """(start, length) of the process's file-backed mappings (shared libraries, the
+    interpreter), from /proc/PID/maps."""
+    out = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].startswith("/dev/"):
+            continue
+        a, b = (int(x, 16) for x in parts[0].split("-"))
+        out.append((a, b - a))
+    return out
+
+
+def pageout(pid: int) -> int:
+    """process_madvise(MADV_PAGEOUT) over every file-backed mapping of ``pid`` (Linux ≥ 5.10,
+    root / CAP_SYS_NICE). Pages mapped only by ``pid`` are reclaimed; it faults them back in.
+    Returns the bytes the kernel processed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(_SYS_PIDFD_OPEN, pid, 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), f"pidfd_open({pid})")
+    try:
+        done = 0
+        maps = _file_mappings(pid)
+        for i in range(0, len(maps), 512):  # IOV_MAX is 1024
+            chunk = maps[i:i + 512]
+            iov = (_Iovec * len(chunk))(*[_Iovec(a, n) for a, n in chunk])
+            r = libc.syscall(_SYS_PROCESS_MADVISE, fd, iov, len(chunk), MADV_PAGEOUT, 0)
+            if r < 0:
+                err = ctypes.get_errno()
+                if err in (errno.EINVAL, errno.ENOMEM):  # a mapping vanished: next round
+                    continue
+                raise OSError(err, "process_madvise(MADV_PAGEOUT)")
+            done += r
+        return done
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
-def memory_pressure(pid: int, hz: float = 5.0, keep_file_mib: int = 4) -> Iterator[list[int]]:
-    """Put ``pid`` in a fresh memory cgroup (v1) and, ``hz`` times a second, squeeze its limit
-    to its anonymous memory + ``keep_file_mib`` so the kernel reclaims its file-backed pages
-    (the code of numpy/TF libraries), then relax it: the process re-faults them (major/minor
-    faults, direct reclaim in its own context). Needs root and cgroup v1 memory (this VM).
-    The process is moved back to its original cgroup on exit."""
-    if not (_CG / "cgroup.procs").exists():
-        raise RuntimeError("memory_pressure needs the cgroup v1 memory controller")
-    cg = _CG / f"hftagent-fault-{os.getpid()}"
-    cg.mkdir(exist_ok=True)
-    orig = None
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        parts = line.split(":", 2)
-        if "memory" in parts[1].split(","):
-            orig = _CG / parts[2].lstrip("/")
+def memory_pressure(pid: int, hz: float = 4.0) -> Iterator[list[int]]:
+    """Reclaim the file-backed pages of ``pid`` ``hz`` times a second (see :func:`pageout`):
+    what memory-cgroup or kswapd reclaim does to an inference process's code pages on a box
+    short of memory, without putting the rest of the machine under pressure. The process
+    takes major faults as it runs its code again."""
+    pageout(pid)  # fails here, before the run, without root or process_madvise
     stop = threading.Event()
-    (cg / "memory.limit_in_bytes").write_text("-1")
-    for t in _tids(pid):
-        with contextlib.suppress(OSError):
-            (cg / "tasks").write_text(str(t))
 
-    def squeeze() -> None:
+    def loop() -> None:
         while not stop.wait(1.0 / hz):
             with contextlib.suppress(OSError):
-                anon, _file = _rss_file_bytes(pid)
-                usage = int((cg / "memory.usage_in_bytes").read_text())
-                target = max(anon + keep_file_mib * 2**20, usage // 4)
-                (cg / "memory.limit_in_bytes").write_text(str(target))
-                time.sleep(0.02)
-                (cg / "memory.limit_in_bytes").write_text("-1")
-    th = threading.Thread(target=squeeze, daemon=True)
+                pageout(pid)
+    th = threading.Thread(target=loop, daemon=True)
     th.start()
     try:
         yield []
     finally:
         stop.set()
         th.join()
-        with contextlib.suppress(OSError):
-            (cg / "memory.limit_in_bytes").write_text("-1")
-        dest = orig if orig is not None and (orig / "tasks").exists() else _CG
-        for t in _tids(pid):
-            with contextlib.suppress(OSError):
-                (dest / "tasks").write_text(str(t))
-        for _ in range(20):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+
+
+def thread_cpu_and_migrations(pid: int) -> dict[int, tuple[int, int | None]]:
+    """tid → (last CPU from /proc/PID/task/TID/stat field 39, se.nr_migrations from
+    /proc/PID/task/TID/sched or None without CONFIG_SCHED_DEBUG): the migration fault's
+    check."""
+    out: dict[int, tuple[int, int | None]] = {}
+    for t in _tids(pid):
+        d = Path(f"/proc/{pid}/task/{t}")
+        try:
+            stat = (d / "stat").read_text()
+            cpu = int(stat[stat.rfind(")") + 2:].split()[36])
+        except (OSError, ValueError, IndexError):
+            continue
+        mig = None
+        with contextlib.suppress(OSError, ValueError):
+            for line in (d / "sched").read_text().splitlines():
+                if line.startswith("se.nr_migrations"):
+                    mig = int(line.split(":")[1])
+        out[t] = (cpu, mig)
+    return out
 
 
 def udp_port_free(port: int) -> bool:
