@@ -22,3 +22,9 @@ def tree_copy(tmp_path):
         return dst
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _private_history_db(tmp_path, monkeypatch):
+    """Commands record runs in a history DB by default: keep tests out of the user's one."""
+    monkeypatch.setenv("HFTAGENT_DB", str(tmp_path / "history.sqlite"))

@@ -145,3 +145,17 @@ def test_textfile_written_atomically_for_node_exporter(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name != "hftagent_audit.prom"]  # no temp left
     res = audit("--root", str(FIXTURES / "synthetic-2socket"), "--textfile", str(tmp_path / "nope"))
     assert res.exit_code == 1 and "not a directory" in res.output
+
+
+def test_live_audit_is_recorded_in_history_but_a_captured_tree_is_not(tmp_path):
+    from agent.history import History
+
+    db = tmp_path / "h.sqlite"
+    assert audit("--root", str(FIXTURES / "synthetic-tuned"), "--db", str(db)).exit_code == 0
+    assert not db.exists()
+    res = audit("--json", "--db", str(db), "--steal-window", "0")
+    assert res.exit_code in (0, 2)
+    with History(str(db)) as h:
+        runs = h.runs()
+    assert [r.kind for r in runs] == ["audit"]
+    assert audit("--db", str(db), "--no-history", "--steal-window", "0").exit_code in (0, 2)

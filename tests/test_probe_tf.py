@@ -148,6 +148,12 @@ def test_cli_json_csv_and_bad_input(cache, small_lstm, tmp_path):
     rows = list(csv.DictReader(out_csv.open()))
     assert len(rows) == 100 and rows[0]["variant"] == "graph"
     assert int(rows[5]["response_ns"]) >= int(rows[5]["latency_ns"])
+    import os
+
+    from agent.history import History
+    with History(os.environ["HFTAGENT_DB"]) as h:  # the run was recorded (conftest's private DB)
+        [hist] = h.runs()
+    assert hist.kind == "probe" and hist.variant == "graph"
 
     bad = runner.invoke(app, ["probe", "--model", str(tmp_path / "nope.keras")])
     assert bad.exit_code == 1 and "model not found" in bad.stderr

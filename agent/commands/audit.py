@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from agent.commands.common import (
+    DbOpt,
     JsonOpt,
+    NoHistoryOpt,
     ProcfsOpt,
     RootOpt,
     SysfsOpt,
@@ -40,6 +42,8 @@ def audit(
                                                 "steal is measured.")] = 0.2,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show evidence of passing "
                                           "checks too.")] = False,
+    db: DbOpt = None,
+    no_history: NoHistoryOpt = False,
     root: RootOpt = "/",
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
@@ -82,6 +86,10 @@ def audit(
         if h["cpu_model"]:
             console.print(f"cpu: {h['cpu_model']}", style="dim")
         render_findings(console, report.findings, verbose)
+    if host.live and not no_history:  # a captured tree (--root) is not a run of this host
+        from agent.history import record_run
+
+        record_run("audit", report.to_dict(), None, command="audit", db=db, warn=True)
     raise typer.Exit(exit_code(report.findings, Status.WARN if fail_on == "warn" else Status.FAIL))
 
 

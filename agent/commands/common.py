@@ -21,6 +21,11 @@ ProcfsOpt = Annotated[str | None, typer.Option("--procfs", help="procfs mount po
 SysfsOpt = Annotated[str | None, typer.Option("--sysfs", help="sysfs mount point "
                                               "(default ROOT/sys).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+DbOpt = Annotated[str | None, typer.Option("--db", help="History database (default "
+                                           "$HFTAGENT_DB, else the user's state dir: "
+                                           "~/.local/state/hftagent/history.sqlite).")]
+NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this run in "
+                                            "the history database.")]
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from agent.commands.common import JsonOpt, cli_errors, fail
+from agent.commands.common import DbOpt, JsonOpt, cli_errors, fail
 from agent.errors import AgentError
 
 HELP = """Gate a run against its baseline: P99 change with a bootstrap 95 % interval, tail-jitter
@@ -23,8 +23,6 @@ newest earlier passing run of the same model, variant and scenario). Exit status
 1 fail or bad input, 2 not comparable (host fingerprints differ; --allow-mismatch), 3 too few
 samples (< 662 for P99)."""
 
-DbOpt = Annotated[str | None, typer.Option("--db", help="History database (default "
-                                           "$HFTAGENT_DB, else the user's state dir).")]
 
 
 def gate(

@@ -9,13 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from agent.commands.common import JsonOpt, cli_errors, fail
+from agent.commands.common import DbOpt, JsonOpt, cli_errors, fail
 
 HELP = """Runs recorded by probe, watch, audit and gate (SQLite; --db, else $HFTAGENT_DB,
 else $XDG_STATE_HOME/hftagent/history.sqlite). Without a subcommand: list the newest runs."""
 
-DbOpt = Annotated[str | None, typer.Option("--db", help="History database (default "
-                                           "$HFTAGENT_DB, else the user's state dir).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Only runs whose model path, "
                                               "key (builtin:NAME) or hash contains this.")]
 LimitOpt = Annotated[int, typer.Option("--limit", help="Newest N runs.")]

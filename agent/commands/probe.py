@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agent.commands.common import JsonOpt, cli_errors, fail
+from agent.commands.common import DbOpt, JsonOpt, NoHistoryOpt, cli_errors, fail
 
 HELP = """Probe a TensorFlow model's inference latency: P50/P99/P99.9, cold start, tail jitter.
 
@@ -56,6 +56,8 @@ def probe(
     json_out: JsonOpt = False,
     csv_path: Annotated[str | None, typer.Option("--csv", help="Write one row per sample to "
                                                  "this file.")] = None,
+    db: DbOpt = None,
+    no_history: NoHistoryOpt = False,
 ) -> None:
     from agent.probe import options
     from agent.probe.progress import progress_hook
@@ -80,6 +82,10 @@ def probe(
     else:
         from agent.probe.report import render
         render(result)
+    if not no_history and result.any_ran:
+        from agent.history import record_probe
+
+        record_probe(result, arrays, command="probe", db=db, warn=True)
     if not result.any_ran:
         for r in result.runs:
             print(f"hftagent: {r.variant}: {r.status}: {r.reason}", file=sys.stderr)
