@@ -452,6 +452,18 @@ class History:
                 return r
         return next((r for r in runs if r.gate_status is None), None)
 
+    def baseline_family(self, *, model_key_: str | None, variant: str | None,
+                        scenario: str | None, before: int, limit: int) -> list[Run]:
+        """Up to ``limit`` earlier runs of the same model key, variant and scenario that did
+        not fail a gate (passed, or never gated), newest first: the runs whose spread tells
+        how much P99 moves from one run to the next on this host."""
+        cands = self._q(
+            f"SELECT {_RUN_COLS} FROM runs WHERE id < ? AND kind IN ('probe', 'gate') "
+            "AND model_key IS ? AND variant IS ? AND scenario IS ? ORDER BY id DESC",
+            (before, model_key_, variant, scenario))
+        runs = [self._row(t) for t in cands]
+        return [r for r in runs if r.gate_status in (None, "pass") and r.p99_ns][:limit]
+
     def gate_results(self, run_id: int) -> list[dict]:
         rows = self._q("SELECT id, baseline_id, scenario, status, created_utc, verdict FROM "
                        "gate_results WHERE run_id = ? ORDER BY id", (int(run_id),))

@@ -84,6 +84,56 @@ def test_true_20pct_p99_shift_detected(tail_share):
     assert hits >= 190, f"only {hits} of 200 shifts detected"
 
 
+# -- run-to-run variation: each run of a real host has its own scale (measured here: +20 %
+# between two clean runs), which a within-run bootstrap cannot see ---------------------------
+RUN_SD = 0.06  # sd of log P99 between runs
+
+
+def _family(rng, k: int, tail_share: float = 0.0) -> tuple[np.ndarray, list[int]]:
+    runs = [latencies(rng, N, float(np.exp(rng.normal(0, RUN_SD))), tail_share=tail_share)
+            for _ in range(k)]
+    return runs[0], [g.quantile_nr(r, 99.0) for r in runs]
+
+
+def test_run_to_run_spread_needs_three_runs_and_widens_only():
+    assert g.run_to_run_sd([100, 120]) is None
+    assert g.run_to_run_sd([100, 100, 100]) == 0.0
+    ri = g.RatioInterval(1.1, 1.0, 1.2, 0.95, 2000)
+    same = g.widen_for_runs(ri, 0.0)
+    assert same.low == pytest.approx(1.0, rel=0.02) and same.high == pytest.approx(1.2, rel=0.02)
+    wide = g.widen_for_runs(ri, 0.05)
+    assert wide.low < ri.low and wide.high > ri.high and wide.ratio == ri.ratio
+
+
+def test_run_level_noise_false_alarms_are_controlled_by_the_baseline_family():
+    """With run-level noise and no true change, the within-run interval alone alarms often;
+    with the spread of 5 earlier runs folded in, at most 5 % of 200 pairs alarm."""
+    rng = np.random.default_rng(300)
+    limits = g.Limits(max_jitter_rate=None)
+    naive = widened = 0
+    for _ in range(200):
+        base, fam = _family(rng, 5)
+        cur = latencies(rng, N, float(np.exp(rng.normal(0, RUN_SD))))
+        a = g.GateInput("a", base)
+        naive += g.evaluate(g.GateInput("b", cur), a, limits).status == g.FAIL
+        a.family_p99_ns = fam
+        widened += g.evaluate(g.GateInput("b", cur), a, limits).status == g.FAIL
+    assert widened <= 10, f"{widened} false alarms with the run-to-run spread"
+    assert naive > widened  # the problem is real, and this is what fixes it
+
+
+def test_run_level_noise_still_catches_a_real_60pct_regression():
+    rng = np.random.default_rng(301)
+    limits = g.Limits(max_jitter_rate=None)
+    hits = 0
+    for _ in range(200):
+        base, fam = _family(rng, 8)  # FAMILY_RUNS in agent/commands/gate.py
+        cur = latencies(rng, N, 1.6 * float(np.exp(rng.normal(0, RUN_SD))))
+        a = g.GateInput("a", base, family_p99_ns=fam)
+        hits += g.evaluate(g.GateInput("b", cur), a, limits).status == g.FAIL
+    assert hits >= 190, f"only {hits} of 200 regressions caught"
+
+
 def test_fails_only_when_lower_bound_exceeds_allowed():
     """Point estimate over the allowance but interval reaching below it: pass."""
     rng = np.random.default_rng(9)

@@ -117,6 +117,11 @@ def gate(
                 b = h.last_pass(model_key_=cur_run.model_key, variant=cur_run.variant,
                                 scenario=cur_run.scenario, before=cur_run.id)
                 base, base_id = (_input_from_run(h, b), b.id) if b else (None, None)
+                if base is not None:
+                    fam = h.baseline_family(model_key_=cur_run.model_key,
+                                            variant=cur_run.variant, scenario=cur_run.scenario,
+                                            before=cur_run.id, limit=FAMILY_RUNS)
+                    base.family_p99_ns = [r.p99_ns for r in fam]
             from agent.fingerprint import differences
             mism = differences(base.fingerprint, cur.fingerprint) if base is not None else []
             v = g.evaluate(cur, base, limits, scenario=scen, mismatches=mism,
@@ -184,6 +189,10 @@ def _probe_now(h, names: list[str], limits, *, model, builtin, variant, samples,
                         if name != "cold" else max(sr.cold_start_ns))
         out.append((name, rid))
     return out
+
+
+# How many earlier runs measure the run-to-run spread of P99 (with last-pass baselines).
+FAMILY_RUNS = 8
 
 
 def _input_from_run(h, r):
