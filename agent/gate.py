@@ -528,8 +528,9 @@ def run_scenario(name: str, settings, config, *, cold_processes: int = DEFAULT_C
             raise AgentError(f"warm scenario: {variant} {r.status}: {r.reason}")
         d = result.to_dict()
         summary = {"run": r.to_dict(), "model": d["model"], "settings": d["settings"],
-                   "host": d["host"], "latency": r.latency, "scenario": "warm"}
-        return ScenarioRun("warm", variant, a.latency_ns, [r.cold_start_ns], summary)
+                   "host": d["host"], "latency": r.headline, "scenario": "warm"}
+        lat = a.response_ns if r.mode == "open" else a.latency_ns
+        return ScenarioRun("warm", variant, lat, [r.cold_start_ns], summary)
     if name == "cold":
         import copy
         s = copy.deepcopy(settings)
@@ -577,7 +578,7 @@ def _run_concurrent(callers: int, settings, config) -> ScenarioRun:
         env = dict(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         with open(d / "worker.log", "wb") as log:
-            rc = subprocess.run([sys.executable, "-m", "agent.gate", "concurrent", str(d)],
+            rc = subprocess.run([sys.executable, "-P", "-m", "agent.gate", "concurrent", str(d)],
                                 stdout=log, stderr=log, env=env, check=False).returncode
         if (d / "fatal.json").exists():
             raise AgentError(json.loads((d / "fatal.json").read_text())["error"])

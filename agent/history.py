@@ -556,14 +556,16 @@ def _builtin_hash(name: str | None) -> str | None:
     return model_hash(str(found[-1])) if found else None
 
 
-def latencies_of(arrays: Any) -> np.ndarray | None:
-    """Service-time latencies from a probe's per-run arrays: a harness Samples or the
-    {column: array} dict of run_config."""
+def latencies_of(arrays: Any, open_loop: bool = False) -> np.ndarray | None:
+    """The headline latencies of a probe run's arrays (a harness Samples or the {column:
+    array} dict of run_config): response time from the intended start in open loop, service
+    time in closed loop — the figures the probe itself reports."""
     if arrays is None:
         return None
+    start = "intended_ns" if open_loop else "start_ns"
     if isinstance(arrays, dict):
-        return np.asarray(arrays["end_ns"]) - np.asarray(arrays["start_ns"])
-    return np.asarray(arrays.latency_ns)
+        return np.asarray(arrays["end_ns"]) - np.asarray(arrays[start])
+    return np.asarray(arrays.response_ns if open_loop else arrays.latency_ns)
 
 
 def record_probe(result: Any, arrays: list, *, command: str = "probe",
@@ -587,13 +589,15 @@ def record_probe(result: Any, arrays: list, *, command: str = "probe",
     spec = settings.get("model") or {}
     ids = []
     for r, a in zip(d.get("runs", []), arrays, strict=True):
-        lat = latencies_of(a)
+        open_loop = r.get("mode") == "open"
+        lat = latencies_of(a, open_loop)
         if lat is None:
             continue
         summary = {"run": r, "model": model, "settings": settings, "host": d.get("host"),
                    "created_utc": d.get("created_utc"), "schema": d.get("schema"),
                    "schema_version": d.get("schema_version")}
-        summary["latency"] = r.get("latency")
+        summary["latency"] = r.get("response") if open_loop and r.get("response") else \
+            r.get("latency")
         ids.append(record_run(
             "probe", summary, lat, command=command, model_path=spec.get("path"),
             builtin=spec.get("builtin"), variant=r.get("variant"),

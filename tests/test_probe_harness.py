@@ -61,6 +61,28 @@ def test_deadline_stops_early_with_at_least_one_sample():
     assert s.count == 1
 
 
+def test_open_loop_serves_the_backlog_scheduled_before_the_deadline():
+    """2 ms calls offered at 1000/s for 0.2 s: all ~200 scheduled requests are served (the
+    late ones are the slowest responses: dropping them would flatter the tail)."""
+    start = time.perf_counter_ns()
+    s = time_loop(lambda: time.sleep(0.002), 10_000, rate_hz=1000.0,
+                  deadline_ns=start + 200_000_000)
+    assert s.unserved == 0
+    assert 190 <= s.count <= 202
+    assert s.column("intended_ns")[-1] < start + 200_000_000 + 2_000_000
+    assert s.response_ns[-1] >= 150_000_000  # the last one waited for the whole backlog
+
+
+def test_open_loop_saturation_counts_what_never_started():
+    """Offered far above capacity: after the grace period (as long again as the run, at least
+    1 s) the rest of the schedule is counted as unserved, not silently dropped."""
+    start = time.perf_counter_ns()
+    s = time_loop(lambda: time.sleep(0.02), 100_000, rate_hz=2000.0,
+                  deadline_ns=start + 100_000_000)
+    assert s.unserved > 0
+    assert 180 <= s.count + s.unserved <= 200  # the whole schedule before the deadline
+
+
 def test_buffer_checks():
     with pytest.raises(ValueError):
         time_loop(lambda: None, 10, buf=allocate(5))
@@ -90,3 +112,19 @@ def test_no_tensorflow_at_import():
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--rate", "nan"], "--rate must be a finite"), (["--duration", "nan"], "--duration must"),
+    (["--duration", "-1"], "--duration must"), (["--threshold-us", "inf"], "--threshold-us"),
+    (["--cpus", ""], "--cpus is empty"), (["--csv", "/nonexistent-dir/x.csv"], "cannot write --csv"),
+])
+def test_probe_bad_options_fail_before_tensorflow_starts(args, msg):
+    """Each is one line and exit 1 at once (no worker, no TF import: fast in CI)."""
+    from typer.testing import CliRunner
+
+    from agent.cli import get_app
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(get_app(), ["probe", "--variant", "graph", *args])
+    assert r.exit_code == 1 and msg in r.output and len(r.output.strip().splitlines()) == 1
+    assert time.perf_counter() - t0 < 5

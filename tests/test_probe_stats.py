@@ -95,3 +95,31 @@ def test_required_samples_rule():
     assert stats.required_samples(99.0) == 662
     assert stats.required_samples(99.9) == 6636
     assert stats.required_samples(95.0) == math.ceil(6.62 / 0.05)
+
+
+def _run(variant, p99, *, stable=True, unserved=0, mode="closed", resp_p99=None):
+    from agent.probe.result import RunResult
+    from agent.probe.stats import summarize
+    lat = np.full(700, p99, dtype=np.int64)
+    r = RunResult(variant=variant, batch=1, config={"id": "c0"}, mode=mode,
+                  latency=summarize(lat), warmup={"stable": stable, "reason": "unstable: x"},
+                  unserved=unserved, rate_hz=1000.0 if mode == "open" else None)
+    if resp_p99 is not None:
+        r.response = summarize(np.full(700, resp_p99, dtype=np.int64))
+    return r
+
+
+def test_recommendation_skips_unstable_and_saturated_runs_and_uses_response_in_open_loop():
+    from agent.probe.runner import eligible, recommend
+    fast_unstable = _run("xla", 100, stable=False)
+    saturated = _run("tflite", 90, unserved=5, mode="open", resp_p99=90)
+    steady = _run("graph", 1000)
+    assert eligible(fast_unstable)[1].startswith("not recommended: unstable")
+    assert "saturated" in eligible(saturated)[1]
+    assert recommend([fast_unstable, saturated, steady])["variant"] == "graph"
+    # open loop: the headline (and the recommendation) is response time, not service time
+    queued = _run("xla", 100, mode="open", resp_p99=5000)
+    prompt = _run("tflite", 300, mode="open", resp_p99=400)
+    assert queued.headline["p99_ns"] == 5000 and queued.p99_ns() == 5000
+    rec = recommend([queued, prompt])
+    assert rec["variant"] == "tflite" and rec["p99_ns"] == 400

@@ -68,15 +68,24 @@ def probe(
         variant=variant, samples=samples, duration=duration, warmup=warmup, rate=rate,
         threshold_us=threshold_us, calib=calib, intra=intra, inter=inter, cpus=cpus,
         sweep=sweep, batch=batch)
-    with progress_hook(enabled=sys.stderr.isatty()) as hook:
-        result, arrays = run_probe(settings, configs, on_event=hook)
-    if csv_path:
-        from agent.probe.report import write_csv
+    csv_file = None
+    if csv_path:  # opened before the run: a bad path must not cost a finished probe
         try:
-            with open(csv_path, "w", newline="") as f:
-                write_csv(f, result, arrays)
+            csv_file = open(csv_path, "w", newline="")  # noqa: SIM115 - closed below
         except OSError as exc:
             raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
+    try:
+        with progress_hook(enabled=sys.stderr.isatty()) as hook:
+            result, arrays = run_probe(settings, configs, on_event=hook)
+        if csv_file is not None:
+            from agent.probe.report import write_csv
+            try:
+                write_csv(csv_file, result, arrays)
+            except OSError as exc:
+                raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
+    finally:
+        if csv_file is not None:
+            csv_file.close()
     if json_out:
         print(json.dumps(result.to_dict(), indent=2))
     else:

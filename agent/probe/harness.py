@@ -52,6 +52,8 @@ class Samples:
     data: np.ndarray  # int64 [len(COLUMNS), count]
     open_loop: bool
     rate_hz: float | None = None
+    # open loop: requests scheduled before the deadline that never started (saturation)
+    unserved: int = 0
 
     @property
     def count(self) -> int:
@@ -90,6 +92,12 @@ def time_loop(fn: Callable[[], object], n: int, rate_hz: float | None = None, *,
     of ``rate_hz`` starts per second: a late call starts at once and its queueing shows in
     ``response_ns`` (from the intended start) but not in ``latency_ns``. ``deadline_ns`` (a
     ``perf_counter_ns`` value) stops the run early: at least one sample is always taken.
+
+    Open loop with a deadline: every request *scheduled* before the deadline is served, the
+    backlog included (stopping at the deadline would drop exactly the slowest responses), for
+    at most as long again as the run; requests still not started then are counted in
+    ``Samples.unserved`` — the offered rate exceeds capacity and the response percentiles are
+    lower bounds.
     """
     if n < 1:
         raise ValueError("n must be >= 1")
@@ -103,8 +111,9 @@ def time_loop(fn: Callable[[], object], n: int, rate_hz: float | None = None, *,
         count = _closed(fn, n, deadline, data)
         data[0, :count] = data[1, :count]
     else:
-        count = _open(fn, n, deadline, data, int(round(1e9 / rate_hz)))
-    return Samples(data[:, :count], open_loop=rate_hz is not None, rate_hz=rate_hz)
+        count, unserved = _open(fn, n, deadline, data, int(round(1e9 / rate_hz)))
+        return Samples(data[:, :count], open_loop=True, rate_hz=rate_hz, unserved=unserved)
+    return Samples(data[:, :count], open_loop=False, rate_hz=None)
 
 
 def _closed(fn: Callable[[], object], n: int, deadline: int, data: np.ndarray) -> int:
@@ -138,7 +147,7 @@ def _closed(fn: Callable[[], object], n: int, deadline: int, data: np.ndarray) -
 
 
 def _open(fn: Callable[[], object], n: int, deadline: int, data: np.ndarray,
-          period_ns: int) -> int:
+          period_ns: int) -> tuple[int, int]:
     it, st, en, iv, vv, mn, mj, cp = (memoryview(data[i]) for i in range(8))
     clock = time.perf_counter_ns
     cpu = time.process_time_ns
@@ -146,8 +155,13 @@ def _open(fn: Callable[[], object], n: int, deadline: int, data: np.ndarray,
     who = resource.RUSAGE_THREAD
     sleep = time.sleep
     begin = clock() + period_ns
+    if deadline >= _NEVER:
+        scheduled, hard_stop = n, _NEVER
+    else:  # requests whose intended start falls before the deadline, and a grace period
+        scheduled = min(n, max(1, -(-(deadline - begin) // period_ns)))
+        hard_stop = deadline + max(1_000_000_000, deadline - begin)
     i = 0
-    while i < n:
+    while i < scheduled:
         intended = begin + i * period_ns
         ahead = intended - clock()
         if ahead > _SPIN_NS:
@@ -170,9 +184,9 @@ def _open(fn: Callable[[], object], n: int, deadline: int, data: np.ndarray,
         mj[i] = r1.ru_majflt - r0.ru_majflt
         cp[i] = c1 - c0
         i += 1
-        if t1 >= deadline:
+        if t1 >= hard_stop:
             break
-    return i
+    return i, scheduled - i
 
 
 def bare_loop(fn: Callable[[], object], n: int) -> np.ndarray:

@@ -7,6 +7,8 @@ spends seconds importing TensorFlow.
 
 from __future__ import annotations
 
+import math
+
 from agent.errors import AgentError
 from agent.probe.config import ProbeSettings, ThreadConfig
 from agent.probe.models import BUILTINS, ModelSpec
@@ -31,9 +33,11 @@ def parse_cpus(text: str) -> list[int]:
         cpus = parse_cpulist(text)
     except ValueError:
         raise AgentError(f"--cpus {text!r} is not a CPU list (e.g. 2-5,8)") from None
+    if not cpus:
+        raise AgentError("--cpus is empty")
     allowed = os.sched_getaffinity(0)
     bad = [c for c in cpus if c not in allowed]
-    if not cpus or bad:
+    if bad:
         raise AgentError(f"--cpus {text!r}: CPUs {bad or cpus} are not available to this process")
     return cpus
 
@@ -56,14 +60,15 @@ def build(*, model: str | None, builtin: str, signature: str, shape: str | None,
     shp = parse_int_list(shape, "--shape") if shape else None
     if samples is not None and samples < 1:
         raise AgentError("--samples must be >= 1")
-    if duration is not None and duration <= 0:
-        raise AgentError("--duration must be > 0 seconds")
+    # "not x > 0" (rather than "x <= 0") also rejects NaN; isfinite rejects inf
+    if duration is not None and not (duration > 0 and math.isfinite(duration)):
+        raise AgentError("--duration must be a finite number of seconds > 0")
     if warmup < 1:
         raise AgentError("--warmup must be >= 1")
-    if rate is not None and rate <= 0:
-        raise AgentError("--rate must be > 0 Hz")
-    if threshold_us <= 0:
-        raise AgentError("--threshold-us must be > 0")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise AgentError("--rate must be a finite number of calls/s > 0")
+    if not (threshold_us > 0 and math.isfinite(threshold_us)):
+        raise AgentError("--threshold-us must be a finite number > 0")
     if input_data not in ("random", "zeros"):
         load_npy(input_data, "--input-data")
     if calib:
@@ -74,7 +79,7 @@ def build(*, model: str | None, builtin: str, signature: str, shape: str | None,
     batches = parse_int_list(batch, "--batch")
     if intra is not None and intra < 0:
         raise AgentError("--intra must be >= 0 (0: TF default)")
-    cpu_list = parse_cpus(cpus) if cpus else None
+    cpu_list = parse_cpus(cpus) if cpus is not None else None
     if sweep not in (None, "threads"):
         raise AgentError(f"--sweep {sweep!r}: only 'threads' is supported")
     # Explicit --duration alone means "run for this long"; --samples alone means "this many";

@@ -26,7 +26,7 @@ def fmt_ns(ns: float | int | None) -> str:
     return f"{ns / 1e6:,.1f} ms"
 
 
-def _pct(r: RunResult, q: float, what: str = "latency") -> str:
+def _pct(r: RunResult, q: float, what: str = "headline") -> str:
     s = getattr(r, what) or {}
     v = s.get(pkey(q) + "_ns")
     if v is None:
@@ -53,7 +53,8 @@ def render(result: ProbeResult, console: Console | None = None) -> None:
               f"{m.get('input_dtype')} · TF {h.get('tensorflow')} · LiteRT {h.get('litert')} · "
               f"{h.get('cpu_count')} CPUs")
     st = result.settings
-    mode = f"open loop at {st['rate_hz']:g} Hz" if st.get("rate_hz") else "closed loop"
+    mode = (f"open loop at {st['rate_hz']:g} Hz (table: response time from the intended start)"
+            if st.get('rate_hz') else "closed loop")
     con.print(f"{mode} · warm-up ≥ {st['warmup']} calls · target {st['samples'] or '—'} samples"
               f" · budget {st['duration_s'] or '—'} s/run · jitter threshold "
               f"{st['threshold_us']:g} µs · reference: fp32 {m.get('reference', 'graph')}")
@@ -98,11 +99,12 @@ def _side_by_side(con: Console, runs: Sequence[RunResult], cid: str, rate: float
         j = r.jitter or {}
         mark = "[bold green]◀ best[/bold green]" if r.recommended else (
             "[yellow]not recommended[/yellow]" if r.agreement and not r.agreement["passes"]
+            else "[yellow]saturated[/yellow]" if r.unserved
             else "[yellow]warm-up unstable[/yellow]" if not (r.warmup or {}).get("stable")
             else "")
         t.add_row(r.variant, str(r.batch), f"{r.build_s:.2f}s", fmt_ns(r.cold_start_ns),
-                  f"{r.latency['count']:,}", _pct(r, 50), _pct(r, 90), _pct(r, 99),
-                  _pct(r, 99.9), fmt_ns(r.latency["max_ns"]),
+                  f"{r.headline['count']:,}", _pct(r, 50), _pct(r, 90), _pct(r, 99),
+                  _pct(r, 99.9), fmt_ns(r.headline["max_ns"]),
                   f"{j.get('rate', 0):.3%}" if j.get("rate") is not None else "—",
                   _agree(r), mark)
     con.print(t)
@@ -117,10 +119,10 @@ def _detail(con: Console, r: RunResult) -> None:
     lines = [f"[bold]{r.variant}[/bold] batch {r.batch}: mean {fmt_ns(lat.get('mean_ns'))} "
              f"± {fmt_ns(lat.get('stdev_ns'))}, min {fmt_ns(lat.get('min_ns'))}",
              f"  warm-up: {w.get('reason')}; window P50s {curve}"]
-    if r.response:
-        lines.append("  response time (from intended start): " + ", ".join(
-            f"P{q:g} {_pct(r, q, 'response')}" for q in PERCENTILES) +
-            f", max {fmt_ns(r.response['max_ns'])}")
+    if r.response:  # open loop: the table shows response time; service time here
+        lines.append("  service time (call only, without queueing): " + ", ".join(
+            f"P{q:g} {_pct(r, q, 'latency')}" for q in PERCENTILES) +
+            f", max {fmt_ns(lat.get('max_ns'))}")
     j = r.jitter or {}
     if j:
         lines.append(f"  tail jitter > {j['threshold_ns'] / 1e3:g} µs: {j['count']}/"

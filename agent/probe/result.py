@@ -34,8 +34,14 @@ Schema ``hftagent.probe`` version 1 (all durations int nanoseconds unless named 
       "agreement": {"n", "classifier_like", "argmax_share", "max_abs_err", "max_rel_err",
                     "finite", "passes", "rule"} | null,
       "throughput_per_s": float | null,   # batch / mean latency
-      "timed_budget_hit": bool, "recommended": bool, "notes": [str]
+      "timed_budget_hit": bool, "recommended": bool, "notes": [str],
+      "unserved": int   # open loop: requests scheduled before the deadline but never started
+                        # (offered rate above capacity): response percentiles are lower bounds
     }
+
+    The headline figures of a run (table, recommendation, gate) are its ``response`` summary
+    in open loop — what a caller on that schedule waits, coordinated-omission free — and its
+    ``latency`` (service time) in closed loop: :meth:`RunResult.headline`.
 
     Summary = {"count", "mean_ns", "stdev_ns", "min_ns", "p50_ns", "p90_ns", "p99_ns",
                "p999_ns", "max_ns", "sufficient": {"p50": bool, ...},
@@ -74,6 +80,7 @@ class RunResult:
     timed_budget_hit: bool = False
     recommended: bool = False
     notes: list[str] = field(default_factory=list)
+    unserved: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,8 +93,13 @@ class RunResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def headline(self) -> dict | None:
+        """Response time in open loop, service time in closed loop."""
+        return self.response if self.mode == "open" and self.response else self.latency
+
     def p99_ns(self) -> int | None:
-        return (self.latency or {}).get("p99_ns")
+        return (self.headline or {}).get("p99_ns")
 
 
 @dataclass

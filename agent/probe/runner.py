@@ -91,7 +91,7 @@ def _run_worker(settings: ProbeSettings, cfg: ThreadConfig, d: Path,
         log = d / f"worker-{attempt}.log"
         current: dict | None = None
         with open(log, "wb") as logf:
-            proc = subprocess.Popen([sys.executable, "-m", "agent.probe.worker", str(d)],
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "agent.probe.worker", str(d)],
                                     stdout=subprocess.PIPE, stderr=logf, env=env)
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -175,13 +175,19 @@ def _now() -> str:
 
 def eligible(r: RunResult) -> tuple[bool, str]:
     """Can this run be recommended? ok, P99 supported by its samples, agreement passes."""
-    if not r.ok or not r.latency or r.latency.get("p99_ns") is None:
+    h = r.headline
+    if not r.ok or not h or h.get("p99_ns") is None:
         return False, "did not run"
     if r.agreement is not None and not r.agreement["passes"]:
         return False, f"not recommended: agreement fails ({r.agreement['rule']})"
-    if not r.latency["sufficient"]["p99"]:
-        return False, (f"insufficient samples for P99 ({r.latency['count']} < "
-                       f"{r.latency['required']['p99']})")
+    if not h["sufficient"]["p99"]:
+        return False, (f"insufficient samples for P99 ({h['count']} < "
+                       f"{h['required']['p99']})")
+    if r.warmup is not None and not r.warmup.get("stable", True):
+        return False, f"not recommended: {r.warmup.get('reason', 'warm-up unstable')}"
+    if r.unserved:
+        return False, (f"not recommended: saturated at {r.rate_hz:g}/s ({r.unserved} "
+                       "requests never started)")
     return True, ""
 
 
@@ -190,9 +196,9 @@ def recommend(runs: list[RunResult]) -> dict | None:
     cands = [r for r in runs if r.batch == 1 and eligible(r)[0]]
     if not cands:
         return None
-    best = min(cands, key=lambda r: r.latency["p99_ns"])  # type: ignore[index]
+    best = min(cands, key=lambda r: r.headline["p99_ns"])  # type: ignore[index]
     return {"variant": best.variant, "batch": best.batch, "config": best.config,
-            "p99_ns": best.latency["p99_ns"],  # type: ignore[index]
+            "p99_ns": best.headline["p99_ns"],  # type: ignore[index]
             "reason": f"lowest P99 of {len(cands)} passing run(s)",
             "command": None}
 

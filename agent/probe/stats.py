@@ -9,7 +9,8 @@ and equals ``numpy.percentile(..., method="inverted_cdf")``.
 
 Sufficiency: a percentile is only claimed when enough samples lie beyond it.
 ``REQUIRED_SAMPLES`` holds the figures from DESIGN.md (≥ 662 samples to claim P99, ≥ 6,636 to
-claim P99.9, 99 % confidence); P50/P90 use the same rule n·(1 − q) ≥ 6.62.
+claim P99.9, 99 % confidence; 6,636 is a little above the 6,620 that the rule below gives);
+P50/P90 follow the rule n·(1 − q) ≥ 6.62.
 """
 
 from __future__ import annotations

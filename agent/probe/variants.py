@@ -121,6 +121,12 @@ def _tf_binders(fn: Callable[[Any], Any], batched: bool = False):
 
     def bind(x: np.ndarray) -> Callable[[], object]:
         xt = tf.constant(x)
+        leaves = tf.nest.flatten(fn(xt))
+        if any("GPU" in (getattr(t, "device", "") or "") for t in leaves):
+            # TF's GPU kernels run asynchronously: a timed call that returns device tensors
+            # measures only the launch. Copy the outputs back, as a trading process must to
+            # act on the signal, so the time covers the inference and its D2H copy.
+            return lambda: [t.numpy() for t in tf.nest.flatten(fn(xt))]
         return lambda: fn(xt)
 
     def predict(xs: np.ndarray) -> np.ndarray:
@@ -287,7 +293,7 @@ def _full_integer(model: LoadedModel, shape, calib: np.ndarray,
     calib_path = os.path.join(workdir, "int8-calib.npy")
     out = os.path.join(workdir, "int8.tflite")
     np.save(calib_path, np.ascontiguousarray(calib, dtype=np.float32))
-    proc = subprocess.run([sys.executable, "-m", "agent.probe.quantize", sm, sig, calib_path, out],
+    proc = subprocess.run([sys.executable, "-P", "-m", "agent.probe.quantize", sm, sig, calib_path, out],
                           capture_output=True, text=True, timeout=900)
     if proc.returncode == 0:
         with open(out, "rb") as fh:

@@ -133,9 +133,15 @@ def run_task(model, variant: str, shape: tuple[int, ...], settings: ProbeSetting
         r.response = stats.summarize(s.response_ns)
     r.jitter = stats.jitter(s.response_ns if s.open_loop else lat,
                             int(settings.threshold_us * 1000))
+    r.unserved = s.unserved
+    if s.unserved:
+        r.notes.append(f"saturated: {s.unserved} of {s.count + s.unserved} requests scheduled "
+                       f"at {settings.rate_hz:g}/s never started (offered rate above capacity): "
+                       "response percentiles are lower bounds")
     if lat.size:
-        p99 = stats.percentiles(lat, (99.0,))[99.0]
-        r.attribution = stats.tail_attribution(lat, s.column("nivcsw"), s.column("minflt"),
+        head = s.response_ns if s.open_loop else lat  # what the report's headline shows
+        p99 = stats.percentiles(head, (99.0,))[99.0]
+        r.attribution = stats.tail_attribution(head, s.column("nivcsw"), s.column("minflt"),
                                                s.column("majflt"), p99)
         mean = float(lat.mean())
         r.throughput_per_s = shape[0] * 1e9 / mean if mean > 0 else None
