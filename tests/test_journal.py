@@ -8,6 +8,7 @@ parent must then restore the tree byte for byte. The same for a rollback killed 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -21,9 +22,14 @@ from tuning.journal import FORMAT, Journal, JournalError, StaleJournal, load, lo
 from tuning.profiles import load_profile
 
 
-def _ctx(root: Path, profile: str = "bench"):
+# In the crash tests one write changes the value and *then* fails (EIO after sysfs took the
+# bytes), in apply and in rollback alike: that target must be journalled and restored too.
+FLAKY = {"intel_pstate/min_perf_pct": errno.EIO}
+
+
+def _ctx(root: Path, profile: str = "bench", flaky: bool = False):
     ctx = build_context(Host(root), load_profile(profile), "1")
-    ctx.writer = KernelSim()
+    ctx.writer = KernelSim(fail_after=FLAKY if flaky else None)
     return ctx
 
 
@@ -33,7 +39,7 @@ class Crash(Exception):
 
 def _count_steps(root: Path, fn) -> int:
     steps = []
-    fn(_ctx(root), steps.append)
+    fn(_ctx(root, flaky=True), steps.append)
     return len(steps)
 
 
@@ -50,7 +56,7 @@ def _in_child_dying_at(k: int, root: Path, fn) -> int:
                 if n == k:
                     os._exit(137)
 
-            fn(_ctx(root), cp)
+            fn(_ctx(root, flaky=True), cp)
             os._exit(0)
         except BaseException:  # noqa: BLE001 - never return into pytest from the child
             os._exit(3)
@@ -74,7 +80,7 @@ def test_kill_at_every_apply_step_then_rollback_restores_everything(tmp_path):
     for k in range(1, total + 1):
         root = make_synthetic(tmp_path / f"k{k}", ncpus=2)
         assert _in_child_dying_at(k, root, _apply) == 137
-        ctx = _ctx(root)
+        ctx = _ctx(root, flaky=True)
         rb = rollback(ctx, ctx.host.run_dir("hftagent"))
         assert rb.remaining == 0, (k, [i.to_dict() for i in rb.items])
         assert diff(pristine, snapshot(root)) == [], f"killed at step {k}"
@@ -89,7 +95,7 @@ def test_kill_at_every_rollback_step_then_rollback_again(tmp_path):
 
     def applied(name: str) -> Path:
         root = make_synthetic(tmp_path / name, ncpus=2)
-        ctx = _ctx(root)
+        ctx = _ctx(root, flaky=True)
         apply_plan(ctx, make_plan(ctx), ctx.host.run_dir("hftagent"))
         return root
 
@@ -98,7 +104,7 @@ def test_kill_at_every_rollback_step_then_rollback_again(tmp_path):
     for k in range(1, total + 1):
         root = applied(f"k{k}")
         assert _in_child_dying_at(k, root, _rollback) == 137
-        ctx = _ctx(root)
+        ctx = _ctx(root, flaky=True)
         assert rollback(ctx, ctx.host.run_dir("hftagent")).remaining == 0
         assert diff(pristine, snapshot(root)) == [], f"rollback killed at step {k}"
 

@@ -219,6 +219,42 @@ def test_einval_is_a_failure_and_not_journalled(tmp_path):
     assert diff(before, snapshot(root)) == []
 
 
+def test_write_that_changes_the_value_then_fails_stays_journalled(tmp_path):
+    """sysfs can take the bytes and still report EIO (short write): the original must not be
+    lost. Rollback's write fails the same way and still counts as restored."""
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    sim = KernelSim(fail_after={"vm/swappiness": errno.EIO})
+    ctx = _ctx(root, "hft-cpu", writer=sim)
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, make_plan(ctx, only=["memory"]), sd)
+    o = {o.change.target: o for o in rep.outcomes}["/proc/sys/vm/swappiness"]
+    assert o.result == FAILED and "changed anyway" in o.message and o.readback == "1"
+    st = {i.target: i for i in status(ctx, sd).items}["/proc/sys/vm/swappiness"]
+    assert (st.original, st.written, st.result) == ("60", "1", "holds")
+    rb = rollback(ctx, sd)
+    assert rb.remaining == 0, [i.to_dict() for i in rb.items]
+    assert diff(before, snapshot(root)) == []
+
+
+def test_service_stop_that_fails_but_stopped_is_restarted(tmp_path):
+    """`systemctl stop` can exit non-zero although the unit stopped."""
+    root = make_synthetic(tmp_path / "syn")
+
+    class FlakyServices(FakeServices):
+        def stop(self, name: str) -> None:
+            super().stop(name)
+            raise OSError(errno.EIO, f"systemctl stop {name}: Job failed")
+
+    svc = FlakyServices(active=True)
+    ctx = _ctx(root, "hft-cpu", services=svc)
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, make_plan(ctx, only=["irq.irqbalance"]), sd)
+    assert [o.result for o in rep.outcomes] == [FAILED]
+    rollback(ctx, sd)
+    assert svc.calls == ["stop irqbalance", "start irqbalance"] and svc.active
+
+
 def test_read_only_attribute_fails_cleanly(tmp_path):
     root = make_synthetic(tmp_path / "syn")
     ksm = root / "sys/kernel/mm/ksm/run"

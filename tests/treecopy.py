@@ -11,6 +11,9 @@ can be compared byte for byte with the pristine copy:
 - default_smp_affinity is printed at the file's width ("ffff" for 16 CPUs);
 - an attribute without write bits is EACCES even for root (kernfs has no store() for it);
 - ``fail={suffix: errno}`` injects EIO/EPERM/EINVAL/EBUSY for targets ending in ``suffix``;
+- ``fail_after={suffix: errno}`` changes the value and *then* fails, as the kernel does when a
+  store() takes the bytes but a short write is reported (EIO), or ``systemctl stop`` exits
+  non-zero although the unit stopped;
 - ``after_write`` is called after every successful write (fault injection counts writes).
 """
 
@@ -68,8 +71,10 @@ class KernelSim:
     """A Writer that behaves like the kernel's store() for the files tuning writes."""
 
     def __init__(self, fail: dict[str, int] | None = None,
-                 after_write: Callable[[Path], None] | None = None) -> None:
+                 after_write: Callable[[Path], None] | None = None,
+                 fail_after: dict[str, int] | None = None) -> None:
         self.fail = dict(fail or {})
+        self.fail_after = dict(fail_after or {})
         self.after_write = after_write
         self.writes: list[tuple[str, str]] = []
 
@@ -114,6 +119,9 @@ class KernelSim:
         self.writes.append((str(path), value))
         if self.after_write:
             self.after_write(path)
+        for suffix, err in self.fail_after.items():
+            if str(path).endswith(suffix):
+                raise OSError(err, os.strerror(err), str(path))
 
 
 def _w(p: Path, text: str) -> None:

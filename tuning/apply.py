@@ -237,6 +237,21 @@ def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = 
             try:
                 t.write(ctx, ch.target, ch.desired)
             except OSError as exc:
+                msg = f"{os.strerror(exc.errno) if exc.errno else exc}"
+                # A failed write may still have changed the value (sysfs took the bytes and a
+                # short write was reported as EIO; `systemctl stop` exited non-zero although
+                # the unit stopped). Only a value still equal to the original proves nothing
+                # happened; anything else stays journalled so rollback can restore it.
+                after = t.read_target(ctx, ch.target)
+                if after != cur:
+                    j.record(ch.tunable, ch.target, cur, after if after is not None
+                             else ch.desired, ch.detail)
+                    j.save(cp)
+                    now = "unreadable" if after is None else repr(after)
+                    outcomes.append(Outcome(ch, FAILED, f"{msg}; the value changed anyway "
+                                            f"(now {now}): kept in the journal, `tune "
+                                            "rollback` restores it", after))
+                    continue
                 # The write did not happen: take the entry back out (or restore its previous
                 # "written"), so the journal only lists targets we changed.
                 if prev is None:
@@ -244,7 +259,6 @@ def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = 
                 else:
                     prev.written = prev_written or prev.written
                 j.save(cp)
-                msg = f"{os.strerror(exc.errno) if exc.errno else exc}"
                 if t.unchangeable(exc):
                     unchangeable.setdefault(t.id, set()).add(ch.target)
                     outcomes.append(Outcome(ch, UNCHANGEABLE, f"kernel refuses to move it "
@@ -376,11 +390,15 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
 
 
 def _restore(ctx: TuneContext, t: Tunable, j: Journal, e, cur: str, cp: Callable) -> RollbackItem:
+    error = ""
     try:
         t.write(ctx, e.target, e.original)
     except OSError as exc:
-        return RollbackItem(e.tunable, e.target, e.original, e.written, cur, FAILED,
-                            os.strerror(exc.errno) if exc.errno else str(exc))
+        error = os.strerror(exc.errno) if exc.errno else str(exc)
+        # the write may have taken effect although it reported an error: look before retrying
+        back = t.read_target(ctx, e.target)
+        if back != e.original:
+            return RollbackItem(e.tunable, e.target, e.original, e.written, back, FAILED, error)
     cp("restored")
     back = t.read_target(ctx, e.target)
     if back != e.original:
@@ -388,7 +406,8 @@ def _restore(ctx: TuneContext, t: Tunable, j: Journal, e, cur: str, cp: Callable
                             f"read back {back!r}; kept in the journal")
     j.drop(e.target)
     j.save(cp)
-    return RollbackItem(e.tunable, e.target, e.original, e.written, back, RESTORED)
+    return RollbackItem(e.tunable, e.target, e.original, e.written, back, RESTORED,
+                        f"restored, although the write reported: {error}" if error else "")
 
 
 # ----------------------------------------------------------------------------------------------
