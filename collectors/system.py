@@ -54,6 +54,7 @@ class Virt:
 
     kind: str | None
     evidence: str
+    known: bool = True  # False: the evidence could not be read
 
 
 def virtualization(host: Host) -> Virt:
@@ -67,10 +68,14 @@ def virtualization(host: Host) -> Virt:
             for hint, kind in _DMI_HINTS.items():
                 if hint in low:
                     return Virt(kind, f"{r.path}={r.value.strip()}")
+    cpuinfo = host.read(host.proc("cpuinfo"))
+    if not cpuinfo.ok:  # without the flags we cannot tell: unknown, never "bare metal"
+        return Virt(None, f"{cpuinfo.path} unreadable ({cpuinfo.reason}) and no other evidence",
+                    known=False)
     if "hypervisor" in cpuinfo_flags(host):
         cmd = host.read(host.proc("cmdline")).value or ""
         kind = "firecracker" if "firecracker" in cmd else "unknown-hypervisor"
-        return Virt(kind, "/proc/cpuinfo flags: hypervisor")
+        return Virt(kind, f"{cpuinfo.path} flags: hypervisor")
     return Virt(None, "no hypervisor flag in /proc/cpuinfo, no /sys/hypervisor, no VM DMI vendor")
 
 

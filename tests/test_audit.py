@@ -159,3 +159,28 @@ def test_live_audit_is_recorded_in_history_but_a_captured_tree_is_not(tmp_path):
         runs = h.runs()
     assert [r.kind for r in runs] == ["audit"]
     assert audit("--db", str(db), "--no-history", "--steal-window", "0").exit_code in (0, 2)
+
+
+def test_error_findings_exit_1_and_unreadable_cpuinfo_is_not_bare_metal(tmp_path):
+    (tmp_path / "proc").mkdir()  # an empty procfs: nothing under /proc can be read
+    res = audit("--root", str(FIXTURES / "synthetic-tuned"), "--procfs", str(tmp_path / "proc"),
+                "--json")
+    f = by_id(res)
+    assert f["virt.hypervisor"]["status"] == "error" and "unknown" in f["virt.hypervisor"]["current"]
+    assert res.exit_code in (1, 2)
+    statuses = {x["status"] for x in f.values()}
+    assert "error" in statuses
+    assert res.exit_code == (2 if statuses & {"fail", "pending-reboot"} else 1)
+
+
+def test_exit_code_precedence():
+    from tuning.findings import Finding, Status, exit_code
+
+    def fs(*sts):
+        return [Finding(f"x.{i}", "x", "x", s) for i, s in enumerate(sts)]
+    assert exit_code(fs(Status.OK, Status.UNSUPPORTED)) == 0
+    assert exit_code(fs(Status.OK, Status.ERROR)) == 1
+    assert exit_code(fs(Status.ERROR, Status.FAIL)) == 2
+    assert exit_code(fs(Status.WARN)) == 0
+    assert exit_code(fs(Status.WARN), Status.WARN) == 2
+    assert exit_code(fs(Status.PENDING_REBOOT)) == 2

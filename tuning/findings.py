@@ -65,9 +65,11 @@ def summarize(findings: list[Finding]) -> dict[str, int]:
 
 
 def exit_code(findings: list[Finding], fail_on: Status = Status.FAIL) -> int:
-    """0 = tuned; 2 = something to fix. ``fail_on=WARN`` tightens: warnings count too.
-    pending-reboot always counts: the box is not in the state it should be."""
+    """2 = something to fix (fail or pending-reboot; ``fail_on=WARN``: warnings too);
+    else 1 = some check could not run (error: the box is not known to be fine); else 0."""
     bad = {Status.FAIL, Status.PENDING_REBOOT}
     if fail_on == Status.WARN:
         bad.add(Status.WARN)
-    return 2 if any(f.status in bad for f in findings) else 0
+    if any(f.status in bad for f in findings):
+        return 2
+    return 1 if any(f.status == Status.ERROR for f in findings) else 0

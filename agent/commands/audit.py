@@ -22,7 +22,8 @@ from agent.commands.common import (
 HELP = """Report every host setting that hurts tail latency, with evidence and the exact fix.
 
 Read-only: nothing on the host is written. Exit status: 0 nothing fails; 2 a check failed or
-needs a reboot (--fail-on warn: warnings too); 1 the audit itself could not run."""
+needs a reboot (--fail-on warn: warnings too); 1 the audit could not run, or some check could
+not read what it needs (status "error") and nothing failed."""
 
 
 def audit(

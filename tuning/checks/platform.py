@@ -15,7 +15,11 @@ from tuning.findings import Finding, Status
 def check_virt(ctx: AuditContext) -> list[Finding]:
     v = ctx.cache.get("virt") or system.virtualization(ctx.host)
     out = []
-    if v.kind:
+    if not v.known:
+        out.append(Finding("virt.hypervisor", "virt", "Virtualization", Status.ERROR,
+                           current=f"unknown: {v.evidence}", expected="bare metal",
+                           evidence=v.evidence))
+    elif v.kind:
         out.append(Finding(
             "virt.hypervisor", "virt", "Virtualization", Status.WARN, current=v.kind,
             expected="bare metal", evidence=v.evidence,
