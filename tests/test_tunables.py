@@ -445,6 +445,25 @@ def test_gpu_refused_is_a_failure_not_a_crash(tmp_path):
     ctx = _ctx(root, "hft-gpu", gpu=FakeGpu(refuse=True))
     rep = apply_plan(ctx, make_plan(ctx, only=["gpu.persistence"]), ctx.host.run_dir("hftagent"))
     assert {o.result for o in rep.outcomes} == {FAILED}
+    # the adapter's own reason is kept, not only the errno's name
+    assert {o.message for o in rep.outcomes} == {"Operation not permitted: NVML: permission"}
+
+
+def test_rollback_failure_keeps_the_services_message(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+
+    class MaskedServices(FakeServices):
+        def start(self, name: str) -> None:
+            raise OSError(errno.EIO, f"systemctl start {name}: Unit {name}.service is masked.")
+
+    svc = MaskedServices(active=True)
+    ctx = _ctx(root, "hft-cpu", services=svc)
+    sd = ctx.host.run_dir("hftagent")
+    apply_plan(ctx, make_plan(ctx, only=["irq.irqbalance"]), sd)
+    rb = rollback(ctx, sd)
+    assert [(i.result, i.message) for i in rb.items] == [
+        (FAILED, "Input/output error: systemctl start irqbalance: Unit irqbalance.service is "
+                 "masked.")]
 
 
 def test_gpu_absent_on_a_tree_copy(tmp_path):

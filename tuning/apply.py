@@ -237,7 +237,7 @@ def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = 
             try:
                 t.write(ctx, ch.target, ch.desired)
             except OSError as exc:
-                msg = f"{os.strerror(exc.errno) if exc.errno else exc}"
+                msg = _why(exc)
                 # A failed write may still have changed the value (sysfs took the bytes and a
                 # short write was reported as EIO; `systemctl stop` exited non-zero although
                 # the unit stopped). Only a value still equal to the original proves nothing
@@ -279,6 +279,14 @@ def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = 
                     j.save(cp)
     findings = verify_plan(ctx, plan, unchangeable)
     return ApplyReport(outcomes, findings, str(journal_path(state_dir)))
+
+
+def _why(exc: OSError) -> str:
+    """The error's own text (systemctl's stderr, NVML's reason, "short write ...") with the
+    errno's name in front when the text does not already say it."""
+    text = exc.strerror or str(exc)
+    std = os.strerror(exc.errno) if exc.errno else ""
+    return text if not std or std in text else f"{std}: {text}"
 
 
 def verify_plan(ctx: TuneContext, plan: Plan,
@@ -394,7 +402,7 @@ def _restore(ctx: TuneContext, t: Tunable, j: Journal, e, cur: str, cp: Callable
     try:
         t.write(ctx, e.target, e.original)
     except OSError as exc:
-        error = os.strerror(exc.errno) if exc.errno else str(exc)
+        error = _why(exc)
         # the write may have taken effect although it reported an error: look before retrying
         back = t.read_target(ctx, e.target)
         if back != e.original:
