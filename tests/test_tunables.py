@@ -340,6 +340,35 @@ def test_thp_value_not_offered_is_refused(tmp_path):
         make_plan(_ctx(root, "hft-cpu"))
 
 
+@pytest.mark.parametrize("key,value", [
+    ("swappiness", 201), ("swappiness", -1), ("numa_balancing", 4), ("stat_interval", 0),
+    ("timer_migration", 2), ("nmi_watchdog", 2), ("sched_rt_runtime_us", -2),
+    ("sched_rt_runtime_us", 1_000_001), ("ksm", 2)])
+def test_sysctl_value_out_of_range_is_refused(tmp_path, key, value):
+    root = make_synthetic(tmp_path / "syn")
+    (root / "proc/sys/kernel/sched_rt_period_us").write_text("1000000\n")
+    before = snapshot(root, exclude=())
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'extends = "hft-cpu"\n[settings.{key}]\nexpected = {value}\n')
+    ctx = _ctx(root, str(prof))
+    with pytest.raises(TuneError, match=f"{key}.*(outside the range|not an integer|not 0)"):
+        apply_plan(ctx, make_plan(ctx), ctx.host.run_dir("hftagent"))
+    assert snapshot(root, exclude=()) == before
+
+
+@pytest.mark.parametrize("key,value", [("swappiness", 200), ("numa_balancing", 3),
+                                       ("sched_rt_runtime_us", 1_000_000),
+                                       ("sched_rt_runtime_us", -1), ("stat_interval", 1)])
+def test_sysctl_value_at_the_edge_is_planned(tmp_path, key, value):
+    root = make_synthetic(tmp_path / "syn")
+    (root / "proc/sys/kernel/sched_rt_period_us").write_text("1000000\n")
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'extends = "hft-cpu"\n[settings.{key}]\nexpected = {value}\n')
+    plan = make_plan(_ctx(root, str(prof)))
+    desired = {t: v for it in plan.items for t, v in it.desired.items()}
+    assert str(value) in desired.values()
+
+
 @pytest.mark.parametrize("cpus,msg", [("7", "not online"), ("0-3", "every online CPU"),
                                       ("x", "bad --cpus")])
 def test_bad_cpu_lists(tmp_path, cpus, msg):

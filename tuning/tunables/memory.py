@@ -75,17 +75,43 @@ class Ksm(FileTunable):
         return None if r.ok else f"unsupported: {r.path} {r.reason}"
 
     def desired(self, ctx: TuneContext) -> dict[str, str]:
-        want = int(self.wanted(ctx))
+        want = profile_int(self.key, self.wanted(ctx))
         if want not in (0, 1):
             raise TuneError(f"ksm {want} is not 0 (stop) or 1 (run)")
         return {ctx.host.display(ctx.host.sys("kernel/mm/ksm/run")): str(want)}
 
 
+INT_MAX = 2**31 - 1
+
+
+def profile_int(key: str, raw: object) -> int:
+    """A profile value that must be an integer (TOML int, or a string of one)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        return int(raw)
+    raise TuneError(f"{key} {raw!r} is not an integer")
+
+
+def int_in(value: str, lo: int, hi: int | None) -> bool:
+    """Whether ``value`` is the text of an integer in lo..hi (hi None: no upper bound)."""
+    try:
+        v = int(value)
+    except ValueError:
+        return False
+    return lo <= v and (hi is None or v <= hi)
+
+
 class Sysctl(FileTunable):
     """An integer sysctl under /proc/sys (dots are slashes). Equivalent: ``sysctl -w NAME=V``
-    (runtime only; nothing is written to /etc/sysctl.d)."""
+    (runtime only; nothing is written to /etc/sysctl.d).
+
+    ``lo``..``hi`` is the range the kernel accepts; a profile value outside it is refused while
+    planning (TuneError), so nothing is written."""
 
     name = ""
+    lo: int = 0
+    hi: int | None = None
 
     def _path(self, ctx: TuneContext):
         return sysctl_path(ctx.host, self.name)
@@ -94,8 +120,21 @@ class Sysctl(FileTunable):
         r = ctx.host.read(self._path(ctx))
         return None if r.ok else f"unsupported: {r.path} {r.reason}"
 
+    def valid(self, value: str) -> bool:
+        return int_in(value, self.lo, self.hi)
+
+    def _range(self, ctx: TuneContext) -> str:
+        return f"{self.lo}..{'' if self.hi is None else self.hi}"
+
+    def _check(self, ctx: TuneContext, want: int) -> None:
+        if not self.valid(str(want)):
+            raise TuneError(f"{self.name} {want} is outside the range the kernel accepts "
+                            f"({self._range(ctx)})")
+
     def desired(self, ctx: TuneContext) -> dict[str, str]:
-        return {ctx.host.display(self._path(ctx)): str(int(self.wanted(ctx)))}
+        want = profile_int(self.key, self.wanted(ctx))
+        self._check(ctx, want)
+        return {ctx.host.display(self._path(ctx)): str(want)}
 
 
 class Swappiness(Sysctl):
@@ -104,14 +143,18 @@ class Swappiness(Sysctl):
 
     id, family, title, key, name = ("memory.swappiness", "memory", "vm.swappiness",
                                     "swappiness", "vm.swappiness")
+    # 0..200 since Linux 5.8 (0..100 before; the older kernel refuses 101..200 with EINVAL)
+    lo, hi = 0, 200
 
 
 class NumaBalancing(Sysctl):
-    """kernel.numa_balancing: 0 off, 1 on (2 = tiering mode on newer kernels).
+    """kernel.numa_balancing: 0 off, 1 on (a bitmask on newer kernels: 2 = memory tiering,
+    3 = both; 0..3 accepted).
     File: /proc/sys/kernel/numa_balancing. Equivalent: ``sysctl -w kernel.numa_balancing=0``."""
 
     id, family, title, key, name = ("memory.numa_balancing", "memory", "NUMA balancing",
                                     "numa_balancing", "kernel.numa_balancing")
+    lo, hi = 0, 3
 
 
 class TimerMigration(Sysctl):
@@ -120,6 +163,7 @@ class TimerMigration(Sysctl):
 
     id, family, title, key, name = ("kernel.timer_migration", "kernel", "Timer migration",
                                     "timer_migration", "kernel.timer_migration")
+    lo, hi = 0, 1
 
 
 class StatInterval(Sysctl):
@@ -128,6 +172,7 @@ class StatInterval(Sysctl):
 
     id, family, title, key, name = ("kernel.stat_interval", "kernel", "vmstat interval",
                                     "stat_interval", "vm.stat_interval")
+    lo, hi = 1, INT_MAX
 
 
 class NmiWatchdog(Sysctl):
@@ -137,6 +182,7 @@ class NmiWatchdog(Sysctl):
 
     id, family, title, key, name = ("kernel.nmi_watchdog", "kernel", "NMI watchdog",
                                     "nmi_watchdog", "kernel.nmi_watchdog")
+    lo, hi = 0, 1
 
 
 class SchedRtRuntime(Sysctl):
@@ -147,3 +193,18 @@ class SchedRtRuntime(Sysctl):
 
     id, family, title, key, name = ("kernel.sched_rt_runtime_us", "kernel", "RT throttling",
                                     "sched_rt_runtime_us", "kernel.sched_rt_runtime_us")
+    lo, hi = -1, INT_MAX
+
+    def _period(self, ctx: TuneContext) -> int | None:
+        return ctx.host.read_int(sysctl_path(ctx.host, "kernel.sched_rt_period_us")).value
+
+    def _range(self, ctx: TuneContext) -> str:
+        period = self._period(ctx)
+        return f"-1, or 0..{'sched_rt_period_us' if period is None else period}"
+
+    def _check(self, ctx: TuneContext, want: int) -> None:
+        # -1 (no throttling) or a runtime no longer than the period (the kernel: EINVAL)
+        period = self._period(ctx)
+        if want < -1 or (period is not None and want > period):
+            raise TuneError(f"{self.name} {want} is outside the range the kernel accepts "
+                            f"({self._range(ctx)})")
