@@ -173,6 +173,48 @@ def test_corrupt_journal_clear_error_nothing_changed(tmp_path, case):
     assert snapshot(root, exclude=()) == before
 
 
+def _with_entries(j: Path, *entries: dict) -> None:
+    data = json.loads(j.read_text())
+    base = {"time": "", "detail": ""}
+    data["entries"] = [{**base, **e, "seq": i} for i, e in enumerate(entries, 1)]
+    j.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"tunable": "memory.swappiness", "target": "service:irqbalance", "original": "active",
+      "written": "inactive"}, "not a target of memory.swappiness"),
+    ({"tunable": "kernel.timer_migration", "target": "/proc/sys/kernel/timer_migration",
+      "original": "7", "written": "0"}, "not a valid kernel.timer_migration value"),
+    ({"tunable": "cpu.governor", "target": "/sys/devices/system/cpu/cpu0/cpufreq/"
+      "scaling_governor", "original": "../../x", "written": "performance"}, "not a valid"),
+])
+def test_journal_is_validated_as_a_whole_before_the_first_write(tmp_path, bad, match):
+    """Rollback runs in reverse: a bad first entry used to be found only after the valid later
+    ones had been written back."""
+    root, sd, _ = _applied(tmp_path)
+    ok = {"tunable": "memory.swappiness", "target": "/proc/sys/vm/swappiness", "original": "77",
+          "written": "1"}
+    _with_entries(sd / "journal.json", bad, ok)
+    before = snapshot(root, exclude=())
+    ctx = _ctx(root, "hft-cpu")
+    with pytest.raises(JournalError, match=match):
+        rollback(ctx, sd, force=True)
+    with pytest.raises(JournalError, match=match):
+        status(ctx, sd)
+    assert snapshot(root, exclude=()) == before
+
+
+def test_every_tunable_owns_only_allowlisted_targets():
+    from tuning.allowlist import WRITABLE
+    from tuning.tunables import all_tunables
+    from tuning.tunables.memory import Sysctl
+
+    owned = [p for t in all_tunables() for p in t.patterns]
+    owned += ["/proc/sys/" + t.name.replace(".", "/") for t in all_tunables()
+              if isinstance(t, Sysctl)]
+    assert sorted(owned) == sorted(WRITABLE)  # each allowlisted target has exactly one owner
+
+
 def test_journal_from_an_earlier_boot_is_reported_not_replayed(tmp_path):
     root, sd, _ = _applied(tmp_path)
     (root / "proc/sys/kernel/random/boot_id").write_text("synthetic-boot-2\n")  # "rebooted"

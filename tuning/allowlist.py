@@ -7,7 +7,7 @@ segment only. Non-file targets (service, NVML) are listed by their exact key for
 
 from __future__ import annotations
 
-from tuning.tunables.base import path_matches
+from tuning.tunables.base import target_matches
 
 WRITABLE: tuple[str, ...] = (
     "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor",
@@ -37,9 +37,4 @@ WRITABLE: tuple[str, ...] = (
 
 def allowed(target: str) -> bool:
     """Whether ``target`` matches one of :data:`WRITABLE` (and has no ``..``)."""
-    if ".." in target.split("/"):
-        return False
-    if target.startswith("/"):
-        return any(path_matches(p, target) for p in WRITABLE if p.startswith("/"))
-    return any(path_matches(p.replace(":", "/"), target.replace(":", "/"))
-               for p in WRITABLE if not p.startswith("/"))
+    return any(target_matches(p, target) for p in WRITABLE)

@@ -181,10 +181,23 @@ def _boot_id(host: Host) -> str | None:
 
 
 def _check_known(j: Journal) -> None:
-    unknown = sorted({e.tunable for e in j.entries} - {t.id for t in all_tunables()})
+    """Refuse the whole journal before anything is written unless every entry names a known
+    tunable, a target of *that* tunable and an original it could write back (a journal that
+    fails half-way through a rollback would leave the host half-restored)."""
+    tunables = by_id()
+    unknown = sorted({e.tunable for e in j.entries} - set(tunables))
     if unknown:
         raise JournalError(f"journal {j.path} names unknown tunable(s) {', '.join(unknown)} "
                            "(written by another version?); nothing was changed")
+    for e in j.entries:
+        t = tunables[e.tunable]
+        if not t.owns(e.target):
+            raise JournalError(f"journal {j.path}: entry {e.seq} names {e.target!r}, which is "
+                               f"not a target of {e.tunable}; nothing was changed")
+        if not t.valid(e.original):
+            raise JournalError(f"journal {j.path}: entry {e.seq} ({e.target}) has original "
+                               f"{e.original!r}, which is not a valid {e.tunable} value; "
+                               "nothing was changed")
 
 
 def _open_journal(ctx: TuneContext, state_dir: Path, profile: str) -> Journal:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -146,6 +147,7 @@ class Tunable:
     title: str = ""
     key: str = ""           # the profile setting it implements
     scope: str = ""
+    patterns: tuple[str, ...] = ()  # the targets it owns (allowlist patterns, tuning/allowlist.py)
 
     # -- what subclasses provide ----------------------------------------------------------
     def available(self, ctx: TuneContext) -> str | None:
@@ -168,6 +170,16 @@ class Tunable:
 
     def index_of(self, target: str) -> int | None:
         return None
+
+    def owns(self, target: str) -> bool:
+        """Whether ``target`` is one of this tunable's targets (a journal entry naming another
+        tunable's target is refused as a whole)."""
+        return any(target_matches(p, target) for p in self.patterns)
+
+    def valid(self, value: str) -> bool:
+        """Whether ``value`` is something this tunable could write back (a journal's original
+        is checked with it before rollback writes anything). Nothing, unless a subclass says."""
+        return False
 
     def detail(self, ctx: TuneContext, target: str) -> str:
         return ""
@@ -235,6 +247,32 @@ def path_matches(pattern: str, target: str) -> bool:
     """fnmatch per path segment ("*" never crosses a "/")."""
     p, t = pattern.split("/"), target.split("/")
     return len(p) == len(t) and all(fnmatch.fnmatchcase(ts, ps) for ps, ts in zip(p, t, strict=False))
+
+
+def target_matches(pattern: str, target: str) -> bool:
+    """A target against one allowlist-style pattern: paths per "/" segment, keys
+    ("service:irqbalance", "nvml:gpu0:compute_mode") per ":" field; ".." never matches."""
+    if ".." in target.split("/"):
+        return False
+    if pattern.startswith("/") != target.startswith("/"):
+        return False
+    if pattern.startswith("/"):
+        return path_matches(pattern, target)
+    return path_matches(pattern.replace(":", "/"), target.replace(":", "/"))
+
+
+def int_in(value: str, lo: int, hi: int | None) -> bool:
+    """Whether ``value`` is the text of an integer in lo..hi (hi None: no upper bound)."""
+    try:
+        v = int(value)
+    except ValueError:
+        return False
+    return lo <= v and (hi is None or v <= hi)
+
+
+def is_word(value: str) -> bool:
+    """A kernel keyword ("performance", "balance_power", "defer+madvise")."""
+    return re.fullmatch(r"[a-z][a-z0-9_+-]*", value) is not None
 
 
 def render_values(tunable: Tunable, values: dict[str, str | None]) -> str:

@@ -13,8 +13,12 @@ from tuning.tunables.base import (
     TuneContext,
     TuneError,
     cpu_target_index,
+    int_in,
+    is_word,
     resolve,
 )
+
+CPU = "/sys/devices/system/cpu"
 
 
 def _shown(host: Host, path) -> str:
@@ -46,6 +50,10 @@ class Governor(_PerCpu):
     """
 
     id, title, key = "cpu.governor", "CPU frequency governor", "governor"
+    patterns = (f"{CPU}/cpu[0-9]*/cpufreq/scaling_governor",)
+
+    def valid(self, value: str) -> bool:
+        return is_word(value)
 
     def available(self, ctx: TuneContext) -> str | None:
         return _no_cpufreq(ctx)
@@ -73,6 +81,10 @@ class MinFreq(_PerCpu):
     """
 
     id, title, key = "cpu.min_freq", "cpufreq minimum frequency", "min_freq"
+    patterns = (f"{CPU}/cpu[0-9]*/cpufreq/scaling_min_freq",)
+
+    def valid(self, value: str) -> bool:
+        return int_in(value, 0, None)
 
     def available(self, ctx: TuneContext) -> str | None:
         return _no_cpufreq(ctx)
@@ -97,6 +109,10 @@ class PstateMinPerf(FileTunable):
 
     id, family, title, key = "cpu.pstate_min_perf_pct", "cpu", "intel_pstate min_perf_pct", \
         "min_freq"
+    patterns = (f"{CPU}/intel_pstate/min_perf_pct",)
+
+    def valid(self, value: str) -> bool:
+        return int_in(value, 0, 100)
 
     def _path(self, host: Host):
         return host.sys("devices/system/cpu/intel_pstate/min_perf_pct")
@@ -117,6 +133,10 @@ class Turbo(FileTunable):
     """
 
     id, family, title, key = "cpu.turbo", "cpu", "Turbo / boost", "turbo"
+    patterns = (f"{CPU}/intel_pstate/no_turbo", f"{CPU}/cpufreq/boost")
+
+    def valid(self, value: str) -> bool:
+        return value in ("0", "1")
 
     def _file(self, host: Host):
         base = host.sys("devices/system/cpu")
@@ -146,6 +166,10 @@ class Epp(_PerCpu):
     """
 
     id, title, key = "cpu.epp", "Energy-performance preference (EPP)", "epp"
+    patterns = (f"{CPU}/cpu[0-9]*/cpufreq/energy_performance_preference",)
+
+    def valid(self, value: str) -> bool:
+        return is_word(value) or int_in(value, 0, 255)  # a name, or a raw HWP EPP 0..255
 
     def available(self, ctx: TuneContext) -> str | None:
         for c in ctx.online:
@@ -181,6 +205,10 @@ class Epb(_PerCpu):
     """
 
     id, title, key = "cpu.epb", "Energy-performance bias (EPB)", "epp"
+    patterns = (f"{CPU}/cpu[0-9]*/power/energy_perf_bias",)
+
+    def valid(self, value: str) -> bool:
+        return int_in(value, 0, 15)
 
     def _path(self, ctx: TuneContext, c: int):
         return cpu_dir(ctx.host, c) / "power/energy_perf_bias"
@@ -211,6 +239,10 @@ class CpuIdle(_PerCpu):
 
     id, title, key = "cpu.cstates", "Idle states over the exit-latency budget", \
         "cstate_max_exit_latency_us"
+    patterns = (f"{CPU}/cpu[0-9]*/cpuidle/state[0-9]*/disable",)
+
+    def valid(self, value: str) -> bool:
+        return value in ("0", "1")
 
     def available(self, ctx: TuneContext) -> str | None:
         if any(cpuidle_states(ctx.host, c) for c in ctx.online):

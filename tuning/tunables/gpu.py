@@ -44,6 +44,10 @@ class GpuPersistence(_Gpu):
 
     id, title, key, field = "gpu.persistence", "GPU persistence mode", "gpu_persistence", \
         "persistence_mode"
+    patterns = ("nvml:gpu[0-9]*:persistence_mode",)
+
+    def valid(self, value: str) -> bool:
+        return value in ("on", "off")
 
     def desired(self, ctx: TuneContext) -> dict[str, str]:
         want = str(self.wanted(ctx))
@@ -71,6 +75,10 @@ class GpuComputeMode(_Gpu):
 
     id, title, key, field = "gpu.compute_mode", "GPU compute mode", "gpu_compute_mode", \
         "compute_mode"
+    patterns = ("nvml:gpu[0-9]*:compute_mode",)
+
+    def valid(self, value: str) -> bool:
+        return value in COMPUTE_MODES
 
     def desired(self, ctx: TuneContext) -> dict[str, str]:
         want = str(self.wanted(ctx))

@@ -48,6 +48,13 @@ class DefaultIrqAffinity(FileTunable):
 
     id, family, title, key = "irq.default_affinity", "irq", "Default IRQ affinity", \
         "irq_affinity"
+    patterns = ("/proc/irq/default_smp_affinity",)
+
+    def valid(self, value: str) -> bool:
+        try:
+            return bool(parse_cpumask(value))
+        except ValueError:
+            return False
 
     def _path(self, ctx: TuneContext):
         return ctx.host.proc("irq/default_smp_affinity")
@@ -82,6 +89,13 @@ class IrqAffinity(FileTunable):
     """
 
     id, family, title, key, scope = "irq.affinity", "irq", "IRQ affinity", "irq_affinity", "irq"
+    patterns = ("/proc/irq/[0-9]*/smp_affinity_list",)
+
+    def valid(self, value: str) -> bool:
+        try:
+            return bool(parse_cpulist(value))
+        except ValueError:
+            return False
 
     def available(self, ctx: TuneContext) -> str | None:
         if not ctx.host.exists(ctx.host.proc("irq")):
@@ -160,6 +174,10 @@ class Irqbalance(Tunable):
 
     id, family, title, key = "irq.irqbalance", "irq", "irqbalance", "irqbalance"
     TARGET = "service:irqbalance"
+    patterns = (TARGET,)
+
+    def valid(self, value: str) -> bool:
+        return value in ("active", "inactive")
 
     def available(self, ctx: TuneContext) -> str | None:
         if ctx.services is None:

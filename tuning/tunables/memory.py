@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collectors.kernel import sysctl_path
 from collectors.parsers import parse_bracketed
-from tuning.tunables.base import FileTunable, TuneContext, TuneError
+from tuning.tunables.base import FileTunable, TuneContext, TuneError, int_in, is_word
 
 
 class _Selector(FileTunable):
@@ -22,6 +22,9 @@ class _Selector(FileTunable):
 
     def normalise(self, text: str) -> str:
         return parse_bracketed(text)[0]
+
+    def valid(self, value: str) -> bool:
+        return is_word(value)
 
     def read_target(self, ctx: TuneContext, target: str) -> str | None:
         try:
@@ -48,6 +51,7 @@ class ThpEnabled(_Selector):
 
     id, title, key = "memory.thp_enabled", "Transparent huge pages", "thp_enabled"
     rel = "kernel/mm/transparent_hugepage/enabled"
+    patterns = ("/sys/kernel/mm/transparent_hugepage/enabled",)
 
 
 class ThpDefrag(_Selector):
@@ -59,6 +63,7 @@ class ThpDefrag(_Selector):
 
     id, title, key = "memory.thp_defrag", "THP defrag", "thp_defrag"
     rel = "kernel/mm/transparent_hugepage/defrag"
+    patterns = ("/sys/kernel/mm/transparent_hugepage/defrag",)
 
 
 class Ksm(FileTunable):
@@ -69,6 +74,10 @@ class Ksm(FileTunable):
     """
 
     id, family, title, key = "memory.ksm", "memory", "KSM", "ksm"
+    patterns = ("/sys/kernel/mm/ksm/run",)
+
+    def valid(self, value: str) -> bool:
+        return int_in(value, 0, 2)
 
     def available(self, ctx: TuneContext) -> str | None:
         r = ctx.host.read(ctx.host.sys("kernel/mm/ksm/run"))
@@ -93,15 +102,6 @@ def profile_int(key: str, raw: object) -> int:
     raise TuneError(f"{key} {raw!r} is not an integer")
 
 
-def int_in(value: str, lo: int, hi: int | None) -> bool:
-    """Whether ``value`` is the text of an integer in lo..hi (hi None: no upper bound)."""
-    try:
-        v = int(value)
-    except ValueError:
-        return False
-    return lo <= v and (hi is None or v <= hi)
-
-
 class Sysctl(FileTunable):
     """An integer sysctl under /proc/sys (dots are slashes). Equivalent: ``sysctl -w NAME=V``
     (runtime only; nothing is written to /etc/sysctl.d).
@@ -122,6 +122,9 @@ class Sysctl(FileTunable):
 
     def valid(self, value: str) -> bool:
         return int_in(value, self.lo, self.hi)
+
+    def owns(self, target: str) -> bool:
+        return target == "/proc/sys/" + self.name.replace(".", "/")
 
     def _range(self, ctx: TuneContext) -> str:
         return f"{self.lo}..{'' if self.hi is None else self.hi}"
