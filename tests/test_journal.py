@@ -21,7 +21,6 @@ from tuning.apply import apply_plan, build_context, make_plan, rollback, status
 from tuning.journal import FORMAT, Journal, JournalError, StaleJournal, load, locked
 from tuning.profiles import load_profile
 
-
 # In the crash tests one write changes the value and *then* fails (EIO after sysfs took the
 # bytes), in apply and in rollback alike: that target must be journalled and restored too.
 FLAKY = {"intel_pstate/min_perf_pct": errno.EIO}
