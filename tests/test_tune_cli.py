@@ -131,6 +131,25 @@ def test_bad_input(syn, args, needle):
     assert snapshot(syn, exclude=()) == before
 
 
+@pytest.mark.parametrize("opt,value", [("--skip", "gpus"), ("--only", "memory.swapiness"),
+                                       ("--only", "irq.affinty")])
+def test_only_skip_typo_is_refused(syn, opt, value):
+    before = snapshot(syn, exclude=())
+    for cmd in ("plan", "apply"):
+        _one_line_error(tune(cmd, "--root", str(syn), "--cpus", "2-3", opt, value),
+                        f"{opt} {value!r} matches no tunable")
+    assert snapshot(syn, exclude=()) == before
+
+
+def test_only_skip_accept_ids_and_families(syn):
+    res = tune("plan", "--root", str(syn), "--cpus", "2-3", "--only", "kernel", "--only",
+               "memory.swappiness", "--skip", "kernel.nmi_watchdog", "--json")
+    assert res.exit_code == 2, res.output
+    planned = {i["id"] for i in json.loads(res.stdout)["items"] if i["state"] == "planned"}
+    assert planned == {"memory.swappiness", "kernel.timer_migration", "kernel.stat_interval",
+                       "kernel.sched_rt_runtime_us"}
+
+
 def test_malformed_profile_file(syn, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[settings.governor\nexpected=")

@@ -85,10 +85,24 @@ def selected(tid: str, only: list[str] | None, skip: list[str] | None) -> bool:
     return not (skip and hit(skip))
 
 
+def check_selection(only: list[str] | None, skip: list[str] | None) -> None:
+    """Refuse an ``--only``/``--skip`` value that names no tunable id or family: a typo in
+    ``--skip gpus`` must not silently tune the GPU."""
+    ids = [t.id for t in all_tunables()]
+    for opt, values in (("--only", only), ("--skip", skip)):
+        for v in values or []:
+            if not any(selected(tid, [v], None) for tid in ids):
+                families = sorted({tid.split(".")[0] for tid in ids})
+                raise TuneError(f"{opt} {v!r} matches no tunable (families: "
+                                f"{', '.join(families)}; ids: {', '.join(ids)})")
+
+
 def make_plan(ctx: TuneContext, only: list[str] | None = None,
               skip: list[str] | None = None) -> Plan:
     """Read the host and diff current → desired for every tunable. Writes nothing.
-    Raises TuneError on values the kernel does not offer or bad CPU lists."""
+    Raises TuneError on values the kernel does not offer, bad CPU lists or an ``only``/``skip``
+    value that names nothing."""
+    check_selection(only, skip)
     items = []
     for t in all_tunables():
         if not selected(t.id, only, skip):
