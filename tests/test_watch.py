@@ -283,10 +283,10 @@ def test_tf_probe_end_to_end_with_a_cpu_hog(tmp_path):
     from bench.faults.kit import cpu_hog
     probe_cpu = sorted(os.sched_getaffinity(0))[-1]
     log = tmp_path / "spikes.jsonl"
-    # Two hogs: the XLA call (~0.3 ms) is short and sleeps 1.7 ms of every 2, so EEVDF lets
-    # it preempt a single hog most of the time; two runnable hogs make it wait often enough
-    # to give a handful of spikes in a few seconds.
-    with cpu_hog(probe_cpu, nice=-5, count=2) as pids:
+    # A burst hog (3 ms busy every 10 ms): the XLA call (~0.3 ms) sleeps 1.7 ms of every 2,
+    # so EEVDF lets it preempt an always-busy hog almost every time (1-3 spikes in 8 s);
+    # a freshly woken burst hog preempts it instead, as real periodic work does.
+    with cpu_hog(probe_cpu, count=1, burst_ms=(3.0, 10.0)) as pids:
         r = _hftagent("watch", "--probe", "tf", "--variant", "xla", "--duration", "8",
                       "--cpus", str(probe_cpu), "--spike-log", str(log), "--json", "--no-live",
                       timeout=180)

@@ -60,9 +60,18 @@ EXPECTED = {"cpu_hog": "cpu_contention", "softirq_flood": "softirq",
 
 _HOG = "import os,sys\nif sys.argv[1]: os.sched_setaffinity(0,[int(c) for c in " \
        "sys.argv[1].split(',')])\nos.nice(int(sys.argv[2]))\nx=0\nwhile True:\n    x+=1\n"
+# Busy ``busy_ms`` of every ``period_ms``: a freshly woken task that EEVDF lets preempt the
+# probe (a hog that never sleeps has no lag credit left and rarely wins against it).
+_BURST_HOG = "import os,sys,time\nos.sched_setaffinity(0,[int(c) for c in sys.argv[1].split(',')])" \
+    "\nos.nice(int(sys.argv[2]))\nb,p=float(sys.argv[3])/1e3,float(sys.argv[4])/1e3\n" \
+    "c=time.monotonic\nwhile True:\n    e=c()+b\n    while c()<e: pass\n    time.sleep(p-b)\n"
 
 
-def _spawn_hog(cpus: str | None, nice: int = 0) -> subprocess.Popen:
+def _spawn_hog(cpus: str | None, nice: int = 0, burst: tuple[float, float] | None = None
+               ) -> subprocess.Popen:
+    if burst is not None:
+        return subprocess.Popen([sys.executable, "-c", _BURST_HOG, cpus or "", str(nice),
+                                 str(burst[0]), str(burst[1])])
     return subprocess.Popen([sys.executable, "-c", _HOG, cpus or "", str(nice)])
 
 
@@ -79,9 +88,11 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 @contextlib.contextmanager
-def cpu_hog(cpu: int, nice: int = 0, count: int = 1) -> Iterator[list[int]]:
-    """``count`` busy-loop processes pinned to ``cpu`` at ``nice``."""
-    procs = [_spawn_hog(str(cpu), nice) for _ in range(count)]
+def cpu_hog(cpu: int, nice: int = 0, count: int = 1,
+            burst_ms: tuple[float, float] | None = None) -> Iterator[list[int]]:
+    """``count`` busy-loop processes pinned to ``cpu`` at ``nice``; with ``burst_ms``
+    (busy, period) each is busy ``busy`` ms of every ``period`` ms instead of always."""
+    procs = [_spawn_hog(str(cpu), nice, burst_ms) for _ in range(count)]
     try:
         yield [p.pid for p in procs]
     finally:
