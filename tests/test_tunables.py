@@ -141,6 +141,29 @@ def test_each_tunable_roundtrips_alone(tmp_path, tid):
     assert diff(before, snapshot(root)) == []
 
 
+def test_bench_min_freq_follows_turbo_off(tmp_path):
+    """bench: turbo off lowers scaling_max_freq to the base frequency, so min_freq = "max"
+    must be the max *after* that write (the turbo maximum would be clamped by the kernel and
+    never hold)."""
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    ctx = _ctx(root, "bench")
+    plan = make_plan(ctx)
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, plan, sd)
+    mins = {o.change.target: o for o in rep.outcomes if o.change.tunable == "cpu.min_freq"}
+    assert len(mins) == 4
+    assert {(o.result, o.change.desired) for o in mins.values()} == {(APPLIED, "2000000")}
+    cpu1 = root / "sys/devices/system/cpu/cpu1/cpufreq"
+    assert (cpu1 / "scaling_min_freq").read_text() == (cpu1 / "scaling_max_freq").read_text() \
+        == "2000000\n"
+    f = {f.id: f for f in rep.findings}["cpu.min_freq"]
+    assert f.status == Status.OK and f.expected == "cpu 0-3=2000000"
+    assert status(ctx, sd).all_hold
+    assert rollback(ctx, sd).remaining == 0
+    assert diff(before, snapshot(root)) == []
+
+
 def test_plan_is_pure():
     t = all_tunables()[0]
     want = {"/a": "performance", "/b": "performance"}

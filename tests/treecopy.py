@@ -10,6 +10,10 @@ can be compared byte for byte with the pristine copy:
 - smp_affinity_list keeps smp_affinity (the mask) in step, formatted at the file's width;
 - default_smp_affinity is printed at the file's width ("ffff" for 16 CPUs);
 - an attribute without write bits is EACCES even for root (kernfs has no store() for it);
+- intel_pstate/no_turbo is coupled to every CPU's limits as intel_pstate does it: turbo off
+  lowers scaling_max_freq to base_frequency (and clamps scaling_min_freq under it), turbo on
+  raises it back to cpuinfo_max_freq; a scaling_min_freq above scaling_max_freq reads back as
+  scaling_max_freq (the policy's effective floor);
 - ``fail={suffix: errno}`` injects EIO/EPERM/EINVAL/EBUSY for targets ending in ``suffix``;
 - ``fail_after={suffix: errno}`` changes the value and *then* fails, as the kernel does when a
   store() takes the bytes but a short write is reported (EIO), or ``systemctl stop`` exits
@@ -115,13 +119,32 @@ class KernelSim:
                 if cur.strip().lstrip("-").isdigit():  # integer attribute given a word
                     raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(path)) from None
             new = value + "\n"
+            if name == "scaling_min_freq":
+                new = f"{min(int(value), _int(path.with_name('scaling_max_freq')))}\n"
         path.write_text(new)
+        if name == "no_turbo" and path.parent.name == "intel_pstate":
+            _turbo_limits(path.parent.parent, turbo=value == "0")
         self.writes.append((str(path), value))
         if self.after_write:
             self.after_write(path)
         for suffix, err in self.fail_after.items():
             if str(path).endswith(suffix):
                 raise OSError(err, os.strerror(err), str(path))
+
+
+def _int(p: Path) -> int:
+    return int(p.read_text().split()[0])
+
+
+def _turbo_limits(cpu_dir: Path, turbo: bool) -> None:
+    """intel_pstate: no_turbo moves each policy's max (and a floor above it) with it."""
+    for f in sorted(cpu_dir.glob("cpu[0-9]*/cpufreq")):
+        top = _int(f / "cpuinfo_max_freq")
+        base = _int(f / "base_frequency") if (f / "base_frequency").exists() else top
+        mx = top if turbo else base
+        (f / "scaling_max_freq").write_text(f"{mx}\n")
+        if _int(f / "scaling_min_freq") > mx:
+            (f / "scaling_min_freq").write_text(f"{mx}\n")
 
 
 def _w(p: Path, text: str) -> None:
@@ -151,6 +174,7 @@ def make_synthetic(dst: Path, ncpus: int = 4, boot_id: str = "synthetic-boot-1")
         _w(f / "scaling_max_freq", "3500000")
         _w(f / "cpuinfo_min_freq", "800000")
         _w(f / "cpuinfo_max_freq", "3500000")
+        _w(f / "base_frequency", "2000000")  # intel_pstate (HWP): the max with turbo off
         _w(f / "energy_performance_preference", "balance_performance")
         _w(f / "energy_performance_available_preferences",
            "default performance balance_performance balance_power power")

@@ -115,16 +115,26 @@ def make_plan(ctx: TuneContext, only: list[str] | None = None,
         if reason:
             items.append(PlanItem(t, UNAVAILABLE, reason))
             continue
-        desired = t.desired(ctx)
-        current = t.read(ctx, desired)
-        changes = t.plan(desired, current)
-        changes = [c if c.detail else _with_detail(t, ctx, c) for c in changes]
-        for c in changes:
-            if c.kind == WRITE and not allowed(c.target):
-                raise TuneError(f"internal: {c.target} is not on the allowlist (bug; nothing "
-                                "was written)")
-        items.append(PlanItem(t, PLANNED if changes else IN_PLACE, "", desired, current, changes))
+        it = PlanItem(t, IN_PLACE)
+        _diff(ctx, it)
+        items.append(it)
     return Plan(items)
+
+
+def _diff(ctx: TuneContext, it: PlanItem) -> None:
+    """(Re)compute ``it``'s desired values, current values and changes from the host as it is
+    now. Raises TuneError."""
+    t = it.tunable
+    desired = t.desired(ctx)
+    current = t.read(ctx, desired)
+    changes = t.plan(desired, current)
+    changes = [c if c.detail else _with_detail(t, ctx, c) for c in changes]
+    for c in changes:
+        if c.kind == WRITE and not allowed(c.target):
+            raise TuneError(f"internal: {c.target} is not on the allowlist (bug; nothing "
+                            "was written)")
+    it.desired, it.current, it.changes = desired, current, changes
+    it.state = PLANNED if changes else IN_PLACE
 
 
 def _with_detail(t: Tunable, ctx: TuneContext, c: Change) -> Change:
@@ -233,9 +243,13 @@ def _open_journal(ctx: TuneContext, state_dir: Path, profile: str) -> Journal:
 
 def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = "",
                dry_run: bool = False, checkpoint: Checkpoint | None = None) -> ApplyReport:
-    """Journal, write, read back, verify every change of ``plan``."""
+    """Journal, write, read back, verify every change of ``plan``.
+
+    Each tunable's desired values are computed again, in ORDER, right before its writes: some
+    depend on an earlier write (``min_freq = "max"`` copies scaling_max_freq, which turning
+    turbo off has just lowered; the kernel would clamp a floor above it). ``plan`` is updated
+    to what was actually applied, and verify compares against that."""
     cp = checkpoint or (lambda _step: None)
-    tunables = {it.tunable.id: it.tunable for it in plan.items}
     outcomes: list[Outcome] = []
     unchangeable: dict[str, set[str]] = {}
     if dry_run:
@@ -243,69 +257,82 @@ def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = 
         return ApplyReport(outcomes, [], str(journal_path(state_dir)))
     with locked(state_dir):
         j = _open_journal(ctx, state_dir, profile)
-        for ch in plan.changes:
-            if ch.kind in (PENDING_REBOOT, MANUAL):
-                outcomes.append(Outcome(ch, ch.kind, ch.detail))
-                continue
-            t = tunables[ch.tunable]
-            cur = t.read_target(ctx, ch.target)
-            if cur == ch.desired:
-                outcomes.append(Outcome(ch, ALREADY, "already in place", cur))
-                continue
-            if cur is None:
-                outcomes.append(Outcome(ch, FAILED, "unreadable: original cannot be saved, so "
-                                        "it is not written"))
-                continue
-            prev = j.get(ch.target)
-            prev_written = prev.written if prev else None
-            j.record(ch.tunable, ch.target, cur, ch.desired, ch.detail)
-            j.save(cp)
-            cp("journaled")
-            try:
-                t.write(ctx, ch.target, ch.desired)
-            except OSError as exc:
-                msg = _why(exc)
-                # A failed write may still have changed the value (sysfs took the bytes and a
-                # short write was reported as EIO; `systemctl stop` exited non-zero although
-                # the unit stopped). Only a value still equal to the original proves nothing
-                # happened; anything else stays journalled so rollback can restore it.
-                after = t.read_target(ctx, ch.target)
-                if after != cur:
-                    j.record(ch.tunable, ch.target, cur, after if after is not None
-                             else ch.desired, ch.detail)
-                    j.save(cp)
-                    now = "unreadable" if after is None else repr(after)
-                    outcomes.append(Outcome(ch, FAILED, f"{msg}; the value changed anyway "
-                                            f"(now {now}): kept in the journal, `tune "
-                                            "rollback` restores it", after))
+        for it in plan.items:
+            if it.state in (PLANNED, IN_PLACE):
+                try:
+                    _diff(ctx, it)
+                except TuneError as exc:  # the host changed under us since planning
+                    outcomes += [Outcome(c, FAILED, str(exc)) for c in it.changes]
                     continue
-                # The write did not happen: take the entry back out (or restore its previous
-                # "written"), so the journal only lists targets we changed.
-                if prev is None:
-                    j.drop(ch.target)
-                else:
-                    prev.written = prev_written or prev.written
-                j.save(cp)
-                if t.unchangeable(exc):
-                    unchangeable.setdefault(t.id, set()).add(ch.target)
-                    outcomes.append(Outcome(ch, UNCHANGEABLE, f"kernel refuses to move it "
-                                            f"({msg})", cur))
-                else:
-                    outcomes.append(Outcome(ch, FAILED, msg, cur))
-                continue
-            cp("written")
-            back = t.read_target(ctx, ch.target)
-            if back == ch.desired:
-                outcomes.append(Outcome(ch, APPLIED, "", back))
-            else:
-                outcomes.append(Outcome(ch, NOT_HELD, f"read back {back!r}", back))
-                if back is not None and back != cur:
-                    # remember what the kernel made of our write, so rollback does not call
-                    # its own normalisation "drift"
-                    j.record(ch.tunable, ch.target, cur, back, ch.detail)
-                    j.save(cp)
+            _apply_item(ctx, it, j, cp, outcomes, unchangeable)
     findings = verify_plan(ctx, plan, unchangeable)
     return ApplyReport(outcomes, findings, str(journal_path(state_dir)))
+
+
+def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], None],
+                outcomes: list[Outcome], unchangeable: dict[str, set[str]]) -> None:
+    """Journal, write and read back every change of one tunable."""
+    t = it.tunable
+    for ch in it.changes:
+        if ch.kind in (PENDING_REBOOT, MANUAL):
+            outcomes.append(Outcome(ch, ch.kind, ch.detail))
+            continue
+        cur = t.read_target(ctx, ch.target)
+        if cur == ch.desired:
+            outcomes.append(Outcome(ch, ALREADY, "already in place", cur))
+            continue
+        if cur is None:
+            outcomes.append(Outcome(ch, FAILED, "unreadable: original cannot be saved, so "
+                                    "it is not written"))
+            continue
+        prev = j.get(ch.target)
+        prev_written = prev.written if prev else None
+        j.record(ch.tunable, ch.target, cur, ch.desired, ch.detail)
+        j.save(cp)
+        cp("journaled")
+        try:
+            t.write(ctx, ch.target, ch.desired)
+        except OSError as exc:
+            msg = _why(exc)
+            # A failed write may still have changed the value (sysfs took the bytes and a
+            # short write was reported as EIO; `systemctl stop` exited non-zero although
+            # the unit stopped). Only a value still equal to the original proves nothing
+            # happened; anything else stays journalled so rollback can restore it.
+            after = t.read_target(ctx, ch.target)
+            if after != cur:
+                j.record(ch.tunable, ch.target, cur, after if after is not None
+                         else ch.desired, ch.detail)
+                j.save(cp)
+                now = "unreadable" if after is None else repr(after)
+                outcomes.append(Outcome(ch, FAILED, f"{msg}; the value changed anyway "
+                                        f"(now {now}): kept in the journal, `tune "
+                                        "rollback` restores it", after))
+                continue
+            # The write did not happen: take the entry back out (or restore its previous
+            # "written"), so the journal only lists targets we changed.
+            if prev is None:
+                j.drop(ch.target)
+            else:
+                prev.written = prev_written or prev.written
+            j.save(cp)
+            if t.unchangeable(exc):
+                unchangeable.setdefault(t.id, set()).add(ch.target)
+                outcomes.append(Outcome(ch, UNCHANGEABLE, f"kernel refuses to move it "
+                                        f"({msg})", cur))
+            else:
+                outcomes.append(Outcome(ch, FAILED, msg, cur))
+            continue
+        cp("written")
+        back = t.read_target(ctx, ch.target)
+        if back == ch.desired:
+            outcomes.append(Outcome(ch, APPLIED, "", back))
+        else:
+            outcomes.append(Outcome(ch, NOT_HELD, f"read back {back!r}", back))
+            if back is not None and back != cur:
+                # remember what the kernel made of our write, so rollback does not call
+                # its own normalisation "drift"
+                j.record(ch.tunable, ch.target, cur, back, ch.detail)
+                j.save(cp)
 
 
 def _why(exc: OSError) -> str:

@@ -77,7 +77,9 @@ class MinFreq(_PerCpu):
 
     File: /sys/devices/system/cpu/cpuN/cpufreq/scaling_min_freq (kHz). Profile ``min_freq =
     "max"``. Equivalent: ``cpupower -c all frequency-set -d <max>``. Ordered after turbo: turning
-    turbo off lowers scaling_max_freq on intel_pstate.
+    turbo off lowers scaling_max_freq on intel_pstate, and apply computes each tunable's desired
+    values again right before its writes, so "max" is the maximum after that write (a floor
+    above it would be clamped by the kernel and never hold).
     """
 
     id, title, key = "cpu.min_freq", "cpufreq minimum frequency", "min_freq"
