@@ -149,6 +149,8 @@ CORRUPT = {
                                        if k != "original"}]}),
     "target-off-allowlist": lambda t: t.replace("/proc/sys/vm/swappiness", "/etc/shadow"),
     "unknown-tunable": lambda t: t.replace('"memory.swappiness"', '"memory.bogus"'),
+    "no-mounts": lambda t: json.dumps({k: v for k, v in json.loads(t).items()
+                                       if k != "sysfs"}),
 }
 
 
@@ -163,7 +165,7 @@ def test_corrupt_journal_clear_error_nothing_changed(tmp_path, case):
     before = snapshot(root, exclude=())
     ctx = _ctx(root, "hft-cpu")
     with pytest.raises(JournalError, match="journal .*(corrupt|not a|malformed|not a target|"
-                                           "entry list|unknown tunable)"):
+                                           "entry list|unknown tunable|does not say which)"):
         rollback(ctx, sd)
     with pytest.raises(JournalError):
         apply_plan(ctx, make_plan(ctx), sd)
@@ -232,8 +234,26 @@ def test_journal_from_an_earlier_boot_is_reported_not_replayed(tmp_path):
     assert diff(before, snapshot(root, exclude=())) == ["run/hftagent/journal.json"]
 
 
+def test_journal_of_another_tree_is_refused(tmp_path):
+    """A journal written against tree A (say with --state-dir) is never checked against, or
+    replayed onto, tree B — B standing in for the live kernel."""
+    root, sd, _ = _applied(tmp_path)
+    data = json.loads((sd / "journal.json").read_text())
+    assert (data["procfs"], data["sysfs"]) == (str(root.resolve() / "proc"),
+                                               str(root.resolve() / "sys"))
+    other = make_synthetic(tmp_path / "other")
+    before = snapshot(other, exclude=())
+    ctx = _ctx(other, "hft-cpu")
+    for call in (lambda: rollback(ctx, sd, force=True), lambda: status(ctx, sd),
+                 lambda: apply_plan(ctx, make_plan(ctx), sd)):
+        with pytest.raises(JournalError, match="written against procfs .*not this host"):
+            call()
+    assert snapshot(other, exclude=()) == before
+    assert rollback(_ctx(root, "hft-cpu"), sd).remaining == 0  # its own tree: fine
+
+
 def test_record_keeps_first_original(tmp_path):
-    j = Journal(tmp_path / "journal.json", "b")
+    j = Journal(tmp_path / "journal.json", "b", procfs="/t/proc", sysfs="/t/sys")
     j.record("memory.swappiness", "/proc/sys/vm/swappiness", "60", "1")
     j.record("memory.swappiness", "/proc/sys/vm/swappiness", "1", "5")
     assert [(e.original, e.written) for e in j.entries] == [("60", "5")]

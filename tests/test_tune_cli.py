@@ -86,6 +86,22 @@ def test_state_dir_overrides(syn, tmp_path):
     assert tune("rollback", "--root", str(syn), "--state-dir", str(sd)).exit_code == 0
 
 
+def test_state_dir_journal_is_tied_to_its_tree(syn, tmp_path):
+    """`apply --root C --state-dir S` then `status --state-dir S` without --root must not
+    check C's entries against the live kernel (nor may rollback write them there: that is
+    shown on a second copy standing in for it)."""
+    sd = tmp_path / "state"
+    assert tune("apply", "--root", str(syn), "--only", "memory", "--state-dir",
+                str(sd)).exit_code == 0
+    _one_line_error(tune("status", "--state-dir", str(sd)), "was written against procfs")
+    other = make_synthetic(tmp_path / "other")
+    before = snapshot(other, exclude=())
+    _one_line_error(tune("rollback", "--root", str(other), "--state-dir", str(sd), "--force"),
+                    "was written against procfs")
+    assert snapshot(other, exclude=()) == before
+    assert tune("rollback", "--root", str(syn), "--state-dir", str(sd)).exit_code == 0
+
+
 def test_drift_exit_codes(syn):
     tune("apply", "--root", str(syn), "--only", "memory.swappiness")
     (syn / "proc/sys/vm/swappiness").write_text("33\n")

@@ -224,9 +224,24 @@ def _check_known(j: Journal) -> None:
                                "nothing was changed")
 
 
+def _mounts(host: Host) -> tuple[str, str]:
+    return str(host.procfs.resolve()), str(host.sysfs.resolve())
+
+
+def _check_tree(j: Journal, host: Host) -> None:
+    """Refuse a journal written against other mounts: its entries describe another tree (a
+    copy's journal must never be checked against, or replayed onto, the live kernel)."""
+    procfs, sysfs = _mounts(host)
+    if (j.procfs, j.sysfs) != (procfs, sysfs):
+        raise JournalError(f"journal {j.path} was written against procfs {j.procfs} and sysfs "
+                           f"{j.sysfs}, not this host's ({procfs}, {sysfs}); nothing was "
+                           "changed. Pass the --root (or --procfs/--sysfs) it was written with")
+
+
 def _open_journal(ctx: TuneContext, state_dir: Path, profile: str) -> Journal:
     j = load(state_dir)
     if j is not None:
+        _check_tree(j, ctx.host)
         _check_known(j)
     boot = _boot_id(ctx.host)
     if j is not None and stale(j, boot):
@@ -236,8 +251,9 @@ def _open_journal(ctx: TuneContext, state_dir: Path, profile: str) -> Journal:
             "with `hftagent tune rollback --discard-stale`")
     if j is None:
         from collectors.parsers import format_cpulist
+        procfs, sysfs = _mounts(ctx.host)
         j = Journal(journal_path(state_dir), boot, profile=profile,
-                    cpus=format_cpulist(ctx.cpus))
+                    cpus=format_cpulist(ctx.cpus), procfs=procfs, sysfs=sysfs)
     return j
 
 
@@ -405,6 +421,7 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
         j = load(state_dir)
         if j is None:
             return RollbackReport([], str(jpath), 0, "no journal: nothing to roll back")
+        _check_tree(j, ctx.host)
         boot = _boot_id(ctx.host)
         if stale(j, boot):
             if discard_stale:
@@ -500,6 +517,7 @@ def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
     j = load(state_dir)
     if j is None:
         return StatusReport([], str(jpath), False)
+    _check_tree(j, ctx.host)
     if stale(j, _boot_id(ctx.host)):
         return StatusReport([], str(jpath), True, True, j.boot_id, j.profile, j.cpus)
     _check_known(j)

@@ -9,6 +9,7 @@ Format (JSON, one file, ``journal.json`` in the state directory)::
       "updated": "...",
       "profile": "hft-cpu",
       "cpus": "2-3",
+      "procfs": "/proc", "sysfs": "/sys",   # the mounts it was written against (resolved)
       "entries": [
         {"seq": 1, "tunable": "memory.swappiness", "target": "/proc/sys/vm/swappiness",
          "original": "60", "written": "1", "time": "...", "detail": ""},
@@ -22,6 +23,9 @@ Rules:
 - a target already in the journal keeps its first original (a second apply with another profile
   must not make the intermediate value "original"); only ``written`` is updated;
 - entries are dropped one by one as rollback restores them; an empty journal is deleted;
+- it records the procfs/sysfs it was written against: a journal written on a tree copy is
+  never checked against, or replayed onto, another tree or the live kernel (`--state-dir`
+  makes that easy to get wrong);
 - the default directory is /run/hftagent (tmpfs): a reboot resets kernel state and journal
   together. A journal whose boot id differs from the running kernel's is reported, never
   replayed (its originals describe a kernel that no longer exists).
@@ -81,6 +85,8 @@ class Journal:
     updated: str = ""
     profile: str = ""
     cpus: str = ""
+    procfs: str = ""  # the resolved mounts the entries belong to
+    sysfs: str = ""
 
     # -- lookup --------------------------------------------------------------------------------
     def get(self, target: str) -> Entry | None:
@@ -108,6 +114,7 @@ class Journal:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "boot_id": self.boot_id, "created": self.created,
                 "updated": self.updated, "profile": self.profile, "cpus": self.cpus,
+                "procfs": self.procfs, "sysfs": self.sysfs,
                 "entries": [asdict(e) for e in self.entries]}
 
     def save(self, checkpoint: Checkpoint | None = None) -> None:
@@ -184,9 +191,13 @@ def parse(text: str, path: Path) -> Journal:
     boot = data.get("boot_id")
     if boot is not None and not isinstance(boot, str):
         raise JournalError(f"journal {where}: boot_id is not a string; nothing was changed")
+    mounts = data.get("procfs"), data.get("sysfs")
+    if not all(isinstance(m, str) and m.startswith("/") for m in mounts):
+        raise JournalError(f"journal {where} does not say which /proc and /sys it was written "
+                           "against (procfs/sysfs); nothing was changed")
     return Journal(path, boot, sorted(entries, key=lambda x: x.seq), str(data.get("created", "")),
                    str(data.get("updated", "")), str(data.get("profile", "")),
-                   str(data.get("cpus", "")))
+                   str(data.get("cpus", "")), str(mounts[0]), str(mounts[1]))
 
 
 def load(state_dir: Path) -> Journal | None:
