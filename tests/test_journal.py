@@ -83,8 +83,9 @@ def test_kill_at_every_apply_step_then_rollback_restores_everything(tmp_path):
         rb = rollback(ctx, ctx.host.run_dir("hftagent"))
         assert rb.remaining == 0, (k, [i.to_dict() for i in rb.items])
         assert diff(pristine, snapshot(root)) == [], f"killed at step {k}"
+        # the dead child's temp file (killed between write and rename) is cleaned up too
         leftovers = [p.name for p in ctx.host.run_dir("hftagent").iterdir()
-                     if p.name not in ("lock",) and not p.name.endswith(".tmp")]
+                     if p.name not in ("lock",)]
         assert leftovers == [], k
 
 
@@ -262,6 +263,74 @@ def test_record_keeps_first_original(tmp_path):
     j.drop("/proc/sys/vm/swappiness")
     j.save()
     assert not (tmp_path / "journal.json").exists() and load(tmp_path) is None
+
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
+    dead, alive = tmp_path / f".journal.json.{_dead_pid()}.tmp", tmp_path / ".journal.json.1.tmp"
+    for p in (dead, alive):
+        p.write_text("{half")
+    other = tmp_path / "notes.tmp"
+    other.write_text("x")
+    with locked(tmp_path):
+        pass
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_save_never_writes_through_a_planted_temp_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    sd = tmp_path / "state"
+    sd.mkdir()
+    (sd / f".journal.json.{os.getpid()}.tmp").symlink_to(victim)
+    j = Journal(sd / "journal.json", "b", procfs="/t/proc", sysfs="/t/sys")
+    j.record("memory.swappiness", "/proc/sys/vm/swappiness", "60", "1")
+    j.save()
+    assert victim.read_text() == "precious\n"
+    assert load(sd).entries[0].original == "60"
+    assert oct(os.stat(sd / "journal.json").st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS])
+def test_journal_save_error_is_a_journal_error_and_nothing_is_written(tmp_path, monkeypatch,
+                                                                       err):
+    import tuning.journal as jmod
+
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    ctx = _ctx(root, "hft-cpu")
+
+    def fsync(fd):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(jmod.os, "fsync", fsync)
+    with pytest.raises(JournalError, match=f"cannot save journal .*{os.strerror(err)}"):
+        apply_plan(ctx, make_plan(ctx, only=["memory"]), ctx.host.run_dir("hftagent"))
+    assert diff(before, snapshot(root)) == []  # the write the entry covered never happened
+    assert not [p for p in ctx.host.run_dir("hftagent").iterdir() if p.name != "lock"]
+
+
+def test_lock_file_error_is_a_journal_error(tmp_path, monkeypatch):
+    import tuning.journal as jmod
+
+    real_open = os.open
+
+    def ro_open(path, flags, *a):
+        if str(path).endswith("/lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(jmod.os, "open", ro_open)
+    with pytest.raises(JournalError, match="cannot use state directory .*Read-only file system"):
+        with locked(tmp_path / "sd"):
+            pass
 
 
 def test_lock_refuses_a_second_writer(tmp_path):

@@ -86,6 +86,18 @@ def test_state_dir_overrides(syn, tmp_path):
     assert tune("rollback", "--root", str(syn), "--state-dir", str(sd)).exit_code == 0
 
 
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_state_dir_that_is_not_a_directory(syn, tmp_path, where):
+    f = tmp_path / "afile"
+    f.write_text("x\n")
+    sd = f if where == "file" else f / "sub"
+    before = snapshot(syn, exclude=())
+    for args in (["apply", "--only", "memory"], ["rollback"])[:2 if where == "file" else 1]:
+        _one_line_error(tune(*args, "--root", str(syn), "--state-dir", str(sd)),
+                        "state directory")
+    assert snapshot(syn, exclude=()) == before and f.read_text() == "x\n"
+
+
 def test_state_dir_journal_is_tied_to_its_tree(syn, tmp_path):
     """`apply --root C --state-dir S` then `status --state-dir S` without --root must not
     check C's entries against the live kernel (nor may rollback write them there: that is

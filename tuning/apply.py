@@ -415,9 +415,9 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
     """Restore every journalled original in reverse order. Idempotent."""
     cp = checkpoint or (lambda _step: None)
     jpath = journal_path(state_dir)
-    if not jpath.exists():
+    if not state_dir.exists():  # do not create the directory just to find nothing
         return RollbackReport([], str(jpath), 0, "no journal: nothing to roll back")
-    with locked(state_dir):
+    with locked(state_dir):  # also removes temp files of a dead apply
         j = load(state_dir)
         if j is None:
             return RollbackReport([], str(jpath), 0, "no journal: nothing to roll back")

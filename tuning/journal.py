@@ -118,7 +118,16 @@ class Journal:
                 "entries": [asdict(e) for e in self.entries]}
 
     def save(self, checkpoint: Checkpoint | None = None) -> None:
-        """Atomically replace the journal file (or delete it when there are no entries)."""
+        """Atomically replace the journal file (or delete it when there are no entries).
+        Raises JournalError (ENOSPC, EROFS, EACCES...): the caller writes nothing more."""
+        try:
+            self._save(checkpoint)
+        except OSError as exc:
+            raise JournalError(f"cannot save journal {self.path}: {exc.strerror or exc}; "
+                               "stopped before the next write (`tune rollback` restores what "
+                               "the journal on disk lists)") from None
+
+    def _save(self, checkpoint: Checkpoint | None) -> None:
         if not self.entries:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
@@ -127,17 +136,52 @@ class Journal:
         self.created = self.created or _now()
         self.updated = _now()
         data = json.dumps(self.to_dict(), indent=2, sort_keys=False).encode() + b"\n"
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        tmp = _tmp_path(self.path, os.getpid())
+        # Our own leftover (an earlier failed save) goes first; then O_EXCL|O_NOFOLLOW: never
+        # write through a file or symlink someone else put there.
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.EIO, "short write")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
         if checkpoint:
             checkpoint("journal-temp-written")  # a crash here leaves the old journal intact
         os.replace(tmp, self.path)
         _fsync_dir(self.path.parent)
+
+
+def _tmp_path(path: Path, pid: int) -> Path:
+    return path.with_name(f".{path.name}.{pid}.tmp")
+
+
+def clean_stale_temps(state_dir: Path) -> None:
+    """Remove journal temp files left by a process that died between write and rename (the
+    journal itself is intact then). Call with the lock held: no live writer can be mid-save."""
+    prefix, suffix = f".{FILENAME}.", ".tmp"
+    for name in os.listdir(state_dir):
+        pid_s = name[len(prefix):-len(suffix)]
+        if not (name.startswith(prefix) and name.endswith(suffix) and pid_s.isdigit()):
+            continue
+        if int(pid_s) != os.getpid():
+            try:
+                os.kill(int(pid_s), 0)
+                continue  # still running (it cannot hold our lock, but leave its file alone)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue  # alive, another user's
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / name).unlink()
 
 
 def _fsync_dir(d: Path) -> None:
@@ -223,9 +267,20 @@ def stale(journal: Journal, boot_id: str | None) -> bool:
 
 @contextlib.contextmanager
 def locked(state_dir: Path) -> Iterator[None]:
-    """Exclusive lock on the state directory: one apply/rollback at a time."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(state_dir / LOCKNAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Exclusive lock on the state directory: one apply/rollback at a time. Raises
+    JournalError when it is held, or when the directory cannot be used (not a directory,
+    read-only file system, no space, permission)."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not state_dir.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        fd = os.open(state_dir / LOCKNAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except FileExistsError:  # mkdir: a file (or a symlink to one) is in the way
+        raise JournalError(f"state directory {state_dir} is not a directory") from None
+    except OSError as exc:
+        raise JournalError(f"cannot use state directory {state_dir}: "
+                           f"{exc.strerror or exc}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -233,7 +288,12 @@ def locked(state_dir: Path) -> Iterator[None]:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise JournalError(f"another hftagent tune apply/rollback holds {state_dir}/"
                                    f"{LOCKNAME}; try again when it has finished") from None
-            raise
+            raise JournalError(f"cannot lock {state_dir}/{LOCKNAME}: "
+                               f"{exc.strerror or exc}") from None
+        try:
+            clean_stale_temps(state_dir)
+        except OSError:
+            pass  # a leftover temp file is harmless; never fail the command for it
         yield
     finally:
         os.close(fd)
