@@ -100,6 +100,8 @@ def test_arguments_after_dashdash_reach_the_command_untouched():
     (["--sched", "idle", "--", "true"], "expected fifo:PRIO"),
     (["--cpus", "0", "--", "no-such-command-hft"], "command not found"),
     (["--cpus", "0"], "no command given"),
+    (["--cpus", "0", "--inter", "-1", "--", "true"], "set_inter_op_parallelism_threads"),
+    (["--cpus", "0", "--inter", "0", "--", "true"], "--inter must be at least 1"),
 ])
 def test_bad_input_one_line_exit_1(args, msg):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
@@ -123,8 +125,19 @@ def test_numactl_argv_when_mem_node(tmp_path):
                            "python3", "serve.py"]
     with pytest.raises(LaunchError, match="no such NUMA node"):
         build_launch(Host(root), ["x"], cpus="2", mem_node=3, which=lambda n: f"/usr/bin/{n}")
-    assert command_line(launch, ["python3", "serve.py"]) == (
+    assert launch.command_line(["python3", "serve.py"]) == (
         "hftagent run --cpus 2-3 --intra 2 --inter 1 --mem-node 0 -- python3 serve.py")
+
+
+def test_command_line_is_quoted_and_refuses_caller_thread():
+    assert command_line(["python3", "-c", "print('x y')"], cpus=[3, 1, 2], intra=3, inter=2,
+                        sched="fifo:5") == ("hftagent run --cpus 1-3 --intra 3 --inter 2 "
+                                            "--sched fifo:5 -- python3 -c 'print('\"'\"'x y'"
+                                            "\"'\"')'")
+    assert command_line(["x"]) == "hftagent run -- x"
+    for bad in (-1, 0):
+        with pytest.raises(LaunchError, match="tf.config.threading"):
+            command_line(["x"], cpus=[1], intra=1, inter=bad)
 
 
 def test_default_cpus_isolated_then_gpu_node_then_all_but_0(tmp_path):

@@ -254,23 +254,33 @@ def _sweep_doc(tmp_path):
     return p
 
 
-def test_threads_prints_the_run_line_of_the_winner(tmp_path):
+def test_threads_prints_a_reproducible_run_line(tmp_path):
+    """The caller-thread run is fastest here, but TF reads TF_NUM_INTEROP_THREADS=-1 as its
+    default, so `hftagent run --inter -1` would not reproduce it: the best run that `run`
+    can reproduce is printed, and the caller-thread result is mentioned separately."""
     doc = _sweep_doc(tmp_path)
-    res = tune("threads", "--from", str(doc), "--json", "--", "python3", "serve.py", "--port", "1")
+    res = tune("threads", "--from", str(doc), "--json", "--", "python3", "serve.py", "--port",
+               "a b")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    assert out["command"] == ("hftagent run --cpus 1 --intra 1 --inter -1 -- python3 serve.py "
-                              "--port 1")
+    assert out["command"] == ("hftagent run --cpus 1 --intra 1 --inter 1 -- python3 serve.py "
+                              "--port 'a b'")
+    assert out["recommendation"]["p99_ns"] == 470_000
+    assert out["faster_unreproducible"]["p99_ns"] == 450_000
+    assert "set_inter_op_parallelism_threads" in out["faster_unreproducible"]["note"]
     human = tune("threads", "--from", str(doc))
-    assert "best" in human.stdout and "hftagent run --cpus 1" in human.stdout
+    assert "best" in human.stdout and "--inter 1" in human.stdout
+    assert "--inter -1" not in human.stdout and "faster: intra=1 inter=caller" in human.stdout
 
 
 def test_threads_run_line_is_accepted_by_run(tmp_path):
     from collectors.host import Host
-    from tuning.launcher import build_launch
+    from tuning.launcher import LaunchError, build_launch
 
-    launch = build_launch(Host("/"), ["true"], cpus="0", intra=1, inter=-1)
-    assert launch.env["TF_NUM_INTEROP_THREADS"] == "-1"
+    launch = build_launch(Host("/"), ["true"], cpus="0", intra=1, inter=1)
+    assert launch.env["TF_NUM_INTEROP_THREADS"] == "1"
+    with pytest.raises(LaunchError, match="set_inter_op_parallelism_threads"):
+        build_launch(Host("/"), ["true"], cpus="0", intra=1, inter=-1)
 
 
 def test_threads_bad_file(tmp_path):

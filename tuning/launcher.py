@@ -9,7 +9,10 @@ shell, no wrapper left behind):
    --membind=N -- CMD`` (numactl must be installed; a clear error otherwise).
 3. Threads: TF_NUM_INTRAOP_THREADS (default: the number of CPUs), TF_NUM_INTEROP_THREADS
    (default 1) and OMP_NUM_THREADS (= intra) in the environment — read by TensorFlow when it
-   initialises, which is why they must be set before the process starts.
+   initialises, which is why they must be set before the process starts. Both must be ≥ 1:
+   TF reads a value ≤ 0 as "use the default" (TF_NUM_INTEROP_THREADS=-1 gave the same two
+   tf_Compute threads as unset, measured), so inter-op work in the caller thread can only be
+   asked for inside the program (:data:`CALLER_THREAD_HINT`).
 4. Scheduling: ``--sched fifo:PRIO`` sets SCHED_FIFO at PRIO (1..99) before exec. Equivalent:
    ``chrt -f PRIO CMD``. Use with kernel.sched_rt_runtime_us in mind (RT throttling).
 
@@ -20,14 +23,21 @@ node of the first NVIDIA GPU (its PCI device's numa_node), else all online CPUs 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from collectors.host import Host
 from collectors.parsers import format_cpulist, parse_cpu_option
 
 NVIDIA_VENDOR = "0x10de"
+
+
+CALLER_THREAD_HINT = (
+    "caller-thread inter-op execution cannot be set through the environment (TensorFlow reads "
+    "TF_NUM_INTEROP_THREADS <= 0 as its default): set it inside the program with "
+    "tf.config.threading.set_inter_op_parallelism_threads before TensorFlow initialises")
 
 
 class LaunchError(Exception):
@@ -51,6 +61,15 @@ class Launch:
                 {"policy": "fifo" if self.sched[0] == os.SCHED_FIFO else "rr",
                  "priority": self.sched[1]},
                 "env": {k: self.env[k] for k in keys}}
+
+    def command_line(self, cmd: Sequence[str]) -> str:
+        """The `hftagent run` line that reproduces this launch of ``cmd``."""
+        return command_line(cmd, cpus=self.cpus,
+                            intra=int(self.env["TF_NUM_INTRAOP_THREADS"]),
+                            inter=int(self.env["TF_NUM_INTEROP_THREADS"]),
+                            mem_node=self.mem_node,
+                            sched=None if self.sched is None else
+                            f"{'fifo' if self.sched[0] == os.SCHED_FIFO else 'rr'}:{self.sched[1]}")
 
 
 def parse_sched(spec: str) -> tuple[int, int]:
@@ -110,12 +129,7 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         source = "--cpus"
-    if intra is not None and intra < 1:
-        raise LaunchError("--intra must be at least 1")
-    # -1: TF runs inter-op work in the caller thread (what `probe --sweep threads` calls
-    # "caller"); 0 would mean TF's own default, which is what omitting --inter is for.
-    if inter is not None and inter < 1 and inter != -1:
-        raise LaunchError("--inter must be at least 1, or -1 (run in the caller thread)")
+    _check_threads(intra, inter)
     n_intra = intra if intra is not None else len(cpu_list)
     n_inter = inter if inter is not None else 1
     out_env = dict(os.environ if env is None else env)
@@ -148,16 +162,32 @@ def exec_launch(launch: Launch) -> None:
     os.execvpe(launch.argv[0], launch.argv, launch.env)
 
 
-def command_line(launch: Launch, cmd: list[str]) -> str:
-    """The `hftagent run` command that reproduces ``launch`` (for `tune threads` and logs)."""
-    import shlex
+def _check_threads(intra: int | None, inter: int | None) -> None:
+    if intra is not None and intra < 1:
+        raise LaunchError("--intra must be at least 1")
+    if inter is not None and inter < 1:
+        raise LaunchError(f"--inter must be at least 1; {CALLER_THREAD_HINT}")
 
-    parts = ["hftagent", "run", "--cpus", format_cpulist(launch.cpus),
-             "--intra", launch.env["TF_NUM_INTRAOP_THREADS"],
-             "--inter", launch.env["TF_NUM_INTEROP_THREADS"]]
-    if launch.mem_node is not None:
-        parts += ["--mem-node", str(launch.mem_node)]
-    if launch.sched is not None:
-        parts += ["--sched", f"{'fifo' if launch.sched[0] == os.SCHED_FIFO else 'rr'}:"
-                  f"{launch.sched[1]}"]
+
+def command_line(cmd: Sequence[str], *, cpus: Iterable[int] | None = None,
+                 intra: int | None = None, inter: int | None = None,
+                 mem_node: int | None = None, sched: str | None = None) -> str:
+    """The one builder of an `hftagent run` command line (`run --dry-run`, `tune threads`, the
+    probe's sweep): options in a fixed order, every word quoted with ``shlex.join``. An
+    option left None is omitted (`run` then uses its default). Raises LaunchError for
+    thread counts `run` refuses (inter < 1: caller-thread execution is not reproducible
+    through `run`, see :data:`CALLER_THREAD_HINT`)."""
+    _check_threads(intra, inter)
+    parts = ["hftagent", "run"]
+    cpu_list = sorted(cpus) if cpus is not None else []
+    if cpu_list:
+        parts += ["--cpus", format_cpulist(cpu_list)]
+    if intra is not None:
+        parts += ["--intra", str(intra)]
+    if inter is not None:
+        parts += ["--inter", str(inter)]
+    if mem_node is not None:
+        parts += ["--mem-node", str(mem_node)]
+    if sched is not None:
+        parts += ["--sched", sched]
     return shlex.join([*parts, "--", *cmd])

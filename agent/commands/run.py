@@ -25,8 +25,10 @@ def run_cmd(
                                                  "node (needs numactl).")] = None,
     intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads "
                                               "(default: number of CPUs).")] = None,
-    inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads "
-                                              "(default 1; -1: the caller thread).")] = None,
+    inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads, at least 1 "
+                                              "(default 1). Caller-thread execution can only "
+                                              "be set inside the program (tf.config.threading)."
+                                              )] = None,
     sched: Annotated[str | None, typer.Option("--sched", help="fifo:PRIO for SCHED_FIFO "
                                               "(PRIO 1..99).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be exec'd; do "
@@ -36,7 +38,7 @@ def run_cmd(
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
 ) -> None:
-    from tuning.launcher import LaunchError, build_launch, command_line, exec_launch
+    from tuning.launcher import LaunchError, build_launch, exec_launch
 
     host = make_host(root, procfs, sysfs)
     try:
@@ -46,7 +48,7 @@ def run_cmd(
         raise fail(str(exc)) from None
     if dry_run:
         if json_out:
-            print(json.dumps({**launch.to_dict(), "command": command_line(launch, cmd or [])},
+            print(json.dumps({**launch.to_dict(), "command": launch.command_line(cmd or [])},
                              indent=2))
         else:
             d = launch.to_dict()
