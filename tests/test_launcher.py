@@ -115,6 +115,26 @@ def test_bad_input_one_line_exit_1(args, msg):
     assert lines[0].startswith("hftagent: error: ")
 
 
+def test_run_on_a_tree_needs_dry_run(tmp_path):
+    """The tree's CPUs say nothing about this host: a real run with --root is refused."""
+    root = make_synthetic(tmp_path / "syn")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for opts in (["--root", str(root)], ["--sysfs", str(root / "sys")]):
+        r = subprocess.run(CLI + ["run", *opts, "--cpus", "1", "--", "true"], env=env,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and r.stdout == ""
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "use them with --dry-run" in lines[0], r.stderr
+    r = subprocess.run(CLI + ["run", "--root", str(root), "--cpus", "2-3", "--dry-run", "--",
+                              "python3", "serve.py", "a b"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "cpus 2-3 (--cpus)" in r.stdout and "TF_NUM_INTEROP_THREADS=1" in r.stdout
+    assert "exec: python3 serve.py 'a b'" in r.stdout
+    assert "same as: hftagent run --cpus 2-3 --intra 2 --inter 1 -- python3 serve.py 'a b'" \
+        in r.stdout
+
+
 def test_numactl_argv_when_mem_node(tmp_path):
     root = make_synthetic(tmp_path / "syn")
     (root / "sys/devices/system/node/node0").mkdir(parents=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from typing import Annotated
 
@@ -41,6 +42,10 @@ def run_cmd(
     from tuning.launcher import LaunchError, build_launch, exec_launch
 
     host = make_host(root, procfs, sysfs)
+    if not dry_run and not host.live:
+        # the CPUs, NUMA nodes and GPU of a captured tree say nothing about this machine
+        raise fail("--root/--procfs/--sysfs describe a captured tree, not this host: use them "
+                   "with --dry-run (a real run always uses the live host)")
     try:
         launch = build_launch(host, list(cmd or []), cpus=cpus, mem_node=mem_node, intra=intra,
                               inter=inter, sched=sched)
@@ -56,7 +61,8 @@ def run_cmd(
                   + " ".join(f"{k}={v}" for k, v in d["env"].items())
                   + (f"; sched {d['sched']['policy']}:{d['sched']['priority']}"
                      if d["sched"] else ""))
-            print("exec: " + " ".join(launch.argv))
+            print("exec: " + shlex.join(launch.argv))
+            print("same as: " + launch.command_line(cmd or []))
         raise typer.Exit(0)
     sys.stdout.flush()
     sys.stderr.flush()
