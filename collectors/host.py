@@ -127,6 +127,12 @@ class Host:
     def __repr__(self) -> str:
         return f"Host(procfs={str(self.procfs)!r}, sysfs={str(self.sysfs)!r})"
 
+    @property
+    def touches_live(self) -> bool:
+        """True when *either* mount is the real /proc or /sys: a write through this Host could
+        reach the running kernel (``live`` needs both, for process-level facts)."""
+        return self.procfs.resolve() == Path("/proc") or self.sysfs.resolve() == Path("/sys")
+
     # -- path resolution ---------------------------------------------------------------------
     def proc(self, *parts: str | int) -> Path:
         """Path under procfs: ``host.proc("irq", 5, "smp_affinity_list")``."""

@@ -164,6 +164,21 @@ def test_bench_min_freq_follows_turbo_off(tmp_path):
     assert diff(before, snapshot(root)) == []
 
 
+def test_malformed_file_reads_as_unreadable_not_a_value(tmp_path):
+    from tuning.tunables.irq import DefaultIrqAffinity, IrqAffinity
+    from tuning.tunables.memory import ThpEnabled
+
+    root = make_synthetic(tmp_path / "syn")
+    (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("always madvise never\n")
+    (root / "proc/irq/24/smp_affinity_list").write_text("zz\n")
+    (root / "proc/irq/default_smp_affinity").write_text("zz\n")
+    ctx = _ctx(root)
+    for t, target in ((ThpEnabled(), "/sys/kernel/mm/transparent_hugepage/enabled"),
+                      (IrqAffinity(), "/proc/irq/24/smp_affinity_list"),
+                      (DefaultIrqAffinity(), "/proc/irq/default_smp_affinity")):
+        assert t.read_target(ctx, target) is None
+
+
 def test_plan_is_pure():
     t = all_tunables()[0]
     want = {"/a": "performance", "/b": "performance"}

@@ -209,11 +209,14 @@ def test_stale_journal_cli(syn):
 
 
 def test_refuses_without_root_on_the_live_kernel(syn, monkeypatch):
-    """Privilege is checked before anything else. Simulated on a tree copy (touches_live_kernel
+    """Privilege is checked before anything else. Simulated on a tree copy (Host.touches_live
     forced True, euid forced 1000) so that even a bug here could only write the copy."""
     import tuning.apply as ap
+    from collectors.host import Host
 
-    monkeypatch.setattr(ap, "touches_live_kernel", lambda host: True)
+    monkeypatch.setattr(Host, "touches_live", property(lambda self: True))
+    # and no real service manager behind it, whatever happens
+    monkeypatch.setattr("tuning.tunables.irq.SystemctlServices", lambda *a, **k: None)
     monkeypatch.setattr(ap.os, "geteuid", lambda: 1000)
     before = snapshot(syn, exclude=())
     for cmd in ("apply", "rollback"):

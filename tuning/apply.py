@@ -149,19 +149,13 @@ def _with_detail(t: Tunable, ctx: TuneContext, c: Change) -> Change:
 # ----------------------------------------------------------------------------------------------
 
 
-def touches_live_kernel(host: Host) -> bool:
-    """Whether writes would reach the running kernel (either mount is the real one)."""
-    from pathlib import Path as _P
-    return host.procfs.resolve() == _P("/proc") or host.sysfs.resolve() == _P("/sys")
-
-
 def require_privilege(host: Host, euid: int | None = None) -> None:
     """Refuse, with one message, to change the running kernel without root.
 
     On a tree copy (``--root DIR`` with neither mount the real one) the file system's own
     permissions decide: the copy belongs to whoever made it, and no kernel state is at stake.
     """
-    if not touches_live_kernel(host):
+    if not host.touches_live:
         return
     uid = os.geteuid() if euid is None else euid
     if uid != 0:
@@ -570,7 +564,7 @@ def build_context(host: Host, profile, cpus: str | None, *, want_gpu: bool = Fal
     has neither a service manager nor GPUs behind it); tests pass fakes explicitly."""
     target, online = resolve_target_cpus(host, cpus)
     ctx = TuneContext(host, profile, target, online)
-    live = touches_live_kernel(host)
+    live = host.touches_live
     if services is not None:
         ctx.services = services
     elif live:

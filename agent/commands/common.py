@@ -36,13 +36,17 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 def cli_errors(fn: F) -> F:
     """Turn domain errors into one stderr line and exit 1 (the CLI layer's only job here)."""
+    from tuning.journal import JournalError
+    from tuning.launcher import LaunchError
     from tuning.profiles import ProfileError
+    from tuning.tunables.base import TuneError
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (AgentError, HostError, ProfileError) as exc:
+        except (AgentError, HostError, ProfileError, TuneError, JournalError,
+                LaunchError) as exc:
             raise fail(str(exc)) from None
         except PermissionError as exc:
             raise fail(f"permission denied: {exc.filename or exc} (retry as root)") from None

@@ -39,18 +39,15 @@ def run_cmd(
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
 ) -> None:
-    from tuning.launcher import LaunchError, build_launch, exec_launch
+    from tuning.launcher import build_launch, exec_launch
 
     host = make_host(root, procfs, sysfs)
     if not dry_run and not host.live:
         # the CPUs, NUMA nodes and GPU of a captured tree say nothing about this machine
         raise fail("--root/--procfs/--sysfs describe a captured tree, not this host: use them "
                    "with --dry-run (a real run always uses the live host)")
-    try:
-        launch = build_launch(host, list(cmd or []), cpus=cpus, mem_node=mem_node, intra=intra,
-                              inter=inter, sched=sched)
-    except LaunchError as exc:
-        raise fail(str(exc)) from None
+    launch = build_launch(host, list(cmd or []), cpus=cpus, mem_node=mem_node, intra=intra,
+                          inter=inter, sched=sched)
     if dry_run:
         if json_out:
             print(json.dumps({**launch.to_dict(), "command": launch.command_line(cmd or [])},

@@ -28,21 +28,6 @@ SkipOpt = Annotated[list[str] | None, typer.Option("--skip", help="Skip these tu
                                                    "families (repeatable), e.g. --skip gpu.")]
 
 
-class _Err:
-    """Turn tuning's domain errors into one stderr line and exit 1."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, et, exc, tb):
-        from tuning.journal import JournalError
-        from tuning.tunables import TuneError
-
-        if exc is not None and isinstance(exc, TuneError | JournalError):
-            raise fail(str(exc)) from None
-        return False
-
-
 def _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir):
     from tuning.apply import build_context, wants_gpu
     from tuning.profiles import load_profile
@@ -167,9 +152,8 @@ def plan_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOp
     Exit 0: nothing to change; 2: changes (or reboot-only arguments) pending."""
     from tuning.apply import make_plan
 
-    with _Err():
-        _host, prof, ctx, _sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, None)
-        plan = make_plan(ctx, only, skip)
+    _host, prof, ctx, _sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, None)
+    plan = make_plan(ctx, only, skip)
     if json_out:
         print(json.dumps(_plan_json(plan, prof, ctx), indent=2))
     else:
@@ -189,12 +173,11 @@ def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyO
     from tuning.apply import FAILED, apply_plan, make_plan, require_privilege
     from tuning.findings import exit_code
 
-    with _Err():
-        host, prof, ctx, sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir)
-        if not dry_run:
-            require_privilege(host)
-        plan = make_plan(ctx, only, skip)
-        report = apply_plan(ctx, plan, sd, profile=prof.name, dry_run=dry_run)
+    host, prof, ctx, sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir)
+    if not dry_run:
+        require_privilege(host)
+    plan = make_plan(ctx, only, skip)
+    report = apply_plan(ctx, plan, sd, profile=prof.name, dry_run=dry_run)
     if json_out:
         print(json.dumps({**_plan_json(plan, prof, ctx), "dry_run": dry_run,
                           "journal": report.journal,
@@ -237,15 +220,14 @@ def rollback_cmd(force: Annotated[bool, typer.Option("--force", help="Restore or
     from tuning.profiles import load_profile
     from tuning.tunables import TuneContext
 
-    with _Err():
-        host = make_host(root, procfs, sysfs)
-        require_privilege(host)
-        from tuning.apply import build_context
-        # Rollback needs no profile or target CPUs: only the host, its writer and services.
-        ctx: TuneContext = build_context(host, load_profile("hft-cpu"), None,
-                                         want_gpu=_journal_has_gpu(host, state_dir))
-        sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
-        rep = rollback(ctx, sd, force=force, discard_stale=discard_stale)
+    host = make_host(root, procfs, sysfs)
+    require_privilege(host)
+    from tuning.apply import build_context
+    # Rollback needs no profile or target CPUs: only the host, its writer and services.
+    ctx: TuneContext = build_context(host, load_profile("hft-cpu"), None,
+                                     want_gpu=_journal_has_gpu(host, state_dir))
+    sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
+    rep = rollback(ctx, sd, force=force, discard_stale=discard_stale)
     if json_out:
         print(json.dumps({"journal": rep.journal, "remaining": rep.remaining, "note": rep.note,
                           "items": [i.to_dict() for i in rep.items]}, indent=2))
@@ -280,12 +262,11 @@ def status_cmd(state_dir: StateOpt = None, json_out: JsonOpt = False, root: Root
     from tuning.apply import build_context, status
     from tuning.profiles import load_profile
 
-    with _Err():
-        host = make_host(root, procfs, sysfs)
-        ctx = build_context(host, load_profile("hft-cpu"), None,
-                            want_gpu=_journal_has_gpu(host, state_dir))
-        sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
-        rep = status(ctx, sd)
+    host = make_host(root, procfs, sysfs)
+    ctx = build_context(host, load_profile("hft-cpu"), None,
+                        want_gpu=_journal_has_gpu(host, state_dir))
+    sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
+    rep = status(ctx, sd)
     if json_out:
         print(json.dumps({"journal": rep.journal, "exists": rep.exists, "stale": rep.stale,
                           "boot_id": rep.boot_id, "profile": rep.profile, "cpus": rep.cpus,

@@ -217,8 +217,15 @@ class FileTunable(Tunable):
     """A tunable whose targets are files under procfs/sysfs."""
 
     def read_target(self, ctx: TuneContext, target: str) -> str | None:
+        """The normalised value; None when unreadable or malformed (a selector without a
+        [selected] word, a mask that does not parse): unreadable, never a value."""
         r = ctx.host.read(resolve(ctx.host, target))
-        return None if r.value is None else self.normalise(r.value)
+        if r.value is None:
+            return None
+        try:
+            return self.normalise(r.value)
+        except ValueError:
+            return None
 
     def normalise(self, text: str) -> str:
         return " ".join(text.split())
@@ -234,12 +241,12 @@ class FileTunable(Tunable):
 
 def resolve(host: Host, target: str) -> Path:
     """The user-facing path of a file target ("/proc/sys/vm/swappiness") to the Host's path."""
-    for prefix, base in (("/proc/", host.procfs), ("/sys/", host.sysfs)):
+    for prefix, under in (("/proc/", host.proc), ("/sys/", host.sys)):
         if target.startswith(prefix):
             rel = target[len(prefix):]
             if ".." in Path(rel).parts:
                 raise TuneError(f"refusing path with '..': {target}")
-            return base / rel
+            return under(rel)
     raise TuneError(f"not a /proc or /sys target: {target}")
 
 

@@ -67,12 +67,6 @@ class DefaultIrqAffinity(FileTunable):
     def normalise(self, text: str) -> str:
         return format_cpumask(parse_cpumask(text))
 
-    def read_target(self, ctx: TuneContext, target: str) -> str | None:
-        try:
-            return super().read_target(ctx, target)
-        except ValueError:
-            return None
-
     def desired(self, ctx: TuneContext) -> dict[str, str]:
         return {ctx.host.display(self._path(ctx)): format_cpumask(_housekeeping(ctx))}
 
@@ -108,12 +102,6 @@ class IrqAffinity(FileTunable):
 
     def normalise(self, text: str) -> str:
         return format_cpulist(parse_cpulist(text))
-
-    def read_target(self, ctx: TuneContext, target: str) -> str | None:
-        try:
-            return super().read_target(ctx, target)
-        except ValueError:
-            return None
 
     def desired(self, ctx: TuneContext) -> dict[str, str]:
         house = _housekeeping(ctx)

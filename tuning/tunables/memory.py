@@ -26,12 +26,6 @@ class _Selector(FileTunable):
     def valid(self, value: str) -> bool:
         return is_word(value)
 
-    def read_target(self, ctx: TuneContext, target: str) -> str | None:
-        try:
-            return super().read_target(ctx, target)
-        except ValueError:  # no [selected] word: a malformed file is unreadable, not a value
-            return None
-
     def desired(self, ctx: TuneContext) -> dict[str, str]:
         want = str(self.wanted(ctx))
         r = ctx.host.read(self._path(ctx))
