@@ -123,3 +123,28 @@ def test_recommendation_skips_unstable_and_saturated_runs_and_uses_response_in_o
     assert queued.headline["p99_ns"] == 5000 and queued.p99_ns() == 5000
     rec = recommend([queued, prompt])
     assert rec["variant"] == "tflite" and rec["p99_ns"] == 400
+
+
+def test_sweep_recommends_what_hftagent_run_can_reproduce():
+    """A caller-thread (inter -1) or TF-default winner cannot be set through `hftagent run`:
+    the best reproducible configuration is recommended, the winner named in a note."""
+    import shlex
+
+    from agent.probe.result import ProbeResult
+    from agent.probe.runner import finish
+    caller = _run("xla", 100)
+    caller.config = {"id": "intra1-caller-cpu1", "intra": 1, "inter": -1, "cpus": [1]}
+    default = _run("xla", 150)
+    default.config = {"id": "default", "intra": None, "inter": None, "cpus": None}
+    pinned = _run("xla", 200)
+    pinned.config = {"id": "intra1-inter1-cpu1", "intra": 1, "inter": 1, "cpus": [1]}
+    res = ProbeResult(host={}, model={}, settings={}, runs=[caller, default, pinned],
+                      created_utc="2026-11-29T00:00:00Z")
+    finish(res)
+    sr = res.sweep_recommendation
+    assert res.recommendation["config"]["id"] == "intra1-caller-cpu1"  # the fastest, honestly
+    assert sr["config"]["id"] == "intra1-inter1-cpu1"
+    line = sr["command"].split("  #")[0]
+    assert shlex.split(line)[:8] == ["hftagent", "run", "--cpus", "1", "--intra", "1",
+                                     "--inter", "1"]
+    assert "cannot reproduce" in sr["note"]

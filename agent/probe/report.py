@@ -82,8 +82,11 @@ def render(result: ProbeResult, console: Console | None = None) -> None:
         con.print("[bold red]recommendation: none[/bold red] — no variant ran with enough "
                   "samples for P99 and passing agreement")
     if result.sweep_recommendation:
-        con.print(f"[bold green]threads:[/bold green] {result.sweep_recommendation['config']['id']}"
-                  f" → {result.sweep_recommendation['command']}")
+        sr = result.sweep_recommendation
+        con.print(f"[bold green]threads:[/bold green] {sr['config']['id']}"
+                  f" → {sr['command'] or 'no reproducible configuration passed'}")
+        if sr.get("note"):
+            con.print(f"  note: {sr['note']}", style="yellow")
 
 
 def _side_by_side(con: Console, runs: Sequence[RunResult], cid: str, rate: float | None) -> None:

@@ -218,23 +218,46 @@ def finish(result: ProbeResult) -> None:
         r.recommended = (r.variant == rec["variant"] and r.batch == 1
                          and r.config["id"] == rec["config"]["id"])
     if len(configs) > 1:
-        result.sweep_recommendation = dict(rec, command=run_command(rec["config"], rec["variant"]))
+        result.sweep_recommendation = _sweep_pick(result.runs, rec)
         # The variant recommendation is reported for the winning configuration.
     result.recommendation = rec
 
 
-def run_command(config: dict, variant: str) -> str:
-    """The `hftagent run` line that reproduces a configuration."""
-    from collectors.parsers import format_cpulist
-    parts = ["hftagent run"]
-    if config.get("cpus"):
-        parts.append(f"--cpus {format_cpulist(config['cpus'])}")
-    if config.get("intra") is not None:
-        parts.append(f"--intra {config['intra']}")
-    if config.get("inter") is not None:
-        parts.append(f"--inter {config['inter']}")
-    parts.append(f"-- <your inference command>  # variant: {variant}")
-    return " ".join(parts)
+def _sweep_pick(runs: list[RunResult], rec: dict) -> dict:
+    """The sweep's answer: the fastest configuration that `hftagent run` can reproduce.
+
+    TF defaults and caller-thread inter-op (-1) cannot be set from outside the process (run
+    always sets the thread counts; TF reads TF_NUM_INTEROP_THREADS <= 0 as "default"): when
+    one of those wins, the best reproducible one is recommended and the winner is named."""
+    cmd = run_command(rec["config"], rec["variant"])
+    if cmd is not None:
+        return dict(rec, command=cmd)
+    cands = [r for r in runs if r.batch == 1 and eligible(r)[0]
+             and run_command(r.config, r.variant) is not None]
+    note = (f"fastest was {rec['config']['id']} ({rec['p99_ns'] / 1e3:,.1f} µs P99), which "
+            "hftagent run cannot reproduce: set TF's threads inside the program "
+            "(tf.config.threading.set_inter_op_parallelism_threads)")
+    if not cands:
+        return dict(rec, command=None, note=note)
+    best = min(cands, key=lambda r: r.headline["p99_ns"])  # type: ignore[index]
+    return {"variant": best.variant, "batch": best.batch, "config": best.config,
+            "p99_ns": best.headline["p99_ns"],  # type: ignore[index]
+            "reason": "lowest P99 among configurations hftagent run reproduces",
+            "command": run_command(best.config, best.variant), "note": note}
+
+
+def run_command(config: dict, variant: str) -> str | None:
+    """The `hftagent run` line that reproduces a configuration, or None when it cannot (TF
+    defaults, caller-thread inter-op)."""
+    from tuning.launcher import LaunchError, command_line
+    if config.get("intra") is None or config.get("inter") is None:
+        return None
+    try:
+        line = command_line(["<your inference command>"], cpus=config.get("cpus"),
+                            intra=config["intra"], inter=config["inter"])
+    except LaunchError:
+        return None
+    return f"{line}  # variant: {variant}"
 
 
 def sweep_configs(cpus: list[int] | None = None) -> list[ThreadConfig]:
