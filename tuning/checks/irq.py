@@ -52,7 +52,9 @@ def check(ctx: AuditContext) -> list[Finding]:
                f'set IRQBALANCE_BANNED_CPULIST={format_cpulist(ctx.cpus)} in /etc/default/irqbalance '
                '(or /etc/sysconfig/irqbalance); systemctl restart irqbalance')
         out.append(ctx.finding("irqbalance", "irq.irqbalance", FAMILY, "irqbalance daemon", ok,
-                               current=cur, evidence="/proc/*/comm, /etc/default/irqbalance",
+                               current=cur,
+                               evidence=f"{host.display(host.procfs)}/*/comm, "
+                                        f"{host.display(host.etc('default', 'irqbalance'))}",
                                fix=fix))
 
     # -- IRQs allowed on target CPUs ---------------------------------------------------------
