@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import ABSENT, Host, Reading
 from collectors.parsers import parse_cpulist
 
@@ -233,6 +234,42 @@ def fast_proc_stat(data: bytes, cpus: frozenset[int] | None) -> dict[str, float]
     return out
 
 
+def _drop_intr(data: bytes) -> bytes:
+    """/proc/stat without its "intr" line (one count per IRQ number: ~500 tokens here, none
+    kept — /proc/interrupts is the per-CPU source)."""
+    i = data.find(b"\nintr ")
+    if i < 0:
+        return data
+    j = data.find(b"\n", i + 1)
+    return data[:i] + data[j:] if j >= 0 else data[:i]
+
+
+def proc_stat_layout(data: bytes, cpus: frozenset[int] | None) -> TokenLayout:
+    """The :class:`~collectors.fastread.TokenLayout` of /proc/stat for the same signals as
+    :func:`fast_proc_stat` (which it equals on any read with this layout). Pure."""
+    b = LayoutBuilder()
+    seen = False
+    for line in data.split(b"\n"):
+        parts = line.split()
+        if not parts:
+            continue
+        key = parts[0]
+        if key[:3] == b"cpu" and key != b"cpu":
+            seen = True
+            cpu = int(key[3:])
+            if cpus is None or cpu in cpus:
+                b.name(0, key)
+                for i, name in enumerate(_STAT_FIELDS[:len(parts) - 1]):
+                    b.value(1 + i, f"cpu.{cpu}.{name}_ticks")
+        elif key in (b"ctxt", b"procs_running", b"procs_blocked") and len(parts) == 2:
+            b.name(0, key)
+            b.value(1, "cpu.all.ctxt" if key == b"ctxt" else f"cpu.all.{key.decode()}")
+        b.advance(len(parts))
+    if not seen:
+        raise ValueError("no per-CPU lines in /proc/stat")
+    return b.build()
+
+
 class CpuCollector:
     """Per-CPU time split and steal, current frequency, thermal throttle counts.
 
@@ -258,6 +295,7 @@ class CpuCollector:
         self._stat = None
         self._freq: dict[int, object] = {}
         self._throttle: dict[str, object] = {}
+        self._layout: TokenLayout | None = None
         self.unsupported: dict[str, str] = {}
 
     def available(self):
@@ -292,7 +330,13 @@ class CpuCollector:
 
     def sample(self) -> dict[str, float | None]:
         self._open()
-        out: dict[str, float | None] = fast_proc_stat(self._stat.read(), self._filter)
+        data = _drop_intr(self._stat.read())
+        tok = data.split()
+        out: dict[str, float | None] | None = \
+            self._layout.values(tok) if self._layout is not None else None
+        if out is None:  # first read, or a CPU came or went: rebuild from these bytes
+            self._layout = proc_stat_layout(data, self._filter)
+            out = self._layout.values(tok)
         for c, hf in self._freq.items():
             out[f"cpu.{c}.freq_hz"] = float(int(hf.read()) * 1000)
         for key, hf in self._throttle.items():

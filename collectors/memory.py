@@ -14,6 +14,7 @@ Signals: ``mem.all.<vmstat key>`` (counters), ``psi.<res>.some_us`` / ``psi.<res
 from __future__ import annotations
 
 from collectors.base import Availability
+from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import Host
 
 VMSTAT_KEYS: frozenset[bytes] = frozenset(k.encode() for k in (
@@ -35,6 +36,21 @@ def fast_vmstat(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> dict[str, 
     if not it:
         raise ValueError("empty /proc/vmstat")
     return out
+
+
+def vmstat_layout(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> TokenLayout:
+    """The :class:`~collectors.fastread.TokenLayout` of /proc/vmstat for the keys kept (the
+    same signals as :func:`fast_vmstat`). Pure."""
+    it = data.split()
+    if not it:
+        raise ValueError("empty /proc/vmstat")
+    b = LayoutBuilder()
+    for i in range(0, len(it) - 1, 2):
+        if it[i] in keys:
+            b.name(i, it[i])
+            b.value(i + 1, "mem.all." + it[i].decode())
+    b.advance(len(it))
+    return b.build()
 
 
 def parse_psi(data: bytes, resource: str) -> dict[str, float]:
@@ -65,6 +81,8 @@ class MemoryCollector:
         self.host = host
         self._vm = None
         self._psi: dict[str, object] = {}
+        self._layout: TokenLayout | None = None
+        self._psi_keys: dict[str, tuple[str, str]] = {}
         self.unsupported: dict[str, str] = {}
 
     def available(self) -> Availability:
@@ -82,6 +100,7 @@ class MemoryCollector:
             p = self.host.proc("pressure", res)
             if self.host.exists(p):
                 self._psi[res] = self.host.open_hot(p)
+                self._psi_keys[res] = (f"psi.{res}.some_us", f"psi.{res}.full_us")
             else:
                 self.unsupported[f"psi.{res}"] = "unsupported: no PSI (CONFIG_PSI off or psi=0)"
 
@@ -90,10 +109,25 @@ class MemoryCollector:
 
     def sample(self) -> dict[str, float | None]:
         self._open()
-        out: dict[str, float | None] = dict(fast_vmstat(self._vm.read()))
+        data = self._vm.read()
+        tok = data.split()
+        out: dict[str, float | None] | None = \
+            self._layout.values(tok) if self._layout is not None else None
+        if out is None:  # first read, or a kernel counter came or went
+            self._layout = vmstat_layout(data)
+            out = self._layout.values(tok)
         for res, hf in list(self._psi.items()):
             try:
-                out.update(parse_psi(hf.read(), res))
+                data = hf.read()
+                tok = data.split()
+                keys = self._psi_keys[res]
+                # "some avg10=… avg60=… avg300=… total=N" [+ the same for "full"]
+                if len(tok) == 10 and tok[4][:6] == b"total=" and tok[9][:6] == b"total=" \
+                        and tok[0] == b"some" and tok[5] == b"full":
+                    out[keys[0]] = float(tok[4][6:])
+                    out[keys[1]] = float(tok[9][6:])
+                else:
+                    out.update(parse_psi(data, res))
             except OSError as exc:
                 # PSI files reject reads when pressure accounting is off at runtime (EOPNOTSUPP)
                 self.unsupported[f"psi.{res}"] = f"unsupported: {exc.strerror}"

