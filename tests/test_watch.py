@@ -32,31 +32,50 @@ needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                                     reason="needs a probe CPU and a housekeeping CPU")
 
 
+def _preempting_hog(probe_cpu: int):
+    """The CPU-contention fault both hog tests use: a periodic hog on the probe CPU, busy
+    1.5 ms of every 7.3 ms (not a multiple of the probe's 2 ms period, so the two never lock
+    in phase). SCHED_FIFO where permitted: every burst that starts while the probe is
+    mid-call preempts it at once — 35-190 spikes in 8 s here, against 0-7 for an
+    always-busy nice 0 or -5 hog, which EEVDF lets the mostly-sleeping probe preempt almost
+    every time. Without RT permission: the same bursts at nice -10 (fewer spikes)."""
+    from bench.faults.kit import cpu_hog, rt_permitted
+    if rt_permitted():
+        return cpu_hog(probe_cpu, burst_ms=(1.5, 7.3), rt_prio=1), 15
+    return cpu_hog(probe_cpu, nice=-10, burst_ms=(1.5, 7.3)), 5
+
+
+def _check_contention(recs: list[dict], pids: list[int], min_spikes: int, summary: dict) -> None:
+    assert len(recs) >= min_spikes, summary
+    contention = [x for x in recs if x["cause"] == "cpu_contention"]
+    assert len(contention) / len(recs) >= 0.9, summary["causes"]
+    named = [x for x in contention if any(t["pid"] in pids for t in
+                                          x["causes"][0]["evidence"].get("ran_on_cpu", []))]
+    assert len(named) / len(contention) >= 0.8, summary["causes"]  # the hog is the task named
+    # Most were preempted in the call itself (the rest follow a preemption in the same
+    # 10 ms row: cache refill after the hog ran, seen by the thread's run-queue delay).
+    preempted = [x for x in contention if x["in_process"]["nivcsw"] >= 1
+                 or x["in_process"]["rq_delay_ns"] >= 50_000]
+    assert len(preempted) / len(contention) >= 0.7, summary["causes"]
+    rec = preempted[0]
+    assert rec["time"].endswith("+00:00") and rec["latency_us"] > rec["p50_us"]
+    assert rec["attributed_after_ms"] < 1000
+    assert summary["attribution_delay_ms"]["max"] < 1000
+
+
 @needs_two_cpus
 def test_cpu_hog_is_attributed_to_cpu_contention(tmp_path):
     sys.path.insert(0, str(REPO))
-    from bench.faults.kit import cpu_hog
     probe_cpu = sorted(os.sched_getaffinity(0))[-1]
     log = tmp_path / "spikes.jsonl"
-    # nice -5: a hog that wins against the probe's wake-ups often enough to show in a few
-    # seconds (at nice 0 EEVDF lets the mostly-sleeping probe preempt it almost always).
-    with cpu_hog(probe_cpu, nice=-5) as pids:
+    hog, min_spikes = _preempting_hog(probe_cpu)
+    with hog as pids:
         r = _hftagent("watch", "--probe", "numpy", "--duration", "8", "--cpus", str(probe_cpu),
                       "--spike-log", str(log), "--json", "--no-live")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    recs = [x for x in _records(log) if x.get("cause")]
     assert summary["samples"] > 2000
-    assert len(recs) >= 5, summary
-    contention = [x for x in recs if x["cause"] == "cpu_contention"]
-    assert len(contention) / len(recs) >= 0.8, summary["causes"]
-    named = [x for x in contention if any(t["pid"] == pids[0] for t in
-                                          x["causes"][0]["evidence"].get("ran_on_cpu", []))]
-    assert len(named) / len(contention) >= 0.5  # the hog is named as the task that ran
-    rec = contention[0]
-    assert rec["time"].endswith("+00:00") and rec["latency_us"] > rec["p50_us"]
-    assert rec["attributed_after_ms"] < 1000
-    assert summary["attribution_delay_ms"]["max"] < 1000
+    _check_contention([x for x in _records(log) if x.get("cause")], pids, min_spikes, summary)
     assert summary["sampler"]["pinned_to"] != [probe_cpu]
 
 
@@ -280,13 +299,10 @@ def test_tf_probe_end_to_end_with_a_cpu_hog(tmp_path):
     CPU, timed open loop at 500 Hz; a hog on that CPU is attributed to CPU contention."""
     pytest.importorskip("tensorflow")
     sys.path.insert(0, str(REPO))
-    from bench.faults.kit import cpu_hog
     probe_cpu = sorted(os.sched_getaffinity(0))[-1]
     log = tmp_path / "spikes.jsonl"
-    # A burst hog (3 ms busy every 10 ms): the XLA call (~0.3 ms) sleeps 1.7 ms of every 2,
-    # so EEVDF lets it preempt an always-busy hog almost every time (1-3 spikes in 8 s);
-    # a freshly woken burst hog preempts it instead, as real periodic work does.
-    with cpu_hog(probe_cpu, count=1, burst_ms=(3.0, 10.0)) as pids:
+    hog, min_spikes = _preempting_hog(probe_cpu)
+    with hog as pids:
         r = _hftagent("watch", "--probe", "tf", "--variant", "xla", "--duration", "8",
                       "--cpus", str(probe_cpu), "--spike-log", str(log), "--json", "--no-live",
                       timeout=180)
@@ -294,9 +310,4 @@ def test_tf_probe_end_to_end_with_a_cpu_hog(tmp_path):
     s = json.loads(r.stdout)
     assert s["source"].startswith("builtin:lstm xla")
     assert s["samples"] > 1500 and s["p50_us"] is not None
-    recs = [x for x in _records(log) if x.get("cause")]
-    assert len(recs) >= 3, s
-    contention = [x for x in recs if x["cause"] == "cpu_contention"]
-    assert len(contention) / len(recs) >= 0.8, s["causes"]
-    assert any(t["pid"] in pids for x in contention
-               for t in x["causes"][0]["evidence"].get("ran_on_cpu", []))
+    _check_contention([x for x in _records(log) if x.get("cause")], pids, min_spikes, s)

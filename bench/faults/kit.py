@@ -9,7 +9,9 @@ fault               what it does                                        expected
 ==================  ==================================================  =================
 cpu_hog             a busy process pinned to the probe CPU, at normal   cpu_contention
                     priority: CFS shares the CPU, the probe is
-                    preempted at each slice
+                    preempted at each slice; or (``burst_ms``) busy
+                    in bursts, optionally SCHED_FIFO (``rt_prio``):
+                    a periodic task that preempts the probe mid-call
 softirq_flood       bursts of a loopback UDP flood whose receive        softirq
                     processing is steered to the probe CPU with RPS
                     (/sys/class/net/lo/queues/rx-0/rps_cpus, restored)
@@ -62,17 +64,33 @@ _HOG = "import os,sys\nif sys.argv[1]: os.sched_setaffinity(0,[int(c) for c in "
        "sys.argv[1].split(',')])\nos.nice(int(sys.argv[2]))\nx=0\nwhile True:\n    x+=1\n"
 # Busy ``busy_ms`` of every ``period_ms``: a freshly woken task that EEVDF lets preempt the
 # probe (a hog that never sleeps has no lag credit left and rarely wins against it).
+# The sleep between bursts is jittered ±20 % so the bursts never lock in phase with the
+# probe's schedule (a locked phase gives all or no spikes for seconds).
+# With an RT priority (argv[5] > 0) the hog is SCHED_FIFO: each burst preempts the probe at
+# once if it is mid-call (a real-time periodic task — an RT daemon, a threaded IRQ handler —
+# on the probe CPU), instead of depending on EEVDF's wake-up placement.
 _BURST_HOG = "import os,sys,time\nos.sched_setaffinity(0,[int(c) for c in sys.argv[1].split(',')])" \
     "\nos.nice(int(sys.argv[2]))\nb,p=float(sys.argv[3])/1e3,float(sys.argv[4])/1e3\n" \
-    "c=time.monotonic\nwhile True:\n    e=c()+b\n    while c()<e: pass\n    time.sleep(p-b)\n"
+    "rt=int(sys.argv[5]) if len(sys.argv)>5 else 0\n" \
+    "if rt: os.sched_setscheduler(0,os.SCHED_FIFO,os.sched_param(rt))\n" \
+    "import random\nc=time.monotonic\nwhile True:\n    e=c()+b\n    while c()<e: pass\n" \
+    "    time.sleep((p-b)*random.uniform(0.8,1.2))\n"
 
 
-def _spawn_hog(cpus: str | None, nice: int = 0, burst: tuple[float, float] | None = None
-               ) -> subprocess.Popen:
+def _spawn_hog(cpus: str | None, nice: int = 0, burst: tuple[float, float] | None = None,
+               rt_prio: int = 0) -> subprocess.Popen:
     if burst is not None:
         return subprocess.Popen([sys.executable, "-c", _BURST_HOG, cpus or "", str(nice),
-                                 str(burst[0]), str(burst[1])])
+                                 str(burst[0]), str(burst[1]), str(rt_prio)])
+    if rt_prio:
+        raise ValueError("an RT hog must be a burst hog (an always-busy one starves the CPU)")
     return subprocess.Popen([sys.executable, "-c", _HOG, cpus or "", str(nice)])
+
+
+def rt_permitted() -> bool:
+    """Whether this process may start SCHED_FIFO helpers (root, or an RLIMIT_RTPRIO)."""
+    import resource
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_RTPRIO)[0] > 0
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -89,10 +107,12 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 @contextlib.contextmanager
 def cpu_hog(cpu: int, nice: int = 0, count: int = 1,
-            burst_ms: tuple[float, float] | None = None) -> Iterator[list[int]]:
+            burst_ms: tuple[float, float] | None = None, rt_prio: int = 0
+            ) -> Iterator[list[int]]:
     """``count`` busy-loop processes pinned to ``cpu`` at ``nice``; with ``burst_ms``
-    (busy, period) each is busy ``busy`` ms of every ``period`` ms instead of always."""
-    procs = [_spawn_hog(str(cpu), nice, burst_ms) for _ in range(count)]
+    (busy, period) each is busy ``busy`` ms of every ``period`` ms instead of always; with
+    ``rt_prio`` (burst only) each runs SCHED_FIFO at that priority."""
+    procs = [_spawn_hog(str(cpu), nice, burst_ms, rt_prio) for _ in range(count)]
     try:
         yield [p.pid for p in procs]
     finally:
