@@ -25,6 +25,7 @@ the probe CPU (from the sched task scan), the IRQ or softirq and its device.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -55,6 +56,17 @@ MIN_STRENGTH = 0.35
 HOUSEKEEPING_ROWS = frozenset({"LOC", "RES", "CAL", "TLB", "IWI", "TIMER", "SCHED", "RCU",
                                "HRTIMER", "NMI", "PMI", "HYP", "PIN", "NPI", "PIW", "SPU"})
 HOUSEKEEPING_WEIGHT = 0.3
+
+# USER_HZ: the unit of /proc/stat's time columns.
+try:
+    CLK_TCK = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError, OSError):  # pragma: no cover - not Linux
+    CLK_TCK = 100
+
+
+def _other(fam: str) -> str:
+    return "softirq" if fam == "irq" else "irq"
+
 
 # NVML clock-event reason bits (nvmlClocksEventReason*): idle (0x1) and application-clock
 # setting (0x2) are not throttles.
@@ -307,7 +319,10 @@ class Attributor:
                 details.append(f"waited {sp.rq_delay_ns / 1e3:.0f} µs on the run queue")
         if sp.nivcsw > 0:
             ev["nivcsw"] = sp.nivcsw
-            s = max(s, 0.7 if sp.rq_delay_ns < 0 or sp.rq_delay_ns >= 20_000 else 0.4)
+            # A switch is strong evidence when its wait (measured in-process) is a good part
+            # of the excess, or when the wait was not measured; a switch that got the CPU
+            # back within a small part of the excess explains little of the sample.
+            s = max(s, 0.7 if self._wait_explains(sp) is not False else 0.4)
             details.append(f"{sp.nivcsw} involuntary context switch(es)")
         v = views.get("sched")
         if v is not None:
@@ -335,8 +350,47 @@ class Attributor:
                 details.append(f"{top.comm} (pid {top.pid}) ran on CPU {top.cpu}")
         return CauseScore("cpu_contention", s, detail="; ".join(details), evidence=ev)
 
+    @staticmethod
+    def _wait_explains(sp: Spike) -> bool | None:
+        """Whether the sample's run-queue wait explains a good part (≥ 30 %) of its excess
+        over P50; None when the wait was not measured (then: whether it was switched out)."""
+        if sp.rq_delay_ns < 0:
+            return True if sp.nivcsw > 0 else None
+        return sp.rq_delay_ns >= 50_000 and sp.rq_delay_ns >= 0.3 * sp.excess_ns
+
+    def _irq_time(self, views, cpus) -> dict[str, dict[int, dict]]:
+        """Per-CPU hardirq and softirq *time* in the window from /proc/stat's irq/softirq
+        columns (USER_HZ ticks): {"irq"|"softirq": {cpu: {"share", "excess_share",
+        "ticks"}}}. A class whose column stayed 0 over the whole baseline and window is not
+        accounted by this kernel (hardirq time needs CONFIG_IRQ_TIME_ACCOUNTING; the timer
+        tick alone would show): it is left out — unknown, not 0."""
+        v = views.get("cpu")
+        out: dict[str, dict[int, dict]] = {"irq": {}, "softirq": {}}
+        if v is None or v.win_dt <= 0:
+            return out
+        for fam in ("irq", "softirq"):
+            for c in cpus:
+                name = f"cpu.{c}.{fam}_ticks"
+                w = v.counter(name)
+                if w is None or w.window != w.window:
+                    continue
+                i = v.ring.cols[name]
+                seen = np.concatenate([v.ring.data[v.base, i], v.ring.data[v.win, i]])
+                if not np.nansum(seen) > 0:
+                    continue  # never moved: not accounted here
+                tick_s = 1.0 / CLK_TCK
+                out[fam][c] = {"share": w.window * tick_s / v.win_dt,
+                               "excess_share": max(0.0, w.excess) * tick_s / v.win_dt,
+                               "ticks": w.window, "baseline_ticks_per_s": w.base_rate}
+        return out
+
     def _irq(self, sp: Spike, views, cpus) -> CauseScore | None:
-        best: tuple[float, SignalWindow | None, str] = (0.0, None, "")
+        """Hardware IRQs and softirqs on the probe CPU(s). Each class's best named row (count
+        excess over its baseline) is weighed by the *time* the class took on that CPU in the
+        window (/proc/stat): a softirq flood that eats 10 % of the CPU outranks a burst of a
+        few disk interrupts that cost almost nothing, whatever their counts."""
+        best: dict[str, tuple[float, SignalWindow | None, str]] = {
+            "irq": (0.0, None, ""), "softirq": (0.0, None, "")}
         ev: dict = {}
         for ring_name, fam in (("irq", "irq"), ("softirq", "softirq")):
             v = views.get(ring_name)
@@ -352,28 +406,62 @@ class Attributor:
                     if row in HOUSEKEEPING_ROWS:
                         st *= HOUSEKEEPING_WEIGHT
                     ev[name] = w.to_dict()
-                    if st > best[0]:
-                        best = (st, w, row)
-        s, w, row = best
-        if w is None or s <= 0:
+                    if st > best[fam][0]:
+                        best[fam] = (st, w, row)
+        times = self._irq_time(views, cpus)
+        hot = {fam: {c: x for c, x in times[fam].items()
+                     if x["excess_share"] >= 0.02 and x["ticks"] >= 1} for fam in times}
+        cand: dict[str, tuple[float, str]] = {}
+        for fam in ("irq", "softirq"):
+            st, w, row = best[fam]
+            for c, x in times[fam].items():
+                ev[f"cpu.{c}.{fam}_time"] = {"share": _r(x["share"]),
+                                             "excess_share": _r(x["excess_share"]),
+                                             "ticks": _r(x["ticks"])}
+            if w is not None:
+                cpu = int(w.name.split(".")[1])
+                detail = (f"{self._irq_label(w, row)} on CPU {cpu}: +{w.excess:.0f} over "
+                          f"baseline in the window (z={w.z:.1f})")
+                x = hot[fam].get(cpu)
+                if x is not None:
+                    # Measured time on that CPU: the class did cost the probe CPU time.
+                    st = min(0.95, max(st, 0.35 + 2.5 * x["excess_share"]) + 0.1)
+                    detail += f"; {fam} time {100 * x['share']:.0f} % of CPU {cpu}"
+                elif cpu in times[fam] and hot[_other(fam)]:
+                    # Its time is accounted and did not rise, while the other class's did.
+                    st *= 0.5
+                cand[fam] = (st, detail)
+            elif hot[fam]:
+                # Time without a named row over its threshold: still that class, by time.
+                c, x = max(hot[fam].items(), key=lambda kv: kv[1]["excess_share"])
+                cand[fam] = (min(0.8, 0.35 + 2.5 * x["excess_share"]),
+                             f"{fam} time {100 * x['share']:.0f} % of CPU {c} in the window")
+        if not cand:
             return None
-        preempted = sp.nivcsw > 0 or sp.rq_delay_ns >= 50_000
-        if preempted:
+        fam, (s, detail) = max(cand.items(), key=lambda kv: kv[1][0])
+        if s <= 0:
+            return None
+        if self._wait_explains(sp):
             s *= 0.5  # a switch explains the sample better than the interrupts around it
         elif sp.nivcsw == 0:
-            s = min(0.9, s * 1.2)  # slow while never leaving the CPU: interrupted
-        label = row
+            s = min(0.95, s * 1.2)  # slow while never leaving the CPU: interrupted
+        named = sorted(((k, x) for k, x in ev.items() if "excess" in x),
+                       key=lambda kv: -(kv[1]["excess"] or 0))[:5]
+        ev = {**dict(named), **{k: x for k, x in ev.items() if k.endswith("_time")}}
+        other = cand.get(_other(fam))
+        if other is not None:
+            ev["runner_up"] = {"cause": _other(fam), "strength": _r(other[0]),
+                               "detail": other[1]}
+        return CauseScore(fam, s, detail=detail, evidence=ev)
+
+    def _irq_label(self, w: SignalWindow, row: str) -> str:
+        if w.name.startswith("softirq."):
+            return f"softirq {row}"
         if self.irq_desc is not None and row.isdigit():
             d = (self.irq_desc() or {}).get(row)
             if d:
-                label = f"IRQ {row} ({d.split()[-1]})"
-        elif w.name.startswith("softirq."):
-            label = f"softirq {row}"
-        cpu = w.name.split(".")[1]
-        ev = dict(sorted(ev.items(), key=lambda kv: -(kv[1]["excess"] or 0))[:5])
-        cause = "softirq" if w.name.startswith("softirq.") else "irq"
-        return CauseScore(cause, s, detail=f"{label} on CPU {cpu}: +{w.excess:.0f} over "
-                          f"baseline in the window (z={w.z:.1f})", evidence=ev)
+                return f"IRQ {row} ({d.split()[-1]})"
+        return row
 
     def _steal(self, sp: Spike, views, cpus) -> CauseScore | None:
         v = views.get("cpu")
