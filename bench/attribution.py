@@ -4,7 +4,7 @@ Runs a watch session (built-in probe on the probe CPU, sampler on the housekeepi
 fault, then under each fault, and reports per fault: spikes, share attributed to the injected
 cause ("right"), share attributed to another named cause ("wrong"), share left unexplained,
 and the spike → attributed-record delay. Needs root for softirq_flood (RPS) and
-memory_pressure (memory cgroup).
+memory_pressure (process_madvise, and swapon of a temporary swap file when there is none).
 
     .venv/bin/python bench/attribution.py --probe numpy --duration 20 --json out.json
 """
@@ -62,7 +62,8 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
                 elif fault == "oversubscription":
                     stack.enter_context(kit.oversubscription(nice=args.hog_nice))
                 elif fault == "migration":
-                    stack.enter_context(kit.migration(pid, (probe_cpu, hk_cpu)))
+                    stack.enter_context(kit.migration(pid, (probe_cpu, hk_cpu),
+                                                      hz=args.migration_hz))
             time.sleep(0.05)
         check = _check_delta(check0, fault_check(pid), time.monotonic() - t_check0, probe_cpu) \
             if started else {}
@@ -103,7 +104,8 @@ def fault_check(pid: int) -> dict:
     f = st[st.rfind(")") + 2:].split()
     vm = {ln.split()[0]: int(ln.split()[1]) for ln in open("/proc/vmstat")}
     return {"softirq": kit.softirq_counts(), "minflt": int(f[7]), "majflt": int(f[9]),
-            "pgmajfault": vm.get("pgmajfault", 0), "threads": kit.thread_cpu_and_migrations(pid)}
+            "pgmajfault": vm.get("pgmajfault", 0), "pswpin": vm.get("pswpin", 0),
+            "threads": kit.thread_cpu_and_migrations(pid)}
 
 
 def _check_delta(a: dict, b: dict, dt: float, probe_cpu: int) -> dict:
@@ -119,6 +121,7 @@ def _check_delta(a: dict, b: dict, dt: float, probe_cpu: int) -> dict:
                                              - sa["softirq_ticks"][probe_cpu]) / (100 * dt), 3),
         "probe_minflt": b["minflt"] - a["minflt"], "probe_majflt": b["majflt"] - a["majflt"],
         "vmstat_pgmajfault": b["pgmajfault"] - a["pgmajfault"],
+        "vmstat_pswpin": b["pswpin"] - a["pswpin"],
         "probe_thread_migrations": max(mig) if mig else None}
 
 
@@ -130,6 +133,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--settle", type=float, default=6.0)
     ap.add_argument("--hog-nice", type=int, default=0)
+    ap.add_argument("--migration-hz", type=float, default=20.0)
     ap.add_argument("--faults", default="none,cpu_hog,softirq_flood,memory_pressure,"
                     "oversubscription,migration")
     ap.add_argument("--json")

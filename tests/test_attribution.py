@@ -291,3 +291,37 @@ def test_a_short_switch_inside_a_softirq_burst_is_the_softirq(rng):
     assert any(c.cause == "cpu_contention" for c in a.causes)  # still listed, ranked lower
     b = Attributor(rings, [1]).attribute(spike(nivcsw=1, rq_delay_ns=3_000_000))
     assert b.cause == "cpu_contention"
+
+
+def test_sleeping_on_its_own_page_faults_is_page_faults_not_the_disk_irq(rng):
+    """The swap-in seen under memory_pressure: the call slept 3 times and took 12 faults
+    (swap-cache hits after readahead are minor) while the disk's completion IRQ and the BLOCK
+    softirq ran on its CPU — the I/O of its own page-in, not a separate cause."""
+    rings = quiet_rings(rng, **{
+        "irq__irq.1.36": at_spike(lambda i, g: float(g.integers(0, 2)), 40.0),
+        "softirq__softirq.1.BLOCK": at_spike(lambda i, g: 0.0, 40.0)})
+    rings["cpu"] = cpu_time_ring(rng, soft_at_spike=1.0, irq_at_spike=0.0)
+    desc = {"36": "PCI-MSIX-0000:00:02.0 1-edge virtio1-req.0"}
+    recent = np.column_stack([rng.integers(0, 2, 500), np.zeros(500), np.zeros(500),
+                              np.zeros(500)])
+    sp = spike(nvcsw=3, minflt=12, majflt=0)
+    kblockd = [TaskRun(44, 44, "kworker/1:1H-kblockd", 1, 900_000, "S")]
+    rings["sched"] = quiet_rings(rng, **{
+        f"sched__sched.{TID}.rq_delay_ns": at_spike(lambda i, g: 5_000.0, 1_500_000.0)})["sched"]
+    a = Attributor(rings, [1], irq_desc=lambda: desc, who_ran=lambda *x: kblockd) \
+        .attribute(sp, recent)
+    assert a.cause == "page_faults", [(c.cause, c.strength, c.detail) for c in a.causes]
+    assert a.causes[0].evidence["blocked_in_call"] == 3
+    other = [c for c in a.causes if c.cause in ("irq", "softirq", "cpu_contention")]
+    assert {c.cause for c in other} >= {"cpu_contention"}
+    assert len(other) >= 2 and all("page-in I/O" in c.detail for c in other)
+    # The same interrupts around a call that neither slept nor faulted: the interrupt.
+    b = Attributor(rings, [1], irq_desc=lambda: desc).attribute(spike(), recent)
+    assert b.cause in ("irq", "softirq")
+    # A probe that always sleeps twice per call (a thread-pool hand-off) and faults as usual
+    # is not "blocked on faults".
+    pool = np.column_stack([rng.integers(10, 14, 500), np.zeros(500), np.zeros(500),
+                            np.full(500, 2)])
+    c = Attributor(rings, [1], irq_desc=lambda: desc).attribute(
+        spike(nvcsw=2, minflt=12), pool)
+    assert c.cause != "page_faults"

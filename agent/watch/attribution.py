@@ -151,6 +151,19 @@ class SignalWindow:
                 "z": _r(self.z), "excess": _r(self.excess)}
 
 
+def _median_mad(recent: np.ndarray | None, col: int) -> tuple[float, float]:
+    """Median and MAD of one in-process column of recent non-spike samples (0, 0 without
+    20 of them or without that column)."""
+    if recent is None or len(recent) < 20 or recent.ndim != 2 or recent.shape[1] <= col:
+        return 0.0, 0.0
+    c = recent[:, col]
+    c = c[c >= 0]
+    if not len(c):
+        return 0.0, 0.0
+    med = float(np.median(c))
+    return med, float(np.median(np.abs(c - med)))
+
+
 def _r(x: float) -> float | None:
     if x is None or x != x:
         return None
@@ -247,7 +260,8 @@ class Attributor:
 
     def attribute(self, spike: Spike, recent: np.ndarray | None = None) -> Attribution:
         """``recent``: in-process evidence of recent non-spike samples, rows of
-        (minflt, majflt, nivcsw) for the fault baseline (None: no baseline)."""
+        (minflt, majflt, nivcsw[, nvcsw]) for the fault and blocking baselines (None: no
+        baseline)."""
         t_from, t_to = spike.start_ns - self.slack_ns, spike.end_ns + self.slack_ns
         views = {name: RingView(r, t_from, t_to, self.baseline_s, self.exclude_s)
                  for name, r in self.rings().items() if r.rows}
@@ -286,6 +300,17 @@ class Attributor:
                 if s.cause == "cpu_contention":
                     s.strength *= 0.5
                     s.detail += " (on a CPU it was moved to)"
+        # A sample that slept on its own page faults: the disk interrupts, BLOCK softirqs and
+        # kblockd work on its CPU are that I/O's completion, and the wait after it the
+        # wake-up — consequences of the faults, not separate causes (unless a run-queue
+        # wait measured in-process explains the sample by itself).
+        pf = next((s for s in scores if s.cause == "page_faults"), None)
+        if pf is not None and pf.evidence.get("blocked_in_call"):
+            for s in scores:
+                if s.cause in ("irq", "softirq") or (
+                        s.cause == "cpu_contention" and not self._wait_explains(spike)):
+                    s.strength *= 0.5
+                    s.detail += " (completing or following the sample's own page-in I/O)"
         merged: dict[str, CauseScore] = {}
         for s in scores:
             old = merged.get(s.cause)
@@ -547,14 +572,19 @@ class Attributor:
             ev["majflt"] = sp.majflt
             details.append(f"{sp.majflt} major fault(s) in the call")
         if sp.minflt >= 0:
-            med, mad = 0.0, 0.0
-            if recent is not None and len(recent) >= 20:
-                col = recent[:, 0]
-                col = col[col >= 0]
-                if len(col):
-                    med = float(np.median(col))
-                    mad = float(np.median(np.abs(col - med)))
+            med, mad = _median_mad(recent, 0)
             excess = sp.minflt - med
+            # Slept in the call (voluntary switches over the probe's own usual count) while
+            # faulting: the thread waited for its pages (swap-in, file read-in). Swap-in
+            # readahead makes most of those faults minor (swap-cache hits), so minor faults
+            # count here too.
+            nv_med, _ = _median_mad(recent, 3)
+            if sp.nvcsw > nv_med and sp.nvcsw > 0 and (
+                    sp.majflt > 0 or excess >= max(4.0, 5 * 1.4826 * mad)):
+                s = max(s, 0.9)
+                ev["blocked_in_call"] = sp.nvcsw
+                details.append(f"slept {sp.nvcsw} time(s) in the call while faulting "
+                               f"({sp.majflt} major, {sp.minflt} minor): waited for its pages")
             if excess >= max(8.0, 5 * 1.4826 * mad):
                 st = min(0.85, 0.3 + 0.15 * math.log2(excess / 8.0 + 1))
                 if st > s:

@@ -352,7 +352,7 @@ class WatchSession:
             return
         latest = self.sampler.covered_ns()
         keep = []
-        recent = self.lat.last(500)[:, [F["minflt"], F["majflt"], F["nivcsw"]]]
+        recent = self.lat.last(500)[:, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"]]]
         for sp, t_det in self.pending:
             waited = now - t_det
             rows_ready = latest >= sp.end_ns + self.attributor.slack_ns

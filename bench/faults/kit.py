@@ -27,14 +27,17 @@ softirq_flood       bursts of a loopback UDP flood whose receive        softirq
                     detector absorbs within seconds.
 memory_pressure     the probe's own pages are reclaimed: ``hz`` times   page_faults
                     a second process_madvise(MADV_PAGEOUT) on its
-                    file-backed mappings (the code and data of numpy,
-                    OpenBLAS, TF...), as memory-cgroup or kswapd
-                    reclaim would; the probe re-faults them (major
-                    faults, seen in its own getrusage delta). This VM
-                    has no swap, so anonymous memory cannot be paged
-                    out; the old cgroup-v1 limit squeeze reclaimed
-                    nothing of the probe (its library pages are
-                    charged to the cgroup that first read them).
+                    private anonymous mappings (weights, activations)
+                    and file-backed ones (code of numpy, OpenBLAS,
+                    TF...), as memory-cgroup or kswapd reclaim would;
+                    the probe swaps them back in (major faults, seen
+                    in its own getrusage delta). This VM has no swap:
+                    the fault adds a swap file for its duration
+                    (swapon, removed on exit) — without swap only the
+                    file pages not shared with another process (watch
+                    maps the same numpy) are reclaimed, and their
+                    re-faults from the host's cache are too cheap to
+                    make spikes (measured: 0 of 2).
 oversubscription    more busy threads than CPUs (2 × online, unpinned)  cpu_contention
 migration           the probe thread's affinity is flipped between two  migration
                     CPUs at ``hz`` (sched_setaffinity on its tids)
@@ -51,6 +54,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -239,22 +243,28 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def _file_mappings(pid: int) -> list[tuple[int, int]]:
+def _mappings(pid: int, anon: bool = True) -> list[tuple[int, int]]:
     """(start, length) of the process's file-backed mappings (shared libraries, the
-    interpreter), from /proc/PID/maps."""
+    interpreter) and, with ``anon``, its private writable anonymous ones (heap, stack, the
+    arrays numpy and TF allocate), from /proc/PID/maps."""
     out = []
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
         parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].startswith("/dev/"):
+        name = parts[5].strip() if len(parts) > 5 else ""
+        if name.startswith("/") and not name.startswith("/dev/"):
+            pass  # a file mapping
+        elif not (anon and parts[1][1] == "w" and parts[1][3] == "p"
+                  and (name == "" or name in ("[heap]", "[stack]"))):
             continue
         a, b = (int(x, 16) for x in parts[0].split("-"))
         out.append((a, b - a))
     return out
 
 
-def pageout(pid: int) -> int:
-    """process_madvise(MADV_PAGEOUT) over every file-backed mapping of ``pid`` (Linux ≥ 5.10,
-    root / CAP_SYS_NICE). Pages mapped only by ``pid`` are reclaimed; it faults them back in.
+def pageout(pid: int, anon: bool = True) -> int:
+    """process_madvise(MADV_PAGEOUT) over the file-backed (and, with ``anon``, the private
+    anonymous) mappings of ``pid`` (Linux ≥ 5.10, root / CAP_SYS_NICE). Pages mapped only by
+    ``pid`` are reclaimed — anonymous ones only where there is swap; it faults them back in.
     Returns the bytes the kernel processed."""
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.syscall(_SYS_PIDFD_OPEN, pid, 0)
@@ -262,7 +272,7 @@ def pageout(pid: int) -> int:
         raise OSError(ctypes.get_errno(), f"pidfd_open({pid})")
     try:
         done = 0
-        maps = _file_mappings(pid)
+        maps = _mappings(pid, anon)
         for i in range(0, len(maps), 512):  # IOV_MAX is 1024
             chunk = maps[i:i + 512]
             iov = (_Iovec * len(chunk))(*[_Iovec(a, n) for a, n in chunk])
@@ -278,26 +288,66 @@ def pageout(pid: int) -> int:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def memory_pressure(pid: int, hz: float = 4.0) -> Iterator[list[int]]:
-    """Reclaim the file-backed pages of ``pid`` ``hz`` times a second (see :func:`pageout`):
-    what memory-cgroup or kswapd reclaim does to an inference process's code pages on a box
-    short of memory, without putting the rest of the machine under pressure. The process
-    takes major faults as it runs its code again."""
-    pageout(pid)  # fails here, before the run, without root or process_madvise
-    stop = threading.Event()
+def swap_total_kb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("SwapTotal:"):
+            return int(line.split()[1])
+    return 0
 
-    def loop() -> None:
-        while not stop.wait(1.0 / hz):
-            with contextlib.suppress(OSError):
-                pageout(pid)
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
+
+@contextlib.contextmanager
+def swap_file(size_mb: int = 256, directory: str = "/var/tmp") -> Iterator[str | None]:
+    """A swap file for the duration (root, CONFIG_SWAP, a block-backed ``directory``): what a
+    box that pages under memory pressure has and this VM has not. Yields its path, or None
+    when swap is already on (nothing to add); swapoff + delete on exit. Raises OSError when
+    it cannot be set up."""
+    if swap_total_kb() > 0:
+        yield None
+        return
+    fd, path = tempfile.mkstemp(prefix="hftagent-fault-", suffix=".swap", dir=directory)
+    os.close(fd)
     try:
-        yield []
+        os.chmod(path, 0o600)
+        for cmd in (["fallocate", "-l", f"{size_mb}M", path], ["mkswap", path],
+                    ["swapon", path]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise OSError(errno.EPERM, f"{' '.join(cmd[:1])}: {r.stderr.strip()}")
+    except BaseException:
+        os.unlink(path)
+        raise
+    try:
+        yield path
     finally:
-        stop.set()
-        th.join()
+        subprocess.run(["swapoff", path], capture_output=True)
+        os.unlink(path)
+
+
+@contextlib.contextmanager
+def memory_pressure(pid: int, hz: float = 4.0, swap: bool = True) -> Iterator[list[int]]:
+    """Reclaim the pages of ``pid`` ``hz`` times a second (see :func:`pageout`): what
+    memory-cgroup or kswapd reclaim does to an inference process on a box short of memory,
+    without putting the rest of the machine under pressure. Its anonymous working set (the
+    model's weights, activations) goes to swap — a swap file is added for the duration when
+    the box has none (``swap``) — and its code pages back to the page cache; the process takes
+    major faults (swap-ins) as it runs again."""
+    with contextlib.ExitStack() as stack:
+        if swap:
+            stack.enter_context(swap_file())
+        pageout(pid)  # fails here, before the run, without root or process_madvise
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(1.0 / hz):
+                with contextlib.suppress(OSError):
+                    pageout(pid)
+        th = threading.Thread(target=loop, daemon=True)
+        th.start()
+        try:
+            yield []
+        finally:
+            stop.set()
+            th.join()
 
 
 def thread_cpu_and_migrations(pid: int) -> dict[int, tuple[int, int | None]]:
