@@ -134,6 +134,8 @@ class SignalRing:
                 i = self._col(name)
                 if i is None:
                     continue
+            if v is None:
+                continue  # not measured: the row's NaN
             idx.append(i)
             vals.append(v)
         self._store(t0_ns, t1_ns, idx, vals)
