@@ -55,6 +55,9 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
                 check0, t_check0 = fault_check(pid), time.monotonic()
                 if fault == "cpu_hog":
                     stack.enter_context(kit.cpu_hog(probe_cpu, nice=args.hog_nice))
+                elif fault == "cpu_hog_rt":
+                    # The watch tests' hog: SCHED_FIFO, busy 1.5 ms of every 7.3 ms (jittered)
+                    stack.enter_context(kit.cpu_hog(probe_cpu, burst_ms=(1.5, 7.3), rt_prio=1))
                 elif fault == "softirq_flood":
                     stack.enter_context(kit.softirq_flood(probe_cpu, hk_cpu))
                 elif fault == "memory_pressure":
@@ -134,8 +137,8 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=6.0)
     ap.add_argument("--hog-nice", type=int, default=0)
     ap.add_argument("--migration-hz", type=float, default=20.0)
-    ap.add_argument("--faults", default="none,cpu_hog,softirq_flood,memory_pressure,"
-                    "oversubscription,migration")
+    ap.add_argument("--faults", default="none,cpu_hog,cpu_hog_rt,softirq_flood,"
+                    "memory_pressure,oversubscription,migration")
     ap.add_argument("--json")
     ap.add_argument("--log-dir", help="write each fault's spike records (JSONL) here")
     args = ap.parse_args()

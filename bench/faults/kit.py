@@ -60,7 +60,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-EXPECTED = {"cpu_hog": "cpu_contention", "softirq_flood": "softirq",
+EXPECTED = {"cpu_hog": "cpu_contention", "cpu_hog_rt": "cpu_contention",
+            "softirq_flood": "softirq",
             "memory_pressure": "page_faults", "oversubscription": "cpu_contention",
             "migration": "migration"}
 
