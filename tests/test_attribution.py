@@ -183,6 +183,29 @@ def test_gpu_throttle_and_foreign_process(rng):
     assert a.cause == "gpu_throttle" and "hw_thermal" in a.causes[0].detail
 
 
+def test_foreign_gpu_process_is_named_from_the_gpu_collector(rng):
+    """The ring only carries the count; the GPU collector (GpuCollector.causes) names the PID."""
+    from collectors.gpu import GpuCause
+    rings = quiet_rings(rng)
+    rings["gpu"] = trace(rng, {"gpu.0.clock_event_reasons": lambda i, g: 0x1,
+                               "gpu.0.foreign_processes":
+                               lambda i, g: 1.0 if i >= SPIKE_ROW - 1 else 0.0}, "gpu")
+    seen = []
+
+    def detail(t0, t1):
+        seen.append((t0, t1))
+        return [GpuCause("GPU shared with PID 4242 (python3)", 0.85,
+                         "gpu 0: compute process 4242 (python3, 512 MiB) appeared", 0),
+                GpuCause("GPU shared with PID 7 (other-gpu)", 0.85, "gpu 1: ...", 1)]
+    a = Attributor(rings, [1], gpu_detail=detail).attribute(spike())
+    top = a.causes[0]
+    assert a.cause == "gpu_foreign_process" and top.detail == "GPU shared with PID 4242 (python3)"
+    assert top.evidence["processes"] == ["gpu 0: compute process 4242 (python3, 512 MiB) appeared"]
+    assert seen and seen[0][0] < seen[0][1]
+    plain = Attributor(rings, [1]).attribute(spike())  # without the collector: the count
+    assert plain.cause == "gpu_foreign_process" and "1 foreign compute" in plain.causes[0].detail
+
+
 def test_scores_are_normalised_with_residual(rng):
     rings = quiet_rings(rng, **{"softirq__softirq.1.NET_RX": at_spike(lambda i, g: 0.0, 60.0)})
     a = Attributor(rings, [1]).attribute(spike(nivcsw=1, rq_delay_ns=2_000_000, majflt=1))

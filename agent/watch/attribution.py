@@ -244,9 +244,12 @@ class Attributor:
     """
 
     def __init__(self, rings: Mapping[str, SignalRing] | Callable[[], Mapping[str, SignalRing]],
-                 probe_cpus: list[int], *, who_ran=None, irq_desc=None,
+                 probe_cpus: list[int], *, who_ran=None, irq_desc=None, gpu_detail=None,
                  baseline_s: float = 10.0, exclude_s: float = 0.1,
                  slack_ns: int = 1_000_000) -> None:
+        # gpu_detail(t0_ns, t1_ns) (optional): the GPU collector's named causes for a window
+        # (GpuCollector.causes): who the foreign process is, which throttle reason
+        self.gpu_detail = gpu_detail
         self._rings = rings
         self.probe_cpus = list(probe_cpus)
         self.who_ran = who_ran
@@ -635,6 +638,17 @@ class Attributor:
         return CauseScore("numa_remote", s, detail="remote NUMA allocations in the window",
                           evidence=ev) if s else None
 
+    def _gpu_foreign(self, sp: Spike, gpu: str) -> list[tuple[str, str]]:
+        """Names of the foreign processes on ``gpu`` around the spike, from the collector."""
+        if self.gpu_detail is None:
+            return []
+        try:
+            causes = self.gpu_detail(sp.start_ns - self.slack_ns, sp.end_ns + self.slack_ns)
+        except Exception:  # noqa: BLE001 - naming is a bonus; the count already attributes
+            return []
+        return [(c.cause, c.evidence) for c in causes if c.cause.startswith("GPU shared with")
+                and str(c.gpu) == gpu]
+
     def _gpu(self, sp: Spike, views) -> list[CauseScore | None]:
         v = views.get("gpu")
         if v is None:
@@ -654,9 +668,15 @@ class Attributor:
             elif name.endswith(".foreign_processes"):
                 w = v.gauge(name, low=False)
                 if w is not None and w.window >= 1:
-                    out.append(CauseScore("gpu_foreign_process", 0.6,
-                                          detail=f"{w.window:.0f} foreign compute process(es) on "
-                                          f"GPU {name.split('.')[1]}", evidence={name: w.window}))
+                    gpu = name.split(".")[1]
+                    detail = f"{w.window:.0f} foreign compute process(es) on GPU {gpu}"
+                    ev: dict = {name: w.window}
+                    who = self._gpu_foreign(sp, gpu)
+                    if who:  # "GPU shared with PID 4242 (python3)"
+                        detail = "; ".join(label for label, _ in who)
+                        ev["processes"] = [e for _, e in who]
+                    out.append(CauseScore("gpu_foreign_process", 0.6, detail=detail,
+                                          evidence=ev))
         return out
 
     def _pcie(self, sp: Spike, views) -> CauseScore | None:

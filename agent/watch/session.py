@@ -299,8 +299,11 @@ class WatchSession:
                                capacity_s=max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
                                on_result=on_result)
         rings = {e.ring.name: e.ring for e in self.sampler.entries}
+        gpu = next((c for c in collectors if hasattr(c, "causes") and
+                    getattr(c, "name", "") == "gpu"), None)
         self.attributor = Attributor(rings, cfg.probe_cpus, who_ran=self.sched.who_ran,
                                      irq_desc=lambda: self.irq.descriptions,
+                                     gpu_detail=gpu.causes if gpu is not None else None,
                                      baseline_s=cfg.baseline_s)
         self.sampler.start()
         self.started_ns = time.monotonic_ns()
