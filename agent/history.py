@@ -30,13 +30,15 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where samples are handled: audit runs carry none
+    import numpy as np
 
 from agent.errors import AgentError
 
@@ -129,12 +131,14 @@ def _now() -> str:
 
 # -- sample codec --------------------------------------------------------------------------
 def encode_samples(latency_ns: np.ndarray) -> tuple[str, int, bytes, str]:
+    import numpy as np
     a = np.ascontiguousarray(np.asarray(latency_ns, dtype="<i8"))
     raw = a.tobytes()
     return "zlib-i64le", int(a.size), zlib.compress(raw, 6), hashlib.sha256(raw).hexdigest()
 
 
 def decode_samples(codec: str, data: bytes, count: int | None, sha: str | None) -> np.ndarray:
+    import numpy as np
     if codec == "zlib-i64le":
         raw = zlib.decompress(data)
     elif codec == "raw-i64le":
@@ -319,7 +323,6 @@ class History:
                 tf_version: str | None = None, fingerprint: dict | None = None,
                 cold_start_ns: int | None = None, created_utc: str | None = None) -> int:
         from agent.fingerprint import digest
-        from agent.gate import P99, quantile_nr
         if kind not in KINDS:
             raise HistoryError(f"unknown run kind {kind!r} (known: {', '.join(KINDS)})")
         lat = summary.get("latency") if isinstance(summary.get("latency"), dict) else {}
@@ -327,10 +330,12 @@ class History:
         count = lat.get("count")
         blob = None
         if samples_ns is not None:
+            import numpy as np
             arr = np.asarray(samples_ns, dtype=np.int64).ravel()
             blob = encode_samples(arr)
             count = int(arr.size)
             if arr.size and p99 is None:
+                from agent.gate import P99, quantile_nr
                 p50, p99 = quantile_nr(arr, 50.0), quantile_nr(arr, P99)
                 p999 = quantile_nr(arr, 99.9)
         try:
@@ -475,6 +480,9 @@ class History:
 
 
 def _json_default(o: Any) -> Any:
+    np = sys.modules.get("numpy")  # a numpy value can only exist once numpy is imported
+    if np is None:
+        raise TypeError(f"{type(o).__name__} is not JSON-serialisable")
     if isinstance(o, np.integer):
         return int(o)
     if isinstance(o, np.floating):
@@ -562,6 +570,7 @@ def latencies_of(arrays: Any, open_loop: bool = False) -> np.ndarray | None:
     time in closed loop — the figures the probe itself reports."""
     if arrays is None:
         return None
+    import numpy as np
     start = "intended_ns" if open_loop else "start_ns"
     if isinstance(arrays, dict):
         return np.asarray(arrays["end_ns"]) - np.asarray(arrays[start])

@@ -184,3 +184,20 @@ def test_exit_code_precedence():
     assert exit_code(fs(Status.WARN)) == 0
     assert exit_code(fs(Status.WARN), Status.WARN) == 2
     assert exit_code(fs(Status.PENDING_REBOOT)) == 2
+
+
+def test_audit_process_imports_nothing_heavy(tmp_path):
+    """audit must stay well under a second: no numpy, TensorFlow, NVML or py-cpuinfo (even
+    while it records the run in history), no tunables/journal machinery."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.argv = ['hftagent', 'audit', '--json', '--steal-window', '0']\n"
+            "from agent.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('numpy', 'tensorflow', 'pynvml', 'cpuinfo', 'tuning.journal')"
+            " if m in sys.modules]\n"
+            "print('HEAVY', heavy, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**__import__("os").environ, "HFTAGENT_DB": str(tmp_path / "h.db")})
+    assert "HEAVY []" in r.stderr, r.stderr[-500:]
+    assert (tmp_path / "h.db").exists()  # and the run was recorded

@@ -34,22 +34,29 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def cli_errors(fn: F) -> F:
-    """Turn domain errors into one stderr line and exit 1 (the CLI layer's only job here)."""
+def _domain_errors() -> tuple[type[Exception], ...]:
+    """The error classes whose message is for the user. Imported only when an error is being
+    handled: importing tuning.journal and the tunables up front costs every command ~30 ms."""
     from tuning.journal import JournalError
     from tuning.launcher import LaunchError
     from tuning.profiles import ProfileError
     from tuning.tunables.base import TuneError
+    return (AgentError, HostError, ProfileError, TuneError, JournalError, LaunchError)
+
+
+def cli_errors(fn: F) -> F:
+    """Turn domain errors into one stderr line and exit 1 (the CLI layer's only job here)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (AgentError, HostError, ProfileError, TuneError, JournalError,
-                LaunchError) as exc:
-            raise fail(str(exc)) from None
         except PermissionError as exc:
             raise fail(f"permission denied: {exc.filename or exc} (retry as root)") from None
+        except Exception as exc:
+            if isinstance(exc, _domain_errors()):
+                raise fail(str(exc)) from None
+            raise
     return wrapper  # type: ignore[return-value]
 
 
