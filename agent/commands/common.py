@@ -51,6 +51,8 @@ def cli_errors(fn: F) -> F:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise  # the command's own exit status (audit's 2): not an error to classify
         except PermissionError as exc:
             raise fail(f"permission denied: {exc.filename or exc} (retry as root)") from None
         except Exception as exc:
