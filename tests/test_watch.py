@@ -311,3 +311,29 @@ def test_tf_probe_end_to_end_with_a_cpu_hog(tmp_path):
     assert s["source"].startswith("builtin:lstm xla")
     assert s["samples"] > 1500 and s["p50_us"] is not None
     _check_contention([x for x in _records(log) if x.get("cause")], pids, min_spikes, s)
+
+
+def test_latency_histogram_percentiles_within_1pct_and_never_above_max():
+    import numpy as np
+
+    from agent.watch.session import LatencyHistogram
+    h = LatencyHistogram()
+    lat = np.random.default_rng(7).lognormal(np.log(300e3), 0.4, 20_000).astype(np.int64)
+    h.add(lat)
+    for q in (0.5, 0.99, 0.999):
+        true = float(np.sort(lat)[max(1, int(np.ceil(q * lat.size))) - 1])
+        assert true <= h.quantile(q) <= true * 1.0101, q
+    small = LatencyHistogram()
+    small.add(np.array([513_700, 400_000, 200_000], dtype=np.int64))
+    assert small.quantile(0.999) == 513_700.0  # the edge would say 517.4 µs > max
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--sample-hz", "nan"], "--sample-hz must be a finite number > 0"),
+    (["--duration", "-1"], "--duration must be"), (["--k", "1"], "--k must be"),
+    (["--pid", "999999999"], "no such process"),
+])
+def test_bad_numbers_and_dead_pid_are_one_line(args, msg):
+    r = _hftagent("watch", "--probe", "numpy", "--no-live", *args, timeout=30)
+    assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

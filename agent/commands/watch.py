@@ -72,10 +72,21 @@ def watch(
         probe = "external"
     if probe == "external" and pid is None and ring is None:
         raise fail("--probe external needs --pid or --ring")
-    if rate <= 0 or sample_hz <= 0 or k <= 1:
-        raise fail("--rate and --sample-hz must be > 0 and --k > 1")
+    import math
+
+    def positive(name: str, v: float | None, above: float = 0.0) -> None:
+        # "not v > x" (not "v <= x") so that NaN is refused too; isfinite refuses inf
+        if v is not None and not (v > above and math.isfinite(v)):
+            raise fail(f"{name} must be a finite number > {above:g}, not {v}")
+    for name, v in (("--rate", rate), ("--sample-hz", sample_hz), ("--duration", duration),
+                    ("--threshold-us", threshold_us), ("--flight-us", flight_us)):
+        positive(name, v)
+    positive("--k", k, 1.0)
     if p99_budget_us is not None and p99_budget_us <= 0:
         raise fail("--p99-budget-us must be > 0")
+    if pid is not None:
+        if pid <= 0 or not host.proc(pid).exists():
+            raise fail(f"--pid {pid}: no such process")
     try:
         want = parse_cpulist(cpus) if cpus else None
         hk = parse_cpulist(housekeeping) if housekeeping else None

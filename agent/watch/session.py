@@ -129,7 +129,8 @@ class LatencyHistogram:
             return None
         rank = max(1, math.ceil(q * self.total))
         i = int(np.searchsorted(np.cumsum(self.counts), rank))
-        return self.LO_NS * self.BASE ** i  # upper edge of the bucket
+        # the bucket's upper edge (within 1 % above the true value), never above the maximum
+        return min(self.LO_NS * self.BASE ** i, float(self.max_ns))
 
 
 def _iso(wall_ns: int) -> str:
@@ -575,6 +576,8 @@ class WatchSession:
             "samples": self.samples, "lost_records": self.reader.lost if self.reader else 0,
             "p50_us": _us(h.quantile(0.5)), "p99_us": _us(h.quantile(0.99)),
             "p999_us": _us(h.quantile(0.999)), "max_us": _us(h.max_ns or None),
+            # enough samples to claim the percentile at 99 % confidence (as the probe's)
+            "sufficient": {"p99": self.samples >= 662, "p999": self.samples >= 6636},
             "spikes": self.spikes, "attributed": self.attributed,
             "not_attributed": self.not_attributed,
             "causes": {c: {"count": n, "share": round(n / self.attributed, 3),
