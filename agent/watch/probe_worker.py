@@ -117,7 +117,12 @@ def run(args: argparse.Namespace) -> int:
     import resource
     import threading
     tid = threading.get_native_id()
-    ss_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+    from collectors.host import Host
+    # this thread's own schedstat (the live kernel: the worker measures itself), kept open;
+    # ss_file must live as long as the loop (closing it would close ss_fd)
+    host = Host()
+    ss_file = host.open_hot(host.proc("thread-self", "schedstat"))
+    ss_fd = ss_file.fd
     getcpu = _sched_getcpu()
     print(json.dumps({"ready": True, "pid": os.getpid(), "tid": tid, "probe": desc,
                       "warmup": wu.to_dict()}), flush=True)
