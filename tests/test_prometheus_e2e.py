@@ -218,8 +218,10 @@ def _watch_registered() -> bool:
 
 
 class StallFault(threading.Thread):
-    """Tiny fault: SIGSTOP the probe worker for 15 ms every 150 ms. Open-loop timing charges
-    the stall to the samples due during it, so ~10 % of them land over 5 ms."""
+    """Tiny fault: SIGSTOP the probe worker for 20 ms every ~60 ms. watch times each call from
+    its actual start (service time), so only a stop that lands inside a call makes a sample
+    over 5 ms: with the probe at 1 kHz that is a few per second, several times the 0.05 %
+    budget (15 ms every 150 ms at 500 Hz was marginal and flaked)."""
 
     def __init__(self, watch_pid: int) -> None:
         super().__init__(daemon=True)
@@ -237,19 +239,19 @@ class StallFault(threading.Thread):
             for w in workers:
                 try:
                     w.suspend()
-                    time.sleep(0.015)
+                    time.sleep(0.020)
                     w.resume()
                     self.stalls += 1
                 except psutil.NoSuchProcess:
                     pass
-            self.stop.wait(0.15)
+            self.stop.wait(0.04)
 
 
 @pytest.mark.skipif(not _watch_registered(), reason="`hftagent watch` not registered yet")
 def test_prometheus_fires_on_hftagent_watch_with_a_fault(tmp_path):
     exporter_port = free_port()
     watch = subprocess.Popen(
-        [str(HFTAGENT), "watch", "--probe", "numpy", "--rate", "500", "--duration", "120",
+        [str(HFTAGENT), "watch", "--probe", "numpy", "--rate", "1000", "--duration", "120",
          "--listen", f"127.0.0.1:{exporter_port}", "--no-live",
          "--spike-log", str(tmp_path / "spikes.jsonl")],
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "watch.log", "wb"), cwd=tmp_path,
