@@ -12,6 +12,7 @@ from agent.commands.common import (
     JsonOpt,
     NoHistoryOpt,
     ProcfsOpt,
+    ProfileOpt,
     RootOpt,
     SysfsOpt,
     cli_errors,
@@ -31,8 +32,7 @@ def audit(
                                              "(e.g. 2-5,8). Default: isolated CPUs, else all.")] = None,
     pid: Annotated[int | None, typer.Option("--pid", help="Also check this inference process: "
                                             "affinity, memory nodes, TF thread settings.")] = None,
-    profile: Annotated[str, typer.Option("--profile", help="hft-cpu | hft-gpu | bench | "
-                                         "path to a profile .toml")] = "hft-cpu",
+    profile: ProfileOpt = "hft-cpu",
     fail_on: Annotated[str, typer.Option("--fail-on", help="fail | warn: lowest status that "
                                          "makes the exit status 2.")] = "fail",
     json_out: JsonOpt = False,

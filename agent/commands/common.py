@@ -21,6 +21,8 @@ ProcfsOpt = Annotated[str | None, typer.Option("--procfs", help="procfs mount po
 SysfsOpt = Annotated[str | None, typer.Option("--sysfs", help="sysfs mount point "
                                               "(default ROOT/sys).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+ProfileOpt = Annotated[str, typer.Option("--profile", help="hft-cpu | hft-gpu | bench | path to "
+                                         "a profile .toml")]
 DbOpt = Annotated[str | None, typer.Option("--db", help="History database (default "
                                            "$HFTAGENT_DB, else the user's state dir: "
                                            "~/.local/state/hftagent/history.sqlite).")]

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from agent.commands.common import JsonOpt, ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail, make_host
+from agent.commands.common import (
+    JsonOpt,
+    ProcfsOpt,
+    ProfileOpt,
+    RootOpt,
+    SysfsOpt,
+    cli_errors,
+    fail,
+    make_host,
+)
 
 HELP = ("Plan, apply, verify and roll back runtime host settings from a profile.\n\n"
         "apply journals every original value (atomically, before each write) in /run/hftagent; "
@@ -16,8 +25,6 @@ HELP = ("Plan, apply, verify and roll back runtime host settings from a profile.
         "arguments are never applied: they are printed as grubby/GRUB commands "
         "(pending-reboot).")
 
-ProfileOpt = Annotated[str, typer.Option("--profile", help="hft-cpu | hft-gpu | bench | path to "
-                                         "a profile .toml")]
 CpusOpt = Annotated[str | None, typer.Option("--cpus", help="Target (inference) CPUs, e.g. 2-5. "
                                              "IRQs are moved off them. Default: isolated CPUs.")]
 StateOpt = Annotated[str | None, typer.Option("--state-dir", help="Journal directory (default "
