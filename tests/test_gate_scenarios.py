@@ -35,5 +35,7 @@ def test_three_scenarios_run_record_and_gate(tmp_path):
         assert h.samples(runs["warm"].id).size == 1000
         conc = runs["concurrent16"]
         assert h.samples(conc.id).size == 16 * 63 and conc.summary["callers"] == 16
-        # 16 callers sharing one interpreter queue behind each other: slower than warm.
-        assert conc.p50_ns > runs["warm"].p50_ns
+        # 16 callers sharing one interpreter queue behind each other. The median can stay low
+        # (an unfair lock lets the releasing thread re-take it: a convoy), but by Little's law
+        # the mean latency is about the number of callers in flight times the service time.
+        assert h.samples(conc.id).mean() > 2 * h.samples(runs["warm"].id).mean()
