@@ -4,7 +4,10 @@ at --hz (default 100) with the default collector set, plus the latency client's 
     .venv/bin/python bench/collector_cost.py --seconds 20 --json out.json
 
 "hot" = back-to-back calls (caches warm); "at rate" = the sampler thread sleeping between
-rounds as in watch (cold caches, wake-up included): the figure the 2 % target is about.
+rounds as in watch (cold caches, wake-up included): the figure the 2 % target is about, for
+the collector set watch runs with a built-in probe (``at_rate``) and with an external process
+(``at_rate_external``: the probe threads' schedstat every round), next to ``at_rate_floor``:
+the same thread waking at --hz with no collector (the host's cost of a wake-up).
 """
 
 from __future__ import annotations
@@ -28,10 +31,29 @@ from collectors.pcie import PcieCollector  # noqa: E402
 from collectors.sched import SchedCollector  # noqa: E402
 
 
-def collectors(host: Host, pid: int, cpu: int) -> list:
-    return [CpuCollector(host, [cpu]), SchedCollector(host, [pid], [cpu]),
+def collectors(host: Host, pid: int, cpu: int, source: str = "builtin") -> list:
+    """The collector set `hftagent watch` samples, configured as watch configures it for a
+    built-in probe (sched at 20 Hz) or an external process (sched every round)."""
+    sched_period = 0.0 if source == "external" else 0.05
+    return [CpuCollector(host, [cpu]), SchedCollector(host, [pid], [cpu], period_s=sched_period),
             IrqCollector(host, [cpu]), SoftirqCollector(host, [cpu]), MemoryCollector(host),
             NumaCollector(host, [cpu]), PcieCollector(host)]
+
+
+def _at_rate(cands: list, args, hk: list[int]) -> dict:
+    cs = [c for c in cands if c.available().ok]
+    s = Sampler(cs, args.hz, hk)
+    s.start()
+    time.sleep(args.seconds)
+    s.stop()
+    st = s.stats
+    return {"hz": args.hz, "seconds": args.seconds, "rounds": st.rounds,
+            "sampler_cpu_share_of_one_cpu": round(st.cpu_ns / 1e9 / args.seconds, 4),
+            "cpu_us_per_round": round(st.cpu_ns / max(1, st.rounds) / 1e3, 1),
+            "per_collector_mean_us": {k: v.to_dict()["mean_us"] for k, v in
+                                      st.per_collector.items()},
+            "per_collector_us_per_round": {k: round(v.busy_ns / max(1, st.rounds) / 1e3, 1)
+                                           for k, v in st.per_collector.items()}}
 
 
 def main() -> int:
@@ -50,7 +72,10 @@ def main() -> int:
                                f"import os,time; os.sched_setaffinity(0,[{probe_cpu}])\n"
                                "while True:\n t=time.perf_counter()\n"
                                " while time.perf_counter()-t<0.0004: pass\n time.sleep(0.0016)"])
-    out: dict = {"hot_us_per_call": {}, "loadavg": open("/proc/loadavg").read().split()[:3]}
+    model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                  if ln.startswith("model name")), None)
+    out: dict = {"cpu_model": model, "hot_us_per_call": {},
+                 "loadavg": open("/proc/loadavg").read().split()[:3]}
     try:
         time.sleep(0.3)
         for c in collectors(host, target.pid, probe_cpu):
@@ -62,20 +87,12 @@ def main() -> int:
             out["hot_us_per_call"][c.name] = round(
                 min(timeit.repeat(c.sample, number=n, repeat=3)) / n * 1e6, 1)
             c.close()
-        cs = [c for c in collectors(host, target.pid, probe_cpu) if c.available().ok]
-        s = Sampler(cs, args.hz, hk)
-        s.start()
-        time.sleep(args.seconds)
-        s.stop()
-        st = s.stats
-        out["at_rate"] = {
-            "hz": args.hz, "seconds": args.seconds, "rounds": st.rounds,
-            "sampler_cpu_share_of_one_cpu": round(st.cpu_ns / 1e9 / args.seconds, 4),
-            "cpu_us_per_round": round(st.cpu_ns / max(1, st.rounds) / 1e3, 1),
-            "per_collector_mean_us": {k: v.to_dict()["mean_us"] for k, v in
-                                      st.per_collector.items()},
-            "per_collector_us_per_round": {k: round(v.busy_ns / max(1, st.rounds) / 1e3, 1)
-                                           for k, v in st.per_collector.items()}}
+        # The floor: the same thread waking at --hz with nothing to read (what one wake-up
+        # costs on this host), then the collector set as watch runs it for each source.
+        out["at_rate_floor"] = _at_rate([], args, hk)
+        out["at_rate"] = _at_rate(collectors(host, target.pid, probe_cpu, "builtin"), args, hk)
+        out["at_rate_external"] = _at_rate(
+            collectors(host, target.pid, probe_cpu, "external"), args, hk)
     finally:
         target.kill()
         target.wait()

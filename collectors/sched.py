@@ -95,8 +95,14 @@ class SchedCollector:
 
     def __init__(self, host: Host, pids: list[int], cpus: list[int], *,
                  scan_period_s: float = 2.0, min_scan_gap_s: float = 0.25,
-                 max_threads: int = 8, status_every: int = 5) -> None:
+                 max_threads: int = 8, status_every: int = 5,
+                 period_s: float = 0.0) -> None:
         self.host = host
+        # period_s 0: every sampler round (the default; an external source's records carry
+        # no run-queue delay of their own, so schedstat at the full rate is its only one).
+        # A source that measures its own per-call run-queue delay (the built-in probes) can
+        # use 0.05: the whole collector at 20 Hz, stat and status on every one of its rounds.
+        self.period_s = period_s
         self.pids = list(pids)
         self.cpus = frozenset(cpus)
         self.scan_period_s = scan_period_s
@@ -115,7 +121,7 @@ class SchedCollector:
         # last CPU) and status (context switches; the kernel formats ~50 lines) every
         # ``status_every`` rounds: cold, right after the sampler wakes, they cost ~14 and
         # ~16 µs per read on the dev VM, most of the collector's budget at 100 Hz.
-        self.status_every = max(1, status_every)
+        self.status_every = max(1, status_every) if not period_s else 1
         self._round = 0
 
     # -- configuration ---------------------------------------------------------------------

@@ -339,3 +339,25 @@ def test_sched_scan_sees_a_busy_thread_of_a_multithreaded_process():
     finally:
         p.kill()
         p.wait()
+
+
+def test_sched_rate_follows_the_source_evidence():
+    """A built-in probe measures its own run-queue delay per call: watch samples its
+    threads at 20 Hz, with stat and status on each of those rounds; an external process's
+    records carry none: every sampler round, stat/status every 5th."""
+    from agent.watch.sampler import Sampler
+    from agent.watch.session import WatchConfig, WatchSession
+    me = os.getpid()
+    slow = SchedCollector(Host(), [me], [0], period_s=0.05)
+    fast = SchedCollector(Host(), [me], [0])
+    assert (slow.period_s, slow.status_every) == (0.05, 1)
+    assert (fast.period_s, fast.status_every) == (0.0, 5)
+    s = Sampler([slow, fast], hz=100)
+    assert [e.period_ns for e in s.entries] == [50_000_000, 10_000_000]
+    for probe, period in (("numpy", 0.05), ("external", 0.0)):
+        w = WatchSession(WatchConfig(probe=probe, pid=me, probe_cpus=[0]))
+        w.host = Host()
+        w._collectors()
+        assert w.sched.period_s == period, probe
+        v = w.sched.sample()
+        assert f"sched.{me}.nivcsw" in v  # stat/status on the first round either way

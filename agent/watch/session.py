@@ -250,7 +250,12 @@ class WatchSession:
         from collectors.pcie import PcieCollector
         from collectors.sched import SchedCollector
         cpus = self.cfg.probe_cpus
-        self.sched = SchedCollector(self.host, [self.cfg.pid], cpus)
+        # The built-in probes time each call with its own run-queue delay, switches and
+        # faults (in-process evidence), so their threads' schedstat at 100 Hz would only
+        # repeat it: 20 Hz there (each cold /proc read after a wake-up costs 30-50 µs on a
+        # VM). An external process's records carry none: every round.
+        self.sched = SchedCollector(self.host, [self.cfg.pid], cpus,
+                                    period_s=0.0 if self.cfg.probe == "external" else 0.05)
         self.irq = IrqCollector(self.host, cpus)
         cands = [CpuCollector(self.host, cpus), self.sched, self.irq,
                  SoftirqCollector(self.host, cpus), MemoryCollector(self.host),
