@@ -39,6 +39,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     t_end = t_fault + args.duration
     stack = contextlib.ExitStack()
     check0: dict = {}
+    params: dict = {}
     t_check0 = 0.0
     started = False
     spikes_before = 0
@@ -56,8 +57,11 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
                 if fault == "cpu_hog":
                     stack.enter_context(kit.cpu_hog(probe_cpu, nice=args.hog_nice))
                 elif fault == "cpu_hog_rt":
-                    # The watch tests' hog: SCHED_FIFO, busy 1.5 ms of every 7.3 ms (jittered)
-                    stack.enter_context(kit.cpu_hog(probe_cpu, burst_ms=(1.5, 7.3), rt_prio=1))
+                    # The watch tests' hog: SCHED_FIFO, busy 3 × the probe's P50 so far
+                    # (at least 1.5 ms) of every ~4.9 × that (jittered)
+                    burst = kit.rt_burst_for((s.summary()["p50_us"] or 500.0) / 1e3)
+                    params["rt_burst_ms"] = burst
+                    stack.enter_context(kit.cpu_hog(probe_cpu, burst_ms=burst, rt_prio=1))
                 elif fault == "softirq_flood":
                     stack.enter_context(kit.softirq_flood(probe_cpu, hk_cpu))
                 elif fault == "memory_pressure":
@@ -97,7 +101,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
             "delay_ms_max": delays[-1] if delays else None,
             "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
             "source_error": summ["source_error"], "rc": rc,
-            "fault_check": check}
+            "fault_check": check, "fault_params": params}
 
 
 def fault_check(pid: int) -> dict:

@@ -34,15 +34,18 @@ needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
 
 def _preempting_hog(probe_cpu: int):
     """The CPU-contention fault both hog tests use: a periodic hog on the probe CPU, busy
-    1.5 ms of every 7.3 ms (not a multiple of the probe's 2 ms period, so the two never lock
-    in phase). SCHED_FIFO where permitted: every burst that starts while the probe is
-    mid-call preempts it at once — 35-190 spikes in 8 s here, against 0-7 for an
-    always-busy nice 0 or -5 hog, which EEVDF lets the mostly-sleeping probe preempt almost
-    every time. Without RT permission: the same bursts at nice -10 (fewer spikes)."""
-    from bench.faults.kit import cpu_hog, rt_permitted
+    3 × the numpy probe's P50 on this host (at least 1.5 ms) of every ~4.9 × that, jittered
+    (never a multiple of the probe's 2 ms period, so the two never lock in phase). SCHED_FIFO
+    where permitted: every burst that starts while the probe is mid-call preempts it at once
+    and delays it by the whole burst — a spike however fast or slow the host is (the probe's
+    P50 was 0.38 ms on one dev VM host and 1.5 ms on another, where a fixed 1.5 ms burst
+    gave 3 spikes in 20 s). An always-busy nice 0 hog depends on EEVDF (0-7 spikes in 8 s
+    where the probe mostly sleeps). Without RT permission: the same bursts at nice -10."""
+    from bench.faults.kit import cpu_hog, numpy_probe_p50_ms, rt_burst_for, rt_permitted
+    burst = rt_burst_for(numpy_probe_p50_ms(probe_cpu))
     if rt_permitted():
-        return cpu_hog(probe_cpu, burst_ms=(1.5, 7.3), rt_prio=1), 15
-    return cpu_hog(probe_cpu, nice=-10, burst_ms=(1.5, 7.3)), 5
+        return cpu_hog(probe_cpu, burst_ms=burst, rt_prio=1), 15
+    return cpu_hog(probe_cpu, nice=-10, burst_ms=burst), 5
 
 
 def _check_contention(recs: list[dict], pids: list[int], min_spikes: int, summary: dict) -> None:

@@ -38,7 +38,11 @@ memory_pressure     the probe's own pages are reclaimed: ``hz`` times   page_fau
                     maps the same numpy) are reclaimed, and their
                     re-faults from the host's cache are too cheap to
                     make spikes (measured: 0 of 2).
-oversubscription    more busy threads than CPUs (2 × online, unpinned)  cpu_contention
+oversubscription    more busy threads than CPUs (2 × online, allowed    cpu_contention
+                    on every online CPU: a child would otherwise
+                    inherit the caller's affinity — watch pins itself
+                    to the housekeeping CPUs — and never reach the
+                    probe's)
 migration           the probe thread's affinity is flipped between two  migration
                     CPUs at ``hz`` (sched_setaffinity on its tids)
 ==================  ==================================================  =================
@@ -92,6 +96,35 @@ def _spawn_hog(cpus: str | None, nice: int = 0, burst: tuple[float, float] | Non
     return subprocess.Popen([sys.executable, "-c", _HOG, cpus or "", str(nice)])
 
 
+def rt_burst_for(p50_ms: float) -> tuple[float, float]:
+    """(busy, period) ms of the periodic RT hog for a probe whose calls take ``p50_ms``.
+
+    A SCHED_FIFO burst that starts mid-call delays the call by the whole burst, so the call
+    is a spike (> 3 × P50) only when the burst exceeds 2 × P50: 3 × P50 (at least 1.5 ms)
+    makes every overlapping burst one, whatever the host's speed (the numpy probe's P50 is
+    0.38 ms on one dev VM host and 1.5 ms on another). The period keeps the hog at ~20 % of
+    the CPU and is not a multiple of the probe's 2 ms period."""
+    b = max(1.5, 3.0 * float(p50_ms))
+    return round(b, 3), round(b * 4.87, 3)
+
+
+def numpy_probe_p50_ms(cpu: int, calls: int = 300) -> float:
+    """Median ms of the watch numpy probe's call on ``cpu`` (a child pinned there), paced at
+    500 Hz as watch paces it (back-to-back calls run up to 1.6× faster: warm caches)."""
+    code = ("import os,sys,time\nos.sched_setaffinity(0,[int(sys.argv[1])])\n"
+            "from agent.watch.probe_worker import build_numpy_probe\n"
+            "fn,_=build_numpy_probe()\nfor _ in range(50): fn()\nt=[]\n"
+            "n=time.perf_counter_ns()\nfor _ in range(int(sys.argv[2])):\n"
+            " n+=2_000_000\n while time.perf_counter_ns()<n-300_000: time.sleep(0.0002)\n"
+            " a=time.perf_counter_ns(); fn(); t.append(time.perf_counter_ns()-a)\n"
+            "t.sort(); print(t[len(t)//2]/1e6)")
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", code, str(cpu), str(calls)], cwd=root,
+                         capture_output=True, text=True, check=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=root))
+    return float(out.stdout.split()[-1])
+
+
 def rt_permitted() -> bool:
     """Whether this process may start SCHED_FIFO helpers (root, or an RLIMIT_RTPRIO)."""
     import resource
@@ -128,7 +161,8 @@ def cpu_hog(cpu: int, nice: int = 0, count: int = 1,
 def oversubscription(threads: int | None = None, nice: int = 0) -> Iterator[list[int]]:
     """``threads`` (default 2 × CPUs) unpinned busy processes."""
     n = threads or 2 * (os.cpu_count() or 1)
-    procs = [_spawn_hog(None, nice) for _ in range(n)]
+    every = ",".join(str(c) for c in range(os.cpu_count() or 1))
+    procs = [_spawn_hog(every, nice) for _ in range(n)]
     try:
         yield [p.pid for p in procs]
     finally:
