@@ -348,3 +348,53 @@ def test_sleeping_on_its_own_page_faults_is_page_faults_not_the_disk_irq(rng):
     c = Attributor(rings, [1], irq_desc=lambda: desc).attribute(
         spike(nvcsw=2, minflt=12), pool)
     assert c.cause != "page_faults"
+
+
+def test_col_median_matches_nanmedian_with_nans_and_empty_columns():
+    from agent.watch.attribution import col_median
+    rng = np.random.default_rng(3)
+    for rows in (1, 2, 7, 600, 1001):
+        a = rng.normal(size=(rows, 9))
+        a[rng.random(a.shape) < 0.3] = np.nan
+        a[:, 4] = np.nan  # a column that never had a value
+        med, n = col_median(a)
+        assert list(n) == [int((~np.isnan(a[:, j])).sum()) for j in range(9)]
+        with np.errstate(all="ignore"):
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ref = np.nanmedian(a, axis=0)
+        assert np.allclose(med, ref, equal_nan=True), rows
+
+
+def test_storm_spikes_share_baseline_stats_and_match_per_signal_figures():
+    """Spikes whose baselines end in the same quantum reuse one BaselineStats per ring; the
+    figures equal a per-signal median/MAD over the same baseline rows."""
+    from agent.watch.attribution import BaselineStats, RingView
+    from agent.watch.ring import DeltaTracker, SignalRing
+    ring = SignalRing("irq", 4000)
+    dt = DeltaTracker(lambda n: True)
+    rng = np.random.default_rng(5)
+    t, tot = 0, {"a": 0.0, "b": 0.0}
+    for k in range(1500):
+        tot["a"] += float(rng.poisson(3))
+        tot["b"] += float(rng.poisson(50)) if k % 7 else 0.0
+        ring.append_raw(t, t + 10_000_000, dict(tot), dt)
+        t += 10_000_000
+    cache: dict = {}
+    end = t - 50_000_000
+    v1 = RingView(ring, end - 2_000_000, end, 10.0, 0.1, b_to=end - 500_000_000,
+                  stats_cache=cache)
+    w1 = v1.counter("b")
+    v2 = RingView(ring, end - 1_000_000, end, 10.0, 0.1, b_to=end - 500_000_000,
+                  stats_cache=cache)
+    v2.counter("a")
+    assert v2.stats is v1.stats  # shared, not recomputed
+    i = ring.cols["b"]
+    rates = ring.data[v1.base, i] / v1.base_dt
+    rates = rates[~np.isnan(rates)]
+    med = float(np.median(rates))
+    assert w1.base_rate == pytest.approx(med)
+    assert w1.mad == pytest.approx(float(np.median(np.abs(rates - med))))
+    few = BaselineStats(ring, v1.base[:3], v1.base_dt[:3])
+    assert not few.med.any() and not few.mad.any()

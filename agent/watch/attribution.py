@@ -172,44 +172,118 @@ def _r(x: float) -> float | None:
     return round(float(x), 3)
 
 
-class RingView:
-    """Window/baseline statistics over one SignalRing for one spike (computed once per ring:
-    all columns at a time)."""
+def col_median(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column median of a 2-D float array ignoring NaN, and each column's non-NaN count
+    (median NaN where the count is 0). One sort for all columns: NaN sorts last, so the
+    median of column j sits at rows (n_j - 1) // 2 and n_j // 2 — np.nanmedian(axis=0) falls
+    back to a Python loop per column when NaNs are present."""
+    if a.ndim != 2 or not a.shape[0] or not a.shape[1]:
+        return np.full(a.shape[1] if a.ndim == 2 else 0, np.nan), \
+            np.zeros(a.shape[1] if a.ndim == 2 else 0, dtype=np.int64)
+    srt = np.sort(a, axis=0)
+    n = (~np.isnan(a)).sum(axis=0)
+    lo = np.clip((n - 1) // 2, 0, a.shape[0] - 1)[None, :]
+    hi = np.clip(n // 2, 0, a.shape[0] - 1)[None, :]
+    med = (np.take_along_axis(srt, lo, 0)[0] + np.take_along_axis(srt, hi, 0)[0]) / 2.0
+    med[n == 0] = np.nan
+    return med, n
 
-    def __init__(self, ring: SignalRing, t_from: int, t_to: int, baseline_s: float,
-                 exclude_s: float) -> None:
-        self.ring = ring
-        self.win = ring.window(t_from, t_to)
-        b_to = t_from - int(exclude_s * 1e9)
-        b_from = t_from - int(baseline_s * 1e9)
-        self.base = ring.window(b_from, b_to)
-        self.base = self.base[ring.t1[self.base] <= b_to] if len(self.base) else self.base
-        dt_w = (ring.t1[self.win] - ring.t0[self.win]) / 1e9
-        self.win_dt = float(dt_w.sum()) if len(dt_w) else 0.0
+
+class BaselineStats:
+    """Median and MAD of every column of one ring's baseline rows, as rates per second,
+    computed at once (columns with fewer than 5 non-NaN rows: 0, 0 — "nothing happening")."""
+
+    __slots__ = ("med", "mad")
+
+    def __init__(self, ring: SignalRing, base: np.ndarray, base_dt: np.ndarray) -> None:
+        width = len(ring.cols)
+        if len(base) < 5 or not width:
+            self.med = np.zeros(width)
+            self.mad = np.zeros(width)
+            return
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rates = ring.data[base, :width] / base_dt[:, None]
+        med, n = col_median(rates)
+        mad, _ = col_median(np.abs(rates - med[None, :]))
+        few = n < 5
+        self.med = np.where(few, 0.0, med)
+        self.mad = np.where(few, 0.0, mad)
+
+
+class _Baseline:
+    """One ring's baseline rows for one baseline end (shared by the spikes of a quantum)."""
+
+    __slots__ = ("base", "base_dt", "row_s", "_stats", "_ring")
+
+    def __init__(self, ring: SignalRing, b_from: int, b_to: int) -> None:
+        base = ring.window(b_from, b_to)
+        self.base = base[ring.t1[base] <= b_to] if len(base) else base
         dt_b = (ring.t1[self.base] - ring.t0[self.base]) / 1e9
         self.base_dt = np.where(dt_b > 0, dt_b, np.nan)
-        self.row_s = float(np.nanmedian(self.base_dt)) if len(self.base) and \
-            not np.isnan(self.base_dt).all() else (self.win_dt / max(1, len(self.win)) or 0.01)
+        ok = self.base_dt[~np.isnan(self.base_dt)]
+        self.row_s = float(np.median(ok)) if len(ok) else None
+        self._ring = ring
+        self._stats: BaselineStats | None = None
+
+    @property
+    def stats(self) -> BaselineStats:
+        if self._stats is None:
+            self._stats = BaselineStats(self._ring, self.base, self.base_dt)
+        return self._stats
+
+
+class RingView:
+    """Window/baseline statistics over one SignalRing for one spike, computed once per ring
+    for all columns at a time. ``stats_cache`` (optional): a dict the :class:`Attributor`
+    keeps across spikes, so the spikes whose baselines end at the same ``b_to`` (a quantum
+    boundary) share one baseline selection and one median/MAD computation — a spike storm
+    costs one window sum per ring per spike, not two medians per signal per spike."""
+
+    def __init__(self, ring: SignalRing, t_from: int, t_to: int, baseline_s: float,
+                 exclude_s: float, b_to: int | None = None,
+                 stats_cache: dict | None = None) -> None:
+        self.ring = ring
+        self.win = ring.window(t_from, t_to)
+        if b_to is None:
+            b_to = t_from - int(exclude_s * 1e9)
+        key = (b_to, int(baseline_s * 1e9), len(ring.cols))
+        hit = stats_cache.get(ring.name) if stats_cache is not None else None
+        if hit is not None and hit[0] == key:
+            bl = hit[1]
+        else:
+            bl = _Baseline(ring, b_to - int(baseline_s * 1e9), b_to)
+            if stats_cache is not None:
+                stats_cache[ring.name] = (key, bl)
+        self._bl = bl
+        self.base, self.base_dt = bl.base, bl.base_dt
+        dt_w = (ring.t1[self.win] - ring.t0[self.win]) / 1e9
+        self.win_dt = float(dt_w.sum()) if len(dt_w) else 0.0
+        self.row_s = bl.row_s if bl.row_s is not None else \
+            (self.win_dt / max(1, len(self.win)) or 0.01)
+        self._wsum: np.ndarray | None = None
+        self._wseen: np.ndarray | None = None
+
+    @property
+    def stats(self) -> BaselineStats:
+        return self._bl.stats
+
+    def _window_sums(self) -> None:
+        w = self.ring.data[self.win, :len(self.ring.cols)]
+        self._wseen = (~np.isnan(w)).any(axis=0)
+        self._wsum = np.where(np.isnan(w), 0.0, w).sum(axis=0)
 
     def counter(self, name: str) -> SignalWindow | None:
         i = self.ring.cols.get(name)
         if i is None or not len(self.win):
             return None
-        w = self.ring.data[self.win, i]
-        if np.isnan(w).all():
+        if self._wsum is None:
+            self._window_sums()
+        if not self._wseen[i]:
             return None
-        total = float(np.nansum(w))
+        total = float(self._wsum[i])
         rate = total / self.win_dt if self.win_dt > 0 else float("nan")
-        if len(self.base) >= 5:
-            b = self.ring.data[self.base, i] / self.base_dt
-            b = b[~np.isnan(b)]
-        else:
-            b = np.empty(0)
-        if len(b) >= 5:
-            med = float(np.median(b))
-            mad = float(np.median(np.abs(b - med)))
-        else:
-            med, mad = 0.0, 0.0  # no baseline yet: compare with nothing happening
+        st = self.stats
+        med, mad = float(st.med[i]), float(st.mad[i])
         floor = 1.0 / max(self.row_s, 1e-3)  # one event per row
         scale = max(1.4826 * mad, 0.1 * abs(med), floor)
         z = (rate - med) / scale if rate == rate else float("nan")
@@ -246,7 +320,7 @@ class Attributor:
     def __init__(self, rings: Mapping[str, SignalRing] | Callable[[], Mapping[str, SignalRing]],
                  probe_cpus: list[int], *, who_ran=None, irq_desc=None, gpu_detail=None,
                  baseline_s: float = 10.0, exclude_s: float = 0.1,
-                 slack_ns: int = 1_000_000) -> None:
+                 slack_ns: int = 1_000_000, baseline_quantum_s: float = 0.25) -> None:
         # gpu_detail(t0_ns, t1_ns) (optional): the GPU collector's named causes for a window
         # (GpuCollector.causes): who the foreign process is, which throttle reason
         self.gpu_detail = gpu_detail
@@ -257,6 +331,20 @@ class Attributor:
         self.baseline_s = baseline_s
         self.exclude_s = exclude_s
         self.slack_ns = slack_ns
+        self.baseline_quantum_ns = int(baseline_quantum_s * 1e9)
+        self._stats_cache: dict = {}
+
+    def _recent_stat(self, recent: np.ndarray | None, col: int) -> tuple[float, float]:
+        """_median_mad of the in-process baseline, once per ``recent`` array (watch passes
+        the same array for every spike it attributes in one step)."""
+        memo = self._recent_memo
+        if memo is None or memo[0] is not recent:
+            memo = self._recent_memo = (recent, {})
+        if col not in memo[1]:
+            memo[1][col] = _median_mad(recent, col)
+        return memo[1][col]
+
+    _recent_memo: tuple | None = None
 
     def rings(self) -> Mapping[str, SignalRing]:
         return self._rings() if callable(self._rings) else self._rings
@@ -266,7 +354,15 @@ class Attributor:
         (minflt, majflt, nivcsw[, nvcsw]) for the fault and blocking baselines (None: no
         baseline)."""
         t_from, t_to = spike.start_ns - self.slack_ns, spike.end_ns + self.slack_ns
-        views = {name: RingView(r, t_from, t_to, self.baseline_s, self.exclude_s)
+        # The baseline ends at least exclude_s before the window, on a quantum boundary:
+        # spikes of one storm share their baselines' statistics (computed once per ring per
+        # quantum, all columns at a time) instead of one median per signal per spike.
+        q = self.baseline_quantum_ns
+        b_to = t_from - int(self.exclude_s * 1e9)
+        if q > 0:
+            b_to -= b_to % q
+        views = {name: RingView(r, t_from, t_to, self.baseline_s, self.exclude_s, b_to,
+                                self._stats_cache)
                  for name, r in self.rings().items() if r.rows}
         cpus = set(self.probe_cpus)
         if spike.cpu_start >= 0:
@@ -575,13 +671,13 @@ class Attributor:
             ev["majflt"] = sp.majflt
             details.append(f"{sp.majflt} major fault(s) in the call")
         if sp.minflt >= 0:
-            med, mad = _median_mad(recent, 0)
+            med, mad = self._recent_stat(recent, 0)
             excess = sp.minflt - med
             # Slept in the call (voluntary switches over the probe's own usual count) while
             # faulting: the thread waited for its pages (swap-in, file read-in). Swap-in
             # readahead makes most of those faults minor (swap-cache hits), so minor faults
             # count here too.
-            nv_med, _ = _median_mad(recent, 3)
+            nv_med, _ = self._recent_stat(recent, 3)
             if sp.nvcsw > nv_med and sp.nvcsw > 0 and (
                     sp.majflt > 0 or excess >= max(4.0, 5 * 1.4826 * mad)):
                 s = max(s, 0.9)
