@@ -119,6 +119,11 @@ class PerfCollector:
         with self._lock:
             return dict(self._totals)
 
+    def totals(self) -> dict[str, float]:
+        """The cumulative counts so far (also after :meth:`close`; never starts perf)."""
+        with self._lock:
+            return dict(self._totals)
+
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()

@@ -121,6 +121,12 @@ def watch(
     if live if live is not None else (sys.stdout.isatty() and not json_out):
         from agent.watch.view import LiveView
         view = LiveView()
+        if not view.console.is_terminal:
+            # rich would print one stale frame at the end, glued to the summary (and before
+            # the JSON with --json): no live view without a terminal.
+            print("hftagent: --live needs a terminal on stdout; no live view, the summary "
+                  "only", file=sys.stderr)
+            view = None
     session = WatchSession(cfg, host, metrics=metrics, view=view)
 
     def _on_signal(signum, _frame) -> None:
@@ -140,6 +146,7 @@ def watch(
         for s, h in old.items():
             signal.signal(s, h)
     summary = session.summary()
+    _collector_signals(session, summary)
     if json_out:
         print(json.dumps(summary, indent=1))
     else:
@@ -152,6 +159,24 @@ def watch(
               + (f" at {spike_log}" if spike_log else ""), file=sys.stderr)
     if rc:
         raise typer.Exit(rc)
+
+
+def _collector_signals(session, summary: dict) -> None:
+    """Add to each working collector's summary entry the signals it found unsupported
+    (``unsupported_signals``: perf's hardware events in a VM without a PMU, cpufreq ...),
+    and to perf's its counts over the run (``totals``)."""
+    smp = session.sampler
+    if smp is None:
+        return
+    for name, entry in summary["collectors"].items():
+        c = smp.collector(name)
+        if c is None:
+            continue
+        unsupported = getattr(c, "unsupported", None)
+        if unsupported:
+            entry["unsupported_signals"] = dict(sorted(unsupported.items()))
+        if name == "perf" and hasattr(c, "totals"):
+            entry["totals"] = c.totals()
 
 
 def _set_audit(wm, host, profile: str, probe_cpus: list[int]) -> None:
@@ -185,6 +210,12 @@ def _print_summary(s: dict, spike_log: str | None) -> None:
     if bad:
         print("unsupported collectors: " + "; ".join(f"{n} ({c['reason']})"
                                                      for n, c in bad.items()))
+    perf = s["collectors"].get("perf", {})
+    if perf.get("state") == "ok":
+        counts = ", ".join(f"{v:.0f} {_event(k)}" for k, v in perf.get("totals", {}).items())
+        hw = ", ".join(_event(k) for k in perf.get("unsupported_signals", {}))
+        print(f"perf (pid {s['pid']}): {counts or 'nothing counted'}"
+              + (f"; not supported here: {hw}" if hw else ""))
     smp = s["sampler"]
     if smp:
         print(f"sampler on CPU {smp['pinned_to']}: {smp['rounds']} rounds, "
@@ -197,3 +228,8 @@ def _print_summary(s: dict, spike_log: str | None) -> None:
               f"{s['flight_records'][0].rsplit('/', 1)[0]}")
     if spike_log:
         print(f"spike log: {spike_log}")
+
+
+def _event(signal_name: str) -> str:
+    """``perf.123.context_switches_total`` → ``context-switches`` (perf's event name)."""
+    return signal_name.split(".")[-1].removesuffix("_total").replace("_", "-")
