@@ -51,6 +51,10 @@ F = {name: i for i, name in enumerate(FIELDS)}
 EXIT_SOURCE_DIED = 3
 
 
+ATTR_STEP_BUDGET = 0.6  # share of loop_s one step may spend attributing spikes
+BACKLOG_DROP_S = 2.0  # a spike waiting longer than this for attribution is logged unattributed
+
+
 class StopRequested(Exception):
     """A stop (SIGTERM/SIGINT) arrived while the session was still starting."""
 
@@ -362,7 +366,20 @@ class WatchSession:
         latest = self.sampler.covered_ns()
         keep = []
         recent = self.lat.last(500)[:, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"]]]
-        for sp, t_det in self.pending:
+        # One step attributes for at most ATTR_STEP_BUDGET of the loop period, so a spike
+        # storm cannot stretch the loop (the run's --duration, the live view, the metrics);
+        # what is left waits for the next step, and a spike still waiting after
+        # BACKLOG_DROP_S is logged "not attributed" rather than years late.
+        step_end = time.monotonic_ns() + int(self.cfg.loop_s * ATTR_STEP_BUDGET * 1e9)
+        pending = self.pending
+        for n, (sp, t_det) in enumerate(pending):
+            if time.monotonic_ns() > step_end:
+                rest = pending[n:]
+                old = [x for x in rest if now - x[1] > BACKLOG_DROP_S * 1e9]
+                for osp, _ in old:
+                    self._not_attributed(osp, "attribution backlog (spike storm)")
+                keep.extend(x for x in rest if now - x[1] <= BACKLOG_DROP_S * 1e9)
+                break
             waited = now - t_det
             rows_ready = latest >= sp.end_ns + self.attributor.slack_ns
             scan_ready = self.sched.latest_scan_ns() >= sp.end_ns
@@ -373,10 +390,7 @@ class WatchSession:
             if t - self._attr_budget_t >= 1.0:
                 self._attr_budget_t, self._attr_budget = t, self.cfg.max_attributions_per_s
             if self._attr_budget < 1:
-                self.not_attributed += 1
-                self._write({"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
-                             "latency_us": round(sp.latency_ns / 1e3, 1),
-                             "cause": None, "note": "not attributed: attribution rate limit"})
+                self._not_attributed(sp, "attribution rate limit")
                 continue
             self._attr_budget -= 1
             with self.sampler.lock:
@@ -400,6 +414,12 @@ class WatchSession:
             if self.cfg.flight_us and sp.latency_ns >= self.cfg.flight_us * 1e3:
                 self.flight_pending.append((sp, rec))
         self.pending = keep
+
+    def _not_attributed(self, sp: Spike, why: str) -> None:
+        self.not_attributed += 1
+        self._write({"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
+                     "latency_us": round(sp.latency_ns / 1e3, 1),
+                     "cause": None, "note": f"not attributed: {why}"})
 
     def _flight_ready(self) -> None:
         if not self.flight_pending:
@@ -508,6 +528,9 @@ class WatchSession:
                 while self.pending and time.monotonic() < deadline:
                     time.sleep(0.05)
                     self._attribute_ready(time.monotonic_ns())
+                for sp, _ in self.pending:
+                    self._not_attributed(sp, "the run ended first")
+                self.pending = []
                 self._flight_ready()
             except Exception as exc:  # noqa: BLE001 - stopping must finish
                 self.warnings.append(f"final drain failed: {exc}")
@@ -675,7 +698,15 @@ def _us(ns: float | None) -> float | None:
 
 
 def _short(detail: str) -> str:
-    return detail.split(";")[-1].strip() if "ran on CPU" in detail else detail.split(":")[0]
+    """The example of a cause for the summary: who ran on the CPU, else the detail's head.
+    A detail wrapped by a re-labelled cause ("softirq work in ksoftirqd/1 preempted the probe
+    (…; X ran on CPU 1)") loses the wrapper's closing parenthesis with its head."""
+    if "ran on CPU" not in detail:
+        return detail.split(":")[0]
+    tail = detail.split(";")[-1].strip()
+    while tail.endswith(")") and tail.count(")") > tail.count("("):
+        tail = tail[:-1]
+    return tail
 
 
 def _gpu_collectors(host: Host, own_pids: list[int]) -> list:
