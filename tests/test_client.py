@@ -96,3 +96,37 @@ def test_cost_per_record_is_about_a_microsecond(tmp_path):
         client._default = None
     # ≤ 1 µs on this VM (docs/benchmarks.md); 3 µs here leaves room for a loaded CI box.
     assert best < 3e-6
+
+
+def test_timed_nests_and_names_each_thread(tmp_path, monkeypatch):
+    """timed() reuses one context object per thread: nested blocks keep their own start
+    times, and each thread's records carry its own kernel thread id."""
+    import time
+
+    from agent import client
+    w = LatencyRing(tmp_path / "r", capacity=256)
+    monkeypatch.setattr(client, "_default", w)
+    r = RingReader(tmp_path / "r")
+    with client.timed():
+        time.sleep(0.02)
+        with client.timed():
+            pass
+    got = r.read()
+    lat = got[:, F["end_ns"]] - got[:, F["start_ns"]]
+    assert lat[0] < 5_000_000 and lat[1] >= 20_000_000  # inner first, outer spans the sleep
+    tids = {}
+
+    def work(i):
+        for _ in range(50):
+            with client.timed():
+                pass
+        tids[i] = threading.get_native_id()
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    got = r.read()
+    assert len(got) == 150
+    assert set(got[:, F["tid"]].tolist()) == set(tids.values())
+    assert (got[:, F["end_ns"]] >= got[:, F["start_ns"]]).all()
