@@ -38,6 +38,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     t_fault = time.monotonic() + args.settle
     t_end = t_fault + args.duration
     stack = contextlib.ExitStack()
+    fault_error = None
     check0: dict = {}
     params: dict = {}
     t_check0 = 0.0
@@ -54,29 +55,46 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
                 spikes_before = len(records)
                 started = True
                 check0, t_check0 = fault_check(pid), time.monotonic()
-                if fault == "cpu_hog":
-                    stack.enter_context(kit.cpu_hog(probe_cpu, nice=args.hog_nice))
-                elif fault == "cpu_hog_rt":
-                    # The watch tests' hog: SCHED_FIFO, busy 3 × the probe's P50 so far
-                    # (at least 1.5 ms) of every ~4.9 × that (jittered)
-                    burst = kit.rt_burst_for((s.summary()["p50_us"] or 500.0) / 1e3)
-                    params["rt_burst_ms"] = burst
-                    stack.enter_context(kit.cpu_hog(probe_cpu, burst_ms=burst, rt_prio=1))
-                elif fault == "softirq_flood":
-                    stack.enter_context(kit.softirq_flood(probe_cpu, hk_cpu))
-                elif fault == "memory_pressure":
-                    stack.enter_context(kit.memory_pressure(pid))
-                elif fault == "oversubscription":
-                    stack.enter_context(kit.oversubscription(nice=args.hog_nice))
-                elif fault == "migration":
-                    stack.enter_context(kit.migration(pid, (probe_cpu, hk_cpu),
-                                                      hz=args.migration_hz))
+                try:
+                    _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params)
+                except (RuntimeError, OSError) as exc:
+                    fault_error = f"{type(exc).__name__}: {exc}"
+                    break
             time.sleep(0.05)
         check = _check_delta(check0, fault_check(pid), time.monotonic() - t_check0, probe_cpu) \
             if started else {}
     finally:
         stack.close()
         s.stop()
+    return _result(fault, args, s, records, spikes_before, check, params, fault_error, rc)
+
+
+def _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params) -> None:
+    """Enter the fault's context (kit raises when a helper dies at once)."""
+    if fault == "cpu_hog":
+        stack.enter_context(kit.cpu_hog(probe_cpu, nice=args.hog_nice))
+    elif fault == "cpu_hog_rt":
+        # The watch tests' hog: SCHED_FIFO, busy 3 × the probe's P50 so far
+        # (at least 1.5 ms) of every ~4.9 × that (jittered)
+        burst = kit.rt_burst_for((s.summary()["p50_us"] or 500.0) / 1e3)
+        params["rt_burst_ms"] = burst
+        # SCHED_FIFO where a child may use it, else the same bursts at nice -10
+        params["policy"] = "SCHED_FIFO 1" if kit.rt_permitted() else "nice -10"
+        stack.enter_context(kit.cpu_hog(
+            probe_cpu, burst_ms=burst, rt_prio=1 if kit.rt_permitted() else 0,
+            nice=0 if kit.rt_permitted() else -10))
+    elif fault == "softirq_flood":
+        stack.enter_context(kit.softirq_flood(probe_cpu, hk_cpu))
+    elif fault == "memory_pressure":
+        stack.enter_context(kit.memory_pressure(pid))
+    elif fault == "oversubscription":
+        stack.enter_context(kit.oversubscription(nice=args.hog_nice))
+    elif fault == "migration":
+        stack.enter_context(kit.migration(pid, (probe_cpu, hk_cpu),
+                                          hz=args.migration_hz))
+
+
+def _result(fault, args, s, records, spikes_before, check, params, fault_error, rc) -> dict:
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
         with open(os.path.join(args.log_dir, f"{fault or 'none'}.jsonl"), "w") as fh:
@@ -101,7 +119,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
             "delay_ms_max": delays[-1] if delays else None,
             "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
             "source_error": summ["source_error"], "rc": rc,
-            "fault_check": check, "fault_params": params}
+            "fault_check": check, "fault_params": params, "fault_error": fault_error}
 
 
 def fault_check(pid: int) -> dict:
@@ -161,6 +179,9 @@ def main() -> int:
         us = f"{100 * r['unexplained'] / r['spikes']:.0f}%" if r["spikes"] else "-"
         print(f"{r['fault']:<18}{r['spikes']:>7}{rs:>8}{ws:>8}{us:>8}  {r['p50_us']:>8}"
               f"{r['p99_us']:>9}  {r['delay_ms_p50']}/{r['delay_ms_max']}")
+    for r in out:
+        if r.get("fault_error"):
+            print(f"{r['fault']}: the fault did not run: {r['fault_error']}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": out,

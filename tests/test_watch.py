@@ -405,3 +405,25 @@ def test_summary_example_of_a_relabelled_softirq_has_balanced_parentheses():
     assert _short(d) == "ksoftirqd/1 (pid 22) ran on CPU 1"
     assert _short("hog (pid 5) ran on CPU 1") == "hog (pid 5) ran on CPU 1"
     assert _short("NET_RX: 40 % of CPU 1") == "NET_RX"
+
+
+def test_spikes_over_the_rate_limit_inherit_a_close_cause_or_say_why_not():
+    """Over max_attributions_per_s, a spike within 50 ms of the last attributed one takes
+    its cause (inherited_from, own in-process evidence); a later one is "not attributed"."""
+    from agent.watch.attribution import Spike
+    s, recs, attr = _storm_session(3, 0.0)
+    s.cfg.max_attributions_per_s = 1
+    s._attr_budget = 1
+    now = time.monotonic_ns()
+    far = Spike(99, now - 400_000_000, now - 398_000_000, 1, 1, 500_000)
+    s.pending.append((far, now))
+    s._attribute_ready(now)
+    assert attr.calls == 1 and not s.pending
+    inherited = [r for r in recs if r.get("inherited_from") is not None]
+    assert len(inherited) == 2 and all(r["cause"] == "cpu_contention" for r in inherited)
+    assert inherited[0]["inherited_from"] == 0 and "in_process" in inherited[0]
+    assert s.inherited == 2 and s.attributed == 3 and s.cause_counts["cpu_contention"] == 3
+    dropped = [r for r in recs if r.get("cause") is None]
+    assert [r["seq"] for r in dropped] == [99] and "rate limit" in dropped[0]["note"]
+    s.sampler = None  # the summary without a sampler (none ran)
+    assert s.summary()["inherited"] == 2

@@ -53,6 +53,8 @@ EXIT_SOURCE_DIED = 3
 
 ATTR_STEP_BUDGET = 0.6  # share of loop_s one step may spend attributing spikes
 BACKLOG_DROP_S = 2.0  # a spike waiting longer than this for attribution is logged unattributed
+INHERIT_NS = 50_000_000  # over the rate limit: a spike this close to the last attributed one
+                         # (five 100 Hz sampler rows) takes its cause
 
 
 class StopRequested(Exception):
@@ -390,7 +392,7 @@ class WatchSession:
             if t - self._attr_budget_t >= 1.0:
                 self._attr_budget_t, self._attr_budget = t, self.cfg.max_attributions_per_s
             if self._attr_budget < 1:
-                self._not_attributed(sp, "attribution rate limit")
+                self._inherit_or_drop(sp)
                 continue
             self._attr_budget -= 1
             with self.sampler.lock:
@@ -405,6 +407,7 @@ class WatchSession:
                    **a.to_dict(), "attributed_after_ms": round(delay_ms, 1)}
             self._write(rec)
             self.attributed += 1
+            self._last_attr = (sp, rec)
             self.cause_counts[a.cause] += 1
             if a.causes and a.cause != "unexplained":
                 self.cause_details.setdefault(a.cause, Counter())[_short(a.causes[0].detail)] += 1
@@ -414,6 +417,38 @@ class WatchSession:
             if self.cfg.flight_us and sp.latency_ns >= self.cfg.flight_us * 1e3:
                 self.flight_pending.append((sp, rec))
         self.pending = keep
+
+    def _inherit_or_drop(self, sp: Spike) -> None:
+        """Over the attribution rate limit (a spike storm): a spike within INHERIT_NS of the
+        last attributed one shares its sampler rows, so it takes that spike's cause, marked
+        ``inherited_from`` with its own in-process evidence; any other is logged not
+        attributed. The storm is attributed at the limit's rate, every spike still named."""
+        last = self._last_attr
+        # the gap between the two spikes' intervals (0 when they overlap), either order
+        gap = max(sp.start_ns - last[0].end_ns, last[0].start_ns - sp.end_ns, 0) \
+            if last is not None else None
+        if gap is None or gap > INHERIT_NS:
+            self._not_attributed(sp, "attribution rate limit")
+            return
+        lsp, lrec = last
+        delay_ms = (time.monotonic_ns() - sp.end_ns) / 1e6
+        rec = {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
+               "latency_us": round(sp.latency_ns / 1e3, 1),
+               "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid, "tid": sp.tid,
+               "cause": lrec["cause"], "inherited_from": lsp.seq,
+               "note": f"attribution rate limit: the cause of spike {lsp.seq}, "
+                       f"{gap / 1e6:.1f} ms apart",
+               "in_process": sp.in_process(), "attributed_after_ms": round(delay_ms, 1)}
+        self._write(rec)
+        self.inherited += 1
+        self.attributed += 1
+        self.attr_delays_ms.append(delay_ms)
+        self.cause_counts[lrec["cause"]] += 1
+        if self.metrics is not None:
+            self.metrics.spike(lrec["cause"])
+
+    _last_attr: tuple | None = None
+    inherited = 0
 
     def _not_attributed(self, sp: Spike, why: str) -> None:
         self.not_attributed += 1
@@ -607,7 +642,7 @@ class WatchSession:
             # enough samples to claim the percentile at 99 % confidence (as the probe's)
             "sufficient": {"p99": self.samples >= 662, "p999": self.samples >= 6636},
             "spikes": self.spikes, "attributed": self.attributed,
-            "not_attributed": self.not_attributed,
+            "not_attributed": self.not_attributed, "inherited": self.inherited,
             "causes": {c: {"count": n, "share": round(n / self.attributed, 3),
                            "label": CAUSES.get(c, c),
                            "top": [d for d, _ in self.cause_details.get(c, Counter())

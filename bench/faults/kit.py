@@ -125,10 +125,31 @@ def numpy_probe_p50_ms(cpu: int, calls: int = 300) -> float:
     return float(out.stdout.split()[-1])
 
 
+_RT_OK: bool | None = None
+
+
 def rt_permitted() -> bool:
-    """Whether this process may start SCHED_FIFO helpers (root, or an RLIMIT_RTPRIO)."""
-    import resource
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_RTPRIO)[0] > 0
+    """Whether a child may switch itself to SCHED_FIFO: tried once, in a child (root alone
+    is not enough in a container without CAP_SYS_NICE, or under a cgroup with no RT
+    runtime — the RT hog then died at once and its fault ran with no fault)."""
+    global _RT_OK
+    if _RT_OK is None:
+        code = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
+        _RT_OK = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                timeout=30).returncode == 0
+    return _RT_OK
+
+
+def _alive(procs: list[subprocess.Popen], what: str) -> None:
+    """Raise when a fault helper died right after its start (the fault would not run)."""
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            _stop(procs)
+            raise RuntimeError(f"{what}: helper pid {dead[0].pid} exited at once "
+                               f"(status {dead[0].returncode})")
+        time.sleep(0.05)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -151,6 +172,7 @@ def cpu_hog(cpu: int, nice: int = 0, count: int = 1,
     (busy, period) each is busy ``busy`` ms of every ``period`` ms instead of always; with
     ``rt_prio`` (burst only) each runs SCHED_FIFO at that priority."""
     procs = [_spawn_hog(str(cpu), nice, burst_ms, rt_prio) for _ in range(count)]
+    _alive(procs, "cpu_hog")
     try:
         yield [p.pid for p in procs]
     finally:
@@ -163,6 +185,7 @@ def oversubscription(threads: int | None = None, nice: int = 0) -> Iterator[list
     n = threads or 2 * (os.cpu_count() or 1)
     every = ",".join(str(c) for c in range(os.cpu_count() or 1))
     procs = [_spawn_hog(every, nice) for _ in range(n)]
+    _alive(procs, "oversubscription")
     try:
         yield [p.pid for p in procs]
     finally:
