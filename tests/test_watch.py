@@ -427,3 +427,28 @@ def test_spikes_over_the_rate_limit_inherit_a_close_cause_or_say_why_not():
     assert [r["seq"] for r in dropped] == [99] and "rate limit" in dropped[0]["note"]
     s.sampler = None  # the summary without a sampler (none ran)
     assert s.summary()["inherited"] == 2
+
+
+def test_a_storm_over_the_rate_limit_is_attributed_or_inherited_throughout():
+    """350 spikes/s against a 200/s limit for 1 s, arriving in 50 ms steps: the token bucket
+    spreads the attributed ones through the storm, so every other spike inherits from one a
+    few ms away — none is left unattributed (a once-a-second budget had spent itself on the
+    first 200 and dropped the rest of each second)."""
+    from agent.watch.attribution import Spike
+    s, recs, attr = _storm_session(0, 0.0)
+    s.cfg.max_attributions_per_s = 200
+    s._attr_budget = 20.0
+    seq = 0
+    for _ in range(20):
+        now = time.monotonic_ns()
+        for k in range(17):  # ~3 ms apart, the latest ending 1 ms ago
+            end = now - 1_000_000 - (16 - k) * 2_900_000
+            s.pending.append((Spike(seq, end - 2_000_000, end, 1, 1, 500_000), now))
+            seq += 1
+        s._attribute_ready(now)
+        time.sleep(0.05)
+    assert not s.pending and s.not_attributed == 0
+    assert 150 <= attr.calls <= 260 and s.inherited == 340 - attr.calls
+    gaps = [float(r["note"].split(", ")[-1].split(" ms")[0]) for r in recs
+            if r.get("inherited_from") is not None]
+    assert max(gaps) < 50

@@ -178,7 +178,7 @@ class WatchSession:
         self._recent_lat = deque(maxlen=2000)
         self._p50_ns = 0
         self._wall_off = time.time_ns() - time.monotonic_ns()
-        self._attr_budget = cfg.max_attributions_per_s
+        self._attr_budget = max(1.0, 0.1 * cfg.max_attributions_per_s)
         self._attr_budget_t = time.monotonic()
         self.started_ns = 0
         self.ended_ns = 0
@@ -389,8 +389,14 @@ class WatchSession:
                 keep.append((sp, t_det))
                 continue
             t = time.monotonic()
-            if t - self._attr_budget_t >= 1.0:
-                self._attr_budget_t, self._attr_budget = t, self.cfg.max_attributions_per_s
+            # A token bucket refilled continuously (at most 0.1 s worth banked): over the
+            # limit, attributed and inheriting spikes alternate through the storm, so each
+            # inheriting one sits close to an attributed one (a budget reset once a second
+            # spent itself on the first 200 and left the rest of the second too far away).
+            rate = self.cfg.max_attributions_per_s
+            self._attr_budget = min(max(1.0, 0.1 * rate),
+                                    self._attr_budget + (t - self._attr_budget_t) * rate)
+            self._attr_budget_t = t
             if self._attr_budget < 1:
                 self._inherit_or_drop(sp)
                 continue
