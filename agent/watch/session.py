@@ -366,63 +366,72 @@ class WatchSession:
         if not self.pending:
             return
         latest = self.sampler.covered_ns()
-        keep = []
+        scan_ns = self.sched.latest_scan_ns()
+        ready, keep = [], []
+        for sp, t_det in self.pending:
+            waited = now - t_det
+            rows_ready = latest >= sp.end_ns + self.attributor.slack_ns
+            scan_ready = scan_ns >= sp.end_ns
+            if not (rows_ready and (scan_ready or waited > 500_000_000)) and waited < 900_000_000:
+                keep.append((sp, t_det))
+            else:
+                ready.append((sp, t_det))
+        if not ready:
+            return
         recent = self.lat.last(500)[:, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"]]]
+        # The rate limit is a token bucket refilled continuously (at most 0.1 s banked).
+        # Over it, the step's tokens are spread evenly over its ready spikes (every
+        # stride-th is attributed) and the ones between inherit the cause of the attributed
+        # spike a few ms before them — a storm stays named throughout instead of its first
+        # spikes taking every token and the later ones being too far from any.
+        t = time.monotonic()
+        rate = self.cfg.max_attributions_per_s
+        self._attr_budget = min(max(1.0, 0.1 * rate),
+                                self._attr_budget + (t - self._attr_budget_t) * rate)
+        self._attr_budget_t = t
+        tokens = int(self._attr_budget)
+        stride = 1 if len(ready) <= tokens else -(-len(ready) // max(tokens, 1))
         # One step attributes for at most ATTR_STEP_BUDGET of the loop period, so a spike
         # storm cannot stretch the loop (the run's --duration, the live view, the metrics);
         # what is left waits for the next step, and a spike still waiting after
         # BACKLOG_DROP_S is logged "not attributed" rather than years late.
         step_end = time.monotonic_ns() + int(self.cfg.loop_s * ATTR_STEP_BUDGET * 1e9)
-        pending = self.pending
-        for n, (sp, t_det) in enumerate(pending):
+        for n, (sp, _t) in enumerate(ready):
             if time.monotonic_ns() > step_end:
-                rest = pending[n:]
-                old = [x for x in rest if now - x[1] > BACKLOG_DROP_S * 1e9]
-                for osp, _ in old:
+                rest = ready[n:]
+                for osp, _ in (x for x in rest if now - x[1] > BACKLOG_DROP_S * 1e9):
                     self._not_attributed(osp, "attribution backlog (spike storm)")
-                keep.extend(x for x in rest if now - x[1] <= BACKLOG_DROP_S * 1e9)
+                keep = [x for x in rest if now - x[1] <= BACKLOG_DROP_S * 1e9] + keep
                 break
-            waited = now - t_det
-            rows_ready = latest >= sp.end_ns + self.attributor.slack_ns
-            scan_ready = self.sched.latest_scan_ns() >= sp.end_ns
-            if not (rows_ready and (scan_ready or waited > 500_000_000)) and waited < 900_000_000:
-                keep.append((sp, t_det))
-                continue
-            t = time.monotonic()
-            # A token bucket refilled continuously (at most 0.1 s worth banked): over the
-            # limit, attributed and inheriting spikes alternate through the storm, so each
-            # inheriting one sits close to an attributed one (a budget reset once a second
-            # spent itself on the first 200 and left the rest of the second too far away).
-            rate = self.cfg.max_attributions_per_s
-            self._attr_budget = min(max(1.0, 0.1 * rate),
-                                    self._attr_budget + (t - self._attr_budget_t) * rate)
-            self._attr_budget_t = t
-            if self._attr_budget < 1:
+            if n % stride == 0 and self._attr_budget >= 1:
+                self._attr_budget -= 1
+                self._attribute_one(sp, recent)
+            else:
                 self._inherit_or_drop(sp)
-                continue
-            self._attr_budget -= 1
-            with self.sampler.lock:
-                a = self.attributor.attribute(sp, recent)
-            delay_ms = (time.monotonic_ns() - sp.end_ns) / 1e6
-            self.attr_delays_ms.append(delay_ms)
-            if len(self.attr_delays_ms) > 10000:
-                del self.attr_delays_ms[:5000]
-            rec = {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
-                   "latency_us": round(sp.latency_ns / 1e3, 1),
-                   "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid, "tid": sp.tid,
-                   **a.to_dict(), "attributed_after_ms": round(delay_ms, 1)}
-            self._write(rec)
-            self.attributed += 1
-            self._last_attr = (sp, rec)
-            self.cause_counts[a.cause] += 1
-            if a.causes and a.cause != "unexplained":
-                self.cause_details.setdefault(a.cause, Counter())[_short(a.causes[0].detail)] += 1
-            self.last_spikes.append(rec)
-            if self.metrics is not None:
-                self.metrics.spike(a.cause)
-            if self.cfg.flight_us and sp.latency_ns >= self.cfg.flight_us * 1e3:
-                self.flight_pending.append((sp, rec))
         self.pending = keep
+
+    def _attribute_one(self, sp: Spike, recent: np.ndarray) -> None:
+        with self.sampler.lock:
+            a = self.attributor.attribute(sp, recent)
+        delay_ms = (time.monotonic_ns() - sp.end_ns) / 1e6
+        self.attr_delays_ms.append(delay_ms)
+        if len(self.attr_delays_ms) > 10000:
+            del self.attr_delays_ms[:5000]
+        rec = {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
+               "latency_us": round(sp.latency_ns / 1e3, 1),
+               "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid, "tid": sp.tid,
+               **a.to_dict(), "attributed_after_ms": round(delay_ms, 1)}
+        self._write(rec)
+        self.attributed += 1
+        self._last_attr = (sp, rec)
+        self.cause_counts[a.cause] += 1
+        if a.causes and a.cause != "unexplained":
+            self.cause_details.setdefault(a.cause, Counter())[_short(a.causes[0].detail)] += 1
+        self.last_spikes.append(rec)
+        if self.metrics is not None:
+            self.metrics.spike(a.cause)
+        if self.cfg.flight_us and sp.latency_ns >= self.cfg.flight_us * 1e3:
+            self.flight_pending.append((sp, rec))
 
     def _inherit_or_drop(self, sp: Spike) -> None:
         """Over the attribution rate limit (a spike storm): a spike within INHERIT_NS of the
