@@ -450,7 +450,10 @@ class WatchSession:
         rec = {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
                "latency_us": round(sp.latency_ns / 1e3, 1),
                "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid, "tid": sp.tid,
-               "cause": lrec["cause"], "inherited_from": lsp.seq,
+               "cause": lrec["cause"], "unexplained": lrec.get("unexplained"),
+               # the same record shape as an attributed spike: the host evidence is that
+               # of the spike it inherits from (its rows), the in-process evidence its own
+               "causes": lrec.get("causes", []), "inherited_from": lsp.seq,
                "note": f"attribution rate limit: the cause of spike {lsp.seq}, "
                        f"{gap / 1e6:.1f} ms apart",
                "in_process": sp.in_process(), "attributed_after_ms": round(delay_ms, 1)}
