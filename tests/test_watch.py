@@ -57,9 +57,12 @@ def _check_contention(recs: list[dict], pids: list[int], min_spikes: int, summar
     assert len(named) / len(contention) >= 0.8, summary["causes"]  # the hog is the task named
     # Most were preempted in the call itself (the rest follow a preemption in the same
     # 10 ms row: cache refill after the hog ran, seen by the thread's run-queue delay).
-    preempted = [x for x in contention if x["in_process"]["nivcsw"] >= 1
+    # (Samples queued behind a preempted one, or over the rate limit, inherit its cause and
+    # carry no preemption of their own: the share is over the spikes attributed directly.)
+    own = [x for x in contention if x.get("inherited_from") is None]
+    preempted = [x for x in own if x["in_process"]["nivcsw"] >= 1
                  or x["in_process"]["rq_delay_ns"] >= 50_000]
-    assert len(preempted) / len(contention) >= 0.7, summary["causes"]
+    assert len(preempted) / len(own) >= 0.7, summary["causes"]
     rec = preempted[0]
     assert rec["time"].endswith("+00:00") and rec["latency_us"] > rec["p50_us"]
     assert rec["attributed_after_ms"] < 1000
@@ -73,11 +76,14 @@ def test_cpu_hog_is_attributed_to_cpu_contention(tmp_path):
     log = tmp_path / "spikes.jsonl"
     hog, min_spikes = _preempting_hog(probe_cpu)
     with hog as pids:
-        r = _hftagent("watch", "--probe", "numpy", "--duration", "8", "--cpus", str(probe_cpu),
-                      "--spike-log", str(log), "--json", "--no-live")
+        # 200 Hz: the numpy probe takes 0.4-1.5 ms a call depending on the host; at 500 Hz
+        # a slow host's probe CPU is 75 % busy before the hog, and response times (from the
+        # intended start) measure the queue the hog builds rather than its preemptions.
+        r = _hftagent("watch", "--probe", "numpy", "--rate", "200", "--duration", "8",
+                      "--cpus", str(probe_cpu), "--spike-log", str(log), "--json", "--no-live")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    assert summary["samples"] > 1000  # 4000 scheduled; a slow host with the hog keeps ~half
+    assert summary["samples"] > 1200  # 1600 scheduled
     _check_contention([x for x in _records(log) if x.get("cause")], pids, min_spikes, summary)
     assert summary["sampler"]["pinned_to"] != [probe_cpu]
 
@@ -360,6 +366,12 @@ def _storm_session(n: int, attr_s: float, age_s: float = 0.0):
         def latest_scan_ns(self):
             return time.monotonic_ns() + 10**9
 
+        def watch_tids(self, tids):
+            pass
+
+        def request_scan(self):
+            pass
+
     class Attr:
         calls = 0
         slack_ns = 1_000_000
@@ -453,3 +465,77 @@ def test_a_storm_over_the_rate_limit_is_attributed_or_inherited_throughout():
     gaps = [float(r["note"].split(", ")[-1].split(" ms")[0]) for r in recs
             if r.get("inherited_from") is not None]
     assert max(gaps) < 50
+
+
+@needs_two_cpus
+def test_a_stall_before_the_call_counts_from_the_intended_start(tmp_path):
+    """The built-in probe times each sample from its intended start: a worker stopped while
+    it waits for its next slot (SIGSTOP at 50 Hz, where it waits > 90 % of the time) shows
+    the stall in the next sample. Timed from the call's own start it would not: a stop
+    lands mid-call < 10 % of the time."""
+    import signal
+    log = tmp_path / "spikes.jsonl"
+    p = subprocess.Popen([sys.executable, "-c", "from agent.cli import main; main()", "watch",
+                          "--probe", "numpy", "--rate", "50", "--duration", "9",
+                          "--threshold-us", "40000", "--spike-log", str(log), "--no-live",
+                          "--json"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    worker = None
+    deadline = time.monotonic() + 30
+    while worker is None and time.monotonic() < deadline:
+        time.sleep(0.3)
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if b"agent.watch.probe_worker" in cmd and ppid == p.pid:
+                    worker = int(pid)
+    assert worker is not None
+    time.sleep(2.5)
+    for _ in range(3):
+        os.kill(worker, signal.SIGSTOP)
+        time.sleep(0.12)
+        os.kill(worker, signal.SIGCONT)
+        time.sleep(0.8)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    seqs = sorted(r["seq"] for r in _records(log) if r.get("seq") and r["latency_us"] >= 60_000)
+    # Each 120 ms stop covers ≥ 5 slots: the first one it covers waits ≥ 100 ms. Stops are
+    # ~46 slots apart: count the episodes.
+    episodes = 1 + sum(1 for a, b in zip(seqs, seqs[1:]) if b - a > 20) if seqs else 0
+    assert episodes == 3, seqs
+    assert json.loads(out)["max_us"] >= 90_000
+
+
+def test_a_sample_queued_behind_a_slow_one_takes_its_cause():
+    """Open loop: a sample whose intended start fell inside the previous slow sample of its
+    thread waited for it; it is logged with that sample's cause (inherited_from, "queued
+    behind"), without using an attribution."""
+    import numpy as np
+
+    from agent.client import FIELDS
+    s, recs, attr = _storm_session(0, 0.0)
+    s.cfg.min_samples = 0
+    s._p50_ns = 1_000_000
+    s._recent_lat.extend([1_000_000] * 30)
+    now = time.monotonic_ns() - 50_000_000
+    rows = []
+    # seq 1 normal; seq 2 slow (10 ms); seq 3 intended during seq 2 → queued (7 ms);
+    # seq 4 intended after seq 3 ended, on time, normal; seq 5 slow on its own.
+    for seq, start, end in ((1, 0, 1), (2, 2, 12), (3, 4, 13), (4, 14, 15), (5, 16, 26)):
+        r = [0] * len(FIELDS)
+        r[FIELDS.index("seq")], r[FIELDS.index("seq2")] = seq, seq
+        r[FIELDS.index("start_ns")] = now + start * 1_000_000
+        r[FIELDS.index("end_ns")] = now + end * 1_000_000
+        r[FIELDS.index("pid")], r[FIELDS.index("tid")] = 1, 7
+        rows.append(r)
+    s._ingest(np.array(rows, dtype=np.int64))
+    assert [sp.queued_behind for sp, _ in s.pending] == [-1, 2, -1]
+    s._attribute_ready(time.monotonic_ns())
+    assert attr.calls == 2 and s.queued == 1 and s.attributed == 3
+    q = next(r for r in recs if r["seq"] == 3)
+    assert q["inherited_from"] == 2 and q["cause"] == "cpu_contention"
+    assert q["note"].startswith("queued behind spike 2: started 8.0 ms late")

@@ -198,8 +198,12 @@ def _print_summary(s: dict, spike_log: str | None) -> None:
           f"{s['samples']} samples, P50 {s['p50_us']} µs, P99 {s['p99_us']} µs, "
           f"P99.9 {s['p999_us']} µs, max {s['max_us']} µs")
     print(f"spikes: {s['spikes']} ({s['attributed']} attributed"
-          + (f", {s['not_attributed']} over the attribution rate limit"
-             if s['not_attributed'] else "") + ")")
+          + (f", {s['queued']} of them queued behind a slow sample and given its cause"
+             if s.get("queued") else "")
+          + (f", {s['inherited']} inheriting the cause of a spike ms away (over the "
+             "attribution rate limit)" if s.get("inherited") else "")
+          + (f"; {s['not_attributed']} not attributed: rate limit, backlog or end of run, "
+             "each logged with its reason" if s['not_attributed'] else "") + ")")
     for c, d in s["causes"].items():
         top = f"  e.g. {'; '.join(d['top'])}" if d["top"] else ""
         print(f"  {c:<20} {d['count']:>6}  {100 * d['share']:5.1f} %{top}")

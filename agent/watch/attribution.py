@@ -93,6 +93,9 @@ class Spike:
     rq_delay_ns: int = -1
     cpu_start: int = -1
     cpu_end: int = -1
+    # seq of the slow sample of the same thread still running at this one's intended start
+    # (open loop: this one waited for it), -1 when none
+    queued_behind: int = -1
 
     @property
     def latency_ns(self) -> int:

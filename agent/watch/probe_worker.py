@@ -14,8 +14,10 @@ kept-open descriptor, 0.6 µs) and the CPU at start and end (sched_getcpu).
 
 Why not ``agent.probe.harness.time_loop``: it fills a preallocated array and returns at the
 end of a run, while watch must see every sample within a second, and it does not record the
-run-queue delay or the CPU; this loop keeps its open-loop schedule and recording rules
-(intended start, rusage taken after the wait, never charging the sleep to a sample).
+run-queue delay or the CPU; this loop keeps its open-loop schedule and recording rules: each
+sample runs from its intended start to its end (response time: a late start is part of the
+latency), its evidence is taken from the end of the sleep before it (a preemption while it
+spun up to the start counts; the sleep itself is never charged to a sample).
 
 Exits 0 at ``--duration`` or on SIGTERM/SIGINT, 2 when the probe cannot be built (one JSON
 ``{"error": ...}`` line), and by itself when its parent (watch) goes away.
@@ -145,22 +147,32 @@ def run(args: argparse.Namespace) -> int:
         if intended >= end_at:
             break
         ahead = intended - clock()
+        q_sleep = -1
         if ahead > spin:
+            q_sleep = int(pread(ss_fd, 64, 0).split()[1])
             sleep((ahead - spin) * 1e-9)
+        # A sample is timed from its intended start (response time, as `hftagent probe`):
+        # a stall before the call — preempted while spinning up to it, woken late, queued
+        # behind the previous slow call — belongs to it, and its in-process evidence starts
+        # here, after the sleep (the sleep itself is never charged to a sample) — except
+        # the run-queue wait of a wake-up that came after the intended start: that wait
+        # delayed the sample, so it counts (a timely wake-up's wait, absorbed by the spin
+        # before the start, does not).
+        r0 = getru(who)
+        q0 = int(pread(ss_fd, 64, 0).split()[1])
+        if q_sleep >= 0 and clock() > intended:
+            q0 = q_sleep
+        p0 = cpu()
         while clock() < intended:
             pass
         c_a = getcpu()
-        r0 = getru(who)
-        q0 = int(pread(ss_fd, 64, 0).split()[1])
-        p0 = cpu()
-        t0 = clock()
         fn()
         t1 = clock()
         p1 = cpu()
         q1 = int(pread(ss_fd, 64, 0).split()[1])
         r1 = getru(who)
         c_b = getcpu()
-        record(t0, t1, tid, r1.ru_nivcsw - r0.ru_nivcsw, r1.ru_nvcsw - r0.ru_nvcsw,
+        record(intended, t1, tid, r1.ru_nivcsw - r0.ru_nivcsw, r1.ru_nvcsw - r0.ru_nvcsw,
                r1.ru_minflt - r0.ru_minflt, r1.ru_majflt - r0.ru_majflt, p1 - p0, q1 - q0,
                c_a, c_b)
         i += 1

@@ -176,6 +176,8 @@ class WatchSession:
         self.probe_info: dict = {}
         self._log = None
         self._recent_lat = deque(maxlen=2000)
+        self._prev_end: dict[int, tuple[int, int, bool]] = {}  # tid → (seq, end_ns, spike)
+        self._recs: dict[int, tuple[Spike, dict]] = {}  # seq → (spike, record), recent
         self._p50_ns = 0
         self._wall_off = time.time_ns() - time.monotonic_ns()
         self._attr_budget = max(1.0, 0.1 * cfg.max_attributions_per_s)
@@ -341,24 +343,31 @@ class WatchSession:
             self.metrics.observe_many(lat)
         cfg = self.cfg
         thr = cfg.threshold_us * 1e3 if cfg.threshold_us else None
+        prev_end = self._prev_end
         for i in range(len(recs)):
             li = int(lat[i])
             p50 = self._p50_ns
+            r = recs[i]
+            tid, start, end = int(r[F["tid"]]), int(r[F["start_ns"]]), int(r[F["end_ns"]])
             over_abs = thr is not None and li > thr
             over_rel = p50 > 0 and li > cfg.k_p50 * p50 and len(self._recent_lat) >= \
                 cfg.min_samples
-            if over_abs or over_rel:
-                r = recs[i]
-                sp = Spike(int(r[F["seq"]]), int(r[F["start_ns"]]), int(r[F["end_ns"]]),
-                           int(r[F["pid"]]), int(r[F["tid"]]), p50,
+            spike = over_abs or over_rel
+            if spike:
+                # Open loop: a sample whose intended start fell inside the previous slow
+                # sample of its thread waited for it — its cause is that sample's.
+                prev = prev_end.get(tid)
+                queued = prev[0] if prev is not None and start < prev[1] and prev[2] else -1
+                sp = Spike(int(r[F["seq"]]), start, end, int(r[F["pid"]]), tid, p50,
                            *(int(r[F[k]]) for k in ("nivcsw", "nvcsw", "minflt", "majflt",
                                                     "cpu_ns", "rq_delay_ns", "cpu_start",
-                                                    "cpu_end")))
+                                                    "cpu_end")), queued_behind=queued)
                 self.spikes += 1
                 self.pending.append((sp, time.monotonic_ns()))
                 self.sched.request_scan()
             else:
                 self._recent_lat.append(li)
+            prev_end[tid] = (int(r[F["seq"]]), end, spike)
         if len(self._recent_lat) >= 20:
             self._p50_ns = int(np.median(np.fromiter(self._recent_lat, dtype=np.int64)))
 
@@ -397,6 +406,10 @@ class WatchSession:
         # BACKLOG_DROP_S is logged "not attributed" rather than years late.
         step_end = time.monotonic_ns() + int(self.cfg.loop_s * ATTR_STEP_BUDGET * 1e9)
         for n, (sp, _t) in enumerate(ready):
+            lead = self._recs.get(sp.queued_behind) if sp.queued_behind >= 0 else None
+            if lead is not None:
+                self._inherit(sp, lead, "queued")
+                continue
             if time.monotonic_ns() > step_end:
                 rest = ready[n:]
                 for osp, _ in (x for x in rest if now - x[1] > BACKLOG_DROP_S * 1e9):
@@ -424,6 +437,7 @@ class WatchSession:
         self._write(rec)
         self.attributed += 1
         self._last_attr = (sp, rec)
+        self._remember(sp, rec)
         self.cause_counts[a.cause] += 1
         if a.causes and a.cause != "unexplained":
             self.cause_details.setdefault(a.cause, Counter())[_short(a.causes[0].detail)] += 1
@@ -435,9 +449,8 @@ class WatchSession:
 
     def _inherit_or_drop(self, sp: Spike) -> None:
         """Over the attribution rate limit (a spike storm): a spike within INHERIT_NS of the
-        last attributed one shares its sampler rows, so it takes that spike's cause, marked
-        ``inherited_from`` with its own in-process evidence; any other is logged not
-        attributed. The storm is attributed at the limit's rate, every spike still named."""
+        last attributed one shares its sampler rows, so it takes that spike's cause; any
+        other is logged not attributed."""
         last = self._last_attr
         # the gap between the two spikes' intervals (0 when they overlap), either order
         gap = max(sp.start_ns - last[0].end_ns, last[0].start_ns - sp.end_ns, 0) \
@@ -445,28 +458,48 @@ class WatchSession:
         if gap is None or gap > INHERIT_NS:
             self._not_attributed(sp, "attribution rate limit")
             return
-        lsp, lrec = last
+        self._inherit(sp, last, "rate", gap)
+
+    def _inherit(self, sp: Spike, lead: tuple, why: str, gap: int = 0) -> None:
+        """Log ``sp`` with the cause of ``lead`` = (spike, record), marked ``inherited_from``,
+        with its own in-process evidence. ``why``: "queued" — it waited for that slow sample
+        (open loop: its intended start fell inside it) —, or "rate" — over the attribution
+        rate limit, ``gap`` ns from it (the same sampler rows)."""
+        lsp, lrec = lead
         delay_ms = (time.monotonic_ns() - sp.end_ns) / 1e6
+        note = (f"queued behind spike {lsp.seq}: started "
+                f"{(lsp.end_ns - sp.start_ns) / 1e6:.1f} ms late" if why == "queued" else
+                f"attribution rate limit: the cause of spike {lsp.seq}, {gap / 1e6:.1f} ms apart")
         rec = {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
                "latency_us": round(sp.latency_ns / 1e3, 1),
                "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid, "tid": sp.tid,
                "cause": lrec["cause"], "unexplained": lrec.get("unexplained"),
                # the same record shape as an attributed spike: the host evidence is that
                # of the spike it inherits from (its rows), the in-process evidence its own
-               "causes": lrec.get("causes", []), "inherited_from": lsp.seq,
-               "note": f"attribution rate limit: the cause of spike {lsp.seq}, "
-                       f"{gap / 1e6:.1f} ms apart",
+               "causes": lrec.get("causes", []), "inherited_from": lsp.seq, "note": note,
                "in_process": sp.in_process(), "attributed_after_ms": round(delay_ms, 1)}
         self._write(rec)
-        self.inherited += 1
+        if why == "queued":
+            self.queued += 1
+        else:
+            self.inherited += 1
         self.attributed += 1
         self.attr_delays_ms.append(delay_ms)
         self.cause_counts[lrec["cause"]] += 1
+        self._remember(sp, rec)
         if self.metrics is not None:
             self.metrics.spike(lrec["cause"])
 
+    def _remember(self, sp: Spike, rec: dict) -> None:
+        """Keep the last 4096 logged spikes by seq (a queued one looks up its leader)."""
+        self._recs[sp.seq] = (sp, rec)
+        if len(self._recs) > 4096:
+            for k in list(self._recs)[:1024]:
+                del self._recs[k]
+
     _last_attr: tuple | None = None
     inherited = 0
+    queued = 0
 
     def _not_attributed(self, sp: Spike, why: str) -> None:
         self.not_attributed += 1
@@ -633,6 +666,20 @@ class WatchSession:
         out["jitter_rate"] = float((lat > thr).mean()) if thr else 0.0
         return out
 
+    def _load_warning(self, h: LatencyHistogram) -> list[str]:
+        """A built-in probe that keeps its CPU more than half busy measures the queue it
+        builds itself (response times from the intended start) more than the host."""
+        p50 = h.quantile(0.5)
+        if self.cfg.probe == "external" or not p50:
+            return []
+        busy = p50 / 1e9 * self.cfg.rate_hz
+        if busy <= 0.5:
+            return []
+        return [f"the probe keeps CPU {self.cfg.probe_cpus} {100 * busy:.0f} % busy "
+                f"(P50 {p50 / 1e3:.0f} µs × {self.cfg.rate_hz:g}/s): any disturbance queues "
+                f"the next calls; a --rate of {max(1, int(0.25 / (p50 / 1e9)))} or less "
+                "leaves it headroom"]
+
     def summary(self) -> dict:
         h = self.hist
         dur = ((self.ended_ns or time.monotonic_ns()) - self.started_ns) / 1e9 \
@@ -661,6 +708,7 @@ class WatchSession:
             "sufficient": {"p99": self.samples >= 662, "p999": self.samples >= 6636},
             "spikes": self.spikes, "attributed": self.attributed,
             "not_attributed": self.not_attributed, "inherited": self.inherited,
+            "queued": self.queued,
             "causes": {c: {"count": n, "share": round(n / self.attributed, 3),
                            "label": CAUSES.get(c, c),
                            "top": [d for d, _ in self.cause_details.get(c, Counter())
@@ -670,7 +718,7 @@ class WatchSession:
                                      "max": delays[-1] if delays else None},
             "flight_records": self.flight_files, "collectors": col, "sampler": sampler,
             "source_error": self.source_error, "stopped_by": self.stopped_by,
-            "warnings": self.warnings,
+            "warnings": self.warnings + self._load_warning(h),
         }
 
 
