@@ -19,8 +19,9 @@ the tail drifts ±20 % from one 6 s block to the next, which hides a 5 % effect,
 
 The numpy probe worker runs on the last CPU at --rate (500 Hz); this process (pinned to the
 other CPUs) reads its latency ring and, in "on" blocks, runs the default collector set at --hz
-(100) on the housekeeping CPU(s), as watch does. The latency is the probe call's duration
-(end_ns - start_ns), as everywhere in watch.
+(100) on the housekeeping CPU(s), as watch does. The latency is end_ns - start_ns of each
+ring record, as everywhere in watch: since 2026-11-30 the worker's response time from the
+call's intended start (before, the call's own duration — the figures in docs/benchmarks.md).
 
     .venv/bin/python bench/sampler_ab.py --json sampler_ab.json      # ~4 min (240 blocks)
     .venv/bin/python bench/sampler_ab.py --pairs 6 --block-s 0.5     # smoke test, ~8 s
