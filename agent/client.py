@@ -102,7 +102,7 @@ class LatencyRing:
         self._pid = os.getpid()
         # Kernel thread id cached in thread-local storage: get_native_id() is a gettid
         # syscall (~0.3 µs on a VM). Not keyed by threading.get_ident(): a new thread can
-        # reuse a dead one's ident. A forked child starts afresh (new thread ids).
+        # reuse a dead one's ident. A forked child drops the cache (new thread ids).
         self._loc = threading.local()
         os.register_at_fork(after_in_child=self._reset_thread_cache)
         self._pack = _REC.pack_into
@@ -130,7 +130,11 @@ class LatencyRing:
                    start_ns, end_ns, self._pid, tid, -1, -1, -1, -1, -1, -1, -1, -1, seq)
 
     def _reset_thread_cache(self) -> None:
+        # A forked child writing into its parent's ring would reuse the parent's sequence
+        # numbers and overwrite its records: the child's records carry its own pid, but
+        # forking is not supported — a child should open its own ring (LatencyRing()).
         self._loc = threading.local()
+        self._pid = os.getpid()
 
     def close(self, unlink: bool = False) -> None:
         try:
@@ -145,21 +149,20 @@ class LatencyRing:
 
 
 class _Timed:
-    """Reusable per thread (no allocation per request); a stack of start times, so nested
-    ``with timed():`` blocks in one thread each get their own."""
+    """One per ``with timed():`` block: blocks that interleave on one thread (asyncio
+    handlers awaiting inside the block, generators) each keep their own start time."""
 
-    __slots__ = ("_ring", "_t0s")
+    __slots__ = ("_ring", "_t0")
 
     def __init__(self, ring: LatencyRing) -> None:
         self._ring = ring
-        self._t0s: list[int] = []
 
     def __enter__(self) -> _Timed:
-        self._t0s.append(_monotonic_ns())
+        self._t0 = _monotonic_ns()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._ring.end(self._t0s.pop())
+        self._ring.end(self._t0)
 
 
 _monotonic_ns = time.monotonic_ns
@@ -179,20 +182,9 @@ def ring() -> LatencyRing:
     return _default
 
 
-_timers = threading.local()  # .t: this thread's _Timed
-
-
 def timed() -> _Timed:
     """Context manager timing its block into this process's ring (≈ 1 µs per record)."""
-    r = _default if _default is not None else ring()
-    try:
-        t = _timers.t
-        if t._ring is r:
-            return t
-    except AttributeError:
-        pass
-    t = _timers.t = _Timed(r)
-    return t
+    return _Timed(_default if _default is not None else ring())
 
 
 def start() -> int:

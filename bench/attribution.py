@@ -114,7 +114,8 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
             "right": right, "wrong": wrong, "unexplained": unexpl,
             "inherited": sum(1 for r in recs if r.get("inherited_from") is not None),
             "not_attributed": sum(1 for r in records[spikes_before:]
-                                  if "seq" in r and r.get("cause") is None),
+                                  if "cause" in r and r["cause"] is None),
+            "queued": sum(1 for r in recs if r.get("note", "").startswith("queued behind")),
             "right_share": round(right / n, 3) if n and exp else None,
             "wrong_share": round(wrong / n, 3) if n else None,
             "causes": dict(causes.most_common()),
@@ -177,7 +178,7 @@ def main() -> int:
         if args.probe != "numpy":
             ap.error("--rate auto measures the numpy probe only")
         p50_ms = kit.numpy_probe_p50_ms(probe_cpu)
-        args.rate = float(min(500, int(0.25 / (p50_ms / 1e3))))
+        args.rate = float(max(1, min(500, int(0.25 / (p50_ms / 1e3)))))
         print(f"--rate auto: probe P50 {p50_ms:.3f} ms → {args.rate:g}/s", flush=True)
     else:
         args.rate = float(args.rate)

@@ -17,6 +17,8 @@ drift of this noisy shared machine over the run shows as off1 vs off2.
 
     .venv/bin/python bench/scrape_bench.py                    # paced: 50 scrapers at 1/s
     .venv/bin/python bench/scrape_bench.py --interval 0       # flat out
+    .venv/bin/python bench/scrape_bench.py --ab-pairs 150     # + alternating on/off blocks:
+                                                              # P99 ratio with a 95 % CI
 """
 
 from __future__ import annotations
@@ -84,7 +86,9 @@ def probe_proc(cpu: int | None, n: int, stop_at: float, out: mp.Queue) -> None:
 # ---- scrapers (own process) ----------------------------------------------------------------
 
 def scraper_proc(cpu: int | None, port: int, n: int, interval: float, duration: float,
-                 out: mp.Queue) -> None:
+                 out: mp.Queue, gate=None) -> None:
+    """``gate`` (an mp.Event, optional): scrapers only start a scrape while it is set (the
+    A/B phase switches the load on and off without restarting 50 connections)."""
     pin(cpu)
     lat: list[list[int]] = [[] for _ in range(n)]
     errors: list[str] = []
@@ -99,6 +103,10 @@ def scraper_proc(cpu: int | None, port: int, n: int, interval: float, duration: 
                 break
             if interval and now < nxt:
                 time.sleep(nxt - now)
+            if gate is not None and not gate.is_set():  # an "off" block: wait, keep pace
+                gate.wait(0.05)
+                nxt = max(nxt, time.monotonic())
+                continue
             nxt += interval
             t0 = time.perf_counter_ns()
             try:
@@ -168,6 +176,12 @@ def main() -> int:
     ap.add_argument("--work", type=int, default=4000, help="probe work unit (loop iterations)")
     ap.add_argument("--housekeeping-cpu", type=int, default=0)
     ap.add_argument("--probe-cpu", type=int, default=1)
+    ap.add_argument("--ab-pairs", type=int, default=0,
+                    help="after the phases, this many pairs of --ab-block-s blocks with the "
+                         "scrapers on and off (order per pair by a coin flip): the probe P99 "
+                         "ratio on/off with a paired block bootstrap 95 %% interval")
+    ap.add_argument("--ab-block-s", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
@@ -182,7 +196,8 @@ def main() -> int:
     for cpu in range(2):
         m.set_gauge("cpu_frequency_hertz", 2.0e9, cpu=cpu)
 
-    total = 2 * a.off_s + a.single_s + a.load_s + 2.0
+    total = 2 * a.off_s + a.single_s + a.load_s + 2.0 + \
+        (2 * a.ab_pairs * a.ab_block_s + 3.0 if a.ab_pairs else 0.0)
     with Exporter(m, "127.0.0.1:0") as ex:
         stream = Stream(m, total + 5)
         q: mp.Queue = ctx.Queue()
@@ -211,6 +226,26 @@ def main() -> int:
         marks["off2"] = time.monotonic_ns()
         time.sleep(a.off_s)
         marks["end"] = time.monotonic_ns()
+        ab_blocks: list[tuple[str, int, int]] = []
+        ab_err: list[str] = []
+        if a.ab_pairs:
+            gate = ctx.Event()
+            aq: mp.Queue = ctx.Queue()
+            ap_ = ctx.Process(target=scraper_proc, args=(
+                a.housekeeping_cpu, ex.port, a.scrapers, a.interval,
+                2 * a.ab_pairs * a.ab_block_s + 1.0, aq, gate))
+            ap_.start()
+            time.sleep(0.5)  # connections up, gate closed
+            rng = np.random.default_rng(a.seed)
+            for _ in range(a.ab_pairs):
+                for mode in (("on", "off") if rng.random() < 0.5 else ("off", "on")):
+                    (gate.set if mode == "on" else gate.clear)()
+                    t0 = time.monotonic_ns()
+                    time.sleep(a.ab_block_s)
+                    ab_blocks.append((mode, t0, time.monotonic_ns()))
+            gate.set()  # let the scrapers run out their duration
+            _ab_lat, ab_err = aq.get()
+            ap_.join()
         phases, plat = q.get()
         probe.join()
         stream.stop.set()
@@ -256,6 +291,15 @@ def main() -> int:
         "observe_p50": ol["p50"] / oo["p50"], "observe_p99": ol["p99"] / oo["p99"],
         "off2_vs_off1_probe_p99": res["probe_us"]["off2"]["p99"] / res["probe_us"]["off1"]["p99"],
     }
+    if ab_blocks:
+        from bench.abstats import paired_bootstrap
+        skip = 100_000_000  # the first 0.1 s after a switch: scrapes still in flight
+        blocks = {"on": [], "off": []}
+        for mode, t0, t1 in ab_blocks:
+            blocks[mode].append(plat[(phases >= t0 + skip) & (phases < t1)])
+        ab = paired_bootstrap(blocks["on"], blocks["off"], n_boot=4000, seed=a.seed)
+        res["ab"] = {"pairs": a.ab_pairs, "block_s": a.ab_block_s, "errors": len(ab_err),
+                     "p50": ab["p50"], "p99": ab["p99"], "n_on": ab["n_a"], "n_off": ab["n_b"]}
     if a.json:
         print(json.dumps(res, indent=2))
     else:
@@ -273,7 +317,17 @@ def main() -> int:
         print(f"load / off: probe P50 x{r['probe_p50']:.3f}  P99 x{r['probe_p99']:.3f}  "
               f"observe P50 x{r['observe_p50']:.2f}  P99 x{r['observe_p99']:.2f}  "
               f"(drift off2/off1 probe P99 x{r['off2_vs_off1_probe_p99']:.3f})")
-    return 0 if res["scrape_load"]["errors"] == 0 and res["scrape_single"]["errors"] == 0 else 1
+        if "ab" in res:
+            ab = res["ab"]
+            for k in ("p50", "p99"):
+                v = ab[k]
+                print(f"A/B {ab['pairs']} pairs x {ab['block_s']:g} s, {a.scrapers} scrapers on vs "
+                      f"off: probe {k.upper()} {v['a'] / 1e3:.1f} / {v['b'] / 1e3:.1f} us = "
+                      f"x{v['ratio']:.3f}, 95 % CI [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] → "
+                      f"{v['verdict']}")
+    errors = res["scrape_load"]["errors"] + res["scrape_single"]["errors"] + \
+        res.get("ab", {}).get("errors", 0)
+    return 0 if errors == 0 else 1
 
 
 if __name__ == "__main__":

@@ -99,8 +99,9 @@ def test_cost_per_record_is_about_a_microsecond(tmp_path):
 
 
 def test_timed_nests_and_names_each_thread(tmp_path, monkeypatch):
-    """timed() reuses one context object per thread: nested blocks keep their own start
-    times, and each thread's records carry its own kernel thread id."""
+    """Nested and interleaved timed() blocks keep their own start times (an asyncio handler
+    that awaits inside its block interleaves with the next one on the same thread), and each
+    thread's records carry its own kernel thread id (cached per thread)."""
     import time
 
     from agent import client
@@ -114,6 +115,16 @@ def test_timed_nests_and_names_each_thread(tmp_path, monkeypatch):
     got = r.read()
     lat = got[:, F["end_ns"]] - got[:, F["start_ns"]]
     assert lat[0] < 5_000_000 and lat[1] >= 20_000_000  # inner first, outer spans the sleep
+    a, b = client.timed(), client.timed()  # A starts, B starts, A ends, B ends
+    a.__enter__()
+    time.sleep(0.02)
+    b.__enter__()
+    a.__exit__(None, None, None)
+    time.sleep(0.02)
+    b.__exit__(None, None, None)
+    got = r.read()
+    lat = got[:, F["end_ns"]] - got[:, F["start_ns"]]
+    assert 18_000_000 <= lat[0] < 35_000_000 and 18_000_000 <= lat[1] < 35_000_000
     tids = {}
 
     def work(i):

@@ -216,9 +216,10 @@ class BaselineStats:
 class _Baseline:
     """One ring's baseline rows for one baseline end (shared by the spikes of a quantum)."""
 
-    __slots__ = ("base", "base_dt", "row_s", "_stats", "_ring")
+    __slots__ = ("base", "base_dt", "row_s", "_stats", "_ring", "rows_then")
 
     def __init__(self, ring: SignalRing, b_from: int, b_to: int) -> None:
+        self.rows_then = ring.rows
         base = ring.window(b_from, b_to)
         self.base = base[ring.t1[base] <= b_to] if len(base) else base
         dt_b = (ring.t1[self.base] - ring.t0[self.base]) / 1e9
@@ -249,9 +250,13 @@ class RingView:
         self.win = ring.window(t_from, t_to)
         if b_to is None:
             b_to = t_from - int(exclude_s * 1e9)
-        key = (b_to, int(baseline_s * 1e9), len(ring.cols))
+        # The key names the ring object and its width; the entry is dropped once the ring
+        # has written over any of its baseline rows since (a run paused longer than the
+        # ring holds, then a spike from the same quantum).
+        key = (id(ring), b_to, int(baseline_s * 1e9), len(ring.cols))
         hit = stats_cache.get(ring.name) if stats_cache is not None else None
-        if hit is not None and hit[0] == key:
+        if hit is not None and hit[0] == key and \
+                ring.rows - hit[1].rows_then <= ring.capacity - len(hit[1].base):
             bl = hit[1]
         else:
             bl = _Baseline(ring, b_to - int(baseline_s * 1e9), b_to)
@@ -456,11 +461,14 @@ class Attributor:
             rq = v.counter(f"sched.{sp.tid}.rq_delay_ns")
             if rq is not None and rq.window == rq.window:
                 ev["thread_rq_delay_window_us"] = round(rq.window / 1e3, 1)
-                if rq.window >= 0.3 * sp.excess_ns and rq.window >= 100_000:
+                # Scored only without the sample's own run-queue delay (external sources):
+                # the window's rows (50 ms for the built-in probes) sum many calls' ordinary
+                # wake-up waits, which the sample's own figure leaves out.
+                if sp.rq_delay_ns < 0 and rq.window >= 0.3 * sp.excess_ns and \
+                        rq.window >= 100_000:
                     s = max(s, min(0.85, 0.3 + 0.6 * rq.window / sp.excess_ns))
-                    if sp.rq_delay_ns < 0:
-                        details.append(f"thread waited {rq.window / 1e3:.0f} µs on the run "
-                                       "queue in the window")
+                    details.append(f"thread waited {rq.window / 1e3:.0f} µs on the run "
+                                   "queue in the window")
             nv = v.counter(f"sched.{sp.tid}.nivcsw")
             if nv is not None and nv.window > 0 and sp.nivcsw < 0:
                 ev["thread_nivcsw_window"] = nv.window

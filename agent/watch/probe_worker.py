@@ -162,10 +162,10 @@ def run(args: argparse.Namespace) -> int:
         q0 = int(pread(ss_fd, 64, 0).split()[1])
         if q_sleep >= 0 and clock() > intended:
             q0 = q_sleep
-        p0 = cpu()
         while clock() < intended:
             pass
         c_a = getcpu()
+        p0 = cpu()  # CPU time: the call's own (not the spin before it)
         fn()
         t1 = clock()
         p1 = cpu()

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -356,8 +356,11 @@ class WatchSession:
             if spike:
                 # Open loop: a sample whose intended start fell inside the previous slow
                 # sample of its thread waited for it — its cause is that sample's.
-                prev = prev_end.get(tid)
-                queued = prev[0] if prev is not None and start < prev[1] and prev[2] else -1
+                prev = prev_end.get(tid) if self.cfg.probe != "external" else None
+                # (external records may nest or overlap — concurrent requests, asyncio —
+                # without one waiting for the other: no queueing inferred there)
+                queued = prev[0] if prev is not None and prev[2] and start < prev[1] and \
+                    prev[1] - start >= 0.5 * (li - p50) else -1
                 sp = Spike(int(r[F["seq"]]), start, end, int(r[F["pid"]]), tid, p50,
                            *(int(r[F[k]]) for k in ("nivcsw", "nvcsw", "minflt", "majflt",
                                                     "cpu_ns", "rq_delay_ns", "cpu_start",
@@ -376,8 +379,16 @@ class WatchSession:
             return
         latest = self.sampler.covered_ns()
         scan_ns = self.sched.latest_scan_ns()
-        ready, keep = [], []
+        pending_seqs = {sp.seq for sp, _ in self.pending}
+        ready, followers, keep = [], [], []
         for sp, t_det in self.pending:
+            # A sample queued behind a slow one takes that one's cause (no rows of its own
+            # needed, no attribution spent): once the leader is logged — now, or later in
+            # this step when the leader is in this batch.
+            if sp.queued_behind >= 0 and (sp.queued_behind in self._recs
+                                          or sp.queued_behind in pending_seqs):
+                followers.append((sp, t_det))
+                continue
             waited = now - t_det
             rows_ready = latest >= sp.end_ns + self.attributor.slack_ns
             scan_ready = scan_ns >= sp.end_ns
@@ -385,8 +396,24 @@ class WatchSession:
                 keep.append((sp, t_det))
             else:
                 ready.append((sp, t_det))
-        if not ready:
-            return
+        if ready:
+            keep = self._attribute_batch(ready, now) + keep
+        waiting = {x[0].seq for x in keep}
+        for sp, t_det in followers:
+            lead = self._recs.get(sp.queued_behind)
+            if lead is not None:
+                self._inherit(sp, lead, "queued")
+            elif sp.queued_behind in waiting:
+                keep.append((sp, t_det))  # its leader waits for its rows: so does it
+                waiting.add(sp.seq)  # (and a sample queued behind this one, after it)
+            else:
+                # its leader was logged unattributed: this one is attributed on its own
+                keep.append((replace(sp, queued_behind=-1), t_det))
+        self.pending = sorted(keep, key=lambda x: x[0].seq)
+
+    def _attribute_batch(self, ready: list, now: int) -> list:
+        """Attribute the ready spikes (oldest first) within the rate limit and the step's
+        time budget; return those left for the next step."""
         recent = self.lat.last(500)[:, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"]]]
         # The rate limit is a token bucket refilled continuously (at most 0.1 s banked).
         # Over it, the step's tokens are spread evenly over its ready spikes (every
@@ -400,28 +427,27 @@ class WatchSession:
         self._attr_budget_t = t
         tokens = int(self._attr_budget)
         stride = 1 if len(ready) <= tokens else -(-len(ready) // max(tokens, 1))
-        # One step attributes for at most ATTR_STEP_BUDGET of the loop period, so a spike
-        # storm cannot stretch the loop (the run's --duration, the live view, the metrics);
-        # what is left waits for the next step, and a spike still waiting after
-        # BACKLOG_DROP_S is logged "not attributed" rather than years late.
+        # One step attributes for at most ATTR_STEP_BUDGET of the loop period (checked
+        # before each attribution, so one may overrun it), so a spike storm cannot stretch
+        # the loop (the run's --duration, the live view, the metrics); what is left waits
+        # for the next step, and a spike still waiting after BACKLOG_DROP_S is logged "not
+        # attributed" rather than years late.
         step_end = time.monotonic_ns() + int(self.cfg.loop_s * ATTR_STEP_BUDGET * 1e9)
         for n, (sp, _t) in enumerate(ready):
-            lead = self._recs.get(sp.queued_behind) if sp.queued_behind >= 0 else None
-            if lead is not None:
-                self._inherit(sp, lead, "queued")
-                continue
             if time.monotonic_ns() > step_end:
                 rest = ready[n:]
                 for osp, _ in (x for x in rest if now - x[1] > BACKLOG_DROP_S * 1e9):
                     self._not_attributed(osp, "attribution backlog (spike storm)")
-                keep = [x for x in rest if now - x[1] <= BACKLOG_DROP_S * 1e9] + keep
-                break
+                return [x for x in rest if now - x[1] <= BACKLOG_DROP_S * 1e9]
             if n % stride == 0 and self._attr_budget >= 1:
                 self._attr_budget -= 1
-                self._attribute_one(sp, recent)
+                try:
+                    self._attribute_one(sp, recent)
+                except Exception as exc:  # noqa: BLE001 - one spike's failure is logged
+                    self._not_attributed(sp, f"attribution error: {type(exc).__name__}: {exc}")
             else:
                 self._inherit_or_drop(sp)
-        self.pending = keep
+        return []
 
     def _attribute_one(self, sp: Spike, recent: np.ndarray) -> None:
         with self.sampler.lock:
@@ -485,10 +511,15 @@ class WatchSession:
             self.inherited += 1
         self.attributed += 1
         self.attr_delays_ms.append(delay_ms)
+        if len(self.attr_delays_ms) > 10000:
+            del self.attr_delays_ms[:5000]
         self.cause_counts[lrec["cause"]] += 1
         self._remember(sp, rec)
+        self.last_spikes.append(rec)
         if self.metrics is not None:
             self.metrics.spike(lrec["cause"])
+        if self.cfg.flight_us and sp.latency_ns >= self.cfg.flight_us * 1e3:
+            self.flight_pending.append((sp, rec))
 
     def _remember(self, sp: Spike, rec: dict) -> None:
         """Keep the last 4096 logged spikes by seq (a queued one looks up its leader)."""

@@ -183,7 +183,12 @@ def cpu_hog(cpu: int, nice: int = 0, count: int = 1,
 def oversubscription(threads: int | None = None, nice: int = 0) -> Iterator[list[int]]:
     """``threads`` (default 2 × CPUs) unpinned busy processes."""
     n = threads or 2 * (os.cpu_count() or 1)
-    every = ",".join(str(c) for c in range(os.cpu_count() or 1))
+    from collectors.host import Host
+    from collectors.parsers import parse_cpulist
+    host = Host()
+    online = host.read(host.sys("devices", "system", "cpu", "online"))
+    cpus = parse_cpulist(online.value.strip()) if online.ok else range(os.cpu_count() or 1)
+    every = ",".join(str(c) for c in cpus)
     procs = [_spawn_hog(every, nice) for _ in range(n)]
     _alive(procs, "oversubscription")
     try:
