@@ -63,14 +63,15 @@ def work_unit(n: int) -> int:
     return acc
 
 
-def probe_proc(cpu: int | None, n: int, stop_at: float, out: mp.Queue) -> None:
+def probe_proc(cpu: int | None, n: int, stop_at: float, out: mp.Queue, stop=None) -> None:
     """Open loop at 1 kHz: intended start times, latency = end − intended start (coordinated-
-    omission free)."""
+    omission free). Runs until ``stop_at`` or, checked once a second, the ``stop`` event."""
     pin(cpu)
     times, phases = [], []
     period = 1_000_000
     t_next = time.monotonic_ns()
-    while time.monotonic() < stop_at:
+    while time.monotonic() < stop_at and not (stop is not None and len(times) % 1000 == 0
+                                              and stop.is_set()):
         while time.monotonic_ns() < t_next:
             pass
         work_unit(n)
@@ -199,11 +200,13 @@ def main() -> int:
     total = 2 * a.off_s + a.single_s + a.load_s + 2.0 + \
         (2 * a.ab_pairs * a.ab_block_s + 3.0 if a.ab_pairs else 0.0)
     with Exporter(m, "127.0.0.1:0") as ex:
-        stream = Stream(m, total + 5)
+        stream = Stream(m, total + 120)  # stopped explicitly at the end
         q: mp.Queue = ctx.Queue()
         t_begin = time.monotonic()
+        probe_stop = ctx.Event()  # the phases' process start-ups add seconds to `total`
         probe = ctx.Process(target=probe_proc, args=(a.probe_cpu, a.work,
-                                                     time.monotonic() + total, q))
+                                                     time.monotonic() + total + 120, q,
+                                                     probe_stop))
         probe.start()
         stream.start()
         time.sleep(1.0)  # probe process start-up
@@ -246,6 +249,7 @@ def main() -> int:
             gate.set()  # let the scrapers run out their duration
             _ab_lat, ab_err = aq.get()
             ap_.join()
+        probe_stop.set()
         phases, plat = q.get()
         probe.join()
         stream.stop.set()
@@ -297,8 +301,12 @@ def main() -> int:
         blocks = {"on": [], "off": []}
         for mode, t0, t1 in ab_blocks:
             blocks[mode].append(plat[(phases >= t0 + skip) & (phases < t1)])
-        ab = paired_bootstrap(blocks["on"], blocks["off"], n_boot=4000, seed=a.seed)
-        res["ab"] = {"pairs": a.ab_pairs, "block_s": a.ab_block_s, "errors": len(ab_err),
+        keep = [i for i in range(len(blocks["on"])) if len(blocks["on"][i]) and
+                len(blocks["off"][i])]  # a pair with an empty block (a stalled probe): out
+        ab = paired_bootstrap([blocks["on"][i] for i in keep], [blocks["off"][i] for i in keep],
+                              n_boot=4000, seed=a.seed)
+        res["ab"] = {"pairs": a.ab_pairs, "pairs_used": len(keep), "block_s": a.ab_block_s,
+                     "errors": len(ab_err),
                      "p50": ab["p50"], "p99": ab["p99"], "n_on": ab["n_a"], "n_off": ab["n_b"]}
     if a.json:
         print(json.dumps(res, indent=2))
