@@ -370,6 +370,11 @@ class WatchMetrics:
 
     # ---- reading --------------------------------------------------------------------------
 
+    def audit_state(self) -> tuple[dict[str, str] | None, float | None]:
+        """The audit statuses (a copy) and when they were set (for the exporter's cache)."""
+        with self._lock:
+            return (None if self._audit is None else dict(self._audit)), self._audit_unix_s
+
     def snapshot(self) -> Snapshot:
         """A consistent copy of the state. Quantiles are recomputed at most once per
         ``quantile_refresh_s``; everything else is exact at the time of the call."""

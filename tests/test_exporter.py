@@ -390,3 +390,27 @@ def test_series_count_matches_docs_fleet_formula():
     body = render(make_registry(m))[0].decode()
     series = [ln for ln in body.splitlines() if ln and not ln.startswith("#")]
     assert len(series) == 53 + 7 * C + 2 * K + P + 16 * G + 3 * D
+
+
+def test_audit_families_are_rendered_once_per_audit_and_format():
+    """The audit state (one series per check × status) is rendered once per audit result
+    and exposition format and reused; a new audit replaces it; OpenMetrics keeps a single
+    # EOF at the very end and parses."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    m = populated()
+    reg = make_registry(m)
+    b1, _ = render(reg)
+    cached = dict(reg._audit_text)
+    b2, _ = render(reg)
+    assert reg._audit_text == cached and list(cached.values())[0] is \
+        list(reg._audit_text.values())[0]
+    assert b1.count(b"hftagent_audit_check_ok{") == b2.count(b"hftagent_audit_check_ok{") > 0
+    om, ctype = render(reg, "application/openmetrics-text; version=1.0.0")
+    assert "openmetrics" in ctype and om.count(b"# EOF") == 1 and om.endswith(b"# EOF\n")
+    fams = {f.name for f in text_string_to_metric_families(om.decode())}
+    assert {"hftagent_audit_check_ok", "hftagent_probe_latency_seconds"} <= fams
+    m.set_audit([Finding("cpu.governor", "x", "t", Status.FAIL)])
+    b3, _ = render(reg)
+    assert b'hftagent_audit_check_ok{check="cpu.governor"} 0.0' in b3
+    assert b3.count(b"hftagent_audit_check_ok{") == 1
