@@ -69,6 +69,23 @@ def _check_contention(recs: list[dict], pids: list[int], min_spikes: int, summar
     assert summary["attribution_delay_ms"]["max"] < 1000
 
 
+def _probe_worker_of(parent: int, timeout: float = 30.0) -> int:
+    """The pid of the probe worker that watch process ``parent`` started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if b"agent.watch.probe_worker" in cmd and ppid == parent:
+                    return int(pid)
+    raise AssertionError(f"no probe worker under pid {parent}")
+
+
 @needs_two_cpus
 def test_cpu_hog_is_attributed_to_cpu_contention(tmp_path):
     sys.path.insert(0, str(REPO))
@@ -95,21 +112,7 @@ def test_probe_death_exits_3_and_keeps_the_log(tmp_path):
                           "--probe", "numpy", "--duration", "60", "--spike-log", str(log),
                           "--no-live", "--threshold-us", "1"], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    me = p.pid
-    worker = None
-    deadline = time.monotonic() + 30
-    while worker is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-                if b"agent.watch.probe_worker" in cmd and ppid == me:
-                    worker = int(pid)
-    assert worker is not None
+    worker = _probe_worker_of(p.pid)
     time.sleep(2)  # let it time and log some spikes (every sample is one at 1 µs)
     os.kill(worker, 9)
     out, err = p.communicate(timeout=30)
@@ -480,20 +483,7 @@ def test_a_stall_before_the_call_counts_from_the_intended_start(tmp_path):
                           "--threshold-us", "40000", "--spike-log", str(log), "--no-live",
                           "--json"], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    worker = None
-    deadline = time.monotonic() + 30
-    while worker is None and time.monotonic() < deadline:
-        time.sleep(0.3)
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-                if b"agent.watch.probe_worker" in cmd and ppid == p.pid:
-                    worker = int(pid)
-    assert worker is not None
+    worker = _probe_worker_of(p.pid)
     time.sleep(2.5)
     for _ in range(3):
         os.kill(worker, signal.SIGSTOP)

@@ -344,6 +344,7 @@ class WatchSession:
         cfg = self.cfg
         thr = cfg.threshold_us * 1e3 if cfg.threshold_us else None
         prev_end = self._prev_end
+        track = cfg.probe != "external"  # (a thread-per-request server: no growing map)
         for i in range(len(recs)):
             li = int(lat[i])
             p50 = self._p50_ns
@@ -356,7 +357,7 @@ class WatchSession:
             if spike:
                 # Open loop: a sample whose intended start fell inside the previous slow
                 # sample of its thread waited for it — its cause is that sample's.
-                prev = prev_end.get(tid) if self.cfg.probe != "external" else None
+                prev = prev_end.get(tid) if track else None
                 # (external records may nest or overlap — concurrent requests, asyncio —
                 # without one waiting for the other: no queueing inferred there)
                 queued = prev[0] if prev is not None and prev[2] and start < prev[1] and \
@@ -370,7 +371,8 @@ class WatchSession:
                 self.sched.request_scan()
             else:
                 self._recent_lat.append(li)
-            prev_end[tid] = (int(r[F["seq"]]), end, spike)
+            if track:
+                prev_end[tid] = (int(r[F["seq"]]), end, spike)
         if len(self._recent_lat) >= 20:
             self._p50_ns = int(np.median(np.fromiter(self._recent_lat, dtype=np.int64)))
 
