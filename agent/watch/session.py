@@ -454,26 +454,36 @@ class WatchSession:
     def _attribute_one(self, sp: Spike, recent: np.ndarray) -> None:
         with self.sampler.lock:
             a = self.attributor.attribute(sp, recent)
+        rec = self._log_spike(sp, a.to_dict())
+        self._last_attr = (sp, rec)
+        if a.causes and a.cause != "unexplained":
+            self.cause_details.setdefault(a.cause, Counter())[_short(a.causes[0].detail)] += 1
+
+    def _head(self, sp: Spike) -> dict:
+        """The fields every spike record starts with."""
+        return {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
+                "latency_us": round(sp.latency_ns / 1e3, 1)}
+
+    def _log_spike(self, sp: Spike, body: dict) -> dict:
+        """Write a spike record with a cause (``body``: cause, causes, evidence...) and do
+        the bookkeeping every named spike gets: counts, delays, metrics, live view, the
+        flight recorder, the by-seq memory queued samples look their leader up in."""
         delay_ms = (time.monotonic_ns() - sp.end_ns) / 1e6
+        rec = {**self._head(sp), "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid,
+               "tid": sp.tid, **body, "attributed_after_ms": round(delay_ms, 1)}
+        self._write(rec)
+        self.attributed += 1
         self.attr_delays_ms.append(delay_ms)
         if len(self.attr_delays_ms) > 10000:
             del self.attr_delays_ms[:5000]
-        rec = {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
-               "latency_us": round(sp.latency_ns / 1e3, 1),
-               "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid, "tid": sp.tid,
-               **a.to_dict(), "attributed_after_ms": round(delay_ms, 1)}
-        self._write(rec)
-        self.attributed += 1
-        self._last_attr = (sp, rec)
+        self.cause_counts[rec["cause"]] += 1
         self._remember(sp, rec)
-        self.cause_counts[a.cause] += 1
-        if a.causes and a.cause != "unexplained":
-            self.cause_details.setdefault(a.cause, Counter())[_short(a.causes[0].detail)] += 1
         self.last_spikes.append(rec)
         if self.metrics is not None:
-            self.metrics.spike(a.cause)
+            self.metrics.spike(rec["cause"])
         if self.cfg.flight_us and sp.latency_ns >= self.cfg.flight_us * 1e3:
             self.flight_pending.append((sp, rec))
+        return rec
 
     def _inherit_or_drop(self, sp: Spike) -> None:
         """Over the attribution rate limit (a spike storm): a spike within INHERIT_NS of the
@@ -494,34 +504,18 @@ class WatchSession:
         (open loop: its intended start fell inside it) —, or "rate" — over the attribution
         rate limit, ``gap`` ns from it (the same sampler rows)."""
         lsp, lrec = lead
-        delay_ms = (time.monotonic_ns() - sp.end_ns) / 1e6
         note = (f"queued behind spike {lsp.seq}: started "
                 f"{(lsp.end_ns - sp.start_ns) / 1e6:.1f} ms late" if why == "queued" else
                 f"attribution rate limit: the cause of spike {lsp.seq}, {gap / 1e6:.1f} ms apart")
-        rec = {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
-               "latency_us": round(sp.latency_ns / 1e3, 1),
-               "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid, "tid": sp.tid,
-               "cause": lrec["cause"], "unexplained": lrec.get("unexplained"),
-               # the same record shape as an attributed spike: the host evidence is that
-               # of the spike it inherits from (its rows), the in-process evidence its own
-               "causes": lrec.get("causes", []), "inherited_from": lsp.seq, "note": note,
-               "in_process": sp.in_process(), "attributed_after_ms": round(delay_ms, 1)}
-        self._write(rec)
+        # the same record shape as an attributed spike: the host evidence is that of the
+        # spike it inherits from (its rows), the in-process evidence its own
+        self._log_spike(sp, {"cause": lrec["cause"], "unexplained": lrec.get("unexplained"),
+                             "causes": lrec.get("causes", []), "inherited_from": lsp.seq,
+                             "note": note, "in_process": sp.in_process()})
         if why == "queued":
             self.queued += 1
         else:
             self.inherited += 1
-        self.attributed += 1
-        self.attr_delays_ms.append(delay_ms)
-        if len(self.attr_delays_ms) > 10000:
-            del self.attr_delays_ms[:5000]
-        self.cause_counts[lrec["cause"]] += 1
-        self._remember(sp, rec)
-        self.last_spikes.append(rec)
-        if self.metrics is not None:
-            self.metrics.spike(lrec["cause"])
-        if self.cfg.flight_us and sp.latency_ns >= self.cfg.flight_us * 1e3:
-            self.flight_pending.append((sp, rec))
 
     def _remember(self, sp: Spike, rec: dict) -> None:
         """Keep the last 4096 logged spikes by seq (a queued one looks up its leader)."""
@@ -536,9 +530,7 @@ class WatchSession:
 
     def _not_attributed(self, sp: Spike, why: str) -> None:
         self.not_attributed += 1
-        self._write({"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
-                     "latency_us": round(sp.latency_ns / 1e3, 1),
-                     "cause": None, "note": f"not attributed: {why}"})
+        self._write({**self._head(sp), "cause": None, "note": f"not attributed: {why}"})
 
     def _flight_ready(self) -> None:
         if not self.flight_pending:
