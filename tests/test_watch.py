@@ -504,25 +504,13 @@ def test_a_sample_queued_behind_a_slow_one_takes_its_cause():
     """Open loop: a sample whose intended start fell inside the previous slow sample of its
     thread waited for it; it is logged with that sample's cause (inherited_from, "queued
     behind"), without using an attribution."""
-    import numpy as np
-
-    from agent.client import FIELDS
     s, recs, attr = _storm_session(0, 0.0)
     s.cfg.min_samples = 0
     s._p50_ns = 1_000_000
     s._recent_lat.extend([1_000_000] * 30)
-    now = time.monotonic_ns() - 50_000_000
-    rows = []
     # seq 1 normal; seq 2 slow (10 ms); seq 3 intended during seq 2 → queued (7 ms);
     # seq 4 intended after seq 3 ended, on time, normal; seq 5 slow on its own.
-    for seq, start, end in ((1, 0, 1), (2, 2, 12), (3, 4, 13), (4, 14, 15), (5, 16, 26)):
-        r = [0] * len(FIELDS)
-        r[FIELDS.index("seq")], r[FIELDS.index("seq2")] = seq, seq
-        r[FIELDS.index("start_ns")] = now + start * 1_000_000
-        r[FIELDS.index("end_ns")] = now + end * 1_000_000
-        r[FIELDS.index("pid")], r[FIELDS.index("tid")] = 1, 7
-        rows.append(r)
-    s._ingest(np.array(rows, dtype=np.int64))
+    s._ingest(_records_array([(1, 0, 1), (2, 2, 12), (3, 4, 13), (4, 14, 15), (5, 16, 26)]))
     assert [sp.queued_behind for sp, _ in s.pending] == [-1, 2, -1]
     s._attribute_ready(time.monotonic_ns())
     assert attr.calls == 2 and s.queued == 1 and s.attributed == 3
