@@ -16,12 +16,16 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Debian packages the tests use for real (promtool, prometheus, amtool). Installed only when missing.
+# Debian packages the tests use for real (promtool, prometheus, amtool; a C compiler for watch's
+# native reader, agent/watch/hftsampler.c). Installed only when missing.
 apt-deps:
-	@if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null; then \
+	@pkgs=""; \
+	if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null; then pkgs="prometheus prometheus-alertmanager"; fi; \
+	if ! command -v cc >/dev/null; then pkgs="$$pkgs gcc libc6-dev"; fi; \
+	if [ -n "$$pkgs" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
-	  else echo "note: promtool/amtool missing and cannot apt-get install them; those tests will skip" >&2; fi; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; \
+	  else echo "note: $$pkgs missing and cannot apt-get install them; those tests will skip" >&2; fi; \
 	fi
 
 # Main job: read-only audit of this host, then the probe on the built-in model.

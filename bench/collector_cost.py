@@ -8,6 +8,9 @@ rounds as in watch (cold caches, wake-up included): the figure the 2 % target is
 the collector set watch runs with a built-in probe (``at_rate``) and with an external process
 (``at_rate_external``: the probe threads' schedstat every round), next to ``at_rate_floor``:
 the same thread waking at --hz with no collector (the host's cost of a wake-up).
+``at_rate_native`` / ``at_rate_native_external``: the same collector sets fed by the native
+reader (agent/watch/hftsampler.c at --hz, replayed in batches): its share is the helper's
+CPU time plus the drain thread's, each also given alone.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.watch.sampler import Sampler  # noqa: E402
+from agent.watch.feed import Feed, NativeUnavailable  # noqa: E402
+from agent.watch.sampler import NativeSampler, Sampler  # noqa: E402
 from collectors.cpu import CpuCollector  # noqa: E402
 from collectors.host import Host  # noqa: E402
 from collectors.irq import IrqCollector, SoftirqCollector  # noqa: E402
@@ -40,14 +44,20 @@ def collectors(host: Host, pid: int, cpu: int, source: str = "builtin") -> list:
             NumaCollector(host, [cpu]), PcieCollector(host)]
 
 
-def _at_rate(cands: list, args, hk: list[int]) -> dict:
+def _at_rate(cands: list, args, hk: list[int], feed=None) -> dict:
     cs = [c for c in cands if c.available().ok]
-    s = Sampler(cs, args.hz, hk)
+    s = NativeSampler(cs, feed, args.hz, hk) if feed is not None else Sampler(cs, args.hz, hk)
     s.start()
     time.sleep(args.seconds)
     s.stop()
     st = s.stats
-    return {"hz": args.hz, "seconds": args.seconds, "rounds": st.rounds,
+    extra = {}
+    if feed is not None:
+        extra = {"helper_share_of_one_cpu": round(s.helper_cpu_ns() / 1e9 / args.seconds, 4),
+                 "drain_share_of_one_cpu": round(s.drain_cpu_ns / 1e9 / args.seconds, 4),
+                 "native_error": s.native_error, "overruns": feed.overruns,
+                 "dropped_rows": {k: v.dropped_rows for k, v in st.per_collector.items()}}
+    return {"sampler": s.mode, "hz": args.hz, "seconds": args.seconds, "rounds": st.rounds, **extra,
             "sampler_cpu_share_of_one_cpu": round(st.cpu_ns / 1e9 / args.seconds, 4),
             "cpu_us_per_round": round(st.cpu_ns / max(1, st.rounds) / 1e3, 1),
             "per_collector_mean_us": {k: v.to_dict()["mean_us"] for k, v in
@@ -93,6 +103,17 @@ def main() -> int:
         out["at_rate"] = _at_rate(collectors(host, target.pid, probe_cpu, "builtin"), args, hk)
         out["at_rate_external"] = _at_rate(
             collectors(host, target.pid, probe_cpu, "external"), args, hk)
+        # The native reader (watch's default where a C compiler is found): the same
+        # collectors fed from hftsampler's recorded rounds.
+        for key, source in (("at_rate_native", "builtin"), ("at_rate_native_external", "external")):
+            try:
+                feed = Feed(int(1e9 / args.hz))
+            except NativeUnavailable as exc:
+                out[key] = {"unavailable": str(exc)}
+                continue
+            nhost = Host()
+            nhost.hot_factory = feed.open
+            out[key] = _at_rate(collectors(nhost, target.pid, probe_cpu, source), args, hk, feed)
     finally:
         target.kill()
         target.wait()

@@ -283,6 +283,7 @@ class CpuCollector:
     """
 
     name = "cpu"
+    replayable = True  # reads only host.open_hot files: the native sampler can feed it
     # 20 Hz: the kernel generates all of /proc/stat (every CPU and the per-IRQ "intr" line)
     # on each read, and its time fields move in USER_HZ (10 ms) ticks anyway.
     period_s = 0.05

@@ -193,8 +193,22 @@ class Host:
         except OSError:
             return None
 
+    # Set by `hftagent watch --sampler native` (agent.watch.feed.Feed.open): hot files then
+    # come back from the native reader's recorded rounds. None: plain HotFile.
+    hot_factory = None
+
+    def with_hot_factory(self, factory) -> Host:
+        """A copy of this Host whose ``open_hot`` returns ``factory(path)`` (the collectors'
+        view when the native sampler feeds them); this Host is unchanged."""
+        import copy
+        h = copy.copy(self)
+        h.hot_factory = factory
+        return h
+
     def open_hot(self, path: Path) -> HotFile:
         """Open a file for repeated ``pread`` (the sampler's fast path). Raises OSError."""
+        if self.hot_factory is not None:
+            return self.hot_factory(path)
         return HotFile(str(path))
 
     # -- process helpers ---------------------------------------------------------------------

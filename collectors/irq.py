@@ -182,6 +182,7 @@ class IrqCollector:
     """
 
     name = "irq"
+    replayable = True  # reads only host.open_hot files: the native sampler can feed it
     period_s = 0.05
     desc_every = 100  # full parse (device names) every 100th read: 5 s at 20 Hz
 
@@ -234,6 +235,7 @@ class SoftirqCollector:
     RCU, ...; counters). Cheap (~3 µs read), sampled every round. [cat /proc/softirqs]"""
 
     name = "softirq"
+    replayable = True  # reads only host.open_hot files: the native sampler can feed it
     period_s = 0.0
 
     def __init__(self, host: Host, cpus: list[int] | None = None) -> None:

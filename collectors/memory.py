@@ -72,6 +72,7 @@ class MemoryCollector:
     """vmstat + PSI (see module docstring)."""
 
     name = "memory"
+    replayable = True  # reads only host.open_hot files: the native sampler can feed it
     # 20 Hz: generating /proc/vmstat costs ~20 µs of kernel time per read; a fault or
     # reclaim storm that hurts the tail lasts longer than 50 ms, and the probe's own
     # getrusage fault counts are the per-sample evidence.

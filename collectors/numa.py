@@ -42,6 +42,7 @@ class NumaCollector:
     """numastat of the nodes holding the probe CPUs (see module docstring). 10 Hz."""
 
     name = "numa"
+    replayable = True  # reads only host.open_hot files: the native sampler can feed it
     period_s = 0.1
 
     def __init__(self, host: Host, cpus: list[int]) -> None:

@@ -91,6 +91,8 @@ class SchedCollector:
     CPUs (see module docstring)."""
 
     name = "sched"
+    # The native sampler feeds its per-thread files (host.open_hot); the task scan reads live.
+    replayable = True
     period_s = 0.0
 
     def __init__(self, host: Host, pids: list[int], cpus: list[int], *,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -103,6 +104,9 @@ def test_cpu_hog_is_attributed_to_cpu_contention(tmp_path):
     assert summary["samples"] > 1200  # 1600 scheduled
     _check_contention([x for x in _records(log) if x.get("cause")], pids, min_spikes, summary)
     assert summary["sampler"]["pinned_to"] != [probe_cpu]
+    if shutil.which("cc") or shutil.which("gcc"):  # --sampler auto: the native reader
+        assert summary["sampler"]["mode"] == "native", summary["sampler"]
+        assert summary["sampler"]["helper_cpu_share"] > 0
 
 
 @needs_two_cpus
@@ -110,7 +114,9 @@ def test_probe_death_exits_3_and_keeps_the_log(tmp_path):
     log = tmp_path / "spikes.jsonl"
     p = subprocess.Popen([sys.executable, "-c", "from agent.cli import main; main()", "watch",
                           "--probe", "numpy", "--duration", "60", "--spike-log", str(log),
-                          "--no-live", "--threshold-us", "1"], cwd=REPO,
+                          "--no-live", "--threshold-us", "1",
+                          "--sampler", "python"],  # the Python sampler's e2e run
+                         cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     worker = _probe_worker_of(p.pid)
     time.sleep(2)  # let it time and log some spikes (every sample is one at 1 µs)

@@ -169,7 +169,7 @@ def test_live_view_in_a_terminal():
     # a contention row shows its evidence (the task that ran, the run-queue wait ...)
     assert all(re.search(r"ran on CPU|run queue|context switch", d)
                for _, _, c, d in rows if c == "cpu_contention"), rows
-    assert "spikes:" in summary and "sampler on CPU" in summary
+    assert "spikes:" in summary and "sampler (" in summary and "on CPU" in summary
 
 
 def test_live_without_a_terminal_falls_back_to_the_summary():

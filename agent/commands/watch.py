@@ -34,6 +34,10 @@ def watch(
                                             "/dev/shm/hftagent-PID.ring).")] = None,
     ring: Annotated[str | None, typer.Option(help="External latency ring path.")] = None,
     sample_hz: Annotated[float, typer.Option(help="Collector rounds per second.")] = 100.0,
+    sampler: Annotated[str, typer.Option(help="Who reads the hot /proc files: native (a small "
+                                         "C reader built on first use with the system's cc; "
+                                         "about half the CPU cost), python, or auto (native "
+                                         "when it can be built, else python).")] = "auto",
     threshold_us: Annotated[float | None, typer.Option(help="A sample over this is a spike.")
                             ] = None,
     k: Annotated[float, typer.Option("--k", help="A sample over k × rolling P50 is a spike.")
@@ -72,6 +76,8 @@ def watch(
         probe = "external"
     if probe == "external" and pid is None and ring is None:
         raise fail("--probe external needs --pid or --ring")
+    if sampler not in ("auto", "native", "python"):
+        raise fail(f"--sampler must be auto, native or python, not {sampler!r}")
     import math
 
     def positive(name: str, v: float | None, above: float = 0.0) -> None:
@@ -106,7 +112,7 @@ def watch(
                       probe_cpus=probe_cpus, housekeeping_cpus=hk_cpus, pid=pid, ring_path=ring,
                       sample_hz=sample_hz, threshold_us=threshold_us, k_p50=k,
                       flight_us=flight_us, flight_dir=flight_dir, spike_log=spike_log,
-                      duration_s=duration, perf=perf)
+                      duration_s=duration, perf=perf, sampler=sampler)
     metrics = exporter = None
     if listen:
         from agent.exporter import Exporter
@@ -222,9 +228,14 @@ def _print_summary(s: dict, spike_log: str | None) -> None:
               + (f"; not supported here: {hw}" if hw else ""))
     smp = s["sampler"]
     if smp:
-        print(f"sampler on CPU {smp['pinned_to']}: {smp['rounds']} rounds, "
-              f"{smp['mean_round_us']} µs/round, {100 * (smp['cpu_share_of_one_cpu'] or 0):.2f} % "
-              "of one CPU")
+        split = ""
+        if smp.get("helper_cpu_share") is not None:
+            split = (f" (reader {100 * smp['helper_cpu_share']:.2f} %, replay "
+                     f"{100 * (smp['drain_cpu_share'] or 0):.2f} %)")
+        print(f"sampler ({smp['mode']}) on CPU {smp['pinned_to']}: {smp['rounds']} rounds, "
+              f"{smp['cpu_us_per_round']} µs CPU/round, "
+              f"{100 * (smp['cpu_share_of_one_cpu'] or 0):.2f} % of one CPU{split}"
+              + (f"; {smp['note']}" if smp.get("note") else ""))
     for w in s["warnings"]:
         print(f"warning: {w}")
     if s["flight_records"]:

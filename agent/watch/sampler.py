@@ -39,6 +39,7 @@ class CollectorState:
     consecutive_failures: int = 0
     busy_ns: int = 0
     last_duration_s: float = 0.0
+    dropped_rows: int = 0  # native replay: rows that mixed live reads into a recorded round
 
     def to_dict(self) -> dict:
         return {"state": self.state, "reason": self.reason, "runs": self.runs,
@@ -53,7 +54,8 @@ class _Entry:
     deltas: DeltaTracker
     state: CollectorState
     period_ns: int
-    due_ns: int = 0  # sampled when at least this long since the last run (period − slack)
+    due_ns: int = 0
+    div: int = 1  # native sampler: replayed on helper rounds where round % div == 0  # sampled when at least this long since the last run (period − slack)
     last_ns: int = 0
     prev_t_ns: int = 0
 
@@ -70,6 +72,8 @@ class SamplerStats:
 
 class Sampler:
     """Runs collectors at ``hz`` on a thread pinned to ``cpus`` (housekeeping)."""
+
+    mode = "python"
 
     def __init__(self, collectors: list, hz: float = 100.0, cpus: list[int] | None = None,
                  capacity_s: float = 30.0, max_failures: int = 3,
@@ -155,48 +159,61 @@ class Sampler:
         per-call dataclass and float timing cost a measurable share of the 100 Hz budget;
         :class:`~collectors.base.CollectorResult` is only built for ``on_result``."""
         now = time.monotonic_ns() if now_ns is None else now_ns
-        pc = time.perf_counter_ns
-        t_start = pc()
-        on_result = self.on_result
+        t_start = time.perf_counter_ns()
         for e in self.entries:
-            st = e.state
-            if now - e.last_ns < e.due_ns or st.state != "ok":
+            if now - e.last_ns < e.due_ns or e.state.state != "ok":
                 continue
             e.last_ns = now
-            t0 = pc()
-            try:
-                values = e.collector.sample()
-                error = None
-            except Exception as exc:  # noqa: BLE001 - a broken collector never stops the others
-                values, error = {}, f"{type(exc).__name__}: {exc}"
-            dt = pc() - t0
-            st.runs += 1
-            st.busy_ns += dt
-            st.last_duration_s = dt / 1e9
-            if on_result is not None:
-                on_result(CollectorResult(st.name, error is None, dt / 1e9, values, error))
-            if error is None:
-                st.consecutive_failures = 0
-                with self._lock:
-                    e.ring.append_raw(e.prev_t_ns or now, now, values, e.deltas)
-                e.prev_t_ns = now
-                continue
-            st.failures += 1
-            st.consecutive_failures += 1
-            st.reason = error
-            perm = "Permission" in error or "EACCES" in error
-            if perm or st.consecutive_failures >= self.max_failures:
-                # Degrade, never crash: a collector that lost its permission (or keeps
-                # failing) is closed and reported as unsupported from now on.
-                st.state = "unsupported"
-                st.reason = f"unsupported: {error}"
-                try:
-                    e.collector.close()
-                except Exception:  # noqa: BLE001
-                    pass
+            self._sample_entry(e, now)
         self._latest = now
         self.stats.rounds += 1
         self.stats.busy_ns += time.perf_counter_ns() - t_start
+
+    def _sample_entry(self, e: _Entry, now: int, keep=None, pending: list | None = None) -> None:
+        """Sample one collector and append its row at ``now``. The native sampler's replay
+        passes ``keep`` (called after a successful sample; False drops the row: it mixed
+        live reads into a recorded round) and ``pending`` (rows are collected there and
+        appended in one batch)."""
+        st = e.state
+        pc = time.perf_counter_ns
+        t0 = pc()
+        try:
+            values = e.collector.sample()
+            error = None
+        except Exception as exc:  # noqa: BLE001 - a broken collector never stops the others
+            values, error = {}, f"{type(exc).__name__}: {exc}"
+        dt = pc() - t0
+        st.runs += 1
+        st.busy_ns += dt
+        st.last_duration_s = dt / 1e9
+        if self.on_result is not None:
+            self.on_result(CollectorResult(st.name, error is None, dt / 1e9, values, error))
+        if error is None:
+            st.consecutive_failures = 0
+            if keep is not None and not keep():
+                st.dropped_rows += 1
+                return
+            if pending is not None:
+                pending.append((e.prev_t_ns or now, now, values))
+                e.prev_t_ns = now
+                return
+            with self._lock:
+                e.ring.append_raw(e.prev_t_ns or now, now, values, e.deltas)
+            e.prev_t_ns = now
+            return
+        st.failures += 1
+        st.consecutive_failures += 1
+        st.reason = error
+        perm = "Permission" in error or "EACCES" in error
+        if perm or st.consecutive_failures >= self.max_failures:
+            # Degrade, never crash: a collector that lost its permission (or keeps
+            # failing) is closed and reported as unsupported from now on.
+            st.state = "unsupported"
+            st.reason = f"unsupported: {error}"
+            try:
+                e.collector.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     def _run(self) -> None:
         self.native_id = threading.get_native_id()
@@ -205,19 +222,31 @@ class Sampler:
                 os.sched_setaffinity(0, self.cpus)  # pid 0 = this thread on Linux
             except OSError as exc:
                 self.pin_error = f"cannot pin sampler to CPUs {self.cpus}: {exc.strerror}"
-        thread_time = time.thread_time_ns
+        self._cpu0 = time.thread_time_ns()
+        self.stats.started_ns = time.monotonic_ns()
+        self._loop(self.period_ns, self.round)
+        self._account()
+
+    _cpu0 = 0
+
+    def _account(self) -> None:
+        """The sampler's CPU time so far (this thread's)."""
+        self.stats.cpu_ns = time.thread_time_ns() - self._cpu0
+
+    def _loop(self, period_ns: int, body: Callable[[], object]) -> None:
+        """Call ``body`` every ``period_ns`` until stop() (or until ``body`` returns False)."""
         monotonic = time.monotonic_ns
         sleep = time.sleep
         stop = self._stop
-        cpu0 = thread_time()
-        self.stats.started_ns = monotonic()
         nxt = monotonic()
+        n = 0
         # time.sleep, not Event.wait: a timed Event.wait goes through a Condition and a lock
         # with a timeout on every round; stop() is seen at the next round (≤ one period,
         # sleeps capped at 0.1 s for slow rates).
         while not stop.is_set():
-            self.round()
-            nxt += self.period_ns
+            if body() is False:
+                return
+            nxt += period_ns
             now = monotonic()
             if now > nxt:
                 self.stats.late_rounds += 1
@@ -226,6 +255,139 @@ class Sampler:
                 while now < nxt and not stop.is_set():
                     sleep(min(nxt - now, 100_000_000) / 1e9)
                     now = monotonic()
-            if not self.stats.rounds & 31:  # a syscall: every 32nd round, and at the end
-                self.stats.cpu_ns = thread_time() - cpu0
-        self.stats.cpu_ns = thread_time() - cpu0
+            n += 1
+            if not n & 31:  # a syscall: every 32nd round, and at the end
+                self._account()
+
+
+class NativeSampler(Sampler):
+    """The same rings, filled from the native reader (:mod:`agent.watch.feed`).
+
+    The helper process, pinned to the housekeeping CPUs, reads the replayable collectors'
+    hot files at ``hz`` (each collector's files on its own rounds: ``round % div == 0``,
+    div = period / sampler period). This thread wakes at ``drain_hz`` (5 Hz; 20 Hz when a
+    live collector wants ≥ 20 Hz), replays every recorded round through the collectors'
+    unchanged ``sample()`` (warm caches, one wake-up per batch) and appends the rows at the
+    rounds' own times. Collectors that read no hot files (gpu, perf, pcie) are sampled live
+    here at their period. The sampler's cost is the helper's CPU time plus this thread's.
+
+    If the helper dies mid-run, :attr:`native_error` says why and this thread goes on as the
+    Python sampler (the collectors' files read live again): watch never stops for it.
+    """
+
+    mode = "native"
+
+    def __init__(self, collectors: list, feed, hz: float = 100.0,
+                 cpus: list[int] | None = None, capacity_s: float = 30.0,
+                 max_failures: int = 3,
+                 on_result: Callable[[CollectorResult], None] | None = None,
+                 drain_hz: float | None = None) -> None:
+        super().__init__(collectors, hz, cpus, capacity_s, max_failures, on_result)
+        self.feed = feed
+        self.replayed: list[_Entry] = []
+        self.live: list[_Entry] = []
+        for e in self.entries:
+            e.div = max(1, round(e.period_ns / self.period_ns))
+            (self.replayed if getattr(e.collector, "replayable", False) else self.live).append(e)
+        if drain_hz is None:
+            # 5 Hz: each Python wake-up runs cold (~0.3-0.7 ms of CPU on the dev VM), so
+            # fewer, larger batches cost less (3.0 % at 10 Hz, 2.7 % at 5 Hz, 2.7 % at 2 Hz,
+            # bench/collector_cost.py); a spike waits ≤ 200 ms more for its rows. A live
+            # collector that wants 20 Hz (gpu) sets the pace instead.
+            fastest = min((e.period_ns for e in self.live), default=10**9)
+            drain_hz = 20.0 if fastest < 100_000_000 else 5.0
+        self.drain_ns = int(1e9 / drain_hz)
+        self.native_error: str | None = None
+        self.drain_cpu_ns = 0
+        self._fed_rounds = 0
+
+    def start(self) -> None:
+        """Start the helper (raises :class:`~agent.watch.feed.NativeUnavailable`), then the
+        drain thread."""
+        if self.feed.proc is None:
+            self.feed.start(self.cpus)
+        super().start()
+
+    def _keep(self) -> bool:
+        return not self.feed.miss
+
+    def drain(self) -> bool:
+        """Replay the rounds recorded since the last call, then sample the live collectors.
+        False when the helper has died (the caller switches to Python rounds)."""
+        feed = self.feed
+        t_start = time.perf_counter_ns()
+        buf, rounds = feed.read_rounds()
+        keep = self._keep
+        pending: dict[int, list] = {id(e): [] for e in self.replayed}
+        try:
+            for rnd, t, files in rounds:
+                feed.set_round(buf, files)
+                for e in self.replayed:
+                    if rnd % e.div or e.state.state != "ok":
+                        continue
+                    feed.div, feed.owner, feed.miss = e.div, e.state.name, False
+                    e.last_ns = t
+                    self._sample_entry(e, t, keep, pending[id(e)])
+            self._fed_rounds += len(rounds)
+        finally:
+            feed.set_round(b"", None)
+            with self._lock:  # once per drain, not per row
+                for e in self.replayed:
+                    ring, deltas = e.ring, e.deltas
+                    for t0, t1, values in pending[id(e)]:
+                        ring.append_raw(t0, t1, values, deltas)
+            if rounds:
+                self._latest = rounds[-1][1]
+        now = time.monotonic_ns()
+        for e in self.live:
+            if now - e.last_ns < e.due_ns or e.state.state != "ok":
+                continue
+            e.last_ns = now
+            self._sample_entry(e, now)
+        fs = feed.stats()
+        self.stats.rounds = self._fed_rounds
+        self.stats.late_rounds = fs["late_rounds"]
+        self.stats.busy_ns += time.perf_counter_ns() - t_start
+        if not rounds and not feed.alive():
+            return False
+        return True
+
+    def _account(self) -> None:
+        """Called on the sampler thread: its CPU time plus the helper's (the helper writes
+        its own every 32 rounds and when it exits)."""
+        self.drain_cpu_ns = time.thread_time_ns() - self._cpu0
+        self.stats.cpu_ns = self.drain_cpu_ns + self.feed.stats()["cpu_ns"]
+
+    def helper_cpu_ns(self) -> int:
+        return self.feed.stats()["cpu_ns"]
+
+    def _run(self) -> None:
+        self.native_id = threading.get_native_id()
+        if self.cpus:
+            try:
+                os.sched_setaffinity(0, self.cpus)
+            except OSError as exc:
+                self.pin_error = f"cannot pin sampler to CPUs {self.cpus}: {exc.strerror}"
+        self._cpu0 = time.thread_time_ns()
+        self.stats.started_ns = time.monotonic_ns()
+        self._loop(self.drain_ns, self.drain)
+        if not self._stop.is_set():
+            # The helper died: say why, then carry on as the Python sampler (every
+            # collector's files read live from here on).
+            self.native_error = (f"native sampler stopped ({self.feed.exit_reason()}); "
+                                 "the Python sampler took over")
+            self.mode = "python (native helper died)"
+            for e in self.entries:
+                e.last_ns = 0
+            self._loop(self.period_ns, self.round)
+        self._account()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.feed.stop()
+        # the helper's final CPU time is in the header now; the thread's was taken at its end
+        self.stats.cpu_ns = self.drain_cpu_ns + self.feed.stats()["cpu_ns"]
+        super().stop()  # closes the collectors (their slots are released)
+        self.feed.close()

@@ -43,8 +43,9 @@ import numpy as np
 from agent.client import FIELDS, RingError, RingReader, default_ring_path
 from agent.errors import AgentError
 from agent.watch.attribution import CAUSES, Attributor, Spike
+from agent.watch.feed import Feed, NativeUnavailable
 from agent.watch.ring import LatencyRing
-from agent.watch.sampler import Sampler
+from agent.watch.sampler import NativeSampler, Sampler
 from collectors.host import Host
 
 F = {name: i for i, name in enumerate(FIELDS)}
@@ -85,6 +86,7 @@ class WatchConfig:
     warmup: int = 200
     loop_s: float = 0.05
     max_attributions_per_s: float = 200.0
+    sampler: str = "auto"  # auto | native | python (agent/watch/feed.py)
 
 
 def cpu_plan(online: list[int], probe_cpus: list[int] | None,
@@ -155,6 +157,7 @@ class WatchSession:
         self.proc: subprocess.Popen | None = None
         self.reader: RingReader | None = None
         self.sampler: Sampler | None = None
+        self.sampler_note: str | None = None  # why the Python sampler runs (auto fallback)
         self.sched = None
         self.irq = None
         self.attributor: Attributor | None = None
@@ -250,7 +253,21 @@ class WatchSession:
             except OSError:
                 pass
 
-    def _collectors(self) -> list:
+    def _native_feed(self) -> Feed | None:
+        """The native reader's feed (``--sampler auto|native``), or None: ``--sampler
+        python``, or auto where it cannot run (no C compiler, no shared memory; the reason
+        goes to the summary). ``--sampler native`` where it cannot run is an error."""
+        if self.cfg.sampler == "python":
+            return None
+        try:
+            return Feed(int(1e9 / self.cfg.sample_hz))
+        except NativeUnavailable as exc:
+            if self.cfg.sampler == "native":
+                raise AgentError(str(exc)) from None
+            self.sampler_note = f"python (native sampler unavailable: {exc})"
+            return None
+
+    def _collectors(self, host: Host | None = None) -> list:
         from collectors.cpu import CpuCollector
         from collectors.irq import IrqCollector, SoftirqCollector
         from collectors.memory import MemoryCollector
@@ -258,16 +275,17 @@ class WatchSession:
         from collectors.pcie import PcieCollector
         from collectors.sched import SchedCollector
         cpus = self.cfg.probe_cpus
+        host = host or self.host
         # The built-in probes time each call with its own run-queue delay, switches and
         # faults (in-process evidence), so their threads' schedstat at 100 Hz would only
         # repeat it: 20 Hz there (each cold /proc read after a wake-up costs 30-50 µs on a
         # VM). An external process's records carry none: every round.
-        self.sched = SchedCollector(self.host, [self.cfg.pid], cpus,
+        self.sched = SchedCollector(host, [self.cfg.pid], cpus,
                                     period_s=0.0 if self.cfg.probe == "external" else 0.05)
-        self.irq = IrqCollector(self.host, cpus)
-        cands = [CpuCollector(self.host, cpus), self.sched, self.irq,
-                 SoftirqCollector(self.host, cpus), MemoryCollector(self.host),
-                 NumaCollector(self.host, cpus), PcieCollector(self.host)]
+        self.irq = IrqCollector(host, cpus)
+        cands = [CpuCollector(host, cpus), self.sched, self.irq,
+                 SoftirqCollector(host, cpus), MemoryCollector(host),
+                 NumaCollector(host, cpus), PcieCollector(host)]
         if self.cfg.perf:
             from collectors.perf import PerfCollector
             cands.append(PerfCollector(self.cfg.pid))
@@ -307,11 +325,24 @@ class WatchSession:
             self._attach_external()
         else:
             self._start_probe()
-        collectors = self._collectors()
+        feed = self._native_feed()
+        collectors = self._collectors(self.host.with_hot_factory(feed.open) if feed else None)
         on_result = self.metrics.set_collector_result if self.metrics is not None else None
-        self.sampler = Sampler(collectors, cfg.sample_hz, cfg.housekeeping_cpus,
-                               capacity_s=max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
-                               on_result=on_result)
+        kw = {"capacity_s": max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
+              "on_result": on_result}
+        if feed is not None:
+            self.sampler = NativeSampler(collectors, feed, cfg.sample_hz,
+                                         cfg.housekeeping_cpus, **kw)
+            try:
+                feed.start(cfg.housekeeping_cpus)
+            except NativeUnavailable as exc:
+                feed.close()  # the collectors' files read live from here on
+                if cfg.sampler == "native":
+                    raise AgentError(str(exc)) from None
+                self.sampler_note = f"python (native sampler unavailable: {exc})"
+                self.sampler = None
+        if self.sampler is None:
+            self.sampler = Sampler(collectors, cfg.sample_hz, cfg.housekeeping_cpus, **kw)
         rings = {e.ring.name: e.ring for e in self.sampler.entries}
         gpu = next((c for c in collectors if hasattr(c, "causes") and
                     getattr(c, "name", "") == "gpu"), None)
@@ -319,7 +350,7 @@ class WatchSession:
                                      irq_desc=lambda: self.irq.descriptions,
                                      gpu_detail=gpu.causes if gpu is not None else None,
                                      baseline_s=cfg.baseline_s)
-        self.sampler.start()
+        self.sampler.start()  # a NativeSampler's helper is already running
         self.started_ns = time.monotonic_ns()
 
     # -- the loop ----------------------------------------------------------------------------
@@ -714,10 +745,20 @@ class WatchSession:
             for name, st in self.sampler.stats.per_collector.items():
                 col[name] = st.to_dict()
             s = self.sampler.stats
-            sampler = {"rounds": s.rounds, "late_rounds": s.late_rounds,
+            smp = self.sampler
+            sampler = {"mode": smp.mode, "rounds": s.rounds, "late_rounds": s.late_rounds,
                        "cpu_share_of_one_cpu": round(s.cpu_ns / 1e9 / dur, 4) if dur else None,
+                       "cpu_us_per_round": round(s.cpu_ns / s.rounds / 1e3, 1) if s.rounds else None,
                        "mean_round_us": round(s.busy_ns / s.rounds / 1e3, 1) if s.rounds else None,
-                       "pinned_to": self.cfg.housekeeping_cpus, "pin_error": self.sampler.pin_error}
+                       "pinned_to": self.cfg.housekeeping_cpus, "pin_error": smp.pin_error,
+                       "note": self.sampler_note}
+            if isinstance(smp, NativeSampler):
+                fs = smp.feed.stats()
+                sampler.update({
+                    "note": smp.native_error,
+                    "helper_pid": fs["pid"], "ring_overruns": fs["overruns"],
+                    "helper_cpu_share": round(fs["cpu_ns"] / 1e9 / dur, 4) if dur else None,
+                    "drain_cpu_share": round(smp.drain_cpu_ns / 1e9 / dur, 4) if dur else None})
         else:
             sampler = {}
         for name, reason in getattr(self, "unavailable", {}).items():
@@ -743,7 +784,9 @@ class WatchSession:
                                      "max": delays[-1] if delays else None},
             "flight_records": self.flight_files, "collectors": col, "sampler": sampler,
             "source_error": self.source_error, "stopped_by": self.stopped_by,
-            "warnings": self.warnings + self._load_warning(h),
+            "warnings": self.warnings + self._load_warning(h) + (
+                [self.sampler.native_error] if getattr(self.sampler, "native_error", None)
+                else []),
         }
 
 

@@ -1,0 +1,356 @@
+"""The native reader's Python side: build ``hftsampler``, share a slot table and a byte ring
+with it, and hand each recorded round's bytes back to the collectors.
+
+How it fits: a :class:`Feed` is installed as the :class:`~collectors.host.Host`'s hot-file
+factory before watch builds its collectors, so every file a collector opens with
+``host.open_hot`` is a :class:`FeedFile`. When :class:`~agent.watch.sampler.NativeSampler`
+replays a recorded round it points the feed at that round's bytes and calls the collector's
+unchanged ``sample()``; ``FeedFile.read()`` returns the bytes the helper read at that round's
+time. A file read inside a replay that the helper does not read yet is registered with the
+replaying collector's divisor and read live this once (``miss``: the sampler drops that row,
+whose time would be wrong). Outside a replay a FeedFile is a plain :class:`HotFile`.
+
+The helper is C (hftsampler.c, next to this file), built on first use with the system's C
+compiler into a per-user cache directory, keyed by the source's hash. No compiler, or a
+build that fails: :class:`NativeUnavailable` with the reason, and watch uses the Python
+sampler.
+
+Shared file (``/dev/shm/hftagent-feed-<pid>-<random>``, mode 0600, unlinked on close): a
+4 KiB header, :data:`NSLOTS` 256-byte slots (path, divisor, generation; the helper's error
+and read time per slot), then the ring. Layouts mirror the structs in hftsampler.c.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from collectors.host import HotFile
+
+MAGIC = 0x31534648
+VERSION = 1
+NSLOTS = 256
+PATH_LEN = 224
+HEADER_BYTES = 4096
+SLOT_BYTES = 256
+REC_MAGIC = 0x20444E52
+PAD_MAGIC = 0x20444150
+DEFAULT_CAPACITY = 16 << 20
+
+# header field offsets (struct header in hftsampler.c)
+_H_PERIOD, _H_TABLE_GEN, _H_STOP, _H_CAP, _H_WPOS = 8, 16, 24, 32, 40
+_H_ROUNDS, _H_LATE, _H_CPU, _H_PID, _H_STATE, _H_ERROR = 48, 56, 64, 72, 80, 88
+_REC = struct.Struct("<IIQQII")  # magic, len, round, t_ns, nfiles, pad
+_FREC = struct.Struct("<HHiII")  # slot, pad, n, gen, pad2
+_U64 = struct.Struct("<Q")
+_SLOT_HEAD = struct.Struct("<IIIiQQ")  # state, div, gen, err, reads, read_ns
+
+SOURCE = Path(__file__).with_name("hftsampler.c")
+
+
+class NativeUnavailable(RuntimeError):
+    """The native reader cannot run here; the message says why (watch falls back)."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("HFTAGENT_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "hftagent"
+
+
+def build_helper(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
+    """Path of the compiled helper for ``source``; compiled (~0.3 s) when not cached.
+    Raises :class:`NativeUnavailable` (no compiler, failed build)."""
+    try:
+        src = source.read_bytes()
+    except OSError as exc:
+        raise NativeUnavailable(f"native sampler source missing: {exc.strerror}") from None
+    key = hashlib.sha256(src + os.uname().machine.encode()).hexdigest()[:16]
+    d = out_dir or cache_dir()
+    exe = d / f"hftsampler-{key}"
+    if os.access(exe, os.X_OK):
+        return exe
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise NativeUnavailable("no C compiler (cc) to build the native sampler")
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise NativeUnavailable(f"cannot create {d}: {exc.strerror}") from None
+    tmp = d / f".{exe.name}.{os.getpid()}.tmp"
+    try:
+        r = subprocess.run([cc, "-O2", "-std=gnu11", "-Wall", "-o", str(tmp), str(source)],
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NativeUnavailable(f"building the native sampler failed: {exc}") from None
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        lines = r.stderr.strip().splitlines() or ["no output"]
+        first = next((ln for ln in lines if "error" in ln), lines[0])
+        raise NativeUnavailable(f"building the native sampler failed: {first}")
+    os.replace(tmp, exe)  # atomic: a concurrent build never leaves a half-written binary
+    return exe
+
+
+class Feed:
+    """The shared file, its slot table and the ring reader; starts and stops the helper."""
+
+    def __init__(self, period_ns: int, capacity: int = DEFAULT_CAPACITY,
+                 helper: Path | None = None, shm_dir: str | None = None) -> None:
+        self.helper = helper or build_helper()
+        self.capacity = max(1 << 16, capacity) & ~7
+        d = shm_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+        fd, path = tempfile.mkstemp(prefix=f"hftagent-feed-{os.getpid()}-", dir=d)
+        self.path = path
+        try:
+            os.ftruncate(fd, HEADER_BYTES + NSLOTS * SLOT_BYTES + self.capacity)
+            self.mm = mmap.mmap(fd, 0)
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(path)
+            raise NativeUnavailable(f"cannot create the shared file in {d}: "
+                                    f"{exc.strerror}") from None
+        os.close(fd)
+        struct.pack_into("<IIQ", self.mm, 0, MAGIC, VERSION, int(period_ns))
+        _U64.pack_into(self.mm, _H_CAP, self.capacity)
+        self._base = HEADER_BYTES + NSLOTS * SLOT_BYTES
+        self._free = list(range(NSLOTS - 1, -1, -1))
+        self._files: dict[int, FeedFile] = {}  # slot → file
+        self._gen = [0] * NSLOTS
+        self._table_gen = 0
+        self.rpos = 0
+        self.proc: subprocess.Popen | None = None
+        self.overruns = 0  # times the reader fell a whole ring behind (rounds lost)
+        # replay state (set by the sampler around each collector's sample())
+        self.current: dict[int, tuple[int, int, int]] | None = None  # slot → (gen, off, n)
+        self.buf = b""
+        self.div = 1
+        self.miss = False
+        self.owner: str | None = None  # the collector being replayed (slot accounting)
+
+    # -- hot-file factory --------------------------------------------------------------------
+    def open(self, path) -> FeedFile:
+        """``Host.open_hot`` replacement: a :class:`FeedFile` (raises OSError like HotFile)."""
+        return FeedFile(str(path), self)
+
+    def _activate(self, f: FeedFile) -> None:
+        p = f.path.encode()
+        if not self._free or len(p) >= PATH_LEN:
+            f.slot = -2  # no slot (table full or path too long): this file is always live
+            return
+        i = self._free.pop()
+        self._gen[i] = (self._gen[i] + 1) & 0xFFFFFFFF
+        off = HEADER_BYTES + i * SLOT_BYTES
+        self.mm[off + 32:off + 32 + PATH_LEN] = p.ljust(PATH_LEN, b"\0")
+        struct.pack_into("<III", self.mm, off, 0, max(1, self.div), self._gen[i])
+        struct.pack_into("<iQQ", self.mm, off + 12, 0, 0, 0)
+        struct.pack_into("<I", self.mm, off, 1)  # published last: the helper opens it
+        f.slot, f.gen, f.owner = i, self._gen[i], self.owner
+        self._files[i] = f
+        self._bump()
+
+    def _release(self, f: FeedFile) -> None:
+        i = f.slot
+        if i < 0 or self._files.get(i) is not f:
+            return
+        struct.pack_into("<I", self.mm, HEADER_BYTES + i * SLOT_BYTES, 0)
+        del self._files[i]
+        self._free.append(i)
+        f.slot = -1
+        self._bump()
+
+    def _bump(self) -> None:
+        self._table_gen += 1
+        _U64.pack_into(self.mm, _H_TABLE_GEN, self._table_gen)
+
+    # -- helper ------------------------------------------------------------------------------
+    def start(self, cpus: list[int] | None = None) -> None:
+        arg = ",".join(str(c) for c in cpus) if cpus else "-"
+        try:
+            self.proc = subprocess.Popen([str(self.helper), self.path, arg],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, close_fds=True)
+        except OSError as exc:
+            raise NativeUnavailable(f"cannot start the native sampler: {exc.strerror}") \
+                from None
+        deadline = time.monotonic() + 5
+        while self.state() == 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise NativeUnavailable(f"native sampler did not start: {self.exit_reason()}")
+            time.sleep(0.002)
+        if self.state() == 3:
+            raise NativeUnavailable(f"native sampler failed: {self.error()}")
+
+    def state(self) -> int:
+        return _U64.unpack_from(self.mm, _H_STATE)[0]
+
+    def error(self) -> str:
+        raw = bytes(self.mm[_H_ERROR:_H_ERROR + 256])
+        return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_reason(self) -> str:
+        if self.proc is None:
+            return "not started"
+        rc = self.proc.poll()
+        if rc is None:
+            return "running"
+        err = self.error()
+        if not err and self.proc.stderr is not None:
+            try:
+                err = self.proc.stderr.read().decode(errors="replace").strip()
+            except (OSError, ValueError):
+                err = ""
+        how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+        return f"{how}{': ' + err if err else ''}"
+
+    def stats(self) -> dict:
+        """The helper's counters (the last ones read once the shared file is closed)."""
+        mm = self.mm
+        if mm is None:
+            return dict(self._last_stats)
+        self._last_stats = {"rounds": _U64.unpack_from(mm, _H_ROUNDS)[0],
+                "late_rounds": _U64.unpack_from(mm, _H_LATE)[0],
+                "cpu_ns": _U64.unpack_from(mm, _H_CPU)[0],
+                "pid": struct.unpack_from("<q", mm, _H_PID)[0],
+                "overruns": self.overruns}
+        return dict(self._last_stats)
+
+    _last_stats: dict = {"rounds": 0, "late_rounds": 0, "cpu_ns": 0, "pid": 0, "overruns": 0}
+
+    def slot_costs(self) -> dict[str, tuple[int, int]]:
+        """owner → (reads, ns inside open/pread) over the slots in use."""
+        out: dict[str, list[int]] = {}
+        for i, f in self._files.items():
+            _, _, _, _, reads, ns = _SLOT_HEAD.unpack_from(self.mm, HEADER_BYTES + i * SLOT_BYTES)
+            acc = out.setdefault(f.owner or "?", [0, 0])
+            acc[0] += reads
+            acc[1] += ns
+        return {k: (v[0], v[1]) for k, v in out.items()}
+
+    def stop(self) -> None:
+        if getattr(self, "mm", None) is None:
+            return
+        _U64.pack_into(self.mm, _H_STOP, 1)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
+
+    def close(self) -> None:
+        self.stop()
+        if getattr(self, "mm", None) is not None:
+            self.stats()  # keep the final counters
+            self.mm.close()
+            self.mm = None
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    # -- reading rounds ----------------------------------------------------------------------
+    def read_rounds(self) -> tuple[bytes, list[tuple[int, int, dict[int, tuple[int, int, int]]]]]:
+        """The rounds recorded since the last call: (buffer, [(round, t_ns, {slot: (gen,
+        offset in buffer, n)})]); n < 0 is -errno. One copy of the new ring bytes, then
+        offsets into it. A reader a whole ring behind loses those rounds (``overruns``)."""
+        mm, cap, base = self.mm, self.capacity, self._base
+        w = _U64.unpack_from(mm, _H_WPOS)[0]
+        r = self.rpos
+        if w == r:
+            return b"", []
+        if w - r > cap:
+            self.overruns += 1
+            self.rpos = w
+            return b"", []
+        a, b = r % cap, w % cap
+        if a < b:
+            buf = mm[base + a:base + b]
+        else:  # wrapped: the tail, then the head
+            buf = mm[base + a:base + cap] + mm[base:base + b]
+        if _U64.unpack_from(mm, _H_WPOS)[0] - r > cap:  # overwritten while copying
+            self.overruns += 1
+            self.rpos = _U64.unpack_from(mm, _H_WPOS)[0]
+            return b"", []
+        self.rpos = w
+        out = []
+        pos, end = 0, len(buf)
+        unpack_rec, unpack_f = _REC.unpack_from, _FREC.unpack_from
+        rsize, fsize = _REC.size, _FREC.size
+        while pos + 8 <= end:
+            magic, ln = struct.unpack_from("<II", buf, pos)
+            if magic == PAD_MAGIC:
+                pos += ln
+                continue
+            if magic != REC_MAGIC or ln < rsize or pos + ln > end:
+                break  # cannot happen with a well-behaved writer; never misread
+            _, _, rnd, t_ns, nfiles, _ = unpack_rec(buf, pos)
+            files = {}
+            p = pos + rsize
+            for _ in range(nfiles):
+                slot, _, n, gen, _ = unpack_f(buf, p)
+                p += fsize
+                files[slot] = (gen, p, n)
+                if n > 0:
+                    p += (n + 7) & ~7
+            out.append((rnd, t_ns, files))
+            pos += ln
+        return buf, out
+
+    def set_round(self, buf: bytes, files: dict | None) -> None:
+        self.buf = buf
+        self.current = files
+
+
+class FeedFile:
+    """A hot file whose reads, inside a replayed round, return the bytes the helper read for
+    that round (an error the helper got is raised as the same OSError)."""
+
+    __slots__ = ("path", "feed", "slot", "gen", "owner", "_hot")
+
+    def __init__(self, path: str, feed: Feed) -> None:
+        self.path = path
+        self.feed = feed
+        self.slot = -1  # -1: not read by the helper yet; -2: never (always live)
+        self.gen = 0
+        self.owner: str | None = None
+        self._hot = HotFile(path)  # opened here: OSError at open time, exactly like HotFile
+
+    @property
+    def fd(self) -> int:
+        return self._hot.fd
+
+    def read(self) -> bytes:
+        feed = self.feed
+        cur = feed.current
+        if cur is not None:
+            hit = cur.get(self.slot) if self.slot >= 0 else None
+            if hit is not None and hit[0] == self.gen:
+                n = hit[2]
+                if n < 0:
+                    raise OSError(-n, os.strerror(-n), self.path)
+                return feed.buf[hit[1]:hit[1] + n]
+            if self.slot == -1:
+                feed._activate(self)
+            if self.slot != -2:
+                feed.miss = True  # read live now: not this round's time
+        return self._hot.read()
+
+    def close(self) -> None:
+        if self.feed.mm is not None:
+            self.feed._release(self)
+        self._hot.close()

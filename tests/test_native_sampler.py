@@ -1,0 +1,285 @@
+"""The native reader (agent/watch/hftsampler.c + agent/watch/feed.py) and NativeSampler:
+the helper builds, records every round's bytes in order across ring wraps, reports a file's
+read error as the same OSError, survives an overrun, dies with its parent; NativeSampler fills
+the same rings as the Python sampler (same signals and values on a fixture tree), at the
+helper's round times, and falls back to Python rounds when the helper is killed. A clear
+NativeUnavailable (no compiler, a broken build) is what `watch --sampler auto` falls back on.
+
+Runs against writable copies of the vm-dev fixture and temp files; never writes /proc or /sys.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.watch.feed import Feed, NativeUnavailable, build_helper
+from agent.watch.sampler import NativeSampler, Sampler
+from collectors.cpu import CpuCollector
+from collectors.host import Host
+from collectors.irq import IrqCollector, SoftirqCollector
+from collectors.memory import MemoryCollector
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = Path(__file__).parent / "fixtures" / "vm-dev"
+
+
+@pytest.fixture(scope="module")
+def helper(tmp_path_factory) -> Path:
+    try:
+        return build_helper(out_dir=tmp_path_factory.mktemp("hftcache"))
+    except NativeUnavailable as exc:
+        pytest.skip(f"native sampler cannot be built here: {exc}")
+
+
+def _activate(feed: Feed, files, div: int = 1) -> None:
+    """What a replay does the first time a collector reads its files: register them."""
+    feed.set_round(b"", {})
+    feed.div = div
+    for f in files:
+        f.read()
+    feed.set_round(b"", None)
+
+
+def _rounds_until(feed: Feed, n: int, timeout: float = 5.0) -> list:
+    out: list = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+        buf, rounds = feed.read_rounds()
+        out.extend((buf, r) for r in rounds)
+    return out
+
+
+def _bytes_of(feed: Feed, buf: bytes, files: dict, f) -> bytes:
+    feed.set_round(buf, files)
+    try:
+        return f.read()
+    finally:
+        feed.set_round(b"", None)
+
+
+def test_build_is_cached_and_a_missing_compiler_or_broken_source_is_one_reason(tmp_path,
+                                                                                monkeypatch):
+    d = tmp_path / "cache"
+    exe = build_helper(out_dir=d) if shutil.which("cc") or shutil.which("gcc") else None
+    if exe is None:
+        pytest.skip("no C compiler")
+    assert os.access(exe, os.X_OK) and exe.parent == d
+    mtime = exe.stat().st_mtime_ns
+    assert build_helper(out_dir=d) == exe and exe.stat().st_mtime_ns == mtime  # cached
+    bad = tmp_path / "bad.c"
+    bad.write_text("int main(void) { return oops; }\n")
+    with pytest.raises(NativeUnavailable, match="building the native sampler failed: .*oops"):
+        build_helper(bad, out_dir=d)
+    assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]  # nothing half-written
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(NativeUnavailable, match="building the native sampler failed"):
+        build_helper(bad, out_dir=tmp_path / "other")
+
+
+def test_rounds_carry_each_files_bytes_in_order_across_ring_wraps(helper, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"x" * 9000)  # 64 KiB ring: wraps every ~7 rounds
+    b.write_bytes(b"00000000\n")  # rewritten in place below (a truncating write could be
+    # read half-done, by the helper as by any reader)
+    feed = Feed(10_000_000, capacity=1 << 16, helper=helper, shm_dir=str(tmp_path))
+    try:
+        fa, fb = feed.open(a), feed.open(b)
+        _activate(feed, [fa])
+        _activate(feed, [fb], div=2)  # every other round
+        feed.start()
+        seen, last_round, last_t = 0, None, 0
+        deadline = time.monotonic() + 3
+        value = 0
+        wfd = os.open(b, os.O_WRONLY)
+        while seen < 120 and time.monotonic() < deadline:
+            value += 1
+            os.pwrite(wfd, f"{value:08d}\n".encode(), 0)
+            time.sleep(0.02)
+            buf, rounds = feed.read_rounds()
+            for rnd, t, files in rounds:
+                if last_round is not None:
+                    assert rnd == last_round + 1  # no round lost or repeated
+                    assert t > last_t
+                last_round, last_t = rnd, t
+                assert _bytes_of(feed, buf, files, fa) == b"x" * 9000
+                assert (fb.slot in files) == (rnd % 2 == 0)
+                if fb.slot in files:
+                    got = int(_bytes_of(feed, buf, files, fb))
+                    assert 0 <= got <= value
+                seen += 1
+        os.close(wfd)
+        assert seen >= 120 and feed.overruns == 0
+        assert feed.stats()["rounds"] >= seen
+    finally:
+        feed.close()
+    assert not os.path.exists(feed.path)  # the shared file is removed
+
+
+def test_a_read_error_is_the_same_oserror_and_an_overrun_loses_rounds_not_order(helper,
+                                                                                 tmp_path):
+    child = subprocess.Popen(["sleep", "30"])
+    feed = Feed(10_000_000, capacity=1 << 18, helper=helper, shm_dir=str(tmp_path))
+    try:
+        f = feed.open(f"/proc/{child.pid}/stat")
+        big = tmp_path / "big"
+        big.write_bytes(b"y" * 12000)  # 12 KB a round: the 256 KiB ring holds ~0.2 s
+        fb = feed.open(big)
+        _activate(feed, [f, fb])
+        feed.start()
+        assert _rounds_until(feed, 3)
+        child.kill()
+        child.wait()
+        err = None
+        deadline = time.monotonic() + 2
+        while err is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            buf, rounds = feed.read_rounds()
+            for _, _, files in rounds:
+                feed.set_round(buf, files)
+                try:
+                    f.read()
+                except OSError as exc:
+                    err = exc
+                feed.set_round(b"", None)
+        assert err is not None and err.errno == errno.ESRCH  # as a live pread of a dead task
+        time.sleep(0.8)  # ~80 rounds × 12 KB: several times the ring
+        buf, rounds = feed.read_rounds()
+        assert rounds == [] and feed.overruns == 1
+        later = _rounds_until(feed, 3)
+        first = later[0][1][0]
+        assert [r[0] for _, r in later] == list(range(first, first + len(later)))
+        assert _bytes_of(feed, later[0][0], later[0][1][2], fb) == b"y" * 12000
+    finally:
+        feed.close()
+        if child.poll() is None:
+            child.kill()
+
+
+def test_helper_exits_with_its_parent(helper, tmp_path):
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+            "from pathlib import Path\n"
+            "from agent.watch.feed import Feed\n"
+            f"f = Feed(10_000_000, helper=Path({str(helper)!r}), shm_dir={str(tmp_path)!r})\n"
+            "f.start(); print(f.proc.pid, flush=True)\n"
+            "import os; os._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        # a zombie until init reaps it counts as gone
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the helper outlived its parent")
+
+
+def _copy_proc(tmp_path: Path) -> Host:
+    root = tmp_path / "vm"
+    shutil.copytree(FIX / "proc", root / "proc", ignore=shutil.ignore_patterns("[0-9]*"))
+    shutil.copytree(FIX / "sys", root / "sys", symlinks=True, ignore_dangling_symlinks=True)
+    return Host(root)
+
+
+def _collectors(h: Host) -> list:
+    cs = [CpuCollector(h, [1]), IrqCollector(h, [1]), SoftirqCollector(h, [1]),
+          MemoryCollector(h)]
+    assert all(c.available().ok for c in cs)
+    return cs
+
+
+def test_native_sampler_fills_the_same_rings_as_the_python_sampler(helper, tmp_path):
+    h = _copy_proc(tmp_path)
+    py = Sampler(_collectors(h), hz=100)
+    for i in range(12):
+        py.round(now_ns=10**9 + i * 10_000_000)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler(_collectors(h.with_hot_factory(feed.open)), feed, hz=100, cpus=None,
+                        drain_hz=20)
+    nat.start()
+    time.sleep(0.6)
+    soft = h.procfs / "softirqs"  # a counter moves: the next rows carry the delta
+    data = soft.read_bytes()
+    line = next(x for x in data.split(b"\n") if x.strip().startswith(b"NET_RX:"))
+    f = line.split()
+    bumped = b" ".join([f[0], f[1], str(int(f[2]) + 500).encode(), *f[3:]])
+    soft.write_bytes(data.replace(line, bumped))
+    time.sleep(0.4)
+    nat.stop()
+    assert nat.mode == "native" and nat.native_error is None
+    for name in ("cpu", "irq", "softirq", "memory"):
+        pr, nr = py.ring(name), nat.ring(name)
+        assert set(nr.cols) == set(pr.cols), name
+        st = nat.stats.per_collector[name]
+        assert st.state == "ok" and st.dropped_rows == 1  # the first, registering read
+        assert nr.rows >= 5
+        idx = nr.window(0, 2**62)
+        t1 = nr.t1[idx]
+        div = 1 if name == "softirq" else 5
+        gaps = (t1[1:] - t1[:-1]) / 1e6
+        # rows at the helper's rounds: div × 10 ms apart (the helper sleeps to absolute times)
+        assert abs(float(sorted(gaps)[len(gaps) // 2]) - 10 * div) < 3, (name, gaps)
+        for col in pr.cols:  # a static tree: the same gauges, zero deltas
+            a = pr.column(col, pr.window(0, 2**62))[-1]
+            b = nr.column(col, idx)[-2]
+            assert (a == b) or (a != a and b != b), (name, col, a, b)
+    col = nat.ring("softirq").column("softirq.1.NET_RX", nat.ring("softirq").window(0, 2**62))
+    assert 500.0 in col.tolist()
+    assert nat.stats.cpu_ns > 0 and nat.helper_cpu_ns() > 0
+
+
+def test_a_killed_helper_hands_over_to_python_rounds(helper, tmp_path):
+    h = _copy_proc(tmp_path)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler(_collectors(h.with_hot_factory(feed.open)), feed, hz=100, drain_hz=20)
+    nat.start()
+    time.sleep(0.3)
+    os.kill(feed.proc.pid, signal.SIGKILL)
+    time.sleep(0.4)
+    before = nat.ring("softirq").rows
+    time.sleep(0.4)
+    after = nat.ring("softirq").rows
+    nat.stop()
+    assert nat.native_error and "killed by signal 9" in nat.native_error
+    assert nat.mode.startswith("python")
+    assert after - before >= 20  # Python rounds at 100 Hz go on
+
+
+def test_watch_sampler_option_and_auto_fallback(tmp_path):
+    def run(*args, env=None):
+        return subprocess.run([sys.executable, "-c", "from agent.cli import main; main()",
+                               "watch", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=120, env=env)
+    r = run("--sampler", "fast", "--probe", "numpy", "--duration", "1")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "--sampler must be" in r.stderr
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a probe CPU and a housekeeping CPU")
+    env = dict(os.environ, CC=str(tmp_path / "no-such-cc"), HFTAGENT_CACHE=str(tmp_path / "c"))
+    r = run("--probe", "numpy", "--rate", "100", "--duration", "2", "--json", "--no-live",
+            env=env)
+    assert r.returncode == 0, r.stderr
+    import json
+    smp = json.loads(r.stdout)["sampler"]
+    assert smp["mode"] == "python" and "native sampler unavailable" in smp["note"]
+    r = run("--sampler", "native", "--probe", "numpy", "--duration", "2", env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "native sampler" in r.stderr
