@@ -29,7 +29,7 @@ import json, sys, collections
 out = sys.argv[1]
 s = json.load(open(f"{out}/watch.json"))
 print("summary:", json.dumps({k: s.get(k) for k in ("samples", "p50_us", "p99_us", "p999_us",
-      "spikes", "causes", "attribution_delay_ms")}, default=str))
+      "spikes", "causes", "attribution_delay_ms", "sampler")}, default=str))
 recs = [json.loads(l) for l in open(f"{out}/spikes.jsonl") if l.strip()]
 fo = [l.split()[-1] for l in open(f"{out}/foreign.txt") if l.startswith("foreign ")]
 print("spike records:", len(recs))

@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (device tool), from the repo root: the watch benchmarks on a
 # 16-CPU host — collector cost at 100 Hz (floor, built-in and external configurations), the
-# GPU-sharing attribution run (gpu_watch.sh), and the fault-injection attribution bench.
+# GPU-sharing attribution run (gpu_watch.sh), and the fault-injection attribution bench
+# (watch's default sampler: native where the machine has a C compiler).
 # Read-only for the GPU. Output under $OUT (copied back by the device tool).
 set -u
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export PYTHONPATH=$PWD
 {
-  echo "== $(date -u +%FT%TZ) $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo)"
+  echo "== $(date -u +%FT%TZ) $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo); cc: $(command -v cc || echo none)"
   python3 bench/collector_cost.py --seconds 10 --json "$out/collector_cost.json" > /dev/null \
-    && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: (d[k]['sampler_cpu_share_of_one_cpu'], d[k]['cpu_us_per_round'], d[k]['per_collector_us_per_round']) for k in ('at_rate_floor','at_rate','at_rate_external')}); print('client', d['client_us_per_record'])" "$out/collector_cost.json"
+    && python3 - "$out/collector_cost.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("at_rate_floor", "at_rate", "at_rate_external", "at_rate_native", "at_rate_native_external"):
+    x = d.get(k, {})
+    print(k, x.get("unavailable") or (x.get("sampler"), x.get("sampler_cpu_share_of_one_cpu"),
+          x.get("helper_share_of_one_cpu"), x.get("drain_share_of_one_cpu"),
+          x.get("per_collector_us_per_round")))
+print("client", d["client_us_per_record"])
+PY
   bash bench/device/gpu_watch.sh > /dev/null 2>&1; tail -8 "$out/gpu-watch.txt"
   python3 bench/attribution.py --duration 15 --json "$out/attribution.json" 2>&1 | tail -9
 } > "$out/watch-validation.txt" 2>&1
