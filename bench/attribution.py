@@ -28,7 +28,7 @@ from bench.faults import kit  # noqa: E402
 def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     cfg = WatchConfig(probe=args.probe, probe_cpus=[probe_cpu], housekeeping_cpus=[hk_cpu],
                       duration_s=None, rate_hz=args.rate, k_p50=args.k,
-                      spike_log=None, baseline_s=10.0)
+                      spike_log=None, baseline_s=10.0, sampler=args.sampler)
     s = WatchSession(cfg)
     s.start()
     records: list[dict] = []
@@ -121,6 +121,7 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
             "causes": dict(causes.most_common()),
             "delay_ms_p50": delays[len(delays) // 2] if delays else None,
             "delay_ms_max": delays[-1] if delays else None,
+            "sampler": summ["sampler"].get("mode"),
             "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
             "source_error": summ["source_error"], "rc": rc,
             "fault_check": check, "fault_params": params, "fault_error": fault_error}
@@ -163,6 +164,7 @@ def main() -> int:
                          "the numpy probe takes 1.5 ms, 500/s keeps the CPU 75 %% busy and "
                          "response times measure the probe's own queue)")
     ap.add_argument("--k", type=float, default=3.0)
+    ap.add_argument("--sampler", default="auto", choices=("auto", "native", "python"))
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--settle", type=float, default=6.0)
     ap.add_argument("--hog-nice", type=int, default=0)

@@ -117,6 +117,7 @@ class SchedCollector:
         self._others_total: dict[int, int] = {}  # CPU → ns others ran there (counter)
         self._last_scan_ns = 0
         self._scan_requested = False
+        self.defer_scan = False  # set by the native sampler: see live_extra()
         self.scans: deque[Scan] = deque(maxlen=64)
         self.dropped: dict[int, str] = {}
         # schedstat (the run-queue delay, 1 µs to read) is read every round; stat (faults,
@@ -214,13 +215,22 @@ class SchedCollector:
         if not self._threads and self.pids and all(
                 not self.host.exists(self.host.proc(p)) for p in self.pids):
             raise ProcessLookupError(f"watched process(es) {self.pids} exited")
+        if not self.defer_scan:
+            out.update(self.live_extra())
+        return out
+
+    def live_extra(self) -> dict[str, float | None]:
+        """The task scan when it is due (every ``scan_period_s``, or asked for by a spike and
+        ``min_scan_gap_s`` after the last): read live, now. The native sampler sets
+        ``defer_scan`` and calls this after replaying a batch, merging the scan into the
+        newest row, so a scan is never stamped with an older recorded round's time."""
         now = time.monotonic_ns()
         gap = now - self._last_scan_ns
         if (gap >= self.scan_period_s * 1e9
                 or (self._scan_requested and gap >= self.min_scan_gap_s * 1e9)):
             self._scan_requested = False
-            out.update(self.scan())
-        return out
+            return self.scan()
+        return {}
 
     def scan(self) -> dict[str, float | None]:
         """Read every task's stat (and the schedstat of those on the watched CPUs); record

@@ -283,3 +283,28 @@ def test_watch_sampler_option_and_auto_fallback(tmp_path):
     r = run("--sampler", "native", "--probe", "numpy", "--duration", "2", env=env)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0 and "native sampler" in r.stderr
+
+
+def test_the_task_scan_lands_in_the_newest_replayed_row(helper, tmp_path):
+    """sched's task scan reads live: under replay it runs after the batch and joins the
+    newest row (≤ one sched period before the scan), never a round up to a batch old."""
+    from collectors.sched import SchedCollector
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    sched = SchedCollector(Host().with_hot_factory(feed.open), [os.getpid()], [cpu],
+                           scan_period_s=0.3, period_s=0.05)
+    assert sched.available().ok
+    nat = NativeSampler([sched], feed, hz=100, drain_hz=5)
+    assert sched.defer_scan
+    nat.start()
+    time.sleep(2.0)
+    nat.stop()
+    ring = nat.ring("sched")
+    idx = ring.window(0, 2**62)
+    col = ring.column(f"sched.cpu{cpu}.runnable", idx)
+    rows_t = ring.t1[idx][col == col]  # rows that carry a scan
+    scans = [s.t_ns for s in sched.scans]
+    assert len(scans) >= 3 and len(rows_t) >= len(scans)
+    for t in scans:
+        before = [t - r for r in rows_t.tolist() if r <= t]
+        assert before and min(before) < 80_000_000, (t, before[-3:])  # 50 ms period + slack

@@ -289,6 +289,12 @@ class NativeSampler(Sampler):
         for e in self.entries:
             e.div = max(1, round(e.period_ns / self.period_ns))
             (self.replayed if getattr(e.collector, "replayable", False) else self.live).append(e)
+        # Live parts of replayed collectors (sched's task scan): read after each batch and
+        # merged into the collector's newest row, not stamped with an older round's time.
+        self._extras = [e for e in self.replayed if hasattr(e.collector, "live_extra")
+                        and hasattr(e.collector, "defer_scan")]
+        for e in self._extras:
+            e.collector.defer_scan = True
         if drain_hz is None:
             # 5 Hz: each Python wake-up runs cold (~0.3-0.7 ms of CPU on the dev VM), so
             # fewer, larger batches cost less (3.0 % at 10 Hz, 2.7 % at 5 Hz, 2.7 % at 2 Hz,
@@ -331,6 +337,10 @@ class NativeSampler(Sampler):
             self._fed_rounds += len(rounds)
         finally:
             feed.set_round(b"", None)
+            for e in self._extras:
+                rows = pending[id(e)]
+                if rows and e.state.state == "ok":
+                    self._merge_extra(e, rows[-1][2])
             with self._lock:  # once per drain, not per row
                 for e in self.replayed:
                     ring, deltas = e.ring, e.deltas
@@ -351,6 +361,16 @@ class NativeSampler(Sampler):
         if not rounds and not feed.alive():
             return False
         return True
+
+    @staticmethod
+    def _merge_extra(e: _Entry, values: dict) -> None:
+        t0 = time.perf_counter_ns()
+        try:
+            values.update(e.collector.live_extra())
+        except Exception as exc:  # noqa: BLE001 - a failed scan never loses the rows
+            e.state.failures += 1
+            e.state.reason = f"{type(exc).__name__}: {exc}"
+        e.state.busy_ns += time.perf_counter_ns() - t0
 
     def _account(self) -> None:
         """Called on the sampler thread: its CPU time plus the helper's (the helper writes
