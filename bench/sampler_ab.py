@@ -19,7 +19,8 @@ the tail drifts ±20 % from one 6 s block to the next, which hides a 5 % effect,
 
 The numpy probe worker runs on the last CPU at --rate (500 Hz); this process (pinned to the
 other CPUs) reads its latency ring and, in "on" blocks, runs the default collector set at --hz
-(100) on the housekeeping CPU(s), as watch does. The latency is end_ns - start_ns of each
+(100) on the housekeeping CPU(s), as watch does (``--sampler native``: the native reader and
+its replay thread, watch's default where a C compiler is found). The latency is end_ns - start_ns of each
 ring record, as everywhere in watch: since 2026-11-30 the worker's response time from the
 call's intended start (before, the call's own duration — the figures in docs/benchmarks.md).
 
@@ -42,7 +43,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from agent.client import FIELDS, RingReader  # noqa: E402
-from agent.watch.sampler import Sampler  # noqa: E402
+from agent.watch.feed import Feed  # noqa: E402
+from agent.watch.sampler import NativeSampler, Sampler  # noqa: E402
 from bench.abstats import aa_split, paired_bootstrap, quantile  # noqa: E402
 from bench.collector_cost import collectors  # noqa: E402
 from collectors.cpu import cpu_model  # noqa: E402
@@ -83,10 +85,13 @@ def run_blocks(args: argparse.Namespace, order: list[tuple[str, str]], host: Hos
                 t_switch = clock()
                 s = None
                 if mode == "on":
-                    cs = [c for c in collectors(host, info["pid"], probe_cpu)
+                    feed = Feed(int(1e9 / args.hz)) if args.sampler == "native" else None
+                    h = host.with_hot_factory(feed.open) if feed is not None else host
+                    cs = [c for c in collectors(h, info["pid"], probe_cpu)
                           if c.available().ok]
                     names = names or [c.name for c in cs]
-                    s = Sampler(cs, args.hz, hk)
+                    s = NativeSampler(cs, feed, args.hz, hk) if feed is not None \
+                        else Sampler(cs, args.hz, hk)
                     s.start()
                 deadline = t_switch + block_ns
                 while (left := deadline - clock()) > 0:
@@ -138,6 +143,8 @@ def fmt_ci(d: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=120, help="on/off block pairs (120)")
+    ap.add_argument("--sampler", choices=("python", "native"), default="python",
+                    help="the sampler the on blocks run (native: agent/watch/hftsampler.c)")
     ap.add_argument("--block-s", type=float, default=1.0, help="block length, s (1.0)")
     ap.add_argument("--discard-s", type=float, default=0.1,
                     help="dropped after each switch, s (0.1)")
