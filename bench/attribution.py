@@ -108,6 +108,12 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
     unexpl = causes.get("unexplained", 0)
     wrong = n - right - unexpl
     delays = sorted(r["attributed_after_ms"] for r in recs)
+    # Unexplained spikes of their own: the time the thread lost neither on the CPU (as the
+    # guest counts it) nor waiting on its run queue — IRQ time or the hypervisor's (steal).
+    gaps = sorted((r["latency_us"] - r["in_process"]["cpu_ns"] / 1e3
+                   - max(0, r["in_process"]["rq_delay_ns"]) / 1e3) / 1e3
+                  for r in recs if r["cause"] == "unexplained" and r.get("inherited_from") is None
+                  and r.get("in_process"))
     summ = s.summary()
     return {"fault": fault or "none", "expected": exp, "samples": summ["samples"],
             "p50_us": summ["p50_us"], "p99_us": summ["p99_us"], "spikes": n,
@@ -121,6 +127,8 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
             "causes": dict(causes.most_common()),
             "delay_ms_p50": delays[len(delays) // 2] if delays else None,
             "delay_ms_max": delays[-1] if delays else None,
+            "unexplained_own": len(gaps),
+            "unexplained_lost_ms_p50": round(gaps[len(gaps) // 2], 2) if gaps else None,
             "sampler": summ["sampler"].get("mode"),
             "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
             "source_error": summ["source_error"], "rc": rc,
@@ -135,7 +143,30 @@ def fault_check(pid: int) -> dict:
     vm = {ln.split()[0]: int(ln.split()[1]) for ln in open("/proc/vmstat")}
     return {"softirq": kit.softirq_counts(), "minflt": int(f[7]), "majflt": int(f[9]),
             "pgmajfault": vm.get("pgmajfault", 0), "pswpin": vm.get("pswpin", 0),
-            "threads": kit.thread_cpu_and_migrations(pid)}
+            "threads": kit.thread_cpu_and_migrations(pid), "ticks": _cpu_ticks(),
+            "cgroup": _cgroup_cpu_stat()}
+
+
+def _cpu_ticks() -> dict[int, tuple[int, int]]:
+    """CPU → (irq + softirq, steal) USER_HZ ticks from /proc/stat."""
+    out = {}
+    for ln in open("/proc/stat"):
+        f = ln.split()
+        if f and f[0].startswith("cpu") and f[0] != "cpu":
+            out[int(f[0][3:])] = (int(f[6]) + int(f[7]), int(f[8]))
+    return out
+
+
+def _cgroup_cpu_stat() -> dict[str, int]:
+    """This process's cgroup v2 cpu.stat (nr_throttled, throttled_usec): a container's CPU
+    quota stops every task in it, which no run-queue figure of the probe shows."""
+    try:
+        rel = next(ln.split("::", 1)[1].strip() for ln in open("/proc/self/cgroup")
+                   if ln.startswith("0::"))
+        return {k: int(v) for k, v in (ln.split() for ln in
+                                       open(f"/sys/fs/cgroup{rel}/cpu.stat"))}
+    except (OSError, StopIteration, ValueError):
+        return {}
 
 
 def _check_delta(a: dict, b: dict, dt: float, probe_cpu: int) -> dict:
@@ -152,7 +183,11 @@ def _check_delta(a: dict, b: dict, dt: float, probe_cpu: int) -> dict:
         "probe_minflt": b["minflt"] - a["minflt"], "probe_majflt": b["majflt"] - a["majflt"],
         "vmstat_pgmajfault": b["pgmajfault"] - a["pgmajfault"],
         "vmstat_pswpin": b["pswpin"] - a["pswpin"],
-        "probe_thread_migrations": max(mig) if mig else None}
+        "probe_thread_migrations": max(mig) if mig else None,
+        "probe_cpu_irq_ticks": b["ticks"][probe_cpu][0] - a["ticks"][probe_cpu][0],
+        "probe_cpu_steal_ticks": b["ticks"][probe_cpu][1] - a["ticks"][probe_cpu][1],
+        "cgroup_throttled": {k: b["cgroup"].get(k, 0) - a["cgroup"].get(k, 0)
+                             for k in ("nr_throttled", "throttled_usec")} if a["cgroup"] else None}
 
 
 def main() -> int:

@@ -352,6 +352,19 @@ class SchedCollector:
                                                           old.run_ns + r.run_ns, r.state)
         return sorted(agg.values(), key=lambda r: -r.run_ns)
 
+    def others_share(self, t0_ns: int, t1_ns: int, cpus=None) -> float | None:
+        """Share of ``cpus``' time (default: the watched CPUs) that tasks other than the
+        watched ones consumed in the scan interval(s) overlapping [t0_ns, t1_ns]; None when
+        no scan covers the window. An always-busy hog sharing a probe CPU gives ~0.5."""
+        want = self.cpus if cpus is None else frozenset(cpus) & self.cpus or self.cpus
+        span = used = 0
+        for s in list(self.scans):
+            if s.t_ns < t0_ns or s.prev_t_ns > t1_ns:
+                continue
+            span += (s.t_ns - s.prev_t_ns) * len(want)
+            used += sum(r.run_ns for r in s.runs if r.cpu in want)
+        return min(1.0, used / span) if span > 0 else None
+
     def latest_scan_ns(self) -> int:
         return self._last_scan_ns
 

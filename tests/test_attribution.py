@@ -407,3 +407,46 @@ def test_storm_spikes_share_baseline_stats_and_match_per_signal_figures():
     assert w1.mad == pytest.approx(float(np.median(np.abs(rates - med))))
     few = BaselineStats(ring, v1.base[:3], v1.base_dt[:3])
     assert not few.med.any() and not few.mad.any()
+
+
+def test_in_process_evidence_gives_the_time_off_cpu_and_off_the_run_queue():
+    from agent.watch.attribution import Spike
+    sp = Spike(7, 1_000_000_000, 1_005_000_000, 1, 1, 700_000, nivcsw=0, nvcsw=0, minflt=0,
+               majflt=0, cpu_ns=1_000_000, rq_delay_ns=500_000, cpu_start=1, cpu_end=1)
+    assert sp.in_process()["off_cpu_us"] == 3500.0  # 5 ms − 1 ms on CPU − 0.5 ms queued
+    ext = Spike(8, 0, 5_000_000, 1, 1, 700_000)  # an external record: nothing measured
+    assert "off_cpu_us" not in ext.in_process() and ext.in_process() == {}
+
+
+def test_a_late_wake_up_while_others_take_the_cpu_is_contention_not_unexplained(rng):
+    """The GPU box's kernel under an always-busy hog: the probe woke ~4 ms late with no
+    run-queue wait in schedstat, no switch, no fault. With other tasks taking half the CPU
+    that is contention (named, weaker than a measured wait); without them, or when the time
+    is explained otherwise (blocked, queued behind the previous call), it is not."""
+    hog = TaskRun(999, 999, "stress-ng-cpu", 1, 8_000_000, "R")
+    late = dict(cpu_ns=1 * MS, rq_delay_ns=0)  # 4 ms sample: 3 ms neither running nor queued
+    a = Attributor(quiet_rings(rng), [1], who_ran=lambda *x: [hog],
+                   others_share=lambda t0, t1, cpus: 0.5).attribute(spike(**late))
+    assert a.cause == "cpu_contention"
+    top = a.causes[0]
+    assert top.evidence["off_cpu_us"] == 3000.0 and top.evidence["others_cpu_share"] == 0.5
+    assert "late wake-up" in top.detail and "stress-ng-cpu (pid 999)" in top.detail
+    assert top.strength < 0.7  # below a measured run-queue wait
+    idle = Attributor(quiet_rings(rng), [1], others_share=lambda *x: 0.05)
+    assert idle.attribute(spike(**late)).cause == "unexplained"
+    busy = Attributor(quiet_rings(rng), [1], others_share=lambda *x: 0.5)
+    assert busy.attribute(spike(**late, nvcsw=1)).cause != "cpu_contention"  # it blocked
+    assert busy.attribute(spike(**late, queued_behind=0)).cause == "unexplained"
+    assert busy.attribute(spike(cpu_ns=4 * MS, rq_delay_ns=0)).cause == "unexplained"  # ran
+    assert Attributor(quiet_rings(rng), [1]).attribute(spike(**late)).cause == "unexplained"
+
+
+def test_others_share_is_the_scans_cpu_time_over_their_span():
+    from collectors.host import Host
+    from collectors.sched import Scan, SchedCollector
+    s = SchedCollector(Host(), [1], [1, 2])
+    s.scans.append(Scan(2 * 10**9, 1 * 10**9, [TaskRun(9, 9, "hog", 1, 5 * 10**8, "R"),
+                                               TaskRun(8, 8, "x", 3, 9 * 10**8, "R")]))
+    assert s.others_share(int(1.5e9), int(1.6e9), [1]) == 0.5  # CPU 3 is not watched
+    assert s.others_share(int(1.5e9), int(1.6e9)) == 0.25  # both watched CPUs
+    assert s.others_share(int(3e9), int(4e9), [1]) is None  # no scan covers it

@@ -347,6 +347,7 @@ class WatchSession:
         gpu = next((c for c in collectors if hasattr(c, "causes") and
                     getattr(c, "name", "") == "gpu"), None)
         self.attributor = Attributor(rings, cfg.probe_cpus, who_ran=self.sched.who_ran,
+                                     others_share=self.sched.others_share,
                                      irq_desc=lambda: self.irq.descriptions,
                                      gpu_detail=gpu.causes if gpu is not None else None,
                                      baseline_s=cfg.baseline_s)
