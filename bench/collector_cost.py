@@ -66,12 +66,35 @@ def _at_rate(cands: list, args, hk: list[int], feed=None) -> dict:
                                            for k, v in st.per_collector.items()}}
 
 
+RATE_KEYS = ("at_rate_floor", "at_rate", "at_rate_native", "at_rate_external",
+             "at_rate_native_external")
+
+
+def summary(d: dict) -> str:
+    """One line per configuration: sampler, share of one CPU (total, reader, replay)."""
+    lines = [f"{d.get('cpu_model')}: hot µs per call {d.get('hot_us_per_call')}"]
+    for k in RATE_KEYS:
+        x = d.get(k, {})
+        lines.append(f"{k}: " + (x["unavailable"] if "unavailable" in x else
+                                 f"{x.get('sampler')} {x.get('sampler_cpu_share_of_one_cpu')} "
+                                 f"(reader {x.get('helper_share_of_one_cpu')}, replay "
+                                 f"{x.get('drain_share_of_one_cpu')}) per collector µs/round "
+                                 f"{x.get('per_collector_us_per_round')}"))
+    lines.append(f"client µs per record: {d.get('client_us_per_record')}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hz", type=float, default=100.0)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--json")
+    ap.add_argument("--summary", metavar="JSON", help="print the summary of a result file")
     args = ap.parse_args()
+    if args.summary:
+        with open(args.summary) as fh:
+            print(summary(json.load(fh)))
+        return 0
     online = sorted(os.sched_getaffinity(0))
     probe_cpu, hk = online[-1], online[:-1] or online
     os.sched_setaffinity(0, hk)

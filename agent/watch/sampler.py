@@ -160,14 +160,18 @@ class Sampler:
         :class:`~collectors.base.CollectorResult` is only built for ``on_result``."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         t_start = time.perf_counter_ns()
-        for e in self.entries:
+        self._sample_due(self.entries, now)
+        self._latest = now
+        self.stats.rounds += 1
+        self.stats.busy_ns += time.perf_counter_ns() - t_start
+
+    def _sample_due(self, entries: list[_Entry], now: int) -> None:
+        """Sample, at ``now``, each working collector whose period has elapsed."""
+        for e in entries:
             if now - e.last_ns < e.due_ns or e.state.state != "ok":
                 continue
             e.last_ns = now
             self._sample_entry(e, now)
-        self._latest = now
-        self.stats.rounds += 1
-        self.stats.busy_ns += time.perf_counter_ns() - t_start
 
     def _sample_entry(self, e: _Entry, now: int, keep=None, pending: list | None = None) -> None:
         """Sample one collector and append its row at ``now``. The native sampler's replay
@@ -348,12 +352,7 @@ class NativeSampler(Sampler):
                         ring.append_raw(t0, t1, values, deltas)
             if rounds:
                 self._latest = rounds[-1][1]
-        now = time.monotonic_ns()
-        for e in self.live:
-            if now - e.last_ns < e.due_ns or e.state.state != "ok":
-                continue
-            e.last_ns = now
-            self._sample_entry(e, now)
+        self._sample_due(self.live, time.monotonic_ns())
         fs = feed.stats()
         self.stats.rounds = self._fed_rounds
         self.stats.late_rounds = fs["late_rounds"]

@@ -10,14 +10,7 @@ export PYTHONPATH=$PWD
   echo "== $(date -u +%FT%TZ) $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo); cc: $(command -v cc || echo none)"
   echo "cgroup: $(cat /proc/self/cgroup); cpu.max: $(cat /sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)/cpu.max 2>/dev/null || echo n/a)"
   python3 bench/collector_cost.py --seconds 10 --json "$out/collector_cost.json" > /dev/null \
-    && python3 - "$out/collector_cost.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for k in ("at_rate_floor", "at_rate", "at_rate_native", "at_rate_external", "at_rate_native_external"):
-    x = d.get(k, {})
-    print(k, x.get("unavailable") or (x.get("sampler"), x.get("sampler_cpu_share_of_one_cpu"),
-          x.get("helper_share_of_one_cpu"), x.get("drain_share_of_one_cpu")))
-PY
+    && python3 bench/collector_cost.py --summary "$out/collector_cost.json"
   python3 bench/attribution.py --duration 15 --faults none,cpu_hog,oversubscription \
     --json "$out/attribution.json" --log-dir "$out/log" 2>&1 | tail -4
   python3 - "$out/attribution.json" <<'PY'

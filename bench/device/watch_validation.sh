@@ -10,16 +10,7 @@ export PYTHONPATH=$PWD
 {
   echo "== $(date -u +%FT%TZ) $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo); cc: $(command -v cc || echo none)"
   python3 bench/collector_cost.py --seconds 10 --json "$out/collector_cost.json" > /dev/null \
-    && python3 - "$out/collector_cost.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for k in ("at_rate_floor", "at_rate", "at_rate_external", "at_rate_native", "at_rate_native_external"):
-    x = d.get(k, {})
-    print(k, x.get("unavailable") or (x.get("sampler"), x.get("sampler_cpu_share_of_one_cpu"),
-          x.get("helper_share_of_one_cpu"), x.get("drain_share_of_one_cpu"),
-          x.get("per_collector_us_per_round")))
-print("client", d["client_us_per_record"])
-PY
+    && python3 bench/collector_cost.py --summary "$out/collector_cost.json"
   bash bench/device/gpu_watch.sh > /dev/null 2>&1; tail -8 "$out/gpu-watch.txt"
   python3 bench/attribution.py --duration 15 --json "$out/attribution.json" 2>&1 | tail -9
 } > "$out/watch-validation.txt" 2>&1
