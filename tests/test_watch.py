@@ -350,6 +350,8 @@ def test_latency_histogram_percentiles_within_1pct_and_never_above_max():
     (["--sample-hz", "nan"], "--sample-hz must be a finite number > 0"),
     (["--duration", "-1"], "--duration must be"), (["--k", "1"], "--k must be"),
     (["--pid", "999999999"], "no such process"),
+    (["--rate", "fast"], "--rate must be a number or auto"),
+    (["--rate", "inf"], "--rate must be a finite number > 0"),
 ])
 def test_bad_numbers_and_dead_pid_are_one_line(args, msg):
     r = _hftagent("watch", "--probe", "numpy", "--no-live", *args, timeout=30)
@@ -594,3 +596,20 @@ def test_a_chain_queued_behind_a_leader_that_is_not_ready_waits_with_it():
     s._attribute_ready(time.monotonic_ns())
     assert attr.calls == 1 and not s.pending and s.queued == 2
     assert [r.get("inherited_from") for r in recs] == [None, 2, 3]
+
+
+def test_auto_rate_keeps_the_probe_cpu_a_quarter_busy(tmp_path):
+    from agent.watch.probe_worker import auto_rate
+    assert auto_rate(1_500_000) == 166.0  # the numpy probe on the slow dev VM host
+    assert auto_rate(100_000) == 500.0  # capped
+    assert auto_rate(10**12) == 1.0  # never 0
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a probe CPU and a housekeeping CPU")
+    r = _hftagent("watch", "--probe", "numpy", "--rate", "auto", "--duration", "2", "--json",
+                  "--no-live")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert 1 <= s["rate_hz"] <= 500
+    # the rate it chose, at the P50 it then measured: about a quarter busy, not more than half
+    assert s["rate_hz"] * s["p50_us"] / 1e6 < 0.5, s
+    assert s["samples"] >= 0.5 * s["rate_hz"] * 2

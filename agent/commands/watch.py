@@ -24,7 +24,11 @@ def watch(
                                        "(--pid/--ring: your process with agent.client).")] = "tf",
     model: Annotated[str, typer.Option(help="Built-in model name or a model path (tf).")] = "lstm",
     variant: Annotated[str, typer.Option(help="TF variant for the probe (tf).")] = "xla",
-    rate: Annotated[float, typer.Option(help="Probe starts per second (open loop).")] = 500.0,
+    rate: Annotated[str, typer.Option(help="Probe starts per second (open loop), or auto: "
+                                      "the most (≤ 500) that keep the probe CPU 25 % busy "
+                                      "at the warm-up's P50 (calls between sleeps run slower: "
+                                      "expect up to ~40 %), so response times measure the "
+                                      "host rather than the probe's own queue.")] = "500",
     cpus: Annotated[str | None, typer.Option(help="Probe CPUs (default: the last online "
                                              "CPU).")] = None,
     housekeeping: Annotated[str | None, typer.Option(help="CPUs for the sampler and watch "
@@ -84,7 +88,15 @@ def watch(
         # "not v > x" (not "v <= x") so that NaN is refused too; isfinite refuses inf
         if v is not None and not (v > above and math.isfinite(v)):
             raise fail(f"{name} must be a finite number > {above:g}, not {v}")
-    for name, v in (("--rate", rate), ("--sample-hz", sample_hz), ("--duration", duration),
+    if rate == "auto":
+        rate_hz = 0.0  # the probe worker picks it after its warm-up
+    else:
+        try:
+            rate_hz = float(rate)
+        except ValueError:
+            raise fail(f"--rate must be a number or auto, not {rate!r}") from None
+        positive("--rate", rate_hz)
+    for name, v in (("--sample-hz", sample_hz), ("--duration", duration),
                     ("--threshold-us", threshold_us), ("--flight-us", flight_us)):
         positive(name, v)
     positive("--k", k, 1.0)
@@ -108,7 +120,7 @@ def watch(
         except OSError:
             want = None
     probe_cpus, hk_cpus = cpu_plan(online, want, hk)
-    cfg = WatchConfig(probe=probe, model=model, variant=variant, rate_hz=rate,
+    cfg = WatchConfig(probe=probe, model=model, variant=variant, rate_hz=rate_hz,
                       probe_cpus=probe_cpus, housekeeping_cpus=hk_cpus, pid=pid, ring_path=ring,
                       sample_hz=sample_hz, threshold_us=threshold_us, k_p50=k,
                       flight_us=flight_us, flight_dir=flight_dir, spike_log=spike_log,
@@ -199,8 +211,9 @@ def _set_audit(wm, host, profile: str, probe_cpus: list[int]) -> None:
 
 
 def _print_summary(s: dict, spike_log: str | None) -> None:
+    at = "" if str(s["source"]).startswith("external") else f" at {s['rate_hz']:g}/s"
     print(f"watched {s['source']} (pid {s['pid']}) on CPU "
-          f"{','.join(map(str, s['probe_cpus']))} for {s['duration_s']} s: "
+          f"{','.join(map(str, s['probe_cpus']))}{at} for {s['duration_s']} s: "
           f"{s['samples']} samples, P50 {s['p50_us']} µs, P99 {s['p99_us']} µs, "
           f"P99.9 {s['p999_us']} µs, max {s['max_us']} µs")
     print(f"spikes: {s['spikes']} ({s['attributed']} attributed"

@@ -92,6 +92,12 @@ def _sched_getcpu():
     return fn
 
 
+def auto_rate(p50_ns: int, busy: float = 0.25, cap: float = 500.0) -> float:
+    """Calls per second that keep the probe's CPU ``busy`` (25 %) busy at its warm P50, at
+    most ``cap``: a probe whose calls fill its CPU measures the queue it builds itself."""
+    return float(max(1, min(cap, int(busy * 1e9 / max(p50_ns, 1)))))
+
+
 def run(args: argparse.Namespace) -> int:
     cpus = [int(c) for c in args.cpus.split(",") if c != ""]
     if cpus:
@@ -126,7 +132,13 @@ def run(args: argparse.Namespace) -> int:
     ss_file = host.open_hot(host.proc("thread-self", "schedstat"))
     ss_fd = ss_file.fd
     getcpu = _sched_getcpu()
+    rate = args.rate
+    if rate <= 0:  # --rate auto: keep the probe CPU ≤ 25 % busy, at most 500 calls a second
+        import numpy as np
+        rate = auto_rate(wu.window_p50_ns[-1] if wu.window_p50_ns else
+                         int(np.median(wu.latency_ns)))
     print(json.dumps({"ready": True, "pid": os.getpid(), "tid": tid, "probe": desc,
+                      "rate_hz": rate,
                       "warmup": wu.to_dict()}), flush=True)
 
     clock = time.monotonic_ns
@@ -135,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     who = resource.RUSAGE_THREAD
     pread = os.pread
     sleep = time.sleep
-    period = int(round(1e9 / args.rate))
+    period = int(round(1e9 / rate))
     parent = os.getppid()
     begin = clock() + period
     end_at = begin + int(args.duration * 1e9) if args.duration else 1 << 62
@@ -190,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hftagent-probe-worker")
     ap.add_argument("--ring", required=True)
-    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument("--rate", type=float, default=500.0, help="calls per second; 0 = auto")
     ap.add_argument("--cpus", default="")
     ap.add_argument("--probe", choices=("tf", "numpy"), default="tf")
     ap.add_argument("--model", default="lstm")

@@ -67,7 +67,7 @@ class WatchConfig:
     probe: str = "tf"  # tf | numpy | external
     model: str = "lstm"
     variant: str = "xla"
-    rate_hz: float = 500.0
+    rate_hz: float = 500.0  # 0: auto (the probe worker picks it after its warm-up)
     probe_cpus: list[int] = field(default_factory=list)
     housekeeping_cpus: list[int] = field(default_factory=list)
     pid: int | None = None
@@ -229,6 +229,7 @@ class WatchSession:
             raise AgentError(err)
         self.probe_info = msg
         self.cfg.pid = int(msg["pid"])
+        self.cfg.rate_hz = float(msg.get("rate_hz") or self.cfg.rate_hz)  # --rate auto: chosen
         self.reader = RingReader(path)
 
     def _attach_external(self) -> None:
@@ -735,7 +736,7 @@ class WatchSession:
         return [f"the probe keeps CPU {self.cfg.probe_cpus} {100 * busy:.0f} % busy "
                 f"(P50 {p50 / 1e3:.0f} µs × {self.cfg.rate_hz:g}/s): any disturbance queues "
                 f"the next calls; a --rate of {max(1, int(0.25 / (p50 / 1e9)))} or less "
-                "leaves it headroom"]
+                "(or --rate auto) leaves it headroom"]
 
     def summary(self) -> dict:
         h = self.hist
@@ -767,7 +768,8 @@ class WatchSession:
         delays = sorted(self.attr_delays_ms)
         return {
             "source": self.probe_info.get("probe"), "pid": self.cfg.pid,
-            "probe_cpus": self.cfg.probe_cpus, "duration_s": round(dur, 2),
+            "probe_cpus": self.cfg.probe_cpus, "rate_hz": self.cfg.rate_hz,
+            "duration_s": round(dur, 2),
             "samples": self.samples, "lost_records": self.reader.lost if self.reader else 0,
             "p50_us": _us(h.quantile(0.5)), "p99_us": _us(h.quantile(0.99)),
             "p999_us": _us(h.quantile(0.999)), "max_us": _us(h.max_ns or None),
