@@ -79,11 +79,22 @@ class HotFile:
 
     def read(self) -> bytes:
         data = os.pread(self.fd, self._size, 0)
-        # /proc files larger than the buffer (e.g. /proc/interrupts on big boxes): grow and retry.
-        while len(data) == self._size:
-            self._size *= 2
-            data = os.pread(self.fd, self._size, 0)
-        return data
+        if len(data) < 1024:
+            return data  # short: all of it (a file bigger than this returns at least a page)
+        # A seq_file with many records (/proc/interrupts on a big box, /proc/vmstat with many
+        # counters) hands out about one page per read whatever the buffer: read on at the
+        # offset reached until a read returns nothing.
+        parts = [data]
+        got = len(data)
+        while True:
+            more = os.pread(self.fd, max(self._size - got, 4096), got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        if got > self._size // 2:
+            self._size = max(self._size, 2 * got)
+        return data if len(parts) == 1 else b"".join(parts)
 
     def close(self) -> None:
         if self.fd >= 0:

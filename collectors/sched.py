@@ -118,6 +118,7 @@ class SchedCollector:
         self._last_scan_ns = 0
         self._scan_requested = False
         self.defer_scan = False  # set by the native sampler: see live_extra()
+        self.exclude_pids: set[int] = set()  # not "others" in scans (the native reader)
         self.scans: deque[Scan] = deque(maxlen=64)
         self.dropped: dict[int, str] = {}
         # schedstat (the run-queue delay, 1 µs to read) is read every round; stat (faults,
@@ -248,7 +249,7 @@ class SchedCollector:
         others = dict.fromkeys(cpus, 0)
         cur_ns: dict[int, int] = {}
         cur_ticks: dict[int, int] = {}
-        own = set(self.pids) | {os.getpid()}
+        own = set(self.pids) | {os.getpid()} | self.exclude_pids
         prev_ns, prev_ticks = self._prev_runs, self._prev_ticks
         first = not self._last_scan_ns
         proc = os.fspath(self.host.procfs)
@@ -352,18 +353,24 @@ class SchedCollector:
                                                           old.run_ns + r.run_ns, r.state)
         return sorted(agg.values(), key=lambda r: -r.run_ns)
 
-    def others_share(self, t0_ns: int, t1_ns: int, cpus=None) -> float | None:
+    def others_share(self, t0_ns: int, t1_ns: int, cpus=None,
+                     max_span_s: float = 1.0) -> float | None:
         """Share of ``cpus``' time (default: the watched CPUs) that tasks other than the
         watched ones consumed in the scan interval(s) overlapping [t0_ns, t1_ns]; None when
-        no scan covers the window. An always-busy hog sharing a probe CPU gives ~0.5."""
+        no scan covers the window, or the scans covering it span more than ``max_span_s``
+        (an average over seconds says little about a few milliseconds; a spike asks for a
+        scan, so a burst's later spikes get ≥ 0.25 s ones). An always-busy hog sharing a
+        probe CPU gives ~0.5. A task's run time counts on the CPU it was last seen on."""
         want = self.cpus if cpus is None else frozenset(cpus) & self.cpus or self.cpus
         span = used = 0
         for s in list(self.scans):
             if s.t_ns < t0_ns or s.prev_t_ns > t1_ns:
                 continue
-            span += (s.t_ns - s.prev_t_ns) * len(want)
+            span += s.t_ns - s.prev_t_ns
             used += sum(r.run_ns for r in s.runs if r.cpu in want)
-        return min(1.0, used / span) if span > 0 else None
+        if span <= 0 or span > max_span_s * 1e9:
+            return None
+        return min(1.0, used / (span * len(want)))
 
     def latest_scan_ns(self) -> int:
         return self._last_scan_ns

@@ -450,3 +450,5 @@ def test_others_share_is_the_scans_cpu_time_over_their_span():
     assert s.others_share(int(1.5e9), int(1.6e9), [1]) == 0.5  # CPU 3 is not watched
     assert s.others_share(int(1.5e9), int(1.6e9)) == 0.25  # both watched CPUs
     assert s.others_share(int(3e9), int(4e9), [1]) is None  # no scan covers it
+    s.scans.append(Scan(5 * 10**9, 3 * 10**9, [TaskRun(9, 9, "hog", 1, 10**9, "R")]))
+    assert s.others_share(int(4e9), int(4.1e9), [1]) is None  # a 2 s average: not used

@@ -88,10 +88,10 @@ def test_build_is_cached_and_a_missing_compiler_or_broken_source_is_one_reason(t
 
 def test_rounds_carry_each_files_bytes_in_order_across_ring_wraps(helper, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    a.write_bytes(b"x" * 9000)  # 64 KiB ring: wraps every ~7 rounds
+    a.write_bytes(b"x" * 9000)  # 256 KiB ring: wraps every ~28 rounds (0.28 s of headroom)
     b.write_bytes(b"00000000\n")  # rewritten in place below (a truncating write could be
     # read half-done, by the helper as by any reader)
-    feed = Feed(10_000_000, capacity=1 << 16, helper=helper, shm_dir=str(tmp_path))
+    feed = Feed(10_000_000, capacity=1 << 18, helper=helper, shm_dir=str(tmp_path))
     try:
         fa, fb = feed.open(a), feed.open(b)
         _activate(feed, [fa])
@@ -154,7 +154,7 @@ def test_a_read_error_is_the_same_oserror_and_an_overrun_loses_rounds_not_order(
         assert err is not None and err.errno == errno.ESRCH  # as a live pread of a dead task
         time.sleep(0.8)  # ~80 rounds × 12 KB: several times the ring
         buf, rounds = feed.read_rounds()
-        assert rounds == [] and feed.overruns == 1
+        assert rounds == [] and feed.overruns >= 1
         later = _rounds_until(feed, 3)
         first = later[0][1][0]
         assert [r[0] for _, r in later] == list(range(first, first + len(later)))
@@ -230,7 +230,8 @@ def test_native_sampler_fills_the_same_rings_as_the_python_sampler(helper, tmp_p
         pr, nr = py.ring(name), nat.ring(name)
         assert set(nr.cols) == set(pr.cols), name
         st = nat.stats.per_collector[name]
-        assert st.state == "ok" and st.dropped_rows == 1  # the first, registering read
+        # the first, registering read (and the rounds recorded before the files were in)
+        assert st.state == "ok" and st.dropped_rows >= 1
         assert nr.rows >= 5
         idx = nr.window(0, 2**62)
         t1 = nr.t1[idx]
@@ -261,6 +262,7 @@ def test_a_killed_helper_hands_over_to_python_rounds(helper, tmp_path):
     nat.stop()
     assert nat.native_error and "killed by signal 9" in nat.native_error
     assert nat.mode.startswith("python")
+    assert not any(getattr(e.collector, "defer_scan", False) for e in nat.entries)
     assert after - before >= 20  # Python rounds at 100 Hz go on
 
 
@@ -307,4 +309,129 @@ def test_the_task_scan_lands_in_the_newest_replayed_row(helper, tmp_path):
     assert len(scans) >= 3 and len(rows_t) >= len(scans)
     for t in scans:
         before = [t - r for r in rows_t.tolist() if r <= t]
-        assert before and min(before) < 80_000_000, (t, before[-3:])  # 50 ms period + slack
+        assert before and min(before) < 120_000_000, (t, before[-3:])  # 50 ms period + slack
+
+
+def test_a_record_overwritten_while_it_is_copied_is_an_overrun_not_data(tmp_path):
+    """The writer publishes reserve_pos before it copies a record; a reader whose copy
+    overlapped that record (its oldest bytes a ring behind) drops the batch, counted."""
+    import struct
+
+    from agent.watch import feed as F
+    feed = Feed(10_000_000, capacity=1 << 16, helper=Path("/bin/true"), shm_dir=str(tmp_path))
+    cap, base = feed.capacity, feed._base
+    wpos = 0
+
+    def rec(rnd: int) -> bytes:
+        payload = bytes([65 + rnd]) * 12000
+        return struct.pack("<IIQQII", F.REC_MAGIC, 32 + 16 + 12000, rnd, 1000 + rnd, 1, 0) + \
+            struct.pack("<HHiII", 0, 0, 12000, 0, 0) + payload
+
+    def write(r: bytes, publish: bool = True) -> None:
+        nonlocal wpos
+        off = wpos % cap
+        pad = cap - off if off + len(r) > cap else 0
+        struct.pack_into("<Q", feed.mm, F._H_RESERVE, wpos + pad + len(r))
+        if pad:
+            feed.mm[base + off:base + off + 8] = struct.pack("<II", F.PAD_MAGIC, pad)
+            wpos, off = wpos + pad, 0
+        feed.mm[base + off:base + off + len(r)] = r
+        if publish:
+            wpos += len(r)
+            struct.pack_into("<Q", feed.mm, F._H_WPOS, wpos)
+    try:
+        for i in range(5):
+            write(rec(i))
+        buf, rounds = feed.read_rounds()
+        assert [r[0] for r in rounds] == [0, 1, 2, 3, 4] and feed.overruns == 0
+        for i in range(5, 10):
+            write(rec(i))
+        write(rec(10), publish=False)  # mid-copy over the oldest unread bytes
+        buf, rounds = feed.read_rounds()
+        assert rounds == [] and feed.overruns == 1
+        write(rec(11))
+        buf, rounds = feed.read_rounds()
+        assert [r[0] for r in rounds] == [11]
+        assert buf[rounds[0][2][0][1]:][:3] == b"LLL"  # its own bytes (65 + 11)
+    finally:
+        feed.close()
+
+
+def test_multi_page_proc_files_are_read_whole(helper, tmp_path):
+    """/proc seq_files with many records hand out about a page per read: HotFile and the
+    helper read on until the end (a big box's /proc/interrupts was cut at ~4 KiB)."""
+    from collectors.host import HotFile
+    child = subprocess.Popen([sys.executable, "-c", "import numpy, time; time.sleep(30)"])
+    try:
+        time.sleep(1.0)  # imported
+        path = f"/proc/{child.pid}/maps"
+        whole = Path(path).read_bytes()
+        assert len(whole) > 8192
+        assert HotFile(path).read() == whole
+        feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+        try:
+            f = feed.open(path)
+            _activate(feed, [f])
+            feed.start()
+            (buf, (_, _, files)), *_ = _rounds_until(feed, 2)[-1:]
+            assert _bytes_of(feed, buf, files, f) == whole
+        finally:
+            feed.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_stalled_helper_hands_over_and_the_scans_come_back(helper, tmp_path):
+    from collectors.sched import SchedCollector
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    h = Host().with_hot_factory(feed.open)
+    sched = SchedCollector(h, [os.getpid()], [cpu], scan_period_s=0.3, period_s=0.05)
+    nat = NativeSampler([sched, SoftirqCollector(h, [cpu])], feed, hz=100, drain_hz=10)
+    nat.STALL_NS = 500_000_000
+    nat.start()
+    try:
+        assert os.getpgid(feed.proc.pid) != os.getpgid(0)  # Ctrl-C does not reach it
+        time.sleep(0.4)
+        os.kill(feed.proc.pid, signal.SIGSTOP)  # stuck: alive, no rounds
+        deadline = time.monotonic() + 5
+        while nat.native_error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert nat.native_error and "stalled" in nat.native_error
+        scans = len(sched.scans)
+        rows = nat.ring("softirq").rows
+        time.sleep(0.8)
+        assert not sched.defer_scan and len(sched.scans) > scans  # scans in sample() again
+        assert nat.ring("softirq").rows - rows >= 40  # Python rounds at 100 Hz
+    finally:
+        nat.stop()
+    assert feed.proc.poll() is not None  # killed, not left stopped
+
+
+def test_the_helper_exits_at_once_when_its_named_parent_is_not_its_parent(helper, tmp_path):
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    try:
+        r = subprocess.run([str(helper), feed.path, "-", "1"], timeout=10)
+        assert r.returncode == 0 and feed.state() == 0  # never ran a round
+    finally:
+        feed.close()
+
+
+def test_an_untrusted_cache_directory_or_binary_is_not_run(tmp_path):
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    d = tmp_path / "open"
+    d.mkdir(mode=0o700)
+    os.chmod(d, 0o777)  # anyone could plant a binary here
+    with pytest.raises(NativeUnavailable, match="writable only by you"):
+        build_helper(out_dir=d)
+    good = tmp_path / "good"
+    exe = build_helper(out_dir=good)
+    os.chmod(exe, 0o777)  # the cached binary itself made writable by others
+    with pytest.raises(NativeUnavailable, match="writable only by you"):
+        build_helper(out_dir=good)
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    with pytest.raises(NativeUnavailable, match="not a directory"):
+        build_helper(out_dir=link)

@@ -35,7 +35,7 @@ from pathlib import Path
 from collectors.host import HotFile
 
 MAGIC = 0x31534648
-VERSION = 1
+VERSION = 2
 NSLOTS = 256
 PATH_LEN = 224
 HEADER_BYTES = 4096
@@ -47,6 +47,7 @@ DEFAULT_CAPACITY = 16 << 20
 # header field offsets (struct header in hftsampler.c)
 _H_PERIOD, _H_TABLE_GEN, _H_STOP, _H_CAP, _H_WPOS = 8, 16, 24, 32, 40
 _H_ROUNDS, _H_LATE, _H_CPU, _H_PID, _H_STATE, _H_ERROR = 48, 56, 64, 72, 80, 88
+_H_RESERVE, _H_DROPPED = 344, 352
 _REC = struct.Struct("<IIQQII")  # magic, len, round, t_ns, nfiles, pad
 _FREC = struct.Struct("<HHiII")  # slot, pad, n, gen, pad2
 _U64 = struct.Struct("<Q")
@@ -67,25 +68,63 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "hftagent"
 
 
+def _trusted(path: Path, what: str, *, directory: bool) -> None:
+    """Refuse a cache directory or binary that someone else could have written: watch often
+    runs as root and executes the cached helper. Not a symlink, owned by us (or root), not
+    writable by group or others."""
+    import stat
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise NativeUnavailable(f"{what} {path}: {exc.strerror}") from None
+    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not kind_ok or st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+        raise NativeUnavailable(f"{what} {path} is not a {'directory' if directory else 'file'}"
+                                " owned by you and writable only by you: not used")
+
+
+def _compiler() -> str:
+    """The C compiler: $CC (a trusted file when we are root) or cc/gcc/clang on PATH."""
+    want = os.environ.get("CC")
+    if want:
+        cc = shutil.which(want)
+        if cc is None:
+            raise NativeUnavailable(f"building the native sampler failed: CC={want} not found")
+        if os.geteuid() == 0:
+            _trusted(Path(os.path.realpath(cc)), "CC", directory=False)
+        return cc
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise NativeUnavailable("no C compiler (cc) to build the native sampler")
+    return cc
+
+
 def build_helper(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
     """Path of the compiled helper for ``source``; compiled (~0.3 s) when not cached.
-    Raises :class:`NativeUnavailable` (no compiler, failed build)."""
+    Raises :class:`NativeUnavailable` (not x86-64, no compiler, failed build, a cache
+    directory or cached binary that someone else could have written)."""
+    machine = os.uname().machine
+    if machine not in ("x86_64", "amd64"):
+        # The reader's side of the shared ring relies on x86-64's ordered loads and stores
+        # (Python has no fences).
+        raise NativeUnavailable(f"the native sampler needs x86-64 (this is {machine})")
     try:
         src = source.read_bytes()
     except OSError as exc:
         raise NativeUnavailable(f"native sampler source missing: {exc.strerror}") from None
-    key = hashlib.sha256(src + os.uname().machine.encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + machine.encode()).hexdigest()[:16]
     d = out_dir or cache_dir()
     exe = d / f"hftsampler-{key}"
-    if os.access(exe, os.X_OK):
-        return exe
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise NativeUnavailable("no C compiler (cc) to build the native sampler")
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise NativeUnavailable(f"cannot create {d}: {exc.strerror}") from None
+    _trusted(d, "cache directory", directory=True)
+    if os.path.lexists(exe):
+        _trusted(exe, "cached native sampler", directory=False)
+        if os.access(exe, os.X_OK):
+            return exe
+    cc = _compiler()
     tmp = d / f".{exe.name}.{os.getpid()}.tmp"
     try:
         r = subprocess.run([cc, "-O2", "-std=gnu11", "-Wall", "-o", str(tmp), str(source)],
@@ -97,6 +136,7 @@ def build_helper(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
         lines = r.stderr.strip().splitlines() or ["no output"]
         first = next((ln for ln in lines if "error" in ln), lines[0])
         raise NativeUnavailable(f"building the native sampler failed: {first}")
+    os.chmod(tmp, 0o755)
     os.replace(tmp, exe)  # atomic: a concurrent build never leaves a half-written binary
     return exe
 
@@ -107,12 +147,13 @@ class Feed:
     def __init__(self, period_ns: int, capacity: int = DEFAULT_CAPACITY,
                  helper: Path | None = None, shm_dir: str | None = None) -> None:
         self.helper = helper or build_helper()
-        self.capacity = max(1 << 16, capacity) & ~7
+        self.capacity = min(1 << 30, max(1 << 16, capacity)) & ~7  # record lengths are u32
         d = shm_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         fd, path = tempfile.mkstemp(prefix=f"hftagent-feed-{os.getpid()}-", dir=d)
         self.path = path
         try:
-            os.ftruncate(fd, HEADER_BYTES + NSLOTS * SLOT_BYTES + self.capacity)
+            # allocated now: a sparse file on a full tmpfs would SIGBUS watch at a write
+            os.posix_fallocate(fd, 0, HEADER_BYTES + NSLOTS * SLOT_BYTES + self.capacity)
             self.mm = mmap.mmap(fd, 0)
         except OSError as exc:
             os.close(fd)
@@ -130,6 +171,7 @@ class Feed:
         self.rpos = 0
         self.proc: subprocess.Popen | None = None
         self.overruns = 0  # times the reader fell a whole ring behind (rounds lost)
+        self.corrupt = 0  # records that failed the framing checks (never expected)
         # replay state (set by the sampler around each collector's sample())
         self.current: dict[int, tuple[int, int, int]] | None = None  # slot → (gen, off, n)
         self.buf = b""
@@ -174,21 +216,38 @@ class Feed:
 
     # -- helper ------------------------------------------------------------------------------
     def start(self, cpus: list[int] | None = None) -> None:
+        """Start the helper and wait until it runs; then remove the shared file's name (both
+        sides have it mapped: nothing is left in /dev/shm whatever happens next). Call it from
+        the thread that stays alive for the run (PR_SET_PDEATHSIG follows the forking
+        thread). Its own session: a terminal's Ctrl-C or a service stop reaches watch, which
+        stops it through the stop flag."""
         arg = ",".join(str(c) for c in cpus) if cpus else "-"
         try:
-            self.proc = subprocess.Popen([str(self.helper), self.path, arg],
+            self.proc = subprocess.Popen([str(self.helper), self.path, arg, str(os.getpid())],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, close_fds=True)
+                                         stderr=subprocess.PIPE, close_fds=True,
+                                         start_new_session=True)
         except OSError as exc:
             raise NativeUnavailable(f"cannot start the native sampler: {exc.strerror}") \
                 from None
         deadline = time.monotonic() + 5
         while self.state() == 0:
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise NativeUnavailable(f"native sampler did not start: {self.exit_reason()}")
+                reason = self.exit_reason()
+                self.stop()
+                raise NativeUnavailable(f"native sampler did not start: {reason}")
             time.sleep(0.002)
         if self.state() == 3:
-            raise NativeUnavailable(f"native sampler failed: {self.error()}")
+            err = self.error()
+            self.stop()
+            raise NativeUnavailable(f"native sampler failed: {err}")
+        self._unlink()
+
+    def _unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
 
     def state(self) -> int:
         return _U64.unpack_from(self.mm, _H_STATE)[0]
@@ -224,10 +283,12 @@ class Feed:
                 "late_rounds": _U64.unpack_from(mm, _H_LATE)[0],
                 "cpu_ns": _U64.unpack_from(mm, _H_CPU)[0],
                 "pid": struct.unpack_from("<q", mm, _H_PID)[0],
-                "overruns": self.overruns}
+                "overruns": self.overruns,
+                "dropped_rounds": _U64.unpack_from(mm, _H_DROPPED)[0]}
         return dict(self._last_stats)
 
-    _last_stats: dict = {"rounds": 0, "late_rounds": 0, "cpu_ns": 0, "pid": 0, "overruns": 0}
+    _last_stats: dict = {"rounds": 0, "late_rounds": 0, "cpu_ns": 0, "pid": 0, "overruns": 0,
+                         "dropped_rounds": 0}
 
     def slot_costs(self) -> dict[str, tuple[int, int]]:
         """owner → (reads, ns inside open/pread) over the slots in use."""
@@ -247,10 +308,16 @@ class Feed:
             try:
                 self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self.proc.kill()  # stuck (a read that never returns): SIGKILL
                 self.proc.wait()
-            if self.proc.stderr is not None:
+            if self.proc.stderr is not None and not self.proc.stderr.closed:
                 self.proc.stderr.close()
+
+    def kill(self) -> None:
+        """Stop a helper that stopped making rounds (SIGKILL; its reason stays readable)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def close(self) -> None:
         self.stop()
@@ -258,10 +325,7 @@ class Feed:
             self.stats()  # keep the final counters
             self.mm.close()
             self.mm = None
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        self._unlink()
 
     # -- reading rounds ----------------------------------------------------------------------
     def read_rounds(self) -> tuple[bytes, list[tuple[int, int, dict[int, tuple[int, int, int]]]]]:
@@ -282,7 +346,9 @@ class Feed:
             buf = mm[base + a:base + b]
         else:  # wrapped: the tail, then the head
             buf = mm[base + a:base + cap] + mm[base:base + b]
-        if _U64.unpack_from(mm, _H_WPOS)[0] - r > cap:  # overwritten while copying
+        # The helper stores reserve_pos (where the record it is copying will end) before it
+        # touches a byte: past r + cap, some of what was just copied may be newer bytes.
+        if _U64.unpack_from(mm, _H_RESERVE)[0] - r > cap:
             self.overruns += 1
             self.rpos = _U64.unpack_from(mm, _H_WPOS)[0]
             return b"", []
@@ -293,17 +359,22 @@ class Feed:
         rsize, fsize = _REC.size, _FREC.size
         while pos + 8 <= end:
             magic, ln = struct.unpack_from("<II", buf, pos)
-            if magic == PAD_MAGIC:
+            if magic == PAD_MAGIC and ln >= 8:
                 pos += ln
                 continue
             if magic != REC_MAGIC or ln < rsize or pos + ln > end:
-                break  # cannot happen with a well-behaved writer; never misread
+                self.corrupt += 1  # cannot happen with a well-behaved writer; never misread
+                break
             _, _, rnd, t_ns, nfiles, _ = unpack_rec(buf, pos)
             files = {}
-            p = pos + rsize
+            p, rec_end = pos + rsize, pos + ln
             for _ in range(nfiles):
+                if p + fsize > rec_end:
+                    break
                 slot, _, n, gen, _ = unpack_f(buf, p)
                 p += fsize
+                if n > 0 and p + n > rec_end:
+                    break
                 files[slot] = (gen, p, n)
                 if n > 0:
                     p += (n + 7) & ~7

@@ -12,7 +12,9 @@
  * more than the reads themselves (measured on the 2-CPU dev VM: 5 % of one CPU for the Python
  * sampler at 100 Hz, 1.3 % for this loop doing the same reads, docs/benchmarks.md).
  *
- * Usage: hftsampler SHM_FILE [CPU,CPU,...]   (pins itself to the CPUs; "-" = do not pin)
+ * Usage: hftsampler SHM_FILE CPU,CPU,...|- PARENT_PID
+ *        (pins itself to the CPUs, "-" = do not pin; exits when PARENT_PID is no longer its
+ *        parent — checked against the pid given, so it also works under a PID-1 parent)
  * Layout of SHM_FILE: struct header (4 KiB), NSLOTS struct slot, then the data ring. Every
  * field the other side reads is written with a release store after the data it publishes.
  * It exits when the header's stop flag is set, on SIGTERM/SIGINT, or when its parent dies.
@@ -35,7 +37,7 @@
 #include <unistd.h>
 
 #define MAGIC 0x31534648u      /* "HFS1" */
-#define VERSION 1u
+#define VERSION 2u
 #define NSLOTS 256
 #define PATH_LEN 224
 #define HEADER_BYTES 4096
@@ -56,6 +58,11 @@ struct header {               /* offsets are mirrored in feed.py (_H_*) */
     int64_t pid;              /* 72   helper */
     uint64_t state;           /* 80   helper: 1 running, 2 exited, 3 failed */
     char error[256];          /* 88   helper: why it failed */
+    uint64_t reserve_pos;     /* 344  helper: write_pos once the record being copied is in:
+                               *      stored before the copy, so a reader that finds
+                               *      reserve_pos - its start > capacity knows its bytes may
+                               *      have been overwritten while it copied them */
+    uint64_t dropped_rounds;  /* 352  helper: rounds larger than half the ring (not written) */
 };
 
 struct slot {                 /* 256 bytes */
@@ -128,10 +135,11 @@ static int reserve(size_t need) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: hftsampler SHM_FILE [CPU,CPU,...]\n");
+    if (argc < 4) {
+        fprintf(stderr, "usage: hftsampler SHM_FILE CPU,CPU,...|- PARENT_PID\n");
         return 2;
     }
+    pid_t parent = (pid_t)strtol(argv[3], NULL, 10);
     int sfd = open(argv[1], O_RDWR | O_CLOEXEC);
     if (sfd < 0) return fail("open shared file");
     struct stat sb;
@@ -161,14 +169,14 @@ int main(int argc, char **argv) {
 
     /* Never outlive watch: SIGTERM when the parent dies (and it may already have). */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() == 1) return 0;
+    if (getppid() != parent) return 0; /* the parent died before the line above */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    if (argc > 2 && strcmp(argv[2], "-") != 0) {
+    if (strcmp(argv[2], "-") != 0) {
         cpu_set_t set;
         CPU_ZERO(&set);
         char *s = argv[2];
@@ -246,18 +254,25 @@ int main(int argc, char **argv) {
             if (fds[i] < 0) {
                 n = fds[i];
             } else {
+                /* A seq_file with many records (/proc/interrupts on a big box, /proc/vmstat)
+                 * hands out about a page per read: read on at the offset reached until a
+                 * read returns 0 — except after a short first read (< 1 KiB: all there). */
+                size_t got = 0;
                 for (;;) {
+                    if (got == fsize[i]) {
+                        if (fsize[i] >= (64u << 20)) { n = -EFBIG; break; }
+                        fsize[i] *= 2;
+                    }
                     if (fcap < fsize[i]) {
                         char *p = realloc(fbuf, fsize[i]);
                         if (!p) return fail("realloc");
                         fbuf = p;
                         fcap = fsize[i];
                     }
-                    ssize_t k = pread(fds[i], fbuf, fsize[i], 0);
+                    ssize_t k = pread(fds[i], fbuf + got, fsize[i] - got, (off_t)got);
                     if (k < 0) { n = -errno; break; }
-                    if ((size_t)k < fsize[i]) { n = (int32_t)k; break; }
-                    if (fsize[i] >= (64u << 20)) { n = -EFBIG; break; }
-                    fsize[i] *= 2; /* filled the buffer: the file may be longer */
+                    got += (size_t)k;
+                    if (k == 0 || (got == (size_t)k && got < 1024)) { n = (int32_t)got; break; }
                 }
             }
             slots[i].read_ns += mono_ns() - t0;
@@ -287,19 +302,22 @@ int main(int argc, char **argv) {
             r->t_ns = now;
             r->nfiles = nfiles;
             r->pad = 0;
-            if (len <= cap / 2) { /* a round larger than half the ring is dropped */
+            if (len <= cap / 2) {
                 uint64_t off = wpos % cap;
-                if (off + len > cap) { /* no record straddles the end: pad to it */
-                    if (cap - off >= 8) {
-                        uint32_t pad[2] = {PAD_MAGIC, (uint32_t)(cap - off)};
-                        memcpy(ring + off, pad, 8);
-                    }
-                    wpos += cap - off;
+                uint64_t pad = off + len > cap ? cap - off : 0; /* no record straddles the end */
+                __atomic_store_n(&H->reserve_pos, wpos + pad + len, __ATOMIC_RELEASE);
+                __atomic_thread_fence(__ATOMIC_SEQ_CST); /* reserve_pos before any byte below */
+                if (pad) {
+                    uint32_t p2[2] = {PAD_MAGIC, (uint32_t)pad}; /* pad >= 8: all 8-aligned */
+                    memcpy(ring + off, p2, 8);
+                    wpos += pad;
                     off = 0;
                 }
                 memcpy(ring + off, rbuf, len);
                 wpos += len;
                 __atomic_store_n(&H->write_pos, wpos, __ATOMIC_RELEASE);
+            } else {
+                H->dropped_rounds++; /* a round larger than half the ring is not written */
             }
         }
         __atomic_store_n(&H->rounds, round + 1, __ATOMIC_RELEASE);

@@ -54,8 +54,8 @@ class _Entry:
     deltas: DeltaTracker
     state: CollectorState
     period_ns: int
-    due_ns: int = 0
-    div: int = 1  # native sampler: replayed on helper rounds where round % div == 0  # sampled when at least this long since the last run (period − slack)
+    due_ns: int = 0  # sampled when at least this long since the last run (period − slack)
+    div: int = 1  # native sampler: replayed on helper rounds where round % div == 0
     last_ns: int = 0
     prev_t_ns: int = 0
 
@@ -310,12 +310,21 @@ class NativeSampler(Sampler):
         self.native_error: str | None = None
         self.drain_cpu_ns = 0
         self._fed_rounds = 0
+        self._why: str | None = None  # why the replay stopped (helper died, stalled, error)
+        self._last_round_at = time.monotonic_ns()
+
+    STALL_NS = 2_000_000_000  # no new round for this long from a live helper: stuck
 
     def start(self) -> None:
         """Start the helper (raises :class:`~agent.watch.feed.NativeUnavailable`), then the
         drain thread."""
         if self.feed.proc is None:
             self.feed.start(self.cpus)
+        for e in self.replayed:  # the reader is not a task competing with the probe
+            exclude = getattr(e.collector, "exclude_pids", None)
+            if exclude is not None and self.feed.proc is not None:
+                exclude.add(self.feed.proc.pid)
+        self._last_round_at = time.monotonic_ns()
         super().start()
 
     def _keep(self) -> bool:
@@ -357,9 +366,25 @@ class NativeSampler(Sampler):
         self.stats.rounds = self._fed_rounds
         self.stats.late_rounds = fs["late_rounds"]
         self.stats.busy_ns += time.perf_counter_ns() - t_start
-        if not rounds and not feed.alive():
+        now = time.monotonic_ns()
+        if rounds:
+            self._last_round_at = now
+        elif not feed.alive():
+            self._why = f"native sampler stopped ({feed.exit_reason()})"
+            return False
+        elif now - self._last_round_at > self.STALL_NS:
+            self._why = (f"native sampler stalled (no round for "
+                         f"{(now - self._last_round_at) / 1e9:.1f} s; killed)")
             return False
         return True
+
+    def _drain_or_stop(self) -> bool:
+        """:meth:`drain`, with any error ending the replay (said, never a dead thread)."""
+        try:
+            return self.drain()
+        except Exception as exc:  # noqa: BLE001 - the Python sampler takes over
+            self._why = f"native replay failed ({type(exc).__name__}: {exc})"
+            return False
 
     @staticmethod
     def _merge_extra(e: _Entry, values: dict) -> None:
@@ -389,13 +414,17 @@ class NativeSampler(Sampler):
                 self.pin_error = f"cannot pin sampler to CPUs {self.cpus}: {exc.strerror}"
         self._cpu0 = time.thread_time_ns()
         self.stats.started_ns = time.monotonic_ns()
-        self._loop(self.drain_ns, self.drain)
+        self._loop(self.drain_ns, self._drain_or_stop)
         if not self._stop.is_set():
-            # The helper died: say why, then carry on as the Python sampler (every
-            # collector's files read live from here on).
-            self.native_error = (f"native sampler stopped ({self.feed.exit_reason()}); "
-                                 "the Python sampler took over")
-            self.mode = "python (native helper died)"
+            # The helper died, stalled, or the replay failed: say why, then carry on as the
+            # Python sampler (every collector's files read live from here on, sched's task
+            # scan inside its sample() again).
+            self.feed.kill()
+            self.feed.set_round(b"", None)
+            self.native_error = f"{self._why}; the Python sampler took over"
+            self.mode = "python (native reader stopped)"
+            for e in self._extras:
+                e.collector.defer_scan = False
             for e in self.entries:
                 e.last_ns = 0
             self._loop(self.period_ns, self.round)

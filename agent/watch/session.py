@@ -327,21 +327,27 @@ class WatchSession:
         else:
             self._start_probe()
         feed = self._native_feed()
-        collectors = self._collectors(self.host.with_hot_factory(feed.open) if feed else None)
-        on_result = self.metrics.set_collector_result if self.metrics is not None else None
-        kw = {"capacity_s": max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
-              "on_result": on_result}
-        if feed is not None:
-            self.sampler = NativeSampler(collectors, feed, cfg.sample_hz,
-                                         cfg.housekeeping_cpus, **kw)
-            try:
-                feed.start(cfg.housekeeping_cpus)
-            except NativeUnavailable as exc:
-                feed.close()  # the collectors' files read live from here on
-                if cfg.sampler == "native":
-                    raise AgentError(str(exc)) from None
-                self.sampler_note = f"python (native sampler unavailable: {exc})"
-                self.sampler = None
+        try:
+            collectors = self._collectors(self.host.with_hot_factory(feed.open) if feed else None)
+            on_result = self.metrics.set_collector_result if self.metrics is not None else None
+            kw = {"capacity_s": max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
+                  "on_result": on_result}
+            if feed is not None:
+                self.sampler = NativeSampler(collectors, feed, cfg.sample_hz,
+                                             cfg.housekeeping_cpus, **kw)
+                try:
+                    feed.start(cfg.housekeeping_cpus)
+                except NativeUnavailable as exc:
+                    feed.close()  # the collectors' files read live from here on
+                    if cfg.sampler == "native":
+                        raise AgentError(str(exc)) from None
+                    self.sampler_note = f"python (native sampler unavailable: {exc})"
+                    self.sampler = None
+        except BaseException:
+            # a stop or an error while starting: no helper and no shared file left behind
+            if feed is not None:
+                feed.close()
+            raise
         if self.sampler is None:
             self.sampler = Sampler(collectors, cfg.sample_hz, cfg.housekeeping_cpus, **kw)
         rings = {e.ring.name: e.ring for e in self.sampler.entries}
