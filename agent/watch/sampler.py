@@ -275,8 +275,10 @@ class NativeSampler(Sampler):
     rounds' own times. Collectors that read no hot files (gpu, perf, pcie) are sampled live
     here at their period. The sampler's cost is the helper's CPU time plus this thread's.
 
-    If the helper dies mid-run, :attr:`native_error` says why and this thread goes on as the
-    Python sampler (the collectors' files read live again): watch never stops for it.
+    If the helper dies mid-run, stops making rounds for :attr:`STALL_NS` (it is then
+    killed), or a replay fails, :attr:`native_error` says why and this thread goes on as the
+    Python sampler (the collectors' files read live again, sched's scan in its sample()):
+    watch never stops for it.
     """
 
     mode = "native"
