@@ -21,8 +21,10 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from agent.watch.probe_worker import auto_rate  # noqa: E402
 from agent.watch.session import WatchConfig, WatchSession  # noqa: E402
 from bench.faults import kit  # noqa: E402
+from collectors.parsers import parse_proc_stat  # noqa: E402
 
 
 def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
@@ -149,12 +151,10 @@ def fault_check(pid: int) -> dict:
 
 def _cpu_ticks() -> dict[int, tuple[int, int]]:
     """CPU → (irq + softirq, steal) USER_HZ ticks from /proc/stat."""
-    out = {}
-    for ln in open("/proc/stat"):
-        f = ln.split()
-        if f and f[0].startswith("cpu") and f[0] != "cpu":
-            out[int(f[0][3:])] = (int(f[6]) + int(f[7]), int(f[8]))
-    return out
+    with open("/proc/stat") as fh:
+        st = parse_proc_stat(fh.read())
+    return {c: (t.get("irq", 0) + t.get("softirq", 0), t.get("steal", 0))
+            for c, t in st.cpus.items() if c >= 0}
 
 
 def _cgroup_cpu_stat() -> dict[str, int]:
@@ -215,7 +215,7 @@ def main() -> int:
         if args.probe != "numpy":
             ap.error("--rate auto measures the numpy probe only")
         p50_ms = kit.numpy_probe_p50_ms(probe_cpu)
-        args.rate = float(max(1, min(500, int(0.25 / (p50_ms / 1e3)))))
+        args.rate = auto_rate(int(p50_ms * 1e6))
         print(f"--rate auto: probe P50 {p50_ms:.3f} ms → {args.rate:g}/s", flush=True)
     else:
         args.rate = float(args.rate)

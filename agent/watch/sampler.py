@@ -220,6 +220,14 @@ class Sampler:
                 pass
 
     def _run(self) -> None:
+        self._begin()
+        self._loop(self.period_ns, self.round)
+        self._account()
+
+    _cpu0 = 0
+
+    def _begin(self) -> None:
+        """On the sampler thread: pin it to the housekeeping CPUs, start its CPU clock."""
         self.native_id = threading.get_native_id()
         if self.cpus:
             try:
@@ -228,10 +236,6 @@ class Sampler:
                 self.pin_error = f"cannot pin sampler to CPUs {self.cpus}: {exc.strerror}"
         self._cpu0 = time.thread_time_ns()
         self.stats.started_ns = time.monotonic_ns()
-        self._loop(self.period_ns, self.round)
-        self._account()
-
-    _cpu0 = 0
 
     def _account(self) -> None:
         """The sampler's CPU time so far (this thread's)."""
@@ -408,14 +412,7 @@ class NativeSampler(Sampler):
         return self.feed.stats()["cpu_ns"]
 
     def _run(self) -> None:
-        self.native_id = threading.get_native_id()
-        if self.cpus:
-            try:
-                os.sched_setaffinity(0, self.cpus)
-            except OSError as exc:
-                self.pin_error = f"cannot pin sampler to CPUs {self.cpus}: {exc.strerror}"
-        self._cpu0 = time.thread_time_ns()
-        self.stats.started_ns = time.monotonic_ns()
+        self._begin()
         self._loop(self.drain_ns, self._drain_or_stop)
         if not self._stop.is_set():
             # The helper died, stalled, or the replay failed: say why, then carry on as the

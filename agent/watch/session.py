@@ -739,9 +739,10 @@ class WatchSession:
         busy = p50 / 1e9 * self.cfg.rate_hz
         if busy <= 0.5:
             return []
+        from agent.watch.probe_worker import auto_rate
         return [f"the probe keeps CPU {self.cfg.probe_cpus} {100 * busy:.0f} % busy "
                 f"(P50 {p50 / 1e3:.0f} µs × {self.cfg.rate_hz:g}/s): any disturbance queues "
-                f"the next calls; a --rate of {max(1, int(0.25 / (p50 / 1e9)))} or less "
+                f"the next calls; a --rate of {auto_rate(int(p50)):g} or less "
                 "(or --rate auto) leaves it headroom"]
 
     def summary(self) -> dict:
