@@ -56,7 +56,8 @@ def _at_rate(cands: list, args, hk: list[int], feed=None) -> dict:
         extra = {"helper_share_of_one_cpu": round(s.helper_cpu_ns() / 1e9 / args.seconds, 4),
                  "drain_share_of_one_cpu": round(s.drain_cpu_ns / 1e9 / args.seconds, 4),
                  "native_error": s.native_error, "overruns": feed.overruns,
-                 "dropped_rows": {k: v.dropped_rows for k, v in st.per_collector.items()}}
+                 "dropped_rows": {k: v.dropped_rows for k, v in st.per_collector.items()},
+                 "layout_rows": {k: v.layout_rows for k, v in st.per_collector.items()}}
     return {"sampler": s.mode, "hz": args.hz, "seconds": args.seconds, "rounds": st.rounds, **extra,
             "sampler_cpu_share_of_one_cpu": round(st.cpu_ns / 1e9 / args.seconds, 4),
             "cpu_us_per_round": round(st.cpu_ns / max(1, st.rounds) / 1e3, 1),

@@ -297,6 +297,8 @@ class CpuCollector:
         self._freq: dict[int, object] = {}
         self._throttle: dict[str, object] = {}
         self._layout: TokenLayout | None = None
+        self._plan: tuple | None = None  # native replay: the layout of the whole file
+        self._throttle_layouts: dict[str, TokenLayout] = {}
         self.unsupported: dict[str, str] = {}
 
     def available(self):
@@ -323,6 +325,7 @@ class CpuCollector:
                 key = f"cpu.{c}.{kind}_throttle_total"
                 if self.host.exists(p):
                     self._throttle[key] = self.host.open_hot(p)
+                    self._throttle_layouts[key] = TokenLayout(1, (), (), (0,), (key,))
                 else:
                     self.unsupported[key] = "unsupported: no thermal_throttle counters"
 
@@ -331,20 +334,35 @@ class CpuCollector:
 
     def sample(self) -> dict[str, float | None]:
         self._open()
-        data = _drop_intr(self._stat.read())
+        raw = self._stat.read()
+        data = _drop_intr(raw)
         tok = data.split()
         out: dict[str, float | None] | None = \
             self._layout.values(tok) if self._layout is not None else None
         if out is None:  # first read, or a CPU came or went: rebuild from these bytes
             self._layout = proc_stat_layout(data, self._filter)
             out = self._layout.values(tok)
+            self._plan = None
+            if not self._freq:  # the native reader's layout: the whole file, "intr" too
+                whole = proc_stat_layout(raw, self._filter)
+                self._plan = ((self._stat, whole),
+                              *((hf, self._throttle_layouts[k])
+                                for k, hf in self._throttle.items()))
         for c, hf in self._freq.items():
             out[f"cpu.{c}.freq_hz"] = float(int(hf.read()) * 1000)
         for key, hf in self._throttle.items():
             out[key] = float(int(hf.read()))
         return out
 
+    def replay_plan(self) -> tuple | None:
+        """The native sampler's shortcut (agent/watch/feed.py): this row is the values of
+        the whole /proc/stat's layout (the same keys as :meth:`sample`'s, which drops the
+        "intr" line first) and of the throttle counters. None with cpufreq files (their kHz
+        are scaled) or before the first sample."""
+        return self._plan
+
     def close(self) -> None:
+        self._plan = None
         for hf in [self._stat, *self._freq.values(), *self._throttle.values()]:
             if hf is not None:
                 hf.close()

@@ -32,18 +32,30 @@ class TokenLayout:
 
     ``n``: the token count of the file the layout was built from; ``name_pos``/``names``:
     tokens that identify the layout (row names such as ``b"NET_RX:"``, ``b"cpu1"``);
-    ``val_pos``/``keys``: the value tokens and the signal names they become.
+    ``val_pos``/``keys``: the value tokens and the signal names they become;
+    ``prefixes`` (optional, one per value): bytes the value token must start with and that
+    are not part of the number (PSI's ``total=``).
+
+    The native reader (agent/watch/hftsampler.c) applies the same layout in C when a
+    collector hands it over (``replay_plan``): there a value must be a plain decimal integer
+    token; anything else is a mismatch and the collector parses the bytes itself.
     """
 
-    __slots__ = ("n", "names", "keys", "_names_at", "_vals_at")
+    __slots__ = ("n", "names", "keys", "name_pos", "val_pos", "prefixes", "_names_at",
+                 "_vals_at")
 
     def __init__(self, n: int, name_pos: Sequence[int], names: Sequence[bytes],
-                 val_pos: Sequence[int], keys: Sequence[str]) -> None:
-        if len(name_pos) != len(names) or len(val_pos) != len(keys):
+                 val_pos: Sequence[int], keys: Sequence[str],
+                 prefixes: Sequence[bytes] | None = None) -> None:
+        if len(name_pos) != len(names) or len(val_pos) != len(keys) or \
+                (prefixes is not None and len(prefixes) != len(keys)):
             raise ValueError("layout positions and names differ in length")
         self.n = n
         self.names = tuple(names)
         self.keys = tuple(keys)
+        self.name_pos = tuple(name_pos)
+        self.val_pos = tuple(val_pos)
+        self.prefixes = tuple(prefixes) if prefixes is not None else (b"",) * len(keys)
         self._names_at = _getter(name_pos)
         self._vals_at = _getter(val_pos)
 
@@ -52,7 +64,12 @@ class TokenLayout:
         this layout (the caller rebuilds it)."""
         if len(tok) != self.n or self._names_at(tok) != self.names:
             return None
-        return dict(zip(self.keys, map(float, self._vals_at(tok)), strict=True))
+        vals = self._vals_at(tok)
+        if any(self.prefixes):
+            if not all(v.startswith(p) for v, p in zip(vals, self.prefixes)):
+                return None
+            vals = [v[len(p):] for v, p in zip(vals, self.prefixes)]
+        return dict(zip(self.keys, map(float, vals), strict=True))
 
 
 class LayoutBuilder:

@@ -192,6 +192,7 @@ class IrqCollector:
         self._irq = None
         self._layout: TokenLayout | None = None
         self._calls = 0
+        self._plan: tuple | None = None
         self.descriptions: dict[str, str] = {}
 
     def available(self):
@@ -224,7 +225,22 @@ class IrqCollector:
             self._layout = interrupts_layout(data, self._want)
         return out  # type: ignore[return-value]
 
+    def replay_plan(self) -> tuple | None:
+        """The native sampler's shortcut (agent/watch/feed.py): this row is the layout's
+        values, as :meth:`sample` would return them. Asked once per row: a plan counts as a
+        read, and every ``desc_every``-th read is None, so :meth:`sample` runs the full parse
+        that refreshes the device names."""
+        if self._layout is None or self._irq is None or \
+                (self._calls + 1) % self.desc_every == 0:
+            return None
+        self._calls += 1
+        p = self._plan
+        if p is None or p[0][1] is not self._layout:
+            p = self._plan = ((self._irq, self._layout),)
+        return p
+
     def close(self) -> None:
+        self._plan = None
         if self._irq is not None:
             self._irq.close()
         self._irq = None
@@ -243,6 +259,7 @@ class SoftirqCollector:
         self._want = frozenset(cpus) if cpus else None
         self._soft = None
         self._layout: TokenLayout | None = None
+        self._plan: tuple | None = None
 
     def available(self):
         from collectors.base import Availability
@@ -273,7 +290,18 @@ class SoftirqCollector:
                 out = fast_softirqs(data, self._want)
         return out  # type: ignore[return-value]
 
+    def replay_plan(self) -> tuple | None:
+        """The native sampler's shortcut (agent/watch/feed.py): this row is the layout's
+        values, as :meth:`sample` returns them."""
+        if self._layout is None or self._soft is None:
+            return None
+        p = self._plan
+        if p is None or p[0][1] is not self._layout:
+            p = self._plan = ((self._soft, self._layout),)
+        return p
+
     def close(self) -> None:
+        self._plan = None
         if self._soft is not None:
             self._soft.close()
         self._soft = None

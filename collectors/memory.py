@@ -84,6 +84,8 @@ class MemoryCollector:
         self._psi: dict[str, object] = {}
         self._layout: TokenLayout | None = None
         self._psi_keys: dict[str, tuple[str, str]] = {}
+        self._psi_layouts: dict[str, TokenLayout] = {}
+        self._plan: tuple | None = None
         self.unsupported: dict[str, str] = {}
 
     def available(self) -> Availability:
@@ -101,7 +103,10 @@ class MemoryCollector:
             p = self.host.proc("pressure", res)
             if self.host.exists(p):
                 self._psi[res] = self.host.open_hot(p)
-                self._psi_keys[res] = (f"psi.{res}.some_us", f"psi.{res}.full_us")
+                self._psi_keys[res] = keys = (f"psi.{res}.some_us", f"psi.{res}.full_us")
+                # the fast path below as a layout, for the native reader
+                self._psi_layouts[res] = TokenLayout(10, (0, 5), (b"some", b"full"), (4, 9),
+                                                     keys, (b"total=", b"total="))
             else:
                 self.unsupported[f"psi.{res}"] = "unsupported: no PSI (CONFIG_PSI off or psi=0)"
 
@@ -136,7 +141,20 @@ class MemoryCollector:
                 del self._psi[res]
         return out
 
+    def replay_plan(self) -> tuple | None:
+        """The native sampler's shortcut: this row is vmstat's layout values, then each PSI
+        file's some/full totals, exactly what :meth:`sample` returns while no layout
+        changed (see agent/watch/feed.py). None until the first sample built the layout."""
+        if self._layout is None or self._vm is None:
+            return None
+        p = self._plan
+        if p is None or p[0][1] is not self._layout or len(p) != 1 + len(self._psi):
+            p = self._plan = ((self._vm, self._layout),
+                              *((hf, self._psi_layouts[res]) for res, hf in self._psi.items()))
+        return p
+
     def close(self) -> None:
+        self._plan = None
         if self._vm is not None:
             self._vm.close()
         for hf in self._psi.values():

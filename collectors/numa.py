@@ -9,6 +9,7 @@ kernels) is unsupported, not zeros.
 from __future__ import annotations
 
 from collectors.base import Availability
+from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import Host
 from collectors.parsers import parse_cpulist
 
@@ -23,6 +24,19 @@ def parse_numastat(data: bytes, node: int) -> dict[str, float]:
     if not out:
         raise ValueError("empty numastat")
     return out
+
+
+def numastat_layout(data: bytes, node: int) -> TokenLayout:
+    """The :class:`~collectors.fastread.TokenLayout` of one numastat read: the same values as
+    :func:`parse_numastat` on any read with this layout. Pure."""
+    b = LayoutBuilder()
+    for line in data.split(b"\n"):
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            b.name(0, parts[0])
+            b.value(1, f"numa.{node}.{parts[0].decode()}")
+        b.advance(len(parts))
+    return b.build()
 
 
 def nodes_of_cpus(host: Host, cpus: list[int]) -> list[int]:
@@ -49,6 +63,7 @@ class NumaCollector:
         self.host = host
         self.nodes = nodes_of_cpus(host, cpus)
         self._files: dict[int, object] = {}
+        self._plan: tuple | None = None
 
     def available(self) -> Availability:
         if not self.nodes:
@@ -71,11 +86,24 @@ class NumaCollector:
     def sample(self) -> dict[str, float | None]:
         self._open()
         out: dict[str, float | None] = {}
+        reads = []
         for n, hf in self._files.items():
-            out.update(parse_numastat(hf.read(), n))
+            data = hf.read()
+            out.update(parse_numastat(data, n))
+            reads.append((hf, n, data))
+        plan = self._plan
+        if plan is None or len(plan) != len(reads) or \
+                sum(len(lay.keys) for _, lay in plan) != len(out):
+            self._plan = tuple((hf, numastat_layout(data, n)) for hf, n, data in reads)
         return out
 
+    def replay_plan(self) -> tuple | None:
+        """The native sampler's shortcut (agent/watch/feed.py): this row is each node's
+        numastat layout values, as :meth:`sample` returns them."""
+        return self._plan
+
     def close(self) -> None:
+        self._plan = None
         for hf in self._files.values():
             hf.close()
         self._files.clear()

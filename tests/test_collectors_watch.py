@@ -314,6 +314,44 @@ def test_ring_append_raw_equals_update_then_append():
     assert b.column("n19", idx)[-1] == 19.0  # grew past its initial 8 columns
 
 
+def test_ring_append_seq_equals_append_raw():
+    """The native replay's values rows (append_seq: deltas without per-key Python) store
+    exactly what append_raw stores: the first row (no previous value), gauges among the
+    counters, columns out of key order, a 32-bit wrap, a reset, a NaN, a longer row."""
+    import numpy as np
+
+    from agent.watch.ring import SignalRing
+    is_c = lambda n: not n.startswith("g")  # noqa: E731
+    keys = ("g_run", "a", "b", "g_blk", "c")
+    rows = [(1.0, 10.0, 5.0, 0.0, 7.0), (2.0, 12.0, 5.0, 1.0, 9.0),
+            (3.0, 2.0**32 + 1, 6.0, 0.0, 10.0),  # a: no wrap here, just big
+            (1.0, 2.0**32 + 5, 8.0, 0.0, 3.0),  # c went back: a reset
+            (0.0, 2.0**32 + 9, float("nan"), 0.0, 4.0),  # b: NaN
+            (0.0, 2.0**32 + 9, 9.0, 2.0, 5.0), (5.0, 2.0**32 + 20, 10.0, 2.0, 6.0)]
+    for pre in ({}, {"b": 1.0, "zz": 1.0}):  # contiguous columns, then another order
+        a, b = SignalRing("a", 6), SignalRing("b", 6)  # wraps: 7 rows in 6
+        ta, tb = DeltaTracker(is_c), DeltaTracker(is_c)
+        if pre:
+            a.append_raw(0, 1, pre, ta)
+            a.append_raw(0, 1, pre, ta)
+            b.append_raw(0, 1, pre, tb)
+            b.append_raw(0, 1, pre, tb)
+        for i, v in enumerate(rows):
+            a.append_raw(i + 1, i + 2, dict(zip(keys, v)), ta)
+            b.append_seq(i + 1, i + 2, keys, v, tb)
+        assert a.cols == b.cols and a.rows == b.rows and ta.resets == tb.resets >= 2
+        idx = a.window(0, 100)
+        np.testing.assert_array_equal(a.data[idx], b.data[idx])
+        np.testing.assert_array_equal(a.t0[idx], b.t0[idx])
+        assert b._seq is not None  # the fast path was taken
+        assert b.column("a", idx)[-1] == 11.0 and b.column("g_blk", idx)[-1] == 2.0
+    wrap = SignalRing("w", 4)
+    tw = DeltaTracker(lambda n: True)
+    for v in (2.0**32 - 3, 2.0**32 - 1, 4.0):  # /proc/interrupts' unsigned int wraps
+        wrap.append_seq(0, 1, ("x",), (v,), tw)
+    assert wrap.column("x", wrap.window(0, 2)).tolist()[-2:] == [2.0, 5.0]
+
+
 def test_sched_scan_sees_a_busy_thread_of_a_multithreaded_process():
     """The scan reads single-threaded processes from /proc/PID/stat and lists task/ only for
     the others: a busy non-main thread is still found, under its own tid."""

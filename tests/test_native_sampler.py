@@ -435,3 +435,95 @@ def test_an_untrusted_cache_directory_or_binary_is_not_run(tmp_path):
     link.symlink_to(good)
     with pytest.raises(NativeUnavailable, match="not a directory"):
         build_helper(out_dir=link)
+
+
+def test_layout_values_are_what_python_parses_and_anything_else_is_bytes(helper, tmp_path):
+    """The helper's token-layout extraction: names checked, prefixes stripped, integers as
+    Python's float() reads them (signs, > 18 digits); a token that is not a plain integer, a
+    changed name or token count: no values, the raw bytes only (the collector parses them)."""
+    from collectors.fastread import TokenLayout
+    p = tmp_path / "f"
+    good = b"a -5 +7 123456789012345678901 total=42 x\n"
+    p.write_bytes(good)
+    lay = TokenLayout(6, (0, 5), (b"a", b"x"), (1, 2, 3, 4), ("m", "p", "big", "t"),
+                      (b"", b"", b"", b"total="))
+    want = lay.values(good.split())
+    assert want == {"m": -5.0, "p": 7.0, "big": float(b"123456789012345678901"), "t": 42.0}
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    try:
+        f = feed.open(p)
+        _activate(feed, [f])
+        assert feed.set_layout(f, lay)
+        feed.start()
+        plan = ((f, lay),)
+
+        def values_now() -> list:
+            feed.read_rounds()  # skip what is recorded, then read fresh rounds
+            out = []
+            for buf, (_, _, files) in _rounds_until(feed, 3):
+                feed.set_round(buf, files)
+                out.append(feed.plan_values(plan))
+                feed.set_round(b"", None)
+            return out
+
+        assert values_now()[-1] == tuple(want.values())
+        wfd = os.open(p, os.O_WRONLY)
+        for bad in (b"a -5 +7 12x 9 total=42 x\n",  # not an integer
+                    b"a -5 +7 1 total:42 x\n",  # the prefix is not there
+                    b"b -5 +7 1 total=42 x\n",  # another name
+                    b"a -5 +7 1 total=42 x y\n"):  # another token count
+            os.ftruncate(wfd, 0)
+            os.pwrite(wfd, bad, 0)
+            time.sleep(0.05)
+            assert values_now()[-1] is None, bad
+            b2, (_, _, files) = _rounds_until(feed, 1)[-1]
+            assert _bytes_of(feed, b2, files, f) == bad  # the bytes are still there
+        os.ftruncate(wfd, 0)
+        os.pwrite(wfd, good, 0)
+        os.close(wfd)
+        time.sleep(0.05)
+        assert values_now()[-1] == tuple(want.values())
+        # a plan with another layout object for the same file: handed over, then used
+        lay2 = TokenLayout(6, (0,), (b"a",), (1,), ("m",))
+        assert feed.plan_values(((f, lay2),)) is None
+        time.sleep(0.05)
+        feed.read_rounds()
+        buf, (_, _, files) = _rounds_until(feed, 2)[-1]
+        feed.set_round(buf, files)
+        assert feed.plan_values(((f, lay2),)) == (-5.0,)
+        assert feed.plan_values(plan) is None  # the old layout is gone from the helper
+        feed.set_round(b"", None)
+    finally:
+        feed.close()
+
+
+def test_layout_rows_follow_a_changed_file_and_equal_the_parsed_ones(helper, tmp_path):
+    """Collectors with a replay plan (cpu, irq, softirq, memory, numa) are appended from the
+    helper's values; a softirq line that appears changes the layout: those rows come from
+    sample(), the new layout is handed over, and the values rows resume with the new key."""
+    from collectors.numa import NumaCollector
+    h = _copy_proc(tmp_path)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    cs = _collectors(h.with_hot_factory(feed.open)) + [
+        NumaCollector(h.with_hot_factory(feed.open), [1])]
+    assert cs[-1].available().ok
+    nat = NativeSampler(cs, feed, hz=100, cpus=None, drain_hz=20)
+    nat.start()
+    time.sleep(0.6)
+    per = nat.stats.per_collector
+    assert all(per[n].layout_rows > 0 for n in ("cpu", "irq", "softirq", "memory", "numa")), \
+        {n: s.layout_rows for n, s in per.items()}
+    soft = h.procfs / "softirqs"
+    data = soft.read_bytes()
+    soft.write_bytes(data + b"  NEWSOFT:          3          4\n")
+    time.sleep(0.3)
+    before = per["softirq"].layout_rows
+    soft.write_bytes(data + b"  NEWSOFT:          3         11\n")
+    time.sleep(0.4)
+    nat.stop()
+    assert nat.native_error is None and per["softirq"].layout_rows > before + 5
+    r = nat.ring("softirq")
+    col = r.column("softirq.1.NEWSOFT", r.window(0, 2**62)).tolist()
+    assert 7.0 in col and all(v == 0.0 or v == 7.0 for v in col if v == v)
+    net = r.column("softirq.1.NET_RX", r.window(0, 2**62)).tolist()
+    assert all(v == 0.0 for v in net if v == v)  # a static file: zero deltas, whatever path

@@ -15,9 +15,18 @@ compiler into a per-user cache directory, keyed by the source's hash. No compile
 build that fails: :class:`NativeUnavailable` with the reason, and watch uses the Python
 sampler.
 
+Token layouts: a collector whose row is the values of one or more files' token layouts
+(:class:`~collectors.fastread.TokenLayout`; softirq, irq, memory) offers them through
+``replay_plan()``. :meth:`Feed.set_layout` hands a layout to the helper, which then adds the
+values, as doubles, to every read that matches it exactly; :meth:`Feed.plan_values` returns
+them for a recorded round (None when any file of the plan came without them: the collector's
+``sample()`` parses the bytes instead). The sampler appends such a row without calling the
+collector (:meth:`agent.watch.ring.SignalRing.append_seq`).
+
 Shared file (``/dev/shm/hftagent-feed-<pid>-<random>``, mode 0600, unlinked on close): a
 4 KiB header, :data:`NSLOTS` 256-byte slots (path, divisor, generation; the helper's error
-and read time per slot), then the ring. Layouts mirror the structs in hftsampler.c.
+and read time per slot), :data:`NSLOTS` token layouts of :data:`LAYOUT_BYTES`, then the
+ring. Layouts mirror the structs in hftsampler.c.
 """
 
 from __future__ import annotations
@@ -35,8 +44,10 @@ from pathlib import Path
 from collectors.host import HotFile
 
 MAGIC = 0x31534648
-VERSION = 2
+VERSION = 3
 NSLOTS = 256
+LAYOUT_BYTES = 8192
+F_VALUES = 1
 PATH_LEN = 224
 HEADER_BYTES = 4096
 SLOT_BYTES = 256
@@ -49,7 +60,9 @@ _H_PERIOD, _H_TABLE_GEN, _H_STOP, _H_CAP, _H_WPOS = 8, 16, 24, 32, 40
 _H_ROUNDS, _H_LATE, _H_CPU, _H_PID, _H_STATE, _H_ERROR = 48, 56, 64, 72, 80, 88
 _H_RESERVE, _H_DROPPED = 344, 352
 _REC = struct.Struct("<IIQQII")  # magic, len, round, t_ns, nfiles, pad
-_FREC = struct.Struct("<HHiII")  # slot, pad, n, gen, pad2
+_FREC = struct.Struct("<HHiII")  # slot, flags, n, gen, lgen
+_LHEAD = struct.Struct("<IIIIII")  # lgen, ntok, nvals, nnames, heap_len, pad
+_LREF = struct.Struct("<IHH")  # pos, len, off
 _U64 = struct.Struct("<Q")
 _SLOT_HEAD = struct.Struct("<IIIiQQ")  # state, div, gen, err, reads, read_ns
 
@@ -153,7 +166,8 @@ class Feed:
         self.path = path
         try:
             # allocated now: a sparse file on a full tmpfs would SIGBUS watch at a write
-            os.posix_fallocate(fd, 0, HEADER_BYTES + NSLOTS * SLOT_BYTES + self.capacity)
+            os.posix_fallocate(fd, 0, HEADER_BYTES + NSLOTS * (SLOT_BYTES + LAYOUT_BYTES)
+                               + self.capacity)
             self.mm = mmap.mmap(fd, 0)
         except OSError as exc:
             os.close(fd)
@@ -163,7 +177,11 @@ class Feed:
         os.close(fd)
         struct.pack_into("<IIQ", self.mm, 0, MAGIC, VERSION, int(period_ns))
         _U64.pack_into(self.mm, _H_CAP, self.capacity)
-        self._base = HEADER_BYTES + NSLOTS * SLOT_BYTES
+        self._lbase = HEADER_BYTES + NSLOTS * SLOT_BYTES
+        self._base = self._lbase + NSLOTS * LAYOUT_BYTES
+        self._layouts: dict[int, tuple[object, int]] = {}  # slot → (TokenLayout, lgen)
+        self._lgen = 0
+        self._unpack: dict[int, struct.Struct] = {}  # nvals → "<nd"
         self._free = list(range(NSLOTS - 1, -1, -1))
         self._files: dict[int, FeedFile] = {}  # slot → file
         self._gen = [0] * NSLOTS
@@ -173,7 +191,8 @@ class Feed:
         self.overruns = 0  # times the reader fell a whole ring behind (rounds lost)
         self.corrupt = 0  # records that failed the framing checks (never expected)
         # replay state (set by the sampler around each collector's sample())
-        self.current: dict[int, tuple[int, int, int]] | None = None  # slot → (gen, off, n)
+        # slot → (gen, offset, n, offset of the layout's values or -1, lgen)
+        self.current: dict[int, tuple[int, int, int, int, int]] | None = None
         self.buf = b""
         self.div = 1
         self.miss = False
@@ -196,6 +215,7 @@ class Feed:
         struct.pack_into("<III", self.mm, off, 0, max(1, self.div), self._gen[i])
         struct.pack_into("<iQQ", self.mm, off + 12, 0, 0, 0)
         struct.pack_into("<I", self.mm, off, 1)  # published last: the helper opens it
+        self._clear_layout(i)
         f.slot, f.gen, f.owner = i, self._gen[i], self.owner
         self._files[i] = f
         self._bump()
@@ -205,10 +225,71 @@ class Feed:
         if i < 0 or self._files.get(i) is not f:
             return
         struct.pack_into("<I", self.mm, HEADER_BYTES + i * SLOT_BYTES, 0)
+        self._clear_layout(i)
         del self._files[i]
         self._free.append(i)
         f.slot = -1
         self._bump()
+
+    def _clear_layout(self, i: int) -> None:
+        if self._layouts.pop(i, None) is not None:
+            _U64.pack_into(self.mm, self._lbase + i * LAYOUT_BYTES, 0)  # lgen (and ntok) 0
+
+    def set_layout(self, f: FeedFile, layout) -> bool:
+        """Have the helper extract ``layout``'s values from ``f``'s reads (from its next
+        table check on). False when it cannot: ``f`` has no slot yet, or the layout does not
+        fit :data:`LAYOUT_BYTES` (the file is then replayed from its bytes, as before)."""
+        i = f.slot
+        if i < 0 or self._files.get(i) is not f:
+            return False
+        cur = self._layouts.get(i)
+        if cur is not None and cur[0] is layout:
+            return True
+        vals = [(p, pre) for p, pre in zip(layout.val_pos, layout.prefixes)]
+        names = list(zip(layout.name_pos, layout.names))
+        heap = bytearray()
+        refs = []
+        for pos, b in vals + names:
+            if len(b) > 0xFFFF or len(heap) + len(b) > 0xFFFF:
+                return False
+            refs.append(_LREF.pack(pos, len(b), len(heap)))
+            heap += b
+        body = b"".join(refs) + bytes(heap)
+        if not vals or _LHEAD.size + len(body) > LAYOUT_BYTES or \
+                any(p >= layout.n for p, _ in vals + names):
+            return False
+        off = self._lbase + i * LAYOUT_BYTES
+        self._lgen = self._lgen % 0xFFFFFFFF + 1  # never 0 (0: no layout)
+        struct.pack_into("<I", self.mm, off, 0)  # stored first: a copy in progress is torn
+        self.mm[off + _LHEAD.size:off + _LHEAD.size + len(body)] = body
+        _LHEAD.pack_into(self.mm, off, 0, layout.n, len(vals), len(names), len(heap), 0)
+        struct.pack_into("<I", self.mm, off, self._lgen)  # published last
+        self._layouts[i] = (layout, self._lgen)
+        self._bump()
+        return True
+
+    def plan_values(self, plan) -> tuple | None:
+        """The values of a replay plan (``((FeedFile, TokenLayout), ...)``) in the current
+        round, concatenated in the plan's order; None when any file of it came without its
+        layout's values (not read yet, a stale layout, a read that did not match, an error).
+        A file whose helper layout is not the plan's gets it, for the rounds to come."""
+        cur = self.current or {}
+        out: tuple = ()
+        for f, layout in plan:
+            hit = cur.get(f.slot) if f.slot >= 0 else None
+            have = self._layouts.get(f.slot)
+            if have is None or have[0] is not layout:
+                for g, lay in plan:  # every file of the plan at once
+                    self.set_layout(g, lay)
+                return None
+            if hit is None or hit[0] != f.gen or hit[4] != have[1]:
+                return None
+            k = len(layout.keys)
+            u = self._unpack.get(k)
+            if u is None:
+                u = self._unpack[k] = struct.Struct(f"<{k}d")
+            out += u.unpack_from(self.buf, hit[3])
+        return out
 
     def _bump(self) -> None:
         self._table_gen += 1
@@ -328,10 +409,11 @@ class Feed:
         self._unlink()
 
     # -- reading rounds ----------------------------------------------------------------------
-    def read_rounds(self) -> tuple[bytes, list[tuple[int, int, dict[int, tuple[int, int, int]]]]]:
+    def read_rounds(self) -> tuple[bytes, list[tuple[int, int, dict]]]:
         """The rounds recorded since the last call: (buffer, [(round, t_ns, {slot: (gen,
-        offset in buffer, n)})]); n < 0 is -errno. One copy of the new ring bytes, then
-        offsets into it. A reader a whole ring behind loses those rounds (``overruns``)."""
+        offset in buffer, n, offset of the layout values or -1, lgen)})]); n < 0 is -errno.
+        One copy of the new ring bytes, then offsets into it. A reader a whole ring behind
+        loses those rounds (``overruns``)."""
         mm, cap, base = self.mm, self.capacity, self._base
         w = _U64.unpack_from(mm, _H_WPOS)[0]
         r = self.rpos
@@ -371,13 +453,20 @@ class Feed:
             for _ in range(nfiles):
                 if p + fsize > rec_end:
                     break
-                slot, _, n, gen, _ = unpack_f(buf, p)
+                slot, flags, n, gen, lgen = unpack_f(buf, p)
                 p += fsize
-                if n > 0 and p + n > rec_end:
+                body = (n + 7) & ~7 if n > 0 else 0
+                if p + body > rec_end:
                     break
-                files[slot] = (gen, p, n)
-                if n > 0:
-                    p += (n + 7) & ~7
+                if flags & F_VALUES:  # flags >> 1 doubles follow the bytes
+                    nv = 8 * (flags >> 1)
+                    if p + body + nv > rec_end:
+                        break
+                    files[slot] = (gen, p, n, p + body, lgen)
+                    p += body + nv
+                else:
+                    files[slot] = (gen, p, n, -1, 0)
+                    p += body
             out.append((rnd, t_ns, files))
             pos += ln
         return buf, out

@@ -10,6 +10,7 @@ gauges as read. Columns are added as signals appear, up to ``max_signals``; memo
 from __future__ import annotations
 
 from array import array
+from operator import itemgetter, sub
 
 import numpy as np
 
@@ -175,6 +176,81 @@ class SignalRing:
             idx.append(i)
             out.append(v)
         self._store(t0_ns, t1_ns, idx, out)
+
+    def append_seq(self, t0_ns: int, t1_ns: int, keys: tuple[str, ...], vals,
+                   tracker: DeltaTracker) -> None:
+        """``append_raw(t0, t1, dict(zip(keys, vals)), tracker)`` for a row of numbers (the
+        native sampler's layout rows: ``keys`` is the same tuple object row after row).
+
+        Fast path, once every counter has a previous value and every key a column: the
+        counters' deltas as one ``map(sub, ...)`` and, when the row's columns are contiguous,
+        one slice store (a gauge, when there are any, is stored as read). A
+        counter that went backwards (wrap, reset), a NaN, a new key: the row goes through
+        ``append_raw``, which defines the semantics (both paths store the same row,
+        tests/test_collectors_watch.py)."""
+        f = self._seq
+        if f is None or f[0] is not keys or f[1] is not tracker:
+            f = self._seq_prepare(keys, tracker)
+        if f is not None:
+            prev = tracker._prev
+            _, _, get, c0, ckeys, cidx, cpos, colidx = f
+            try:
+                p = get(prev)
+            except KeyError:
+                p = None
+            if p is not None:
+                cv = vals if cidx is None else cidx(vals)
+                d = list(map(sub, cv, p))
+                s = sum(d)
+                if s == s and min(d) >= 0:
+                    prev.update(zip(ckeys, cv))
+                    if cidx is not None:  # gauges as read, counters as deltas
+                        full = list(vals)
+                        for j, x in zip(cpos, d):
+                            full[j] = x
+                        d = full
+                    row = self._blank[:]
+                    if c0 >= 0:
+                        row[c0:c0 + len(d)] = array("d", d)
+                    else:
+                        for c, x in zip(colidx, d):
+                            row[c] = x
+                    r = self.rows % self.capacity
+                    self._t0[r] = t0_ns
+                    self._t1[r] = t1_ns
+                    w = self.width
+                    self._buf[r * w:r * w + w] = row
+                    self.rows += 1
+                    return
+        self.append_raw(t0_ns, t1_ns, dict(zip(keys, vals)), tracker)
+
+    # (keys, tracker, getter of the counters' previous values, first column (-1: the columns
+    #  are not contiguous), counter keys, getter of the counters among a row's values (None:
+    #  all counters), their positions, the columns)
+    _seq: tuple | None = None
+
+    def _seq_prepare(self, keys: tuple[str, ...], tracker: DeltaTracker) -> tuple | None:
+        """The fast path's constants for ``keys``, or None (not every key with a column yet,
+        or no counter: ``append_raw`` then)."""
+        self._seq = None
+        cols, kind = self.cols, tracker._kind
+        if not keys or any(k not in cols for k in keys):
+            return None
+        for k in keys:
+            if kind.get(k) is None:
+                kind[k] = bool(tracker.is_counter(k))
+        pos = tuple(j for j, k in enumerate(keys) if kind[k])
+        if not pos:
+            return None
+        colidx = tuple(cols[k] for k in keys)
+        c0 = colidx[0] if colidx == tuple(range(colidx[0], colidx[0] + len(keys))) else -1
+        ckeys = tuple(keys[j] for j in pos)
+
+        def getter(idx):
+            return itemgetter(*idx) if len(idx) > 1 else (lambda d, i=idx[0]: (d[i],))
+        self._seq = (keys, tracker, getter(ckeys), c0, ckeys,
+                     None if len(pos) == len(keys) else getter(pos), pos, colidx)
+        return self._seq
 
     def _order(self) -> np.ndarray:
         n = min(self.rows, self.capacity)

@@ -40,6 +40,7 @@ class CollectorState:
     busy_ns: int = 0
     last_duration_s: float = 0.0
     dropped_rows: int = 0  # native replay: rows that mixed live reads into a recorded round
+    layout_rows: int = 0  # native replay: rows appended from the helper's layout values
 
     def to_dict(self) -> dict:
         return {"state": self.state, "reason": self.reason, "runs": self.runs,
@@ -58,6 +59,8 @@ class _Entry:
     div: int = 1  # native sampler: replayed on helper rounds where round % div == 0
     last_ns: int = 0
     prev_t_ns: int = 0
+    plan_fn: Callable | None = None  # native replay: the collector's replay_plan
+    plan_keys: tuple = (None, ())  # (the plan these keys were made for, its keys)
 
 
 @dataclass
@@ -198,7 +201,7 @@ class Sampler:
                 st.dropped_rows += 1
                 return
             if pending is not None:
-                pending.append((e.prev_t_ns or now, now, values))
+                pending.append((e.prev_t_ns or now, now, values, None))
                 e.prev_t_ns = now
                 return
             with self._lock:
@@ -276,8 +279,12 @@ class NativeSampler(Sampler):
     div = period / sampler period). This thread wakes at ``drain_hz`` (5 Hz; 20 Hz when a
     live collector wants ≥ 20 Hz), replays every recorded round through the collectors'
     unchanged ``sample()`` (warm caches, one wake-up per batch) and appends the rows at the
-    rounds' own times. Collectors that read no hot files (gpu, perf, pcie) are sampled live
-    here at their period. The sampler's cost is the helper's CPU time plus this thread's.
+    rounds' own times. A collector with a ``replay_plan()`` (its row is the values of token
+    layouts: softirq, irq, memory) has its layouts applied by the helper; a round whose files
+    all came with their values is appended from those (:meth:`SignalRing.append_seq`) without
+    calling the collector, any other round through ``sample()``. Collectors that read no hot
+    files (gpu, perf, pcie) are sampled live here at their period. The sampler's cost is the
+    helper's CPU time plus this thread's.
 
     If the helper dies mid-run, stops making rounds for :attr:`STALL_NS` (it is then
     killed), or a replay fails, :attr:`native_error` says why and this thread goes on as the
@@ -299,6 +306,8 @@ class NativeSampler(Sampler):
         for e in self.entries:
             e.div = max(1, round(e.period_ns / self.period_ns))
             (self.replayed if getattr(e.collector, "replayable", False) else self.live).append(e)
+            if on_result is None:  # on_result wants every row's CollectorResult: no shortcut
+                e.plan_fn = getattr(e.collector, "replay_plan", None)
         # Live parts of replayed collectors (sched's task scan): read after each batch and
         # merged into the collector's newest row, not stamped with an older round's time.
         self._extras = [e for e in self.replayed if hasattr(e.collector, "live_extra")
@@ -344,6 +353,8 @@ class NativeSampler(Sampler):
         buf, rounds = feed.read_rounds()
         keep = self._keep
         pending: dict[int, list] = {id(e): [] for e in self.replayed}
+        plan_values = feed.plan_values
+        pc = time.perf_counter_ns
         try:
             for rnd, t, files in rounds:
                 feed.set_round(buf, files)
@@ -352,19 +363,39 @@ class NativeSampler(Sampler):
                         continue
                     feed.div, feed.owner, feed.miss = e.div, e.state.name, False
                     e.last_ns = t
+                    if e.plan_fn is not None:
+                        t0 = pc()
+                        plan = e.plan_fn()
+                        vals = plan_values(plan) if plan is not None else None
+                        if vals is not None:  # the helper's values: no parse, no dict
+                            keys = e.plan_keys
+                            if keys[0] is not plan:
+                                keys = e.plan_keys = (plan, tuple(
+                                    k for _, layout in plan for k in layout.keys))
+                            pending[id(e)].append((e.prev_t_ns or t, t, vals, keys[1]))
+                            e.prev_t_ns = t
+                            st = e.state
+                            st.runs += 1
+                            st.layout_rows += 1
+                            st.consecutive_failures = 0
+                            st.busy_ns += pc() - t0
+                            continue
                     self._sample_entry(e, t, keep, pending[id(e)])
             self._fed_rounds += len(rounds)
         finally:
             feed.set_round(b"", None)
             for e in self._extras:
                 rows = pending[id(e)]
-                if rows and e.state.state == "ok":
+                if rows and e.state.state == "ok" and rows[-1][3] is None:
                     self._merge_extra(e, rows[-1][2])
             with self._lock:  # once per drain, not per row
                 for e in self.replayed:
                     ring, deltas = e.ring, e.deltas
-                    for t0, t1, values in pending[id(e)]:
-                        ring.append_raw(t0, t1, values, deltas)
+                    for t0, t1, values, keys in pending[id(e)]:
+                        if keys is None:
+                            ring.append_raw(t0, t1, values, deltas)
+                        else:
+                            ring.append_seq(t0, t1, keys, values, deltas)
             if rounds:
                 self._latest = rounds[-1][1]
         self._sample_due(self.live, time.monotonic_ns())
