@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from collectors.base import Availability
+from collectors.fastread import TokenLayout
 from collectors.host import Host, HotFile
 
 
@@ -40,6 +41,30 @@ def parse_stat_fields(data: bytes) -> tuple[str, str, int, int, int, int]:
     rest = data[r + 2:].split()
     return (comm, rest[0].decode(), int(rest[7]), int(rest[9]), int(rest[11]) + int(rest[12]),
             int(rest[36]))
+
+
+def thread_layouts(keys: tuple[str, ...], ss: bytes, st: bytes,
+                   status: bytes | None) -> tuple[TokenLayout, TokenLayout, TokenLayout | None]:
+    """Token layouts of one thread's schedstat, stat and status reads giving exactly the
+    values :meth:`SchedCollector.sample` takes from them (the native reader applies them;
+    ``keys`` as :class:`_Thread`'s). stat's pid and comm tokens are names: a renamed thread
+    no longer matches. Raises ValueError on reads sample() would not parse either. Pure."""
+    n = len(ss.split())
+    if n < 3:
+        raise ValueError("bad schedstat")
+    lss = TokenLayout(n, (), (), (0, 1, 2), keys[0:3])
+    r = st.rfind(b")")
+    head = st[:r + 1].split()
+    nh, rest = len(head), st[r + 2:].split()
+    if r < 0 or len(rest) < 37:
+        raise ValueError("bad stat")
+    lst = TokenLayout(nh + len(rest), range(nh), head, (nh + 7, nh + 9, nh + 36), keys[3:6])
+    lsw = None
+    if status is not None:
+        tok = status.split()
+        i, j = tok.index(b"voluntary_ctxt_switches:"), tok.index(b"nonvoluntary_ctxt_switches:")
+        lsw = TokenLayout(len(tok), (i, j), (tok[i], tok[j]), (i + 1, j + 1), keys[6:8])
+    return lss, lst, lsw
 
 
 def parse_status_switches(data: bytes) -> tuple[int, int]:
@@ -60,6 +85,7 @@ class _Thread:
     stat: HotFile
     status: HotFile | None
     keys: tuple[str, ...] = ()  # run_ns rq_delay_ns slices minflt majflt cpu nvcsw nivcsw
+    layouts: tuple | None = None  # native replay: the three files' token layouts
 
     def __post_init__(self) -> None:
         p = f"sched.{self.tid}."
@@ -127,6 +153,7 @@ class SchedCollector:
         # ~16 µs per read on the dev VM, most of the collector's budget at 100 Hz.
         self.status_every = max(1, status_every) if not period_s else 1
         self._round = 0
+        self._plans: tuple | None = None  # native replay: (with stat and status, without)
 
     # -- configuration ---------------------------------------------------------------------
     def watch_tids(self, tids) -> None:
@@ -176,6 +203,7 @@ class SchedCollector:
         except OSError:
             status = None
         self._threads[tid] = _Thread(tid, ss, st, status)
+        self._plans = None
 
     def sample(self) -> dict[str, float | None]:
         if not self._threads and not self._wanted:
@@ -186,9 +214,11 @@ class SchedCollector:
         out: dict[str, float | None] = {}
         self._round += 1
         want_status = self._round % self.status_every == 1 or self.status_every == 1
+        native = self.defer_scan  # the native reader feeds us: keep its layouts current
         for tid, th in list(self._threads.items()):
             try:
-                ss = th.schedstat.read().split()
+                ss_data = th.schedstat.read()
+                ss = ss_data.split()
                 k = th.keys
                 out[k[0]] = float(ss[0])
                 out[k[1]] = float(ss[1])
@@ -200,10 +230,14 @@ class SchedCollector:
                     out[k[3]] = float(f[7])
                     out[k[4]] = float(f[9])
                     out[k[5]] = float(f[36])
+                    sw = None
                     if th.status is not None:
-                        v, n = parse_status_switches(th.status.read())
+                        sw = th.status.read()
+                        v, n = parse_status_switches(sw)
                         out[k[6]] = float(v)
                         out[k[7]] = float(n)
+                    if native:
+                        self._check_layouts(th, ss_data, st, sw)
             except (OSError, ValueError, IndexError) as exc:
                 # ESRCH / ENOENT: the thread exited. Drop it (and what was read of it this
                 # round); it is not a 0.
@@ -212,6 +246,7 @@ class SchedCollector:
                 self.dropped[tid] = getattr(exc, "strerror", None) or str(exc)
                 self._close_thread(th)
                 del self._threads[tid]
+                self._plans = None
                 continue
         if not self._threads and self.pids and all(
                 not self.host.exists(self.host.proc(p)) for p in self.pids):
@@ -375,6 +410,47 @@ class SchedCollector:
     def latest_scan_ns(self) -> int:
         return self._last_scan_ns
 
+    def _check_layouts(self, th: _Thread, ss: bytes, st: bytes, sw: bytes | None) -> None:
+        """(native replay) Rebuild the thread's layouts when these reads no longer fit them
+        (first read, a renamed thread, a status line that changed length)."""
+        lay = th.layouts
+        if lay is not None and lay[0].values(ss.split()) is not None and \
+                lay[1].values(st.split()) is not None and \
+                (sw is None or lay[2] is None or lay[2].values(sw.split()) is not None):
+            return
+        try:
+            th.layouts = thread_layouts(th.keys, ss, st, sw)
+        except ValueError:
+            th.layouts = None  # no shortcut for this thread: sample() reads it
+        self._plans = None
+
+    def replay_plan(self) -> tuple | None:
+        """The native sampler's shortcut (agent/watch/feed.py): this row is each thread's
+        schedstat values and, on the rounds :meth:`sample` reads them, its stat and status
+        values, in sample()'s key order. Asked once per row: a plan counts as one of
+        sample()'s rounds (the stat/status cadence). None while threads are to be attached
+        or before every thread has layouts (sample() runs)."""
+        if not self.defer_scan or self._wanted or not self._threads:
+            return None
+        plans = self._plans
+        if plans is None:
+            ths = list(self._threads.values())
+            if any(th.layouts is None for th in ths):
+                return None
+            full, short = [], []
+            for th in ths:
+                lss, lst, lsw = th.layouts
+                short.append((th.schedstat, lss))
+                full += [(th.schedstat, lss), (th.stat, lst)]
+                if th.status is not None and lsw is not None:
+                    full.append((th.status, lsw))
+                elif th.status is not None:
+                    return None  # status was never read with stat: sample() first
+            plans = self._plans = (tuple(full), tuple(short))
+        self._round += 1
+        want_status = self._round % self.status_every == 1 or self.status_every == 1
+        return plans[0] if want_status else plans[1]
+
     def _close_thread(self, th: _Thread) -> None:
         for hf in (th.schedstat, th.stat, th.status):
             if hf is not None:
@@ -384,3 +460,4 @@ class SchedCollector:
         for th in self._threads.values():
             self._close_thread(th)
         self._threads.clear()
+        self._plans = None

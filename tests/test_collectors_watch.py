@@ -336,13 +336,22 @@ def test_ring_append_seq_equals_append_raw():
             a.append_raw(0, 1, pre, ta)
             b.append_raw(0, 1, pre, tb)
             b.append_raw(0, 1, pre, tb)
+        c, tc = SignalRing("c", 6), DeltaTracker(is_c)  # the same rows in two batches
+        if pre:
+            c.append_raw(0, 1, pre, tc)
+            c.append_raw(0, 1, pre, tc)
         for i, v in enumerate(rows):
             a.append_raw(i + 1, i + 2, dict(zip(keys, v)), ta)
             b.append_seq(i + 1, i + 2, keys, v, tb)
-        assert a.cols == b.cols and a.rows == b.rows and ta.resets == tb.resets >= 2
+        batch = [(i + 1, i + 2, v) for i, v in enumerate(rows)]
+        c.append_seqs(batch[:2], keys, tc)
+        c.append_seqs(batch[2:], keys, tc)
+        assert a.cols == b.cols == c.cols and a.rows == b.rows == c.rows
+        assert ta.resets == tb.resets == tc.resets >= 2 and ta._prev == tb._prev == tc._prev
         idx = a.window(0, 100)
-        np.testing.assert_array_equal(a.data[idx], b.data[idx])
-        np.testing.assert_array_equal(a.t0[idx], b.t0[idx])
+        for x in (b, c):
+            np.testing.assert_array_equal(a.data[idx], x.data[idx])
+            np.testing.assert_array_equal(a.t0[idx], x.t0[idx])
         assert b._seq is not None  # the fast path was taken
         assert b.column("a", idx)[-1] == 11.0 and b.column("g_blk", idx)[-1] == 2.0
     wrap = SignalRing("w", 4)

@@ -527,3 +527,59 @@ def test_layout_rows_follow_a_changed_file_and_equal_the_parsed_ones(helper, tmp
     assert 7.0 in col and all(v == 0.0 or v == 7.0 for v in col if v == v)
     net = r.column("softirq.1.NET_RX", r.window(0, 2**62)).tolist()
     assert all(v == 0.0 for v in net if v == v)  # a static file: zero deltas, whatever path
+
+
+def _sched_tree(tmp_path: Path, comm: bytes = b"probe worker", run: int = 5000,
+                nvcsw: int = 7, minflt: int = 11) -> Host:
+    """A /proc with one watched process (pid 4242, one thread) written in place."""
+    root = tmp_path / "sched"
+    t = root / "proc" / "4242" / "task" / "4242"
+    t.mkdir(parents=True, exist_ok=True)
+    (root / "sys").mkdir(exist_ok=True)
+    rest = ["S"] + [str(i) for i in range(1, 51)]
+    rest[7], rest[9], rest[36] = str(minflt), "2", "1"  # minflt, majflt, processor
+    (root / "proc" / "4242" / "schedstat").write_bytes(f"{run} 300 9\n".encode())
+    (t / "schedstat").write_bytes(f"{run} 300 9\n".encode())
+    (t / "stat").write_bytes(b"4242 (" + comm + b") " + " ".join(rest).encode() + b"\n")
+    (t / "status").write_bytes(
+        b"Name:\tprobe\nState:\tS (sleeping)\nThreads:\t1\n"
+        + f"voluntary_ctxt_switches:\t{nvcsw}\nnonvoluntary_ctxt_switches:\t4\n".encode())
+    return Host(root)
+
+
+def test_sched_rows_from_layouts_equal_the_parsed_ones(helper, tmp_path):
+    """sched's per-thread files as layouts (stat's pid and comm are names): the values rows
+    carry the same signals as sample() and the counters' deltas; a renamed thread (comm
+    with a space more) no longer matches, is parsed, and its new layouts are used."""
+    from collectors.sched import SchedCollector
+    h = _sched_tree(tmp_path)
+    py = Sampler([SchedCollector(h, [4242], [1], period_s=0.05)], hz=100)
+    for i in range(3):
+        py.round(now_ns=10**9 + i * 50_000_000)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    sc = SchedCollector(h.with_hot_factory(feed.open), [4242], [1], period_s=0.05)
+    nat = NativeSampler([sc], feed, hz=100, cpus=None, drain_hz=20)
+    nat.start()
+    time.sleep(0.6)
+    st = nat.stats.per_collector["sched"]
+    assert nat.native_error is None and st.layout_rows > 3, st
+    _sched_tree(tmp_path, run=6000, nvcsw=10, minflt=15)
+    time.sleep(0.3)
+    rows = st.layout_rows
+    _sched_tree(tmp_path, comm=b"probe  worker x", run=6500, nvcsw=10, minflt=15)
+    time.sleep(0.5)
+    nat.stop()
+    assert nat.native_error is None and st.layout_rows > rows + 3  # resumed after the rename
+    pr, nr = py.ring("sched"), nat.ring("sched")
+    assert set(pr.cols) <= set(nr.cols)
+    idx = nr.window(0, 2**62)
+    run = nr.column("sched.4242.run_ns", idx).tolist()
+    assert 1000.0 in run and 500.0 in run and all(v in (0.0, 500.0, 1000.0) for v in run if v == v)
+    assert 3.0 in nr.column("sched.4242.nvcsw", idx).tolist()
+    assert 4.0 in nr.column("sched.4242.minflt", idx).tolist()
+    assert {v for v in nr.column("sched.4242.majflt", idx).tolist() if v == v} == {0.0}
+    assert {v for v in nr.column("sched.4242.cpu", idx).tolist() if v == v} == {1.0}  # gauge
+    for col in pr.cols:  # the parsed rows and the values rows: the same static signals
+        a = pr.column(col, pr.window(0, 2**62))[-1]
+        b = nr.column(col, idx)[-1]
+        assert (a == b) or (a != a and b != b) or col.startswith("sched.cpu"), (col, a, b)

@@ -268,12 +268,17 @@ class Feed:
         self._bump()
         return True
 
-    def plan_values(self, plan) -> tuple | None:
-        """The values of a replay plan (``((FeedFile, TokenLayout), ...)``) in the current
-        round, concatenated in the plan's order; None when any file of it came without its
-        layout's values (not read yet, a stale layout, a read that did not match, an error).
-        A file whose helper layout is not the plan's gets it, for the rounds to come."""
-        cur = self.current or {}
+    def plan_values(self, plan, files: dict | None = None,
+                    buf: bytes | None = None) -> tuple | None:
+        """The values of a replay plan (``((FeedFile, TokenLayout), ...)``) in a round
+        (``files`` and ``buf`` from :meth:`read_rounds`; default: the current round's),
+        concatenated in the plan's order; None when any file of it came without its layout's values (not
+        read yet, a stale layout, a read that did not match, an error). A file whose helper
+        layout is not the plan's gets it, for the rounds to come."""
+        if files is None:
+            cur, buf = self.current or {}, self.buf
+        else:
+            cur = files
         out: tuple = ()
         for f, layout in plan:
             hit = cur.get(f.slot) if f.slot >= 0 else None
@@ -288,7 +293,7 @@ class Feed:
             u = self._unpack.get(k)
             if u is None:
                 u = self._unpack[k] = struct.Struct(f"<{k}d")
-            out += u.unpack_from(self.buf, hit[3])
+            out += u.unpack_from(buf, hit[3])
         return out
 
     def _bump(self) -> None:

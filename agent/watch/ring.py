@@ -179,50 +179,78 @@ class SignalRing:
 
     def append_seq(self, t0_ns: int, t1_ns: int, keys: tuple[str, ...], vals,
                    tracker: DeltaTracker) -> None:
-        """``append_raw(t0, t1, dict(zip(keys, vals)), tracker)`` for a row of numbers (the
-        native sampler's layout rows: ``keys`` is the same tuple object row after row).
+        """One row of :meth:`append_seqs`."""
+        self.append_seqs([(t0_ns, t1_ns, vals)], keys, tracker)
+
+    def append_seqs(self, rows: list[tuple[int, int, tuple]], keys: tuple[str, ...],
+                    tracker: DeltaTracker) -> None:
+        """``append_raw(t0, t1, dict(zip(keys, vals)), tracker)`` for each ``(t0, t1, vals)``
+        of ``rows``, in order (the native sampler's layout rows: ``keys`` is the same tuple
+        object batch after batch).
 
         Fast path, once every counter has a previous value and every key a column: the
-        counters' deltas as one ``map(sub, ...)`` and, when the row's columns are contiguous,
-        one slice store (a gauge, when there are any, is stored as read). A
-        counter that went backwards (wrap, reset), a NaN, a new key: the row goes through
-        ``append_raw``, which defines the semantics (both paths store the same row,
+        counters' deltas as one ``map(sub, ...)`` against the previous row's values (kept
+        here across the batch; the tracker gets them once, at its end) and, when the row's
+        columns are contiguous, one slice store (a gauge, when there are any, is stored as
+        read). A counter that went backwards (wrap, reset), a NaN, a new key: that row goes
+        through ``append_raw``, which defines the semantics (both paths store the same rows,
         tests/test_collectors_watch.py)."""
         f = self._seq
         if f is None or f[0] is not keys or f[1] is not tracker:
             f = self._seq_prepare(keys, tracker)
-        if f is not None:
-            prev = tracker._prev
-            _, _, get, c0, ckeys, cidx, cpos, colidx = f
-            try:
-                p = get(prev)
-            except KeyError:
-                p = None
+        if f is None:
+            for t0, t1, vals in rows:
+                self.append_raw(t0, t1, dict(zip(keys, vals)), tracker)
+            return
+        _, _, get, c0, ckeys, cidx, cpos, colidx = f
+        prev = tracker._prev
+        try:
+            p = get(prev)
+        except KeyError:
+            p = None
+        cap, w, buf, blank = self.capacity, self.width, self._buf, self._blank
+        ta, tb = self._t0, self._t1
+        n = self.rows
+        dirty = False
+        for t0, t1, vals in rows:
             if p is not None:
                 cv = vals if cidx is None else cidx(vals)
                 d = list(map(sub, cv, p))
                 s = sum(d)
                 if s == s and min(d) >= 0:
-                    prev.update(zip(ckeys, cv))
+                    p = cv
+                    dirty = True
                     if cidx is not None:  # gauges as read, counters as deltas
                         full = list(vals)
                         for j, x in zip(cpos, d):
                             full[j] = x
                         d = full
-                    row = self._blank[:]
+                    r = n % cap
+                    base = r * w
+                    buf[base:base + w] = blank
                     if c0 >= 0:
-                        row[c0:c0 + len(d)] = array("d", d)
+                        buf[base + c0:base + c0 + len(d)] = array("d", d)
                     else:
                         for c, x in zip(colidx, d):
-                            row[c] = x
-                    r = self.rows % self.capacity
-                    self._t0[r] = t0_ns
-                    self._t1[r] = t1_ns
-                    w = self.width
-                    self._buf[r * w:r * w + w] = row
-                    self.rows += 1
-                    return
-        self.append_raw(t0_ns, t1_ns, dict(zip(keys, vals)), tracker)
+                            buf[base + c] = x
+                    ta[r] = t0
+                    tb[r] = t1
+                    n += 1
+                    continue
+            if dirty:
+                prev.update(zip(ckeys, p))
+                dirty = False
+            self.rows = n
+            self.append_raw(t0, t1, dict(zip(keys, vals)), tracker)
+            n = self.rows
+            w, buf, blank = self.width, self._buf, self._blank  # a column may have come
+            try:
+                p = get(prev)
+            except KeyError:
+                p = None
+        if dirty:
+            prev.update(zip(ckeys, p))
+        self.rows = n
 
     # (keys, tracker, getter of the counters' previous values, first column (-1: the columns
     #  are not contiguous), counter keys, getter of the counters among a row's values (None:

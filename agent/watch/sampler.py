@@ -356,46 +356,45 @@ class NativeSampler(Sampler):
         plan_values = feed.plan_values
         pc = time.perf_counter_ns
         try:
-            for rnd, t, files in rounds:
-                feed.set_round(buf, files)
-                for e in self.replayed:
-                    if rnd % e.div or e.state.state != "ok":
+            # Collector by collector (each has its own ring and tracker; the rows of one
+            # stay in round order), so that the per-row work is a few local operations.
+            for e in self.replayed:
+                div, st, plan_fn, rows = e.div, e.state, e.plan_fn, pending[id(e)]
+                feed.div, feed.owner = div, st.name
+                for rnd, t, files in rounds:
+                    if rnd % div or st.state != "ok":
                         continue
-                    feed.div, feed.owner, feed.miss = e.div, e.state.name, False
                     e.last_ns = t
-                    if e.plan_fn is not None:
+                    if plan_fn is not None:
                         t0 = pc()
-                        plan = e.plan_fn()
-                        vals = plan_values(plan) if plan is not None else None
+                        plan = plan_fn()
+                        vals = plan_values(plan, files, buf) if plan is not None else None
                         if vals is not None:  # the helper's values: no parse, no dict
                             keys = e.plan_keys
                             if keys[0] is not plan:
                                 keys = e.plan_keys = (plan, tuple(
                                     k for _, layout in plan for k in layout.keys))
-                            pending[id(e)].append((e.prev_t_ns or t, t, vals, keys[1]))
+                            rows.append((e.prev_t_ns or t, t, vals, keys[1]))
                             e.prev_t_ns = t
-                            st = e.state
                             st.runs += 1
                             st.layout_rows += 1
                             st.consecutive_failures = 0
                             st.busy_ns += pc() - t0
                             continue
-                    self._sample_entry(e, t, keep, pending[id(e)])
+                    feed.set_round(buf, files)
+                    feed.miss = False
+                    self._sample_entry(e, t, keep, rows)
+                    feed.set_round(b"", None)
             self._fed_rounds += len(rounds)
         finally:
             feed.set_round(b"", None)
             for e in self._extras:
                 rows = pending[id(e)]
-                if rows and e.state.state == "ok" and rows[-1][3] is None:
-                    self._merge_extra(e, rows[-1][2])
+                if rows and e.state.state == "ok":
+                    self._merge_extra(e, rows)
             with self._lock:  # once per drain, not per row
                 for e in self.replayed:
-                    ring, deltas = e.ring, e.deltas
-                    for t0, t1, values, keys in pending[id(e)]:
-                        if keys is None:
-                            ring.append_raw(t0, t1, values, deltas)
-                        else:
-                            ring.append_seq(t0, t1, keys, values, deltas)
+                    self._append_rows(e, pending[id(e)])
             if rounds:
                 self._latest = rounds[-1][1]
         self._sample_due(self.live, time.monotonic_ns())
@@ -415,6 +414,25 @@ class NativeSampler(Sampler):
             return False
         return True
 
+    @staticmethod
+    def _append_rows(e: _Entry, rows: list) -> None:
+        """Append a drain's rows of one collector in order: a run of values rows (keys set)
+        in one :meth:`SignalRing.append_seqs`, a parsed row with ``append_raw``."""
+        ring, deltas = e.ring, e.deltas
+        i, n = 0, len(rows)
+        while i < n:
+            keys = rows[i][3]
+            if keys is None:
+                t0, t1, values, _ = rows[i]
+                ring.append_raw(t0, t1, values, deltas)
+                i += 1
+                continue
+            j = i
+            while j < n and rows[j][3] is keys:
+                j += 1
+            ring.append_seqs([(t0, t1, v) for t0, t1, v, _ in rows[i:j]], keys, deltas)
+            i = j
+
     def _drain_or_stop(self) -> bool:
         """:meth:`drain`, with any error ending the replay (said, never a dead thread)."""
         try:
@@ -424,13 +442,22 @@ class NativeSampler(Sampler):
             return False
 
     @staticmethod
-    def _merge_extra(e: _Entry, values: dict) -> None:
+    def _merge_extra(e: _Entry, rows: list) -> None:
+        """The collector's live part (sched's task scan, when due) into its newest row (a
+        values row becomes a parsed one for it)."""
         t0 = time.perf_counter_ns()
         try:
-            values.update(e.collector.live_extra())
+            extra = e.collector.live_extra()
         except Exception as exc:  # noqa: BLE001 - a failed scan never loses the rows
             e.state.failures += 1
             e.state.reason = f"{type(exc).__name__}: {exc}"
+            extra = None
+        if extra:
+            a, b, values, keys = rows[-1]
+            if keys is not None:
+                values = dict(zip(keys, values))
+                rows[-1] = (a, b, values, None)
+            values.update(extra)
         e.state.busy_ns += time.perf_counter_ns() - t0
 
     def _account(self) -> None:
