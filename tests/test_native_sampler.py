@@ -583,3 +583,31 @@ def test_sched_rows_from_layouts_equal_the_parsed_ones(helper, tmp_path):
         a = pr.column(col, pr.window(0, 2**62))[-1]
         b = nr.column(col, idx)[-1]
         assert (a == b) or (a != a and b != b) or col.startswith("sched.cpu"), (col, a, b)
+
+
+def test_replays_come_at_drain_hz_and_a_poke_brings_the_next_one_forward(helper, tmp_path):
+    """Quiet: one replay per 1/drain_hz. A poke (a spike waits for rows) replays
+    POKE_GAP_NS after the previous replay, and stop() does not wait for the next one."""
+    h = _copy_proc(tmp_path)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler([SoftirqCollector(h.with_hot_factory(feed.open), [1])], feed, hz=100,
+                        cpus=None, drain_hz=0.25)  # every 4 s unless poked
+    nat.start()
+    try:
+        time.sleep(0.6)
+        assert nat.stats.rounds == 0  # nobody asked: no replay yet
+        t = time.monotonic()
+        nat.poke()
+        while nat.stats.rounds == 0 and time.monotonic() - t < 2:
+            time.sleep(0.01)
+        first = nat.stats.rounds
+        assert 40 <= first and time.monotonic() - t < 0.5
+        nat.poke()  # again at once: not before the gap
+        time.sleep(0.1)
+        assert nat.stats.rounds == first
+        time.sleep(0.3)
+        assert nat.stats.rounds > first
+    finally:
+        t = time.monotonic()
+        nat.stop()
+        assert time.monotonic() - t < 1.0

@@ -379,9 +379,13 @@ def _storm_session(n: int, attr_s: float, age_s: float = 0.0):
 
     class Sampler:
         lock = threading.Lock()
+        pokes = 0
 
         def covered_ns(self):
             return time.monotonic_ns() + 10**9
+
+        def poke(self):
+            self.pokes += 1
 
     class Sched:
         def latest_scan_ns(self):
@@ -423,6 +427,7 @@ def test_a_spike_storm_cannot_stretch_the_loop():
     took = time.monotonic() - t
     assert took < 0.05 and 3 <= attr.calls < 100
     assert len(s.pending) == 100 - attr.calls - s.inherited > 0  # the rest: next steps
+    assert s.sampler.pokes == 1  # spikes wait: the native sampler is asked to replay sooner
     assert s.attributed == attr.calls + s.inherited and s.not_attributed == 0
     old, recs2, attr2 = _storm_session(100, 0.005, age_s=BACKLOG_DROP_S + 0.5)
     old._attribute_ready(time.monotonic_ns())

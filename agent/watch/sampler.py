@@ -154,6 +154,10 @@ class Sampler:
             except Exception:  # noqa: BLE001 - closing must not mask the run's result
                 pass
 
+    def poke(self) -> None:
+        """Someone waits for rows (a spike to attribute): the Python sampler's rows are
+        always current, nothing to do (the native sampler replays sooner)."""
+
     def round(self, now_ns: int | None = None) -> None:
         """One sampling round (public for tests and benchmarks).
 
@@ -276,10 +280,13 @@ class NativeSampler(Sampler):
 
     The helper process, pinned to the housekeeping CPUs, reads the replayable collectors'
     hot files at ``hz`` (each collector's files on its own rounds: ``round % div == 0``,
-    div = period / sampler period). This thread wakes at ``drain_hz`` (5 Hz; 20 Hz when a
-    live collector wants ≥ 20 Hz), replays every recorded round through the collectors'
-    unchanged ``sample()`` (warm caches, one wake-up per batch) and appends the rows at the
-    rounds' own times. A collector with a ``replay_plan()`` (its row is the values of token
+    div = period / sampler period). This thread replays every recorded round through the
+    collectors' unchanged ``sample()`` (warm caches, one wake-up per batch) and appends the
+    rows at the rounds' own times: at ``drain_hz`` (1 Hz) while nobody waits for rows, and
+    :data:`POKE_GAP_NS` after the last replay once :meth:`poke` says someone does (watch
+    pokes while a spike waits for its rows: it waits ≤ 0.2 s, as with a fixed 5 Hz drain,
+    and a quiet run pays one replay a second). Between replays it wakes only for the live
+    collectors. A collector with a ``replay_plan()`` (its row is the values of token
     layouts: softirq, irq, memory) has its layouts applied by the helper; a round whose files
     all came with their values is appended from those (:meth:`SignalRing.append_seq`) without
     calling the collector, any other round through ``sample()``. Collectors that read no hot
@@ -314,14 +321,13 @@ class NativeSampler(Sampler):
                         and hasattr(e.collector, "defer_scan")]
         for e in self._extras:
             e.collector.defer_scan = True
-        if drain_hz is None:
-            # 5 Hz: each Python wake-up runs cold (~0.3-0.7 ms of CPU on the dev VM), so
-            # fewer, larger batches cost less (3.0 % at 10 Hz, 2.7 % at 5 Hz, 2.7 % at 2 Hz,
-            # bench/collector_cost.py); a spike waits ≤ 200 ms more for its rows. A live
-            # collector that wants 20 Hz (gpu) sets the pace instead.
-            fastest = min((e.period_ns for e in self.live), default=10**9)
-            drain_hz = 20.0 if fastest < 100_000_000 else 5.0
-        self.drain_ns = int(1e9 / drain_hz)
+        # 1 Hz while nobody waits: each Python wake-up runs cold (~0.3-0.7 ms of CPU on the
+        # dev VM) and a replay has fixed costs, so fewer, larger batches cost less (drain
+        # 0.58-0.62 % of one CPU at 1 Hz against 0.73-0.77 % at 5 Hz, dev VM, A/B in one
+        # run); a spike pokes (POKE_GAP_NS).
+        self.drain_ns = int(1e9 / (drain_hz or 1.0))
+        self.live_ns = min((e.period_ns for e in self.live), default=0)
+        self._poke = threading.Event()
         self.native_error: str | None = None
         self.drain_cpu_ns = 0
         self._fed_rounds = 0
@@ -329,6 +335,11 @@ class NativeSampler(Sampler):
         self._last_round_at = time.monotonic_ns()
 
     STALL_NS = 2_000_000_000  # no new round for this long from a live helper: stuck
+    POKE_GAP_NS = 200_000_000  # a poked replay comes this long after the previous one
+
+    def poke(self) -> None:
+        """Replay soon (:data:`POKE_GAP_NS` after the last replay): a spike waits for rows."""
+        self._poke.set()
 
     def start(self) -> None:
         """Start the helper (raises :class:`~agent.watch.feed.NativeUnavailable`), then the
@@ -469,9 +480,41 @@ class NativeSampler(Sampler):
     def helper_cpu_ns(self) -> int:
         return self.feed.stats()["cpu_ns"]
 
+    def _native_loop(self) -> None:
+        """Replay every ``drain_ns``, or POKE_GAP_NS after the last replay when poked;
+        sample the live collectors at their period in between. Returns at stop() or when a
+        replay fails (the helper died or stalled)."""
+        mono = time.monotonic_ns
+        stop, poke = self._stop, self._poke
+        last = mono()
+        n = 0
+        while not stop.is_set():
+            now = mono()
+            since = now - last
+            if since >= self.drain_ns or (poke.is_set() and since >= self.POKE_GAP_NS):
+                poke.clear()
+                if self._drain_or_stop() is False:
+                    return
+                last = now
+            elif self.live:
+                self._sample_due(self.live, now)
+            nxt = last + (self.POKE_GAP_NS if poke.is_set() else self.drain_ns)
+            if self.live_ns:
+                nxt = min(nxt, now + self.live_ns)
+            timeout = max(0, nxt - mono()) / 1e9
+            if stop.is_set():
+                break
+            if poke.is_set():
+                time.sleep(min(timeout, 0.1))  # poked already: wait out the gap
+            else:
+                poke.wait(timeout)  # a poke (or stop) ends the wait
+            n += 1
+            if not n & 31:  # a syscall: every 32nd wake-up, and at the end
+                self._account()
+
     def _run(self) -> None:
         self._begin()
-        self._loop(self.drain_ns, self._drain_or_stop)
+        self._native_loop()
         if not self._stop.is_set():
             # The helper died, stalled, or the replay failed: say why, then carry on as the
             # Python sampler (every collector's files read live from here on, sched's task
@@ -489,6 +532,7 @@ class NativeSampler(Sampler):
 
     def stop(self) -> None:
         self._stop.set()
+        self._poke.set()  # ends the loop's wait now
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.feed.stop()

@@ -439,6 +439,8 @@ class WatchSession:
                 ready.append((sp, t_det))
         if ready:
             keep = self._attribute_batch(ready, now) + keep
+        if keep:
+            self.sampler.poke()  # spikes wait for rows (the native sampler replays sooner)
         waiting = {x[0].seq for x in keep}
         for sp, t_det in followers:
             lead = self._recs.get(sp.queued_behind)
@@ -580,6 +582,7 @@ class WatchSession:
         for sp, rec in self.flight_pending:
             if latest < sp.end_ns + w and self.source_error is None and not self._stopping:
                 keep.append((sp, rec))
+                self.sampler.poke()
                 continue
             self._dump_flight(sp, rec, w)
         self.flight_pending = keep
