@@ -69,13 +69,21 @@ def _reason_for(exc: OSError) -> str:
 class HotFile:
     """A /proc or /sys file kept open and re-read with ``os.pread`` (no open/close per read)."""
 
-    __slots__ = ("path", "fd", "_size")
+    __slots__ = ("path", "fd", "_size", "every")
 
     def __init__(self, path: str, size: int = 65536) -> None:
         self.path = path
         self.fd = -1  # set first: __del__ must work even when open() below raises
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._size = size
+        # the collector reads it on one of its rounds in ``every`` (a hint for the native
+        # reader, which then reads it that often; see due())
+        self.every = 1
+
+    def due(self) -> bool:
+        """Whether a read now has fresh bytes: always, for a file read live (the native
+        reader's FeedFile says whether its round has them)."""
+        return True
 
     def read(self) -> bytes:
         data = os.pread(self.fd, self._size, 0)

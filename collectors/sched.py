@@ -202,6 +202,11 @@ class SchedCollector:
             status = self.host.open_hot(d / "status")
         except OSError:
             status = None
+        # stat and status on one round in status_every: the native reader reads them that
+        # often (sample() then asks the file whether this round has them: due())
+        st.every = self.status_every
+        if status is not None:
+            status.every = self.status_every
         self._threads[tid] = _Thread(tid, ss, st, status)
         self._plans = None
 
@@ -223,7 +228,7 @@ class SchedCollector:
                 out[k[0]] = float(ss[0])
                 out[k[1]] = float(ss[1])
                 out[k[2]] = float(ss[2])
-                if want_status:
+                if want_status if not native or self.status_every == 1 else th.stat.due():
                     st = th.stat.read()
                     # fields after "(comm) ": state=0 minflt=7 majflt=9 processor=36
                     f = st[st.rfind(b")") + 2:].split()
@@ -427,8 +432,8 @@ class SchedCollector:
     def replay_plan(self) -> tuple | None:
         """The native sampler's shortcut (agent/watch/feed.py): this row is each thread's
         schedstat values and, on the rounds :meth:`sample` reads them, its stat and status
-        values, in sample()'s key order. Asked once per row: a plan counts as one of
-        sample()'s rounds (the stat/status cadence). None while threads are to be attached
+        values, in sample()'s key order (whether this round has stat and status: due()).
+        None while threads are to be attached
         or before every thread has layouts (sample() runs)."""
         if not self.defer_scan or self._wanted or not self._threads:
             return None
@@ -448,8 +453,10 @@ class SchedCollector:
                     return None  # status was never read with stat: sample() first
             plans = self._plans = (tuple(full), tuple(short))
         self._round += 1
-        want_status = self._round % self.status_every == 1 or self.status_every == 1
-        return plans[0] if want_status else plans[1]
+        if self.status_every == 1:
+            return plans[0]
+        # the native reader reads stat and status on one round in status_every: this one?
+        return plans[0] if next(iter(self._threads.values())).stat.due() else plans[1]
 
     def _close_thread(self, th: _Thread) -> None:
         for hf in (th.schedstat, th.stat, th.status):

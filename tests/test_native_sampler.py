@@ -14,6 +14,7 @@ import errno
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -611,3 +612,33 @@ def test_replays_come_at_drain_hz_and_a_poke_brings_the_next_one_forward(helper,
         t = time.monotonic()
         nat.stop()
         assert time.monotonic() - t < 1.0
+
+
+def test_an_external_sources_stat_and_status_are_read_on_one_round_in_five(helper, tmp_path):
+    """External source (sched every round, stat/status every status_every-th): the helper
+    reads stat and status only on those rounds (FeedFile.every), and the rows say so — the
+    switch counts on one row in five, the run-queue counters on every row, nearly all rows
+    from the helper's values (the short and the full plan)."""
+    from collectors.sched import SchedCollector
+    h = _sched_tree(tmp_path)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    sc = SchedCollector(h.with_hot_factory(feed.open), [4242], [1], period_s=0.0)
+    assert sc.status_every == 5
+    nat = NativeSampler([sc], feed, hz=100, cpus=None, drain_hz=10)
+    nat.start()
+    time.sleep(1.0)
+    costs = feed.slot_costs()
+    reads = {f.path.rsplit("/", 1)[1]: struct.unpack_from(
+        "<Q", feed.mm, 4096 + f.slot * 256 + 16)[0] for f in feed._files.values()}
+    nat.stop()
+    assert costs and nat.native_error is None
+    assert reads["schedstat"] > 60 and 4 <= reads["schedstat"] / reads["status"] <= 6, reads
+    assert reads["stat"] == reads["status"]
+    st = nat.stats.per_collector["sched"]
+    assert st.layout_rows > 0.8 * st.runs, st
+    r = nat.ring("sched")
+    idx = r.window(0, 2**62)
+    run = r.column("sched.4242.run_ns", idx)
+    sw = r.column("sched.4242.nvcsw", idx)
+    assert (run == run).sum() >= len(idx) - 2
+    assert 0.1 < (sw == sw).sum() / len(idx) < 0.3

@@ -212,7 +212,8 @@ class Feed:
         self._gen[i] = (self._gen[i] + 1) & 0xFFFFFFFF
         off = HEADER_BYTES + i * SLOT_BYTES
         self.mm[off + 32:off + 32 + PATH_LEN] = p.ljust(PATH_LEN, b"\0")
-        struct.pack_into("<III", self.mm, off, 0, max(1, self.div), self._gen[i])
+        div = max(1, self.div) * max(1, f.every)
+        struct.pack_into("<III", self.mm, off, 0, div, self._gen[i])
         struct.pack_into("<iQQ", self.mm, off + 12, 0, 0, 0)
         struct.pack_into("<I", self.mm, off, 1)  # published last: the helper opens it
         self._clear_layout(i)
@@ -485,7 +486,7 @@ class FeedFile:
     """A hot file whose reads, inside a replayed round, return the bytes the helper read for
     that round (an error the helper got is raised as the same OSError)."""
 
-    __slots__ = ("path", "feed", "slot", "gen", "owner", "_hot")
+    __slots__ = ("path", "feed", "slot", "gen", "owner", "every", "_hot")
 
     def __init__(self, path: str, feed: Feed) -> None:
         self.path = path
@@ -493,11 +494,19 @@ class FeedFile:
         self.slot = -1  # -1: not read by the helper yet; -2: never (always live)
         self.gen = 0
         self.owner: str | None = None
+        self.every = 1  # read on one of every ``every`` of its collector's rounds
         self._hot = HotFile(path)  # opened here: OSError at open time, exactly like HotFile
 
     @property
     def fd(self) -> int:
         return self._hot.fd
+
+    def due(self) -> bool:
+        """Inside a replay: whether the replayed round has this file's bytes (a file the
+        helper reads every ``every``-th round), or it is not registered yet (a read
+        registers it). Outside a replay: always (read live)."""
+        cur = self.feed.current
+        return cur is None or self.slot < 0 or self.slot in cur
 
     def read(self) -> bytes:
         feed = self.feed

@@ -377,6 +377,7 @@ class NativeSampler(Sampler):
                         continue
                     e.last_ns = t
                     if plan_fn is not None:
+                        feed.current = files  # the plan may ask a file: due()
                         t0 = pc()
                         plan = plan_fn()
                         vals = plan_values(plan, files, buf) if plan is not None else None
