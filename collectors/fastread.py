@@ -59,6 +59,13 @@ class TokenLayout:
         self._names_at = _getter(name_pos)
         self._vals_at = _getter(val_pos)
 
+    def same_as(self, other: TokenLayout | None) -> bool:
+        """Whether ``other`` describes the same file layout (keeping the older object keeps
+        the native reader's copy of it)."""
+        return other is not None and (self.n, self.names, self.keys, self.name_pos,
+                                      self.val_pos, self.prefixes) == \
+            (other.n, other.names, other.keys, other.name_pos, other.val_pos, other.prefixes)
+
     def values(self, tok: list[bytes]) -> dict[str, float] | None:
         """The kept values of ``tok`` (``data.split()``), or None when ``tok`` does not have
         this layout (the caller rebuilds it)."""

@@ -193,6 +193,7 @@ class IrqCollector:
         self._layout: TokenLayout | None = None
         self._calls = 0
         self._plan: tuple | None = None
+        self._planned = False
         self.descriptions: dict[str, str] = {}
 
     def available(self):
@@ -214,7 +215,10 @@ class IrqCollector:
         self._open()
         data = self._irq.read()
         tok = data.split()
-        self._calls += 1
+        if self._planned:  # this row's plan was not used: it counted already
+            self._planned = False
+        else:
+            self._calls += 1
         out = self._layout.values(tok) if self._layout is not None else None
         if out is None or self._calls % self.desc_every == 0:
             # First read, a changed layout (an IRQ came or went), or time to refresh the
@@ -222,18 +226,23 @@ class IrqCollector:
             out, desc = fast_interrupts(data, self._want)
             if desc:
                 self.descriptions = desc
-            self._layout = interrupts_layout(data, self._want)
+            new = interrupts_layout(data, self._want)
+            if not new.same_as(self._layout):  # (the same one kept: the reader has it)
+                self._layout = new
         return out  # type: ignore[return-value]
 
     def replay_plan(self) -> tuple | None:
         """The native sampler's shortcut (agent/watch/feed.py): this row is the layout's
         values, as :meth:`sample` would return them. Asked once per row: a plan counts as a
-        read, and every ``desc_every``-th read is None, so :meth:`sample` runs the full parse
-        that refreshes the device names."""
+        read (and the sample() that follows an unused plan does not count again), and every
+        ``desc_every``-th read is None, so :meth:`sample` runs the full parse that refreshes
+        the device names."""
+        self._planned = False
         if self._layout is None or self._irq is None or \
                 (self._calls + 1) % self.desc_every == 0:
             return None
         self._calls += 1
+        self._planned = True
         p = self._plan
         if p is None or p[0][1] is not self._layout:
             p = self._plan = ((self._irq, self._layout),)

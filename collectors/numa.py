@@ -92,8 +92,8 @@ class NumaCollector:
             out.update(parse_numastat(data, n))
             reads.append((hf, n, data))
         plan = self._plan
-        if plan is None or len(plan) != len(reads) or \
-                sum(len(lay.keys) for _, lay in plan) != len(out):
+        if plan is None or len(plan) != len(reads) or any(
+                lay.values(data.split()) is None for (_, lay), (_, _, data) in zip(plan, reads)):
             self._plan = tuple((hf, numastat_layout(data, n)) for hf, n, data in reads)
         return out
 

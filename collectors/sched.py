@@ -153,6 +153,7 @@ class SchedCollector:
         # ~16 µs per read on the dev VM, most of the collector's budget at 100 Hz.
         self.status_every = max(1, status_every) if not period_s else 1
         self._round = 0
+        self._planned = False  # replay_plan counted this row's round
         self._plans: tuple | None = None  # native replay: (with stat and status, without)
 
     # -- configuration ---------------------------------------------------------------------
@@ -217,7 +218,10 @@ class SchedCollector:
             self._wanted.discard(tid)
             self._attach(tid)
         out: dict[str, float | None] = {}
-        self._round += 1
+        if self._planned:  # this row's plan was not used: it counted already
+            self._planned = False
+        else:
+            self._round += 1
         want_status = self._round % self.status_every == 1 or self.status_every == 1
         native = self.defer_scan  # the native reader feeds us: keep its layouts current
         for tid, th in list(self._threads.items()):
@@ -435,6 +439,7 @@ class SchedCollector:
         values, in sample()'s key order (whether this round has stat and status: due()).
         None while threads are to be attached
         or before every thread has layouts (sample() runs)."""
+        self._planned = False
         if not self.defer_scan or self._wanted or not self._threads:
             return None
         plans = self._plans
@@ -453,6 +458,7 @@ class SchedCollector:
                     return None  # status was never read with stat: sample() first
             plans = self._plans = (tuple(full), tuple(short))
         self._round += 1
+        self._planned = True
         if self.status_every == 1:
             return plans[0]
         # the native reader reads stat and status on one round in status_every: this one?

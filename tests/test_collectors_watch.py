@@ -352,7 +352,7 @@ def test_ring_append_seq_equals_append_raw():
         for x in (b, c):
             np.testing.assert_array_equal(a.data[idx], x.data[idx])
             np.testing.assert_array_equal(a.t0[idx], x.t0[idx])
-        assert b._seq is not None  # the fast path was taken
+        assert b._seqs  # the fast path was taken
         assert b.column("a", idx)[-1] == 11.0 and b.column("g_blk", idx)[-1] == 2.0
     wrap = SignalRing("w", 4)
     tw = DeltaTracker(lambda n: True)

@@ -642,3 +642,72 @@ def test_an_external_sources_stat_and_status_are_read_on_one_round_in_five(helpe
     sw = r.column("sched.4242.nvcsw", idx)
     assert (run == run).sum() >= len(idx) - 2
     assert 0.1 < (sw == sw).sum() / len(idx) < 0.3
+
+
+def test_a_busy_ring_is_replayed_sooner_and_an_overrun_is_not_a_stall(helper, tmp_path):
+    """A big box writes megabytes a second into the ring: after a replay shows the rate, the
+    next ones come often enough that a quarter of the ring holds them; a lost ring's worth
+    is an overrun (counted), never the helper handed over as stalled."""
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 9000)  # 100 Hz × 9 kB ≈ 0.9 MB/s into a 256 KiB ring
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "sys").mkdir()
+
+    class Big:
+        name, replayable, period_s = "big", True, 0.0
+
+        def __init__(self, host: Host) -> None:
+            self.hf = host.open_hot(big)
+
+        def sample(self) -> dict:
+            return {"bytes": float(len(self.hf.read()))}
+
+        def close(self) -> None:
+            self.hf.close()
+
+    feed = Feed(10_000_000, capacity=1 << 18, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler([Big(Host(tmp_path).with_hot_factory(feed.open))], feed, hz=100,
+                        cpus=None, drain_hz=0.5)  # every 2 s unless the ring fills
+    nat.start()
+    time.sleep(0.5)
+    nat.poke()  # the first replay registers the file (its rounds had nothing yet)
+    time.sleep(3.5)  # the next, 2 s later, finds the ring overrun: then every ~70 ms
+    rows = nat.ring("big").rows
+    nat.stop()
+    assert nat.native_error is None and nat.mode == "native"  # an overrun is not a stall
+    assert feed.overruns == 1
+    assert rows > 100  # the ~1.5 s since the overrun at 100 Hz, none lost
+
+
+def test_a_layout_the_helper_cannot_take_is_remembered_not_packed_again(helper, tmp_path):
+    from collectors.fastread import TokenLayout
+    p = tmp_path / "f"
+    p.write_bytes(b"a 1\n")
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    try:
+        f = feed.open(p)
+        _activate(feed, [f])
+        n = 2000  # 2000 names × 8-byte refs: over LAYOUT_BYTES
+        huge = TokenLayout(n + 1, range(n), [b"a"] * n, (n,), ("v",))
+        assert feed.set_layout(f, huge) is False and feed._layouts[f.slot] == (huge, 0)
+        gen = feed._table_gen
+        assert feed.plan_values(((f, huge),), {}, b"") is None
+        assert feed._table_gen == gen  # not handed over (nor packed) again
+    finally:
+        feed.close()
+
+
+def test_an_unused_plan_does_not_count_twice():
+    """irq's desc refresh and sched's stat/status cadence count rows: a row whose plan was
+    not used (its values missing) and that sample() then parsed counts once."""
+    from collectors.irq import IrqCollector
+    h = Host(FIX)
+    irq = IrqCollector(h, [1])
+    irq.sample()
+    c = irq._calls
+    assert irq.replay_plan() is not None and irq._calls == c + 1
+    irq.sample()  # the plan was not used
+    assert irq._calls == c + 1
+    irq.sample()  # a plain read counts
+    assert irq._calls == c + 2
+    irq.close()

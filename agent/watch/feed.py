@@ -191,7 +191,7 @@ class Feed:
         self.overruns = 0  # times the reader fell a whole ring behind (rounds lost)
         self.corrupt = 0  # records that failed the framing checks (never expected)
         # replay state (set by the sampler around each collector's sample())
-        # slot → (gen, offset, n, offset of the layout's values or -1, lgen)
+        # slot → (gen, offset, n, offset of the layout's values or -1, lgen, nvals)
         self.current: dict[int, tuple[int, int, int, int, int]] | None = None
         self.buf = b""
         self.div = 1
@@ -245,20 +245,24 @@ class Feed:
             return False
         cur = self._layouts.get(i)
         if cur is not None and cur[0] is layout:
-            return True
+            return cur[1] != 0
         vals = [(p, pre) for p, pre in zip(layout.val_pos, layout.prefixes)]
         names = list(zip(layout.name_pos, layout.names))
+        size = _LHEAD.size + _LREF.size * (len(vals) + len(names)) + \
+            sum(len(b) for _, b in vals + names)
+        if not vals or size > LAYOUT_BYTES or any(p >= layout.n for p, _ in vals + names):
+            # Not for the helper (a big box's /proc/interrupts): remembered, so that this
+            # layout is not packed again on every row; the file is replayed from its bytes.
+            self._clear_layout(i)
+            self._layouts[i] = (layout, 0)
+            self._bump()
+            return False
         heap = bytearray()
         refs = []
         for pos, b in vals + names:
-            if len(b) > 0xFFFF or len(heap) + len(b) > 0xFFFF:
-                return False
             refs.append(_LREF.pack(pos, len(b), len(heap)))
             heap += b
         body = b"".join(refs) + bytes(heap)
-        if not vals or _LHEAD.size + len(body) > LAYOUT_BYTES or \
-                any(p >= layout.n for p, _ in vals + names):
-            return False
         off = self._lbase + i * LAYOUT_BYTES
         self._lgen = self._lgen % 0xFFFFFFFF + 1  # never 0 (0: no layout)
         struct.pack_into("<I", self.mm, off, 0)  # stored first: a copy in progress is torn
@@ -273,9 +277,10 @@ class Feed:
                     buf: bytes | None = None) -> tuple | None:
         """The values of a replay plan (``((FeedFile, TokenLayout), ...)``) in a round
         (``files`` and ``buf`` from :meth:`read_rounds`; default: the current round's),
-        concatenated in the plan's order; None when any file of it came without its layout's values (not
-        read yet, a stale layout, a read that did not match, an error). A file whose helper
-        layout is not the plan's gets it, for the rounds to come."""
+        concatenated in the plan's order; None when any file of it came without its
+        layout's values (not read yet, a stale or rejected layout, a read that did not match,
+        an error). A file whose helper layout is not the plan's gets it, for the rounds to
+        come."""
         if files is None:
             cur, buf = self.current or {}, self.buf
         else:
@@ -288,9 +293,9 @@ class Feed:
                 for g, lay in plan:  # every file of the plan at once
                     self.set_layout(g, lay)
                 return None
-            if hit is None or hit[0] != f.gen or hit[4] != have[1]:
-                return None
             k = len(layout.keys)
+            if hit is None or hit[0] != f.gen or hit[4] != have[1] or hit[5] != k:
+                return None
             u = self._unpack.get(k)
             if u is None:
                 u = self._unpack[k] = struct.Struct(f"<{k}d")
@@ -417,9 +422,9 @@ class Feed:
     # -- reading rounds ----------------------------------------------------------------------
     def read_rounds(self) -> tuple[bytes, list[tuple[int, int, dict]]]:
         """The rounds recorded since the last call: (buffer, [(round, t_ns, {slot: (gen,
-        offset in buffer, n, offset of the layout values or -1, lgen)})]); n < 0 is -errno.
-        One copy of the new ring bytes, then offsets into it. A reader a whole ring behind
-        loses those rounds (``overruns``)."""
+        offset in buffer, n, offset of the layout values or -1, lgen, nvals)})]); n < 0 is
+        -errno. One copy of the new ring bytes, then offsets into it. A reader a whole ring
+        behind loses those rounds (``overruns``)."""
         mm, cap, base = self.mm, self.capacity, self._base
         w = _U64.unpack_from(mm, _H_WPOS)[0]
         r = self.rpos
@@ -468,10 +473,10 @@ class Feed:
                     nv = 8 * (flags >> 1)
                     if p + body + nv > rec_end:
                         break
-                    files[slot] = (gen, p, n, p + body, lgen)
+                    files[slot] = (gen, p, n, p + body, lgen, nv >> 3)
                     p += body + nv
                 else:
-                    files[slot] = (gen, p, n, -1, 0)
+                    files[slot] = (gen, p, n, -1, 0, 0)
                     p += body
             out.append((rnd, t_ns, files))
             pos += ln

@@ -195,7 +195,7 @@ class SignalRing:
         read). A counter that went backwards (wrap, reset), a NaN, a new key: that row goes
         through ``append_raw``, which defines the semantics (both paths store the same rows,
         tests/test_collectors_watch.py)."""
-        f = self._seq
+        f = self._seqs.get(id(keys)) if self._seqs is not None else None
         if f is None or f[0] is not keys or f[1] is not tracker:
             f = self._seq_prepare(keys, tracker)
         if f is None:
@@ -254,13 +254,16 @@ class SignalRing:
 
     # (keys, tracker, getter of the counters' previous values, first column (-1: the columns
     #  are not contiguous), counter keys, getter of the counters among a row's values (None:
-    #  all counters), their positions, the columns)
-    _seq: tuple | None = None
+    #  all counters), their positions, the columns), by id(keys): a collector may alternate
+    #  between a few key tuples (sched's rows with and without stat and status)
+    _seqs: dict | None = None
 
     def _seq_prepare(self, keys: tuple[str, ...], tracker: DeltaTracker) -> tuple | None:
         """The fast path's constants for ``keys``, or None (not every key with a column yet,
         or no counter: ``append_raw`` then)."""
-        self._seq = None
+        if self._seqs is None or len(self._seqs) > 8:
+            self._seqs = {}
+        self._seqs.pop(id(keys), None)
         cols, kind = self.cols, tracker._kind
         if not keys or any(k not in cols for k in keys):
             return None
@@ -276,9 +279,10 @@ class SignalRing:
 
         def getter(idx):
             return itemgetter(*idx) if len(idx) > 1 else (lambda d, i=idx[0]: (d[i],))
-        self._seq = (keys, tracker, getter(ckeys), c0, ckeys,
-                     None if len(pos) == len(keys) else getter(pos), pos, colidx)
-        return self._seq
+        f = self._seqs[id(keys)] = (keys, tracker, getter(ckeys), c0, ckeys,
+                                    None if len(pos) == len(keys) else getter(pos), pos,
+                                    colidx)
+        return f
 
     def _order(self) -> np.ndarray:
         n = min(self.rows, self.capacity)

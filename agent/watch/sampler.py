@@ -60,7 +60,7 @@ class _Entry:
     last_ns: int = 0
     prev_t_ns: int = 0
     plan_fn: Callable | None = None  # native replay: the collector's replay_plan
-    plan_keys: tuple = (None, ())  # (the plan these keys were made for, its keys)
+    plan_keys: dict = field(default_factory=dict)  # id(plan) → (plan, its keys)
 
 
 @dataclass
@@ -328,6 +328,7 @@ class NativeSampler(Sampler):
         self.drain_ns = int(1e9 / (drain_hz or 1.0))
         self.live_ns = min((e.period_ns for e in self.live), default=0)
         self._poke = threading.Event()
+        self._overruns_seen = 0
         self.native_error: str | None = None
         self.drain_cpu_ns = 0
         self._fed_rounds = 0
@@ -379,12 +380,17 @@ class NativeSampler(Sampler):
                     if plan_fn is not None:
                         feed.current = files  # the plan may ask a file: due()
                         t0 = pc()
-                        plan = plan_fn()
+                        try:
+                            plan = plan_fn()
+                        except Exception:  # noqa: BLE001 - no shortcut; sample() says why
+                            plan = None
                         vals = plan_values(plan, files, buf) if plan is not None else None
                         if vals is not None:  # the helper's values: no parse, no dict
-                            keys = e.plan_keys
-                            if keys[0] is not plan:
-                                keys = e.plan_keys = (plan, tuple(
+                            keys = e.plan_keys.get(id(plan))
+                            if keys is None or keys[0] is not plan:
+                                if len(e.plan_keys) > 8:  # plans come and go: a few live
+                                    e.plan_keys.clear()
+                                keys = e.plan_keys[id(plan)] = (plan, tuple(
                                     k for _, layout in plan for k in layout.keys))
                             rows.append((e.prev_t_ns or t, t, vals, keys[1]))
                             e.prev_t_ns = t
@@ -415,7 +421,9 @@ class NativeSampler(Sampler):
         self.stats.late_rounds = fs["late_rounds"]
         self.stats.busy_ns += time.perf_counter_ns() - t_start
         now = time.monotonic_ns()
-        if rounds:
+        if rounds or feed.overruns != self._overruns_seen:
+            # (a whole ring of rounds lost is an overrun, counted and reported: not a stall)
+            self._overruns_seen = feed.overruns
             self._last_round_at = now
         elif not feed.alive():
             self._why = f"native sampler stopped ({feed.exit_reason()})"
@@ -486,20 +494,28 @@ class NativeSampler(Sampler):
         sample the live collectors at their period in between. Returns at stop() or when a
         replay fails (the helper died or stalled)."""
         mono = time.monotonic_ns
-        stop, poke = self._stop, self._poke
+        stop, poke, feed = self._stop, self._poke, self.feed
+        gap = min(self.POKE_GAP_NS, self.drain_ns)
         last = mono()
+        every = self.drain_ns
         n = 0
         while not stop.is_set():
             now = mono()
             since = now - last
-            if since >= self.drain_ns or (poke.is_set() and since >= self.POKE_GAP_NS):
+            if since >= every or (poke.is_set() and since >= gap):
                 poke.clear()
+                r0 = feed.rpos
                 if self._drain_or_stop() is False:
                     return
+                # Replay often enough that a quarter of the ring holds the rounds between
+                # two replays (a big box's /proc/interrupts: megabytes a second).
+                rate = (feed.rpos - r0) / max(since, 1)
+                every = self.drain_ns if rate <= 0 else \
+                    max(50_000_000, min(self.drain_ns, int(feed.capacity / 4 / rate)))
                 last = now
             elif self.live:
                 self._sample_due(self.live, now)
-            nxt = last + (self.POKE_GAP_NS if poke.is_set() else self.drain_ns)
+            nxt = last + (gap if poke.is_set() else every)
             if self.live_ns:
                 nxt = min(nxt, now + self.live_ns)
             timeout = max(0, nxt - mono()) / 1e9
