@@ -298,6 +298,7 @@ class CpuCollector:
         self._throttle: dict[str, object] = {}
         self._layout: TokenLayout | None = None
         self._plan: tuple | None = None  # native replay: the layout of the whole file
+        self._planned = False  # a plan was offered for this row (and, if sample() runs, unused)
         self._throttle_layouts: dict[str, TokenLayout] = {}
         self.unsupported: dict[str, str] = {}
 
@@ -339,9 +340,15 @@ class CpuCollector:
         tok = data.split()
         out: dict[str, float | None] | None = \
             self._layout.values(tok) if self._layout is not None else None
-        if out is None:  # first read, or a CPU came or went: rebuild from these bytes
+        rebuilt = out is None
+        if rebuilt:  # first read, or a CPU came or went: rebuild from these bytes
             self._layout = proc_stat_layout(data, self._filter)
             out = self._layout.values(tok)
+        if self._planned:  # the native reader's values did not fit this row: does its layout?
+            self._planned = False
+            rebuilt = rebuilt or self._plan is None or \
+                self._plan[0][1].values(raw.split()) is None  # (the "intr" line grew)
+        if rebuilt:
             self._plan = None
             if not self._freq:  # the native reader's layout: the whole file, "intr" too
                 whole = proc_stat_layout(raw, self._filter)
@@ -359,6 +366,7 @@ class CpuCollector:
         the whole /proc/stat's layout (the same keys as :meth:`sample`'s, which drops the
         "intr" line first) and of the throttle counters. None with cpufreq files (their kHz
         are scaled) or before the first sample."""
+        self._planned = self._plan is not None
         return self._plan
 
     def close(self) -> None:

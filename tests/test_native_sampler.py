@@ -711,3 +711,29 @@ def test_an_unused_plan_does_not_count_twice():
     irq.sample()  # a plain read counts
     assert irq._calls == c + 2
     irq.close()
+
+
+def test_cpu_values_rows_resume_after_the_intr_line_grows(helper, tmp_path):
+    """/proc/stat's "intr" line (one count per IRQ number; sample() drops it) grows when the
+    kernel allocates IRQ numbers: the whole-file layout the reader uses no longer fits while
+    sample()'s still does — the plan is rebuilt from the bytes, values rows come back."""
+    h = _copy_proc(tmp_path)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    cpu = CpuCollector(h.with_hot_factory(feed.open), [1])
+    assert cpu.available().ok
+    nat = NativeSampler([cpu], feed, hz=100, cpus=None, drain_hz=20)
+    nat.start()
+    time.sleep(0.5)
+    st = nat.stats.per_collector["cpu"]
+    before = st.layout_rows
+    stat = h.procfs / "stat"
+    data = stat.read_bytes()
+    i = data.index(b"\nintr ")
+    j = data.index(b"\n", i + 1)
+    stat.write_bytes(data[:j] + b" 0 0 0" + data[j:])  # three IRQ numbers more
+    time.sleep(0.3)
+    mid = st.layout_rows
+    time.sleep(0.4)
+    nat.stop()
+    assert nat.native_error is None and before > 3
+    assert st.layout_rows > mid + 3, (before, mid, st.layout_rows)
