@@ -397,14 +397,17 @@ class SchedCollector:
                                                           old.run_ns + r.run_ns, r.state)
         return sorted(agg.values(), key=lambda r: -r.run_ns)
 
-    def others_share(self, t0_ns: int, t1_ns: int, cpus=None,
-                     max_span_s: float = 1.0) -> float | None:
+    def others_share(self, t0_ns: int, t1_ns: int, cpus=None, max_span_s: float = 1.0,
+                     long_span_s: float = 3.0, long_min_share: float = 0.4) -> float | None:
         """Share of ``cpus``' time (default: the watched CPUs) that tasks other than the
         watched ones consumed in the scan interval(s) overlapping [t0_ns, t1_ns]; None when
         no scan covers the window, or the scans covering it span more than ``max_span_s``
         (an average over seconds says little about a few milliseconds; a spike asks for a
-        scan, so a burst's later spikes get ≥ 0.25 s ones). An always-busy hog sharing a
-        probe CPU gives ~0.5. A task's run time counts on the CPU it was last seen on."""
+        scan, so a burst's later spikes get ≥ 0.25 s ones) — unless they span at most
+        ``long_span_s`` and the share is at least ``long_min_share``: contention that took
+        40 % of the CPU over seconds was there at the burst's first spike too, whose scan
+        covers the time since the periodic one (2-3 s). An always-busy hog sharing a probe
+        CPU gives ~0.5. A task's run time counts on the CPU it was last seen on."""
         want = self.cpus if cpus is None else frozenset(cpus) & self.cpus or self.cpus
         span = used = 0
         for s in list(self.scans):
@@ -412,9 +415,12 @@ class SchedCollector:
                 continue
             span += s.t_ns - s.prev_t_ns
             used += sum(r.run_ns for r in s.runs if r.cpu in want)
-        if span <= 0 or span > max_span_s * 1e9:
+        if span <= 0 or span > max(max_span_s, long_span_s) * 1e9:
             return None
-        return min(1.0, used / (span * len(want)))
+        share = min(1.0, used / (span * len(want)))
+        if span > max_span_s * 1e9 and share < long_min_share:
+            return None
+        return share
 
     def latest_scan_ns(self) -> int:
         return self._last_scan_ns

@@ -450,5 +450,9 @@ def test_others_share_is_the_scans_cpu_time_over_their_span():
     assert s.others_share(int(1.5e9), int(1.6e9), [1]) == 0.5  # CPU 3 is not watched
     assert s.others_share(int(1.5e9), int(1.6e9)) == 0.25  # both watched CPUs
     assert s.others_share(int(3e9), int(4e9), [1]) is None  # no scan covers it
-    s.scans.append(Scan(5 * 10**9, 3 * 10**9, [TaskRun(9, 9, "hog", 1, 10**9, "R")]))
-    assert s.others_share(int(4e9), int(4.1e9), [1]) is None  # a 2 s average: not used
+    s.scans.append(Scan(5 * 10**9, 3 * 10**9, [TaskRun(9, 9, "hog", 1, 6 * 10**8, "R")]))
+    assert s.others_share(int(4e9), int(4.1e9), [1]) is None  # a 2 s average of 30 %: not used
+    s.scans.append(Scan(8 * 10**9, 6 * 10**9, [TaskRun(9, 9, "hog", 1, 10**9, "R")]))
+    assert s.others_share(int(7e9), int(7.1e9), [1]) == 0.5  # 2 s of a sustained 50 %: used
+    s.scans.append(Scan(14 * 10**9, 10 * 10**9, [TaskRun(9, 9, "hog", 1, 3 * 10**9, "R")]))
+    assert s.others_share(int(12e9), int(12.1e9), [1]) is None  # over 4 s: never
