@@ -83,7 +83,6 @@ class MemoryCollector:
         self._vm = None
         self._psi: dict[str, object] = {}
         self._layout: TokenLayout | None = None
-        self._psi_keys: dict[str, tuple[str, str]] = {}
         self._psi_layouts: dict[str, TokenLayout] = {}
         self._plan: tuple | None = None
         self.unsupported: dict[str, str] = {}
@@ -103,10 +102,11 @@ class MemoryCollector:
             p = self.host.proc("pressure", res)
             if self.host.exists(p):
                 self._psi[res] = self.host.open_hot(p)
-                self._psi_keys[res] = keys = (f"psi.{res}.some_us", f"psi.{res}.full_us")
-                # the fast path below as a layout, for the native reader
-                self._psi_layouts[res] = TokenLayout(10, (0, 5), (b"some", b"full"), (4, 9),
-                                                     keys, (b"total=", b"total="))
+                # "some avg10=… avg60=… avg300=… total=N" + the same for "full": parsed
+                # with this layout in sample() and by the native reader
+                self._psi_layouts[res] = TokenLayout(
+                    10, (0, 5), (b"some", b"full"), (4, 9),
+                    (f"psi.{res}.some_us", f"psi.{res}.full_us"), (b"total=", b"total="))
             else:
                 self.unsupported[f"psi.{res}"] = "unsupported: no PSI (CONFIG_PSI off or psi=0)"
 
@@ -125,15 +125,8 @@ class MemoryCollector:
         for res, hf in list(self._psi.items()):
             try:
                 data = hf.read()
-                tok = data.split()
-                keys = self._psi_keys[res]
-                # "some avg10=… avg60=… avg300=… total=N" [+ the same for "full"]
-                if len(tok) == 10 and tok[4][:6] == b"total=" and tok[9][:6] == b"total=" \
-                        and tok[0] == b"some" and tok[5] == b"full":
-                    out[keys[0]] = float(tok[4][6:])
-                    out[keys[1]] = float(tok[9][6:])
-                else:
-                    out.update(parse_psi(data, res))
+                vals = self._psi_layouts[res].values(data.split())
+                out.update(vals if vals is not None else parse_psi(data, res))
             except OSError as exc:
                 # PSI files reject reads when pressure accounting is off at runtime (EOPNOTSUPP)
                 self.unsupported[f"psi.{res}"] = f"unsupported: {exc.strerror}"

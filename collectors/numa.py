@@ -63,6 +63,7 @@ class NumaCollector:
         self.host = host
         self.nodes = nodes_of_cpus(host, cpus)
         self._files: dict[int, object] = {}
+        self._layouts: dict[int, TokenLayout] = {}
         self._plan: tuple | None = None
 
     def available(self) -> Availability:
@@ -86,15 +87,17 @@ class NumaCollector:
     def sample(self) -> dict[str, float | None]:
         self._open()
         out: dict[str, float | None] = {}
-        reads = []
         for n, hf in self._files.items():
             data = hf.read()
-            out.update(parse_numastat(data, n))
-            reads.append((hf, n, data))
-        plan = self._plan
-        if plan is None or len(plan) != len(reads) or any(
-                lay.values(data.split()) is None for (_, lay), (_, _, data) in zip(plan, reads)):
-            self._plan = tuple((hf, numastat_layout(data, n)) for hf, n, data in reads)
+            lay = self._layouts.get(n)
+            vals = lay.values(data.split()) if lay is not None else None
+            if vals is None:  # first read, or the file changed shape: parse, new layout
+                vals = parse_numastat(data, n)
+                self._layouts[n] = numastat_layout(data, n)
+                self._plan = None
+            out.update(vals)
+        if self._plan is None:
+            self._plan = tuple((hf, self._layouts[n]) for n, hf in self._files.items())
         return out
 
     def replay_plan(self) -> tuple | None:
@@ -104,6 +107,7 @@ class NumaCollector:
 
     def close(self) -> None:
         self._plan = None
+        self._layouts.clear()
         for hf in self._files.values():
             hf.close()
         self._files.clear()
