@@ -276,3 +276,51 @@ def warm_up(fn: Callable[[], object], min_calls: int = 200, *, window: int = 100
             break
     return Warmup(calls=i, window=window, window_p50_ns=medians, stable=stable, reason=reason,
                   latency_ns=lat[:i].copy())
+
+
+def gap_loop(fn: Callable[[], object], gaps_ns: list[int], rounds: int, *,
+             deadline_ns: int | None = None, seed: int = 7,
+             sleep: Callable[[float], object] = time.sleep,
+             clock: Callable[[], int] = time.perf_counter_ns) -> dict[int, np.ndarray]:
+    """Time ``fn()`` after an idle gap: {gap_ns: int64 [3, count] of (gap_ns actual, start_ns,
+    end_ns)}.
+
+    Each round calls ``fn`` once per gap, in an order shuffled per round (seeded), so that the
+    gaps share the host's noise instead of running one after another. Before a call the loop
+    *sleeps* (never spins: the point is to let the CPU go idle, as it does between orders on
+    a quiet market) until ``gap`` after the previous call ended; gap 0 is back-to-back. The
+    gap actually slept is recorded, since a sleep overshoots (tens of µs on a VM). The first
+    call of the run is a throw-away, so that every timed call has a predecessor.
+    ``deadline_ns`` (a ``clock`` value) stops at the end of a round, after at least one round.
+    """
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    if not gaps_ns or any(g < 0 for g in gaps_ns):
+        raise ValueError("gaps must be >= 0")
+    gaps = sorted(set(int(g) for g in gaps_ns))
+    out = {g: np.zeros((3, rounds), dtype=np.int64) for g in gaps}
+    views = {g: [memoryview(out[g][i]) for i in range(3)] for g in gaps}
+    rng = np.random.default_rng(seed)
+    deadline = _NEVER if deadline_ns is None else int(deadline_ns)
+    fn()
+    prev_end = clock()
+    done = 0
+    for r in range(rounds):
+        for gi in rng.permutation(len(gaps)):
+            g = gaps[int(gi)]
+            if g:
+                ahead = prev_end + g - clock()
+                if ahead > 0:
+                    sleep(ahead * 1e-9)
+            t0 = clock()
+            fn()
+            t1 = clock()
+            gv, sv, ev = views[g]
+            gv[r] = t0 - prev_end
+            sv[r] = t0
+            ev[r] = t1
+            prev_end = t1
+        done = r + 1
+        if prev_end >= deadline:
+            break
+    return {g: a[:, :done] for g, a in out.items()}
