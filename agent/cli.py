@@ -28,6 +28,7 @@ COMMANDS = (
     "agent.commands.history",
     "agent.commands.gate",
     "agent.commands.watch",
+    "agent.commands.cpus",
 )
 
 app = typer.Typer(

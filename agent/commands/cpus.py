@@ -1,0 +1,184 @@
+"""`hftagent cpus`: rank the CPUs by measured noise and recommend the inference CPUs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.commands.common import JsonOpt, cli_errors, fail, make_host
+
+HELP = """Scan each candidate CPU for noise and recommend the inference CPUs.
+
+A small C loop pinned to each candidate reads the clock for --duration seconds and records
+every gap over --threshold-us (or 8x the smallest gap seen): the time that CPU lost to IRQs,
+softirqs, the tick, kworkers, other tasks or the hypervisor. A few CPUs are scanned at a time
+(at most a quarter of the online CPUs), never the housekeeping core. The ranking takes the
+quietest CPUs, one per physical core, on the GPU's / NIC's NUMA node when known, and avoids
+CPUs other processes are pinned to. It prints the --cpus to use and the exact tune and run
+commands. Read-only: nothing on the host is changed."""
+
+
+def cpus(
+    duration: Annotated[float, typer.Option("--duration", help="Seconds of scan per CPU "
+                                            "(0 < S <= 60).")] = 1.0,
+    candidates: Annotated[str | None, typer.Option("--candidates", help="CPUs to scan. "
+                                                   "Default: all online CPUs but the "
+                                                   "housekeeping core.")] = None,
+    threshold_us: Annotated[float, typer.Option("--threshold-us", help="Smallest gap counted "
+                                                "as noise (µs).")] = 1.0,
+    count: Annotated[int | None, typer.Option("--count", help="How many CPUs to recommend. "
+                                              "Default: every quiet one the rules allow.")] = None,
+    allow_siblings: Annotated[bool, typer.Option("--allow-siblings", help="Allow both SMT "
+                                                 "siblings of a core.")] = False,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of the per-CPU "
+                                             "noise here.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from agent.noise import rank as rk
+    from agent.noise import scan as sc
+    from collectors import cpu as cpuc
+    from collectors.parsers import format_cpulist
+    from collectors.system import numa_nodes
+    from tuning.targets import TargetError, housekeeping_core, online_cpus
+
+    if not 0 < duration <= sc.MAX_DURATION_S:
+        raise fail(f"--duration must be > 0 and <= {sc.MAX_DURATION_S:g} s")
+    if not 0 < threshold_us <= 1e6:
+        raise fail("--threshold-us must be > 0 and <= 1000000")
+    if count is not None and count < 1:
+        raise fail("--count must be >= 1")
+    host = make_host()
+    try:
+        online, _ = online_cpus(host)
+    except TargetError as exc:
+        raise fail(str(exc)) from None
+    if len(online) < 2:
+        raise fail(f"only CPU {format_cpulist(online)} is online: nothing to choose from "
+                   "(one CPU must stay for housekeeping)")
+    house = housekeeping_core(host, online)
+    if candidates is not None:
+        from collectors.parsers import parse_cpu_option
+        try:
+            cand = parse_cpu_option(candidates, online)
+        except ValueError as exc:
+            raise fail(str(exc).replace("--cpus", "--candidates")) from None
+        clash = sorted(set(cand) & set(house))
+        if clash:
+            raise fail(f"--candidates {candidates!r} covers the housekeeping core "
+                       f"(CPU {format_cpulist(house)}): scan other CPUs")
+    else:
+        cand = [c for c in online if c not in house]
+    if not cand:
+        raise fail("no candidate CPUs left besides the housekeeping core")
+    if count is not None and count > len(cand):
+        raise fail(f"--count {count} is more than the {len(cand)} candidate CPU(s)")
+
+    def progress(group: list[int]) -> None:
+        if not json_out:
+            print(f"scanning CPU {format_cpulist(group)} for {duration:g} s ...",
+                  file=sys.stderr, flush=True)
+
+    results = sc.scan(host, cand, len(online), duration, int(threshold_us * 1000),
+                      progress=progress)
+    rk.judge(results)
+    smt = cpuc.smt(host, cand).siblings
+    nodes = numa_nodes(host)
+    cpu_node = {c: n for n, cs in nodes.items() for c in cs}
+    dev_nodes = device_nodes(host)
+    choice = rk.rank(results, siblings=smt, cpu_node=cpu_node, device_nodes=dev_nodes,
+                     pinned=sc.pinned_processes(host, cand), count=count,
+                     allow_siblings=allow_siblings)
+    rec = format_cpulist(choice.recommended) if choice.recommended else None
+    commands = ([f"hftagent tune plan --cpus {rec}", f"hftagent tune apply --cpus {rec}",
+                 f"hftagent run --cpus {rec} -- CMD"] if rec else [])
+    doc = {"duration_s": duration, "threshold_us": threshold_us, "online": online,
+           "housekeeping": house, "candidates": cand,
+           "cpus": [r.to_dict() for r in results], "ranked": choice.ranked,
+           "recommended": choice.recommended, "left_out": choice.left_out,
+           "device_nodes": choice.device_nodes, "commands": commands}
+    if plot:
+        _plot(results, choice.recommended, plot)
+    if json_out:
+        print(json.dumps(doc, indent=2))
+    else:
+        _render(results, choice, house, rec, commands)
+    if not choice.recommended:
+        raise typer.Exit(2)
+
+
+def device_nodes(host) -> list[int]:
+    """NUMA nodes of the GPUs and NICs (PCI class display/3D or network), when known."""
+    from collectors.pcie import pci_devices
+    out = set()
+    for dev in pci_devices(host):
+        k = (dev.klass or "").lower()
+        if dev.numa_node is not None and dev.numa_node >= 0 and (
+                k.startswith(("vga", "3d", "display")) or "ethernet" in k or "network" in k):
+            out.add(dev.numa_node)
+    return sorted(out)
+
+
+def _render(results, choice, house, rec, commands) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from agent.probe.report import fmt_ns
+    from collectors.parsers import format_cpulist
+
+    con = Console()
+    t = Table(title=f"CPU noise (housekeeping core: CPU {format_cpulist(house)})")
+    for col in ("cpu", "verdict", "noise µs/s", "gaps/s", "P99 gap", "P99.9 gap", "max gap"):
+        t.add_column(col)
+    for r in sorted(results, key=lambda r: choice.ranked.index(r.cpu)
+                    if r.cpu in choice.ranked else 1 << 30):
+        if r.error:
+            t.add_row(str(r.cpu), "error", "", "", "", "", "")
+            continue
+        p = r.gap_percentiles()
+        t.add_row(str(r.cpu), r.verdict, f"{r.noise_us_per_s:.1f}", f"{r.gaps_per_s:.0f}",
+                  fmt_ns(p["p99"]), fmt_ns(p["p999"]), fmt_ns(r.max_gap_ns))
+    con.print(t)
+    con.print("what landed on each CPU during its scan (per second, from /proc):")
+    for r in results:
+        causes = r.error or (", ".join(f"{k} {v:g}" for k, v in r.causes.items())
+                             or "nothing counted")
+        con.print(f"  CPU {r.cpu}: {causes}", highlight=False)
+    for cpu, why in sorted(choice.left_out.items()):
+        con.print(f"  CPU {cpu} left out: {why}", style="dim")
+    if rec:
+        con.print(f"recommended: [bold]--cpus {rec}[/bold]")
+        for c in commands:
+            con.print(f"  {c}")
+    else:
+        con.print("[red]no CPU can be recommended[/red]: every candidate is noisy or failed")
+
+
+def _plot(results, recommended, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise fail("--plot needs matplotlib (pip install 'hftagent[plot]')") from None
+    ok = [r for r in results if r.error is None]
+    fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(ok) + 2), 3.5))
+    ax.bar([str(r.cpu) for r in ok], [r.noise_us_per_s for r in ok],
+           color=["tab:green" if r.cpu in recommended else
+                  ("tab:red" if r.verdict == "noisy" else "tab:gray") for r in ok])
+    ax.set_xlabel("CPU (green: recommended, red: noisy)")
+    ax.set_ylabel("noise (µs lost per s)")
+    ax.set_title("hftagent cpus")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise fail(f"cannot write the plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("cpus", help=HELP)(cli_errors(cpus))

@@ -1,0 +1,7 @@
+"""``hftagent cpus``: choose the inference CPUs from measured noise.
+
+- :mod:`agent.noise.scan`: runs the pinned clock-gap recorder (hftnoise.c, built on first use)
+  on a few candidate CPUs at a time, and reads /proc deltas per CPU around each scan;
+- :mod:`agent.noise.rank`: pure: per-CPU figures, the noise verdict, and the ranking that
+  honours SMT siblings, the GPU's and NIC's NUMA node and what is already pinned there.
+"""

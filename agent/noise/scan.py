@@ -1,0 +1,201 @@
+"""Run the clock-gap recorder on candidate CPUs and attribute what it saw from /proc deltas.
+
+The recorder (agent/noise/hftnoise.c, compiled on first use into the cache directory by the
+same trusted builder as watch's native reader) is pinned to one CPU and spins for the scan's
+duration. A few CPUs are scanned at a time — at most a quarter of the online CPUs, never the
+housekeeping ones — so that the scan itself does not crowd the machine.
+
+Around each batch the per-CPU columns of /proc/interrupts, /proc/softirqs and /proc/stat are
+read, so every gap count can be set against the IRQs, softirqs, timer ticks and steal that
+landed on that CPU meanwhile. Counts, not times: /proc cannot say how long each one ran.
+A gap rate well above everything /proc counted is ``hw_or_hypervisor`` (SMIs, a host that
+descheduled the vCPU: correlated with steal ticks where the kernel counts them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agent.errors import AgentError
+from agent.noise.rank import CpuNoise
+from collectors.host import Host
+from collectors.parsers import parse_interrupts, parse_proc_stat, parse_softirqs
+
+SOURCE = Path(__file__).with_name("hftnoise.c")
+MAX_GAPS = 200_000          # kept per CPU (3.2 MB); past that only counted
+MAX_DURATION_S = 60.0
+
+
+def build() -> Path:
+    """The compiled recorder (cached). Raises AgentError naming why it cannot be built."""
+    from agent.watch.feed import NativeUnavailable, build_helper
+    try:
+        return build_helper(SOURCE)
+    except NativeUnavailable as exc:
+        raise AgentError(str(exc).replace("native sampler", "noise recorder")) from None
+
+
+@dataclass
+class Counters:
+    """Per-CPU counters at one instant: {cpu: {source: count}}."""
+
+    by_cpu: dict[int, dict[str, int]]
+
+
+# /proc/interrupts rows that are per-CPU architecture events, by what they mean for a CPU.
+_ARCH = {"LOC": "tick", "RES": "ipi:reschedule", "CAL": "ipi:function_call",
+         "TLB": "ipi:tlb_shootdown", "IWI": "ipi:irq_work", "NMI": "nmi", "PMI": "nmi",
+         "MCE": "mce", "THR": "thermal", "SPU": "spurious", "PIN": "ipi:posted",
+         "NPI": "ipi:posted", "PIW": "ipi:posted", "HYP": "hypervisor_callback",
+         "HRE": "hyperv_reenlightenment", "HVS": "hyperv_stimer"}
+
+
+def read_counters(host: Host) -> Counters:
+    """IRQs by name, arch rows, softirqs by vector and steal ticks, per CPU. Unreadable files
+    just contribute nothing (the attribution then says less, never something false)."""
+    out: dict[int, dict[str, int]] = {}
+    r = host.read(host.proc("interrupts")).map(parse_interrupts)
+    if r.ok:
+        cols, rows = r.value
+        for row in rows:
+            if len(row.counts) != len(cols):
+                continue
+            if row.numeric:
+                name = "irq:" + (row.desc.split()[-1] if row.desc.split() else row.irq)
+            else:
+                name = _ARCH.get(row.irq, "irq:" + row.irq)
+            for cpu, n in zip(cols, row.counts):
+                d = out.setdefault(cpu, {})
+                d[name] = d.get(name, 0) + n
+    s = host.read(host.proc("softirqs")).map(parse_softirqs)
+    if s.ok:
+        cols, vecs = s.value
+        for vec, counts in vecs.items():
+            if vec in ("TIMER", "HRTIMER", "NET_RX", "NET_TX", "BLOCK", "IRQ_POLL", "TASKLET",
+                       "SCHED", "RCU"):
+                for cpu, n in zip(cols, counts):
+                    out.setdefault(cpu, {})[f"softirq:{vec}"] = n
+    st = host.read(host.proc("stat")).map(parse_proc_stat)
+    if st.ok:
+        for cpu, t in st.value.cpus.items():
+            if cpu >= 0 and "steal" in t:
+                out.setdefault(cpu, {})["steal_ticks"] = t["steal"]
+    return Counters(out)
+
+
+def attribute(before: Counters, after: Counters, cpu: int, duration_s: float,
+              gaps_per_s: float) -> dict[str, float]:
+    """Per-second counts of what landed on ``cpu`` during its scan, top sources first, plus
+    ``hw_or_hypervisor``: the gaps per second that nothing /proc counts explains."""
+    b, a = before.by_cpu.get(cpu, {}), after.by_cpu.get(cpu, {})
+    rates = {k: (a[k] - b.get(k, 0)) / duration_s for k in a if a[k] - b.get(k, 0) > 0}
+    steal = rates.pop("steal_ticks", 0.0)
+    events = sum(v for k, v in rates.items() if not k.startswith("softirq:"))
+    # a softirq mostly runs on the exit of the IRQ that raised it: the same gap, not another
+    top = dict(sorted(rates.items(), key=lambda kv: -kv[1])[:6])
+    unexplained = max(0.0, gaps_per_s - events)
+    if unexplained > 0.5 * gaps_per_s and unexplained >= 1.0:
+        top["hw_or_hypervisor"] = round(unexplained, 1)
+    if steal:
+        top["steal_ticks"] = round(steal, 1)
+    return {k: round(v, 1) for k, v in top.items()}
+
+
+def parse_output(cpu: int, text: str) -> CpuNoise:
+    """The recorder's stdout → CpuNoise. Raises ValueError on output it did not write."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("hftnoise=1 "):
+        raise ValueError("no header from the noise recorder")
+    head = dict(w.split("=", 1) for w in lines[0].split() if "=" in w)
+    try:
+        t0, t1 = int(head["t0_ns"]), int(head["t1_ns"])
+        gaps, kept = int(head["gaps"]), int(head["kept"])
+        lengths = np.fromiter((int(ln.split()[1]) for ln in lines[1:1 + kept]), dtype=np.int64,
+                              count=kept)
+        return CpuNoise(cpu=cpu, duration_s=(t1 - t0) / 1e9, gaps=gaps,
+                        sum_gap_ns=int(head["sum_gap_ns"]), max_gap_ns=int(head["max_gap_ns"]),
+                        gap_ns=lengths, threshold_ns=int(head["threshold_ns"]),
+                        min_gap_ns=int(head["min_gap_ns"]), dropped=gaps - kept)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"bad noise recorder output: {exc}") from None
+
+
+def batches(cpus: list[int], online: int) -> list[list[int]]:
+    """Candidate CPUs in groups of at most a quarter of the online CPUs (at least one)."""
+    per = max(1, online // 4)
+    return [cpus[i:i + per] for i in range(0, len(cpus), per)]
+
+
+def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_ns: int,
+         exe: Path | None = None, progress: Callable[[list[int]], None] | None = None
+         ) -> list[CpuNoise]:
+    """Scan ``cpus`` (never the housekeeping ones: the caller checks), a batch at a time."""
+    if not 0 < duration_s <= MAX_DURATION_S:
+        raise AgentError(f"--duration must be > 0 and ≤ {MAX_DURATION_S:g} s")
+    exe = exe or build()
+    out: list[CpuNoise] = []
+    for group in batches(cpus, online):
+        if progress:
+            progress(group)
+        before = read_counters(host)
+        procs = {}
+        for c in group:
+            try:
+                procs[c] = subprocess.Popen(
+                    [str(exe), str(c), str(int(duration_s * 1e9)), str(threshold_ns),
+                     str(MAX_GAPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL, close_fds=True)
+            except OSError as exc:
+                out.append(_failed(c, duration_s, f"cannot start the recorder: {exc.strerror}"))
+        results = {}
+        for c, p in procs.items():
+            try:
+                so, se = p.communicate(timeout=duration_s + 30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                so, se = p.communicate()
+                results[c] = _failed(c, duration_s, "recorder did not finish in time")
+                continue
+            if p.returncode != 0:
+                msg = se.decode(errors="replace").strip().splitlines()
+                results[c] = _failed(c, duration_s, msg[0] if msg else f"exit {p.returncode}")
+                continue
+            try:
+                results[c] = parse_output(c, so.decode(errors="replace"))
+            except ValueError as exc:
+                results[c] = _failed(c, duration_s, str(exc))
+        after = read_counters(host)
+        for c in group:
+            if c in results:
+                r = results[c]
+                if r.error is None:
+                    r.causes = attribute(before, after, c, r.duration_s, r.gaps_per_s)
+                out.append(r)
+    return sorted(out, key=lambda r: r.cpu)
+
+
+def _failed(cpu: int, duration_s: float, why: str) -> CpuNoise:
+    return CpuNoise(cpu=cpu, duration_s=duration_s, gaps=0, sum_gap_ns=0, max_gap_ns=0,
+                    gap_ns=np.zeros(0, dtype=np.int64), error=why)
+
+
+def pinned_processes(host: Host, cpus: list[int]) -> dict[int, list[str]]:
+    """CPU → names of processes (other than us) whose affinity is that CPU alone: the work
+    already placed there. psutil on the live host; nothing on a tree (no processes there)."""
+    if not host.touches_live:
+        return {}
+    import psutil
+    me = os.getpid()
+    out: dict[int, list[str]] = {}
+    want = set(cpus)
+    for p in psutil.process_iter(["pid", "name", "cpu_affinity"]):
+        aff = p.info.get("cpu_affinity") or []
+        if p.info["pid"] != me and len(aff) == 1 and aff[0] in want:
+            out.setdefault(aff[0], []).append(p.info.get("name") or str(p.info["pid"]))
+    return out
