@@ -54,12 +54,29 @@ def write_textfile(findings: Iterable[Finding], directory: str | os.PathLike[str
 
     Raises AgentError (one line for the CLI) when DIRECTORY is missing or not writable.
     """
+    return write_prom(render_textfile(findings, now), directory, filename)
+
+
+def render_families(families: Iterable) -> bytes:
+    """Text exposition of already-built metric families (``hftagent cpus --textfile``)."""
+    fams = list(families)
+
+    class _Static:
+        def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+            return iter(fams)
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Static())  # type: ignore[arg-type]
+    return generate_latest(reg)
+
+
+def write_prom(data: bytes, directory: str | os.PathLike[str], filename: str) -> Path:
+    """Write ``data`` to DIRECTORY/FILENAME atomically (see the module docstring)."""
     d = Path(directory)
     if not d.is_dir():
         raise AgentError(f"--textfile: {d} is not a directory")
     if not filename.endswith(".prom") or "/" in filename:
         raise AgentError(f"--textfile: bad file name {filename!r} (must be NAME.prom)")
-    data = render_textfile(findings, now)
     target = d / filename
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=d)

@@ -231,6 +231,13 @@ def test_dashboard_shape():
                               render(make_registry(WatchMetrics()))[0].decode(), re.M))
     exported |= set(re.findall(r"^# TYPE (hftagent_\w+) ",
                                render(make_registry(WatchMetrics()))[0].decode(), re.M))
+    # hftagent cpus --textfile: the per-CPU noise series, through node_exporter
+    from agent.noise.export import families
+    from agent.textfile import render_families
+    doc = {"cpus": [{"cpu": 1, "noise_us_per_s": 5.0, "gaps_per_s": 2.0, "p999_gap_ns": 3000,
+                     "max_gap_ns": 4000, "error": None}], "recommended": [1]}
+    exported |= set(re.findall(r"^# TYPE (hftagent_\w+) ",
+                               render_families(families(doc, 0.0)).decode(), re.M))
     recorded = set(re.findall(r"record: (\S+)", RULES.read_text()))
     for e in exprs:
         for name in re.findall(r"\b((?:hftagent|job)[:_][\w:]+)", e):

@@ -132,3 +132,24 @@ def test_cli_bad_input_is_one_line(args, msg, capsys):
         main()
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1 and len(err) == 1 and msg in err[0], err
+
+
+def test_textfile_series_are_valid_and_bounded(tmp_path):
+    import subprocess
+
+    from agent.noise.export import TEXTFILE_NAME, families
+    from agent.textfile import render_families, write_prom
+    rs = [noise(1, 300), noise(2, 90_000)]
+    rk.judge(rs)
+    doc = {"cpus": [r.to_dict() for r in rs], "recommended": [1]}
+    path = write_prom(render_families(families(doc, 1.7e9)), tmp_path, TEXTFILE_NAME)
+    text = path.read_text()
+    assert 'hftagent_cpu_noise_ratio{cpu="2"} 0.09' in text
+    assert 'hftagent_cpu_noise_recommended{cpu="1"} 1.0' in text
+    assert 'hftagent_cpu_noise_recommended{cpu="2"} 0.0' in text
+    import re
+    assert set(re.findall(r"\{(\w+)=", text)) == {"cpu"}     # the only label
+    if shutil.which("promtool"):
+        r = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                           capture_output=True)
+        assert r.returncode == 0, r.stdout + r.stderr

@@ -35,6 +35,9 @@ def cpus(
                                                  "siblings of a core.")] = False,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of the per-CPU "
                                              "noise here.")] = None,
+    textfile: Annotated[str | None, typer.Option("--textfile", help="Also write the per-CPU "
+                                                 "noise as DIR/hftagent_cpu_noise.prom for "
+                                                 "node_exporter's textfile collector.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     from agent.noise import rank as rk
@@ -101,6 +104,12 @@ def cpus(
            "device_nodes": choice.device_nodes, "commands": commands}
     if plot:
         _plot(results, choice.recommended, plot)
+    if textfile:
+        import time
+
+        from agent.noise.export import TEXTFILE_NAME, families
+        from agent.textfile import render_families, write_prom
+        write_prom(render_families(families(doc, time.time())), textfile, TEXTFILE_NAME)
     if json_out:
         print(json.dumps(doc, indent=2))
     else:
