@@ -31,10 +31,8 @@ ring. Layouts mirror the structs in hftsampler.c.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -42,6 +40,7 @@ import time
 from pathlib import Path
 
 from collectors.host import HotFile
+from collectors.native import NativeUnavailable, build  # NativeUnavailable: watch catches it
 
 MAGIC = 0x31534648
 VERSION = 3
@@ -69,89 +68,14 @@ _SLOT_HEAD = struct.Struct("<IIIiQQ")  # state, div, gen, err, reads, read_ns
 SOURCE = Path(__file__).with_name("hftsampler.c")
 
 
-class NativeUnavailable(RuntimeError):
-    """The native reader cannot run here; the message says why (watch falls back)."""
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("HFTAGENT_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "hftagent"
-
-
-def _trusted(path: Path, what: str, *, directory: bool) -> None:
-    """Refuse a cache directory or binary that someone else could have written: watch often
-    runs as root and executes the cached helper. Not a symlink, owned by us (or root), not
-    writable by group or others."""
-    import stat
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise NativeUnavailable(f"{what} {path}: {exc.strerror}") from None
-    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-    if not kind_ok or st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
-        raise NativeUnavailable(f"{what} {path} is not a {'directory' if directory else 'file'}"
-                                " owned by you and writable only by you: not used")
-
-
-def _compiler() -> str:
-    """The C compiler: $CC (a trusted file when we are root) or cc/gcc/clang on PATH."""
-    want = os.environ.get("CC")
-    if want:
-        cc = shutil.which(want)
-        if cc is None:
-            raise NativeUnavailable(f"building the native sampler failed: CC={want} not found")
-        if os.geteuid() == 0:
-            _trusted(Path(os.path.realpath(cc)), "CC", directory=False)
-        return cc
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise NativeUnavailable("no C compiler (cc) to build the native sampler")
-    return cc
-
-
 def build_helper(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
-    """Path of the compiled helper for ``source``; compiled (~0.3 s) when not cached.
+    """Path of the compiled helper for ``source`` (collectors/native.py builds and caches it).
     Raises :class:`NativeUnavailable` (not x86-64, no compiler, failed build, a cache
     directory or cached binary that someone else could have written)."""
-    machine = os.uname().machine
-    if machine not in ("x86_64", "amd64"):
-        # The reader's side of the shared ring relies on x86-64's ordered loads and stores
-        # (Python has no fences).
-        raise NativeUnavailable(f"the native sampler needs x86-64 (this is {machine})")
-    try:
-        src = source.read_bytes()
-    except OSError as exc:
-        raise NativeUnavailable(f"native sampler source missing: {exc.strerror}") from None
-    key = hashlib.sha256(src + machine.encode()).hexdigest()[:16]
-    d = out_dir or cache_dir()
-    exe = d / f"hftsampler-{key}"
-    try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise NativeUnavailable(f"cannot create {d}: {exc.strerror}") from None
-    _trusted(d, "cache directory", directory=True)
-    if os.path.lexists(exe):
-        _trusted(exe, "cached native sampler", directory=False)
-        if os.access(exe, os.X_OK):
-            return exe
-    cc = _compiler()
-    tmp = d / f".{exe.name}.{os.getpid()}.tmp"
-    try:
-        r = subprocess.run([cc, "-O2", "-std=gnu11", "-Wall", "-o", str(tmp), str(source)],
-                           capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise NativeUnavailable(f"building the native sampler failed: {exc}") from None
-    if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        lines = r.stderr.strip().splitlines() or ["no output"]
-        first = next((ln for ln in lines if "error" in ln), lines[0])
-        raise NativeUnavailable(f"building the native sampler failed: {first}")
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, exe)  # atomic: a concurrent build never leaves a half-written binary
-    return exe
+    # The reader's side of the shared ring relies on x86-64's ordered loads and stores
+    # (Python has no fences).
+    return build(source, "hftsampler", "native sampler", out_dir,
+                 machines=("x86_64", "amd64"), machines_why="x86-64")
 
 
 class Feed:
