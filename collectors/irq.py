@@ -10,17 +10,26 @@ Sources:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import Host, Reading
-from collectors.parsers import IrqRow, parse_cpulist, parse_cpumask, parse_interrupts
+from collectors.parsers import (
+    MAX_CPUS,
+    IrqRow,
+    ParseError,
+    is_uint,
+    parse_cpulist,
+    parse_cpumask,
+    parse_interrupts,
+)
 
 
 @dataclass(frozen=True)
 class IrqAffinity:
     irq: int
-    name: str  # devices from /proc/interrupts ("nvme0q1", "eth0-TxRx-3"); "" if unnamed
+    name: str  # devices from /proc/interrupts ("nvme0q1", "ehci_hcd:usb1,mmc0"); "" if none
     affinity: list[int] | None
     effective: list[int] | None
     path: str
@@ -31,11 +40,31 @@ def interrupts(host: Host) -> Reading[tuple[list[int], list[IrqRow]]]:
     return host.read(host.proc("interrupts")).map(parse_interrupts)
 
 
+# The descriptor kernel/irq/proc.c show_interrupts prints between the counts and the action
+# names: the chip name, then the hwirq (with an irq domain), "Level"/"Edge"
+# (CONFIG_GENERIC_IRQ_SHOW_LEVEL: arm, arm64, powerpc) and "-<flow handler>" (x86: "-edge",
+# glued to the hwirq, "65536-edge"; to the chip on kernels before 4.x, "IO-APIC-edge").
+_HWIRQ = re.compile(r"[0-9]+(?:-[a-z_]+)?")
+_FLOW = re.compile(r"-[a-z_]+")
+
+
 def _irq_name(row: IrqRow | None) -> str:
-    """Last word of the description is the device/action name on x86 and arm64."""
+    """The action (device) names of a numbered row, comma-separated without spaces
+    ("ehci_hcd:usb1,mmc0" for a shared line printed "ehci_hcd:usb1, mmc0"); "" when the
+    IRQ has no action (a row ending in its descriptor, "PCI-MSI 65536-edge")."""
     if row is None or not row.desc:
         return ""
-    return row.desc.split()[-1]
+    tok = row.desc.split()
+    i = 1  # tok[0]: the chip (irq_chip.name or its irq_print_chip)
+    if i < len(tok) and _HWIRQ.fullmatch(tok[i]):
+        i += 1
+    if i < len(tok) and tok[i] in ("Level", "Edge"):
+        i += 1
+    if i < len(tok) and _FLOW.fullmatch(tok[i]):
+        i += 1
+    # actions are printed "  a, b, c"; a name may hold a space ("PCIe PME")
+    names = (n.strip() for n in " ".join(tok[i:]).split(","))
+    return ",".join(n for n in names if n)
 
 
 def irq_affinities(host: Host) -> list[IrqAffinity]:
@@ -46,7 +75,7 @@ def irq_affinities(host: Host) -> list[IrqAffinity]:
         rows = {row.irq: row for row in r.value[1] if row.numeric}
     out = []
     for name in host.listdir(host.proc("irq")):
-        if not name.isdigit():
+        if not is_uint(name):
             continue
         d = host.proc("irq", name)
         aff = host.read(d / "smp_affinity_list").map(parse_cpulist)
@@ -65,16 +94,41 @@ def default_affinity(host: Host) -> Reading[list[int]]:
 # ----------------------------------------------------------------------------------------------
 
 
+def _cpu_columns(line: bytes, what: str) -> list[int]:
+    """CPU ids of a "CPU0 CPU1 CPU4" header (the online CPUs)."""
+    header = line.split()
+    if not header or len(header) > MAX_CPUS or not all(
+            h.startswith(b"CPU") and h[3:].isdigit() and len(h) <= 7 for h in header):
+        raise ParseError(f"bad {what} header")
+    cols = [int(h[3:]) for h in header]
+    if len(set(cols)) != len(cols) or max(cols) >= MAX_CPUS:
+        raise ParseError(f"bad {what} header")
+    return cols
+
+
+def _count(tok: bytes, what: str) -> float:
+    """A counter value: ASCII digits, at most 20 (a u64); not nan, inf or negative."""
+    if not tok.isdigit() or len(tok) > 20:
+        raise ParseError(f"bad count {tok[:24]!r} in {what}")
+    return float(tok)
+
+
+def _row_name(name: bytes, what: str) -> str:
+    try:
+        return name.strip().decode()
+    except UnicodeDecodeError:
+        raise ParseError(f"bad row name {name[:24]!r} in {what}") from None
+
+
 def fast_interrupts(data: bytes, want: frozenset[int] | None
                     ) -> tuple[dict[str, float], dict[str, str]]:
     """/proc/interrupts bytes → (``irq.<cpu>.<row>`` counters for CPUs in ``want`` (all when
     None), {row: description}). Rows are the IRQ number ("39") or the per-CPU row name
-    ("LOC", "RES", "CAL", "TLB"); single-column rows (ERR, MIS) are ``irq.all.<row>``. Pure."""
+    ("LOC", "RES", "CAL", "TLB"); single-column rows (ERR, MIS) are ``irq.all.<row>``; a row
+    with fewer counts than CPUs is left out (absent, not 0), as :func:`interrupts_layout`
+    does. Pure; raises :class:`~collectors.parsers.ParseError` on a bad header or count."""
     lines = data.split(b"\n")
-    header = lines[0].split()
-    if not header or not header[0].startswith(b"CPU"):
-        raise ValueError("bad /proc/interrupts header")
-    cols = [int(h[3:]) for h in header]
+    cols = _cpu_columns(lines[0], "/proc/interrupts")
     ncol = len(cols)
     pick = [(i, c) for i, c in enumerate(cols) if want is None or c in want]
     out: dict[str, float] = {}
@@ -83,34 +137,40 @@ def fast_interrupts(data: bytes, want: frozenset[int] | None
         name, sep, rest = line.partition(b":")
         if not sep:
             continue
-        row = name.strip().decode()
+        row = _row_name(name, "/proc/interrupts")
         fields = rest.split()
         if len(fields) < ncol or not fields[ncol - 1].isdigit():
             if fields and fields[0].isdigit():  # ERR / MIS: one total column
-                out[f"irq.all.{row}"] = float(fields[0])
+                out[f"irq.all.{row}"] = _count(fields[0], "/proc/interrupts")
             continue
         for i, c in pick:
-            out[f"irq.{c}.{row}"] = float(fields[i])
+            out[f"irq.{c}.{row}"] = _count(fields[i], "/proc/interrupts")
         if fields[ncol:]:
             desc[row] = b" ".join(fields[ncol:]).decode(errors="replace")
     return out, desc
 
 
 def fast_softirqs(data: bytes, want: frozenset[int] | None) -> dict[str, float]:
-    """/proc/softirqs bytes → ``softirq.<cpu>.<NAME>`` counters (NET_RX, TIMER, SCHED...)."""
+    """/proc/softirqs bytes → ``softirq.<cpu>.<NAME>`` counters (NET_RX, TIMER, SCHED...).
+    Every row has a count for every CPU of the header. Pure; raises
+    :class:`~collectors.parsers.ParseError`."""
     lines = data.split(b"\n")
-    cols = [int(h[3:]) for h in lines[0].split()]
+    cols = _cpu_columns(lines[0], "/proc/softirqs")
     pick = [(i, c) for i, c in enumerate(cols) if want is None or c in want]
     out: dict[str, float] = {}
     for line in lines[1:]:
         name, sep, rest = line.partition(b":")
         if not sep:
+            if line.strip():
+                raise ParseError("bad /proc/softirqs line")
             continue
         fields = rest.split()
-        row = name.strip().decode()
+        row = _row_name(name, "/proc/softirqs")
+        if len(fields) != len(cols):
+            raise ParseError(f"/proc/softirqs row {row[:24]!r}: {len(fields)} counts for "
+                             f"{len(cols)} CPUs")
         for i, c in pick:
-            if i < len(fields):
-                out[f"softirq.{c}.{row}"] = float(fields[i])
+            out[f"softirq.{c}.{row}"] = _count(fields[i], "/proc/softirqs")
     return out
 
 

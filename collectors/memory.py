@@ -16,6 +16,7 @@ from __future__ import annotations
 from collectors.base import Availability
 from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import Host
+from collectors.parsers import ParseError
 
 VMSTAT_KEYS: frozenset[bytes] = frozenset(k.encode() for k in (
     "pgfault", "pgmajfault", "compact_stall", "compact_fail", "compact_success",
@@ -27,14 +28,25 @@ VMSTAT_KEYS: frozenset[bytes] = frozenset(k.encode() for k in (
 
 
 def fast_vmstat(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> dict[str, float]:
-    """/proc/vmstat bytes → ``mem.all.<key>`` for the keys kept. Pure."""
-    it = data.split()
+    """/proc/vmstat bytes ("name value" lines) → ``mem.all.<key>`` for the keys kept. Pure;
+    raises :class:`~collectors.parsers.ParseError` on an empty file, a line of another shape
+    or a kept value that is not a decimal."""
     out: dict[str, float] = {}
-    for k, v in zip(it[::2], it[1::2]):
+    empty = True
+    for line in data.split(b"\n"):
+        kv = line.split()
+        if not kv:
+            continue
+        empty = False
+        if len(kv) != 2:
+            raise ParseError(f"bad /proc/vmstat line {line[:40]!r}")
+        k, v = kv
         if k in keys:
+            if not v.lstrip(b"-").isdigit() or len(v) > 21:
+                raise ParseError(f"bad /proc/vmstat value {v[:24]!r} for {k[:40]!r}")
             out["mem.all." + k.decode()] = float(v)
-    if not it:
-        raise ValueError("empty /proc/vmstat")
+    if empty:
+        raise ParseError("empty /proc/vmstat")
     return out
 
 
@@ -54,17 +66,23 @@ def vmstat_layout(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> TokenLay
 
 
 def parse_psi(data: bytes, resource: str) -> dict[str, float]:
-    """A /proc/pressure/<res> file → ``psi.<res>.some_us`` / ``psi.<res>.full_us``. Pure."""
+    """A /proc/pressure/<res> file ("some avg10=0.00 avg60=0.00 avg300=0.00 total=N" and the
+    same for "full"; Documentation/accounting/psi.rst) → ``psi.<res>.some_us`` /
+    ``psi.<res>.full_us``. A total is a u64 of µs: "nan", "-5" or "1e9" raise
+    :class:`~collectors.parsers.ParseError`, as does a file with neither line. Pure."""
     out: dict[str, float] = {}
     for line in data.split(b"\n"):
-        if not line:
+        tok = line.split()
+        if not tok:
             continue
-        kind, _, rest = line.partition(b" ")
-        for item in rest.split():
-            if item.startswith(b"total="):
-                out[f"psi.{resource}.{kind.decode()}_us"] = float(item[6:])
+        if tok[0] not in (b"some", b"full"):
+            raise ParseError(f"bad pressure line for {resource}: {line[:40]!r}")
+        totals = [t[6:] for t in tok[1:] if t.startswith(b"total=")]
+        if len(totals) != 1 or not totals[0].isdigit() or len(totals[0]) > 20:
+            raise ParseError(f"bad pressure total for {resource}: {line[:60]!r}")
+        out[f"psi.{resource}.{tok[0].decode()}_us"] = float(totals[0])
     if not out:
-        raise ValueError(f"bad pressure file for {resource}")
+        raise ParseError(f"bad pressure file for {resource}")
     return out
 
 

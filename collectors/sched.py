@@ -29,18 +29,30 @@ from dataclasses import dataclass
 from collectors.base import Availability
 from collectors.fastread import TokenLayout
 from collectors.host import Host, HotFile
+from collectors.parsers import ParseError
+
+
+def _stat_uint(tok: bytes, what: str) -> int:
+    if not tok.isdigit() or len(tok) > 20:
+        raise ParseError(f"bad {what} {tok[:24]!r} in stat")
+    return int(tok)
 
 
 def parse_stat_fields(data: bytes) -> tuple[str, str, int, int, int, int]:
     """/proc/<pid>/task/<tid>/stat bytes → (comm, state, minflt, majflt, utime+stime ticks,
-    processor). comm may contain spaces and ')' — split at the last ')'. Pure."""
-    r = data.rfind(b")")
-    if r < 0:
-        raise ValueError("bad stat")
-    comm = data[data.find(b"(") + 1:r].decode(errors="replace")
+    processor). comm may contain spaces and ')' — split at the last ')'. Pure; raises
+    :class:`~collectors.parsers.ParseError` on a truncated or garbled file."""
+    lp, r = data.find(b"("), data.rfind(b")")
+    if lp < 0 or r < lp:
+        raise ParseError("bad stat: no (comm)")
+    comm = data[lp + 1:r].decode(errors="replace")
     rest = data[r + 2:].split()
-    return (comm, rest[0].decode(), int(rest[7]), int(rest[9]), int(rest[11]) + int(rest[12]),
-            int(rest[36]))
+    if len(rest) < 37 or len(rest[0]) != 1 or not rest[0].isalpha():
+        raise ParseError("truncated stat")
+    return (comm, rest[0].decode(), _stat_uint(rest[7], "minflt"),
+            _stat_uint(rest[9], "majflt"),
+            _stat_uint(rest[11], "utime") + _stat_uint(rest[12], "stime"),
+            _stat_uint(rest[36], "processor"))
 
 
 def thread_layouts(keys: tuple[str, ...], ss: bytes, st: bytes,
@@ -68,14 +80,22 @@ def thread_layouts(keys: tuple[str, ...], ss: bytes, st: bytes,
 
 
 def parse_status_switches(data: bytes) -> tuple[int, int]:
-    """/proc/<pid>/status bytes → (voluntary, nonvoluntary) context switches. Pure."""
-    i = data.find(b"\nvoluntary_ctxt_switches:")
-    j = data.find(b"\nnonvoluntary_ctxt_switches:")
-    if i < 0 or j < 0:
-        raise ValueError("no ctxt_switches lines in status")
-    v = int(data[i + 25:data.find(b"\n", i + 25)])
-    n = int(data[j + 28:data.find(b"\n", j + 28)])
-    return v, n
+    """/proc/<pid>/status bytes → (voluntary, nonvoluntary) context switches. Pure; raises
+    :class:`~collectors.parsers.ParseError` when a line is missing or not a count."""
+
+    def value(key: bytes) -> int:
+        i = data.find(key)
+        if i < 0:
+            raise ParseError("no ctxt_switches lines in status")
+        i += len(key)
+        j = data.find(b"\n", i)
+        v = data[i:] if j < 0 else data[i:j]  # the last line may lack its newline
+        v = v.strip(b" \t")
+        if not v.isdigit() or len(v) > 20:
+            raise ParseError(f"bad {key.strip()!r} value {v[:24]!r} in status")
+        return int(v)
+
+    return value(b"\nvoluntary_ctxt_switches:"), value(b"\nnonvoluntary_ctxt_switches:")
 
 
 @dataclass

@@ -18,6 +18,7 @@ from collectors.irq import IrqCollector, SoftirqCollector, fast_interrupts
 from collectors.memory import MemoryCollector, parse_psi
 from collectors.numa import NumaCollector
 from collectors.parsers import (
+    ParseError,
     parse_interrupts,
     parse_proc_stat,
     parse_softirqs,
@@ -152,6 +153,69 @@ def test_fast_parsers_edge_cases():
     assert parse_perf_line("0.200,17,,context-switches,100,100.00,,")[:2] == \
         ("context-switches", 17.0)
     assert parse_perf_line("# time counts unit events") is None
+
+
+def test_status_switches_without_a_final_newline():
+    """Defect: the last digit was dropped when status had no final newline (1234 -> 123)."""
+    assert parse_status_switches(b"Name:\tx\nvoluntary_ctxt_switches:\t12\n"
+                                 b"nonvoluntary_ctxt_switches:\t1234") == (12, 1234)
+    for bad in (b"Name:\tx\n", b"\nvoluntary_ctxt_switches:\t-1\nnonvoluntary_ctxt_switches: 1",
+                b"\nvoluntary_ctxt_switches:\t\nnonvoluntary_ctxt_switches:\t1\n",
+                b"\nvoluntary_ctxt_switches:\t1\nnonvoluntary_ctxt_switches:\tnan\n"):
+        with pytest.raises(ParseError):
+            parse_status_switches(bad)
+
+
+@pytest.mark.parametrize("total", [b"nan", b"-5", b"inf", b"1e9", b"", b"12x", b"9" * 30])
+def test_psi_rejects_totals_that_are_not_counts(total):
+    """Defect: PSI took total=nan and negative totals."""
+    with pytest.raises(ParseError):
+        parse_psi(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=" + total + b"\n", "io")
+
+
+def test_truncated_stat_and_short_softirq_rows_are_parse_errors():
+    from collectors.irq import fast_softirqs
+
+    with pytest.raises(ParseError):
+        parse_stat_fields(b"42 (a) R 1 2 3")
+    with pytest.raises(ParseError):
+        parse_stat_fields(b"no parentheses")
+    with pytest.raises(ParseError, match="1 counts for 2 CPUs"):
+        fast_softirqs(b"   CPU0   CPU1\n  HI: 1 2\nNET_RX: 5\n", None)
+    with pytest.raises(ParseError):
+        fast_interrupts(b"CPU0 CPUx\n 5: 1 2\n", None)
+    with pytest.raises(ParseError):
+        fast_interrupts(b"CPU0 CPU1\n 5: nan 2\n", None)  # float() took nan
+    # a row without a count per CPU is absent (as interrupts_layout has it), never a 0
+    assert fast_interrupts(b"CPU0 CPU1\n 5: x 1\n 6: 7 8\n", None)[0] == \
+        {"irq.0.6": 7.0, "irq.1.6": 8.0}
+
+
+def test_irq_names_keep_every_action_and_none_for_unnamed(tmp_path):
+    """Defect: an IRQ without an action was named by its descriptor ("65536-edge"), and a
+    shared line "ehci_hcd:usb1, mmc0" kept only "mmc0"."""
+    from collectors.irq import irq_affinities
+
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "proc/interrupts").write_text(
+        "           CPU0       CPU1\n"
+        "  0:         36          0   IR-IO-APIC    2-edge      timer\n"
+        " 16:          1          2   IR-IO-APIC   16-fasteoi   ehci_hcd:usb1, mmc0\n"
+        " 17:          0          0  IR-PCI-MSI 65536-edge\n"
+        " 18:          3          0   IO-APIC-edge      i8042\n"  # before Linux 4.x
+        " 19:          0          4     GICv3  27 Level     arch_timer\n"  # arm64
+        " 20:          0          0   PCI-MSI 1-edge      PCIe PME, aerdrv\n"
+        " 21:          0          0   None      -edge\n")
+    for n in range(16, 22):
+        d = tmp_path / f"proc/irq/{n}"
+        d.mkdir(parents=True)
+        (d / "smp_affinity_list").write_text("0-1\n")
+    (tmp_path / "proc/irq/0").mkdir()
+    (tmp_path / "proc/irq/٣").mkdir()  # not IRQ 3
+    names = {a.irq: a.name for a in irq_affinities(Host(tmp_path))}
+    assert names == {0: "timer", 16: "ehci_hcd:usb1,mmc0", 17: "", 18: "i8042",
+                     19: "arch_timer", 20: "PCIe PME,aerdrv", 21: ""}
 
 
 def test_counter_wrap_and_reset():
