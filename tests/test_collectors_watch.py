@@ -187,7 +187,7 @@ def test_truncated_stat_and_short_softirq_rows_are_parse_errors():
     with pytest.raises(ParseError):
         fast_interrupts(b"CPU0 CPU1\n 5: nan 2\n", None)  # float() took nan
     # a row without a count per CPU is absent (as interrupts_layout has it), never a 0
-    assert fast_interrupts(b"CPU0 CPU1\n 5: x 1\n 6: 7 8\n", None)[0] == \
+    assert fast_interrupts(b"CPU0 CPU1\n 5: x y\n 6: 7 8\n", None)[0] == \
         {"irq.0.6": 7.0, "irq.1.6": 8.0}
 
 
