@@ -15,8 +15,8 @@ or, cheapest (no object per call)::
 
 Each call writes one fixed-size record (start_ns, end_ns, pid, tid, optional in-process
 evidence) into a shared-memory ring, a file under /dev/shm that ``hftagent watch --pid PID``
-(or ``--ring PATH``) maps read-only. Costs well under 1 µs per record (see
-docs/benchmarks.md, bench/collector_cost.py --client). Timestamps are ``CLOCK_MONOTONIC``
+(or ``--ring PATH``) reads. Costs well under 1 µs per record (see docs/benchmarks.md,
+bench/collector_cost.py --client). Timestamps are ``CLOCK_MONOTONIC``
 (``time.monotonic_ns``), the clock the watch sampler stamps its rounds with.
 
 Ring layout (little-endian int64 words):
@@ -24,9 +24,19 @@ Ring layout (little-endian int64 words):
 * header, 8 words: magic, version, capacity (records), record words, creator pid, 3 spare
 * record i of ``capacity``, ``RECORD_WORDS`` words: seq, start_ns, end_ns, pid, tid, nivcsw,
   nvcsw, minflt, majflt, cpu_ns, rq_delay_ns, cpu_start, cpu_end, seq. ``seq`` is the record's
-  1-based sequence number, written first and last in one ``pack_into``; a reader accepts a slot
-  only when both copies agree (a torn read shows as a mismatch and is retried on the next
-  read). Evidence fields are -1 when not measured.
+  1-based sequence number, written first and last in one ``pack_into``, into slot
+  ``(seq - 1) % capacity``; a reader accepts a slot only when both copies agree (a torn read
+  shows as a mismatch and is retried on the next read). Evidence fields are -1 when not
+  measured.
+
+The ring file is mode 0600, owned by the process that created it: ``hftagent watch`` reads it
+as the same user or as root (root reads any user's ring), never as another unprivileged user.
+It is created under a random temporary name in the ring's directory (``O_CREAT|O_EXCL|
+O_NOFOLLOW``: a name planted there beforehand, a symlink included, is never opened), checked
+(a regular file of ours, mode 0600), filled with its header and renamed over the final name
+(``rename`` replaces a symlink there, it never writes through it). The temporary file is
+removed on every error; one left by a process killed in between is swept by the next
+``hftagent watch`` (:func:`sweep_stale_rings`).
 
 Writers: any number of threads of one process (slots are claimed with ``next()`` on an
 ``itertools.count``, atomic under the GIL). One ring per process.
@@ -37,9 +47,13 @@ Nothing happens at import: the ring is created on first use; the environment var
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
+import re
+import secrets
+import stat
 import struct
 import threading
 import time
@@ -50,54 +64,230 @@ import numpy as np
 MAGIC = 0x31474E4952544648  # b"HFTRING1" little-endian
 VERSION = 1
 HEADER_WORDS = 8
+HEADER_BYTES = HEADER_WORDS * 8
 FIELDS: tuple[str, ...] = ("seq", "start_ns", "end_ns", "pid", "tid", "nivcsw", "nvcsw",
                            "minflt", "majflt", "cpu_ns", "rq_delay_ns", "cpu_start", "cpu_end",
                            "seq2")
 RECORD_WORDS = len(FIELDS)
 RECORD_BYTES = RECORD_WORDS * 8
 DEFAULT_CAPACITY = 1 << 15  # 32768 records: > 60 s at 500 Hz, 3.7 MiB
+MIN_CAPACITY = 16
+MAX_CAPACITY = 1 << 24  # 16 M records, 1.9 GiB: anything larger is not a ring we wrote
 _REC = struct.Struct(f"<{RECORD_WORDS}q")
 _HDR = struct.Struct(f"<{HEADER_WORDS}q")
 
+# What a record may hold (RingReader drops and counts any other): the kernel's PID_MAX_LIMIT
+# (include/linux/threads.h, 4 M on 64-bit) bounds pids and tids; a latency is at most an
+# hour (a reader that saw one longer is reading garbage: an int64 never holds a NaN, a
+# crafted or corrupt slot shows as a negative or absurd value); CPU numbers below 65536
+# (NR_CPUS is at most 8192 on x86_64's MAXSMP); evidence counters -1 (not measured) or
+# non-negative and below 2**50.
+PID_MAX_LIMIT = 1 << 22
+MAX_LATENCY_NS = 3600 * 10**9
+MAX_CPU = 1 << 16
+MAX_EVIDENCE = 1 << 50
+MAX_SEQ = 1 << 62  # a sequence number this large was never written by a client
+CLOCK_SLACK_NS = 10**9  # a record ending later than the reader's clock + this is garbage
+
+
+def ring_dir() -> Path:
+    """Where rings live: /dev/shm (tmpfs: no disk writes), /tmp where there is none."""
+    base = Path("/dev/shm")
+    if not base.is_dir():  # pragma: no cover - non-Linux fallback
+        base = Path("/tmp")
+    return base
+
 
 def default_ring_path(pid: int | None = None) -> Path:
-    """/dev/shm/hftagent-<pid>.ring (tmpfs: no disk writes), or $HFTAGENT_RING for this
-    process when set."""
+    """/dev/shm/hftagent-<pid>.ring, or $HFTAGENT_RING for this process when set."""
     if pid is None:
         env = os.environ.get("HFTAGENT_RING")
         if env:
             return Path(env)
         pid = os.getpid()
-    base = Path("/dev/shm")
-    if not base.is_dir():  # pragma: no cover - non-Linux fallback
-        base = Path("/tmp")
-    return base / f"hftagent-{pid}.ring"
+    return ring_dir() / f"hftagent-{pid}.ring"
 
 
 class RingError(Exception):
-    """The ring file is missing, truncated or not a latency ring."""
+    """The ring file is missing, truncated, not a latency ring, or cannot be created."""
+
+
+class RingMissing(RingError):
+    """The ring file does not exist (yet): the only ring error worth waiting out."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Writer
+# ----------------------------------------------------------------------------------------------
+
+
+def _tmp_name(final: str) -> str:
+    """``.<final>.<pid>.<random>.tmp``: the pid lets :func:`sweep_stale_rings` tell a dead
+    creator's leftover from a live one's; the 64 random bits make the name unpredictable."""
+    return f".{final}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+
+
+_TMP_RE = re.compile(r"^\.(hftagent-[^/]*\.ring)\.(\d+)\.[0-9a-f]{16}\.tmp$")
+
+
+def _create(path: Path, size: int, init) -> mmap.mmap:
+    """Create the ring file ``path`` of ``size`` bytes as the module docstring says: a new
+    file under a random name in ``path``'s directory (``O_EXCL|O_NOFOLLOW``, mode 0600),
+    checked after the open (a regular file owned by our euid, one link, mode 0600), its
+    space allocated (a sparse file on a full tmpfs would SIGBUS the writer at a record),
+    ``init(mapping)`` writing the header, then renamed over ``path``. Every step goes
+    through a descriptor of the directory, so a directory swapped in between changes
+    nothing. Returns the writable mapping; raises :class:`RingError` (the temporary file
+    removed) on any failure."""
+    name = path.name
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RingError(f"cannot create latency ring {path}: directory {path.parent}: "
+                        f"{exc.strerror}") from None
+    try:
+        tmp = _tmp_name(name)
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except OSError as exc:
+            raise RingError(f"cannot create latency ring {path}: {exc.strerror}") from None
+        done = False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+                raise RingError(f"cannot create latency ring {path}: the new file is not a "
+                                "regular file of ours")
+            os.fchmod(fd, 0o600)  # whatever a default ACL of the directory made of it
+            if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+                raise RingError(f"cannot create latency ring {path}: mode is not 0600")
+            os.posix_fallocate(fd, 0, size)
+            mm = mmap.mmap(fd, size)
+            try:
+                init(mm)
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                mm.close()
+                raise
+            done = True
+            return mm
+        except OSError as exc:
+            hint = ""
+            if exc.errno in (errno.EPERM, errno.EACCES):
+                hint = " (another user's file in the way?)"
+            elif exc.errno == errno.ENOSPC:
+                hint = f" ({size} bytes needed)"
+            raise RingError(f"cannot create latency ring {path}: {exc.strerror}{hint}") \
+                from None
+        finally:
+            os.close(fd)
+            if not done:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+    finally:
+        os.close(dfd)
+
+
+def _pid_dead(pid: int) -> bool:
+    """True only when no process ``pid`` exists (a live one of another user is alive)."""
+    if not 0 < pid < PID_MAX_LIMIT:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+_WATCH_RE = re.compile(r"^hftagent-watch-(\d+)\.ring$")
+
+
+def sweep_stale_rings(directory: str | os.PathLike[str] | None = None) -> list[str]:
+    """Remove what a killed ``hftagent watch`` (or a client killed while creating its ring)
+    left in ``directory`` (default :func:`ring_dir`): ``hftagent-watch-<pid>.ring`` rings
+    whose watch (the pid in the name) and probe worker (the creator pid in the header) are
+    both gone, and ring temporary files (``.hftagent-*.ring.<pid>.<random>.tmp``) whose
+    creator is gone. Only regular files owned by our euid with one link are removed (never
+    a symlink, never another user's file, never a live process's); a client's own
+    ``hftagent-<pid>.ring`` is left to it. Returns the names removed; errors are skipped
+    (a sweep never stops watch from starting)."""
+    d = Path(directory) if directory is not None else ring_dir()
+    removed: list[str] = []
+    try:
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return removed
+    try:
+        euid = os.geteuid()
+        for name in os.listdir(dfd):
+            m_tmp = _TMP_RE.match(name)
+            m_watch = None if m_tmp else _WATCH_RE.match(name)
+            if not (m_tmp or m_watch):
+                continue
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != euid or st.st_nlink != 1:
+                continue
+            if m_tmp:
+                if not _pid_dead(int(m_tmp.group(2))):
+                    continue
+            else:
+                if not _pid_dead(int(m_watch.group(1))):
+                    continue
+                creator = _header_pid(dfd, name, st)
+                if creator is not None and not _pid_dead(creator):
+                    continue
+            try:
+                os.unlink(name, dir_fd=dfd)
+                removed.append(name)
+            except OSError:
+                pass
+    finally:
+        os.close(dfd)
+    return removed
+
+
+def _header_pid(dfd: int, name: str, st: os.stat_result) -> int | None:
+    """The creator pid in the header of ring ``name`` (the file ``st`` describes), or None
+    when it cannot be read as one."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        st2 = os.fstat(fd)
+        if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+            return None
+        hdr = os.pread(fd, HEADER_BYTES, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(hdr) < HEADER_BYTES:
+        return None
+    magic, version, _cap, _words, pid, *_ = _HDR.unpack(hdr)
+    return int(pid) if (magic, version) == (MAGIC, VERSION) else None
 
 
 class LatencyRing:
-    """Writer side: create (or truncate) the ring file and append records."""
+    """Writer side: create the ring file (see the module docstring for how) and append
+    records."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None,
                  capacity: int = DEFAULT_CAPACITY) -> None:
-        if capacity < 16:
-            raise ValueError("capacity must be >= 16")
+        if not MIN_CAPACITY <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be in {MIN_CAPACITY}..{MAX_CAPACITY}")
         self.path = Path(path) if path is not None else default_ring_path()
         self.capacity = int(capacity)
-        size = (HEADER_WORDS + self.capacity * RECORD_WORDS) * 8
-        tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.ftruncate(fd, size)
-            self._mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        _HDR.pack_into(self._mm, 0, MAGIC, VERSION, self.capacity, RECORD_WORDS, os.getpid(),
-                       0, 0, 0)
-        os.replace(tmp, self.path)  # a reader never sees a half-initialised header
+        size = HEADER_BYTES + self.capacity * RECORD_BYTES
+        self._mm = _create(self.path, size, self._init_header)
         self._counter = itertools.count(1)
         self._pid = os.getpid()
         # Kernel thread id cached in thread-local storage: get_native_id() is a gettid
@@ -106,7 +296,11 @@ class LatencyRing:
         self._loc = threading.local()
         os.register_at_fork(after_in_child=self._reset_thread_cache)
         self._pack = _REC.pack_into
-        self._base = HEADER_WORDS * 8
+        self._base = HEADER_BYTES
+
+    def _init_header(self, mm: mmap.mmap) -> None:
+        _HDR.pack_into(mm, 0, MAGIC, VERSION, self.capacity, RECORD_WORDS, os.getpid(),
+                       0, 0, 0)
 
     def record(self, start_ns: int, end_ns: int, tid: int | None = None, nivcsw: int = -1,
                nvcsw: int = -1, minflt: int = -1, majflt: int = -1, cpu_ns: int = -1,
@@ -202,70 +396,158 @@ def end(start_ns: int) -> None:
 
 
 class RingReader:
-    """Reader side: map a ring read-only and return the records written since the last read.
+    """Reader side: read a ring and return the records written since the last read.
 
     ``read()`` returns an int64 array [n, RECORD_WORDS] ordered by sequence number. Records
-    overwritten before they were read (the writer lapped the reader) are counted in ``lost``.
+    overwritten before they were read (the writer lapped the reader) are counted in ``lost``;
+    records that fail validation (see :meth:`read`) are dropped and counted in ``invalid``.
+
+    The ring is untrusted input (watch runs as root; the ring may be another user's): it is
+    opened ``O_RDONLY|O_NONBLOCK|O_NOFOLLOW`` (a symlink, a FIFO, a directory or a device is
+    refused at once with a :class:`RingError`, never waited on), its header is checked
+    (magic, version, record width, capacity in ``MIN_CAPACITY..MAX_CAPACITY``, the file size
+    that capacity implies, a plausible creator pid), and it is read with ``pread``, not
+    mapped: a ring truncated under the reader is a :class:`RingError` at the next read, never
+    a SIGBUS. ``expect_uid`` / ``expect_pid``: refuse a ring not owned by that user / not
+    created by that process (watch's own probe ring; ``--pid``'s default ring).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, expect_uid: int | None = None,
+                 expect_pid: int | None = None) -> None:
         self.path = Path(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise RingMissing(f"cannot open latency ring {self.path}: no such file") from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RingError(f"latency ring {self.path} is a symbolic link: give the "
+                                "ring's own path") from None
             raise RingError(f"cannot open latency ring {self.path}: {exc.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
-            if size < HEADER_WORDS * 8:
-                raise RingError(f"{self.path}: too small for a latency ring")
-            self._mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        finally:
+            self._check(fd, expect_uid, expect_pid)
+        except BaseException:
             os.close(fd)
-        magic, version, cap, words, pid, *_ = _HDR.unpack_from(self._mm, 0)
-        if magic != MAGIC or version != VERSION or words != RECORD_WORDS:
-            raise RingError(f"{self.path}: not a version-{VERSION} hftagent latency ring")
-        if size < (HEADER_WORDS + cap * words) * 8:
-            raise RingError(f"{self.path}: truncated ring")
-        self.capacity = int(cap)
-        self.creator_pid = int(pid)
-        self._arr = np.frombuffer(self._mm, dtype="<i8", count=cap * words,
-                                  offset=HEADER_WORDS * 8).reshape(cap, words)
+            raise
+        self._fd = fd
         self.pos = 0  # highest sequence number consumed
         self.lost = 0
+        self.invalid = 0
+
+    def _check(self, fd: int, expect_uid: int | None, expect_pid: int | None) -> None:
+        p = self.path
+        try:
+            st = os.fstat(fd)
+            hdr = os.pread(fd, HEADER_BYTES, 0) if stat.S_ISREG(st.st_mode) else b""
+        except OSError as exc:
+            raise RingError(f"cannot read latency ring {p}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else
+                    "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                    "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+            raise RingError(f"{p} is {kind}, not a latency ring (a regular file)")
+        if expect_uid is not None and st.st_uid != expect_uid:
+            raise RingError(f"latency ring {p} is owned by uid {st.st_uid}, not {expect_uid}")
+        if len(hdr) < HEADER_BYTES:
+            raise RingError(f"{p}: too small for a latency ring")
+        magic, version, cap, words, pid, *_ = _HDR.unpack(hdr)
+        if magic != MAGIC or version != VERSION or words != RECORD_WORDS:
+            raise RingError(f"{p}: not a version-{VERSION} hftagent latency ring")
+        if not MIN_CAPACITY <= cap <= MAX_CAPACITY:
+            raise RingError(f"{p}: bad ring header: capacity {cap} (a ring holds "
+                            f"{MIN_CAPACITY}..{MAX_CAPACITY} records)")
+        size = HEADER_BYTES + cap * RECORD_BYTES
+        if st.st_size != size:
+            raise RingError(f"{p}: {'truncated' if st.st_size < size else 'bad'} ring: "
+                            f"{st.st_size} bytes, a ring of {cap} records has {size}")
+        if not 0 < pid < PID_MAX_LIMIT:
+            raise RingError(f"{p}: bad ring header: creator pid {pid}")
+        if expect_pid is not None and pid != expect_pid:
+            raise RingError(f"latency ring {p} was created by pid {pid}, not {expect_pid} "
+                            "(a stale or planted ring)")
+        self.capacity = int(cap)
+        self.creator_pid = int(pid)
+
+    def _slots(self, start: int, n: int) -> np.ndarray:
+        """Slots ``start .. start + n - 1`` (one ``pread``); a short read is a truncated ring."""
+        out = np.empty((n, RECORD_WORDS), dtype="<i8")
+        try:
+            got = os.preadv(self._fd, [out], HEADER_BYTES + start * RECORD_BYTES)
+        except OSError as exc:
+            raise RingError(f"cannot read latency ring {self.path}: {exc.strerror}") from None
+        if got != out.nbytes:
+            raise RingError(f"latency ring {self.path} was truncated while being read "
+                            f"(now {HEADER_BYTES + start * RECORD_BYTES + got} bytes or less)")
+        return out
+
+    def _head(self) -> int:
+        """The highest sequence number a well-formed slot holds (the lapped case: one read of
+        the whole ring, only when the writer lapped us)."""
+        a = self._slots(0, self.capacity)
+        s = a[:, 0]
+        ok = (s == a[:, -1]) & (s > 0) & (s < MAX_SEQ) & \
+            ((s - 1) % self.capacity == np.arange(self.capacity))
+        return int(s[ok].max()) if ok.any() else 0
 
     def read(self, max_records: int | None = None) -> np.ndarray:
         """Records written since the last read, in sequence order.
 
-        Only the slots from the last position on are copied (a few hundred bytes per record,
+        Only the slots from the last position on are read (a few hundred bytes per record,
         not the whole ring), block by block, up to the first slot that is not the next
         sequence number: not written yet (stop), torn (stop; re-read next time) or already
         overwritten by a writer that lapped us (skip to the oldest record still there and
-        count the rest as lost)."""
+        count the rest as lost). Every call ends after at most ``capacity`` (or
+        ``max_records``) slots and two lapped skips, whatever the ring holds.
+
+        Validation: a slot whose two sequence copies agree but name a record that cannot be
+        in that slot (``(seq - 1) % capacity`` is another slot, or ``seq`` is absurd) is
+        corrupt: consumed, dropped, counted in ``invalid`` (a lapped skip needs a well-formed
+        slot, so a skip always moves forward by at least a lap). A record is dropped and
+        counted too unless: ``0 <= start_ns <= end_ns``, ``end_ns`` not past the reader's
+        clock by more than a second, latency at most an hour, pid and tid in
+        ``1..PID_MAX_LIMIT - 1``, evidence -1 or non-negative, CPUs -1 or below 65536."""
         cap = self.capacity
         limit = cap if max_records is None else max(1, min(cap, max_records))
+        now = time.monotonic_ns()
         out: list[np.ndarray] = []
-        got = 0
+        budget = limit
+        jumps = 0
         block = 256
-        while got < limit:
+        while budget > 0:
             start = self.pos % cap
-            n = min(block, cap - start, limit - got)
-            blk = self._arr[start:start + n].copy()
+            n = min(block, cap - start, budget)
+            blk = self._slots(start, n)
+            s, s2 = blk[:, 0], blk[:, -1]
             expected = np.arange(self.pos + 1, self.pos + 1 + n, dtype=np.int64)
-            good = (blk[:, 0] == expected) & (blk[:, -1] == expected)
-            k = n if good.all() else int(np.argmin(good))
+            same = s == s2
+            good = same & (s == expected)
+            congruent = (s - 1) % cap == np.arange(start, start + n)
+            corrupt = same & (s > expected) & (~congruent | (s >= MAX_SEQ))
+            take = good | corrupt
+            k = n if take.all() else int(np.argmin(take))
             if k:
-                out.append(blk[:k])
+                g = good[:k]
+                recs = blk[:k][g]
+                self.invalid += k - len(recs)
+                if len(recs):
+                    ok = _valid(recs, now)
+                    if not ok.all():
+                        self.invalid += int((~ok).sum())
+                        recs = recs[ok]
+                    if len(recs):
+                        out.append(recs)
                 self.pos += k
-                got += k
+                budget -= k
             if k == n:
                 block = min(block * 2, 4096)
                 continue
-            s, s2 = int(blk[k, 0]), int(blk[k, -1])
-            if s == s2 and s > self.pos + 1:
-                # Lapped: the oldest record still in the ring is head - cap + 1. Resume a
-                # little after it, so the writer does not lap us again while we copy.
-                head = int(self._arr[:, 0].max())
-                new_pos = max(self.pos, head - cap + min(block, cap // 4))
+            if same[k] and s[k] > expected[k] and jumps < 2:
+                # Lapped (slot k holds a well-formed record a lap or more ahead: corrupt
+                # ones were taken above): the oldest record still in the ring is
+                # head - cap + 1. Resume a little after it, so the writer does not lap us
+                # again while we read; head >= s[k] >= pos + 1 + cap, so pos moves on.
+                jumps += 1
+                new_pos = max(self.pos + 1, self._head() - cap + min(block, cap // 4))
                 self.lost += new_pos - self.pos
                 self.pos = new_pos
                 continue
@@ -275,8 +557,20 @@ class RingReader:
         return out[0] if len(out) == 1 else np.concatenate(out)
 
     def close(self) -> None:
-        self._arr = None  # type: ignore[assignment]
-        try:
-            self._mm.close()
-        except (BufferError, ValueError):
-            pass
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def _valid(r: np.ndarray, now_ns: int) -> np.ndarray:
+    """Which records of ``r`` hold plausible values (:meth:`RingReader.read`)."""
+    st, en = r[:, 1], r[:, 2]
+    ok = (st >= 0) & (en >= st) & (en <= now_ns + CLOCK_SLACK_NS)
+    ok &= (en - st) <= MAX_LATENCY_NS  # (no overflow where it counts: 0 <= st <= en)
+    pid, tid = r[:, 3], r[:, 4]
+    ok &= (pid > 0) & (pid < PID_MAX_LIMIT) & (tid > 0) & (tid < PID_MAX_LIMIT)
+    ev = r[:, 5:11]
+    ok &= ((ev >= -1) & (ev < MAX_EVIDENCE)).all(axis=1)
+    cpu = r[:, 11:13]
+    ok &= ((cpu >= -1) & (cpu < MAX_CPU)).all(axis=1)
+    return ok

@@ -12,6 +12,9 @@ import typer
 
 from agent.commands.common import ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail, make_host
 
+MIN_SAMPLE_HZ, MAX_SAMPLE_HZ = 1.0, 1000.0  # a round costs ~100 µs: 1 kHz is 10 % of a CPU
+MAX_RATE_HZ = 100_000.0  # a probe call takes ≥ 10 µs: more starts than this only queue
+
 
 def register(app: typer.Typer) -> None:
     app.command("watch")(watch)
@@ -22,13 +25,16 @@ def watch(
     probe: Annotated[str, typer.Option(help="Latency source: tf (built-in TF probe), numpy "
                                        "(numpy LSTM-shaped probe, no TF), or external "
                                        "(--pid/--ring: your process with agent.client).")] = "tf",
-    model: Annotated[str, typer.Option(help="Built-in model name or a model path (tf).")] = "lstm",
-    variant: Annotated[str, typer.Option(help="TF variant for the probe (tf).")] = "xla",
+    model: Annotated[str | None, typer.Option(help="Built-in model name or a model path "
+                                              "(--probe tf only; default lstm).")] = None,
+    variant: Annotated[str | None, typer.Option(help="TF variant for the probe (--probe tf "
+                                                "only; default xla).")] = None,
     rate: Annotated[str, typer.Option(help="Probe starts per second (open loop), or auto: "
                                       "the most (≤ 500) that keep the probe CPU 25 % busy "
                                       "at the warm-up's P50 (calls between sleeps run slower: "
                                       "expect up to ~40 %), so response times measure the "
-                                      "host rather than the probe's own queue.")] = "500",
+                                      "host rather than the probe's own queue; at most "
+                                      f"{MAX_RATE_HZ:g}).")] = "500",
     cpus: Annotated[str | None, typer.Option(help="Probe CPUs (default: the last online "
                                              "CPU).")] = None,
     housekeeping: Annotated[str | None, typer.Option(help="CPUs for the sampler and watch "
@@ -36,8 +42,11 @@ def watch(
                                                      )] = None,
     pid: Annotated[int | None, typer.Option(help="External process to attribute (its ring is "
                                             "/dev/shm/hftagent-PID.ring).")] = None,
-    ring: Annotated[str | None, typer.Option(help="External latency ring path.")] = None,
-    sample_hz: Annotated[float, typer.Option(help="Collector rounds per second.")] = 100.0,
+    ring: Annotated[str | None, typer.Option(help="External latency ring path (a regular "
+                                             "file; a symlink is refused).")] = None,
+    sample_hz: Annotated[float, typer.Option(help="Collector rounds per second "
+                                             f"({MIN_SAMPLE_HZ:g}..{MAX_SAMPLE_HZ:g}).")
+                         ] = 100.0,
     sampler: Annotated[str, typer.Option(help="Who reads the hot /proc files: native (a small "
                                          "C reader built on first use with the system's cc; "
                                          "about half the CPU cost), python, or auto (native "
@@ -48,8 +57,12 @@ def watch(
                  ] = 3.0,
     flight_us: Annotated[float | None, typer.Option(help="Dump every signal's surrounding "
                                                     "window for spikes over this.")] = None,
-    flight_dir: Annotated[str, typer.Option(help="Where flight records go.")] = "hftagent-flight",
-    spike_log: Annotated[str | None, typer.Option(help="JSONL spike log (appended).")] = None,
+    flight_dir: Annotated[str | None, typer.Option(help="Where --flight-us records go "
+                                                   "(default ./hftagent-flight; created if "
+                                                   "missing, its parent must exist).")] = None,
+    spike_log: Annotated[str | None, typer.Option(help="JSONL spike log (appended; its "
+                                                  "directory must exist; a regular file, a "
+                                                  "FIFO with a reader or a terminal).")] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
     perf: Annotated[bool, typer.Option(help="Also stream `perf stat -I` software events.")
                     ] = False,
@@ -62,26 +75,42 @@ def watch(
     p99_budget_us: Annotated[int | None, typer.Option(help="P99 budget exported with --listen "
                                                       "(hftagent_probe_p99_budget_seconds; "
                                                       "the HftP99OverBudget alert).")] = None,
-    profile: Annotated[str, typer.Option(help="Audit profile for the audit state exported "
-                                         "with --listen (run once at start).")] = "hft-cpu",
+    profile: Annotated[str | None, typer.Option(help="Audit profile for the audit state "
+                                                "exported with --listen (run once at start; "
+                                                "default hft-cpu).")] = None,
     root: RootOpt = "/",
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
 ) -> None:
     """Attribute every slow probe sample to a named cause, continuously."""
+    # Every option that is given is used or refused before anything starts: an empty value,
+    # one that applies only with another that is missing (--model without --probe tf,
+    # --profile or --p99-budget-us without --listen, --flight-dir without --flight-us), a
+    # --ring that is not a latency ring, a --spike-log that cannot be opened: one line, exit 1.
     from agent.watch.session import MetricsFeed, WatchConfig, WatchSession, cpu_plan
     from collectors.cpu import online_cpus
-    from collectors.parsers import parse_cpulist
 
     host = make_host(root, procfs, sysfs)
     if probe not in ("tf", "numpy", "external"):
         raise fail(f"--probe must be tf, numpy or external, not {probe!r}")
+    for name, v in (("--ring", ring), ("--spike-log", spike_log), ("--flight-dir", flight_dir),
+                    ("--listen", listen), ("--profile", profile), ("--model", model),
+                    ("--variant", variant)):
+        if v is not None and not v.strip():
+            raise fail(f"{name} is empty")
     if pid is not None or ring is not None:
         probe = "external"
     if probe == "external" and pid is None and ring is None:
         raise fail("--probe external needs --pid or --ring")
     if sampler not in ("auto", "native", "python"):
         raise fail(f"--sampler must be auto, native or python, not {sampler!r}")
+    _check_tf_options(probe, model, variant)
+    if listen is None:
+        for name, v in (("--profile", profile), ("--p99-budget-us", p99_budget_us)):
+            if v is not None:
+                raise fail(f"{name} is for the metrics of --listen: give --listen too")
+    if flight_dir is not None and flight_us is None:
+        raise fail("--flight-dir is where --flight-us records go: give --flight-us too")
     import math
 
     def positive(name: str, v: float | None, above: float = 0.0) -> None:
@@ -96,21 +125,26 @@ def watch(
         except ValueError:
             raise fail(f"--rate must be a number or auto, not {rate!r}") from None
         positive("--rate", rate_hz)
+        if rate_hz > MAX_RATE_HZ:
+            raise fail(f"--rate must be at most {MAX_RATE_HZ:g} starts a second, not {rate}")
     for name, v in (("--sample-hz", sample_hz), ("--duration", duration),
                     ("--threshold-us", threshold_us), ("--flight-us", flight_us)):
         positive(name, v)
+    if not MIN_SAMPLE_HZ <= sample_hz <= MAX_SAMPLE_HZ:
+        # the rings hold capacity_s × sample_hz rows per collector: 1e9 Hz is a MemoryError
+        raise fail(f"--sample-hz must be in {MIN_SAMPLE_HZ:g}..{MAX_SAMPLE_HZ:g} rounds a "
+                   f"second, not {sample_hz:g}")
     positive("--k", k, 1.0)
     if p99_budget_us is not None and p99_budget_us <= 0:
         raise fail("--p99-budget-us must be > 0")
     if pid is not None:
         if pid <= 0 or not host.proc(pid).exists():
             raise fail(f"--pid {pid}: no such process")
-    try:
-        want = parse_cpulist(cpus) if cpus else None
-        hk = parse_cpulist(housekeeping) if housekeeping else None
-    except ValueError as exc:
-        raise fail(str(exc)) from None
     online = online_cpus(host).value or []
+    want = _cpu_option("--cpus", cpus, online)
+    hk = _cpu_option("--housekeeping", housekeeping, online)
+    if ring is not None:
+        _check_ring(ring)
     if probe == "external" and want is None and pid is not None:
         import os
         try:
@@ -120,21 +154,23 @@ def watch(
         except OSError:
             want = None
     probe_cpus, hk_cpus = cpu_plan(online, want, hk)
+    model = model or "lstm"
+    variant = variant or "xla"
     cfg = WatchConfig(probe=probe, model=model, variant=variant, rate_hz=rate_hz,
                       probe_cpus=probe_cpus, housekeeping_cpus=hk_cpus, pid=pid, ring_path=ring,
                       sample_hz=sample_hz, threshold_us=threshold_us, k_p50=k,
-                      flight_us=flight_us, flight_dir=flight_dir, spike_log=spike_log,
-                      duration_s=duration, perf=perf, sampler=sampler)
-    metrics = exporter = None
-    if listen:
-        from agent.exporter import Exporter
+                      flight_us=flight_us, flight_dir=flight_dir or "hftagent-flight",
+                      spike_log=spike_log, duration_s=duration, perf=perf, sampler=sampler)
+    metrics = exporter = wm = prof = None
+    if listen is not None:
+        from agent.exporter import parse_listen
         from agent.metrics import WatchMetrics
+        from tuning.profiles import load_profile
+        parse_listen(listen)  # (AgentError: one line, before anything starts)
+        prof = load_profile(profile or "hft-cpu")
         wm = WatchMetrics(source="probe" if probe != "external" else "client",
                           variant=variant if probe == "tf" else "", p99_budget_us=p99_budget_us)
-        _set_audit(wm, host, profile, probe_cpus)
-        exporter = Exporter(wm, listen).start()
         metrics = MetricsFeed(wm)
-        print(f"metrics: {exporter.url}", file=sys.stderr)
     view = None
     if live if live is not None else (sys.stdout.isatty() and not json_out):
         from agent.watch.view import LiveView
@@ -146,6 +182,16 @@ def watch(
                   "only", file=sys.stderr)
             view = None
     session = WatchSession(cfg, host, metrics=metrics, view=view)
+    session.open_outputs()  # --spike-log, --flight-dir: refused here, before anything runs
+    if wm is not None:
+        from agent.exporter import Exporter
+        _set_audit(wm, host, prof, probe_cpus)
+        try:
+            exporter = Exporter(wm, listen).start()
+        except BaseException:
+            session.close_outputs()
+            raise
+        print(f"metrics: {exporter.url}", file=sys.stderr)
 
     def _on_signal(signum, _frame) -> None:
         session.request_stop(signal.Signals(signum).name)
@@ -175,8 +221,73 @@ def watch(
     if summary["source_error"]:
         print(f"hftagent: error: {summary['source_error']}; spike log kept"
               + (f" at {spike_log}" if spike_log else ""), file=sys.stderr)
+    elif summary["output_error"]:
+        print(f"hftagent: error: {summary['output_error']}", file=sys.stderr)
     if rc:
         raise typer.Exit(rc)
+
+
+def _cpu_option(name: str, spec: str | None, online: list[int]) -> list[int] | None:
+    """A CPU-list option: None when not given; given, never empty (as audit/tune/run refuse
+    ``--cpus ''``: an option that is given is never silently the default), every CPU online
+    (``online``; where it could not be read, the CPUs watch may run on)."""
+    import os
+
+    from collectors.parsers import format_cpulist, parse_cpulist
+    if spec is None:
+        return None
+    if not spec.strip():
+        raise fail(f"{name} is empty")
+    try:
+        cpus = parse_cpulist(spec)
+    except ValueError as exc:
+        raise fail(f"bad {name} {spec!r}: {exc}") from None
+    if not cpus:
+        raise fail(f"{name} is empty")
+    avail = online or sorted(os.sched_getaffinity(0))
+    off = sorted(set(cpus) - set(avail))
+    if off:
+        raise fail(f"{name} {spec!r}: CPU(s) {format_cpulist(off)} not online (online: "
+                   f"{format_cpulist(avail)})")
+    return cpus
+
+
+def _check_tf_options(probe: str, model: str | None, variant: str | None) -> None:
+    """--model and --variant name something the TF probe can build (checked here, not after
+    the worker's TF import), and are given only with --probe tf."""
+    if probe != "tf":
+        for name, v in (("--model", model), ("--variant", variant)):
+            if v is not None:
+                raise fail(f"{name} is for --probe tf, not --probe {probe}")
+        return
+    import os
+
+    from agent.probe.models import BUILTINS
+    from agent.probe.variants import VARIANTS
+    if variant is not None and variant not in VARIANTS:
+        raise fail(f"--variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
+    if model is not None and model not in BUILTINS and not os.path.exists(model):
+        raise fail(f"--model {model!r}: neither a built-in model ({', '.join(BUILTINS)}) nor "
+                   "an existing path")
+
+
+def _check_ring(ring: str) -> None:
+    """A --ring that is there must be a latency ring now (a directory, a FIFO, a device, a
+    symlink, a bad header: refused before anything starts); one that is not there yet must
+    be able to appear (its directory exists): watch waits a little for it."""
+    import os
+    from pathlib import Path
+
+    from agent.client import RingError, RingReader
+    parent = Path(ring).parent
+    if not parent.is_dir():
+        raise fail(f"--ring {ring}: directory {parent} does not exist")
+    if not os.path.lexists(ring):
+        return
+    try:
+        RingReader(ring).close()
+    except RingError as exc:
+        raise fail(f"--ring: {exc}") from None
 
 
 def _collector_signals(session, summary: dict) -> None:
@@ -197,13 +308,13 @@ def _collector_signals(session, summary: dict) -> None:
             entry["totals"] = c.totals()
 
 
-def _set_audit(wm, host, profile: str, probe_cpus: list[int]) -> None:
-    """Run the audit once (≈ 0.2 s) so /metrics carries hftagent_audit_check; a failing audit
-    is a warning, never a reason not to watch."""
+def _set_audit(wm, host, profile, probe_cpus: list[int]) -> None:
+    """Run the audit once (≈ 0.2 s) with the loaded ``profile`` so /metrics carries
+    hftagent_audit_check; a failing audit is a warning, never a reason not to watch (a
+    profile that cannot be loaded was refused before)."""
     try:
         from tuning.audit import run_audit
-        from tuning.profiles import load_profile
-        report = run_audit(host, load_profile(profile), cpus=",".join(map(str, probe_cpus)))
+        report = run_audit(host, profile, cpus=",".join(map(str, probe_cpus)))
         wm.set_audit(report.findings)
     except Exception as exc:  # noqa: BLE001 - metrics are best effort
         print(f"warning: audit for /metrics failed: {type(exc).__name__}: {exc}",

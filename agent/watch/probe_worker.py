@@ -19,8 +19,11 @@ sample runs from its intended start to its end (response time: a late start is p
 latency), its evidence is taken from the end of the sleep before it (a preemption while it
 spun up to the start counts; the sleep itself is never charged to a sample).
 
-Exits 0 at ``--duration`` or on SIGTERM/SIGINT, 2 when the probe cannot be built (one JSON
-``{"error": ...}`` line), and by itself when its parent (watch) goes away.
+Exits 0 at ``--duration`` or on SIGTERM/SIGINT, 2 when the ring cannot be created or the
+probe cannot be built (one JSON ``{"error": ...}`` line), and by itself when its parent
+(watch) goes away. The ring (``--ring``, created first) is :class:`agent.client.LatencyRing`'s:
+a random temporary name, ``O_EXCL|O_NOFOLLOW``, mode 0600, renamed into place; watch removes
+it when it stops the worker.
 """
 
 from __future__ import annotations
@@ -109,6 +112,14 @@ def run(args: argparse.Namespace) -> int:
         stop["flag"] = True
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    # The ring first: a ring that cannot be created (a name in the way, a full /dev/shm) is
+    # reported before seconds of TF import and warm-up, as one line.
+    from agent.client import LatencyRing, RingError
+    try:
+        ring = LatencyRing(args.ring, capacity=args.capacity)
+    except (RingError, ValueError) as exc:
+        print(json.dumps({"error": str(exc)}), flush=True)
+        return 2
     try:
         if args.probe == "numpy":
             fn, desc = build_numpy_probe()
@@ -119,9 +130,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - reported to watch as one line
         print(json.dumps({"error": f"cannot build the {args.probe} probe: "
                           f"{type(exc).__name__}: {exc}"}), flush=True)
+        ring.close(unlink=True)
         return 2
-    from agent.client import LatencyRing
-    ring = LatencyRing(args.ring, capacity=args.capacity)
     import resource
     import threading
     tid = threading.get_native_id()

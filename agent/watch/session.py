@@ -15,7 +15,21 @@ outputs. The main loop runs every ``loop_s`` (50 ms) on a housekeeping CPU:
    [start − ``flight_window_s``, end + ``flight_window_s``] and the latency samples around it
    to ``flight_dir`` once the "after" part has been sampled;
 5. source liveness: a probe or external process that dies ends the run with exit code 3, the
-   spike log kept and closed.
+   spike log kept and closed; so does a latency ring that becomes unreadable (truncated
+   under us: a clean error, never a SIGBUS, agent.client.RingReader).
+
+Outputs are opened as a root-safe program must in a shared directory: the spike log's
+directory must exist (never created), a symlink is followed only when it belongs to root or
+to us (:func:`open_output`), a FIFO without a reader is an error rather than a hang, and a
+write error (``/dev/full``, a full disk) ends the run with exit code 1 and one line.
+Flight records are written under random temporary names (``O_EXCL|O_NOFOLLOW``) and renamed
+into place; a flight record that cannot be written is a warning.
+
+Watch's own probe ring is ``hftagent-watch-<pid>.ring`` in :func:`agent.client.ring_dir`
+(``WatchConfig.ring_dir`` overrides it), created by the worker as
+:class:`agent.client.LatencyRing` does and read only when it is ours (our euid, created by
+the worker); what a killed watch left there is swept first
+(:func:`agent.client.sweep_stale_rings`).
 
 A requested stop (:meth:`WatchSession.request_stop`, which the CLI calls from its SIGTERM and
 SIGINT handlers) ends the loop at its next turn: pending spikes are attributed, the spike log
@@ -27,9 +41,13 @@ delayed until the probe is ready.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
+import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -40,7 +58,15 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.client import FIELDS, RingError, RingReader, default_ring_path
+from agent.client import (
+    FIELDS,
+    RingError,
+    RingMissing,
+    RingReader,
+    default_ring_path,
+    ring_dir,
+    sweep_stale_rings,
+)
 from agent.errors import AgentError
 from agent.watch.attribution import CAUSES, Attributor, Spike
 from agent.watch.feed import Feed, NativeUnavailable
@@ -50,6 +76,7 @@ from collectors.host import Host
 
 F = {name: i for i, name in enumerate(FIELDS)}
 EXIT_SOURCE_DIED = 3
+EXIT_OUTPUT_FAILED = 1  # the spike log could not be written
 
 
 ATTR_STEP_BUDGET = 0.6  # share of loop_s one step may spend attributing spikes
@@ -87,6 +114,7 @@ class WatchConfig:
     loop_s: float = 0.05
     max_attributions_per_s: float = 200.0
     sampler: str = "auto"  # auto | native | python (agent/watch/feed.py)
+    ring_dir: str | None = None  # where the probe's ring goes (default agent.client.ring_dir)
 
 
 def cpu_plan(online: list[int], probe_cpus: list[int] | None,
@@ -101,6 +129,9 @@ def cpu_plan(online: list[int], probe_cpus: list[int] | None,
         raise AgentError(f"probe CPU(s) {bad} not online (online: {online})")
     if housekeeping:
         hk = sorted(housekeeping)
+        bad = [c for c in hk if c not in online]
+        if bad:
+            raise AgentError(f"housekeeping CPU(s) {bad} not online (online: {online})")
         if set(hk) & set(probe):
             raise AgentError(f"housekeeping CPUs {hk} overlap the probe CPUs {probe}: the "
                              "sampler must never run on the probe's CPUs")
@@ -190,6 +221,8 @@ class WatchSession:
         self.stopped_by: str | None = None
         self._looping = False
         self._own_ring: str | None = None
+        self.output_error: str | None = None
+        self._flight_dfd = -1
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Ask the loop to end cleanly (safe from a signal handler: sets a flag). While the
@@ -201,9 +234,36 @@ class WatchSession:
             raise StopRequested(reason)
 
     # -- set-up ------------------------------------------------------------------------------
+    def open_outputs(self) -> None:
+        """Open the spike log and the flight directory (:func:`open_output`); the CLI calls
+        it before anything else starts so a bad path is refused first; :meth:`start` calls
+        it too (a no-op when done)."""
+        cfg = self.cfg
+        if cfg.spike_log is not None and self._log is None:
+            self._log = open_output(cfg.spike_log, "--spike-log")
+        if cfg.flight_us and self._flight_dfd < 0:
+            try:
+                self._flight_dfd = open_output_dir(cfg.flight_dir, "--flight-dir")
+            except BaseException:
+                self.close_outputs()
+                raise
+
+    def close_outputs(self) -> None:
+        if self._log is not None:
+            os.close(self._log)
+            self._log = None
+        if self._flight_dfd >= 0:
+            os.close(self._flight_dfd)
+            self._flight_dfd = -1
+
     def _start_probe(self) -> None:
         cfg = self.cfg
-        path = str(default_ring_path(0)).replace("-0.ring", f"-watch-{os.getpid()}.ring")
+        d = Path(cfg.ring_dir) if cfg.ring_dir else ring_dir()
+        swept = sweep_stale_rings(d)  # what a killed watch (SIGKILL) left behind
+        if swept:
+            self.warnings.append(f"removed {len(swept)} ring file(s) left in {d} by a watch "
+                                 "that is gone: " + ", ".join(sorted(swept)[:4]))
+        path = str(d / f"hftagent-watch-{os.getpid()}.ring")
         self._own_ring = path  # the worker creates it; we remove it when we stop the worker
         cmd = [sys.executable, "-m", "agent.watch.probe_worker", "--ring", path,
                "--rate", str(cfg.rate_hz), "--cpus", ",".join(map(str, cfg.probe_cpus)),
@@ -230,21 +290,30 @@ class WatchSession:
         self.probe_info = msg
         self.cfg.pid = int(msg["pid"])
         self.cfg.rate_hz = float(msg.get("rate_hz") or self.cfg.rate_hz)  # --rate auto: chosen
-        self.reader = RingReader(path)
+        try:
+            self.reader = RingReader(path, expect_uid=os.geteuid(), expect_pid=self.cfg.pid)
+        except RingError as exc:
+            self._kill_probe()
+            raise AgentError(str(exc)) from None
 
     def _attach_external(self) -> None:
         cfg = self.cfg
         path = Path(cfg.ring_path) if cfg.ring_path else default_ring_path(cfg.pid)
+        # --pid's default ring must be that process's (a stale ring of a dead process that
+        # had the pid, or one planted under its name, is refused); --ring names its own.
+        expect_pid = cfg.pid if not cfg.ring_path else None
         deadline = time.monotonic() + 5.0
         while True:
             try:
-                self.reader = RingReader(path)
+                self.reader = RingReader(path, expect_pid=expect_pid)
                 break
-            except RingError as exc:
+            except RingMissing as exc:  # not created yet: wait a little for it
                 if time.monotonic() > deadline:
                     raise AgentError(f"{exc} (is the process using agent.client, and is "
                                      "HFTAGENT_RING the same path?)") from None
                 time.sleep(0.1)
+            except RingError as exc:  # a ring that is there but wrong: at once
+                raise AgentError(str(exc)) from None
         if cfg.pid is None:
             cfg.pid = self.reader.creator_pid
         self.probe_info = {"pid": cfg.pid, "probe": f"external process {cfg.pid} ({path})"}
@@ -312,9 +381,7 @@ class WatchSession:
 
     def start(self) -> None:
         cfg = self.cfg
-        if cfg.spike_log:
-            Path(cfg.spike_log).parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(cfg.spike_log, "a", buffering=1, encoding="utf-8")
+        self.open_outputs()
         try:
             os.sched_setaffinity(0, cfg.housekeeping_cpus)
         except OSError as exc:
@@ -591,7 +658,8 @@ class WatchSession:
 
     def _dump_flight(self, sp: Spike, rec: dict, w: int) -> None:
         d = Path(self.cfg.flight_dir)
-        d.mkdir(parents=True, exist_ok=True)
+        if self._flight_dfd < 0:  # (a session driven without start(): library use)
+            self._flight_dfd = open_output_dir(self.cfg.flight_dir, "--flight-dir")
         t0, t1 = sp.start_ns - w, sp.end_ns + w
         with self.sampler.lock:
             rings = {r.name: r.dump(t0, t1) for r in self.sampler.rings()}
@@ -601,16 +669,33 @@ class WatchSession:
         out = {"spike": rec, "window_ns": [t0, t1], "wall_offset_ns": self._wall_off,
                "samples": samples, "collectors": rings}
         path = d / f"spike-{sp.seq}-{sp.end_ns}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out))
-        os.replace(tmp, path)
+        try:
+            _write_new(self._flight_dfd, path.name, json.dumps(out).encode())
+        except OSError as exc:
+            msg = f"flight record {path} not written: {exc.strerror}"
+            if msg not in self.warnings:
+                self.warnings.append(msg)
+            return
         self.flight_files.append(str(path))
         rec_note = {"flight_record": str(path), "seq": sp.seq}
         self._write({"time": rec["time"], **rec_note})
 
     def _write(self, rec: dict) -> None:
-        if self._log is not None:
-            self._log.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        """Append one JSONL record to the spike log (one ``write``: appended whole). A write
+        error closes the log and ends the run (:attr:`output_error`, exit code 1): a spike
+        log that silently stops growing would look like a quiet host."""
+        if self._log is None:
+            return
+        data = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+        try:
+            while data:
+                n = os.write(self._log, data)
+                data = data[n:]
+        except OSError as exc:
+            self.output_error = f"cannot write the spike log {self.cfg.spike_log}: " \
+                f"{exc.strerror}"
+            os.close(self._log)
+            self._log = None
 
     def check_source(self) -> str | None:
         if self.proc is not None:
@@ -649,10 +734,23 @@ class WatchSession:
                 return 0
             while time.monotonic() < end and self.stopped_by is None:
                 t = time.monotonic()
-                self.step()
+                try:
+                    self.step()
+                except RingError as exc:  # truncated or unreadable under us
+                    self.source_error = str(exc)
+                    if self.metrics is not None:
+                        self.metrics.down()
+                    rc = EXIT_SOURCE_DIED
+                    break
+                if self.output_error is not None:
+                    rc = EXIT_OUTPUT_FAILED
+                    break
                 err = self.check_source()
                 if err and self.stopped_by is None:
-                    self.step()  # drain what it wrote before dying
+                    try:
+                        self.step()  # drain what it wrote before dying
+                    except RingError:
+                        pass
                     self.source_error = err
                     if self.metrics is not None:
                         self.metrics.down()  # probe_up 0 at once, before the final drain
@@ -669,6 +767,8 @@ class WatchSession:
         finally:
             self._looping = True  # a second signal during the drain only sets the flag
             self.stop()
+        if self.output_error is not None and rc == 0:  # (a write of the final drain)
+            rc = EXIT_OUTPUT_FAILED
         return rc
 
     def stop(self) -> None:
@@ -695,9 +795,7 @@ class WatchSession:
         self._kill_probe()
         if self.reader is not None:
             self.reader.close()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self.close_outputs()
 
     def _kill_probe(self) -> None:
         if self.proc is None:
@@ -705,7 +803,9 @@ class WatchSession:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=5)
+                # a worker in its loop ends its call and closes the ring; one still in its
+                # TF import or warm-up may not look at the signal for seconds: killed
+                self.proc.wait(timeout=5 if self.probe_info else 1)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -732,6 +832,14 @@ class WatchSession:
             self.cfg.k_p50 * self._p50_ns
         out["jitter_rate"] = float((lat > thr).mean()) if thr else 0.0
         return out
+
+    def _invalid_warning(self) -> list[str]:
+        n = self.reader.invalid if self.reader is not None else 0
+        if not n:
+            return []
+        return [f"{n} record(s) of the latency ring {self.reader.path} failed validation "
+                "(impossible timestamps, pids, CPUs or evidence, or a corrupt slot): dropped, "
+                "not counted in the percentiles"]
 
     def _load_warning(self, h: LatencyHistogram) -> list[str]:
         """A built-in probe that keeps its CPU more than half busy measures the queue it
@@ -781,6 +889,7 @@ class WatchSession:
             "probe_cpus": self.cfg.probe_cpus, "rate_hz": self.cfg.rate_hz,
             "duration_s": round(dur, 2),
             "samples": self.samples, "lost_records": self.reader.lost if self.reader else 0,
+            "invalid_records": self.reader.invalid if self.reader else 0,
             "p50_us": _us(h.quantile(0.5)), "p99_us": _us(h.quantile(0.99)),
             "p999_us": _us(h.quantile(0.999)), "max_us": _us(h.max_ns or None),
             # enough samples to claim the percentile at 99 % confidence (as the probe's)
@@ -797,10 +906,116 @@ class WatchSession:
                                      "max": delays[-1] if delays else None},
             "flight_records": self.flight_files, "collectors": col, "sampler": sampler,
             "source_error": self.source_error, "stopped_by": self.stopped_by,
-            "warnings": self.warnings + self._load_warning(h) + (
+            "output_error": self.output_error,
+            "warnings": self.warnings + self._invalid_warning() + self._load_warning(h) + (
                 [self.sampler.native_error] if getattr(self.sampler, "native_error", None)
                 else []),
         }
+
+
+def _trusted_link(path: str, what: str) -> bool:
+    """Whether ``path`` is a symlink that may be followed: one owned by root or by us
+    (``/dev/stdout``, a link the operator made). Raises for one owned by anyone else (planted
+    in a shared directory such as /tmp: following it as root would write where its owner
+    chose). False: not a symlink, or nothing there yet (open it with ``O_NOFOLLOW``)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise AgentError(f"{what} {path}: {exc.strerror}") from None
+    if not stat.S_ISLNK(st.st_mode):
+        return False
+    if st.st_uid not in (0, os.geteuid()):
+        raise AgentError(f"{what} {path} is a symbolic link owned by uid {st.st_uid}: not "
+                         "followed (give the real path)")
+    return True
+
+
+def open_output(path: str, what: str) -> int:
+    """Open ``path`` for appending (a descriptor; mode 0644 when created) the way a program
+    that runs as root must: its directory must exist (never created: ``mkdir -p`` as root
+    makes directories anywhere a typo points), a symlink is followed only when
+    :func:`_trusted_link` says so (else ``O_NOFOLLOW``: one planted after the check fails the
+    open), a FIFO is opened without blocking (no reader: an error, not a hang); what is
+    opened must be a regular file, a FIFO or a terminal (``/dev/stdout`` works, ``/dev/full``
+    does not). A directory, a missing directory, a permission problem: :class:`AgentError`,
+    one line."""
+    if not path:
+        raise AgentError(f"{what} path is empty")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise AgentError(f"{what} {path}: directory {parent} does not exist (create it first)")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    if not _trusted_link(path, what):
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise AgentError(f"{what} {path} is a symbolic link: not followed (give the real "
+                             "path)") from None
+        if exc.errno == errno.ENXIO:
+            raise AgentError(f"{what} {path} is a FIFO with no reader") from None
+        raise AgentError(f"cannot open {what} {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or os.isatty(fd)):
+            # /dev/full, /dev/null, a disk: nothing a JSONL log is kept in
+            raise AgentError(f"{what} {path} is a device, not a file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_output_dir(path: str, what: str) -> int:
+    """A descriptor of directory ``path``, created (one level, mode 0755) when missing; its
+    parent must exist. A symlink as :func:`open_output` treats it."""
+    if not path:
+        raise AgentError(f"{what} path is empty")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise AgentError(f"{what} {path}: directory {parent} does not exist (create it first)")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    if not _trusted_link(path, what):
+        flags |= os.O_NOFOLLOW
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise AgentError(f"cannot create {what} {path}: {exc.strerror}") from None
+    try:
+        return os.open(path, flags)
+    except OSError as exc:
+        why = "is a symbolic link: not followed" if exc.errno == errno.ELOOP else \
+            "is not a directory" if exc.errno == errno.ENOTDIR else exc.strerror
+        raise AgentError(f"{what} {path}: {why}") from None
+
+
+def _write_new(dfd: int, name: str, data: bytes) -> None:
+    """Write ``data`` as file ``name`` of directory ``dfd``: a new file under a random name
+    (``O_EXCL|O_NOFOLLOW``, mode 0644), renamed over ``name`` (never written through a
+    symlink there); the temporary file removed on any error."""
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644, dir_fd=dfd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
 
 
 class MetricsFeed:
