@@ -13,23 +13,32 @@ Design points:
 * Names in base units (``_seconds``, ``_hertz``, ``_total`` for counters; ``promtool check
   metrics`` clean, tested). Every label set is bounded by agent.metrics (causes, statuses,
   collectors, checks, gauge allowlist).
-* Loopback by default; another address only when the caller passes one.
-* The HTTP server is ours (http.server, one thread per connection), not
-  ``start_http_server``: it needs a bounded number of connections, a socket timeout so a
-  stalled or malformed client cannot hold a thread, a listen backlog large enough for 50
-  concurrent scrapers, no stderr noise per bad request, and a ``stop()`` that closes the
+* Loopback by default; another address only when the caller passes one
+  (:func:`exposure_warning`: `hftagent watch` prints it on stderr).
+* The HTTP server is ours, not ``start_http_server``: an event loop holds every connection
+  that is not being answered and a few worker threads answer complete requests
+  (:class:`_Server`): connections bounded in all and per client address, a deadline for the
+  whole request head, the slow and the idle dropped first when a bound is reached, a listen
+  backlog for bursts of connects, TLS and basic auth from ``--web.config.file``
+  (agent.webconfig), no stderr noise per bad request, and a ``stop()`` that closes the
   listening socket *and* every open connection (a restart leaves no port bound).
 * The probe never waits on a scrape: a scrape holds WatchMetrics' lock only to copy state.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import ipaddress
+import queue
+import re
+import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client.core import (
@@ -44,6 +53,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from agent.errors import AgentError
 from agent.metrics import AUDIT_STATUSES, CAUSES, GAUGES, QUANTILES, Snapshot, WatchMetrics
+from agent.webconfig import AuthBusy, WebConfig, san_allowed
 
 DEFAULT_LISTEN = "127.0.0.1:9877"
 P = "hftagent_"
@@ -280,15 +290,88 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, port
 
 
+def is_loopback(host: str) -> bool:
+    ip = ipaddress.ip_address(host)
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is loopback too
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def exposure_warning(host: str, port: int, web_config: WebConfig | None) -> str | None:
+    """The warning for a listen address beyond loopback (None on loopback): what the
+    address exposes and what protects it."""
+    if is_loopback(host):
+        return None
+    h = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    where = "every interface" if ipaddress.ip_address(host).is_unspecified else "this address"
+    missing = []
+    if web_config is None or web_config.tls is None:
+        missing.append("TLS")
+    if web_config is None or web_config.auth is None:
+        missing.append("authentication")
+    if missing:
+        return (f"/metrics listens on {h} ({where}, beyond loopback) without "
+                f"{' or '.join(missing)}: whoever reaches the port reads this box's state; "
+                "set TLS and basic_auth_users with --web.config.file and firewall the port "
+                "to the Prometheus hosts (docs/fleet.md)")
+    return (f"/metrics listens on {h} ({where}, beyond loopback) with TLS and basic auth; "
+            "firewall the port to the Prometheus hosts (docs/fleet.md)")
+
+
+# Connection states. A connection is in the event loop (HANDSHAKE, HEAD, IDLE) or with a
+# worker (BUSY); only the event loop closes sockets.
+HANDSHAKE, HEAD, IDLE, BUSY = "handshake", "head", "idle", "busy"
+MAX_HEAD_BYTES = 65536
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+
+class _Conn:
+    __slots__ = ("sock", "addr", "ip", "born", "deadline", "buf", "state", "served",
+                 "last", "kill")
+
+    def __init__(self, sock: socket.socket, addr: Any, now: float, deadline: float,
+                 state: str) -> None:
+        self.sock, self.addr, self.ip = sock, addr, addr[0]
+        self.born = self.last = now
+        self.deadline = deadline
+        self.buf = b""
+        self.state = state
+        self.served = 0        # requests answered on this connection
+        self.kill = False      # shut down by the loop while a worker held it
+
+
+class _Writer(io.BufferedIOBase):
+    """wfile for the handler: every write goes out whole (sendall under the socket's
+    timeout)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        self._sock.sendall(b)
+        return len(b)
+
+
 class _Handler(BaseHTTPRequestHandler):
+    """One request whose head the event loop has read already (``head``); runs on a worker
+    thread with a blocking socket (timeout: the server's write timeout)."""
+
     server: _Server
     protocol_version = "HTTP/1.1"      # keep-alive: Prometheus reuses its connection
-    timeout = 10.0                     # a silent or half-sent request frees its thread
-    # TCP_NODELAY: headers and body go out in two writes; with Nagle + the client's delayed
-    # ACK a keep-alive scrape waited ~40 ms for the body (measured: P50 44 ms -> < 1 ms).
-    disable_nagle_algorithm = True
     server_version = "hftagent"
     sys_version = ""
+
+    def __init__(self, conn: _Conn, head: bytes, server: _Server) -> None:  # noqa: D107
+        # Not BaseRequestHandler.__init__: no makefile() reader — the head is in memory.
+        self.server = server
+        self.request = self.connection = conn.sock
+        self.client_address = conn.addr
+        self.rfile = io.BytesIO(head)
+        self.wfile = _Writer(conn.sock)
+        self.close_connection = True
+        self.handle_one_request()
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._serve(head=False)
@@ -296,14 +379,34 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:  # noqa: N802
         self._serve(head=True)
 
+    def end_headers(self) -> None:
+        for k, v in self.server.extra_headers.items():  # http_server_config.headers
+            self.send_header(k, v)
+        super().end_headers()
+
     def _serve(self, head: bool) -> None:
+        auth = self.server.auth
         path = self.path.split("?", 1)[0]
-        if path == "/metrics":
+        extra: tuple[tuple[str, str], ...] = ()
+        try:
+            allowed = auth is None or auth.check(self.headers.get("Authorization"))
+        except AuthBusy:  # too many unverified passwords queued for bcrypt: come back later
+            self.server.count("refused")
+            allowed, code = False, 503
+        else:
+            code = 401
+        if not allowed and code == 503:
+            body, ctype, extra = b"busy\n", "text/plain", (("Retry-After", "1"),)
+        elif not allowed:
+            self.server.count("unauthorized")
+            body, ctype = b"Unauthorized\n", "text/plain"
+            extra = (("WWW-Authenticate", 'Basic realm="hftagent", charset="UTF-8"'),)
+        elif path == "/metrics":
             try:
                 body, ctype = render(self.server.registry, self.headers.get("Accept", ""))
                 code = 200
             except Exception as exc:  # noqa: BLE001 - a scrape error is a 500, never a crash
-                self.server.errors += 1
+                self.server.count("errors")
                 body, ctype, code = f"collect failed: {exc}\n".encode(), "text/plain", 500
         elif path == "/":
             body, ctype, code = (b"<html><body><a href=\"/metrics\">/metrics</a></body></html>\n",
@@ -313,6 +416,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        for k, v in extra:
+            self.send_header(k, v)
         self.end_headers()
         if not head:
             self.wfile.write(body)
@@ -321,71 +426,420 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # one line per scrape on stderr would drown the watch log
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True         # a restart binds again despite TIME_WAIT connections
-    request_queue_size = 128           # listen backlog: 50 concurrent scrapers connect at once
+class _Server:
+    """The listening socket, an event loop that owns every connection while it is not
+    being answered, and a few worker threads that answer complete requests.
 
-    def __init__(self, addr: tuple[str, int], registry: CollectorRegistry | WatchRegistry,
-                 max_connections: int) -> None:
-        self.address_family = (socket.AF_INET6 if ipaddress.ip_address(addr[0]).version == 6
-                               else socket.AF_INET)
+    Why not one thread per connection (http.server's ThreadingHTTPServer): a thread per
+    connection ties a slot to whoever holds the socket, so 64 slow-header or silent clients
+    held every slot and each good scrape got 503 (a per-read socket timeout restarts on
+    every header line). Here a connection that has not sent a complete request head costs a
+    file descriptor and a few bytes, never a thread:
+
+    * **Head deadline.** The whole request head — the TLS handshake included — must arrive
+      within ``head_timeout_s`` of the accept, however it trickles in; after a response a
+      keep-alive connection may stay silent ``idle_timeout_s``, and once it sends a byte its
+      next head has ``head_timeout_s`` too. Missed: closed (408 on plain HTTP).
+    * **Bounds.** At most ``max_connections`` connections, ``max_per_client`` from one
+      address. A new connection over either bound takes the place of another: first the
+      oldest that has not completed a request head yet (read once more before it goes, in
+      case its head just arrived), then the longest-idle keep-alive connection; for the
+      global bound, from the address holding the most connections. A connection being
+      answered is never dropped; only when every candidate is being answered does the
+      newcomer get 503. A good scraper's head arrives within a millisecond of its connect,
+      so it is answered before anyone could take its place.
+    * **Workers.** ``workers`` threads answer complete requests (render + write, the write
+      under ``write_timeout_s``); the connection goes back to the loop for its next head.
+    """
+
+    def __init__(self, addr: tuple[str, int], registry: CollectorRegistry | WatchRegistry, *,
+                 web_config: WebConfig | None, max_connections: int, max_per_client: int,
+                 head_timeout_s: float, idle_timeout_s: float, write_timeout_s: float,
+                 workers: int) -> None:
+        family = (socket.AF_INET6 if ipaddress.ip_address(addr[0]).version == 6
+                  else socket.AF_INET)
         self.registry = registry
-        self.max_connections = max_connections
-        self.conns: set[socket.socket] = set()
-        self.conns_lock = threading.Lock()
-        self.errors = 0
-        self.refused = 0
-        super().__init__(addr, _Handler)
+        self.web_config = web_config
+        self.tls = web_config.tls if web_config else None
+        self.auth = web_config.auth if web_config else None
+        self.extra_headers = dict(web_config.headers) if web_config else {}
+        self.sans = (web_config.tls_settings.client_allowed_sans
+                     if web_config and web_config.tls_settings else None)
+        self.max_connections = max(1, max_connections)
+        self.max_per_client = max(1, min(max_per_client, self.max_connections))
+        self.head_timeout_s = head_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self.counts = dict.fromkeys(("errors", "refused", "evicted", "timed_out",
+                                     "tls_failed", "unauthorized", "too_large"), 0)
+        self._count_lock = threading.Lock()
+        self.conns: dict[int, _Conn] = {}               # by id(); accept order = age order
+        self.by_ip: dict[str, dict[int, _Conn]] = {}
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # a restart binds again despite TIME_WAIT connections
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind(addr)
+            # a backlog for a burst of connects (50 concurrent scrapers, or an attack's
+            # reconnects) so a good client's SYN is not dropped and retried a second later
+            self.listener.listen(1024)
+            self.listener.setblocking(False)
+        except OSError:
+            self.listener.close()
+            raise
+        self.server_address = self.listener.getsockname()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._returned: queue.SimpleQueue[tuple[_Conn, bool]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[_Conn, bytes] | None] = queue.SimpleQueue()
+        self._stopping = False
+        self._accept_paused_until = 0.0
+        self._n_workers = max(1, workers)
+        self._workers: list[threading.Thread] = []
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.conns_lock:
-            full = len(self.conns) >= self.max_connections
-            if not full:
-                self.conns.add(request)
-        if full:  # over the bound: answer 503 at once instead of queueing a thread
-            self.refused += 1
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                                b"Connection: close\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
+    # -- bookkeeping ----------------------------------------------------------------------
+    def count(self, what: str, n: int = 1) -> None:
+        with self._count_lock:
+            self.counts[what] += n
+
+    def _add(self, c: _Conn) -> None:
+        self.conns[id(c)] = c
+        self.by_ip.setdefault(c.ip, {})[id(c)] = c
+
+    def _close(self, c: _Conn, reply: bytes = b"") -> None:
+        """Forget and close ``c`` (event loop thread only)."""
+        if self.conns.pop(id(c), None) is None:
             return
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self.conns_lock:
-            self.conns.discard(request)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        self.errors += 1  # a client that hung up mid-response: count it, no traceback
-
-    def close_connections(self) -> None:
-        with self.conns_lock:
-            conns = list(self.conns)
-        for c in conns:
+        per = self.by_ip.get(c.ip)
+        if per is not None:
+            per.pop(id(c), None)
+            if not per:
+                del self.by_ip[c.ip]
+        try:
+            self._sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass  # not registered: handed back by a worker, or never registered
+        if reply and not isinstance(c.sock, ssl.SSLSocket):
             try:
-                c.shutdown(socket.SHUT_RDWR)
+                c.sock.send(reply)  # best effort: non-blocking, a full buffer drops it
             except OSError:
                 pass
+        try:
+            c.sock.close()
+        except OSError:
+            pass
+
+    @staticmethod
+    def _shutdown(sock: socket.socket) -> None:
+        # The plain socket's shutdown(2), also for an SSLSocket (whose own shutdown() drops
+        # its SSL object under the worker that may be writing through it): the worker's
+        # blocked send fails at once and it hands the connection back.
+        try:
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # -- admission ------------------------------------------------------------------------
+    def _victim(self, pool: dict[int, _Conn]) -> _Conn | None:
+        """The connection in ``pool`` to drop for a newcomer (see the class docstring)."""
+        for c in list(pool.values()):  # oldest first
+            if c.served == 0 and c.state in (HANDSHAKE, HEAD):
+                self._progress(c)  # its head may be waiting in the socket: answer it
+                if id(c) in self.conns and c.state in (HANDSHAKE, HEAD):
+                    return c
+        idle = [c for c in pool.values() if c.served > 0 and c.state in (IDLE, HEAD)]
+        return min(idle, key=lambda c: c.last) if idle else None
+
+    def _make_room(self, ip: str) -> bool:
+        """Below both bounds for one more connection from ``ip``, dropping others if need
+        be; False when every candidate is being answered."""
+        while True:  # each turn closes one connection: it ends
+            per = self.by_ip.get(ip, {})
+            if len(per) >= self.max_per_client:
+                victim = self._victim(per)
+            elif len(self.conns) >= self.max_connections:
+                victim = (self._victim(max(self.by_ip.values(), key=len))
+                          or self._victim(self.conns))
+            else:
+                return True
+            if victim is None:
+                return False
+            if id(victim) in self.conns:
+                self.count("evicted")
+                self._close(victim)
+
+    def _admit(self, sock: socket.socket, addr: Any, now: float) -> None:
+        if not self._make_room(addr[0]):
+            return self._refuse(sock)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            state = HEAD
+            if self.tls is not None:
+                sock = self.tls.context().wrap_socket(sock, server_side=True,
+                                                      do_handshake_on_connect=False)
+                state = HANDSHAKE
+        except (OSError, ValueError):
+            sock.close()
+            self.count("tls_failed")
+            return
+        c = _Conn(sock, addr, now, now + self.head_timeout_s, state)
+        self._add(c)
+        self._sel.register(sock, selectors.EVENT_READ, c)
+        self._progress(c)  # the head is usually there already: no extra select round
+
+    def _refuse(self, sock: socket.socket) -> None:
+        self.count("refused")
+        if self.tls is None:
+            try:
+                sock.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                          b"Connection: close\r\n\r\n")
+            except OSError:
+                pass
+        sock.close()
+
+    def _accept(self, now: float) -> None:
+        for _ in range(256):  # a burst per wake-up, then the ready connections get a turn
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                # EMFILE/ENFILE/ENOBUFS: the listener stays readable; pause accepting for
+                # a moment instead of spinning (the sweep frees descriptors meanwhile)
+                self.count("errors")
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._accept_paused_until = now + 0.1
+                    self._sel.unregister(self.listener)
+                return
+            self._admit(sock, addr, now)
+
+    # -- reading heads --------------------------------------------------------------------
+    def _progress(self, c: _Conn) -> None:
+        """Advance ``c`` without blocking: the TLS handshake, then read; a complete head
+        goes to a worker. Closes the connection on EOF, an error or an oversized head."""
+        if c.state == BUSY:  # a worker's now (dispatched earlier in this round)
+            return
+        sock = c.sock
+        if c.state == HANDSHAKE:
+            try:
+                sock.do_handshake()  # type: ignore[attr-defined]
+            except ssl.SSLWantReadError:
+                return self._want(c, selectors.EVENT_READ)
+            except ssl.SSLWantWriteError:
+                return self._want(c, selectors.EVENT_WRITE)
+            except (OSError, ValueError):  # ssl.SSLError is an OSError
+                self.count("tls_failed")
+                return self._close(c)
+            if self.sans is not None and not san_allowed(sock.getpeercert(), self.sans):
+                self.count("tls_failed")
+                return self._close(c)
+            c.state = HEAD
+            self._want(c, selectors.EVENT_READ)
+        while True:
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                return self._want(c, selectors.EVENT_READ)  # (back from a TLS want-write)
+            except ssl.SSLWantWriteError:
+                return self._want(c, selectors.EVENT_WRITE)
+            except (OSError, ValueError):
+                return self._close(c)
+            if not data:
+                return self._close(c)
+            if c.state == IDLE:  # a keep-alive connection starts its next request
+                c.state = HEAD
+                c.deadline = min(c.deadline, time.monotonic() + self.head_timeout_s)
+            start = max(0, len(c.buf) - 3)
+            c.buf += data
+            m = _HEAD_END.search(c.buf, start)
+            if m is not None:
+                return self._dispatch(c, m.end())
+            if len(c.buf) > MAX_HEAD_BYTES:
+                self.count("too_large")
+                return self._close(c, b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                                      b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+
+    def _want(self, c: _Conn, events: int) -> None:
+        key = self._sel.get_key(c.sock)
+        if key.events != events:
+            self._sel.modify(c.sock, events, c)
+
+    def _dispatch(self, c: _Conn, end: int) -> None:
+        head, c.buf = c.buf[:end], c.buf[end:]
+        self._sel.unregister(c.sock)
+        c.state = BUSY
+        c.last = time.monotonic()
+        c.deadline = c.last + self.write_timeout_s + 5.0  # render time on a loaded box
+        try:
+            c.sock.settimeout(self.write_timeout_s)
+        except OSError:
+            c.state = IDLE
+            return self._close(c)
+        self._work.put((c, head))
+
+    def _back(self, c: _Conn, keep: bool, now: float) -> None:
+        """A worker handed ``c`` back: close it, or wait for its next head."""
+        if id(c) not in self.conns:
+            return
+        c.state = IDLE  # the loop's again
+        if not keep or c.kill or self._stopping:
+            return self._close(c)
+        c.served += 1
+        c.last = now
+        try:
+            c.sock.setblocking(False)
+        except OSError:
+            return self._close(c)
+        if c.buf:  # pipelined bytes of the next request
+            c.state, c.deadline = HEAD, now + self.head_timeout_s
+        else:
+            c.state, c.deadline = IDLE, now + self.idle_timeout_s
+        self._sel.register(c.sock, selectors.EVENT_READ, c)
+        m = _HEAD_END.search(c.buf)
+        if m is not None:
+            return self._dispatch(c, m.end())
+        self._progress(c)  # TLS may hold decrypted bytes that select() cannot see
+
+    def _sweep(self, now: float) -> None:
+        for c in list(self.conns.values()):
+            if now < c.deadline:
+                continue
+            if c.state == BUSY:
+                if not c.kill:  # a client that does not read its answer
+                    c.kill = True
+                    self.count("timed_out")
+                    self._shutdown(c.sock)
+                continue
+            self.count("timed_out")
+            self._close(c, b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n"
+                           b"Connection: close\r\n\r\n" if c.state == HEAD and c.buf else b"")
+
+    # -- threads --------------------------------------------------------------------------
+    def _worker(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            c, head = item
+            keep = False
+            try:
+                keep = not _Handler(c, head, self).close_connection
+            except Exception:  # noqa: BLE001 - a client that hung up mid-answer: count it
+                self.count("errors")
+            self._returned.put((c, keep))
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass  # the pipe is full: the loop is awake anyway
+
+    def serve_forever(self) -> None:
+        sel = self._sel
+        sel.register(self.listener, selectors.EVENT_READ, "listen")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        for i in range(self._n_workers):
+            t = threading.Thread(target=self._worker, name=f"hftagent-exporter-w{i}",
+                                 daemon=True)
+            t.start()
+            self._workers.append(t)
+        next_sweep = 0.0
+        try:
+            while not self._stopping:
+                events = sel.select(0.1)
+                now = time.monotonic()
+                for key, _mask in events:
+                    d = key.data
+                    if d == "listen":
+                        self._accept(now)
+                    elif d == "wake":
+                        try:
+                            while self._wake_r.recv(4096):
+                                pass
+                        except OSError:
+                            pass
+                    elif id(d) in self.conns:
+                        self._progress(d)
+                while True:
+                    try:
+                        c, keep = self._returned.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._back(c, keep, now)
+                if now >= next_sweep:
+                    next_sweep = now + 0.1
+                    self._sweep(now)
+                if self._accept_paused_until and now >= self._accept_paused_until:
+                    self._accept_paused_until = 0.0
+                    sel.register(self.listener, selectors.EVENT_READ, "listen")
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        try:
+            self._sel.unregister(self.listener)
+        except (KeyError, ValueError):
+            pass
+        self.listener.close()  # the port is free from here on
+        for c in list(self.conns.values()):
+            if c.state == BUSY:
+                self._shutdown(c.sock)
+            else:
+                self._close(c)
+        for _ in self._workers:
+            self._work.put(None)
+        deadline = time.monotonic() + 5.0
+        for t in self._workers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        while True:  # what the workers handed back, and anything still held
+            try:
+                c, _ = self._returned.get_nowait()
+            except queue.Empty:
+                break
+            c.state = IDLE
+            self._close(c)
+        for c in list(self.conns.values()):
+            c.state = IDLE
+            self._close(c)
+        self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
 
 
 class Exporter:
     """The /metrics HTTP endpoint. ``start()`` binds (AgentError if it cannot), ``stop()``
     closes the listening socket and every connection; both idempotent. Call stop() from any
-    thread but the server's (e.g. the watch loop's SIGTERM path)."""
+    thread but the server's (e.g. the watch loop's SIGTERM path).
+
+    ``web_config`` (agent.webconfig.load_web_config): TLS and basic auth. The connection
+    bounds and deadlines are described in :class:`_Server`; their defaults hold 200 hostile
+    sockets (slow headers and silent ones) with every good scrape answered
+    (tests/test_exporter.py, docs/benchmarks.md)."""
 
     def __init__(self, metrics: WatchMetrics, listen: str = DEFAULT_LISTEN, *,
-                 max_connections: int = 64) -> None:
+                 web_config: WebConfig | None = None, max_connections: int = 256,
+                 max_per_client: int = 64, head_timeout_s: float = 5.0,
+                 idle_timeout_s: float = 120.0, write_timeout_s: float = 10.0,
+                 workers: int = 8) -> None:
         self.metrics = metrics
         self.host, self._port = parse_listen(listen)
         self.registry = make_registry(metrics)
-        self.max_connections = max_connections
+        self.web_config = web_config
+        self.limits = {"max_connections": max_connections, "max_per_client": max_per_client,
+                       "head_timeout_s": head_timeout_s, "idle_timeout_s": idle_timeout_s,
+                       "write_timeout_s": write_timeout_s, "workers": workers}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._last_counts: dict[str, int] = {}
 
     @property
     def port(self) -> int:
@@ -393,41 +847,57 @@ class Exporter:
         return self._server.server_address[1] if self._server else self._port
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.web_config is not None and self.web_config.tls else "http"
+
+    @property
     def url(self) -> str:
         h = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{h}:{self.port}/metrics"
+        return f"{self.scheme}://{h}:{self.port}/metrics"
 
     @property
     def stats(self) -> dict[str, int]:
+        """Counters since start: errors, refused (503), evicted (dropped for a newcomer),
+        timed_out (head, idle or write deadline), tls_failed, unauthorized, too_large, and
+        the connections open now."""
         s = self._server
-        return {"errors": s.errors, "refused": s.refused} if s else {"errors": 0, "refused": 0}
+        if s is None:
+            return dict(self._last_counts) or {"errors": 0, "refused": 0}
+        with s._count_lock:
+            out = dict(s.counts)
+        out["open"] = len(s.conns)
+        return out
+
+    def exposure_warning(self) -> str | None:
+        """A warning for stderr when the address is beyond loopback (None on loopback)."""
+        return exposure_warning(self.host, self.port, self.web_config)
 
     def start(self) -> Exporter:
         with self._lock:
             if self._server is not None:
                 return self
             try:
-                server = _Server((self.host, self._port), self.registry, self.max_connections)
+                server = _Server((self.host, self._port), self.registry,
+                                 web_config=self.web_config, **self.limits)
             except OSError as exc:
                 raise AgentError(f"cannot listen on {self.host}:{self._port}: "
                                  f"{exc.strerror or exc}") from None
-            t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                 name="hftagent-exporter", daemon=True)
+            t = threading.Thread(target=server.serve_forever, name="hftagent-exporter",
+                                 daemon=True)
             t.start()
             self._server, self._thread = server, t
             return self
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
         with self._lock:
             server, thread = self._server, self._thread
             if server is None:
                 return
             self._port = server.server_address[1]
-            server.shutdown()            # stop accepting; returns once serve_forever exits
-            server.server_close()        # close the listening socket: the port is free now
-            server.close_connections()   # and end keep-alive connections still open
+            server.stop()        # the loop closes the listening socket and every connection
             if thread is not None:
                 thread.join(timeout_s)
+            self._last_counts = dict(server.counts)
             self._server = self._thread = None
 
     def __enter__(self) -> Exporter:

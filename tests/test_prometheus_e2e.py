@@ -3,11 +3,14 @@ stream carrying injected slow samples, with deploy/'s rules loaded (short `for:`
 copy); HftTailJitterHigh must go pending/firing, and every Grafana query must evaluate.
 
 The stream drives WatchMetrics directly from a thread (the same calls `hftagent watch` makes).
-Everything started is stopped at the end.
+Then the same against `hftagent watch --listen` with a tiny fault, and a Prometheus scraping
+the exporter over TLS with basic auth (--web.config.file). Everything started is stopped at
+the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -305,3 +308,98 @@ scrape_configs:
         fault.join(5)
     with socket.socket() as s:  # SIGTERM left nothing listening
         assert s.connect_ex(("127.0.0.1", exporter_port)) != 0
+
+
+# ---- a real Prometheus scraping over TLS with basic auth (--web.config.file) --------------
+
+@contextlib.contextmanager
+def prometheus(tmp_path: Path, config: str):
+    """A Prometheus on a free loopback port with ``config`` and a temp storage dir:
+    (proc, base URL); SIGTERM (then SIGKILL) at exit, its port checked closed."""
+    (tmp_path / "prometheus.yml").write_text(config)
+    port = free_port()
+    log = open(tmp_path / "prometheus.log", "wb")
+    proc = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--storage.tsdb.retention.time=1h", "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
+    try:
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        log.close()
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed")
+def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path):
+    """A self-signed CA and server certificate made now; the exporter serves TLS with one
+    bcrypt user; Prometheus scrapes it with scheme https, tls_config (ca_file, server_name)
+    and basic_auth. The same target with a wrong password, and over plain HTTP, stays down
+    (so the test can fail), and the good one's samples reach the TSDB."""
+    from agent.webconfig import load_web_config
+    from tests.pki import make_pki, write_web_config
+
+    pki = make_pki(tmp_path / "pki")
+    web = write_web_config(tmp_path / "web-config.yml", pki, {"prometheus": "scrape-s3cret"})
+    m = WatchMetrics(thresholds_us=(500, 1000, 5000), variant="tls")
+    for _ in range(1234):
+        m.observe(400_000)
+    m.probe_up(True)
+    exporter = Exporter(m, "127.0.0.1:0", web_config=load_web_config(str(web))).start()
+    (tmp_path / "password").write_text("scrape-s3cret\n")
+    target = f"127.0.0.1:{exporter.port}"
+    job = """
+  - job_name: {name}
+    scheme: {scheme}
+    scrape_interval: 1s
+    scrape_timeout: 900ms
+    tls_config: {{ca_file: {ca}, server_name: localhost}}
+    basic_auth: {{username: prometheus, {password}}}
+    static_configs: [{{targets: ["{target}"]}}]
+"""
+    config = "global: {scrape_interval: 1s}\nscrape_configs:" + "".join(
+        job.format(name=n, scheme=sch, ca=pki.ca, password=pw, target=target)
+        for n, sch, pw in (("hftagent-tls", "https", f"password_file: {tmp_path / 'password'}"),
+                           ("hftagent-wrong-password", "https", "password: guess"),
+                           ("hftagent-plain-http", "http", f"password_file: "
+                                                           f"{tmp_path / 'password'}")))
+    try:
+        with prometheus(tmp_path, config) as (proc, base):
+            wait_for("prometheus ready", lambda: urllib.request.urlopen(
+                f"{base}/-/ready", timeout=2).status == 200, 30, proc)
+
+            def targets() -> dict[str, dict]:
+                return {t["labels"]["job"]: t for t in api(base, "targets")["data"]
+                        ["activeTargets"]}
+
+            def settled():
+                t = targets()
+                return (len(t) == 3 and t["hftagent-tls"]["health"] == "up"
+                        and all(t[j]["health"] == "down" for j in
+                                ("hftagent-wrong-password", "hftagent-plain-http")) and t)
+
+            t = wait_for("TLS target up, the others down", settled, 60, proc)
+            assert "401" in t["hftagent-wrong-password"]["lastError"], t
+            assert t["hftagent-tls"]["scrapeUrl"].startswith("https://")
+
+            def samples():
+                r = api(base, "query", query='hftagent_probe_samples_total{job="hftagent-tls"}')
+                return r["data"]["result"]
+
+            got = wait_for("hftagent metric in the TSDB", samples, 30, proc)
+            assert float(got[0]["value"][1]) == 1234
+            none = api(base, "query", query='hftagent_probe_samples_total{job!="hftagent-tls"}')
+            assert none["data"]["result"] == []
+    finally:
+        exporter.stop()
+    st = exporter.stats
+    assert st["unauthorized"] > 0 and st["tls_failed"] > 0, st

@@ -1,0 +1,604 @@
+"""``--web.config.file``: TLS and basic auth for the /metrics exporter, in the web
+configuration format of the Prometheus exporter toolkit (the file node_exporter reads):
+
+    tls_server_config:
+      cert_file: server.crt            # relative paths: from the config file's directory
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # optional, with client_ca_file
+      client_ca_file: clients-ca.crt
+      min_version: TLS12               # default TLS12; max_version default TLS13
+    http_server_config:
+      headers: {X-Content-Type-Options: nosniff}
+    basic_auth_users:
+      prometheus: $2y$10$...           # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':\\n')
+
+    cfg = load_web_config("/etc/hftagent/web-config.yml")   # AgentError: one line
+    cfg.tls.context()          # ssl.SSLContext for new connections (None: plain HTTP)
+    cfg.auth.check(header)     # the Authorization header's value -> bool (None: no auth)
+
+The file is read once, at start; a bad file is an error then, never at the first scrape.
+What the toolkit does per connection we do as well where it matters: the certificate, key
+and client CA files are read again when they change (checked at most every 5 s on a new
+connection), so a rotated certificate is served without a restart; if the new files do not
+load, the old context stays and a warning goes to stderr.
+
+Strict, like the toolkit's ``yaml.UnmarshalStrict``: unknown or duplicate keys, wrong
+types and values are errors. A key the toolkit knows but this exporter cannot honour is an
+error too, never silently ignored: inline ``cert``/``key`` (use the files), ``curve_
+preferences`` (Python's ssl module sets one curve, not a preference list),
+``client_auth_type`` RequestClientCert / RequireAnyClientCert (certificates accepted without
+verification: OpenSSL through Python cannot, and the toolkit calls them insecure),
+``http2: true`` (this server speaks HTTP/1.1, which every Prometheus scrapes) and
+``rate_limit``.
+
+Basic auth: bcrypt (the ``bcrypt`` package, constant-time compare). A check costs ~50-100 ms
+at cost 10, so each verified (user, hash, password) is remembered — under an HMAC with a
+per-process random key, never the password itself — and later scrapes cost a dictionary
+lookup. An unknown user is checked against a dummy hash of the same cost, so the answer's
+timing does not say which users exist; checks run one at a time (at most one CPU spent on
+bcrypt however many wrong guesses arrive); only successes are remembered, so guesses cannot
+push the scraper's entry out.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import os
+import re
+import ssl
+import stat
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.errors import AgentError
+
+MAX_FILE_BYTES = 1 << 20  # a web config, a certificate chain or a key is far smaller
+RELOAD_CHECK_S = 5.0
+
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+               "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
+# Go's crypto/tls names (the toolkit accepts those of tls.CipherSuites()) -> OpenSSL's.
+# TLS 1.3 suites are accepted and, as in Go, not configurable: all three stay enabled.
+CIPHERS = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_AES_128_GCM_SHA256": None, "TLS_AES_256_GCM_SHA384": None,
+    "TLS_CHACHA20_POLY1305_SHA256": None,
+}
+# The response headers the toolkit lets a config set, with their allowed values (None: any).
+HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None, "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "client_ca",
+            "client_allowed_sans", "min_version", "max_version", "cipher_suites",
+            "prefer_server_cipher_suites", "cert", "key", "curve_preferences")
+# $2a$/$2b$/$2y$ (htpasswd writes 2y), two-digit cost, 22 salt + 31 hash characters of
+# bcrypt's base64; the salt's last character carries 2 bits, so only ".Oeu" are canonical.
+BCRYPT_RE = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{21}[.Oeu][./A-Za-z0-9]{31}")
+
+
+def _err(path: str, msg: str) -> AgentError:
+    return AgentError(f"--web.config.file {path}: {msg}")
+
+
+def read_regular(path: str, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file's bytes, at most ``limit``. Opened non-blocking so that a FIFO in its
+    place cannot hang the start, and checked to be a regular file (not /dev/zero, not a
+    directory) before a byte is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise AgentError(f"{what} {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise AgentError(f"{what} {path}: not a regular file")
+        if st.st_size > limit:
+            raise AgentError(f"{what} {path}: larger than {limit} bytes")
+        chunks, n = [], 0
+        while n <= limit:
+            b = os.read(fd, limit + 1 - n)
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > limit:
+            raise AgentError(f"{what} {path}: larger than {limit} bytes")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise AgentError(f"{what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+# ---- YAML ---------------------------------------------------------------------------------
+
+def _strict_loader() -> type:
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        """SafeLoader that refuses a key given twice (PyYAML keeps the last one silently)."""
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                dup = key in seen
+            except TypeError:  # a list or mapping as a key
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a key must be a scalar", key_node.start_mark) from None
+            if dup:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return StrictLoader
+
+
+def _parse_yaml(text: bytes, path: str) -> Any:
+    import yaml
+    try:
+        return yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        what = " ".join(str(exc.problem or exc.context or "bad YAML").split())
+        raise _err(path, f"bad YAML at {where}{what}") from None
+    except yaml.YAMLError as exc:
+        raise _err(path, "bad YAML: " + " ".join(str(exc).split())) from None
+
+
+# ---- the config ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TLSSettings:
+    cert_file: str
+    key_file: str
+    client_auth: str = "NoClientCert"
+    client_ca_file: str | None = None
+    client_ca_pem: str | None = None
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+    ciphers: tuple[str, ...] = ()
+    prefer_server_ciphers: bool = True
+    client_allowed_sans: tuple[str, ...] | None = None
+
+    def files(self) -> tuple[str, ...]:
+        return tuple(p for p in (self.cert_file, self.key_file, self.client_ca_file) if p)
+
+
+class _Encrypted(Exception):
+    pass
+
+
+def _no_password() -> bytes:
+    # load_cert_chain would otherwise prompt on the terminal for an encrypted key
+    raise _Encrypted
+
+
+def build_context(t: TLSSettings) -> ssl.SSLContext:
+    """A server SSLContext for ``t``; AgentError naming the file and what is wrong."""
+    cert = read_regular(t.cert_file, "tls_server_config.cert_file")
+    if b"-----BEGIN CERTIFICATE-----" not in cert:
+        raise AgentError(f"tls_server_config.cert_file {t.cert_file}: no PEM certificate")
+    key = read_regular(t.key_file, "tls_server_config.key_file")
+    if not re.search(rb"-----BEGIN (\w+ )?PRIVATE KEY-----", key):
+        raise AgentError(f"tls_server_config.key_file {t.key_file}: no PEM private key")
+    if b"ENCRYPTED" in key:
+        raise AgentError(f"tls_server_config.key_file {t.key_file}: the key is encrypted "
+                         "(a passphrase cannot be given; use an unencrypted key readable "
+                         "by this user only)")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = TLS_VERSIONS[t.min_version]
+    ctx.maximum_version = TLS_VERSIONS[t.max_version]
+    if t.prefer_server_ciphers:
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    suites = [CIPHERS[c] for c in t.ciphers if CIPHERS[c]]
+    if suites:
+        try:
+            ctx.set_ciphers(":".join(suites))
+        except ssl.SSLError:
+            raise AgentError("tls_server_config.cipher_suites: none of them is available "
+                             "in this OpenSSL") from None
+    try:
+        # Read from the paths again (ssl loads only from files), right after the checks
+        # above: the files are root's configuration, not a place others can swap.
+        ctx.load_cert_chain(t.cert_file, t.key_file, password=_no_password)
+    except _Encrypted:
+        raise AgentError(f"tls_server_config.key_file {t.key_file}: the key is encrypted "
+                         "(a passphrase cannot be given)") from None
+    except ssl.SSLError as exc:
+        why = ("key_file does not match cert_file" if "KEY_VALUES_MISMATCH" in str(exc)
+               else f"cannot load the certificate and key ({exc.reason or exc})")
+        raise AgentError(f"tls_server_config: {why}") from None
+    except OSError as exc:
+        raise AgentError(f"tls_server_config: cannot read the certificate or key: "
+                         f"{exc.strerror or exc}") from None
+    ctx.verify_mode = CLIENT_AUTH[t.client_auth]
+    if t.client_ca_file or t.client_ca_pem:
+        what = ("tls_server_config.client_ca_file " + t.client_ca_file if t.client_ca_file
+                else "tls_server_config.client_ca")
+        data = (read_regular(t.client_ca_file, "tls_server_config.client_ca_file").decode(
+            "ascii", "replace") if t.client_ca_file else t.client_ca_pem)
+        try:
+            ctx.load_verify_locations(cadata=data)
+        except (ssl.SSLError, ValueError) as exc:
+            raise AgentError(f"{what}: no usable CA certificate "
+                             f"({getattr(exc, 'reason', None) or exc})") from None
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+def san_allowed(peercert: dict | None, allowed: tuple[str, ...]) -> bool:
+    """The toolkit's client_allowed_sans: some SAN of the client certificate (DNS, IP,
+    e-mail, URI) equals an entry exactly; IP addresses compare as addresses (OpenSSL writes
+    IPv6 SANs expanded, Go compressed)."""
+    if not peercert:
+        return False
+    for kind, value in peercert.get("subjectAltName", ()):
+        for a in allowed:
+            if kind == "IP Address":
+                try:
+                    if ipaddress.ip_address(value.strip()) == ipaddress.ip_address(a):
+                        return True
+                except ValueError:
+                    continue
+            elif kind in ("DNS", "email", "URI") and value == a:
+                return True
+    return False
+
+
+class TLSServer:
+    """The SSLContext for new connections, rebuilt when the certificate, key or CA files
+    change (mtime, size, inode), checked at most every ``check_s`` seconds."""
+
+    def __init__(self, settings: TLSSettings, check_s: float = RELOAD_CHECK_S) -> None:
+        self.settings = settings
+        self.check_s = check_s
+        self._stamp = self._stamps()
+        self._ctx = build_context(settings)
+        self._checked = time.monotonic()
+        self._lock = threading.Lock()
+        self.reloads = 0
+        self.reload_error: str | None = None
+
+    def _stamps(self) -> tuple:
+        out = []
+        for p in self.settings.files():
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev))
+            except OSError as exc:
+                out.append(exc.errno)
+        return tuple(out)
+
+    def context(self) -> ssl.SSLContext:
+        now = time.monotonic()
+        if now - self._checked < self.check_s:
+            return self._ctx
+        with self._lock:
+            if now - self._checked < self.check_s:
+                return self._ctx
+            self._checked = now
+            stamp = self._stamps()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._ctx = build_context(self.settings)
+                    self.reloads += 1
+                    self.reload_error = None
+                except AgentError as exc:
+                    self.reload_error = str(exc)
+                    print(f"hftagent: warning: --web.config.file: the changed TLS files do "
+                          f"not load, serving the previous certificate: {exc}",
+                          file=sys.stderr)
+            return self._ctx
+
+
+class AuthBusy(Exception):
+    """More unverified passwords are waiting for bcrypt than :attr:`BasicAuth.QUEUE`: the
+    request is answered 503 at once instead of holding a worker thread (a scraper whose
+    password was verified once never waits: it is served from the cache)."""
+
+
+class BasicAuth:
+    """``basic_auth_users`` checks (see the module docstring)."""
+
+    CACHE = 64
+    QUEUE = 2
+
+    def __init__(self, users: dict[str, bytes]) -> None:
+        self.users = users
+        self._cost = max(int(h[4:6]) for h in users.values())
+        self._dummy: bytes | None = None
+        self._key = os.urandom(32)
+        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._bcrypt = threading.Lock()  # one check at a time
+        self._cache_lock = threading.Lock()
+        self._waiting = 0
+        self.checks = 0   # bcrypt computations done (the cache's hit rate, for tests/bench)
+
+    @staticmethod
+    def parse(header: str | None) -> tuple[str, bytes] | None:
+        if not header:
+            return None
+        scheme, _, value = header.strip().partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            raw = base64.b64decode(value.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        user, sep, password = raw.partition(b":")
+        if not sep:
+            return None
+        try:
+            return user.decode("utf-8"), password
+        except UnicodeDecodeError:
+            return None
+
+    def _digest(self, user: str, hashed: bytes, password: bytes) -> bytes:
+        u = user.encode()
+        msg = b"".join(len(x).to_bytes(4, "big") + x for x in (u, hashed, password))
+        return hmac.new(self._key, msg, hashlib.sha256).digest()
+
+    def check(self, header: str | None) -> bool:
+        creds = self.parse(header)
+        if creds is None:
+            return False
+        user, password = creds
+        hashed = self.users.get(user)
+        known = hashed is not None
+        if known:
+            key = self._digest(user, hashed, password)
+            with self._cache_lock:
+                if key in self._ok:
+                    self._ok.move_to_end(key)
+                    return True
+        if len(password) > 72:
+            return False  # bcrypt uses 72 bytes at most; the bcrypt package refuses more
+        import bcrypt
+        with self._cache_lock:
+            if self._waiting >= self.QUEUE + 1:
+                raise AuthBusy
+            self._waiting += 1
+        try:
+            with self._bcrypt:
+                if not known and self._dummy is None:
+                    self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(self._cost))
+                self.checks += 1
+                ok = bcrypt.checkpw(password, hashed if known else self._dummy)
+        finally:
+            with self._cache_lock:
+                self._waiting -= 1
+        if not (ok and known):
+            return False
+        with self._cache_lock:
+            self._ok[key] = None
+            while len(self._ok) > self.CACHE:
+                self._ok.popitem(last=False)
+        return True
+
+
+@dataclass
+class WebConfig:
+    path: str
+    tls_settings: TLSSettings | None = None
+    users: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    tls: TLSServer | None = None
+    auth: BasicAuth | None = None
+
+    def describe(self) -> str:
+        parts = [f"TLS ({self.tls_settings.min_version}+"
+                 + (f", client certificates {self.tls_settings.client_auth}"
+                    if self.tls_settings.client_auth != "NoClientCert" else "") + ")"
+                 if self.tls_settings else "no TLS",
+                 f"basic auth ({len(self.users)} user{'s' if len(self.users) != 1 else ''})"
+                 if self.users else "no auth"]
+        return ", ".join(parts)
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+def _mapping(v: Any, where: str, path: str) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise _err(path, f"{where} must be a mapping, not {type(v).__name__}")
+    for k in v:
+        if not isinstance(k, str):
+            raise _err(path, f"{where}: key {k!r} must be a string (quote it)")
+    return v
+
+
+def _string(v: Any, where: str, path: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise _err(path, f"{where} must be a non-empty string")
+    return v
+
+
+def _unknown(m: dict, known: tuple[str, ...], where: str, path: str) -> None:
+    bad = [k for k in m if k not in known]
+    if bad:
+        raise _err(path, f"unknown key {where}{bad[0]!r} (known: {', '.join(known)})")
+
+
+def _tls(m: dict, base: Path, path: str) -> TLSSettings | None:
+    _unknown(m, TLS_KEYS, "tls_server_config.", path)
+    for k in ("cert", "key"):
+        if k in m:
+            raise _err(path, f"tls_server_config.{k} (inline PEM) is not supported: "
+                             f"use {k}_file")
+    if "curve_preferences" in m:
+        raise _err(path, "tls_server_config.curve_preferences is not supported (Python's "
+                         "ssl module cannot set a preference list): remove it to use "
+                         "OpenSSL's defaults (X25519, P-256, ...)")
+    enabled = any(k in m for k in ("cert_file", "key_file", "client_ca_file", "client_ca",
+                                   "client_auth_type"))
+    if not enabled:
+        if m:
+            raise _err(path, "tls_server_config without cert_file and key_file")
+        return None
+
+    def file(k: str) -> str | None:
+        if k not in m:
+            return None
+        p = Path(_string(m[k], f"tls_server_config.{k}", path))
+        return str(p if p.is_absolute() else base / p)
+
+    cert, key = file("cert_file"), file("key_file")
+    if cert is None:
+        raise _err(path, "tls_server_config: missing cert_file")
+    if key is None:
+        raise _err(path, "tls_server_config: missing key_file")
+    auth = m.get("client_auth_type", "NoClientCert") or "NoClientCert"
+    if auth in UNVERIFIED_CLIENT_AUTH:
+        raise _err(path, f"tls_server_config.client_auth_type {auth} is not supported: it "
+                         "accepts client certificates without verifying them; use "
+                         "RequireAndVerifyClientCert with client_ca_file")
+    if auth not in CLIENT_AUTH:
+        raise _err(path, f"tls_server_config.client_auth_type {auth!r}: expected one of "
+                         f"{', '.join(CLIENT_AUTH)}")
+    ca_file = file("client_ca_file")
+    ca_pem = m.get("client_ca")
+    if ca_pem is not None:
+        _string(ca_pem, "tls_server_config.client_ca", path)
+        if ca_file:
+            raise _err(path, "tls_server_config: client_ca and client_ca_file both given")
+    has_ca = bool(ca_file or ca_pem)
+    if has_ca and auth == "NoClientCert":
+        raise _err(path, "tls_server_config: client CA configured without a client_auth_type")
+    if not has_ca and auth != "NoClientCert":
+        raise _err(path, f"tls_server_config.client_auth_type {auth} needs client_ca_file "
+                         "(the CA the client certificates are checked against)")
+    versions = {}
+    for k, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        v = m.get(k, default)
+        if v not in TLS_VERSIONS:
+            raise _err(path, f"tls_server_config.{k} {v!r}: expected one of "
+                             f"{', '.join(TLS_VERSIONS)}")
+        versions[k] = v
+    if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
+        raise _err(path, "tls_server_config: min_version is above max_version")
+    ciphers = m.get("cipher_suites") or []
+    if not isinstance(ciphers, list) or not all(isinstance(c, str) for c in ciphers):
+        raise _err(path, "tls_server_config.cipher_suites must be a list of names")
+    for c in ciphers:
+        if c not in CIPHERS:
+            raise _err(path, f"tls_server_config.cipher_suites: unknown cipher {c!r}")
+    prefer = m.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        raise _err(path, "tls_server_config.prefer_server_cipher_suites must be true or false")
+    sans = m.get("client_allowed_sans")
+    if sans is not None:
+        if not isinstance(sans, list) or not all(isinstance(s, str) and s for s in sans):
+            raise _err(path, "tls_server_config.client_allowed_sans must be a list of strings")
+        if auth != "RequireAndVerifyClientCert":
+            raise _err(path, "tls_server_config.client_allowed_sans needs client_auth_type "
+                             "RequireAndVerifyClientCert")
+    return TLSSettings(cert_file=cert, key_file=key, client_auth=auth, client_ca_file=ca_file,
+                       client_ca_pem=ca_pem, min_version=versions["min_version"],
+                       max_version=versions["max_version"], ciphers=tuple(ciphers),
+                       prefer_server_ciphers=prefer,
+                       client_allowed_sans=tuple(sans) if sans is not None else None)
+
+
+def _http(m: dict, path: str) -> dict[str, str]:
+    _unknown(m, ("http2", "headers"), "http_server_config.", path)
+    http2 = m.get("http2", False)
+    if not isinstance(http2, bool):
+        raise _err(path, "http_server_config.http2 must be true or false")
+    if http2:
+        raise _err(path, "http_server_config.http2: true is not supported (this exporter "
+                         "serves HTTP/1.1, which Prometheus scrapes unchanged): set it to "
+                         "false or remove it")
+    headers = _mapping(m.get("headers"), "http_server_config.headers", path)
+    out = {}
+    for k, v in headers.items():
+        if k not in HEADERS:
+            raise _err(path, f"http_server_config.headers: header {k!r} cannot be configured "
+                             f"(allowed: {', '.join(HEADERS)})")
+        if not isinstance(v, str):
+            raise _err(path, f"http_server_config.headers.{k} must be a string")
+        if "\r" in v or "\n" in v:
+            raise _err(path, f"http_server_config.headers.{k}: a line break in a header value")
+        allowed = HEADERS[k]
+        if v and allowed is not None and v not in allowed:
+            raise _err(path, f"http_server_config.headers.{k} {v!r}: expected one of "
+                             f"{', '.join(allowed)}")
+        if v:  # blank: unset, as in the toolkit
+            out[k] = v
+    return out
+
+
+def _users(m: dict, path: str) -> dict[str, bytes]:
+    out = {}
+    for user, h in m.items():
+        if not user or ":" in user:
+            raise _err(path, f"basic_auth_users: bad user name {user!r} (non-empty, no ':')")
+        if not isinstance(h, str) or not BCRYPT_RE.fullmatch(h):
+            raise _err(path, f"basic_auth_users.{user}: not a bcrypt hash ($2y$10$ and 53 "
+                             "characters; e.g. htpasswd -nBC 10 \"\" | tr -d ':\\n')")
+        cost = int(h[4:6])
+        if not 4 <= cost <= 31:
+            raise _err(path, f"basic_auth_users.{user}: bcrypt cost {cost} out of 4..31")
+        out[user] = h.encode("ascii")
+    return out
+
+
+def load_web_config(path: str) -> WebConfig:
+    """Read, validate and prepare ``path`` (TLS context built, certificates loaded).
+    AgentError with one line naming the file and the problem."""
+    text = read_regular(path, "--web.config.file")
+    doc = _parse_yaml(text, path)
+    top = _mapping(doc, "the file", path)
+    _unknown(top, ("tls_server_config", "http_server_config", "basic_auth_users",
+                   "rate_limit"), "", path)
+    if "rate_limit" in top:
+        raise _err(path, "rate_limit is not supported by this exporter (every connection "
+                         "is bounded already: docs/fleet.md); remove it")
+    base = Path(path).resolve().parent
+    tls = _tls(_mapping(top.get("tls_server_config"), "tls_server_config", path), base, path)
+    headers = _http(_mapping(top.get("http_server_config"), "http_server_config", path), path)
+    users = _users(_mapping(top.get("basic_auth_users"), "basic_auth_users", path), path)
+    cfg = WebConfig(path=path, tls_settings=tls, users=users, headers=headers)
+    if tls is not None:
+        try:
+            cfg.tls = TLSServer(tls)
+        except AgentError as exc:
+            raise _err(path, str(exc)) from None
+    if users:
+        cfg.auth = BasicAuth(users)
+    return cfg
