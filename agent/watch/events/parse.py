@@ -1,0 +1,690 @@
+"""Kernel trace events from tracefs: the event format files, the binary ring-buffer pages of
+``per_cpu/cpuN/trace_pipe_raw``, and the text of ``trace`` — all into one :class:`Event`.
+
+Formats (kernel Documentation/trace/events.rst, "Event formats"): each event's
+``events/<system>/<name>/format`` file gives its numeric id and, per field, its C type,
+offset, size and signedness; the decoder here is built from those files, never from offsets
+written in this module, so a kernel that adds or moves a field still decodes.
+
+Binary pages (kernel/trace/ring_buffer.c; Documentation/trace/ring-buffer-design.rst): a
+sub-buffer ("page", ``buffer_subbuf_size_kb``, 4 KiB by default) starts with a header
+described by ``events/header_page`` — u64 ``timestamp`` (the full clock value of its first
+event), ``commit`` (a ``local_t``: bytes of data, plus two flags in bits 31/30: events were
+lost before this page / their count is stored as an ``unsigned long`` after the data) — then
+the events. Each event has a 32-bit header (``events/header_event``): ``type_len`` in the
+low 5 bits and ``time_delta`` (ns since the previous event) in the high 27:
+
+- ``type_len`` 1..28: a data record of ``4 * type_len`` bytes right after the header;
+- ``type_len`` 0: the record's length is in the next u32 (that u32 included), data after it;
+- 29 padding: ``time_delta`` 0 means the rest of the page is empty; otherwise a discarded
+  record whose length is in the next u32 (its delta is not added: ``rb_update_read_stamp``);
+- 30 time extend: delta = ``array[0] << 27 | time_delta`` (gaps over 2^27 ns, ~134 ms);
+- 31 time stamp: an absolute clock value, ``array[0] << 27 | time_delta``, that drops the 5
+  most significant bits; they are taken from the running clock (``rb_fix_abs_ts``, 5.16+).
+
+The text of ``trace`` (kernel/trace/trace_output.c) is parsed too: it is the fallback reader
+where the binary layout is not the one above (another word size or endianness, a future
+header), and the readable form the canned tests use. Its timestamps have µs resolution only
+(``%5lu.%06lu``); binary ones have ns.
+
+Both parsers give the same field names (those of the format files) and the same derived
+fields, so the timeline (:mod:`agent.watch.events.timeline`) never knows which reader ran:
+``sched_switch.prev_state`` as letters (``R``, ``R+``, ``S``, ``D``...), ``softirq_*.action``
+(the vector's name), ``tlb_flush.reason_str``, ``workqueue_execute_*.function`` and
+``ipi_send_*.callback``/``callsite`` as symbol names (through a :class:`SymbolResolver`, binary only).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import threading
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+# --- events ---------------------------------------------------------------------------------
+
+
+class Event:
+    """One trace event: when (``ts_ns``, the instance's trace clock: ``mono`` =
+    CLOCK_MONOTONIC, comparable with ``time.monotonic_ns``), where (``cpu``), what (``name``,
+    e.g. ``sched_switch``), who was current on that CPU (``pid``, the event's
+    ``common_pid``; 0 = idle) and the event's own fields by their format-file names."""
+
+    __slots__ = ("ts_ns", "cpu", "name", "pid", "fields")
+
+    def __init__(self, ts_ns: int, cpu: int, name: str, pid: int, fields: dict) -> None:
+        self.ts_ns = ts_ns
+        self.cpu = cpu
+        self.name = name
+        self.pid = pid
+        self.fields = fields
+
+    def __repr__(self) -> str:
+        return f"Event({self.ts_ns}, cpu={self.cpu}, {self.name}, pid={self.pid}, {self.fields})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Event):
+            return NotImplemented
+        return (self.ts_ns, self.cpu, self.name, self.pid, self.fields) == (
+            other.ts_ns, other.cpu, other.name, other.pid, other.fields)
+
+    def get(self, key: str, default=None):
+        return self.fields.get(key, default)
+
+
+class FormatError(ValueError):
+    """A format, header or page that this module cannot decode (the message says what)."""
+
+
+# --- format files ---------------------------------------------------------------------------
+
+_FIELD_RE = re.compile(
+    r"field:(?P<decl>[^;]+);\s*offset:(?P<off>\d+);\s*size:(?P<size>\d+);"
+    r"(?:\s*signed:(?P<signed>-?\d+);)?")
+_SYMBOLIC_RE = re.compile(r"__print_symbolic\(\s*REC->(\w+)\s*,((?:\s*\{[^}]*\}\s*,?)+)\)")
+_FLAGS_RE = re.compile(r"__print_flags\(\s*REC->(\w+)[^,]*,\s*\"[^\"]*\"\s*,((?:\s*\{[^}]*\}\s*,?)+)\)")
+_PAIR_RE = re.compile(r"\{\s*(0x[0-9a-fA-F]+|-?\d+)\s*,\s*\"([^\"]*)\"\s*\}")
+
+# kinds of field decoders
+_INT, _STR, _LOC_STR, _LOC_BYTES, _BYTES = range(5)
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    offset: int
+    size: int
+    signed: bool
+    kind: int
+    ctype: str
+
+
+@dataclass
+class EventFormat:
+    """One ``events/<system>/<name>/format``: id, fields (common_* ones apart) and the value
+    tables of its print format (``__print_symbolic`` / ``__print_flags``) by field."""
+
+    id: int
+    system: str
+    name: str
+    fields: list[Field]
+    symbols: dict[str, dict[int, str]] = field(default_factory=dict)
+    flags: dict[str, dict[int, str]] = field(default_factory=dict)
+    pid_offset: int = 4  # common_pid's offset (every event starts with the common fields)
+    _plan: list | None = field(default=None, repr=False)
+
+    def decode(self, buf: bytes | memoryview, start: int, length: int) -> tuple[int, dict]:
+        """(common_pid, fields) of the record at ``buf[start:start+length]``."""
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = _make_plan(self.fields)
+        end = start + length
+        pid = _I32.unpack_from(buf, start + self.pid_offset)[0]
+        out: dict = {}
+        for name, kind, off, size, unpack in plan:
+            p = start + off
+            if p + size > end:
+                break  # a truncated record: keep what fits (never read the next one's bytes)
+            if kind == _INT:
+                out[name] = unpack(buf, p)[0]
+            elif kind == _STR:
+                raw = bytes(buf[p:p + size])
+                out[name] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+            elif kind == _BYTES:
+                out[name] = bytes(buf[p:p + size])
+            else:  # __data_loc / __rel_loc: u32, offset in the low 16 bits, length in the high
+                loc = _U32.unpack_from(buf, p)[0]
+                d_off, d_len = loc & 0xFFFF, loc >> 16
+                if unpack is None:  # __rel_loc: relative to the end of this field (5.19+)
+                    d_off += off + 4
+                q = start + d_off
+                if d_off + d_len > length:
+                    d_len = max(0, length - d_off)
+                raw = bytes(buf[q:q + d_len])
+                out[name] = (raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+                             if kind == _LOC_STR else raw)
+        return pid, out
+
+
+_I32 = struct.Struct("<i")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_INT_STRUCTS = {(1, False): struct.Struct("<B"), (1, True): struct.Struct("<b"),
+                (2, False): struct.Struct("<H"), (2, True): struct.Struct("<h"),
+                (4, False): struct.Struct("<I"), (4, True): struct.Struct("<i"),
+                (8, False): struct.Struct("<Q"), (8, True): struct.Struct("<q")}
+
+
+def _make_plan(fields: list[Field]) -> list:
+    plan = []
+    for f in fields:
+        if f.kind == _INT:
+            unpack = _INT_STRUCTS[(f.size, f.signed)].unpack_from
+        elif f.kind in (_LOC_STR, _LOC_BYTES):
+            unpack = None if f.ctype.startswith("__rel_loc") else _U32.unpack_from
+        else:
+            unpack = None
+        plan.append((f.name, f.kind, f.offset, f.size, unpack))
+    return plan
+
+
+def _field_kind(decl: str, size: int) -> tuple[str, int]:
+    """(name, kind) of a field declaration such as ``char prev_comm[16]``."""
+    m = re.match(r"(?P<type>.*?)(?P<name>\w+)\s*(?:\[(?P<n>\w*)\])?\s*$", decl.strip())
+    if not m:
+        raise FormatError(f"cannot read field declaration {decl!r}")
+    ctype, name, arr = m.group("type").strip(), m.group("name"), m.group("n")
+    if ctype.startswith(("__data_loc", "__rel_loc")):
+        return name, _LOC_STR if "char" in ctype else _LOC_BYTES
+    if arr is not None:
+        return name, _STR if ctype.endswith("char") else _BYTES
+    if size in (1, 2, 4, 8):
+        return name, _INT
+    return name, _BYTES
+
+
+def _pairs(body: str) -> dict[int, str]:
+    return {int(v, 0): s for v, s in _PAIR_RE.findall(body)}
+
+
+def parse_format(text: str, system: str = "") -> EventFormat:
+    """Parse one format file. Raises :class:`FormatError` when it has no name, id or
+    fields (a truncated read)."""
+    name = ev_id = None
+    fields: list[Field] = []
+    pid_offset = None
+    print_fmt = ""
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("name:"):
+            name = s.split(":", 1)[1].strip()
+        elif s.startswith("ID:"):
+            ev_id = int(s.split(":", 1)[1])
+        elif s.startswith("field:"):
+            m = _FIELD_RE.match(s)
+            if not m:
+                raise FormatError(f"cannot read field line {s!r}")
+            size = int(m.group("size"))
+            fname, kind = _field_kind(m.group("decl").replace("field:", ""), size)
+            signed = m.group("signed") == "1"
+            if fname == "common_pid":
+                pid_offset = int(m.group("off"))
+            if fname.startswith("common_"):
+                continue
+            decl = m.group("decl").strip()
+            fields.append(Field(fname, int(m.group("off")), size, signed, kind, decl))
+        elif s.startswith("print fmt:"):
+            print_fmt = s
+    if name is None or ev_id is None or pid_offset is None:
+        raise FormatError("format file without name, ID or common_pid")
+    fmt = EventFormat(ev_id, system, name, fields, pid_offset=pid_offset)
+    for fname, body in _SYMBOLIC_RE.findall(print_fmt):
+        fmt.symbols[fname] = _pairs(body)
+    for fname, body in _FLAGS_RE.findall(print_fmt):
+        fmt.flags[fname] = _pairs(body)
+    return fmt
+
+
+# --- derived fields (the same for both readers) -----------------------------------------------
+
+# The softirq vectors of include/linux/interrupt.h (softirq_to_name): the fallback where a
+# format's print fmt has no __print_symbolic table.
+SOFTIRQ_NAMES = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED",
+                 "HRTIMER", "RCU")
+# TASK_REPORT states of include/linux/sched.h as sched_switch prints them (6.x); used only
+# where the format has no __print_flags table for prev_state.
+_STATE_FLAGS = {0x01: "S", 0x02: "D", 0x04: "T", 0x08: "t", 0x10: "X", 0x20: "Z", 0x40: "P",
+                0x80: "I"}
+
+
+def task_state(value: int, table: dict[int, str] | None = None) -> str:
+    """sched_switch's ``prev_state`` as the kernel prints it: ``R`` (preempted while
+    runnable), ``S``, ``D``..., with ``+`` when the preempted bit above the states is set."""
+    table = table or _STATE_FLAGS
+    top = max(table)
+    mask = (top << 1) - 1
+    bits = value & mask
+    letters = "|".join(s for v, s in sorted(table.items()) if bits & v) if bits else "R"
+    return letters + ("+" if value & (top << 1) else "")
+
+
+class SymbolResolver:
+    """Kernel text addresses to names through ``/proc/kallsyms``.
+
+    The table is read once: ~0.3 s on the development VM (0.15 s of it the kernel
+    formatting 122k lines), so :meth:`load_async` starts it in a thread when the event
+    source opens, off the spike path; a lookup before it is done waits for it (at most
+    ``wait_s``) and then answers the hex address. Addresses shown as 0 (a
+    ``kptr_restrict`` the reader cannot see through) resolve to their hex form. Memory:
+    the addresses in an ``array('Q')`` and the names in one bytes blob (~3 MiB here)."""
+
+    def __init__(self, read_bytes: Callable[[], bytes | None], wait_s: float = 2.0) -> None:
+        self._read = read_bytes
+        self._addrs: array | None = None
+        self._offs: array = array("I")
+        self._blob = b""
+        self._cache: dict[int, str] = {}
+        self._done = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
+        self._wait_s = wait_s
+
+    def load_async(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._load, name="hftagent-kallsyms", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            data = self._read() or b""
+            pairs = [(int(a, 16), n) for a, n in _KALLSYMS_RE.findall(data)]
+            pairs = [p for p in pairs if p[0]]
+            pairs.sort()
+            addrs = array("Q", (a for a, _ in pairs))
+            offs = array("I")
+            pos = 0
+            for _, n in pairs:
+                offs.append(pos)
+                pos += len(n) + 1
+            self._blob = b"\0".join(n for _, n in pairs) + b"\0"
+            self._offs = offs
+            self._addrs = addrs
+        except (OSError, ValueError, OverflowError):
+            self._addrs = array("Q")
+        finally:
+            self._done.set()
+
+    def __call__(self, addr: int) -> str:
+        hit = self._cache.get(addr)
+        if hit is not None:
+            return hit
+        with self._lock:
+            start = not self._started
+            self._started = True
+        if start:
+            self._load()
+        elif not self._done.wait(self._wait_s):
+            return hex(addr)
+        addrs = self._addrs if self._addrs is not None else array("Q")
+        i = bisect_right(addrs, addr) - 1
+        if i >= 0 and addr - addrs[i] < (1 << 20):
+            o = self._offs[i]
+            name = self._blob[o:self._blob.index(b"\0", o)].decode("utf-8", "replace")
+        else:
+            name = hex(addr)
+        if len(self._cache) < 4096:
+            self._cache[addr] = name
+        return name
+
+
+_KALLSYMS_RE = re.compile(rb"^([0-9a-fA-F]+) [tTwW] (\S+)", re.M)
+
+
+def normalize(name: str, fields: dict, fmt: EventFormat | None = None,
+              symbols: Callable[[int], str] | None = None) -> dict:
+    """Add the derived fields both readers share (see the module docstring)."""
+    if name == "sched_switch":
+        st = fields.get("prev_state")
+        if isinstance(st, int):
+            fields["prev_state"] = task_state(st, (fmt.flags.get("prev_state") if fmt else None))
+    elif name.startswith("softirq_"):
+        vec = fields.get("vec")
+        if isinstance(vec, int) and "action" not in fields:
+            table = fmt.symbols.get("vec") if fmt else None
+            fields["action"] = (table or {}).get(vec) or (
+                SOFTIRQ_NAMES[vec] if 0 <= vec < len(SOFTIRQ_NAMES) else f"vec{vec}")
+    elif name == "tlb_flush":
+        pages = fields.get("pages")
+        if isinstance(pages, int) and pages >= 1 << 63:
+            fields["pages"] = pages - (1 << 64)  # "%ld": TLB_FLUSH_ALL is -1
+        r = fields.get("reason")
+        if isinstance(r, int) and "reason_str" not in fields and fmt is not None:
+            fields["reason_str"] = fmt.symbols.get("reason", {}).get(r, str(r))
+    elif name.startswith("workqueue_execute") or name.startswith("ipi_send"):
+        # the text prints the work struct as a hashed %p: neither reader keeps it, so both
+        # give the same fields (items are paired by the kworker's pid)
+        fields.pop("work", None)
+        for key in ("function", "callback", "callsite"):
+            v = fields.get(key)
+            if isinstance(v, int):
+                fields[key] = symbols(v) if symbols is not None else hex(v)
+    return fields
+
+
+# --- binary pages ---------------------------------------------------------------------------
+
+RB_MISSED_EVENTS = 1 << 31
+RB_MISSED_STORED = 1 << 30
+_TS_MSB = 0xF8 << 56  # the 5 bits an absolute time stamp drops (ring_buffer.c TS_MSB)
+_PADDING, _TIME_EXTEND, _TIME_STAMP = 29, 30, 31
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """Where ``events/header_page`` puts the page's timestamp, commit and data."""
+
+    ts_offset: int = 0
+    commit_offset: int = 8
+    commit_size: int = 8
+    data_offset: int = 16
+    page_size: int = 4096
+
+
+def parse_header_page(text: str) -> PageLayout:
+    """Parse ``events/header_page``; raises :class:`FormatError` for a layout this reader
+    does not know (e.g. a 32-bit ``commit``: then the text reader is used)."""
+    found = {}
+    for m in _FIELD_RE.finditer(text):
+        decl = m.group("decl").strip()
+        fname = decl.split()[-1].split("[")[0]
+        found[fname] = (int(m.group("off")), int(m.group("size")))
+    try:
+        ts_off, ts_size = found["timestamp"]
+        c_off, c_size = found["commit"]
+        d_off, d_size = found["data"]
+    except KeyError as exc:
+        raise FormatError(f"header_page without field {exc}") from None
+    if ts_size != 8 or c_size != 8:
+        raise FormatError(f"header_page: timestamp {ts_size} B, commit {c_size} B "
+                          "(this reader knows 8 and 8)")
+    return PageLayout(ts_off, c_off, c_size, d_off, d_off + d_size)
+
+
+def check_header_event(text: str) -> None:
+    """Check ``events/header_event`` describes the 5-bit type_len / 27-bit time_delta
+    header with padding 29, time extend 30 and time stamp 31; raise FormatError if not."""
+    norm = " ".join(text.split())
+    want = ("type_len : 5 bits", "time_delta : 27 bits", "padding : type == 29",
+            "time_extend : type == 30", "time_stamp : type == 31")
+    missing = [w for w in want if w not in norm]
+    if missing:
+        raise FormatError(f"header_event: not the known layout (missing {missing[0]!r})")
+
+
+@dataclass
+class Page:
+    """One page read from ``trace_pipe_raw``: its first timestamp, its events' bytes (kept
+    raw: decoded only when a window needs them) and the events lost before it (``-1``: lost,
+    count not stored)."""
+
+    cpu: int
+    ts_ns: int
+    data: bytes
+    lost: int = 0
+
+
+def page_info(buf: bytes, layout: PageLayout = PageLayout()) -> tuple[int, int, int]:
+    """(timestamp, data size, lost events before the page) from a page's header."""
+    if len(buf) < layout.data_offset:
+        raise FormatError(f"short page: {len(buf)} bytes")
+    ts = _U64.unpack_from(buf, layout.ts_offset)[0]
+    commit = _U64.unpack_from(buf, layout.commit_offset)[0]
+    size = commit & 0xFFFFFFFF & ~(RB_MISSED_EVENTS | RB_MISSED_STORED)
+    lost = 0
+    if commit & RB_MISSED_EVENTS:
+        lost = -1
+        if commit & RB_MISSED_STORED:
+            p = layout.data_offset + size
+            if p + 8 <= len(buf):
+                lost = _U64.unpack_from(buf, p)[0]
+    return ts, size, lost
+
+
+def iter_page(buf: bytes, cpu: int, formats: dict[int, EventFormat], *,
+              layout: PageLayout = PageLayout(), t_from: int = 0, t_to: int = 1 << 63,
+              symbols: Callable[[int], str] | None = None,
+              unknown: list | None = None, only: set[int] | None = None) -> Iterator[Event]:
+    """The events of one page with ``t_from <= ts <= t_to`` (records outside are skipped
+    without decoding; ``only``: decode just these event ids). A record of an id not in ``formats`` is counted in ``unknown``
+    (``[count]``) and skipped. A record running past the page's data ends the page (a
+    truncated page, never an exception): the events before it are kept."""
+    ts, size, _lost = page_info(buf, layout)
+    pos = layout.data_offset
+    end = min(pos + size, len(buf))
+    unpack_u32 = _U32.unpack_from
+    while pos + 4 <= end:
+        hdr = unpack_u32(buf, pos)[0]
+        type_len = hdr & 0x1F
+        delta = hdr >> 5
+        if type_len == _PADDING:
+            if delta == 0:
+                break  # null padding: the rest of the page is unused
+            if pos + 8 > end:
+                break
+            pos += 4 + unpack_u32(buf, pos + 4)[0]
+            continue
+        if type_len == _TIME_EXTEND:
+            if pos + 8 > end:
+                break
+            ts += (unpack_u32(buf, pos + 4)[0] << 27) | delta
+            pos += 8
+            continue
+        if type_len == _TIME_STAMP:
+            if pos + 8 > end:
+                break
+            abs_ts = (unpack_u32(buf, pos + 4)[0] << 27) | delta
+            if ts & _TS_MSB:  # rb_fix_abs_ts: restore the dropped bits, with carry
+                abs_ts |= ts & _TS_MSB
+                if abs_ts < ts:
+                    abs_ts += 1 << 59
+            ts = abs_ts
+            pos += 8
+            continue
+        if type_len == 0:
+            if pos + 8 > end:
+                break
+            rlen = unpack_u32(buf, pos + 4)[0]
+            start, length = pos + 8, rlen - 4
+            nxt = pos + 4 + rlen
+            if rlen < 4:
+                break  # corrupt length: stop this page rather than loop
+        else:
+            start, length = pos + 4, type_len * 4
+            nxt = start + length
+        if nxt > end:
+            break  # truncated record
+        ts += delta
+        pos = nxt
+        if ts < t_from or length < 8:
+            continue
+        if ts > t_to:
+            return
+        ev_id = buf[start] | (buf[start + 1] << 8)
+        if only is not None and ev_id not in only:
+            continue
+        fmt = formats.get(ev_id)
+        if fmt is None:
+            if unknown is not None:
+                unknown[0] += 1
+            continue
+        pid, fields = fmt.decode(buf, start, length)
+        yield Event(ts, cpu, fmt.name, pid, normalize(fmt.name, fields, fmt, symbols))
+
+
+def page_last_ts(buf: bytes, layout: PageLayout = PageLayout()) -> int:
+    """The timestamp of a page's last record (headers only, nothing decoded)."""
+    ts, size, _ = page_info(buf, layout)
+    pos, end = layout.data_offset, min(layout.data_offset + size, len(buf))
+    unpack_u32 = _U32.unpack_from
+    while pos + 4 <= end:
+        hdr = unpack_u32(buf, pos)[0]
+        type_len, delta = hdr & 0x1F, hdr >> 5
+        if type_len == _PADDING:
+            if delta == 0 or pos + 8 > end:
+                break
+            pos += 4 + unpack_u32(buf, pos + 4)[0]
+        elif type_len == _TIME_EXTEND:
+            if pos + 8 > end:
+                break
+            ts += (unpack_u32(buf, pos + 4)[0] << 27) | delta
+            pos += 8
+        elif type_len == _TIME_STAMP:
+            if pos + 8 > end:
+                break
+            abs_ts = (unpack_u32(buf, pos + 4)[0] << 27) | delta
+            if ts & _TS_MSB:
+                abs_ts |= ts & _TS_MSB
+                if abs_ts < ts:
+                    abs_ts += 1 << 59
+            ts = abs_ts
+            pos += 8
+        else:
+            if type_len == 0:
+                if pos + 8 > end:
+                    break
+                rlen = unpack_u32(buf, pos + 4)[0]
+                if rlen < 4:
+                    break
+                nxt = pos + 4 + rlen
+            else:
+                nxt = pos + 4 + type_len * 4
+            if nxt > end:
+                break
+            ts += delta
+            pos = nxt
+    return ts
+
+
+# --- text (the instance's ``trace`` file) ---------------------------------------------------
+
+# "          <idle>-0       [001] d.h1.   547.390127: irq_handler_entry: irq=36 name=virtio1"
+# comm may hold spaces and dashes (the last "-<digits>" before the CPU column is the pid); the
+# optional "(tgid)" column (option record-tgid) and the flags column (irq-info) may be absent.
+_LINE_RE = re.compile(
+    r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+(?:\(\s*[\d-]+\)\s+)?\[(?P<cpu>\d+)\]\s+"
+    r"(?:(?P<flags>[\w.]{4,6})\s+)?(?P<sec>\d+)\.(?P<usec>\d{6}):\s+(?P<event>\w+):\s?(?P<rest>.*)$")
+_LOST_RE = re.compile(r"CPU:(?P<cpu>\d+) \[LOST (?P<n>\d+) EVENTS\]")
+_STARTED_RE = re.compile(r"#{5} CPU (?P<cpu>\d+) buffer started #{4}")
+
+_SWITCH_RE = re.compile(
+    r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) prev_prio=(?P<prev_prio>-?\d+) "
+    r"prev_state=(?P<prev_state>\S+) ==> next_comm=(?P<next_comm>.*) "
+    r"next_pid=(?P<next_pid>-?\d+) next_prio=(?P<next_prio>-?\d+)$")
+_WAKE_RE = re.compile(r"comm=(?P<comm>.*) pid=(?P<pid>-?\d+) prio=(?P<prio>-?\d+)"
+                      r"(?: target_cpu=(?P<target_cpu>\d+))?(?: success=\d+)?$")
+_MIGRATE_RE = re.compile(r"comm=(?P<comm>.*) pid=(?P<pid>-?\d+) prio=(?P<prio>-?\d+) "
+                         r"orig_cpu=(?P<orig_cpu>-?\d+) dest_cpu=(?P<dest_cpu>-?\d+)$")
+_IRQ_ENTRY_RE = re.compile(r"irq=(?P<irq>-?\d+) name=(?P<name>.*)$")
+_IRQ_EXIT_RE = re.compile(r"irq=(?P<irq>-?\d+) ret=(?P<ret>\w+)$")
+_SOFTIRQ_RE = re.compile(r"vec=(?P<vec>\d+) \[action=(?P<action>\w+)\]$")
+_WQ_RE = re.compile(r"work struct (?:0x)?(?P<work>[0-9a-fA-F]+): function (?P<function>\S+)")
+_TLB_RE = re.compile(r"pages:(?P<pages>-?\d+) reason:(?P<reason_str>.*) \((?P<reason>-?\d+)\)$")
+_KV_RE = re.compile(r"(\w+)=(\S*)")
+_INT_KEYS = {"prev_pid", "prev_prio", "next_pid", "next_prio", "pid", "prio", "target_cpu",
+             "orig_cpu", "dest_cpu", "irq", "vec", "pages", "reason", "vector", "cpu"}
+
+
+def _int_or_str(key: str, v: str):
+    if key in _INT_KEYS:
+        try:
+            return int(v, 10)
+        except ValueError:
+            return v
+    return v
+
+
+def _text_fields(name: str, rest: str) -> dict | None:
+    """Fields of one event from its printed form; None when the text does not match the
+    event's print format (a truncated or garbled line)."""
+    if name == "sched_switch":
+        m = _SWITCH_RE.match(rest)
+    elif name in ("sched_waking", "sched_wakeup", "sched_wakeup_new"):
+        m = _WAKE_RE.match(rest)
+    elif name == "sched_migrate_task":
+        m = _MIGRATE_RE.match(rest)
+    elif name == "irq_handler_entry":
+        m = _IRQ_ENTRY_RE.match(rest)
+    elif name == "irq_handler_exit":
+        m = _IRQ_EXIT_RE.match(rest)
+        if m:  # printed as ret ? "handled" : "unhandled": the binary field is the int
+            return {"irq": int(m.group("irq")), "ret": int(m.group("ret") == "handled")}
+        return None
+    elif name.startswith("softirq_"):
+        m = _SOFTIRQ_RE.match(rest)
+    elif name.startswith("workqueue_execute"):
+        m = _WQ_RE.match(rest)
+        if m:
+            return {"function": m.group("function")}
+        return None
+    elif name == "tlb_flush":
+        m = _TLB_RE.match(rest)
+    elif name.startswith("ipi_send"):
+        out = {k: _int_or_str(k, v) for k, v in _KV_RE.findall(rest)}
+        for key in ("callsite", "callback"):  # "%pS": "func+0x0/0x10" -> "func"
+            if isinstance(out.get(key), str):
+                out[key] = out[key].split("+", 1)[0]
+        return out if "callback" in out else None
+    else:  # irq_vectors *_entry/_exit ("vector=236") and anything printed as key=value
+        return {k: _int_or_str(k, v) for k, v in _KV_RE.findall(rest)}
+    if not m:
+        return None
+    return {k: _int_or_str(k, v) for k, v in m.groupdict().items() if v is not None}
+
+
+@dataclass
+class TextStats:
+    """What a text parse met besides events: lost-event markers (per CPU), CPUs whose
+    buffer starts later than the others (the older part overwritten), lines it could not
+    read, events it does not know, and timestamps that went backwards on one CPU."""
+
+    lost: dict[int, int] = field(default_factory=dict)
+    started: dict[int, int] = field(default_factory=dict)  # cpu -> ts of its first event
+    bad_lines: int = 0
+    unknown: int = 0
+    backwards: int = 0
+
+
+def parse_text(lines: Iterable[str], known: set[str] | None = None, *, t_from: int = 0,
+               t_to: int = 1 << 63, stats: TextStats | None = None) -> list[Event]:
+    """Events of ``trace`` text (header comments skipped), in ``[t_from, t_to]`` ns.
+
+    ``known``: the event names to keep (others are counted in ``stats.unknown``); None keeps
+    every event whose text parses. A line that does not parse is counted in
+    ``stats.bad_lines``, never raised. A timestamp below the previous one on the same CPU
+    (a clock that wrapped or was reset under the reader) is counted in ``stats.backwards``
+    and that event dropped: durations never go negative."""
+    st = stats if stats is not None else TextStats()
+    out: list[Event] = []
+    last: dict[int, int] = {}
+    pending_start: set[int] = set()
+    for line in lines:
+        if not line or line.startswith("#"):
+            m = _STARTED_RE.search(line) if line else None
+            if m:
+                pending_start.add(int(m.group("cpu")))
+            continue
+        m = _LOST_RE.search(line)
+        if m:
+            c = int(m.group("cpu"))
+            st.lost[c] = st.lost.get(c, 0) + int(m.group("n"))
+            continue
+        m = _LINE_RE.match(line)
+        if not m:
+            st.bad_lines += 1
+            continue
+        name = m.group("event")
+        if known is not None and name not in known:
+            st.unknown += 1
+            continue
+        ts = int(m.group("sec")) * 1_000_000_000 + int(m.group("usec")) * 1000
+        cpu = int(m.group("cpu"))
+        if ts < last.get(cpu, -1):
+            st.backwards += 1
+            continue
+        last[cpu] = ts
+        if cpu in pending_start:
+            pending_start.discard(cpu)
+            st.started[cpu] = ts
+        if ts < t_from or ts > t_to:
+            continue
+        fields = _text_fields(name, m.group("rest"))
+        if fields is None:
+            st.bad_lines += 1
+            continue
+        out.append(Event(ts, cpu, name, int(m.group("pid")), normalize(name, fields)))
+    return out

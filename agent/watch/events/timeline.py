@@ -1,0 +1,507 @@
+"""What ran on the probe CPU during one sample, to the µs, from its kernel events.
+
+:func:`timeline` walks the CPU's events in time order with a small state machine — the
+current task, a stack of interrupt contexts (hard IRQ handlers, softirqs, the APIC vectors
+of ``irq_vectors``), the work item a kworker runs — and charges every interval between two
+events to the innermost context active in it:
+
+- a task: ``comm[pid]`` (the probe's own threads apart, as ``probe``); idle (pid 0) is
+  ``idle before the probe woke`` until the probe first runs in the window (a late timer or
+  a deep C-state: the wake-up itself came late), ``idle (probe blocked)`` after;
+- ``IRQ <n> <name>`` (irq_handler_entry/exit), ``softirq <VEC>`` (softirq_entry/exit),
+  ``local timer tick`` (local_timer_entry/exit), ``IPI <vector>`` (call_function,
+  call_function_single, reschedule, irq_work; ``(TLB shootdown)`` when a ``tlb_flush`` of
+  reason "remote shootdown" ran inside it), ``vector <name>`` for the other APIC vectors;
+- ``<kworker comm> (<function>)`` while a workqueue item runs (workqueue_execute_start/end).
+
+Which task ran is read from every event's ``common_pid`` (the task current on that CPU when
+it fired), so a lost ``sched_switch`` cannot make the walk charge the wrong task for long.
+An exit whose entry lies before the window (or was lost) charges the interval before it to
+that context. ``sched_waking``/``sched_wakeup`` of a probe thread followed by its switch-in
+give the probe's wake-up latency; events on other CPUs are ignored (the IPI senders and a
+remote waker are not seen: the instance traces the probe CPUs only).
+
+:func:`breakdown` turns a timeline into the excess over P50, item by item, with an explicit
+``unexplained`` residual; :func:`hw_noise` reports, as rtla's hwnoise does, the time the
+probe was on the CPU with no event while its CPU time says it did not run
+(``hw_or_hypervisor``), with the quiet gaps it must lie in, correlated with steal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .parse import Event
+
+PROBE, TASK, IDLE, IRQ, SOFTIRQ, TIMER, IPI, VECTOR, WORK, UNKNOWN = (
+    "probe", "task", "idle", "irq", "softirq", "timer", "ipi", "vector", "workqueue", "unknown")
+
+_IPI_VECTORS = {"call_function", "call_function_single", "reschedule", "irq_work"}
+IDLE_BEFORE_WAKE = "idle before the probe woke"
+IDLE_BLOCKED = "idle (probe blocked)"
+
+
+@dataclass(frozen=True)
+class Entity:
+    """Something that used the CPU: ``kind`` (one of the constants above), ``name`` (comm,
+    IRQ name, softirq vector, vector or work function), ``pid`` (tasks and work items) and
+    ``num`` (the IRQ number)."""
+
+    kind: str
+    name: str
+    pid: int | None = None
+    num: int | None = None
+
+    @property
+    def label(self) -> str:
+        k = self.kind
+        if k in (PROBE, TASK):
+            return f"{'probe ' if k == PROBE else ''}{self.name}[{self.pid}]"
+        if k == IRQ:
+            return f"IRQ {self.num} {self.name}"
+        if k == SOFTIRQ:
+            return f"softirq {self.name}"
+        if k == TIMER:
+            return "local timer tick"
+        if k == IPI:
+            return f"IPI {self.name}"
+        if k == VECTOR:
+            return f"vector {self.name}"
+        if k == WORK:
+            return self.name
+        return self.name  # idle, unknown
+
+    @property
+    def culprit(self) -> str:
+        """A short, bounded name for metrics labels (comm, IRQ name, vector, function)."""
+        if self.kind == WORK:
+            return self.name.rsplit("(", 1)[-1].rstrip(")")
+        return self.name
+
+
+@dataclass
+class Interval:
+    start_ns: int
+    end_ns: int
+    entity: Entity
+
+    @property
+    def ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass
+class Timeline:
+    """The accounting of ``[t0_ns, t1_ns]`` on ``cpu`` (see the module docstring).
+
+    ``intervals``: consecutive, non-overlapping, clipped to the window, one per stretch
+    between two events. ``totals``: ns per entity. ``probe_run_ns``: the probe itself on the
+    CPU; ``probe_current_ns``: the probe the current task, interrupts inside it included.
+    ``wake_ns``/``wake_latency_ns``: the probe's last wake-up before its first switch-in at or
+    after the window start, and switch-in minus wake-up; ``start_delay_ns``: from ``t0_ns``
+    to the probe's first instant on the CPU (0 when it was already on it). ``complete`` /
+    ``reason`` come from the event source's window."""
+
+    cpu: int
+    t0_ns: int
+    t1_ns: int
+    intervals: list[Interval] = field(default_factory=list)
+    totals: dict[Entity, int] = field(default_factory=dict)
+    probe_run_ns: int = 0
+    probe_current_ns: int = 0
+    wake_ns: int | None = None
+    switch_in_ns: int | None = None
+    wake_latency_ns: int | None = None
+    start_delay_ns: int | None = None
+    preemptions: int = 0  # the probe switched out while runnable (prev_state R)
+    blocks: int = 0  # the probe switched out to sleep
+    migrations: list[tuple[int, int, int]] = field(default_factory=list)  # (ts, from, to)
+    counts: dict[str, int] = field(default_factory=dict)
+    anomalies: int = 0  # state the events contradicted (a lost event, nesting off)
+    complete: bool = True
+    reason: str | None = None
+
+    @property
+    def wall_ns(self) -> int:
+        return self.t1_ns - self.t0_ns
+
+    def ranked(self) -> list[tuple[Entity, int]]:
+        return sorted(self.totals.items(), key=lambda kv: (-kv[1], kv[0].label))
+
+    def others_ns(self) -> int:
+        """Time on the CPU that was not the probe's own."""
+        return sum(ns for e, ns in self.totals.items() if e.kind != PROBE)
+
+    def spans(self) -> list[Interval]:
+        """The intervals with neighbours of the same entity merged (for display)."""
+        out: list[Interval] = []
+        for iv in self.intervals:
+            if out and out[-1].entity == iv.entity and out[-1].end_ns == iv.start_ns:
+                out[-1] = Interval(out[-1].start_ns, iv.end_ns, iv.entity)
+            else:
+                out.append(Interval(iv.start_ns, iv.end_ns, iv.entity))
+        return out
+
+    def quiet_probe_gaps(self) -> list[Interval]:
+        """Stretches the probe ran with no event at all (where only hardware or the
+        hypervisor could have taken time from it)."""
+        return [iv for iv in self.intervals if iv.entity.kind == PROBE]
+
+    def to_dict(self, max_spans: int = 64) -> dict:
+        """JSON for a spike record: µs per entity, wake-up, counts, the first spans."""
+        us = lambda ns: round(ns / 1e3, 1)  # noqa: E731
+        spans = self.spans()
+        d = {
+            "cpu": self.cpu, "wall_us": us(self.wall_ns), "complete": self.complete,
+            "entities": [{"label": e.label, "kind": e.kind, "us": us(ns)}
+                         for e, ns in self.ranked()],
+            "probe_run_us": us(self.probe_run_ns),
+            "preemptions": self.preemptions, "blocks": self.blocks,
+            "spans": [[us(s.start_ns - self.t0_ns), us(s.ns), s.entity.label]
+                      for s in spans[:max_spans]],
+        }
+        if len(spans) > max_spans:
+            d["spans_left_out"] = len(spans) - max_spans
+        if self.wake_latency_ns is not None:
+            d["wake_latency_us"] = us(self.wake_latency_ns)
+        if self.start_delay_ns is not None:
+            d["start_delay_us"] = us(self.start_delay_ns)
+        if self.migrations:
+            d["migrations"] = [[us(t - self.t0_ns), a, b] for t, a, b in self.migrations]
+        if self.counts:
+            d["counts"] = dict(self.counts)
+        if self.anomalies:
+            d["anomalies"] = self.anomalies
+        if self.reason:
+            d["reason"] = self.reason
+        return d
+
+
+def _vector_entity(base: str) -> Entity:
+    if base == "local_timer":
+        return Entity(TIMER, "local_timer")
+    if base in _IPI_VECTORS:
+        return Entity(IPI, base)
+    return Entity(VECTOR, base)
+
+
+class _Walk:
+    """The state machine of :func:`timeline` (one CPU, events in time order)."""
+
+    def __init__(self, cpu: int, probe: set[int], t0: int, t1: int,
+                 comms: dict[int, str]) -> None:
+        self.tl = Timeline(cpu, t0, t1)
+        self.probe = probe
+        self.comms = comms
+        self.stack: list[tuple[Entity, int, bool]] = []  # (context, interval index, tlb)
+        self.work: dict[int, str] = {}  # kworker pid -> function it runs
+        self.task: int | None = None  # pid current after the last event
+        self.probe_ran = False
+        self.last = t0
+        self.waking: int | None = None  # the probe's pending wake-up (not yet switched in)
+        self.waking_name = ""
+        self.switch_ins: list[tuple[int | None, int]] = []  # (wake-up, switch-in)
+
+    def task_entity(self, pid: int) -> Entity:
+        if pid == 0:
+            return Entity(IDLE, IDLE_BLOCKED if self.probe_ran else IDLE_BEFORE_WAKE, 0)
+        comm = self.comms.get(pid, "?")
+        if pid in self.probe:
+            return Entity(PROBE, comm, pid)
+        fn = self.work.get(pid)
+        if fn is not None:
+            return Entity(WORK, f"{comm} ({fn})", pid)
+        return Entity(TASK, comm, pid)
+
+    def charge(self, until: int, who: Entity, current_pid: int | None) -> None:
+        tl = self.tl
+        a, b = max(self.last, tl.t0_ns), min(until, tl.t1_ns)
+        if b > a:
+            tl.intervals.append(Interval(a, b, who))
+            tl.totals[who] = tl.totals.get(who, 0) + (b - a)
+            if who.kind == PROBE:
+                tl.probe_run_ns += b - a
+                if tl.start_delay_ns is None:
+                    tl.start_delay_ns = a - tl.t0_ns
+                self.probe_ran = True
+            if current_pid is not None and current_pid in self.probe:
+                tl.probe_current_ns += b - a
+        self.last = max(self.last, until)
+
+    def current(self, pid: int | None) -> Entity:
+        if self.stack:
+            return self.stack[-1][0]
+        if pid is None:
+            return Entity(UNKNOWN, "no events (task unknown)")
+        return self.task_entity(pid)
+
+    def _pop(self, kind: str, match) -> tuple[Entity, int, bool] | None:
+        for i in range(len(self.stack) - 1, -1, -1):
+            ent = self.stack[i][0]
+            if ent.kind == kind and match(ent):
+                top = self.stack[i]
+                if i != len(self.stack) - 1:
+                    self.tl.anomalies += 1  # an inner exit was lost
+                del self.stack[i:]
+                return top
+        return None
+
+    def _unmatched_exit(self, ev: Event) -> Entity | None:
+        """The context an exit closes when its entry is not on the stack (before the
+        window, or lost): the interval up to the exit was spent in it."""
+        name, f = ev.name, ev.fields
+        if name == "irq_handler_exit":
+            if not any(e.kind == IRQ and e.num == f.get("irq") for e, _, _ in self.stack):
+                return Entity(IRQ, "?", num=f.get("irq"))
+        elif name == "softirq_exit":
+            if not any(e.kind == SOFTIRQ and e.name == f.get("action") for e, _, _ in self.stack):
+                return Entity(SOFTIRQ, str(f.get("action")))
+        elif name == "workqueue_execute_end":
+            if ev.pid not in self.work and not self.stack:
+                return Entity(WORK, f"{self.comms.get(ev.pid, '?')} ({f.get('function')})",
+                              ev.pid)
+        elif name.endswith("_exit") and _is_vector(name):
+            ent = _vector_entity(name[:-5])
+            if not any(e == ent for e, _, _ in self.stack):
+                return ent
+        return None
+
+    def step(self, ev: Event) -> None:
+        tl, f, name, pid = self.tl, ev.fields, ev.name, ev.pid
+        if self.task is not None and pid != self.task and not self.stack:
+            tl.anomalies += 1  # a switch we did not see: trust common_pid
+        # 1. the interval up to this event
+        self.charge(ev.ts_ns, self._unmatched_exit(ev) or self.current(pid), pid)
+        # 2. the event's own effect
+        if name == "sched_switch":
+            if self.stack:
+                tl.anomalies += 1  # switches happen in task context: an exit was lost
+                self.stack.clear()
+            prev, nxt = f.get("prev_pid"), f.get("next_pid")
+            if f.get("next_comm"):
+                self.comms[nxt] = f["next_comm"]
+            if prev in self.probe and ev.ts_ns >= tl.t0_ns:
+                if str(f.get("prev_state", "")).startswith("R"):
+                    tl.preemptions += 1
+                else:
+                    tl.blocks += 1
+            if nxt in self.probe:
+                self.switch_ins.append((self.waking, ev.ts_ns))
+                self.waking = None
+            self.task = nxt
+            return
+        self.task = pid
+        if name in ("sched_waking", "sched_wakeup"):
+            if f.get("pid") in self.probe:
+                # sched_waking comes first where both are enabled: keep the earlier of a pair
+                if self.waking is None or name == "sched_waking" and \
+                        self.waking_name == "sched_wakeup":
+                    self.waking, self.waking_name = ev.ts_ns, name
+        elif name == "sched_migrate_task":
+            if f.get("pid") in self.probe:
+                tl.migrations.append((ev.ts_ns, f.get("orig_cpu", -1), f.get("dest_cpu", -1)))
+        elif name == "irq_handler_entry":
+            self.stack.append((Entity(IRQ, str(f.get("name", "?")), num=f.get("irq")),
+                               len(tl.intervals), False))
+        elif name == "irq_handler_exit":
+            self._pop(IRQ, lambda e: e.num == f.get("irq"))
+        elif name == "softirq_entry":
+            self.stack.append((Entity(SOFTIRQ, str(f.get("action"))), len(tl.intervals), False))
+        elif name == "softirq_exit":
+            self._pop(SOFTIRQ, lambda e: e.name == str(f.get("action")))
+        elif name == "workqueue_execute_start":
+            self.work[pid] = str(f.get("function"))
+        elif name == "workqueue_execute_end":
+            self.work.pop(pid, None)
+        elif name == "tlb_flush":
+            self._count("tlb_flush")
+            if f.get("reason") == 1 or "remote shootdown" in str(f.get("reason_str", "")):
+                self._count("tlb_shootdown")
+                if self.stack and self.stack[-1][0].kind == IPI:
+                    ent, idx, _ = self.stack[-1]
+                    self.stack[-1] = (ent, idx, True)
+        elif name.startswith("ipi_send"):
+            self._count("ipi_sent")
+        elif _is_vector(name):
+            base = name.rsplit("_", 1)[0]
+            ent = _vector_entity(base)
+            if name.endswith("_entry"):
+                self._count(base)
+                self.stack.append((ent, len(tl.intervals), False))
+            else:
+                top = self._pop(ent.kind, lambda e: e.name == ent.name)
+                if top is not None and top[2]:  # a TLB shootdown ran in this IPI: say so
+                    self._relabel(top[1], top[0],
+                                  Entity(top[0].kind, f"{top[0].name} (TLB shootdown)"))
+
+    def finish(self) -> None:
+        """Pick the switch-in that starts this sample: the last at or before t0 when the
+        probe was on the CPU at t0, else the first after it."""
+        tl = self.tl
+        before = [s for s in self.switch_ins if s[1] <= tl.t0_ns]
+        after = [s for s in self.switch_ins if s[1] > tl.t0_ns]
+        pick = before[-1] if tl.start_delay_ns == 0 and before else (after[0] if after else None)
+        if pick is not None:
+            tl.switch_in_ns = pick[1]
+            if pick[0] is not None:
+                tl.wake_ns = pick[0]
+                tl.wake_latency_ns = pick[1] - pick[0]
+
+    def _count(self, key: str) -> None:
+        self.tl.counts[key] = self.tl.counts.get(key, 0) + 1
+
+    def _relabel(self, from_idx: int, old: Entity, new: Entity) -> None:
+        tl = self.tl
+        for iv in tl.intervals[from_idx:]:
+            if iv.entity == old:
+                iv.entity = new
+                tl.totals[old] -= iv.ns
+                tl.totals[new] = tl.totals.get(new, 0) + iv.ns
+        if tl.totals.get(old) == 0:
+            del tl.totals[old]
+
+
+def _is_vector(name: str) -> bool:
+    """irq_vectors' <vector>_entry/_exit (not irq:*, softirq_* or the others')."""
+    if not name.endswith(("_entry", "_exit")):
+        return False
+    return not name.startswith(("irq_handler", "softirq", "tasklet", "workqueue", "sched",
+                                "hrtimer", "timer_", "vector_"))
+
+
+def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns: int,
+             t1_ns: int, *, comms: dict[int, str] | None = None, complete: bool = True,
+             reason: str | None = None) -> Timeline:
+    """Account ``[t0_ns, t1_ns]`` on ``cpu`` (see the module docstring). ``events``: the
+    window's events (several CPUs are fine: others are skipped), including some before
+    ``t0_ns`` so that the state at ``t0_ns`` is known (EventSource.window's margin and the
+    last sched_switch before it). ``probe_tids``: the probe's thread ids. ``comms``: pid →
+    comm for tasks no event names (the window's :meth:`~Window.comms` by default)."""
+    probe = {int(t) for t in probe_tids}
+    evs = sorted((e for e in events if e.cpu == cpu), key=lambda e: e.ts_ns)
+    names: dict[int, str] = {}
+    for e in evs:  # comms the events name, so tasks are named from their first interval on
+        f = e.fields
+        if e.name == "sched_switch":
+            names.setdefault(f.get("prev_pid"), f.get("prev_comm", "?"))
+            names.setdefault(f.get("next_pid"), f.get("next_comm", "?"))
+        elif "comm" in f and "pid" in f:
+            names.setdefault(f["pid"], f["comm"])
+    if comms:
+        for k, v in comms.items():
+            names.setdefault(k, v)
+    w = _Walk(cpu, probe, t0_ns, t1_ns, names)
+    w.last = min(t0_ns, evs[0].ts_ns) if evs else t0_ns
+    for ev in evs:
+        if ev.ts_ns > t1_ns:
+            break
+        w.step(ev)
+    # the rest of the window: whoever is current after the last event
+    w.charge(t1_ns, w.current(w.task), w.task)
+    w.finish()
+    tl = w.tl
+    tl.complete = complete
+    tl.reason = reason
+    return tl
+
+
+# --- the excess over P50 --------------------------------------------------------------------
+
+UNEXPLAINED = "unexplained"
+HW = "hw_or_hypervisor"
+
+
+def breakdown(tl: Timeline, excess_ns: int, *, hw: HwNoise | None = None,
+              min_ns: int = 1_000) -> list[tuple[str, int]]:
+    """The excess of a sample over P50 by what took the CPU from the probe, largest first,
+    then ``hw_or_hypervisor`` (when ``hw`` found hidden time) and ``unexplained``:
+    ``excess - sum(items)``, never below 0. Items are real durations from the timeline
+    (not scaled): they can sum to more than the excess when a typical sample also has some
+    of them (a tick); the residual is then 0. Items under ``min_ns`` are left out (they
+    stay in ``tl.totals``). An incomplete timeline names only what its events show: what it
+    cannot see is in the residual."""
+    items = [(e.label, ns) for e, ns in tl.ranked() if e.kind != PROBE and ns >= min_ns]
+    if hw is not None and hw.hidden_ns:
+        items.append((HW, hw.hidden_ns))
+    explained = sum(ns for _, ns in items)
+    items.append((UNEXPLAINED, max(0, int(excess_ns) - explained)))
+    return items
+
+
+def format_breakdown(items: list[tuple[str, int]]) -> str:
+    """``1.2 ms kworker/1:0 (vmstat_update), 0.4 ms softirq NET_RX, 0.2 ms unexplained``."""
+    def fmt(ns: int) -> str:
+        return f"{ns / 1e6:.1f} ms" if ns >= 100_000 else f"{ns / 1e3:.0f} µs"
+    return ", ".join(f"{fmt(ns)} {label}" for label, ns in items)
+
+
+# --- hardware / hypervisor noise --------------------------------------------------------------
+
+@dataclass
+class HwNoise:
+    """Time the probe was on the CPU, with no event, that its CPU time does not contain.
+
+    ``hidden_ns``: the probe's on-CPU wall time in the timeline minus ``probe_cpu_ns`` (0
+    under the threshold; None without a CPU time to compare). ``gaps_ns``: the quiet
+    stretches (probe running, no event at all) of at least ``min_gap_ns``, longest first —
+    the hidden time lies inside them, as rtla hwnoise's gaps do; ``steal_ns``: the
+    hypervisor's steal reported for the CPU around the sample, when given; ``correlated``:
+    steal accounts for at least half the hidden time; ``note``: one line saying so."""
+
+    hidden_ns: int | None
+    gaps_ns: list[int]
+    steal_ns: int | None = None
+    correlated: bool | None = None
+    note: str = ""
+
+    @property
+    def longest_gap_ns(self) -> int:
+        return self.gaps_ns[0] if self.gaps_ns else 0
+
+    def to_dict(self) -> dict:
+        d: dict = {"hidden_us": None if self.hidden_ns is None else round(self.hidden_ns / 1e3, 1),
+                   "gaps_us": [round(g / 1e3, 1) for g in self.gaps_ns[:16]], "note": self.note}
+        if self.steal_ns is not None:
+            d["steal_us"] = round(self.steal_ns / 1e3, 1)
+            d["correlated_with_steal"] = self.correlated
+        return d
+
+
+def hw_noise(tl: Timeline, probe_cpu_ns: int | None = None, *, steal_ns: int | None = None,
+             cpu_includes_irq: bool = False, min_gap_ns: int = 10_000,
+             threshold_ns: int = 20_000, threshold_frac: float = 0.02) -> HwNoise:
+    """Hardware or hypervisor time inside a sample (see :class:`HwNoise`).
+
+    ``probe_cpu_ns``: the probe thread's CPU time over the sample (CLOCK_THREAD_CPUTIME or
+    schedstat; with CONFIG_PARAVIRT_TIME_ACCOUNTING the kernel leaves steal out of it). By
+    default it is compared with the time the probe itself ran; with ``cpu_includes_irq``
+    (a kernel without CONFIG_IRQ_TIME_ACCOUNTING charges interrupts to the task they
+    interrupt) with the time the probe was current, interrupts inside it included. The
+    default is the conservative one: it never reports interrupt time as hidden. Hidden time
+    under ``max(threshold_ns, threshold_frac × on-CPU time)`` is clock-read noise: 0."""
+    gaps = sorted((iv.ns for iv in tl.quiet_probe_gaps() if iv.ns >= min_gap_ns), reverse=True)
+    if probe_cpu_ns is None or probe_cpu_ns < 0:
+        return HwNoise(None, gaps, steal_ns, None,
+                       "no CPU time for the probe: hidden time not measurable")
+    on_cpu = tl.probe_current_ns if cpu_includes_irq else tl.probe_run_ns
+    hidden = on_cpu - int(probe_cpu_ns)
+    if hidden < max(threshold_ns, int(threshold_frac * on_cpu)):
+        return HwNoise(0, gaps, steal_ns, None, "none: CPU time matches time on the CPU")
+    if not gaps:
+        # on the CPU with events all along, and still missing time: the CPU time was read
+        # differently from the window (a multi-threaded probe, a clock read outside it)
+        return HwNoise(0, gaps, steal_ns, None,
+                       f"{hidden / 1e3:.0f} µs of CPU time missing, but no quiet stretch "
+                       "to hold it: not hardware")
+    hidden = min(hidden, sum(gaps))
+    if steal_ns is None:
+        note = "no steal figure to compare"
+        corr = None
+    else:
+        corr = steal_ns * 2 >= hidden
+        note = (f"steal {steal_ns / 1e3:.0f} µs around it: the hypervisor ran something else"
+                if corr else
+                f"steal {steal_ns / 1e3:.0f} µs only: firmware (SMI) or a host that does "
+                "not report steal")
+    return HwNoise(hidden, gaps, steal_ns, corr, note)

@@ -1,0 +1,792 @@
+"""The event source: a private tracefs instance on the probe CPUs, read only around spikes.
+
+Life cycle (kernel Documentation/trace/ftrace.rst, "Instances"):
+
+- ``mkdir <tracefs>/instances/hftagent-<pid>`` creates a trace array of our own, with its
+  own ring buffer, events, ``tracing_on``, ``trace_clock`` and ``tracing_cpumask``; ``rmdir``
+  removes it (EBUSY while one of its files is open, so ours are closed first). Nothing
+  outside that directory is ever written: not the top-level ``tracing_on``,
+  ``current_tracer`` or events, not another instance — except removing an instance named
+  ``hftagent-<pid>`` whose creator is dead (a SIGKILLed watch), at the next start.
+- In it: ``tracing_on`` 0 while it is set up; ``trace_clock`` ``mono`` (CLOCK_MONOTONIC:
+  the probe's ``time.monotonic_ns`` and ``perf_counter_ns`` read the same clock on Linux, so
+  a sample's intended start and end select events directly); ``options/overwrite`` 1 (the
+  kernel ring is the flight recorder: the oldest events make room, the writer never stops);
+  ``tracing_cpumask`` = the probe CPUs; ``per_cpu/cpuN/buffer_size_kb`` sized for
+  ``buffer_s`` seconds on the probe CPUs and the minimum on the others (the mask does not
+  stop the kernel allocating every CPU's buffer); the events of :data:`WANTED` that the
+  instance's ``events/`` directory has, each through its own ``enable`` file; then
+  ``tracing_on`` 1.
+- Reading: ``per_cpu/cpuN/trace_pipe_raw`` (binary ring-buffer pages, consuming), drained
+  non-blocking only when a window is asked for; the pages drained are kept, raw, for
+  ``keep_s`` seconds (bounded in bytes) so that windows overlapping an earlier read still
+  find their events, and only the pages that overlap a window are decoded. The instance's
+  ``trace`` file is not used where the binary layout is readable: it formats the whole
+  buffer on every read — 0.28 s of kernel time for an 8 MiB buffer (186k events) on the
+  development VM against 2 ms to drain the same buffer raw (docs/events.md,
+  bench/events_read_cost.py). It is the fallback reader (``reader="text"``) where
+  ``events/header_page`` / ``header_event`` describe a layout the binary parser does not know.
+
+Bounded memory whatever the event rate: the kernel ring has a fixed size; a storm
+overwrites its oldest pages and the next read reports them as lost (``RB_MISSED_EVENTS``),
+which moves the CPU's "continuous since" mark forward: a window that starts before the
+mark is returned incomplete, with the reason, never guessed at. Kept pages are capped per
+CPU; eviction moves the mark too.
+
+Every failure — tracefs not mounted (mounted only with ``mount=True``), no permission, the
+instance name taken, an unknown layout, a write the kernel refuses — is one
+:class:`Unsupported` with one line of reason; no exception escapes :meth:`EventSource.open`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import errno
+import os
+import re
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from collectors.host import Host
+
+from .parse import (
+    Event,
+    EventFormat,
+    FormatError,
+    Page,
+    PageLayout,
+    SymbolResolver,
+    TextStats,
+    check_header_event,
+    iter_page,
+    page_info,
+    parse_format,
+    parse_header_page,
+    parse_text,
+)
+
+PREFIX = "hftagent-"
+# (system, event) in the order of the issue; each enabled only where the instance has it.
+WANTED: tuple[tuple[str, str], ...] = (
+    ("sched", "sched_switch"), ("sched", "sched_waking"), ("sched", "sched_wakeup"),
+    ("sched", "sched_migrate_task"),
+    ("irq", "irq_handler_entry"), ("irq", "irq_handler_exit"),
+    ("irq", "softirq_entry"), ("irq", "softirq_exit"),
+    ("workqueue", "workqueue_execute_start"), ("workqueue", "workqueue_execute_end"),
+    ("tlb", "tlb_flush"), ("ipi", "ipi_send_cpu"), ("ipi", "ipi_send_cpumask"),
+)
+# irq_vectors: every *_entry/*_exit pair (local_timer, call_function(_single), reschedule,
+# irq_work, thermal_apic, ...); the vector_* allocation events are not time spent on a CPU.
+VECTOR_SYSTEM = "irq_vectors"
+
+# Ring sizing. The assumed rate is what a probe CPU showed on the development VM with a
+# CPU hog and a 500 Hz probe (sched + tlb + irq events, ~6k/s) with headroom for a storm
+# burst; bytes/event is the measured mean (30-40 B: tlb_flush 24 B, sched_switch 68 B).
+ASSUMED_RATE_EPS = 20_000
+ASSUMED_EVENT_BYTES = 40
+MIN_CPU_KB = 512
+MAX_CPU_KB = 32 * 1024
+MAX_TOTAL_KB = 256 * 1024
+OTHER_CPU_KB = 4  # the kernel rounds up to its minimum (2 pages)
+KEEP_MAX_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """Why there is no event source; ``reason`` starts with ``unsupported:``."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+class _Refused(Exception):
+    """Set-up failed; the message is the Unsupported reason."""
+
+
+@dataclass
+class Window:
+    """The events of the probe CPUs between ``t_from_ns - margin`` and ``t_to_ns``, sorted
+    by time (plus, per CPU, the last ``sched_switch`` before that where the kept pages have
+    one: who was running when the window opened).
+
+    ``complete`` is False when events of ``[t_from_ns, t_to_ns]`` may be missing (``reason``
+    says which CPU, since when and why: lost in a storm, evicted, before the instance
+    started, or after the read); ``lost`` counts the events the kernel reported lost before
+    pages this read touched. ``read_ns``: what the call cost (drain + decode)."""
+
+    t_from_ns: int
+    t_to_ns: int
+    events: list[Event]
+    complete: bool = True
+    reason: str | None = None
+    lost: int = 0
+    read_ns: int = 0
+
+    def comms(self) -> dict[int, str]:
+        """pid → comm from the events that name tasks (switch, wake-up, migration)."""
+        out: dict[int, str] = {}
+        for ev in self.events:
+            f = ev.fields
+            if ev.name == "sched_switch":
+                out[f.get("prev_pid", -1)] = f.get("prev_comm", "")
+                out[f.get("next_pid", -1)] = f.get("next_comm", "")
+            elif "comm" in f and "pid" in f:
+                out[f["pid"]] = f["comm"]
+        out.pop(-1, None)
+        return out
+
+
+@dataclass
+class CpuStats:
+    """``per_cpu/cpuN/stats`` of the instance (kernel trace.c tracing_stats_read)."""
+
+    cpu: int
+    entries: int = 0
+    overrun: int = 0
+    commit_overrun: int = 0
+    bytes: int = 0
+    dropped: int = 0
+    read: int = 0
+    oldest_ns: int | None = None
+    now_ns: int | None = None
+
+
+@dataclass
+class _CpuRing:
+    cpu: int
+    fd: int = -1
+    pages: deque = field(default_factory=deque)  # Page, oldest first
+    kept_bytes: int = 0
+    cover_from_ns: int = 0  # events are continuous from here on (see module docstring)
+    cover_reason: str = "before the instance started"
+    lost: int = 0  # events the kernel reported lost, in total
+    evicted_pages: int = 0
+
+
+def parse_stats(text: str, cpu: int) -> CpuStats:
+    st = CpuStats(cpu)
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        val = val.strip()
+        try:
+            if key == "entries":
+                st.entries = int(val)
+            elif key == "overrun":
+                st.overrun = int(val)
+            elif key == "commit overrun":
+                st.commit_overrun = int(val)
+            elif key == "bytes":
+                st.bytes = int(val)
+            elif key == "dropped events":
+                st.dropped = int(val)
+            elif key == "read events":
+                st.read = int(val)
+            elif key in ("oldest event ts", "now ts"):
+                sec, _, frac = val.partition(".")
+                ns = int(sec) * 1_000_000_000 + int((frac + "000000")[:6]) * 1000
+                if key == "now ts":
+                    st.now_ns = ns
+                elif ns:
+                    st.oldest_ns = ns
+        except ValueError:
+            continue
+    return st
+
+
+def cpumask_hex(cpus: set[int] | list[int]) -> str:
+    """``tracing_cpumask`` format: hex, comma every 32 bits (``ffffffff,00000002``)."""
+    mask = 0
+    for c in cpus:
+        mask |= 1 << c
+    words = []
+    while True:
+        words.append(f"{mask & 0xFFFFFFFF:08x}")
+        mask >>= 32
+        if not mask:
+            break
+    return ",".join(reversed(words))
+
+
+def size_ring_kb(buffer_s: float, ncpus: int, rate_eps: float = ASSUMED_RATE_EPS,
+                 event_bytes: float = ASSUMED_EVENT_BYTES) -> tuple[int, str]:
+    """(per-CPU KiB, one line saying why) for ``buffer_s`` seconds at ``rate_eps`` events a
+    second of ``event_bytes`` each, within [MIN_CPU_KB, MAX_CPU_KB] and MAX_TOTAL_KB over
+    the probe CPUs."""
+    want = int(buffer_s * rate_eps * event_bytes / 1024) + 1
+    kb = max(MIN_CPU_KB, min(MAX_CPU_KB, want, MAX_TOTAL_KB // max(1, ncpus)))
+    cover = kb * 1024 / max(1.0, rate_eps * event_bytes)
+    why = (f"{kb} KiB per probe CPU: {buffer_s:g} s at {rate_eps:,.0f} events/s × "
+           f"{event_bytes:.0f} B" + ("" if kb == want else
+                                      f" (bounded; covers {cover:.1f} s at that rate)"))
+    return kb, why
+
+
+# -- the process-wide set of instances this process holds, for atexit and "taken" -----------
+_HELD: dict[str, weakref.ref] = {}
+
+
+def _close_all_at_exit() -> None:
+    for ref in list(_HELD.values()):
+        src = ref()
+        if src is not None:
+            src.close()
+
+
+atexit.register(_close_all_at_exit)
+
+
+def _proc_is_dead_or_reused(host: Host, pid: int, created_wall: float) -> bool:
+    """Whether the creator of an ``hftagent-<pid>`` instance is gone: no such process, a
+    zombie, or a process started after the instance was made (the pid was reused)."""
+    st = host.read(host.proc(pid, "stat"))
+    if not st.ok:
+        return True
+    text = st.value
+    try:
+        after = text[text.rindex(")") + 2:].split()
+        state, start_ticks = after[0], int(after[19])
+    except (ValueError, IndexError):
+        return False  # unreadable: leave it alone
+    if state in ("Z", "X"):
+        return True
+    btime = None
+    stat = host.read(host.proc("stat"))
+    for line in (stat.value or "").splitlines():
+        if line.startswith("btime "):
+            btime = int(line.split()[1])
+    if btime is None:
+        return False
+    started = btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    # btime has 1 s resolution: a process that started more than 2 s after the instance
+    # was created cannot be its creator
+    return started > created_wall + 2.0
+
+
+def find_tracefs(host: Host) -> Path | None:
+    """The tracefs mount: /sys/kernel/tracing, else the debugfs view (older set-ups)."""
+    for p in (host.sys("kernel", "tracing"), host.sys("kernel", "debug", "tracing")):
+        try:
+            if (p / "instances").is_dir():
+                return p
+        except PermissionError:
+            # tracefs is mode 0700 (root only): one clear line, not a traceback
+            raise _Refused(f"unsupported: no permission to use tracefs at "
+                           f"{host.display(p)} (needs root)") from None
+    return None
+
+
+def _mount_tracefs(target: Path) -> None:
+    """mount -t tracefs nodev TARGET (mount(2) through libc: no shell, no mount binary)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.mount(b"nodev", os.fsencode(str(target)), b"tracefs", ctypes.c_ulong(0), None)
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise _Refused(f"unsupported: cannot mount tracefs at {target}: {os.strerror(e)}")
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_TRUNC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _read(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
+class EventSource:
+    """A private tracefs instance on the probe CPUs (module docstring). Build it with
+    :meth:`open`; read with :meth:`window`; :meth:`close` (or ``with``) removes it."""
+
+    def __init__(self) -> None:  # use open()
+        self.host: Host | None = None
+        self.tracefs: Path = Path()
+        self.name = ""
+        self.path: Path = Path()
+        self.cpus: list[int] = []
+        self.events: list[str] = []  # "system:name" enabled
+        self.missing: list[str] = []  # wanted but not offered by this kernel
+        self.reader = "raw"
+        self.buffer_s = 0.0
+        self.buffer_kb = 0
+        self.sizing = ""
+        self.notes: list[str] = []  # stale instances removed, mount done...
+        self.started_ns = 0
+        self.page_size = 4096
+        self.keep_ns = 0
+        self.keep_bytes = 0
+        self._layout = PageLayout()
+        self._formats: dict[int, EventFormat] = {}
+        self._names: set[str] = set()
+        self._switch_ids: set[int] = set()
+        self._rings: dict[int, _CpuRing] = {}
+        self._symbols: SymbolResolver | None = None
+        self._creator = 0
+        self._closed = True
+        self._t_open = 0.0
+        self._stats0: dict[int, CpuStats] = {}
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def open(cls, host: Host, cpus, buffer_s: float = 10.0, *, mount: bool = False,
+             rate_hint: float | None = None, keep_s: float = 2.0,
+             reader: str = "auto") -> EventSource | Unsupported:
+        """Create and start the instance; an :class:`Unsupported` (falsy) with one line of
+        reason when that cannot be done. ``cpus``: the probe CPUs. ``buffer_s``: seconds of
+        events the kernel ring should hold at ``rate_hint`` events/s per CPU (default
+        :data:`ASSUMED_RATE_EPS`; :meth:`refit` re-sizes from the measured rate).
+        ``mount``: mount tracefs at /sys/kernel/tracing when it is not mounted (watch's
+        ``--trace mount``). ``reader``: ``raw``, ``text`` or ``auto`` (raw where the page
+        layout is known)."""
+        src = cls()
+        try:
+            src._open(host, sorted({int(c) for c in cpus}), buffer_s, mount, rate_hint,
+                      keep_s, reader)
+        except _Refused as exc:
+            src._teardown()
+            return Unsupported(str(exc))
+        except OSError as exc:
+            src._teardown()
+            return Unsupported(f"unsupported: tracefs instance set-up failed: "
+                               f"{exc.strerror or exc}"
+                               + (f" ({exc.filename})" if exc.filename else ""))
+        return src
+
+    def _open(self, host: Host, cpus: list[int], buffer_s: float, mount: bool,
+              rate_hint: float | None, keep_s: float, reader: str) -> None:
+        if not cpus:
+            raise _Refused("unsupported: no probe CPUs to trace")
+        if reader not in ("auto", "raw", "text"):
+            raise _Refused(f"unsupported: unknown event reader {reader!r}")
+        self.host = host
+        root = find_tracefs(host)
+        if root is None:
+            target = host.sys("kernel", "tracing")
+            shown = host.display(target)
+            if not mount:
+                raise _Refused(f"unsupported: tracefs not mounted at {shown} "
+                               "(watch --trace mount mounts it)")
+            if not host.live:
+                raise _Refused(f"unsupported: tracefs not mounted at {shown} "
+                               "(not mounting under a non-live root)")
+            if not target.is_dir():
+                raise _Refused(f"unsupported: no {shown} to mount tracefs on")
+            _mount_tracefs(target)
+            root = find_tracefs(host)
+            if root is None:
+                raise _Refused(f"unsupported: tracefs mounted at {shown} has no instances/")
+            self.notes.append(f"mounted tracefs at {shown}")
+        self.tracefs = root
+        inst_dir = root / "instances"
+        self._remove_stale(host, inst_dir)
+        self.name = f"{PREFIX}{os.getpid()}"
+        self.path = inst_dir / self.name
+        shown = host.display(self.path)
+        if str(self.path) in _HELD:
+            raise _Refused(f"unsupported: tracefs instance {shown} is already in use by "
+                           "this process")
+        try:
+            os.mkdir(self.path)
+        except FileExistsError:
+            raise _Refused(f"unsupported: tracefs instance {shown} already exists "
+                           "(name taken)") from None
+        except PermissionError:
+            raise _Refused(f"unsupported: cannot create tracefs instance {shown}: "
+                           "permission denied (needs root)") from None
+        self._creator = os.getpid()
+        self._closed = False
+        _HELD[str(self.path)] = weakref.ref(self)
+        p = self.path
+        online = self._online_cpus(host)
+        bad = [c for c in cpus if c not in online]
+        if bad:
+            raise _Refused(f"unsupported: probe CPU(s) {bad} not online")
+        self.cpus = cpus
+        _write(p / "tracing_on", "0")
+        clocks = _read(p / "trace_clock")
+        if "mono" not in clocks.replace("[", " ").replace("]", " ").split():
+            raise _Refused(f"unsupported: trace clock 'mono' not offered ({clocks.strip()})")
+        _write(p / "trace_clock", "mono")
+        _write(p / "options" / "overwrite", "1")
+        _write(p / "tracing_cpumask", cpumask_hex(cpus))
+        # page (sub-buffer) size: buffer_subbuf_size_kb where the kernel has it (6.8+)
+        try:
+            self.page_size = int(_read(p / "buffer_subbuf_size_kb").split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
+            self.page_size = 4096
+        self.reader = self._choose_reader(reader)
+        self.buffer_s = buffer_s
+        self._size_rings(online, rate_hint or ASSUMED_RATE_EPS)
+        self.keep_ns = int(keep_s * 1e9)
+        self.keep_bytes = min(KEEP_MAX_BYTES, self.buffer_kb * 1024)
+        self._enable_events()
+        for c in cpus:
+            self._rings[c] = _CpuRing(c)
+        self._load_formats()
+        if self.reader == "raw":
+            for c in cpus:
+                self._rings[c].fd = os.open(p / "per_cpu" / f"cpu{c}" / "trace_pipe_raw",
+                                            os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        _write(p / "tracing_on", "1")
+        self.started_ns = time.monotonic_ns()
+        for ring in self._rings.values():
+            ring.cover_from_ns = self.started_ns
+        self._t_open = time.monotonic()
+        self._stats0 = {c: self.cpu_stats(c) for c in cpus}
+        kallsyms = host.proc("kallsyms")
+        self._symbols = SymbolResolver(lambda: _read_bytes(kallsyms))
+        self._symbols.load_async()
+
+    @staticmethod
+    def _online_cpus(host: Host) -> set[int]:
+        text = host.read(host.sys("devices", "system", "cpu", "online")).value or ""
+        out: set[int] = set()
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            a, _, b = part.partition("-")
+            out.update(range(int(a), int(b or a) + 1))
+        return out
+
+    def _remove_stale(self, host: Host, inst_dir: Path) -> None:
+        for entry in host.listdir(inst_dir):
+            m = re.fullmatch(re.escape(PREFIX) + r"(\d+)", entry)
+            if not m:
+                continue
+            path = inst_dir / entry
+            if str(path) in _HELD:
+                continue  # ours, open
+            pid = int(m.group(1))
+            try:
+                created = path.lstat().st_mtime
+            except OSError:
+                continue
+            if pid != os.getpid() and not _proc_is_dead_or_reused(host, pid, created):
+                continue
+            try:
+                os.rmdir(path)
+                self.notes.append(f"removed stale tracefs instance {entry} (pid {pid} gone)")
+            except OSError as exc:
+                self.notes.append(f"stale tracefs instance {entry} left: "
+                                  f"{exc.strerror or exc}")
+
+    def _choose_reader(self, reader: str) -> str:
+        if reader == "text":
+            return "text"
+        events_dir = self.tracefs / "events"
+        try:
+            self._layout = parse_header_page(_read(events_dir / "header_page"))
+            check_header_event(_read(events_dir / "header_event"))
+        except (OSError, FormatError) as exc:
+            if reader == "raw":
+                raise _Refused(f"unsupported: binary ring-buffer layout not readable: "
+                               f"{exc}") from None
+            self.notes.append(f"text reader: {exc}")
+            return "text"
+        if self._layout.page_size != self.page_size:
+            self._layout = PageLayout(self._layout.ts_offset, self._layout.commit_offset,
+                                      self._layout.commit_size, self._layout.data_offset,
+                                      self.page_size)
+        return "raw"
+
+    def _size_rings(self, online: set[int], rate: float) -> None:
+        kb, why = size_ring_kb(self.buffer_s, len(self.cpus), rate)
+        pc = self.path / "per_cpu"
+        for c in sorted(online):
+            _write(pc / f"cpu{c}" / "buffer_size_kb", str(kb if c in self.cpus else OTHER_CPU_KB))
+        got = _read(pc / f"cpu{self.cpus[0]}" / "buffer_size_kb").split()[0]
+        self.buffer_kb = int(got) if got.isdigit() else kb
+        self.sizing = why
+
+    def _enable_events(self) -> None:
+        ev_dir = self.path / "events"
+        wanted = list(WANTED)
+        vec_dir = ev_dir / VECTOR_SYSTEM
+        for name in sorted(os.listdir(vec_dir)) if vec_dir.is_dir() else ():
+            if name.endswith(("_entry", "_exit")) and not name.startswith("vector_"):
+                wanted.append((VECTOR_SYSTEM, name))
+        for system, name in wanted:
+            enable = ev_dir / system / name / "enable"
+            if not enable.exists():
+                self.missing.append(f"{system}:{name}")
+                continue
+            _write(enable, "1")
+            self.events.append(f"{system}:{name}")
+        if not any(e.endswith(":sched_switch") for e in self.events):
+            raise _Refused("unsupported: this kernel has no sched:sched_switch event")
+
+    def _load_formats(self) -> None:
+        ev_dir = self.path / "events"
+        for full in self.events:
+            system, name = full.split(":", 1)
+            try:
+                fmt = parse_format(_read(ev_dir / system / name / "format"), system)
+            except (OSError, FormatError) as exc:
+                raise _Refused(f"unsupported: cannot read the format of {full}: {exc}") from None
+            self._formats[fmt.id] = fmt
+            self._names.add(fmt.name)
+            if fmt.name == "sched_switch":
+                self._switch_ids = {fmt.id}
+
+    # -- reading ---------------------------------------------------------------------------
+    def window(self, t_from_ns: int, t_to_ns: int, *, margin_ns: int = 2_000_000) -> Window:
+        """The events of the probe CPUs in ``[t_from_ns - margin_ns, t_to_ns]`` (CLOCK_MONOTONIC
+        ns), see :class:`Window`. Drains what the kernel holds first (raw reader), so call
+        it once the window has ended."""
+        t_start = time.perf_counter_ns()
+        lo, hi = t_from_ns - margin_ns, t_to_ns
+        if self._closed:
+            return Window(t_from_ns, t_to_ns, [], False, "event source closed")
+        if self.reader == "text":
+            win = self._window_text(t_from_ns, lo, hi)
+        else:
+            self.drain()
+            win = self._window_raw(t_from_ns, lo, hi)
+        now = time.monotonic_ns()
+        if t_to_ns > now and win.complete:
+            win.complete, win.reason = False, "the window ends after the read"
+        win.read_ns = time.perf_counter_ns() - t_start
+        return win
+
+    def drain(self) -> int:
+        """Move every page the kernel holds for the probe CPUs into the kept pages (raw
+        reader); returns the number of pages read. Bounded: at most the ring's pages plus
+        a margin per CPU per call, whatever the rate."""
+        if self._closed or self.reader != "raw":
+            return 0
+        total = 0
+        cap = self.buffer_kb * 1024 // self.page_size + 64
+        newest = 0
+        for ring in self._rings.values():
+            n = 0
+            while n < cap:
+                try:
+                    buf = os.read(ring.fd, self.page_size)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno == errno.EINTR:
+                        continue
+                    break
+                if not buf:
+                    break
+                n += 1
+                try:
+                    ts, _size, lost = page_info(buf, self._layout)
+                except FormatError:
+                    continue
+                if lost:
+                    ring.lost += max(lost, 0)
+                    ring.cover_from_ns = ts
+                    ring.cover_reason = ("events lost (ring overwritten)" if lost > 0 else
+                                         "events lost (count unknown)")
+                ring.pages.append(Page(ring.cpu, ts, buf, lost))
+                ring.kept_bytes += len(buf)
+                newest = max(newest, ts)
+            total += n
+        self._evict(newest or time.monotonic_ns())
+        return total
+
+    def _evict(self, newest_ns: int) -> None:
+        for ring in self._rings.values():
+            pages = ring.pages
+            while pages and (ring.kept_bytes > self.keep_bytes or
+                             (len(pages) > 1 and pages[1].ts_ns < newest_ns - self.keep_ns)):
+                old = pages.popleft()
+                ring.kept_bytes -= len(old.data)
+                ring.evicted_pages += 1
+                if pages and pages[0].ts_ns > ring.cover_from_ns:
+                    ring.cover_from_ns = pages[0].ts_ns
+                    ring.cover_reason = "older events no longer kept"
+
+    def _window_raw(self, t_from: int, lo: int, hi: int) -> Window:
+        per_cpu: list[list[Event]] = []
+        complete, reason, lost = True, None, 0
+        unknown = [0]
+        for ring in self._rings.values():
+            pages = list(ring.pages)
+            evs: list[Event] = []
+            first = None
+            for i, pg in enumerate(pages):
+                nxt = pages[i + 1].ts_ns if i + 1 < len(pages) else None
+                if nxt is not None and nxt < lo:
+                    continue
+                if pg.ts_ns > hi:
+                    break
+                if first is None:
+                    first = i
+                    lost += max(pg.lost, 0)
+                evs.extend(iter_page(pg.data, ring.cpu, self._formats, layout=self._layout,
+                                     t_from=lo, t_to=hi, symbols=self._symbols,
+                                     unknown=unknown))
+            prelude = self._last_switch_before(ring.cpu, pages, first, lo)
+            if prelude is not None:
+                evs.insert(0, prelude)
+            per_cpu.append(evs)
+            if ring.cover_from_ns > t_from and complete:
+                complete = False
+                reason = (f"cpu {ring.cpu}: {ring.cover_reason}; events continuous only "
+                          f"from {(ring.cover_from_ns - t_from) / 1e3:.0f} µs after the "
+                          "window's start")
+        events = [e for evs in per_cpu for e in evs]
+        events.sort(key=lambda e: e.ts_ns)
+        return Window(t_from, hi, events, complete, reason, lost)
+
+    def _last_switch_before(self, cpu: int, pages: list[Page], first: int | None,
+                            lo: int, max_pages: int = 64) -> Event | None:
+        """The last sched_switch on ``cpu`` before ``lo`` in the kept pages (searching back
+        at most ``max_pages`` pages): the task current when the window opened."""
+        end = len(pages) if first is None else first + 1
+        for i in range(end - 1, max(-1, end - 1 - max_pages), -1):
+            best = None
+            for ev in iter_page(pages[i].data, cpu, self._formats, layout=self._layout,
+                                t_to=lo - 1, symbols=self._symbols, only=self._switch_ids):
+                if ev.name == "sched_switch":
+                    best = ev
+            if best is not None:
+                return best
+        return None
+
+    def _window_text(self, t_from: int, lo: int, hi: int) -> Window:
+        events: list[Event] = []
+        complete, reason, lost = True, None, 0
+        for c in self.cpus:
+            st = TextStats()
+            pdir = self.path / "per_cpu" / f"cpu{c}"
+            try:
+                with open(pdir / "trace", encoding="utf-8", errors="replace") as fh:
+                    events.extend(parse_text(fh, self._names, t_from=lo, t_to=hi, stats=st))
+            except OSError as exc:
+                return Window(t_from, hi, [], False, f"cannot read {pdir}/trace: {exc}")
+            lost += sum(st.lost.values())
+            cs = self.cpu_stats(c)
+            oldest = cs.oldest_ns if cs.oldest_ns is not None else self.started_ns
+            start = oldest if cs.overrun else self.started_ns
+            if start > t_from and complete:
+                complete = False
+                reason = (f"cpu {c}: ring overwritten; oldest event "
+                          f"{(start - t_from) / 1e3:.0f} µs after the window's start")
+        events.sort(key=lambda e: e.ts_ns)
+        return Window(t_from, hi, events, complete, reason, lost)
+
+    # -- state -------------------------------------------------------------------------------
+    def cpu_stats(self, cpu: int) -> CpuStats:
+        try:
+            return parse_stats(_read(self.path / "per_cpu" / f"cpu{cpu}" / "stats"), cpu)
+        except OSError:
+            return CpuStats(cpu)
+
+    def rate(self) -> dict[int, float]:
+        """Events a second per probe CPU since :meth:`open` (written: entries + overrun +
+        read, as the kernel counts them)."""
+        dt = max(1e-3, time.monotonic() - self._t_open)
+        out = {}
+        for c in self.cpus:
+            a, b = self._stats0.get(c, CpuStats(c)), self.cpu_stats(c)
+            written = (b.entries + b.overrun + b.read) - (a.entries + a.overrun + a.read)
+            out[c] = max(0, written) / dt
+        return out
+
+    def lost(self) -> int:
+        """Events lost so far on the probe CPUs as the reads reported them."""
+        return sum(r.lost for r in self._rings.values())
+
+    def refit(self) -> str | None:
+        """Re-size the rings for ``buffer_s`` at the rate measured since open (content is
+        kept: the kernel resizes in place). Returns the new sizing line, None if unchanged
+        (within a factor of 2) or closed."""
+        if self._closed:
+            return None
+        rates = self.rate()
+        if not rates:
+            return None
+        rate = max(rates.values())
+        bpe = [s.bytes / s.entries for s in map(self.cpu_stats, self.cpus) if s.entries]
+        ebytes = max(bpe) if bpe else ASSUMED_EVENT_BYTES
+        kb, why = size_ring_kb(self.buffer_s, len(self.cpus), max(rate, 1.0), ebytes)
+        if self.buffer_kb // 2 <= kb <= self.buffer_kb * 2:
+            return None
+        try:
+            for c in self.cpus:
+                _write(self.path / "per_cpu" / f"cpu{c}" / "buffer_size_kb", str(kb))
+        except OSError as exc:
+            return f"resize refused: {exc.strerror or exc}"
+        self.buffer_kb = kb
+        self.keep_bytes = min(KEEP_MAX_BYTES, kb * 1024)
+        self.sizing = why + " (measured)"
+        return self.sizing
+
+    def describe(self) -> dict:
+        """What the source is, for the run header / --json."""
+        return {"instance": self.host.display(self.path) if self.host else str(self.path),
+                "cpus": self.cpus, "reader": self.reader, "buffer_kb_per_cpu": self.buffer_kb,
+                "sizing": self.sizing, "events": self.events, "missing": self.missing,
+                "notes": self.notes}
+
+    # -- teardown ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop and remove the instance (idempotent; never raises). A forked child never
+        removes its parent's instance."""
+        if self._closed or os.getpid() != self._creator:
+            return
+        self._teardown()
+
+    def _teardown(self) -> None:
+        for ring in self._rings.values():
+            if ring.fd >= 0:
+                try:
+                    os.close(ring.fd)
+                except OSError:
+                    pass
+                ring.fd = -1
+            ring.pages.clear()
+            ring.kept_bytes = 0
+        if self._creator == os.getpid() and self.path != Path() and self.name:
+            try:
+                _write(self.path / "tracing_on", "0")
+            except OSError:
+                pass
+            try:
+                os.rmdir(self.path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.notes.append(f"instance not removed: {exc.strerror or exc}")
+        ref = _HELD.get(str(self.path))
+        if ref is not None and ref() is self:
+            _HELD.pop(str(self.path), None)
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> EventSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never from a finalizer
+            pass
