@@ -121,6 +121,8 @@ def watch(
         rate_hz = 0.0  # the probe worker picks it after its warm-up
     else:
         try:
+            if not rate.isascii():  # float() takes "٣" (any Unicode digit) as 3
+                raise ValueError(rate)
             rate_hz = float(rate)
         except ValueError:
             raise fail(f"--rate must be a number or auto, not {rate!r}") from None
@@ -228,28 +230,19 @@ def watch(
 
 
 def _cpu_option(name: str, spec: str | None, online: list[int]) -> list[int] | None:
-    """A CPU-list option: None when not given; given, never empty (as audit/tune/run refuse
-    ``--cpus ''``: an option that is given is never silently the default), every CPU online
-    (``online``; where it could not be read, the CPUs watch may run on)."""
+    """A CPU-list option: None when not given; given, parsed and checked as audit/tune/run
+    check ``--cpus`` (:func:`collectors.parsers.parse_cpu_option`: never empty — an option
+    that is given is never silently the default —, every CPU online; where the online CPUs
+    could not be read, the CPUs watch may run on)."""
     import os
 
-    from collectors.parsers import format_cpulist, parse_cpulist
+    from collectors.parsers import parse_cpu_option
     if spec is None:
         return None
-    if not spec.strip():
-        raise fail(f"{name} is empty")
     try:
-        cpus = parse_cpulist(spec)
+        return parse_cpu_option(spec, online or sorted(os.sched_getaffinity(0)))
     except ValueError as exc:
-        raise fail(f"bad {name} {spec!r}: {exc}") from None
-    if not cpus:
-        raise fail(f"{name} is empty")
-    avail = online or sorted(os.sched_getaffinity(0))
-    off = sorted(set(cpus) - set(avail))
-    if off:
-        raise fail(f"{name} {spec!r}: CPU(s) {format_cpulist(off)} not online (online: "
-                   f"{format_cpulist(avail)})")
-    return cpus
+        raise fail(str(exc).replace("--cpus", name, 1)) from None
 
 
 def _check_tf_options(probe: str, model: str | None, variant: str | None) -> None:

@@ -126,14 +126,15 @@ def cpu_plan(online: list[int], probe_cpus: list[int] | None,
     probe = sorted(probe_cpus) if probe_cpus else [online[-1]]
     bad = [c for c in probe if c not in online]
     if bad:
-        raise AgentError(f"probe CPU(s) {bad} not online (online: {online})")
+        raise AgentError(f"probe CPU(s) {bad} (--cpus) not online (online: {online})")
     if housekeeping:
         hk = sorted(housekeeping)
         bad = [c for c in hk if c not in online]
         if bad:
-            raise AgentError(f"housekeeping CPU(s) {bad} not online (online: {online})")
+            raise AgentError(f"housekeeping CPU(s) {bad} (--housekeeping) not online (online: "
+                             f"{online})")
         if set(hk) & set(probe):
-            raise AgentError(f"housekeeping CPUs {hk} overlap the probe CPUs {probe}: the "
+            raise AgentError(f"--housekeeping CPUs {hk} overlap the probe CPUs {probe}: the "
                              "sampler must never run on the probe's CPUs")
     else:
         hk = [c for c in online if c not in probe] or list(probe)
