@@ -1,22 +1,44 @@
 """Capture the /proc and /sys files the agent reads into a directory tree.
 
 ``hftagent capture --out DIR`` copies them so the same box can be audited later with
-``hftagent audit --root DIR`` (bug reports, golden tests, comparing boxes). Only small,
-readable regular files are copied; sysfs symlinks are followed into real directories;
-write-only and unreadable files are skipped (listed in CAPTURE-SKIPPED). Process entries keep
-only ``comm`` and ``status`` (no environment, no command lines: nothing secret leaves the box).
+``hftagent audit --root DIR`` (bug reports, golden tests, comparing boxes). The capture is laid
+out as the live tree is, symlinks included, so that a capture audits as the box does:
+
+- Only small, readable regular files are copied; write-only and unreadable files are skipped
+  and listed in CAPTURE-SKIPPED.
+- A symlink is never followed out of the tree it lives in (procfs, sysfs, the root's /etc):
+  such a link is skipped and listed. A directory link that stays inside is kept as a
+  symlink with the same relative target when that target is captured too: current kernels
+  make ``cpuN/cpufreq`` a link to ``../cpufreq/policyN``, and ``cpuN/nodeK`` to the node.
+  Links into trees that are not captured (a node's ``memoryN`` blocks, ``subsystem``,
+  ``driver``) are left out. A file link that stays inside is copied as a regular file.
+- ``/sys/bus/pci/devices/<addr>`` are links into ``/sys/devices/pci<dom>:<bus>/...``, where a
+  device behind a bridge (almost every GPU and NIC) is a directory inside its bridge's. Each
+  device's attributes are copied to its own place there (attributes of the PCI_ATTRS list
+  only: config space and resources are big and binary) and the link kept, so every device
+  stays listed whatever its parents. A flat tree (a directory per address, as older
+  captures have) is copied flat.
+- Process entries keep only ``comm`` and ``status`` (no environment, no command lines:
+  nothing secret leaves the box).
+- From the root's /etc: tuned's active profile and irqbalance's environment files; of the
+  systemd units audit looks for (``multi-user.target.wants/*.service``, links into
+  /lib/systemd), a small file naming the link's target stands in for each enabled unit.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from collectors.host import Host
 
 MAX_FILE = 1 << 20
 MEMORY_BLOCK = re.compile(r"memory\d+")
+PCI_ADDR = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 # (relative path under procfs, recurse depth); depth 0 = the file itself.
 PROC_ITEMS = [
@@ -28,83 +50,254 @@ PROC_ITEMS = [
 SYS_ITEMS = [
     ("devices/system/cpu", 4), ("devices/system/node", 2), ("devices/system/clocksource", 2),
     ("kernel/mm/transparent_hugepage", 1), ("kernel/mm/ksm", 1), ("hypervisor", 1),
-    ("class/dmi/id", 1), ("bus/pci/devices", 2),
+    ("class/dmi/id", 1),
 ]
 # /sys/bus/pci/devices/*: only these attributes (config space and resources are big and binary)
 PCI_ATTRS = {"class", "vendor", "device", "subsystem_vendor", "subsystem_device",
              "current_link_speed", "max_link_speed", "current_link_width", "max_link_width",
              "numa_node", "local_cpulist", "aer_dev_correctable", "aer_dev_nonfatal",
-             "aer_dev_fatal", "enable", "irq"}
-SKIP_NAMES = {"uevent", "modalias", "subsystem", "driver", "firmware_node", "power", "of_node",
+             "aer_dev_fatal", "enable", "irq", "secondary_bus_number",
+             "subordinate_bus_number"}
+# Never entered: links into other subsystems, write-only triggers, binary blobs.
+SKIP_NAMES = {"uevent", "modalias", "subsystem", "driver", "firmware_node", "of_node",
               "config", "resource", "rom", "remove", "rescan", "reset", "iommu", "iommu_group",
               "msi_bus", "msi_irqs", "consumer", "supplier", "hotplug", "cpuidle_driver"}
+# A device's power/ directory is runtime PM (autosuspend_delay_ms reads EIO on most devices):
+# only these are taken from it (cpuN/power/energy_perf_bias is the EPB audit reads).
+POWER_ATTRS = {"energy_perf_bias", "pm_qos_resume_latency_us"}
+ETC_FILES = ("tuned/active_profile", "default/irqbalance", "sysconfig/irqbalance")
+SYSTEMD_WANTS = "systemd/system/multi-user.target.wants"
+SYSTEMD_UNITS = ("cpupower.service", "tuned.service", "irqbalance.service")
 
 
-def _copy_file(src: Path, dst: Path, skipped: list[str]) -> None:
-    try:
-        st = src.stat()
-        if not os.access(src, os.R_OK) or not (st.st_mode & 0o444):
-            skipped.append(f"{src} (not readable)")
+def _inside(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+@dataclass
+class _Tree:
+    """One source tree (procfs, sysfs, /etc) and where it goes in the capture."""
+
+    src: Path  # as the Host names it (may itself be reached through a link)
+    real: str  # its resolved path: links may not leave it
+    dst: Path
+    shown: str  # how evidence names it: "/proc", "/sys", "/etc"
+
+
+@dataclass
+class CaptureResult:
+    files: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+class _Capturer:
+    def __init__(self, host: Host, out: Path) -> None:
+        self.host = host
+        self.out = out
+        self.result = CaptureResult()
+        # (link path in the capture, its target there, the link's text); made at the end,
+        # once it is known whether the target was captured
+        self.links: list[tuple[Path, Path, str]] = []
+        self.proc = self._tree(host.procfs, out / "proc", "/proc")
+        self.sys = self._tree(host.sysfs, out / "sys", "/sys")
+        self.etc = self._tree(host.etc(), out / "etc", "/etc")
+        # real paths of the sysfs areas this capture walks: a directory link into one of them
+        # is kept (its target is captured by that area's walk)
+        self.areas: list[str] = []
+
+    @staticmethod
+    def _tree(src: Path, dst: Path, shown: str) -> _Tree:
+        return _Tree(src, os.path.realpath(src), dst, shown)
+
+    def skip(self, tree: _Tree, path: Path, why: str) -> None:
+        self.result.skipped.append(f"{self.show(tree, path)} ({why})")
+
+    def show(self, tree: _Tree, path: Path) -> str:
+        """The path as it reads on the box (``/sys/...``), for CAPTURE-SKIPPED."""
+        for base in (str(tree.src), tree.real):
+            if _inside(str(path), base):
+                rel = os.path.relpath(path, base)
+                return f"{tree.shown}/{rel}" if rel != "." else tree.shown
+        return str(path)
+
+    def dst_of(self, tree: _Tree, real: str) -> Path:
+        """Where a resolved source path (inside ``tree``) goes in the capture."""
+        rel = os.path.relpath(real, tree.real)
+        return tree.dst if rel == "." else tree.dst / rel
+
+    # -- files -------------------------------------------------------------------------------
+    def copy_file(self, tree: _Tree, src: Path, dst: Path, gone_ok: bool = False) -> None:
+        """Copy one regular file; ``gone_ok``: a file that vanished meanwhile (a process
+        that exited) is not worth a CAPTURE-SKIPPED line."""
+        try:
+            if src.is_symlink():
+                real = os.path.realpath(src)
+                if not _inside(real, tree.real):
+                    self.skip(tree, src, f"symlink out of the tree: -> {os.readlink(src)}")
+                    return
+                src = Path(real)
+            st = src.stat()
+            if not stat.S_ISREG(st.st_mode):
+                return
+            if not os.access(src, os.R_OK) or not (st.st_mode & 0o444):
+                self.skip(tree, src, "not readable")
+                return
+            with open(src, "rb") as fh:
+                data = fh.read(MAX_FILE)
+        except OSError as exc:
+            if not (gone_ok and exc.errno in (errno.ENOENT, errno.ESRCH)):
+                self.skip(tree, src, exc.strerror or str(exc))
             return
-        with open(src, "rb") as fh:
-            data = fh.read(MAX_FILE)
-    except OSError as exc:
-        skipped.append(f"{src} ({exc.strerror})")
-        return
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(data)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(data)
+        self.result.files += 1
 
-
-def _walk(src: Path, dst: Path, depth: int, skipped: list[str], only: set[str] | None = None,
-          seen: set[str] | None = None, follow_links: bool = False) -> None:
-    seen = set() if seen is None else seen
-    try:
+    # -- directories -------------------------------------------------------------------------
+    def item(self, tree: _Tree, rel: str, depth: int) -> None:
+        """One PROC_ITEMS/SYS_ITEMS entry: itself a file, a directory, or a link to either."""
+        src = tree.src / rel
+        if not os.path.lexists(src):
+            return
         real = os.path.realpath(src)
-    except OSError:
-        return
-    if src.is_dir():
-        if real in seen or depth < 0:
+        if not _inside(real, tree.real):
+            self.skip(tree, src, "symlink out of the tree")
             return
-        seen.add(real)
+        dst = self.dst_of(tree, real)
+        if os.path.isdir(real):
+            self.walk(tree, Path(real), dst, depth)
+            lexical = tree.dst / rel
+            if lexical != dst:  # reached through a link (/sys/class/dmi/id): keep the link
+                self.links.append((lexical, dst, os.path.relpath(dst, lexical.parent)))
+        else:
+            self.copy_file(tree, src, tree.dst / rel)
+
+    def walk(self, tree: _Tree, src: Path, dst: Path, depth: int,
+             only: set[str] | None = None) -> None:
+        """Copy the directory ``src`` (a real directory, not a link) to ``dst``; ``only``:
+        just the files of these names."""
         try:
             names = sorted(os.listdir(src))
         except OSError as exc:
-            skipped.append(f"{src} ({exc.strerror})")
+            self.skip(tree, src, exc.strerror or str(exc))
             return
         dst.mkdir(parents=True, exist_ok=True)
         for n in names:
             if n in SKIP_NAMES:
                 continue
             child = src / n
-            if only is not None and child.is_file() and n not in only:
+            try:
+                st = child.lstat()
+            except OSError:
                 continue
-            if child.is_dir():
-                # Follow directory symlinks only where the layout is made of them
-                # (/sys/bus/pci/devices/*); elsewhere they lead into huge unrelated trees
-                # (cpuN/node0 -> the node's memory blocks).
-                if depth > 0 and (follow_links or not child.is_symlink()) \
-                        and not MEMORY_BLOCK.fullmatch(n):
-                    _walk(child, dst / n, depth - 1, skipped, only, seen)
-            elif child.is_file():
-                _copy_file(child, dst / n, skipped)
-    elif src.is_file():
-        _copy_file(src, dst, skipped)
+            if stat.S_ISLNK(st.st_mode):
+                self.dir_link(tree, child, dst / n, depth)
+            elif stat.S_ISDIR(st.st_mode):
+                if depth > 0 and not MEMORY_BLOCK.fullmatch(n):
+                    self.walk(tree, child, dst / n, depth - 1,
+                              POWER_ATTRS if n == "power" else None)
+            elif stat.S_ISREG(st.st_mode) and (only is None or n in only):
+                self.copy_file(tree, child, dst / n)
+
+    def dir_link(self, tree: _Tree, link: Path, dst: Path, depth: int) -> None:
+        real = os.path.realpath(link)
+        if not _inside(real, tree.real):
+            self.skip(tree, link, f"symlink out of the tree: -> {os.readlink(link)}")
+            return
+        if not os.path.isdir(real):
+            if os.path.isfile(real):
+                self.copy_file(tree, link, dst)
+            return
+        if depth <= 0 or not any(_inside(real, a) for a in self.areas):
+            return  # a link into a tree this capture does not take (memory blocks, bus/cpu)
+        target = self.dst_of(tree, real)
+        self.links.append((dst, target, os.path.relpath(target, dst.parent)))
+
+    def pci(self) -> None:
+        """/sys/bus/pci/devices: every device at its own place, links kept (module doc)."""
+        tree = self.sys
+        base = tree.src / "bus/pci/devices"
+        try:
+            names = sorted(os.listdir(base))
+        except OSError as exc:
+            if os.path.lexists(base):
+                self.skip(tree, base, exc.strerror or str(exc))
+            return
+        out_base = tree.dst / "bus/pci/devices"
+        out_base.mkdir(parents=True, exist_ok=True)
+        for n in names:
+            entry = base / n
+            real = os.path.realpath(entry)
+            if not _inside(real, tree.real):
+                self.skip(tree, entry, "symlink out of the tree")
+                continue
+            if not os.path.isdir(real):
+                continue
+            dst = self.dst_of(tree, real) if entry.is_symlink() else out_base / n
+            self.attrs(tree, Path(real), dst)
+            if entry.is_symlink():
+                self.links.append((out_base / n, dst, os.path.relpath(dst, out_base)))
+
+    def attrs(self, tree: _Tree, src: Path, dst: Path) -> None:
+        """The PCI_ATTRS files of one device directory (its child devices are not entered:
+        each is captured through its own bus/pci/devices entry)."""
+        dst.mkdir(parents=True, exist_ok=True)
+        for a in sorted(PCI_ATTRS):
+            p = src / a
+            if os.path.lexists(p):
+                self.copy_file(tree, p, dst / a)
+
+    def make_links(self) -> None:
+        for link, target, text in self.links:
+            if os.path.lexists(link) or not os.path.lexists(target):
+                continue  # already there, or the target was not captured (depth, skipped)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(text, link)
+
+    # -- the rest ----------------------------------------------------------------------------
+    def processes(self) -> None:
+        for pid in self.host.pids():
+            for name in ("comm", "status"):
+                src = self.host.proc(pid, name)
+                if os.path.lexists(src):
+                    self.copy_file(self.proc, src, self.proc.dst / str(pid) / name, gone_ok=True)
+
+    def etc_files(self) -> None:
+        for rel in ETC_FILES:
+            src = self.etc.src / rel
+            if os.path.lexists(src):
+                self.copy_file(self.etc, src, self.etc.dst / rel)
+        for unit in SYSTEMD_UNITS:
+            src = self.etc.src / SYSTEMD_WANTS / unit
+            if os.path.lexists(src) and os.path.exists(src):
+                # the unit file itself lives outside /etc: record that it is enabled
+                text = os.readlink(src) if src.is_symlink() else "regular file"
+                dst = self.etc.dst / SYSTEMD_WANTS / unit
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(f"enabled (link to {text})\n")
+                self.result.files += 1
+
+
+def capture_result(host: Host, out: Path) -> CaptureResult:
+    """Copy the host's relevant files under ``out/proc``, ``out/sys`` and ``out/etc``; write
+    ``out/CAPTURE-SKIPPED``. ``out`` must be a new, empty directory."""
+    c = _Capturer(host, out)
+    for rel, _depth in SYS_ITEMS:
+        real = os.path.realpath(c.sys.src / rel)
+        if _inside(real, c.sys.real):
+            c.areas.append(real)
+    for rel, depth in PROC_ITEMS:
+        c.item(c.proc, rel, depth)
+    for rel, depth in SYS_ITEMS:
+        c.item(c.sys, rel, depth)
+    c.pci()
+    c.make_links()
+    c.processes()
+    c.etc_files()
+    skipped = c.result.skipped
+    (out / "CAPTURE-SKIPPED").write_text("\n".join(skipped) + ("\n" if skipped else ""))
+    return c.result
 
 
 def capture(host: Host, out: Path) -> list[str]:
-    """Copy the host's relevant files under ``out/proc`` and ``out/sys``; return skipped."""
-    skipped: list[str] = []
-    for rel, depth in PROC_ITEMS:
-        _walk(host.proc(rel), out / "proc" / rel, depth, skipped)
-    for rel, depth in SYS_ITEMS:
-        only = PCI_ATTRS if rel == "bus/pci/devices" else None
-        _walk(host.sys(rel), out / "sys" / rel, depth, skipped, only,
-              follow_links=rel == "bus/pci/devices")
-    for pid in host.pids():
-        for name in ("comm", "status"):
-            _copy_file(host.proc(pid, name), out / "proc" / str(pid) / name, [])
-    tuned = host.etc("tuned", "active_profile")
-    if tuned.is_file():
-        _copy_file(tuned, out / "etc/tuned/active_profile", skipped)
-    (out / "CAPTURE-SKIPPED").write_text("\n".join(skipped) + ("\n" if skipped else ""))
-    return skipped
+    """:func:`capture_result`; returns the skipped entries (as listed in CAPTURE-SKIPPED)."""
+    return capture_result(host, out).skipped

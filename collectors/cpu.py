@@ -46,7 +46,10 @@ def nohz_full_cpus(host: Host) -> list[int]:
 
 @dataclass
 class CpuFreq:
-    """cpufreq state of one CPU; frequencies in Hz (the files hold kHz)."""
+    """cpufreq state of one CPU; frequencies in Hz (the files hold kHz).
+
+    A value that could not be read is None, with the reason in ``reasons`` under the field's
+    name ("min_hz": "absent", "cpuinfo_max_hz": "error: cannot parse: ...")."""
 
     cpu: int
     driver: str | None = None
@@ -61,32 +64,48 @@ class CpuFreq:
     available_epp: list[str] = field(default_factory=list)
     epb: int | None = None
     paths: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
-def _khz(host: Host, path) -> int | None:
+def _khz(host: Host, path, reasons: dict[str, str] | None = None,
+         key: str = "") -> int | None:
     r = host.read_int(path)
+    if r.value is None and reasons is not None:
+        reasons[key] = r.reason or "unreadable"
     return None if r.value is None else r.value * 1000
 
 
 def cpufreq(host: Host, cpu: int) -> CpuFreq | None:
-    """cpufreq of one CPU, or None when the CPU has no cpufreq directory (no driver)."""
+    """cpufreq of one CPU, or None when the CPU has no cpufreq directory (no driver).
+
+    Current kernels make ``cpuN/cpufreq`` a link to ``../cpufreq/policyN`` (one policy per
+    CPU with intel_pstate, one per cluster on arm64): it is read through the link."""
     d = cpu_dir(host, cpu) / "cpufreq"
     if not host.exists(d):
         return None
-    gov = host.read(d / "scaling_governor")
     out = CpuFreq(cpu=cpu)
+    why = out.reasons
+    gov = host.read(d / "scaling_governor")
+    if gov.value is None:
+        why["governor"] = gov.reason or "unreadable"
     out.driver = host.read(d / "scaling_driver").value
-    out.governor = gov.value
+    out.governor = gov.value.strip() if gov.value is not None else None
     out.available_governors = (host.read(d / "scaling_available_governors").value or "").split()
-    out.min_hz = _khz(host, d / "scaling_min_freq")
-    out.max_hz = _khz(host, d / "scaling_max_freq")
-    out.cpuinfo_min_hz = _khz(host, d / "cpuinfo_min_freq")
-    out.cpuinfo_max_hz = _khz(host, d / "cpuinfo_max_freq")
+    out.min_hz = _khz(host, d / "scaling_min_freq", why, "min_hz")
+    out.max_hz = _khz(host, d / "scaling_max_freq", why, "max_hz")
+    out.cpuinfo_min_hz = _khz(host, d / "cpuinfo_min_freq", why, "cpuinfo_min_hz")
+    out.cpuinfo_max_hz = _khz(host, d / "cpuinfo_max_freq", why, "cpuinfo_max_hz")
     out.cur_hz = _khz(host, d / "scaling_cur_freq")
-    out.epp = host.read(d / "energy_performance_preference").value
+    epp = host.read(d / "energy_performance_preference")
+    out.epp = epp.value.strip() if epp.value is not None else None
+    if epp.value is None:
+        why["epp"] = epp.reason or "unreadable"
     out.available_epp = (host.read(d / "energy_performance_available_preferences").value
                          or "").split()
-    out.epb = host.read_int(cpu_dir(host, cpu) / "power/energy_perf_bias").value
+    epb = host.read_int(cpu_dir(host, cpu) / "power/energy_perf_bias")
+    out.epb = epb.value
+    if epb.value is None:
+        why["epb"] = epb.reason or "unreadable"
     out.paths = {"governor": host.display(d / "scaling_governor"),
                  "min": host.display(d / "scaling_min_freq"),
                  "epp": host.display(d / "energy_performance_preference")}
@@ -120,7 +139,8 @@ def turbo(host: Host) -> Turbo:
 
 @dataclass(frozen=True)
 class IdleState:
-    """One cpuidle state of a CPU. ``latency_us`` is the exit latency the kernel reports."""
+    """One cpuidle state of a CPU. ``latency_us`` is the exit latency the kernel reports;
+    None (and ``disabled`` None) when unreadable, with the reason in ``reason``."""
 
     cpu: int
     index: int
@@ -128,6 +148,7 @@ class IdleState:
     latency_us: int | None
     disabled: bool | None
     path: str
+    reason: str | None = None
 
 
 def cpuidle_states(host: Host, cpu: int) -> list[IdleState] | None:
@@ -140,10 +161,13 @@ def cpuidle_states(host: Host, cpu: int) -> list[IdleState] | None:
         idx = name[5:]
         if not idx.isdigit():
             continue
-        dis = host.read_int(sd / "disable").value
-        out.append(IdleState(cpu, int(idx), host.read(sd / "name").value or name,
-                             host.read_int(sd / "latency").value,
-                             None if dis is None else dis != 0, host.display(sd)))
+        dis = host.read_int(sd / "disable")
+        lat = host.read_int(sd / "latency")
+        why = "; ".join(f"{f} {r.reason}" for f, r in (("latency", lat), ("disable", dis))
+                        if r.reason is not None) or None
+        out.append(IdleState(cpu, int(idx), (host.read(sd / "name").value or name).strip(),
+                             lat.value, None if dis.value is None else dis.value != 0,
+                             host.display(sd), why))
     return sorted(out, key=lambda s: s.index)
 
 

@@ -83,13 +83,15 @@ class Clocksource:
     current: str | None
     available: tuple[str, ...]
     path: str
+    reason: str | None = None  # why ``current`` is None
 
 
 def clocksource(host: Host) -> Clocksource:
     d = host.sys("devices/system/clocksource/clocksource0")
     cur = host.read(d / "current_clocksource")
     avail = host.read(d / "available_clocksource").value or ""
-    return Clocksource(cur.value, tuple(avail.split()), cur.path)
+    return Clocksource(cur.value.strip() if cur.value else None, tuple(avail.split()),
+                       cur.path, cur.reason if not cur.value else None)
 
 
 def kernel_release(host: Host) -> str | None:

@@ -2,12 +2,22 @@
 
 Sources (per device under /sys/bus/pci/devices/DDDD:BB:DD.F):
   class, vendor, device, current_link_speed, max_link_speed, current_link_width,
-  max_link_width, numa_node, local_cpulist, aer_dev_{correctable,nonfatal,fatal}
-                                                        [lspci -vv: LnkCap / LnkSta]
+  max_link_width, numa_node, local_cpulist, aer_dev_{correctable,nonfatal,fatal},
+  and for bridges secondary_bus_number / subordinate_bus_number   [lspci -vv: LnkCap / LnkSta]
+
+On bare metal each /sys/bus/pci/devices entry is a link into /sys/devices/pci<dom>:<bus>/,
+where a device behind a bridge is a directory inside the bridge's; flat trees (older
+captures) have a directory per address. Both read the same here.
+
+A current link the kernel cannot state ("Unknown" speed, width 0: the link is down, or the
+config read failed) is not "at max": :attr:`PciDevice.link_unknown`, with the reason in
+:attr:`PciDevice.unreadable`. A bridge with no device behind it (an empty hot-plug slot) is
+:attr:`PciDevice.empty_bridge`: its link is down because nothing is there.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from collectors.host import Host
@@ -35,10 +45,20 @@ class PciDevice:
     local_cpus: list[int] | None
     aer: dict[str, int] = field(default_factory=dict)
     path: str = ""
+    # attribute -> why it could not be read ("absent", "error: cannot parse: ...")
+    unreadable: dict[str, str] = field(default_factory=dict)
+    is_bridge: bool = False
+    # a bridge: True when no device sits on the buses behind it, None when unknown
+    empty_bridge: bool | None = None
 
     @property
     def has_link(self) -> bool:
         return self.max_speed_gts is not None and self.max_width is not None
+
+    @property
+    def link_unknown(self) -> bool:
+        """The device has a link (max readable) whose current speed or width is unknown."""
+        return self.has_link and (self.cur_speed_gts is None or self.cur_width is None)
 
     @property
     def cur_gen(self) -> int | None:
@@ -74,31 +94,74 @@ def normalize_bus_id(bus_id: str) -> str:
     return f"0000:{b}"
 
 
+PCI_ADDR = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def _bus(address: str) -> tuple[str, int]:
+    dom, bus, _ = address.split(":")
+    return dom, int(bus, 16)
+
+
 def pci_devices(host: Host) -> list[PciDevice]:
+    """Every PCI function under /sys/bus/pci/devices (``lspci -vv``), in address order."""
     out = []
+    bridges: dict[str, tuple[int | None, int | None, bool | None]] = {}
     base = host.sys("bus/pci/devices")
     for addr in host.listdir(base):
         d = base / addr
+        unreadable: dict[str, str] = {}
 
-        def rd(name, parser, d=d):
-            return host.read(d / name).map(parser).value
+        def rd(name, parser, need=True, d=d, unreadable=unreadable):
+            """The parsed attribute; a missing one is noted only where it ``need``s to be."""
+            r = host.read(d / name)
+            v = r.map(parser)
+            if v.reason is not None and (need or v.reason != "absent"):
+                unreadable[name] = v.reason
+            elif v.value is None and r.value is not None and need:
+                unreadable[name] = f"the kernel says {r.value.strip()!r}"  # "Unknown", "0"
+            return v.value
 
-        klass = host.read(d / "class").value
+        klass = rd("class", pci_class_name)
         numa = host.read_int(d / "numa_node").value
         aer: dict[str, int] = {}
         for kind in ("correctable", "nonfatal", "fatal"):
-            aer.update(rd(f"aer_dev_{kind}", parse_aer) or {})
+            aer.update(rd(f"aer_dev_{kind}", parse_aer, need=False) or {})
+        max_speed = rd("max_link_speed", parse_pci_speed, need=False)
+        max_width = rd("max_link_width", parse_pci_width, need=False)
+        # the current link matters only where there is a link: legacy and virtual PCI
+        # devices have none of these files, a host bridge says "Unknown" everywhere
+        has_link = max_speed is not None and max_width is not None
+        cur_speed = rd("current_link_speed", parse_pci_speed, need=has_link)
+        cur_width = rd("current_link_width", parse_pci_width, need=has_link)
+        address = normalize_bus_id(addr)
+        if klass == "bridge-pci":
+            sec = host.read_int(d / "secondary_bus_number").value
+            sub = host.read_int(d / "subordinate_bus_number").value
+            # Without the bus numbers, a hierarchical tree (live, or a capture that kept the
+            # links) still shows the devices behind a bridge as its subdirectories; a flat
+            # one cannot tell.
+            child = (any(PCI_ADDR.fullmatch(n.lower()) for n in host.listdir(d))
+                     if host.readlink(d) is not None else None)
+            bridges[address] = (sec, sub, child)
         out.append(PciDevice(
-            address=normalize_bus_id(addr),
-            klass=pci_class_name(klass) if klass else "unknown",
+            address=address, klass=klass or "unknown",
             vendor=host.read(d / "vendor").value, device=host.read(d / "device").value,
-            cur_speed_gts=rd("current_link_speed", parse_pci_speed),
-            max_speed_gts=rd("max_link_speed", parse_pci_speed),
-            cur_width=rd("current_link_width", parse_pci_width),
-            max_width=rd("max_link_width", parse_pci_width),
+            cur_speed_gts=cur_speed, max_speed_gts=max_speed,
+            cur_width=cur_width, max_width=max_width,
             numa_node=None if numa is None or numa < 0 else numa,
-            local_cpus=rd("local_cpulist", parse_cpulist),
-            aer=aer, path=host.display(d)))
+            local_cpus=rd("local_cpulist", parse_cpulist, need=False),
+            aer=aer, path=host.display(d), unreadable=unreadable,
+            is_bridge=klass == "bridge-pci"))
+    on_bus = {_bus(dev.address) for dev in out}
+    for dev in out:
+        if dev.address not in bridges:
+            continue
+        sec, sub, child = bridges[dev.address]
+        dom = dev.address.split(":")[0]
+        if sec is not None and sub is not None and 0 < sec <= sub:
+            dev.empty_bridge = not any((dom, b) in on_bus for b in range(sec, sub + 1))
+        elif child is not None:
+            dev.empty_bridge = not child
     return out
 
 

@@ -2,6 +2,7 @@
 
 Sources:
 - /sys/devices/system/node/nodeN/cpulist                    [numactl --hardware]
+- /sys/devices/system/cpu/{online,present,possible}, cpuN/online  [lscpu]
 - /sys/hypervisor/type, /sys/class/dmi/id/{sys_vendor,product_name}, cpuinfo "hypervisor" flag
                                                             [systemd-detect-virt]
 - /proc/stat steal ticks over a short window               [vmstat 1, column st]
@@ -16,25 +17,105 @@ from dataclasses import dataclass
 
 from collectors.cpu import cpuinfo_flags
 from collectors.host import Host, Reading
-from collectors.parsers import parse_cpulist, parse_environ, parse_kv, parse_proc_stat
+from collectors.parsers import (
+    format_cpulist,
+    parse_cpulist,
+    parse_environ,
+    parse_kv,
+    parse_proc_stat,
+)
 
 # --------------------------------------------------------------------------------------------
 # NUMA
 # --------------------------------------------------------------------------------------------
 
 
-def numa_nodes(host: Host) -> dict[int, list[int]]:
-    """{node id: CPU ids}. A kernel without NUMA sysfs gives {} (callers treat as one node)."""
+def numa_node_cpulists(host: Host) -> dict[int, Reading[list[int]]]:
+    """{node id: its cpulist reading} for every nodeN directory. Node ids are whatever the
+    kernel was given (ACPI SRAT proximity domains, the device tree): they need not start at
+    0 nor be contiguous. {} on a kernel without NUMA sysfs."""
     out = {}
     for name, d in host.glob_dirs(host.sys("devices/system/node"), "node"):
         if name[4:].isdigit():
-            r = host.read(d / "cpulist").map(parse_cpulist)
-            out[int(name[4:])] = r.value or []
+            out[int(name[4:])] = host.read(d / "cpulist").map(parse_cpulist)
     return out
+
+
+def numa_nodes(host: Host) -> dict[int, list[int]]:
+    """{node id: CPU ids}. A kernel without NUMA sysfs gives {} (callers treat as one node).
+    A node whose cpulist cannot be read has [] here: checks that must tell "no CPUs" from
+    "unreadable" use :func:`numa_node_cpulists`."""
+    return {n: r.value or [] for n, r in numa_node_cpulists(host).items()}
 
 
 def node_of_cpus(nodes: dict[int, list[int]], cpus: list[int]) -> set[int]:
     return {n for n, cl in nodes.items() if set(cl) & set(cpus)}
+
+
+# --------------------------------------------------------------------------------------------
+# Online CPUs, also where /sys/devices/system/cpu/online is missing
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OnlineCpus:
+    """The online CPUs and how they were found. ``derived`` is None when the kernel's own
+    list (cpu/online, ``path``) was read; else ``reason`` says why it was not and
+    ``derived`` where the CPUs came from instead."""
+
+    cpus: list[int]
+    path: str
+    derived: str | None = None
+    reason: str | None = None
+
+
+def online_cpus(host: Host) -> Reading[OnlineCpus]:
+    """/sys/devices/system/cpu/online [lscpu]; where it is missing or unreadable (seen in
+    captures), derived from ``present`` (else ``possible``) and the cpuN directories, each
+    CPU online unless its own cpuN/online says 0 (x86's CPU 0 has no such file: it cannot go
+    offline). None when none of these can be read."""
+    base = host.sys("devices/system/cpu")
+    r = host.read(base / "online").map(parse_cpulist)
+    if r.ok and r.value:
+        return Reading(OnlineCpus(r.value, r.path), r.path)
+    dirs = sorted(int(n[3:]) for n, _ in host.glob_dirs(base, "cpu") if n[3:].isdigit())
+    reason = "empty" if r.ok else (r.reason or "unreadable")
+    sources: list[str] = []
+    cpus: list[int] | None = None
+    for name in ("present", "possible"):
+        lst = host.read(base / name).map(parse_cpulist)
+        if lst.ok and lst.value:
+            cpus = [c for c in lst.value if c in dirs] if dirs else lst.value
+            sources.append(f"CPUs from {lst.path}" + (" and the cpuN directories" if dirs
+                                                       else ""))
+            break
+    if cpus is None and dirs:
+        cpus = dirs
+        sources.append(f"CPUs from the cpuN directories of {host.display(base)}")
+    if not cpus:
+        return Reading(None, r.path, r.reason or "empty")
+    off = []
+    for c in cpus:
+        o = host.read_int(base / f"cpu{c}" / "online")
+        if o.value == 0:
+            off.append(c)
+    cpus = [c for c in cpus if c not in off]
+    if off:
+        sources.append(f"less cpuN/online = 0 ({format_cpulist(off)})")
+    else:
+        sources.append("each online unless its cpuN/online says 0")
+    if not cpus:
+        return Reading(None, r.path, "every CPU offline")
+    return Reading(OnlineCpus(cpus, r.path, "; ".join(sources), reason), r.path)
+
+
+def nr_cpu_ids(host: Host, online: list[int] | None = None) -> int | None:
+    """The kernel's nr_cpu_ids (the highest possible CPU + 1, what "N" and "all" mean in a
+    boot argument's CPU list), from cpu/possible; else one past the last online CPU."""
+    r = host.read(host.sys("devices/system/cpu/possible")).map(parse_cpulist)
+    if r.ok and r.value:
+        return max(r.value) + 1
+    return max(online) + 1 if online else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,13 +13,15 @@ from agent.cli import get_app
 from tests.conftest import FIXTURES, GOLDEN, TREES
 
 runner = CliRunner()
+# the bare-metal-shaped trees (policy links, bridges, nodes from 1, hybrid maxima)
+GOLDEN_TREES = (*TREES, "synthetic-baremetal", "synthetic-hybrid")
 
 
 def audit(*args: str):
     return runner.invoke(get_app(), ["audit", *args])
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", GOLDEN_TREES)
 def test_golden(tree):
     res = audit("--root", str(FIXTURES / tree), "--json")
     assert res.exit_code in (0, 2), res.output
@@ -77,7 +79,7 @@ def test_bench_profile_wants_turbo_off():
 
 @pytest.mark.parametrize("args,msg", [
     (["--cpus", "3-1"], "runs backwards"),
-    (["--cpus", "x"], "bad CPU number"),
+    (["--cpus", "x"], "bad CPU list element 'x'"),
     (["--cpus", "99"], "not online"),
     (["--pid", "99999999"], "no such process"),
     (["--profile", "nope"], "unknown profile"),
@@ -104,17 +106,30 @@ def test_partly_unreadable_host_still_reports(tree_copy):
     res = audit("--root", str(root), "--json")
     assert res.exit_code == 2
     f = by_id(res)
-    assert f["irq.affinity"]["status"] == "error"
-    assert f["kernel.swap"]["status"] == "error" and "absent" in f["kernel.swap"]["current"]
-    assert f["kernel.thp_enabled"]["status"] == "unsupported"
+    # missing from the tree: unsupported, and said so (the kernel or the capture lacks it)
+    assert f["irq.affinity"]["status"] == "unsupported"
+    assert f["irq.affinity"]["current"] == "unsupported: /proc/irq absent from this tree"
+    assert f["kernel.swap"]["status"] == "unsupported"
+    assert "/proc/swaps absent from this tree" in f["kernel.swap"]["current"]
+    # a file that does not parse is unreadable (error), not "kernel without THP"
+    assert f["kernel.thp_enabled"]["status"] == "error"
+    assert "cannot parse" in f["kernel.thp_enabled"]["current"]
     assert f["cpu.governor"]["status"] == "fail"  # the rest still reports
 
 
-def test_no_online_file_means_audit_cannot_run(tree_copy):
+def test_no_online_file_derives_the_cpus_and_says_so(tree_copy):
+    """A missing cpu/online (seen in real captures) no longer stops the audit: the CPUs come
+    from present and the cpuN directories, and the cpu.online finding says so (error: the
+    kernel's own list could not be read). tests/test_baremetal.py has the other cases."""
     root = tree_copy("synthetic-tuned")
     (root / "sys/devices/system/cpu/online").unlink()
-    res = audit("--root", str(root))
-    assert res.exit_code == 1 and "online CPUs" in res.output
+    res = audit("--root", str(root), "--json")
+    assert res.exit_code == 1
+    f = by_id(res)
+    assert f["cpu.online"]["status"] == "error"
+    assert "derived 0-15" in f["cpu.online"]["current"]
+    assert json.loads(res.stdout)["target_cpus"] == "4-7"
+    assert {x["status"] for x in f.values()} <= {"ok", "warn", "unsupported", "error"}
 
 
 def test_pid_checks_on_fixture_process(tree_copy):

@@ -14,9 +14,9 @@ from collectors import cpu as cpuc
 from collectors import kernel, system
 from collectors.host import Host
 from collectors.parsers import format_cpulist, parse_cpu_option
-from tuning.checks import cpu, gpu, irq, isolation, platform
+from tuning.checks import cpu, gpu, irq, isolation, platform, wakeup
 from tuning.checks import kernel as kernel_checks
-from tuning.checks.base import AuditContext
+from tuning.checks.base import AuditContext, why
 from tuning.findings import Finding, Status, summarize
 from tuning.profiles import Profile
 
@@ -24,13 +24,17 @@ SCHEMA_VERSION = 1
 
 # (family, check). Virtualization first: later checks use its verdict to say "unsupported
 # in this guest" instead of "missing".
+# The target process (--pid) is a family of its own: a numa check that breaks must not take
+# the process findings with it.
 FAMILIES: list[tuple[str, Callable[[AuditContext], list[Finding]]]] = [
     ("virt", platform.check_virt),
     ("cpu", cpu.check),
+    ("wakeup", wakeup.check),
     ("isolation", isolation.check),
     ("irq", irq.check),
     ("kernel", kernel_checks.check),
     ("numa", platform.check_numa),
+    ("process", platform.check_process),
     ("pcie", platform.check_pcie),
     ("tuners", platform.check_tuners),
     ("gpu", gpu.check),
@@ -62,11 +66,14 @@ class AuditReport:
 
 
 def resolve_cpus(host: Host, spec: str | None) -> tuple[list[int], list[int]]:
-    """(target CPUs, online CPUs). Default target: isolated CPUs if any, else all online."""
-    online_r = cpuc.online_cpus(host)
+    """(target CPUs, online CPUs). Default target: isolated CPUs if any, else all online.
+    Online CPUs come from cpu/online, or, where that is missing, from present/possible and
+    the cpuN directories (collectors.system.online_cpus; the cpu family says so)."""
+    online_r = system.online_cpus(host)
     if not online_r.ok:
-        raise AuditInputError(f"cannot read online CPUs ({online_r.path}: {online_r.reason})")
-    online = online_r.value
+        raise AuditInputError(f"cannot read online CPUs ({online_r.path}: {online_r.reason};"
+                              " nor present, possible or any cpuN directory)")
+    online = online_r.value.cpus
     if spec is None:
         iso = [c for c in cpuc.isolated_cpus(host) if c in online]
         return (iso or online), online
@@ -79,7 +86,8 @@ def resolve_cpus(host: Host, spec: str | None) -> tuple[list[int], list[int]]:
 
 def host_facts(host: Host, ctx: AuditContext) -> dict:
     virt = ctx.cache["virt"]
-    return {
+    derived = ctx.cache.get("online_derived")
+    return ({"online_cpus_derived": derived} if derived else {}) | {
         "kernel": kernel.kernel_release(host),
         "cpu_model": cpuc.cpu_model(host),
         "online_cpus": format_cpulist(ctx.online),
@@ -96,6 +104,9 @@ def run_audit(host: Host, profile: Profile, cpus: str | None = None, pid: int | 
     target, online = resolve_cpus(host, cpus)
     ctx = AuditContext(host=host, profile=profile, cpus=target, online=online, pid=pid,
                        steal_window_s=steal_window_s)
+    oc = system.online_cpus(host).value
+    if oc.derived:
+        ctx.cache["online_derived"] = f"{oc.path} {why(host, oc.reason, oc.path)}; {oc.derived}"
     if pid is not None:
         if pid <= 0:
             raise AuditInputError(f"bad --pid {pid}")
@@ -113,8 +124,5 @@ def run_audit(host: Host, profile: Profile, cpus: str | None = None, pid: int | 
         except Exception as exc:  # noqa: BLE001 - one broken family must not hide the others
             findings.append(Finding(f"{name}.check", name, f"{name} checks", Status.ERROR,
                                     current=f"check failed: {type(exc).__name__}: {exc}"))
-    if pid is not None:
-        # process findings are grouped under their own family, after numa
-        findings.sort(key=lambda f: 0 if f.family != "process" else 1)
     return AuditReport(profile=profile.name, target_cpus=target, host=host_facts(host, ctx),
                        findings=findings, duration_s=time.perf_counter() - t0)

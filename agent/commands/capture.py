@@ -12,8 +12,9 @@ from agent.commands.common import ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail
 HELP = """Capture this host's /proc and /sys files (the ones audit reads) into DIR.
 
 Audit it later anywhere with `hftagent audit --root DIR`: for bug reports, comparing boxes,
-and golden tests. Process entries keep only comm and status (no environments, no command
-lines). Read-only on the host."""
+and golden tests. The capture keeps sysfs's layout, links included (cpuN/cpufreq, PCI devices
+behind bridges), and never follows a link out of the tree. Process entries keep only comm and
+status (no environments, no command lines). Read-only on the host."""
 
 
 def capture(
@@ -22,18 +23,20 @@ def capture(
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
 ) -> None:
-    from collectors.capture import capture as do_capture
+    from collectors.capture import capture_result
 
-    if out.exists():
+    if out.exists() or out.is_symlink():
         raise fail(f"--out {str(out)!r} already exists; give a new directory")
     host = make_host(root, procfs, sysfs)
     try:
         out.mkdir(parents=True)
-        skipped = do_capture(host, out)
     except OSError as exc:
-        raise fail(f"cannot write {str(out)!r}: {exc.strerror or exc}") from None
-    files = sum(1 for p in out.rglob("*") if p.is_file())
-    print(f"captured {files} files into {out} ({len(skipped)} unreadable, listed in "
+        raise fail(f"--out {str(out)!r}: cannot create it: {exc.strerror or exc}") from None
+    try:
+        res = capture_result(host, out)
+    except OSError as exc:
+        raise fail(f"--out {str(out)!r}: cannot write in it: {exc.strerror or exc}") from None
+    print(f"captured {res.files} files into {out} ({len(res.skipped)} skipped, listed in "
           f"{out / 'CAPTURE-SKIPPED'})")
 
 

@@ -1,11 +1,23 @@
-"""What every check gets: the host, the profile, the target CPUs, an optional target PID."""
+"""What every check gets: the host, the profile, the target CPUs, an optional target PID.
+
+Missing data, the rule every check follows: a value that could not be read is never ``ok``.
+- The whole source is absent (no cpufreq directory on any target CPU, no /proc/irq, no sysctl
+  file): ``unsupported``, with the reason.
+- Part of it is absent, unreadable or does not parse (one CPU of eight without cpufreq, a
+  C-state latency that is not a number, a node whose cpulist cannot be read): ``error``,
+  naming what could not be read — unless what was read already fails or warns, which then
+  stands, with the unreadable part in ``current`` too.
+- A file missing from a captured tree (``--root``) is "absent from this tree": whether the
+  kernel lacked it or the capture missed it cannot be told from the tree (:func:`why`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from collectors.host import Host
+from collectors.host import ABSENT, PERMISSION, Host
 from tuning.findings import Finding, Status
 from tuning.profiles import Profile
 
@@ -41,3 +53,23 @@ def unsupported(id: str, family: str, title: str, reason: str, evidence: str = "
                 why: str = "") -> Finding:
     return Finding(id=id, family=family, title=title, status=Status.UNSUPPORTED,
                    current=f"unsupported: {reason}", evidence=evidence, why=why)
+
+
+def in_tree(host: Host, shown: str) -> bool:
+    """Whether the file shown as ``shown`` ("/proc/...", "/sys/...", "/etc/...") is read from
+    a captured tree rather than from the running kernel."""
+    if shown.startswith("/proc"):
+        return host.procfs.resolve() != Path("/proc")
+    if shown.startswith("/sys"):
+        return host.sysfs.resolve() != Path("/sys")
+    return host.root.resolve() != Path("/")
+
+
+def why(host: Host, reason: str | None, shown: str) -> str:
+    """A reading's reason as a report says it: "absent from this tree" for a file missing
+    from a capture, "permission denied (retry as root)", or the reason itself."""
+    if reason == ABSENT:
+        return "absent from this tree" if in_tree(host, shown) else "absent"
+    if reason == PERMISSION:
+        return "permission denied (retry as root)"
+    return reason or "unreadable"

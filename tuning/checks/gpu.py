@@ -36,10 +36,10 @@ from collectors.gpu import (
     harmful_clock_event_reasons,
     nvidia_driver_version,
 )
-from collectors.host import Reading
+from collectors.host import ABSENT, Reading
 from collectors.parsers import format_cpulist
 from collectors.pcie import PciDevice, pci_devices
-from tuning.checks.base import AuditContext, unsupported
+from tuning.checks.base import AuditContext, in_tree, unsupported, why
 from tuning.findings import Finding, Status
 
 FAMILY = "gpu"
@@ -75,8 +75,15 @@ def check(ctx: AuditContext) -> list[Finding]:
     host = ctx.host
     version = nvidia_driver_version(host)
     if not version.ok:
-        return [unsupported("gpu.driver", FAMILY, "NVIDIA GPU", "no NVIDIA driver loaded",
-                            evidence=version.path, why=WHY_GPU)]
+        if version.reason == ABSENT and not in_tree(host, version.path):
+            return [unsupported("gpu.driver", FAMILY, "NVIDIA GPU", "no NVIDIA driver loaded",
+                                evidence=version.path, why=WHY_GPU)]
+        text = f"{version.path} {why(host, version.reason, version.path)}"
+        if version.reason == ABSENT:  # a tree: the box or the capture may lack it
+            return [unsupported("gpu.driver", FAMILY, "NVIDIA GPU", text,
+                                evidence=version.path, why=WHY_GPU)]
+        return [Finding(id="gpu.driver", family=FAMILY, title="NVIDIA GPU", status=Status.ERROR,
+                        current=f"unreadable: {text}", evidence=version.path, why=WHY_GPU)]
     if not host.live:
         out = [unsupported("gpu.nvml", FAMILY, "NVIDIA GPU (NVML)", NOT_LIVE,
                            evidence=version.path, why=WHY_GPU)]

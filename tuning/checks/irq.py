@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collectors import irq as irqc
 from collectors import system
+from collectors.host import ABSENT
 from collectors.parsers import format_cpulist, format_cpumask
-from tuning.checks.base import AuditContext
+from tuning.checks.base import AuditContext, in_tree, unsupported, why
 from tuning.checks.isolation import housekeeping_and_isolated
 from tuning.findings import Finding, Status
 
@@ -58,21 +59,34 @@ def check(ctx: AuditContext) -> list[Finding]:
                                fix=fix))
 
     # -- IRQs allowed on target CPUs ---------------------------------------------------------
-    affs = irqc.irq_affinities(host)
+    # One cause, one status: /proc/irq absent (or empty, as procfs masked in a container) is
+    # `unsupported` for both IRQ findings; anything else unreadable is `error`.
+    irq_dir = host.proc("irq")
+    irq_shown = host.display(irq_dir)
+    gone = None
+    if not host.exists(irq_dir):
+        gone = f"{irq_shown} {why(host, ABSENT, irq_shown)}"
+    elif not host.listdir(irq_dir):
+        gone = f"{irq_shown} is empty" + (" in this tree" if in_tree(host, irq_shown) else
+                                          " (masked?)")
+    affs = irqc.irq_affinities(host) if gone is None else []
     counts: dict[str, tuple[int, ...]] = {}
     cols: list[int] = []
     r = irqc.interrupts(host)
     if r.ok:
         cols, rows = r.value
         counts = {row.irq: row.counts for row in rows if row.numeric}
-    if not affs:
+    if gone is not None:
+        out.append(unsupported("irq.affinity", FAMILY, "IRQs allowed on target CPUs", gone,
+                               irq_shown))
+    elif not affs:
         out.append(Finding("irq.affinity", FAMILY, "IRQs allowed on target CPUs", Status.ERROR,
-                           current="no /proc/irq/N directories readable",
-                           evidence=host.display(host.proc("irq"))))
+                           current=f"no {irq_shown}/N directories readable",
+                           evidence=irq_shown))
     else:
         hits = []
         active = []
-        unreadable = [a.irq for a in affs if a.affinity is None]
+        unreadable = [a for a in affs if a.affinity is None]
         for a in affs:
             if a.affinity is None or not (set(a.affinity) & target):
                 continue
@@ -89,23 +103,34 @@ def check(ctx: AuditContext) -> list[Finding]:
                f" ({len(active)} fired there){note}") if hits else \
             f"none of {len(affs)} IRQs may run on {format_cpulist(ctx.cpus)}"
         if unreadable:
-            cur += f"; {len(unreadable)} unreadable (retry as root)"
+            reasons = sorted({why(host, a.reason, a.path) for a in unreadable})
+            cur += (f"; {len(unreadable)} unreadable ({', '.join(reasons)}: IRQ "
+                    f"{format_cpulist([a.irq for a in unreadable])})")
         irqs = " ".join(h.split()[0] for h in hits)
         fix = (f"for i in {irqs}; do echo {house_s} > /proc/irq/$i/smp_affinity_list; done  "
                f"(or: hftagent tune apply --cpus {format_cpulist(ctx.cpus)})")
+        # none allowed on the target among those read: not ok while some could not be read
+        status = Status.ERROR if unreadable and not hits else None
         out.append(ctx.finding("irq_affinity", "irq.affinity", FAMILY,
-                               "IRQs allowed on target CPUs", not hits, current=cur,
+                               "IRQs allowed on target CPUs", not hits and not unreadable,
+                               current=cur,
                                expected=f"none (IRQs on housekeeping CPUs {house_s})",
                                evidence=f"{host.display(host.proc('irq'))}/*/smp_affinity_list, "
                                         f"{host.display(host.proc('interrupts'))}",
-                               fix=fix, data={"irqs": hits, "active": active}))
+                               fix="" if status else fix, status=status,
+                               data={"irqs": hits, "active": active}))
 
     # -- default_smp_affinity ----------------------------------------------------------------
     d = irqc.default_affinity(host)
-    if not d.ok:
+    if gone is not None:
+        out.append(unsupported("irq.default_affinity", FAMILY, "Default affinity of new IRQs",
+                               gone, d.path))
+    elif not d.ok:
+        text = f"{d.path} {why(host, d.reason, d.path)}"
         out.append(Finding("irq.default_affinity", FAMILY, "Default affinity of new IRQs",
-                           Status.ERROR if d.reason != "absent" else Status.UNSUPPORTED,
-                           current=f"unreadable: {d.reason}", evidence=d.path))
+                           Status.ERROR if d.reason != ABSENT else Status.UNSUPPORTED,
+                           current=f"unsupported: {text}" if d.reason == ABSENT else
+                           f"unreadable: {text}", evidence=d.path))
     else:
         online = set(ctx.online)
         cur_cpus = [c for c in d.value if c in online]

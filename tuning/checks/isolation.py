@@ -7,9 +7,9 @@ These are kernel command-line arguments: nothing can fix them at runtime, so a m
 from __future__ import annotations
 
 from collectors import cpu as cpuc
-from collectors import kernel
+from collectors import kernel, system
 from collectors.parsers import format_cpulist, isolation_cpus, parse_cpulist
-from tuning.checks.base import AuditContext, unsupported
+from tuning.checks.base import AuditContext, unsupported, why
 from tuning.findings import Finding, Status
 
 FAMILY = "isolation"
@@ -36,7 +36,7 @@ def check(ctx: AuditContext) -> list[Finding]:
     cl = kernel.cmdline(host)
     if not cl.ok:
         return [Finding("isolation.cmdline", FAMILY, "Kernel command line", Status.ERROR,
-                        current=f"unreadable: {cl.reason}", evidence=cl.path)]
+                        current=f"unreadable: {why(host, cl.reason, cl.path)}", evidence=cl.path)]
     args = cl.value
     house, iso = housekeeping_and_isolated(ctx)
     if not iso:
@@ -44,36 +44,65 @@ def check(ctx: AuditContext) -> list[Finding]:
                             f"only {len(ctx.online)} CPU online: nothing left to isolate",
                             cl.path)]
     iso_s, house_s = format_cpulist(iso), format_cpulist(house)
+    nr_cpus = system.nr_cpu_ids(host, ctx.online)  # "1-N", "all" in the boot arguments
     out: list[Finding] = []
     want = ctx.profile.expected("isolation", True)
 
     def add(id_: str, title: str, current_cpus: list[int] | None, raw: str | None, arg: str,
-            ok: bool) -> None:
+            ok: bool, current: str | None = None, evidence: str | None = None,
+            status: Status | None = None) -> None:
         cur = f"{id_.split('.')[1]}={raw}" if raw is not None else "not set"
         if current_cpus is not None and raw is not None:
             cur += f" (covers {format_cpulist(current_cpus) or 'nothing'})"
-        st = Status.OK if ok or not want else Status.PENDING_REBOOT
-        out.append(ctx.finding("isolation", id_, FAMILY, title, ok, current=cur, expected=arg,
-                               evidence=f"{cl.path}", fix=grubby(arg), status=st,
+        st = status or (Status.OK if ok or not want else Status.PENDING_REBOOT)
+        out.append(ctx.finding("isolation", id_, FAMILY, title, ok, current=current or cur,
+                               expected=arg, evidence=evidence or f"{cl.path}",
+                               fix="" if st is Status.ERROR else grubby(arg), status=st,
                                data={"kernel_arg": arg}))
 
+    def cpus_of(key: str, title: str, raw: str, arg: str) -> list[int] | None:
+        """The CPUs a boot argument names; None (an error finding) when it does not parse."""
+        try:
+            return isolation_cpus(raw, nr_cpus, param=key)
+        except ValueError as exc:
+            add(f"isolation.{key}", title, None, raw, arg, False,
+                current=f"cannot parse {key}={raw}: {exc}", status=Status.ERROR)
+            return None
+
     # isolcpus: the kernel publishes the result in /sys/devices/system/cpu/isolated as well
+    # (and isolation set up without the boot argument shows there only)
     raw = args.get("isolcpus")
-    cur = isolation_cpus(raw) if raw else cpuc.isolated_cpus(host)
-    add("isolation.isolcpus", "isolcpus (scheduler isolation)", cur, raw,
-        f"isolcpus=managed_irq,domain,{iso_s}", set(iso) <= set(cur))
+    arg = f"isolcpus=managed_irq,domain,{iso_s}"
+    title = "isolcpus (scheduler isolation)"
+    if raw:
+        cur = cpus_of("isolcpus", title, raw, arg)
+        if cur is not None:
+            add("isolation.isolcpus", title, cur, raw, arg, set(iso) <= set(cur))
+    else:
+        sysfs = cpuc.isolated_cpus(host)
+        shown = host.display(host.sys("devices/system/cpu/isolated"))
+        cur_s = "not on the kernel command line"
+        if sysfs:
+            cur_s += f"; {shown} lists {format_cpulist(sysfs)}"
+        add("isolation.isolcpus", title, sysfs, None, arg,
+            set(iso) <= set(sysfs), current=cur_s if sysfs else None,
+            evidence=f"{cl.path}, {shown}" if sysfs else None)
     for key, title in (("nohz_full", "nohz_full (no timer tick)"),
                        ("rcu_nocbs", "rcu_nocbs (RCU callbacks offloaded)")):
         raw = args.get(key)
-        cur = isolation_cpus(raw) if raw else []
-        add(f"isolation.{key}", title, cur, raw, f"{key}={iso_s}", set(iso) <= set(cur))
+        cur = cpus_of(key, title, raw, f"{key}={iso_s}") if raw else []
+        if cur is not None:
+            add(f"isolation.{key}", title, cur, raw, f"{key}={iso_s}", set(iso) <= set(cur))
     raw = args.get("irqaffinity")
     try:
-        irq_cpus = parse_cpulist(raw) if raw else None
-    except ValueError:
-        irq_cpus = None
-    add("isolation.irqaffinity", "irqaffinity (boot-time IRQ CPUs)", irq_cpus, raw,
-        f"irqaffinity={house_s}", irq_cpus is not None and not (set(irq_cpus) & set(iso)))
+        irq_cpus = parse_cpulist(raw, nr_cpus) if raw else None
+    except ValueError as exc:
+        add("isolation.irqaffinity", "irqaffinity (boot-time IRQ CPUs)", None, raw,
+            f"irqaffinity={house_s}", False,
+            current=f"cannot parse irqaffinity={raw}: {exc}", status=Status.ERROR)
+    else:
+        add("isolation.irqaffinity", "irqaffinity (boot-time IRQ CPUs)", irq_cpus, raw,
+            f"irqaffinity={house_s}", irq_cpus is not None and not (set(irq_cpus) & set(iso)))
     raw = args.get("skew_tick")
     add("isolation.skew_tick", "skew_tick (offset per-CPU ticks)", None, raw, "skew_tick=1",
         raw == "1")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from collectors import kernel as k
-from tuning.checks.base import AuditContext, unsupported
+from collectors.host import ABSENT
+from tuning.checks.base import AuditContext, in_tree, unsupported, why
 from tuning.findings import Finding, Status
 
 FAMILY = "kernel"
@@ -30,11 +31,24 @@ SYSCTL_CHECKS: list[tuple[str, str, str, Callable[[int, int], bool], str]] = [
 ]
 
 
+def _missing(ctx: AuditContext, id_: str, title: str, reason: str | None, path: str,
+             live_absent: str) -> Finding:
+    """A setting that could not be read. Absent from the live kernel: ``unsupported`` with
+    what that means there (``live_absent``); absent from a captured tree: ``unsupported``,
+    "absent from this tree" (the kernel or the capture may lack it); unreadable or garbage:
+    ``error``."""
+    text = why(ctx.host, reason, path)
+    if reason == ABSENT:
+        return unsupported(id_, FAMILY, title, f"{path} {text}" if in_tree(ctx.host, path)
+                           else f"{reason} ({live_absent})", path)
+    return Finding(id_, FAMILY, title, Status.ERROR, current=f"unreadable: {path}: {text}",
+                   evidence=path)
+
+
 def _thp(ctx: AuditContext, key: str, id_: str, title: str, choice: k.Choice,
          rank: dict[str, int], path_leaf: str) -> Finding:
     if choice.selected is None:
-        return unsupported(id_, FAMILY, title, f"{choice.reason} (kernel without THP)",
-                           choice.path)
+        return _missing(ctx, id_, title, choice.reason, choice.path, "kernel without THP")
     want = ctx.profile.expected(key, "madvise")
     ok = want == "any" or rank.get(choice.selected, 99) <= rank.get(want, 0)
     return ctx.finding(key, id_, FAMILY, title, ok, current=choice.selected,
@@ -54,8 +68,8 @@ def check(ctx: AuditContext) -> list[Finding]:
     ]
     ksm = k.ksm_run(host)
     if not ksm.ok:
-        out.append(unsupported("kernel.ksm", FAMILY, "KSM (same-page merging)",
-                               f"{ksm.reason} (kernel without KSM)", ksm.path))
+        out.append(_missing(ctx, "kernel.ksm", "KSM (same-page merging)", ksm.reason, ksm.path,
+                            "kernel without KSM"))
     else:
         out.append(ctx.finding("ksm", "kernel.ksm", FAMILY, "KSM (same-page merging)",
                                ksm.value == 0, current={0: "stopped", 1: "running",
@@ -64,8 +78,8 @@ def check(ctx: AuditContext) -> list[Finding]:
                                fix="echo 2 > /sys/kernel/mm/ksm/run  (unmerge, then stop)"))
     sw = k.swaps(host)
     if not sw.ok:
-        out.append(Finding("kernel.swap", FAMILY, "Swap devices", Status.ERROR,
-                           current=f"unreadable: {sw.reason}", evidence=sw.path))
+        out.append(_missing(ctx, "kernel.swap", "Swap devices", sw.reason, sw.path,
+                            "kernel without swap support"))
     else:
         want = ctx.profile.expected("swap", "off")
         devs = sw.value
@@ -78,8 +92,8 @@ def check(ctx: AuditContext) -> list[Finding]:
     for key, name, title, ok_fn, exp_fmt in SYSCTL_CHECKS:
         r = k.sysctl_int(host, name)
         if not r.ok:
-            out.append(unsupported(f"kernel.{name.split('.')[1]}", FAMILY, title,
-                                   f"{r.reason} (kernel does not offer {name})", r.path))
+            out.append(_missing(ctx, f"kernel.{name.split('.')[1]}", title, r.reason, r.path,
+                                f"kernel does not offer {name}"))
             continue
         want = ctx.profile.expected(key)
         out.append(ctx.finding(key, f"kernel.{name.split('.')[1]}", FAMILY, title,
@@ -94,7 +108,8 @@ def _clocksource(ctx: AuditContext) -> Finding:
     cs = k.clocksource(ctx.host)
     want = ctx.profile.expected("clocksource", "tsc")
     if cs.current is None:
-        return unsupported("kernel.clocksource", FAMILY, "Clocksource", "no clocksource0", cs.path)
+        return _missing(ctx, "kernel.clocksource", "Clocksource", cs.reason, cs.path,
+                        "no clocksource0")
     if cs.current == want:
         return ctx.finding("clocksource", "kernel.clocksource", FAMILY, "Clocksource", True,
                            current=cs.current, evidence=cs.path)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collectors import pcie, system
+from collectors.host import ABSENT
 from collectors.parsers import format_cpulist, group_by_value
-from tuning.checks.base import AuditContext, unsupported
+from tuning.checks.base import AuditContext, in_tree, unsupported, why
 from tuning.findings import Finding, Status
 
 # ------------------------------------------------------------------------------------------
@@ -54,26 +55,48 @@ def check_virt(ctx: AuditContext) -> list[Finding]:
 
 
 def check_numa(ctx: AuditContext) -> list[Finding]:
+    """Target CPUs on one node. Node ids need not start at 0 (nodes 1.. only is a real
+    layout); a node whose cpulist cannot be read matters only when some target CPU is on
+    no readable node (a CPU is on exactly one node)."""
     host = ctx.host
-    nodes = system.numa_nodes(host)
-    out = []
-    ev = host.display(host.sys("devices/system/node")) + "/node*/cpulist"
-    if not nodes:
-        out.append(unsupported("numa.nodes", "numa", "NUMA topology",
-                               "no /sys/devices/system/node (kernel without NUMA)", ev))
-    else:
-        used = system.node_of_cpus(nodes, ctx.cpus)
-        cur = "; ".join(f"node{n}: {format_cpulist(c)}" for n, c in sorted(nodes.items()))
-        cur += f"; target CPUs on node(s) {','.join(map(str, sorted(used)))}"
-        node = min(used) if used else 0
-        out.append(ctx.finding(
-            "numa_single_node", "numa.target_nodes", "numa", "Target CPUs on one NUMA node",
-            len(used) <= 1, current=cur, expected="one node", evidence=ev,
-            fix=f"choose --cpus within one node, e.g. {format_cpulist(nodes[node])}; "
-                f"launch with numactl --physcpubind=<cpus> --membind={node}"))
-    if ctx.pid is not None:
-        out.extend(_check_pid(ctx, nodes))
-    return out
+    readings = system.numa_node_cpulists(host)
+    base = host.display(host.sys("devices/system/node"))
+    ev = base + "/node*/cpulist"
+    if not readings:
+        reason = (f"{base} {why(host, ABSENT, base)}" if in_tree(host, base) else
+                  f"no {base} (kernel without NUMA)")
+        return [unsupported("numa.nodes", "numa", "NUMA topology", reason, ev)]
+    nodes = {n: r.value for n, r in readings.items() if r.ok}
+    unreadable = {n: why(host, r.reason, r.path) for n, r in readings.items() if not r.ok}
+    used = system.node_of_cpus(nodes, ctx.cpus)
+    covered = {c for n in used for c in nodes[n]}
+    nowhere = [c for c in ctx.cpus if c not in covered]
+    cur = "; ".join(f"node{n}: {format_cpulist(c)}" for n, c in sorted(nodes.items()))
+    if unreadable:
+        cur += ("; " if cur else "") + "; ".join(f"node{n}: cpulist {r}"
+                                                 for n, r in sorted(unreadable.items()))
+    cur += f"; target CPUs on node(s) {','.join(map(str, sorted(used))) or 'none'}"
+    if nowhere:
+        cur += f"; CPUs {format_cpulist(nowhere)} on no readable node"
+    status = None
+    if len(used) <= 1 and nowhere:
+        status = Status.ERROR  # one node among what was read: the rest is unknown
+    node = min(used) if used else min(nodes) if nodes else None
+    fix = "" if node is None else (
+        f"choose --cpus within one node, e.g. {format_cpulist(nodes[node])}; "
+        f"launch with numactl --physcpubind=<cpus> --membind={node}")
+    return [ctx.finding(
+        "numa_single_node", "numa.target_nodes", "numa", "Target CPUs on one NUMA node",
+        len(used) <= 1 and not nowhere, current=cur, expected="one node", evidence=ev,
+        fix="" if status else fix, status=status)]
+
+
+def check_process(ctx: AuditContext) -> list[Finding]:
+    """The target process (``--pid``): its CPU affinity, memory nodes and TF thread pools."""
+    if ctx.pid is None:
+        return []
+    nodes = {n: r.value for n, r in system.numa_node_cpulists(ctx.host).items() if r.ok}
+    return _check_pid(ctx, nodes)
 
 
 def _check_pid(ctx: AuditContext, nodes: dict[int, list[int]]) -> list[Finding]:
@@ -92,14 +115,15 @@ def _check_pid(ctx: AuditContext, nodes: dict[int, list[int]]) -> list[Finding]:
     mems = info.mems_allowed or []
     if nodes and len(nodes) > 1:
         used = system.node_of_cpus(nodes, allowed)
+        target_nodes = system.node_of_cpus(nodes, ctx.cpus)
+        node = min(target_nodes or used or nodes)
         out.append(ctx.finding(
             "numa_single_node", "process.membind", "process", f"Memory nodes of {name}",
             len(mems) == 1 and set(mems) <= used,
             current=f"Mems_allowed_list {format_cpulist(mems)}; CPUs on node(s) "
                     f"{format_cpulist(sorted(used))}",
             expected="one node, the node of its CPUs", evidence=ev,
-            fix=f"numactl --membind={min(used) if used else 0} --physcpubind="
-                f"{format_cpulist(ctx.cpus)} CMD"))
+            fix=f"numactl --membind={node} --physcpubind={format_cpulist(ctx.cpus)} CMD"))
     threads = info.threads or 0
     ncpu = len(allowed) or 1
     env = info.environ
@@ -139,41 +163,73 @@ def _check_pid(ctx: AuditContext, nodes: dict[int, list[int]]) -> list[Finding]:
 
 INTERESTING = ("gpu-3d", "display-vga", "display", "network", "network-infiniband",
                "accelerator")
+# Server BMCs show their VGA function as a PCI display device on one socket's root complex;
+# it carries no inference traffic, so its NUMA node is no locality problem.
+BMC_VGA_VENDORS = {"0x1a03": "ASPEED", "0x102b": "Matrox"}
+
+
+def _unknown_link(d: pcie.PciDevice) -> str:
+    what = "; ".join(f"{k} {v}" for k, v in sorted(d.unreadable.items())
+                     if k.startswith("current_link")) or "current link unreadable"
+    return f"{d.address} {d.klass} link state unknown ({what})"
 
 
 def check_pcie(ctx: AuditContext) -> list[Finding]:
+    """Links below their max gen/width, and GPU/NIC NUMA node vs the target CPUs.
+
+    A link whose current speed or width the kernel cannot state ("Unknown", width 0) is not
+    "at max": ``error`` naming it, unless it is a bridge with nothing behind it (an empty
+    hot-plug slot, whose link is down because no card is there)."""
     host = ctx.host
     devs = pcie.pci_devices(host)
     ev = host.display(host.sys("bus/pci/devices"))
     linked = [d for d in devs if d.has_link]
     if not devs:
-        return [unsupported("pcie.links", "pcie", "PCIe links", "no PCI devices in sysfs", ev)]
+        reason = (f"{ev} {why(host, ABSENT, ev)}" if in_tree(host, ev)
+                  else "no PCI devices in sysfs")
+        return [unsupported("pcie.links", "pcie", "PCIe links", reason, ev)]
     out = []
     if not linked:
         out.append(Finding("pcie.links", "pcie", "PCIe links", Status.UNSUPPORTED,
                            current=f"unsupported: none of {len(devs)} PCI devices reports link "
                                    "speed/width (virtual or legacy PCI)", evidence=ev))
     else:
-        width = [d for d in linked if d.width_degraded]
-        speed = [d for d in linked if d.speed_degraded and not d.width_degraded]
+        empty = [d for d in linked if d.link_unknown and d.is_bridge and d.empty_bridge]
+        unknown = [d for d in linked if d.link_unknown and d not in empty]
+        known = [d for d in linked if not d.link_unknown]
+        width = [d for d in known if d.width_degraded]
+        speed = [d for d in known if d.speed_degraded and not d.width_degraded]
         desc = [f"{d.address} {d.klass} {d.link_str()}" for d in width + speed]
-        cur = "; ".join(desc) if desc else f"all {len(linked)} links at max speed and width"
+        cur = "; ".join(desc + [_unknown_link(d) for d in unknown]) if desc or unknown else \
+            f"all {len(known)} links at max speed and width"
+        if empty:
+            cur += (f" ({len(empty)} empty slot{'s' if len(empty) > 1 else ''} with the link "
+                    f"down: {', '.join(d.address for d in empty)})")
         # a width drop is always suspicious; a gen drop on an idle device can be ASPM power
         # saving, so speed-only drops are warnings (the GPU check re-tests under load)
         status = None
         if not width and speed:
             status = Status.WARN
+        elif not width and unknown:
+            status = Status.ERROR
         out.append(ctx.finding(
-            "pcie_link", "pcie.links", "pcie", "PCIe links downtrained", not desc, current=cur,
+            "pcie_link", "pcie.links", "pcie", "PCIe links downtrained",
+            not desc and not unknown, current=cur,
             expected="current = max (gen and width)", evidence=f"{ev}/*/current_link_*",
-            fix="reseat the card / check slot wiring and BIOS link settings; a gen drop at "
+            fix="" if status is Status.ERROR else
+                "reseat the card / check slot wiring and BIOS link settings; a gen drop at "
                 "idle may be ASPM: re-check under load (lspci -vv: LnkSta vs LnkCap)",
-            status=status, data={"degraded": desc}))
-    nodes = system.numa_nodes(host)
+            status=status,
+            data={"degraded": desc, **({"unknown": [d.address for d in unknown]}
+                                       if unknown else {}),
+                  **({"empty_slots": [d.address for d in empty]} if empty else {})}))
+    nodes = {n: r.value for n, r in system.numa_node_cpulists(host).items() if r.ok}
     target_nodes = system.node_of_cpus(nodes, ctx.cpus) if nodes else set()
-    far = [d for d in devs if d.klass in INTERESTING and d.numa_node is not None
+    local = [d for d in devs if d.klass in INTERESTING
+             and not (d.klass.startswith("display") and (d.vendor or "").lower()
+                      in BMC_VGA_VENDORS)]
+    far = [d for d in local if d.numa_node is not None
            and target_nodes and d.numa_node not in target_nodes]
-    local = [d for d in devs if d.klass in INTERESTING]
     if local:
         cur = "; ".join(
             f"{d.address} {d.klass} node {d.numa_node if d.numa_node is not None else 'n/a'}"
