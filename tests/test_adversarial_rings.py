@@ -491,6 +491,34 @@ def test_watch_drops_garbage_latencies_from_its_percentiles(tmp_path):
     assert s["samples"] == 50 and s["invalid_records"] == 1 and s["max_us"] < 1100
 
 
+def test_flight_records_replace_planted_names_and_never_write_through_them(tmp_path):
+    """A flight record's name (spike-SEQ-END.json) and the old fixed temporary name next to
+    it (spike-SEQ-END.tmp) are predictable: symlinks planted at both are never followed."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    fl = tmp_path / "flight"
+    fl.mkdir()
+    now = time.monotonic_ns()
+    slots = {i: rec(i + 1, now - 5_000_000 + i * 1000, now - 4_000_000 + i * 1000)
+             for i in range(3)}
+    for i in range(3):
+        end = slots[i][2]
+        os.symlink(victim, fl / f"spike-{i + 1}-{end}.json")
+        os.symlink(victim, fl / f"spike-{i + 1}-{end}.tmp")
+    ring = craft(tmp_path / "r", 64, slots=slots)
+    r = _hftagent("watch", "--ring", str(ring), "--duration", "3", "--no-live", "--json",
+                  "--sampler", "python", "--threshold-us", "1", "--flight-us", "1",
+                  "--flight-dir", str(fl))
+    assert r.returncode == 0, r.stderr
+    import json
+    s = json.loads(r.stdout)
+    assert len(s["flight_records"]) == 3, s["warnings"]
+    assert victim.read_text() == "precious\n"
+    for f in s["flight_records"]:
+        assert not os.path.islink(f) and json.loads(Path(f).read_text())["spike"]["seq"] >= 1
+    assert not [p for p in fl.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
 # ----------------------------------------------------------------------------------------------
 # watch's bad input: one line, exit 1, before anything starts
 # ----------------------------------------------------------------------------------------------
@@ -513,6 +541,9 @@ def _bad_cases(tmp_path: Path) -> list[tuple[list[str], str]]:
         (W + ["--sample-hz", "0.5"], "--sample-hz must be in 1..1000"),
         (W + ["--sample-hz", "5000"], "--sample-hz must be in 1..1000"),
         (W + ["--rate", "1e300"], "--rate must be at most"),
+        (W + ["--rate", "\u0663"], "--rate must be a number"),  # float() reads it as 3
+        (W + ["--cpus", "1-\u0663"], "--cpus"),
+        (W + ["--cpus", "0", "--housekeeping", "0"], "--housekeeping CPUs [0] overlap"),
         (["watch", "--ring", str(d)], "is a directory"),
         (["watch", "--ring", str(fifo)], "is a FIFO"),
         (["watch", "--ring", "/dev/zero"], "is a device"),
