@@ -19,6 +19,13 @@ drift of this noisy shared machine over the run shows as off1 vs off2.
     .venv/bin/python bench/scrape_bench.py --interval 0       # flat out
     .venv/bin/python bench/scrape_bench.py --ab-pairs 150     # + alternating on/off blocks:
                                                               # P99 ratio with a 95 % CI
+    .venv/bin/python bench/scrape_bench.py --slowloris 200    # only: good scrapes, each on
+                                                              # a new connection, without
+                                                              # and then under 200 hostile
+                                                              # sockets (bench/slowloris.py)
+    .venv/bin/python bench/scrape_bench.py --tls-auth         # only: scrape cost, plain vs
+                                                              # TLS + basic auth (bcrypt
+                                                              # cost 10, throw-away certs)
 """
 
 from __future__ import annotations
@@ -132,6 +139,118 @@ def scraper_proc(cpu: int | None, port: int, n: int, interval: float, duration: 
     out.put((np.array([x for v in lat for x in v], dtype=np.int64), errors))
 
 
+# ---- slowloris (own processes) ---------------------------------------------------------------
+
+def slowloris_proc(port: int, n: int, seconds: float, ready, out: mp.Queue) -> None:
+    from bench.slowloris import Slowloris
+    with Slowloris(port, n=n) as attack:
+        ok = attack.ready.wait(30)
+        ready.set()
+        time.sleep(seconds)
+    out.put((ok, attack.stats))
+
+
+def good_proc(port: int, n: int, interval: float, out: mp.Queue) -> None:
+    from bench.slowloris import good_scrapes
+    out.put(good_scrapes("127.0.0.1", port, n=n, interval_s=interval, timeout_s=10.0))
+
+
+def slowloris_bench(a: argparse.Namespace, m: WatchMetrics, ctx) -> dict:
+    """Good scrapes (a new connection each: the scraper must win a slot every time) for
+    --slowloris-s without an attack, then as long again under --slowloris hostile sockets
+    (half trickling a header line every 0.5 s, half silent, reopened when dropped, 60 % from
+    the scraper's own address), against the exporter's default bounds."""
+    n = max(1, int(a.slowloris_s / a.slowloris_interval))
+
+    def summary(res: list) -> dict:
+        lat = np.array([t for st, t in res if st == 200]) * 1e3
+        fails = [st for st, _ in res if st != 200]
+        return {"n": len(res), "failed": len(fails), "fail_samples": fails[:5],
+                "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+                "max_ms": float(lat.max()) if len(lat) else None}
+
+    out: dict = {"command": " ".join(sys.argv), "hostile": a.slowloris,
+                 "interval_s": a.slowloris_interval}
+    with Exporter(m, "127.0.0.1:0") as ex:
+        q: mp.Queue = ctx.Queue()
+        g = ctx.Process(target=good_proc, args=(ex.port, n, a.slowloris_interval, q))
+        g.start()
+        out["quiet"] = summary(q.get())
+        g.join()
+        ready, aq = ctx.Event(), ctx.Queue()
+        att = ctx.Process(target=slowloris_proc,
+                          args=(ex.port, a.slowloris, a.slowloris_s + 2.0, ready, aq))
+        att.start()
+        ready.wait(60)
+        g = ctx.Process(target=good_proc, args=(ex.port, n, a.slowloris_interval, q))
+        g.start()
+        out["attack"] = summary(q.get())
+        g.join()
+        all_held, out["attacker"] = aq.get()
+        out["attacker"]["all_held_at_once"] = all_held
+        att.join()
+        out["server"] = ex.stats
+    return out
+
+
+def tls_auth_bench(m: WatchMetrics, n: int = 2000) -> dict:
+    """Scrape latency in this process, plain HTTP vs TLS + basic auth (--web.config.file with
+    a cost-10 bcrypt hash and throw-away certificates from tests/pki.py, openssl CLI): the
+    first scrape (one bcrypt check), ``n`` keep-alive scrapes (the verified credentials come
+    from the cache), and 200 scrapes on new connections (a TLS handshake each)."""
+    import base64
+    import tempfile
+
+    import bcrypt
+
+    from agent.webconfig import load_web_config
+    from tests.pki import make_pki
+
+    out: dict = {"command": " ".join(sys.argv), "bcrypt_cost": 10}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        pki = make_pki(d / "pki")
+        h = bcrypt.hashpw(b"bench-pw", bcrypt.gensalt(10)).decode()
+        (d / "web.yml").write_text(f"tls_server_config:\n  cert_file: {pki.server_crt}\n"
+                                   f"  key_file: {pki.server_key}\nbasic_auth_users:\n"
+                                   f"  prom: '{h}'\n")
+        hdr = {"Authorization": "Basic " + base64.b64encode(b"prom:bench-pw").decode()}
+        for name, cfg in (("plain", None), ("tls_auth", load_web_config(str(d / "web.yml")))):
+            with Exporter(m, "127.0.0.1:0", web_config=cfg) as ex:
+                def conn(ex=ex, cfg=cfg) -> http.client.HTTPConnection:
+                    if cfg is None:
+                        return http.client.HTTPConnection("127.0.0.1", ex.port, timeout=10)
+                    return http.client.HTTPSConnection("127.0.0.1", ex.port, timeout=10,
+                                                       context=pki.client_context())
+
+                def one(c: http.client.HTTPConnection, name: str = name) -> float:
+                    t0 = time.perf_counter_ns()
+                    c.request("GET", "/metrics", headers=hdr)
+                    r = c.getresponse()
+                    r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"{name}: status {r.status}")
+                    return time.perf_counter_ns() - t0
+
+                c = conn()
+                first = one(c)
+                keep = np.array([one(c) for _ in range(n)])
+                c.close()
+                fresh = []
+                for _ in range(200):
+                    c = conn()
+                    fresh.append(one(c))
+                    c.close()
+                fresh_a = np.array(fresh)
+                out[name] = {"first_ms": first / 1e6, "keepalive_n": n,
+                             "keepalive_p50_ms": pct(keep, 50) / 1e6,
+                             "keepalive_p99_ms": pct(keep, 99) / 1e6,
+                             "new_conn_p50_ms": pct(fresh_a, 50) / 1e6,
+                             "new_conn_p99_ms": pct(fresh_a, 99) / 1e6,
+                             "bcrypt_checks": cfg.auth.checks if cfg else 0}
+    return out
+
+
 # ---- the watch-side stream (this process) --------------------------------------------------
 
 class Stream(threading.Thread):
@@ -183,6 +302,13 @@ def main() -> int:
                          "ratio on/off with a paired block bootstrap 95 %% interval")
     ap.add_argument("--ab-block-s", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--slowloris", type=int, default=0, metavar="N",
+                    help="instead of the phases: good scrapes without, then under N hostile "
+                         "sockets (bench/slowloris.py)")
+    ap.add_argument("--slowloris-s", type=float, default=20.0)
+    ap.add_argument("--slowloris-interval", type=float, default=0.1)
+    ap.add_argument("--tls-auth", action="store_true",
+                    help="instead of the phases: scrape cost plain vs TLS + basic auth")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
@@ -196,6 +322,32 @@ def main() -> int:
         m.set_collector(c, True, 0.0004)
     for cpu in range(2):
         m.set_gauge("cpu_frequency_hertz", 2.0e9, cpu=cpu)
+    if a.tls_auth:
+        res = tls_auth_bench(m)
+        if a.json:
+            print(json.dumps(res, indent=2))
+        else:
+            for k in ("plain", "tls_auth"):
+                v = res[k]
+                print(f"{k:8s} first {v['first_ms']:.1f} ms; keep-alive P50 "
+                      f"{v['keepalive_p50_ms']:.2f} / P99 {v['keepalive_p99_ms']:.2f} ms; new "
+                      f"connection P50 {v['new_conn_p50_ms']:.2f} / P99 "
+                      f"{v['new_conn_p99_ms']:.2f} ms; bcrypt checks {v['bcrypt_checks']}")
+        return 0
+    if a.slowloris:
+        res = slowloris_bench(a, m, ctx)
+        if a.json:
+            print(json.dumps(res, indent=2))
+        else:
+            for k in ("quiet", "attack"):
+                v = res[k]
+                print(f"{k:6s} good scrapes (new connection each, every "
+                      f"{a.slowloris_interval:g} s): n={v['n']} failed {v['failed']} "
+                      f"{v['fail_samples'] or ''} P50 {v['p50_ms']:.2f} ms  P99 "
+                      f"{v['p99_ms']:.2f} ms  max {v['max_ms'] or float('nan'):.2f} ms")
+            print(f"attacker ({a.slowloris} sockets): {res['attacker']}")
+            print(f"server: {res['server']}")
+        return 0 if res["attack"]["failed"] == 0 and res["quiet"]["failed"] == 0 else 1
 
     total = 2 * a.off_s + a.single_s + a.load_s + 2.0 + \
         (2 * a.ab_pairs * a.ab_block_s + 3.0 if a.ab_pairs else 0.0)

@@ -392,3 +392,16 @@ def test_watch_warns_beyond_loopback(tmp_path):
     r = run_watch("--probe", "numpy", "--duration", "1", "--no-live", "--rate", "100",
                   "--listen", "127.0.0.1:0")
     assert r.returncode == 0 and "beyond loopback" not in r.stderr, r.stderr
+
+
+def test_deploy_example_web_config_loads(pki, tmp_path):
+    """deploy/hftagent/web-config.yml is valid as shipped (its relative tls/ paths pointed at
+    throw-away certificates) and its example hash is of the password it names."""
+    src = Path(__file__).resolve().parent.parent / "deploy" / "hftagent" / "web-config.yml"
+    shutil.copy(src, tmp_path / "web-config.yml")
+    (tmp_path / "tls").mkdir()
+    shutil.copy(pki.server_crt, tmp_path / "tls" / "server.crt")
+    shutil.copy(pki.server_key, tmp_path / "tls" / "server.key")
+    cfg = load_web_config(str(tmp_path / "web-config.yml"))
+    assert cfg.tls is not None and cfg.headers["X-Frame-Options"] == "deny"
+    assert cfg.auth.check(basic("prometheus", "change-me")["Authorization"])
