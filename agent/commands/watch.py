@@ -69,6 +69,10 @@ def watch(
     listen: Annotated[str | None, typer.Option(help="Serve Prometheus /metrics here "
                                                "(e.g. 127.0.0.1:9877; loopback unless you say "
                                                "otherwise).")] = None,
+    web_config_file: Annotated[str | None, typer.Option(
+        "--web.config.file", help="TLS and basic auth for --listen: a web config in the "
+        "Prometheus exporter-toolkit format (tls_server_config, basic_auth_users with bcrypt "
+        "hashes), as node_exporter's --web.config.file; docs/fleet.md.")] = None,
     live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live view (default: "
                                               "when stdout is a terminal).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Summary as JSON on stdout.")] = False,
@@ -106,7 +110,8 @@ def watch(
         raise fail(f"--sampler must be auto, native or python, not {sampler!r}")
     _check_tf_options(probe, model, variant)
     if listen is None:
-        for name, v in (("--profile", profile), ("--p99-budget-us", p99_budget_us)):
+        for name, v in (("--profile", profile), ("--p99-budget-us", p99_budget_us),
+                        ("--web.config.file", web_config_file)):
             if v is not None:
                 raise fail(f"{name} is for the metrics of --listen: give --listen too")
     if flight_dir is not None and flight_us is None:
@@ -164,11 +169,15 @@ def watch(
                       flight_us=flight_us, flight_dir=flight_dir or "hftagent-flight",
                       spike_log=spike_log, duration_s=duration, perf=perf, sampler=sampler)
     metrics = exporter = wm = prof = None
+    webcfg = None
     if listen is not None:
         from agent.exporter import parse_listen
         from agent.metrics import WatchMetrics
         from tuning.profiles import load_profile
         parse_listen(listen)  # (AgentError: one line, before anything starts)
+        if web_config_file is not None:  # a bad file: one line, before anything starts
+            from agent.webconfig import load_web_config
+            webcfg = load_web_config(web_config_file)
         prof = load_profile(profile or "hft-cpu")
         wm = WatchMetrics(source="probe" if probe != "external" else "client",
                           variant=variant if probe == "tf" else "", p99_budget_us=p99_budget_us)
@@ -189,11 +198,13 @@ def watch(
         from agent.exporter import Exporter
         _set_audit(wm, host, prof, probe_cpus)
         try:
-            exporter = Exporter(wm, listen).start()
+            exporter = Exporter(wm, listen, web_config=webcfg).start()
         except BaseException:
             session.close_outputs()
             raise
         print(f"metrics: {exporter.url}", file=sys.stderr)
+        if (warning := exporter.exposure_warning()) is not None:  # beyond loopback
+            print(f"hftagent: warning: {warning}", file=sys.stderr)
 
     def _on_signal(signum, _frame) -> None:
         session.request_stop(signal.Signals(signum).name)
