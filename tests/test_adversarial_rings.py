@@ -632,7 +632,7 @@ def test_a_spike_log_whose_reader_goes_away_ends_the_run_with_one_line(tmp_path)
 @pytest.mark.skipif(not is_root, reason="needs root to plant another user's symlink")
 def test_a_spike_log_symlink_is_followed_only_when_root_or_we_own_it(tmp_path):
     from agent.errors import AgentError
-    from agent.watch.session import _write_new, open_output
+    from agent.watch.session import _write_new, open_output, open_output_dir
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     link = tmp_path / "log"
@@ -646,6 +646,21 @@ def test_a_spike_log_symlink_is_followed_only_when_root_or_we_own_it(tmp_path):
     os.write(fd, b"x\n")
     os.close(fd)
     assert victim.read_text() == "precious\nx\n"
+    # another user's file in a sticky world-writable directory: not appended to
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    theirs = shared / "spikes.jsonl"
+    theirs.write_text("")
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(AgentError, match="belongs to uid 65534 in the shared directory"):
+        open_output(str(theirs), "--spike-log")
+    os.close(open_output(str(shared / "ours.jsonl"), "--spike-log"))  # a new one: fine
+    (shared / "fl").mkdir()
+    os.chown(shared / "fl", 65534, 65534)
+    with pytest.raises(AgentError, match="belongs to uid 65534"):
+        open_output_dir(str(shared / "fl"), "--flight-dir")
+    os.close(open_output_dir(str(shared / "fl2"), "--flight-dir"))  # made by us: fine
     # a flight record is renamed over its name: a symlink there is replaced, not followed
     dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:

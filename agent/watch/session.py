@@ -940,8 +940,8 @@ def open_output(path: str, what: str) -> int:
     :func:`_trusted_link` says so (else ``O_NOFOLLOW``: one planted after the check fails the
     open), a FIFO is opened without blocking (no reader: an error, not a hang); what is
     opened must be a regular file, a FIFO or a terminal (``/dev/stdout`` works, ``/dev/full``
-    does not). A directory, a missing directory, a permission problem: :class:`AgentError`,
-    one line."""
+    does not), and not another user's file in a sticky world-writable directory (/tmp). A
+    directory, a missing directory, a permission problem: :class:`AgentError`, one line."""
     if not path:
         raise AgentError(f"{what} path is empty")
     parent = Path(path).parent
@@ -964,6 +964,13 @@ def open_output(path: str, what: str) -> int:
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or os.isatty(fd)):
             # /dev/full, /dev/null, a disk: nothing a JSONL log is kept in
             raise AgentError(f"{what} {path} is a device, not a file")
+        pst = os.stat(parent)
+        if (pst.st_mode & (stat.S_ISVTX | stat.S_IWOTH)) == (stat.S_ISVTX | stat.S_IWOTH) \
+                and st.st_uid not in (os.geteuid(), pst.st_uid):
+            # a file another user made in a sticky world-writable directory (/tmp): it
+            # would get what watch logs (fs.protected_regular=2 refuses such opens too)
+            raise AgentError(f"{what} {path} belongs to uid {st.st_uid} in the shared "
+                             f"directory {parent}: not written")
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
@@ -973,7 +980,8 @@ def open_output(path: str, what: str) -> int:
 
 def open_output_dir(path: str, what: str) -> int:
     """A descriptor of directory ``path``, created (one level, mode 0755) when missing; its
-    parent must exist. A symlink as :func:`open_output` treats it."""
+    parent must exist. A symlink, and another user's directory in a sticky world-writable
+    one, as :func:`open_output` treats them."""
     if not path:
         raise AgentError(f"{what} path is empty")
     parent = Path(path).parent
@@ -989,11 +997,18 @@ def open_output_dir(path: str, what: str) -> int:
         except OSError as exc:
             raise AgentError(f"cannot create {what} {path}: {exc.strerror}") from None
     try:
-        return os.open(path, flags)
+        dfd = os.open(path, flags)
     except OSError as exc:
         why = "is a symbolic link: not followed" if exc.errno == errno.ELOOP else \
             "is not a directory" if exc.errno == errno.ENOTDIR else exc.strerror
         raise AgentError(f"{what} {path}: {why}") from None
+    st, pst = os.fstat(dfd), os.stat(parent)
+    if (pst.st_mode & (stat.S_ISVTX | stat.S_IWOTH)) == (stat.S_ISVTX | stat.S_IWOTH) \
+            and st.st_uid not in (os.geteuid(), pst.st_uid):
+        os.close(dfd)
+        raise AgentError(f"{what} {path} belongs to uid {st.st_uid} in the shared directory "
+                         f"{parent}: not written")
+    return dfd
 
 
 def _write_new(dfd: int, name: str, data: bytes) -> None:
