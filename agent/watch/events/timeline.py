@@ -377,7 +377,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     window's events (several CPUs are fine: others are skipped), including some before
     ``t0_ns`` so that the state at ``t0_ns`` is known (EventSource.window's margin and the
     last sched_switch before it). ``probe_tids``: the probe's thread ids. ``comms``: pid →
-    comm for tasks no event names (the window's :meth:`~Window.comms` by default)."""
+    comm for tasks no event names (``Window.comms``)."""
     probe = {int(t) for t in probe_tids}
     evs = sorted((e for e in events if e.cpu == cpu), key=lambda e: e.ts_ns)
     names: dict[int, str] = {}

@@ -127,19 +127,21 @@ class Window:
     reason: str | None = None
     lost: int = 0
     read_ns: int = 0
+    # pid -> comm for the tasks the events do not name themselves (an event carries only
+    # common_pid): read from /proc/<pid>/comm when the window was read
+    comms: dict[int, str] = field(default_factory=dict)
 
-    def comms(self) -> dict[int, str]:
-        """pid → comm from the events that name tasks (switch, wake-up, migration)."""
-        out: dict[int, str] = {}
-        for ev in self.events:
-            f = ev.fields
-            if ev.name == "sched_switch":
-                out[f.get("prev_pid", -1)] = f.get("prev_comm", "")
-                out[f.get("next_pid", -1)] = f.get("next_comm", "")
-            elif "comm" in f and "pid" in f:
-                out[f["pid"]] = f["comm"]
-        out.pop(-1, None)
-        return out
+
+def named_pids(events: list[Event]) -> set[int]:
+    """The pids the events name with a comm (switch, wake-up, migration)."""
+    out: set[int] = set()
+    for ev in events:
+        f = ev.fields
+        if ev.name == "sched_switch":
+            out.update((f.get("prev_pid", -1), f.get("next_pid", -1)))
+        elif "comm" in f and "pid" in f:
+            out.add(f["pid"])
+    return out
 
 
 @dataclass
@@ -268,6 +270,10 @@ def _proc_is_dead_or_reused(host: Host, pid: int, created_wall: float) -> bool:
     return started > created_wall + 2.0
 
 
+def _instance_name() -> str:
+    return f"{PREFIX}{os.getpid()}"
+
+
 def find_tracefs(host: Host) -> Path | None:
     """The tracefs mount: /sys/kernel/tracing, else the debugfs view (older set-ups)."""
     for p in (host.sys("kernel", "tracing"), host.sys("kernel", "debug", "tracing")):
@@ -336,6 +342,7 @@ class EventSource:
         self._formats: dict[int, EventFormat] = {}
         self._names: set[str] = set()
         self._switch_ids: set[int] = set()
+        self._comm_cache: dict[int, str] = {}
         self._rings: dict[int, _CpuRing] = {}
         self._symbols: SymbolResolver | None = None
         self._creator = 0
@@ -396,7 +403,7 @@ class EventSource:
         self.tracefs = root
         inst_dir = root / "instances"
         self._remove_stale(host, inst_dir)
-        self.name = f"{PREFIX}{os.getpid()}"
+        self.name = _instance_name()
         self.path = inst_dir / self.name
         shown = host.display(self.path)
         if str(self.path) in _HELD:
@@ -560,11 +567,25 @@ class EventSource:
         else:
             self.drain()
             win = self._window_raw(t_from_ns, lo, hi)
+        self._fill_comms(win)
         now = time.monotonic_ns()
         if t_to_ns > now and win.complete:
             win.complete, win.reason = False, "the window ends after the read"
         win.read_ns = time.perf_counter_ns() - t_start
         return win
+
+    def _fill_comms(self, win: Window, limit: int = 256) -> None:
+        named = named_pids(win.events)
+        for pid in sorted({e.pid for e in win.events} - named - {0})[:limit]:
+            comm = self._comm_cache.get(pid)
+            if comm is None:
+                comm = self.host.read(self.host.proc(pid, "comm")).value if self.host else None
+                if comm is None:
+                    continue  # gone: the timeline shows "?[pid]"
+                if len(self._comm_cache) > 4096:
+                    self._comm_cache.clear()
+                self._comm_cache[pid] = comm
+            win.comms[pid] = comm
 
     def drain(self) -> int:
         """Move every page the kernel holds for the probe CPUs into the kept pages (raw
@@ -646,6 +667,8 @@ class EventSource:
                 reason = (f"cpu {ring.cpu}: {ring.cover_reason}; events continuous only "
                           f"from {(ring.cover_from_ns - t_from) / 1e3:.0f} µs after the "
                           "window's start")
+                if ring.lost and "lost" not in ring.cover_reason:
+                    reason += f" ({ring.lost} events lost to ring overwrites so far)"
         events = [e for evs in per_cpu for e in evs]
         events.sort(key=lambda e: e.ts_ns)
         return Window(t_from, hi, events, complete, reason, lost)

@@ -1,0 +1,349 @@
+"""agent.watch.events.timeline: per-sample accounting, breakdown and hw_or_hypervisor noise.
+
+Scenarios are written as ``trace`` text (the kernel's own format, parsed by parse_text) so
+each reads as what the kernel would show; the probe thread is pid 4242 on CPU 1 and every
+window is [100.001000, 100.003000] s unless a test says otherwise.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.watch.events.parse import Event, iter_page, parse_text
+from agent.watch.events.timeline import (
+    HW,
+    IDLE_BEFORE_WAKE,
+    UNEXPLAINED,
+    Entity,
+    breakdown,
+    format_breakdown,
+    hw_noise,
+    timeline,
+)
+from tests.eventpages import FIXTURE, load_formats
+
+PROBE = 4242
+T0 = 100_001_000_000
+T1 = 100_003_000_000
+US = 1000
+
+
+def evs(text: str) -> list[Event]:
+    out = parse_text(text.splitlines())
+    assert out, "scenario text did not parse"
+    return out
+
+
+def line(comm, pid, ts, body, flags="d..2."):
+    return f"{comm:>16}-{pid:<6} [001] {flags} {ts}: {body}"
+
+
+def sw(comm, pid, ts, nxt, npid, state="R+"):
+    return line(comm, pid, ts, f"sched_switch: prev_comm={comm} prev_pid={pid} prev_prio=120 "
+                               f"prev_state={state} ==> next_comm={nxt} next_pid={npid} "
+                               "next_prio=120")
+
+
+def totals_by_label(tl):
+    return {e.label: ns for e, ns in tl.totals.items()}
+
+
+def test_kworker_running_vmstat_update_preempts_the_probe():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        sw("probe", PROBE, "100.001500", "kworker/1:0", 45, "R+"),
+        line("kworker/1:0", 45, "100.001510", "workqueue_execute_start: work struct "
+             "00000000c0ffee00: function vmstat_update", "....."),
+        line("kworker/1:0", 45, "100.002710", "workqueue_execute_end: work struct "
+             "00000000c0ffee00: function vmstat_update", "....."),
+        sw("kworker/1:0", 45, "100.002720", "probe", PROBE, "I"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    t = totals_by_label(tl)
+    assert t["kworker/1:0 (vmstat_update)"] == 1200 * US
+    assert t["kworker/1:0[45]"] == 20 * US  # before and after the work item
+    assert t["probe probe[4242]"] == 500 * US + 280 * US
+    assert sum(tl.totals.values()) == T1 - T0  # every ns of the window is accounted for
+    assert tl.preemptions == 1 and tl.blocks == 0
+    assert tl.start_delay_ns == 0
+    items = breakdown(tl, 1_300 * US)
+    assert items[0] == ("kworker/1:0 (vmstat_update)", 1200 * US)
+    assert items[-1] == (UNEXPLAINED, 80 * US)
+    assert format_breakdown(items) == "1.2 ms kworker/1:0 (vmstat_update), 20 µs kworker/1:0[45], 80 µs unexplained"
+
+
+def test_irq_then_net_rx_softirq_while_the_probe_runs_and_a_nested_irq():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        line("probe", PROBE, "100.001100", "irq_handler_entry: irq=24 name=virtio0-input.0",
+             "d.h1."),
+        line("probe", PROBE, "100.001104", "irq_handler_exit: irq=24 ret=handled", "d.h1."),
+        line("probe", PROBE, "100.001105", "softirq_entry: vec=3 [action=NET_RX]", "..s1."),
+        line("probe", PROBE, "100.001300", "irq_handler_entry: irq=25 name=virtio0-output.0",
+             "d.h1."),
+        line("probe", PROBE, "100.001310", "irq_handler_exit: irq=25 ret=handled", "d.h1."),
+        line("probe", PROBE, "100.001505", "softirq_exit: vec=3 [action=NET_RX]", "..s1."),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    t = totals_by_label(tl)
+    assert t["IRQ 24 virtio0-input.0"] == 4 * US
+    assert t["softirq NET_RX"] == 400 * US - 10 * US  # minus the nested IRQ
+    assert t["IRQ 25 virtio0-output.0"] == 10 * US
+    # the probe was current all along: interrupts count in probe_current, not probe_run
+    assert tl.probe_current_ns == T1 - T0
+    assert tl.probe_run_ns == T1 - T0 - 404 * US
+    assert tl.anomalies == 0
+
+
+def test_late_wake_up_idle_before_the_probe_woke_and_its_wake_latency():
+    text = "\n".join([
+        sw("probe", PROBE, "100.000500", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.001600", "local_timer_entry: vector=236", "d.h1."),
+        line("<idle>", 0, "100.001605", "sched_waking: comm=probe pid=4242 prio=120 "
+             "target_cpu=001", "d.h2."),
+        line("<idle>", 0, "100.001607", "sched_wakeup: comm=probe pid=4242 prio=120 "
+             "target_cpu=001", "d.h2."),
+        line("<idle>", 0, "100.001610", "local_timer_exit: vector=236", "d.h1."),
+        sw("swapper/1", 0, "100.001640", "probe", PROBE, "R"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    t = totals_by_label(tl)
+    assert t[IDLE_BEFORE_WAKE] == 600 * US + 30 * US
+    assert t["local timer tick"] == 10 * US
+    assert tl.wake_ns == 100_001_605_000 and tl.wake_latency_ns == 35 * US
+    assert tl.switch_in_ns == 100_001_640_000
+    assert tl.start_delay_ns == 640 * US
+    assert tl.blocks == 0  # the switch-out was before the window
+
+
+def test_wake_up_picked_is_the_one_that_started_this_sample():
+    # the previous sample's wake-up and switch-in lie in the margin before t0; this sample's
+    # switch-in is on time (before t0): that one's latency is reported
+    text = "\n".join([
+        line("<idle>", 0, "100.000100", "sched_waking: comm=probe pid=4242 prio=120 target_cpu=001"),
+        sw("swapper/1", 0, "100.000150", "probe", PROBE, "R"),
+        sw("probe", PROBE, "100.000400", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.000800", "sched_waking: comm=probe pid=4242 prio=120 target_cpu=001"),
+        sw("swapper/1", 0, "100.000820", "probe", PROBE, "R"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    assert tl.switch_in_ns == 100_000_820_000 and tl.wake_latency_ns == 20 * US
+    assert tl.start_delay_ns == 0 and tl.probe_run_ns == T1 - T0
+
+
+def test_tlb_shootdown_ipi_is_named_and_counted():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        line("probe", PROBE, "100.001200", "call_function_entry: vector=251", "d.h1."),
+        line("probe", PROBE, "100.001201", "tlb_flush: pages:-1 reason:remote shootdown (1)",
+             "d.h1."),
+        line("probe", PROBE, "100.001230", "call_function_exit: vector=251", "d.h1."),
+        line("probe", PROBE, "100.001300", "reschedule_entry: vector=253", "d.h1."),
+        line("probe", PROBE, "100.001302", "reschedule_exit: vector=253", "d.h1."),
+        line("probe", PROBE, "100.001400", "ipi_send_cpu: cpu=0 callsite=x+0x1/0x2 callback=0x0"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    t = totals_by_label(tl)
+    assert t["IPI call_function (TLB shootdown)"] == 30 * US
+    assert "IPI call_function" not in t
+    assert t["IPI reschedule"] == 2 * US
+    assert tl.counts["tlb_shootdown"] == 1 and tl.counts["ipi_sent"] == 1
+    assert tl.counts["call_function"] == 1 and tl.counts["reschedule"] == 1
+
+
+def test_exit_whose_entry_is_before_the_window_charges_the_time_before_it():
+    text = "\n".join([
+        line("probe", PROBE, "100.001050", "softirq_exit: vec=1 [action=TIMER]", "..s1."),
+        line("probe", PROBE, "100.001060", "irq_handler_exit: irq=9 ret=handled", "d.h1."),
+        line("probe", PROBE, "100.001080", "local_timer_exit: vector=236", "d.h1."),
+        line("kworker/1:1", 40, "100.001500", "workqueue_execute_end: work struct 0000000000000001: "
+             "function flush_to_ldisc", "....."),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1, comms={40: "kworker/1:1"})
+    t = totals_by_label(tl)
+    assert t["softirq TIMER"] == 50 * US
+    assert t["IRQ 9 ?"] == 10 * US
+    assert t["local timer tick"] == 20 * US
+    assert t["kworker/1:1 (flush_to_ldisc)"] == 420 * US
+    assert sum(tl.totals.values()) == T1 - T0
+
+
+def test_no_events_at_all_is_unknown_not_the_probe():
+    tl = timeline([], 1, {PROBE}, T0, T1)
+    assert [(e.kind, ns) for e, ns in tl.totals.items()] == [("unknown", T1 - T0)]
+    items = breakdown(tl, 1_000 * US)
+    assert items[0][0] == "no events (task unknown)"
+
+
+def test_a_lost_switch_is_corrected_by_common_pid():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        # the switch probe -> stress[99] was lost; stress's own events show it ran
+        line("stress", 99, "100.001500", "tlb_flush: pages:0 reason:flush on task switch (0)"),
+        line("stress", 99, "100.002500", "local_timer_entry: vector=236", "d.h1."),
+        line("stress", 99, "100.002510", "local_timer_exit: vector=236", "d.h1."),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1, comms={99: "stress"})
+    t = totals_by_label(tl)
+    assert tl.anomalies >= 1
+    # the interval before stress's first event cannot be split: it went to stress (the
+    # task current when the event fired); what follows is stress's too
+    assert t["stress[99]"] == (500 + 1000 + 490) * US
+    assert t["local timer tick"] == 10 * US
+
+
+def test_events_before_t0_only_set_state_and_after_t1_are_ignored():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000100", "stress", 99, "R"),
+        sw("stress", 99, "100.002000", "probe", PROBE, "R+"),
+        sw("probe", PROBE, "100.004000", "stress", 99, "R+"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    t = totals_by_label(tl)
+    assert t == {"stress[99]": 1000 * US, "probe probe[4242]": 1000 * US}
+    assert tl.preemptions == 0  # the switch-out at 100.004 is after the window
+    assert tl.start_delay_ns == 1000 * US
+
+
+def test_other_cpus_events_are_ignored():
+    a = evs(sw("stress", 99, "100.001500", "probe", PROBE, "R+"))
+    b = [Event(100_001_200_000, 0, "irq_handler_entry", 99, {"irq": 5, "name": "x"})]
+    tl = timeline(a + b, 1, {PROBE}, T0, T1)
+    assert all(e.kind != "irq" for e in tl.totals)
+
+
+def test_breakdown_residual_never_negative_and_min_ns():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "stress", 99, "R"),
+        line("stress", 99, "100.002999", "tlb_flush: pages:0 reason:flush on task switch (0)"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    items = breakdown(tl, 500 * US)
+    assert items[-1] == (UNEXPLAINED, 0)
+    assert items[0] == ("stress[99]", 2000 * US)
+    assert breakdown(tl, 500 * US, min_ns=10_000_000) == [(UNEXPLAINED, 500 * US)]
+
+
+def _quiet_probe(cpu_ns, steal=None, **kw):
+    text = sw("swapper/1", 0, "100.000900", "probe", PROBE, "R")
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    return tl, hw_noise(tl, cpu_ns, steal_ns=steal, **kw)
+
+
+def test_hw_noise_hidden_time_in_a_quiet_gap_correlated_with_steal():
+    tl, hw = _quiet_probe(1_200 * US, steal=700 * US)
+    assert hw.hidden_ns == 800 * US and hw.gaps_ns == [T1 - T0]
+    assert hw.correlated is True and "hypervisor" in hw.note
+    items = breakdown(tl, 1_000 * US, hw=hw)
+    assert (HW, 800 * US) in items and items[-1] == (UNEXPLAINED, 200 * US)
+    assert hw.to_dict()["hidden_us"] == 800.0
+
+
+def test_hw_noise_without_steal_points_at_firmware():
+    _, hw = _quiet_probe(1_200 * US, steal=0)
+    assert hw.hidden_ns == 800 * US and hw.correlated is False and "SMI" in hw.note
+
+
+def test_hw_noise_none_when_cpu_time_matches_or_is_unknown():
+    _, hw = _quiet_probe(T1 - T0 - 5 * US)
+    assert hw.hidden_ns == 0
+    _, hw = _quiet_probe(None)
+    assert hw.hidden_ns is None and "not measurable" in hw.note
+
+
+def test_hw_noise_irq_time_is_not_hidden_by_default():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        line("probe", PROBE, "100.001100", "irq_handler_entry: irq=24 name=eth0", "d.h1."),
+        line("probe", PROBE, "100.001600", "irq_handler_exit: irq=24 ret=handled", "d.h1."),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    # a kernel without CONFIG_IRQ_TIME_ACCOUNTING charges the IRQ to the probe's CPU time
+    cpu = T1 - T0
+    assert hw_noise(tl, cpu).hidden_ns == 0
+    assert hw_noise(tl, cpu, cpu_includes_irq=True).hidden_ns == 0
+    # a kernel with it leaves the IRQ out: CPU time = run time, nothing hidden either
+    assert hw_noise(tl, tl.probe_run_ns).hidden_ns == 0
+    # and 300 µs missing from the CPU time on top of it is found in the quiet gaps
+    got = hw_noise(tl, tl.probe_run_ns - 300 * US)
+    assert got.hidden_ns == 300 * US and got.gaps_ns == [1400 * US, 100 * US]
+
+
+def test_hw_noise_missing_cpu_time_without_any_quiet_gap_is_not_hardware():
+    text = sw("swapper/1", 0, "100.000900", "stress", 99, "R")
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    hw = hw_noise(tl, 0, min_gap_ns=1)
+    assert hw.hidden_ns == 0  # the probe never ran: nothing to hide in
+
+
+def test_timeline_to_dict_is_json_ready():
+    import json
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        sw("probe", PROBE, "100.001500", "kworker/1:0", 45, "R+"),
+        sw("kworker/1:0", 45, "100.001700", "probe", PROBE, "I"),
+        line("probe", PROBE, "100.001800", "sched_migrate_task: comm=probe pid=4242 prio=120 "
+             "orig_cpu=0 dest_cpu=1"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1, complete=False, reason="cpu 1: lost")
+    d = json.loads(json.dumps(tl.to_dict(max_spans=2)))
+    assert d["entities"][0]["label"] == "probe probe[4242]"
+    assert d["spans"][0] == [0.0, 500.0, "probe probe[4242]"] and d["spans_left_out"] == 1
+    assert d["migrations"] == [[800.0, 0, 1]]
+    assert d["complete"] is False and d["reason"] == "cpu 1: lost"
+
+
+def test_entity_labels_and_culprits():
+    assert Entity("workqueue", "kworker/1:0 (vmstat_update)", 45).culprit == "vmstat_update"
+    assert Entity("irq", "eth0", num=24).label == "IRQ 24 eth0"
+    assert Entity("vector", "thermal_apic").label == "vector thermal_apic"
+
+
+def test_real_capture_accounts_for_every_ns():
+    fmts = {f.id: f for f in load_formats().values()}
+    data = (FIXTURE / "pages.bin").read_bytes()
+    events = [e for i in range(0, len(data), 4096) for e in iter_page(data[i:i + 4096], 1, fmts)]
+    t0, t1 = events[0].ts_ns, events[-1].ts_ns
+    pids = {e.pid for e in events if e.pid}
+    probe = {sorted(pids)[0]}
+    tl = timeline(events, 1, probe, t0, t1)
+    assert sum(tl.totals.values()) == t1 - t0
+    assert all(iv.ns > 0 for iv in tl.intervals)
+    assert all(a.end_ns <= b.start_ns for a, b in zip(tl.intervals, tl.intervals[1:]))
+    kinds = {e.kind for e in tl.totals}
+    assert {"task", "irq", "softirq", "timer"} <= kinds
+
+
+_NAMES = ["sched_switch", "irq_handler_entry", "irq_handler_exit", "softirq_entry",
+          "softirq_exit", "local_timer_entry", "local_timer_exit", "workqueue_execute_start",
+          "workqueue_execute_end", "call_function_entry", "call_function_exit", "tlb_flush",
+          "sched_waking"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3_000_000), st.sampled_from(_NAMES),
+                          st.sampled_from([0, 7, 99, PROBE])), max_size=60),
+       st.integers(0, 2**32))
+def test_any_event_soup_is_accounted_exactly_once(raw, seed):
+    rnd = random.Random(seed)
+    base = 100_000_000_000
+    events = []
+    for dt, name, pid in sorted(raw):
+        f = {"sched_switch": {"prev_pid": pid, "prev_comm": "a", "prev_state": rnd.choice("RS"),
+                              "next_pid": rnd.choice([0, 7, 99, PROBE]), "next_comm": "b"},
+             "irq_handler_entry": {"irq": 5, "name": "x"}, "irq_handler_exit": {"irq": 5, "ret": 1},
+             "softirq_entry": {"vec": 3, "action": "NET_RX"},
+             "softirq_exit": {"vec": 3, "action": "NET_RX"},
+             "workqueue_execute_start": {"function": "f"}, "workqueue_execute_end": {"function": "f"},
+             "tlb_flush": {"reason": 1, "pages": 1}, "sched_waking": {"pid": PROBE, "comm": "p"},
+             }.get(name, {"vector": 1})
+        events.append(Event(base + dt, 1, name, pid, f))
+    t0, t1 = base + 1_000_000, base + 2_000_000
+    tl = timeline(events, 1, {PROBE}, t0, t1)
+    assert sum(tl.totals.values()) == t1 - t0
+    assert all(ns > 0 for ns in tl.totals.values())
+    assert 0 <= tl.probe_run_ns <= tl.probe_current_ns <= t1 - t0
+    assert breakdown(tl, 500_000)[-1][1] >= 0

@@ -1,0 +1,381 @@
+"""agent.watch.events.tracefs on the real kernel: the private instance, its settings, the
+windows it reads, and its removal (close, atexit, and after kill -9 at the next start).
+
+Needs root and tracefs. Where /sys/kernel/tracing is not mounted, the tests mount tracefs on
+a temporary directory of their own (the same tracefs, seen at another path) and unmount it
+after, so the host's mounts are left as found; they skip where that is refused. They never
+touch the global tracing state, and check that they did not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.watch.events import EventSource, Unsupported, breakdown, timeline
+from agent.watch.events import tracefs as tfs
+from collectors.host import Host
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = 1 if (os.cpu_count() or 1) > 1 else 0
+GLOBAL_FILES = ("tracing_on", "current_tracer", "trace_clock", "buffer_size_kb",
+                "tracing_cpumask", "set_event")
+
+
+def _umount(path: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.umount2(os.fsencode(str(path)), 0)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """A Host whose tracefs is usable: the live one, or tracefs mounted on a temporary
+    directory (sysfs view: that mount plus symlinks to the real devices tree)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (tracefs is root-only)")
+    live = Host()
+    try:
+        if tfs.find_tracefs(live) is not None:
+            yield live
+            return
+    except tfs._Refused as exc:
+        pytest.skip(str(exc))
+    sysroot = tmp_path_factory.mktemp("sys")
+    (sysroot / "kernel" / "tracing").mkdir(parents=True)
+    (sysroot / "devices").symlink_to("/sys/devices")
+    try:
+        tfs._mount_tracefs(sysroot / "kernel" / "tracing")
+    except tfs._Refused as exc:
+        pytest.skip(str(exc))
+    try:
+        yield Host(sysfs=sysroot)
+    finally:
+        _umount(sysroot / "kernel" / "tracing")
+
+
+def _global_state(root: Path) -> dict:
+    out = {name: (root / name).read_text() for name in GLOBAL_FILES}
+    out["instances"] = sorted(n for n in os.listdir(root / "instances")
+                              if not n.startswith(tfs.PREFIX))
+    return out
+
+
+def _open(host, **kw) -> EventSource:
+    src = EventSource.open(host, [CPU], **kw)
+    assert src, getattr(src, "reason", "")
+    return src
+
+
+def _child(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_instance_settings_and_global_state_untouched(host):
+    root = tfs.find_tracefs(host)
+    before = _global_state(root)
+    src = _open(host, buffer_s=2)
+    try:
+        p = src.path
+        assert p.is_dir() and p.name == f"hftagent-{os.getpid()}"
+        assert "[mono]" in (p / "trace_clock").read_text()
+        assert (p / "options" / "overwrite").read_text().strip() == "1"
+        assert int((p / "tracing_cpumask").read_text().replace(",", ""), 16) == 1 << CPU
+        assert (p / "tracing_on").read_text().strip() == "1"
+        kb = int((p / "per_cpu" / f"cpu{CPU}" / "buffer_size_kb").read_text())
+        assert kb == src.buffer_kb >= tfs.MIN_CPU_KB
+        for c in range(os.cpu_count() or 1):
+            if c != CPU and (p / "per_cpu" / f"cpu{c}").is_dir():
+                assert int((p / "per_cpu" / f"cpu{c}" / "buffer_size_kb").read_text()) < 64
+        assert "KiB per probe CPU" in src.sizing
+        for ev in ("sched:sched_switch", "irq:irq_handler_entry", "irq:softirq_entry",
+                   "irq_vectors:local_timer_entry"):
+            if (p / "events" / ev.replace(":", "/")).is_dir():
+                assert ev in src.events
+                assert (p / "events" / ev.replace(":", "/") / "enable").read_text().strip() == "1"
+        assert not any(e.startswith("irq_vectors:vector_") for e in src.events)
+        assert _global_state(root) == before
+    finally:
+        src.close()
+    assert not src.path.exists()
+    assert _global_state(root) == before
+    src.close()  # idempotent
+
+
+def test_window_shows_a_pinned_child_with_monotonic_timestamps(host):
+    src = _open(host, buffer_s=2)
+    try:
+        child = _child(f"""
+            import os, time
+            os.sched_setaffinity(0, {{{CPU}}})
+            t = []
+            for _ in range(20):
+                t.append(time.monotonic_ns())
+                time.sleep(0.002)
+            t.append(time.monotonic_ns())
+            print(*t)
+            """)
+        out, err = child.communicate(timeout=30)
+        assert child.returncode == 0, err
+        stamps = list(map(int, out.split()))
+        first, last = stamps[0], stamps[-1]
+        win = src.window(first, last)
+        assert win.complete, win.reason
+        outs = [e.ts_ns for e in win.events if e.name == "sched_switch" and
+                e.fields["prev_pid"] == child.pid and e.fields["prev_state"].startswith("S")]
+        # mono is CLOCK_MONOTONIC: each sleep's switch-out lies between the child's own
+        # clock reads before and after that sleep
+        for a, b in zip(stamps, stamps[1:]):
+            assert any(a < ts < b for ts in outs), (a, b)
+        assert win.read_ns > 0
+        tl = timeline(win.events, CPU, {child.pid}, first, last, comms=win.comms)
+        assert tl.blocks >= 19 and tl.probe_run_ns > 0
+        assert sum(tl.totals.values()) == last - first
+        assert breakdown(tl, 1_000_000)[-1][0] == "unexplained"
+        # a second window over the same stretch still finds it (kept pages)
+        again = src.window(first, last)
+        assert sum(1 for e in again.events if e.name == "sched_switch" and
+                   e.fields["prev_pid"] == child.pid) >= 19
+    finally:
+        src.close()
+
+
+def test_text_reader_reads_the_same_kind_of_window(host):
+    src = _open(host, buffer_s=1, reader="text")
+    try:
+        assert src.reader == "text"
+        t0 = time.monotonic_ns()
+        child = _child(f"""
+            import os, time
+            os.sched_setaffinity(0, {{{CPU}}})
+            for _ in range(10):
+                time.sleep(0.001)
+            """)
+        child.communicate(timeout=30)
+        t1 = time.monotonic_ns()
+        win = src.window(t0, t1)
+        assert any(e.name == "sched_switch" and e.fields["prev_pid"] == child.pid
+                   for e in win.events)
+        assert all(e.ts_ns % 1000 == 0 for e in win.events)  # µs text timestamps
+    finally:
+        src.close()
+
+
+def test_window_before_the_instance_started_is_incomplete(host):
+    t_before = time.monotonic_ns() - 1_000_000_000
+    src = _open(host, buffer_s=1)
+    try:
+        win = src.window(t_before, t_before + 1_000_000)
+        assert not win.complete and "before the instance started" in win.reason
+        future = src.window(time.monotonic_ns(), time.monotonic_ns() + 10**10)
+        assert not future.complete and "after the read" in future.reason
+    finally:
+        src.close()
+
+
+def test_storm_is_counted_as_lost_and_memory_stays_bounded(host):
+    src = _open(host, buffer_s=0.01)  # the minimum ring: 512 KiB, a few ms of this storm
+    try:
+        start = time.monotonic_ns()
+        child = _child(f"""
+            import os, time
+            os.sched_setaffinity(0, {{{CPU}}})
+            r1, w1 = os.pipe(); r2, w2 = os.pipe()
+            if os.fork() == 0:
+                os.close(w1)  # else it never sees EOF on r1
+                while os.read(r1, 1):
+                    os.write(w2, b"x")
+                os._exit(0)
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                os.write(w1, b"x"); os.read(r2, 1)
+            os.close(w1)
+            """)
+        try:
+            child.communicate(timeout=60)
+        finally:
+            child.kill()
+        win = src.window(start, start + 1_000_000)
+        assert not win.complete and "lost" in win.reason, win.reason
+        assert src.lost() > 0
+        for ring in src._rings.values():
+            assert ring.kept_bytes <= src.keep_bytes
+        # windows near the end are still whole
+        now = time.monotonic_ns()
+        assert src.window(now - 2_000_000, now - 1_000_000).complete
+    finally:
+        src.close()
+
+
+def test_second_open_in_one_process_is_refused_with_one_line(host):
+    src = _open(host, buffer_s=1)
+    try:
+        again = EventSource.open(host, [CPU])
+        assert isinstance(again, Unsupported) and not again
+        assert again.reason.startswith("unsupported:") and "already in use" in again.reason
+        assert src.path.is_dir()  # the refusal did not remove the first one
+    finally:
+        src.close()
+
+
+def test_name_taken_by_a_live_process_is_refused(host, monkeypatch):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.1)
+        root = tfs.find_tracefs(host)
+        taken = root / "instances" / f"{tfs.PREFIX}{sleeper.pid}"
+        os.mkdir(taken)
+        try:
+            monkeypatch.setattr(tfs, "_instance_name", lambda: taken.name)
+            got = EventSource.open(host, [CPU])
+            assert not got and "name taken" in got.reason
+            assert taken.is_dir()  # a live process's instance is left alone
+        finally:
+            os.rmdir(taken)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_instance_of_a_sigkilled_watch_is_removed_at_the_next_start(host):
+    child = _child(f"""
+        import sys, time
+        from collectors.host import Host
+        from agent.watch.events import EventSource
+        host = Host(sysfs={str(host.sysfs)!r})
+        src = EventSource.open(host, [{CPU}], buffer_s=1)
+        print(src.path if src else src.reason, flush=True)
+        time.sleep(60)
+        """)
+    path = Path(child.stdout.readline().strip())
+    assert path.name == f"hftagent-{child.pid}", child.stderr.read() if child.poll() else path
+    assert path.is_dir()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert path.is_dir()  # kill -9 ran no clean-up
+    src = _open(host, buffer_s=1)
+    try:
+        assert not path.exists()
+        assert any(f"removed stale tracefs instance {path.name}" in n for n in src.notes)
+    finally:
+        src.close()
+
+
+def test_instance_removed_at_normal_exit_without_close(host):
+    child = _child(f"""
+        from collectors.host import Host
+        from agent.watch.events import EventSource
+        src = EventSource.open(Host(sysfs={str(host.sysfs)!r}), [{CPU}], buffer_s=1)
+        print(src.path if src else src.reason, flush=True)
+        """)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    path = Path(out.strip())
+    assert path.name.startswith(tfs.PREFIX) and not path.exists()
+
+
+def test_a_forked_child_does_not_remove_its_parents_instance(host):
+    src = _open(host, buffer_s=1)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            src.close()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert src.path.is_dir()
+    finally:
+        src.close()
+
+
+def test_no_permission_is_one_line(host):
+    child = _child(f"""
+        import os
+        from collectors.host import Host
+        from agent.watch.events import EventSource
+        host = Host(sysfs={str(host.sysfs)!r})
+        os.setgid(65534); os.setuid(65534)
+        got = EventSource.open(host, [{CPU}])
+        print(got.reason if not got else "opened")
+        """)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    assert out.startswith("unsupported:") and "root" in out, out
+
+
+def test_refit_resizes_from_the_measured_rate(host):
+    src = _open(host, buffer_s=1, rate_hint=10_000_000)  # far too big: bounded to the max
+    try:
+        assert src.buffer_kb >= tfs.MAX_CPU_KB - 8 and "bounded" in src.sizing
+        time.sleep(0.3)
+        line = src.refit()
+        assert line is not None and "measured" in line
+        assert src.buffer_kb < tfs.MAX_CPU_KB // 2
+        assert src.rate()[CPU] >= 0
+    finally:
+        src.close()
+
+
+def test_bad_cpus_and_reader_are_one_line(host):
+    got = EventSource.open(host, [4096])
+    assert not got and "not online" in got.reason
+    assert not EventSource.open(host, [])
+    got = EventSource.open(host, [CPU], reader="nope")
+    assert not got and "reader" in got.reason
+    assert not list((tfs.find_tracefs(host) / "instances").glob(f"hftagent-{os.getpid()}"))
+
+
+# --- without a live tracefs ------------------------------------------------------------------
+
+def test_not_mounted_is_unsupported_and_mount_only_on_a_live_root(tmp_path):
+    sysfs = tmp_path / "sys"
+    (sysfs / "kernel" / "tracing").mkdir(parents=True)
+    h = Host(root=tmp_path, sysfs=sysfs, procfs=tmp_path)
+    got = EventSource.open(h, [0])
+    assert not got and got.reason.startswith("unsupported: tracefs not mounted at")
+    assert "--trace mount" in got.reason
+    got = EventSource.open(h, [0], mount=True)
+    assert not got and "non-live root" in got.reason
+
+
+def test_creator_liveness_from_a_fixture_proc(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "50").mkdir(parents=True)
+    (proc / "stat").write_text("cpu 1 2 3\nbtime 1000\n")
+    tck = os.sysconf("SC_CLK_TCK")
+    # started 10 s after boot; (a comm with ") " in it)
+    (proc / "50" / "stat").write_text(
+        f"50 (we) ird) S 1 50 50 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {10 * tck} 0 0\n")
+    h = Host(root=tmp_path, procfs=proc, sysfs=tmp_path)
+    assert not tfs._proc_is_dead_or_reused(h, 50, created_wall=1009.5)  # its creator
+    assert tfs._proc_is_dead_or_reused(h, 50, created_wall=1005.0)  # started after: reused
+    assert tfs._proc_is_dead_or_reused(h, 51, created_wall=1005.0)  # gone
+    (proc / "50" / "stat").write_text(
+        f"50 (z) Z 1 50 50 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {10 * tck} 0 0\n")
+    assert tfs._proc_is_dead_or_reused(h, 50, created_wall=1009.5)  # a zombie
+
+
+def test_cpumask_and_sizing():
+    assert tfs.cpumask_hex([1]) == "00000002"
+    assert tfs.cpumask_hex([0, 33]) == "00000002,00000001"
+    kb, why = tfs.size_ring_kb(10, 1)
+    assert kb == 10 * tfs.ASSUMED_RATE_EPS * tfs.ASSUMED_EVENT_BYTES // 1024 + 1
+    assert "10 s at 20,000 events/s" in why
+    kb, why = tfs.size_ring_kb(10, 64, rate_eps=1e6)
+    assert kb == tfs.MAX_TOTAL_KB // 64 and "bounded" in why
+    assert tfs.size_ring_kb(0.001, 1)[0] == tfs.MIN_CPU_KB
+
+
+def test_stats_parse():
+    st = tfs.parse_stats("entries: 5\noverrun: 7\ncommit overrun: 0\nbytes: 300\n"
+                         "oldest event ts:  1279.108639\nnow ts:  1280.000001\n"
+                         "dropped events: 0\nread events: 9\n", 1)
+    assert (st.entries, st.overrun, st.bytes, st.read) == (5, 7, 300, 9)
+    assert st.oldest_ns == 1_279_108_639_000 and st.now_ns == 1_280_000_001_000
