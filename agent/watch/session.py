@@ -673,7 +673,7 @@ class WatchSession:
         try:
             _write_new(self._flight_dfd, path.name, json.dumps(out).encode())
         except OSError as exc:
-            msg = f"flight record {path} not written: {exc.strerror}"
+            msg = f"flight records not written to {d}: {exc.strerror}"  # once per cause
             if msg not in self.warnings:
                 self.warnings.append(msg)
             return
