@@ -60,6 +60,8 @@ def parse_int(tok: str | bytes, what: str = "number", max_digits: int = 20) -> i
 # Regions are separated by commas and whitespace (bitmap_find_region skips any run of them).
 _REGION_SEP = re.compile(r"[,\s]+", re.ASCII)
 _DECIMAL = re.compile(r"[0-9]{1,10}")  # more digits: the kernel's EOVERFLOW (an unsigned int)
+# Every other CPU of 8192 listed one by one ("0,2,...,8190") is under 20 KiB.
+_MAX_LIST_CHARS = 64 * 1024
 
 
 def parse_cpulist(text: str, nr_cpus: int | None = None) -> list[int]:
@@ -77,7 +79,10 @@ def parse_cpulist(text: str, nr_cpus: int | None = None) -> list[int]:
     if nr_cpus is not None and not 0 < nr_cpus <= MAX_CPUS:
         raise ParseError(f"bad CPU count {nr_cpus} (1-{MAX_CPUS})")
     limit = MAX_CPUS if nr_cpus is None else nr_cpus
-    cpus: set[int] = set()
+    if len(text) > _MAX_LIST_CHARS:
+        raise ParseError(f"CPU list of {len(text)} characters: longer than any for "
+                         f"{MAX_CPUS} CPUs")
+    mask = bytearray(limit)
     for tok in _REGION_SEP.split(text):
         if not tok:
             continue
@@ -119,12 +124,18 @@ def parse_cpulist(text: str, nr_cpus: int | None = None) -> list[int]:
             raise ParseError(f"CPU {end} in {_show(tok)} is past the last CPU ({limit - 1})"
                              if nr_cpus is not None else
                              f"CPU {end} in {_show(tok)}: Linux has at most {MAX_CPUS} CPUs")
+        # set the bits with slice stores: at most min(used, groups) of them per region
         if used >= group:
-            cpus.update(range(start, end + 1))
+            mask[start:end + 1] = b"\1" * (end + 1 - start)
+        elif used * group <= end + 1 - start:  # few CPUs used per group: a stride each
+            for k in range(start, start + used):
+                n = len(range(k, end + 1, group))
+                mask[k:end + 1:group] = b"\1" * n
         else:
             for base in range(start, end + 1, group):
-                cpus.update(range(base, min(base + used, end + 1)))
-    return sorted(cpus)
+                top = min(base + used, end + 1)
+                mask[base:top] = b"\1" * (top - base)
+    return [i for i, bit in enumerate(mask) if bit]
 
 
 def _brief_cpulist(cpus: Iterable[int], limit: int = 48) -> str:

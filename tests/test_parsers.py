@@ -363,3 +363,19 @@ def test_masks_aer_and_key_value_files_reject_garbage():
                     (parse_swaps, "garbage\n")):
         with pytest.raises(ParseError):
             fn(bad)
+
+
+@given(st.integers(0, 200), st.integers(0, 200), st.integers(0, 60), st.integers(1, 60))
+def test_cpulist_groups_match_the_kernel_loop(a, b, used, group):
+    """bitmap_set_region: for (start = r->start; start <= r->end; start += r->group_len)
+    bitmap_set(bitmap, start, min(r->end - start + 1, r->off))."""
+    start, end = min(a, b), max(a, b)
+    text = f"{start}-{end}:{used}/{group}"
+    if used > group:
+        with pytest.raises(ParseError):
+            parse_cpulist(text)
+        return
+    want: set[int] = set()
+    for base in range(start, end + 1, group):
+        want.update(range(base, base + min(end - base + 1, used)))
+    assert parse_cpulist(text) == sorted(want)
