@@ -50,7 +50,7 @@ PROC_ITEMS = [
 SYS_ITEMS = [
     ("devices/system/cpu", 4), ("devices/system/node", 2), ("devices/system/clocksource", 2),
     ("kernel/mm/transparent_hugepage", 1), ("kernel/mm/ksm", 1), ("hypervisor", 1),
-    ("class/dmi/id", 1),
+    ("class/dmi/id", 1), ("module/haltpoll/parameters", 0),
 ]
 # /sys/bus/pci/devices/*: only these attributes (config space and resources are big and binary)
 PCI_ATTRS = {"class", "vendor", "device", "subsystem_vendor", "subsystem_device",
@@ -130,23 +130,28 @@ class _Capturer:
         """Copy one regular file; ``gone_ok``: a file that vanished meanwhile (a process
         that exited) is not worth a CAPTURE-SKIPPED line."""
         try:
-            if src.is_symlink():
-                real = os.path.realpath(src)
-                if not _inside(real, tree.real):
-                    self.skip(tree, src, f"symlink out of the tree: -> {os.readlink(src)}")
-                    return
-                src = Path(real)
-            st = src.stat()
+            # the whole path resolved, not just its last part: /proc/<pid> in a tree may be
+            # a link too
+            real = os.path.realpath(src)
+            if not _inside(real, tree.real):
+                link = os.readlink(src) if src.is_symlink() else real
+                self.skip(tree, src, f"symlink out of the tree: -> {link}")
+                return
+            st = os.stat(real)
             if not stat.S_ISREG(st.st_mode):
                 return
-            if not os.access(src, os.R_OK) or not (st.st_mode & 0o444):
+            if not st.st_mode & 0o444:  # write-only triggers (drop_caches, compact): never opened
                 self.skip(tree, src, "not readable")
                 return
-            with open(src, "rb") as fh:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    return  # swapped since the stat
                 data = fh.read(MAX_FILE)
         except OSError as exc:
             if not (gone_ok and exc.errno in (errno.ENOENT, errno.ESRCH)):
-                self.skip(tree, src, exc.strerror or str(exc))
+                self.skip(tree, src, "not readable" if exc.errno == errno.EACCES
+                          else exc.strerror or str(exc))
             return
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(data)
@@ -290,9 +295,9 @@ def capture_result(host: Host, out: Path) -> CaptureResult:
     for rel, depth in SYS_ITEMS:
         c.item(c.sys, rel, depth)
     c.pci()
-    c.make_links()
     c.processes()
     c.etc_files()
+    c.make_links()  # last: nothing is written through a link the capture made
     skipped = c.result.skipped
     (out / "CAPTURE-SKIPPED").write_text("\n".join(skipped) + ("\n" if skipped else ""))
     return c.result

@@ -34,12 +34,14 @@ LIVE_ONLY = {
     "gpu.": "NVML reads the live GPU only; a capture has its sysfs side "
             "(and 'no NVIDIA driver loaded' live reads 'absent from this tree' captured)",
     "process.": "only comm and status are captured (no environment), and --pid is live",
+    "wakeup.pm_qos": "who holds /dev/cpu_dma_latency is read from the live /proc/*/fd",
 }
 # ids whose status too may differ live, and why
 LIVE_STATUS = {
     "gpu.": "NVML findings exist live only",
     "irq.irqbalance": "irqbalance may start or stop between the two reads",
     "tuners.others": "a tuner may start or stop between the two reads",
+    "wakeup.pm_qos": "the PM QoS device and its holders exist live only",
 }
 # A file the live kernel lacks is stated as such live ("no cpufreq driver in this guest"), and
 # as "absent from this tree" in the capture's audit: a tree cannot tell the kernel's absence

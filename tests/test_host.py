@@ -88,3 +88,47 @@ def test_hot_file_open_failure_raises_cleanly(tmp_path):
         with pytest.raises(FileNotFoundError):
             h.open_hot(tmp_path / "missing")
         gc.collect()  # the half-built HotFile's __del__ must not raise
+
+
+def test_numa_node_ids_need_not_start_at_0(tree_copy):
+    h = Host(FIXTURES / "synthetic-baremetal")
+    r = system.numa_node_cpulists(h)
+    assert sorted(r) == [1, 2] and r[2].value == [4, 5, 6, 7, 12, 13, 14, 15]
+    root = tree_copy("synthetic-baremetal")
+    (root / "sys/devices/system/node/node2/cpulist").write_text("x\n")
+    r = system.numa_node_cpulists(Host(root))
+    assert r[2].value is None and r[2].reason.startswith("error")
+    assert system.numa_nodes(Host(root))[2] == []  # the old view, for the launcher
+
+
+def test_cpufreq_through_the_policy_link_with_reasons(tree_copy):
+    h = Host(FIXTURES / "synthetic-baremetal")
+    assert cpuc.cpufreq(h, 5).cpuinfo_max_hz == 3_900_000_000
+    assert cpuc.cpufreq(h, 6).cpuinfo_max_hz == 3_700_000_000
+    root = tree_copy("synthetic-baremetal")
+    (root / "sys/devices/system/cpu/cpufreq/policy6/cpuinfo_max_freq").unlink()
+    f = cpuc.cpufreq(Host(root), 6)
+    assert f.cpuinfo_max_hz is None and f.reasons["cpuinfo_max_hz"] == ABSENT
+
+
+def test_pci_bridges_behind_links_and_empty_slots(tree_copy):
+    devs = {d.address: d for d in pcie.pci_devices(Host(FIXTURES / "synthetic-baremetal"))}
+    assert devs["0000:00:1c.4"].empty_bridge is True and devs["0000:00:1c.4"].link_unknown
+    assert devs["0000:d8:00.0"].empty_bridge is False  # the NIC is two bridges below
+    assert devs["0000:af:00.0"].numa_node == 2 and devs["0000:af:00.0"].cur_gen == 5
+    # without the bus numbers the tree's hierarchy still tells
+    root = tree_copy("synthetic-baremetal")
+    for p in root.glob("sys/devices/pci*/**/s*_bus_number"):
+        p.unlink()
+    devs = {d.address: d for d in pcie.pci_devices(Host(root))}
+    assert devs["0000:00:1c.4"].empty_bridge is True
+    assert devs["0000:ae:00.0"].empty_bridge is False
+    # a flat tree without bus numbers cannot tell: unknown, so the link is an error
+    flat = {d.address: d for d in pcie.pci_devices(Host(FIXTURES / "synthetic-2socket"))}
+    assert all(d.empty_bridge is None for d in flat.values())
+
+
+def test_online_cpus_live_and_in_trees():
+    r = system.online_cpus(Host("/"))
+    assert r.ok and r.value.derived is None and r.value.cpus
+    assert system.online_cpus(Host(FIXTURES / "vm-dev")).value.cpus == [0, 1]
