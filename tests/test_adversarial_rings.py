@@ -671,3 +671,27 @@ def test_a_spike_log_symlink_is_followed_only_when_root_or_we_own_it(tmp_path):
     assert victim.read_text() == "precious\nx\n"
     assert not os.path.islink(tmp_path / "spike-1-2.json")
     assert (tmp_path / "spike-1-2.json").read_text() == "{}"
+
+
+def test_a_flight_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(tmp_path):
+    import threading as th
+    from types import SimpleNamespace
+
+    from agent.watch.attribution import Spike
+    from agent.watch.session import WatchConfig, WatchSession
+    fl = tmp_path / "fl"
+    s = WatchSession(WatchConfig(probe="numpy", flight_us=1.0, flight_dir=str(fl)))
+    s.sampler = SimpleNamespace(lock=th.Lock(), rings=lambda: [])
+    s.open_outputs()
+    assert fl.is_dir()
+    s._dump_flight(Spike(1, 10, 20, 1, 1, 5), {"seq": 1, "time": "t"}, 0)
+    assert [Path(f).name for f in s.flight_files] == ["spike-1-20.json"]
+    for p in fl.iterdir():
+        p.unlink()
+    fl.rmdir()  # the directory goes away under a running watch: ENOENT from here on
+    for seq in (2, 3, 4):
+        s._dump_flight(Spike(seq, 10, 20, 1, 1, 5), {"seq": seq, "time": "t"}, 0)
+    assert len(s.flight_files) == 1
+    assert [w for w in s.warnings if "flight records not written" in w] == \
+        [f"flight records not written to {fl}: No such file or directory"]
+    s.close_outputs()
