@@ -3,13 +3,18 @@
 Safety model (docs/tuning.md has the long form):
 - the whole plan is computed, validated against what the kernel offers and checked against the
   allowlist *before* the first write: bad input changes nothing;
-- each target's original value is saved in the journal (atomically) before the write to it;
-- the value is re-read right before writing, so the journal holds the value the kernel had at
-  that moment, not at plan time (a governor change may already have moved EPP);
+- every file target is resolved below its mount and refused when its real path would leave
+  it (tuning.tunables.base.contained), at plan time and again for each write;
+- each target's original value is durable in the journal before the write to it: the targets
+  of one tunable are re-read right before its writes (so the journal holds what the kernel had
+  then, not at plan time: a governor change may already have moved EPP), journalled in one
+  append and one fsync, then written;
 - an IRQ the kernel refuses to move (EIO/EPERM) is "unchangeable", not a failure;
 - rollback restores the journal's originals (never defaults) in reverse order, dropping each
   entry once restored; drift (a value changed since we wrote it) is reported and left unless
-  ``force``; entries that fail (e.g. EBUSY from ordering) get one more try at the end.
+  ``force``; entries that fail (e.g. EBUSY from ordering) get one more try at the end. The
+  whole journal — format, allowlist, owners, values, containment — is validated before the
+  first rollback write.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from tuning.journal import (
     journal_path,
     load,
     locked,
+    state_exists,
     stale,
 )
+from tuning.safepath import UnsafePath
 from tuning.tunables import (
     MANUAL,
     PENDING_REBOOT,
@@ -43,6 +50,7 @@ from tuning.tunables import (
     all_tunables,
     by_id,
 )
+from tuning.tunables.base import contained, is_file_target
 
 # Plan item states
 PLANNED, IN_PLACE, NOT_ASKED, UNAVAILABLE, SKIPPED = (
@@ -111,7 +119,10 @@ def make_plan(ctx: TuneContext, only: list[str] | None = None,
         if t.wanted(ctx) is None:
             items.append(PlanItem(t, NOT_ASKED, f"profile does not ask ({t.key})"))
             continue
-        reason = t.available(ctx)
+        try:
+            reason = t.available(ctx)
+        except (ValueError, IndexError, KeyError) as exc:
+            raise _malformed(t, exc) from None
         if reason:
             items.append(PlanItem(t, UNAVAILABLE, reason))
             continue
@@ -121,14 +132,40 @@ def make_plan(ctx: TuneContext, only: list[str] | None = None,
     return Plan(items)
 
 
+def _malformed(t: Tunable, exc: Exception) -> TuneError:
+    """A host file a tunable parses holds something no kernel writes (an empty selector file
+    in a tree copy, a truncated list): one clear error, nothing written."""
+    return TuneError(f"{t.id}: unexpected content in the host's files ({exc}); nothing was "
+                     "written")
+
+
+def check_contained(ctx: TuneContext, targets) -> None:
+    """Refuse (TuneError) any file target whose real path leaves its mount (a symlink in a
+    --root tree pointing out of it). A target that is not there is left to the write, which
+    reports it."""
+    for target in targets:
+        if not is_file_target(target):
+            continue
+        try:
+            contained(ctx.host, target)
+        except UnsafePath as exc:
+            raise TuneError(f"refusing {target}: {exc}; nothing was written") from None
+        except OSError:
+            continue
+
+
 def _diff(ctx: TuneContext, it: PlanItem) -> None:
     """(Re)compute ``it``'s desired values, current values and changes from the host as it is
     now. Raises TuneError."""
     t = it.tunable
-    desired = t.desired(ctx)
-    current = t.read(ctx, desired)
-    changes = t.plan(desired, current)
-    changes = [c if c.detail else _with_detail(t, ctx, c) for c in changes]
+    try:
+        desired = t.desired(ctx)
+        check_contained(ctx, desired)
+        current = t.read(ctx, desired)
+        changes = t.plan(desired, current)
+        changes = [c if c.detail else _with_detail(t, ctx, c) for c in changes]
+    except (ValueError, IndexError, KeyError) as exc:
+        raise _malformed(t, exc) from None
     for c in changes:
         if c.kind == WRITE and not allowed(c.target):
             raise TuneError(f"internal: {c.target} is not on the allowlist (bug; nothing "
@@ -214,8 +251,32 @@ def _check_known(j: Journal) -> None:
                                f"not a target of {e.tunable}; nothing was changed")
         if not t.valid(e.original):
             raise JournalError(f"journal {j.path}: entry {e.seq} ({e.target}) has original "
-                               f"{e.original!r}, which is not a valid {e.tunable} value; "
+                               f"{e.original[:80]!r}, which is not a valid {e.tunable} value; "
                                "nothing was changed")
+
+
+def _check_contained(j: Journal, host: Host) -> None:
+    """Refuse the whole journal before anything is written when one of its file targets
+    resolves outside its mount on this host (a symlink planted in the tree since apply)."""
+    for e in j.entries:
+        if not is_file_target(e.target):
+            continue
+        try:
+            contained(host, e.target)
+        except UnsafePath as exc:
+            raise JournalError(f"journal {j.path}: entry {e.seq} ({e.target}) is refused: "
+                               f"{exc}; nothing was changed") from None
+        except OSError:
+            continue  # not there: rollback reports it unreadable and keeps it
+
+
+def state_beneath(host: Host, state_dir: Path) -> Path | None:
+    """The --root tree a state directory inside it must not lead out of (the default
+    ROOT/run/hftagent); None on the live host or for a --state-dir elsewhere."""
+    root = Path(os.path.abspath(host.root))
+    if root == Path("/"):
+        return None
+    return root if Path(os.path.abspath(state_dir)).is_relative_to(root) else None
 
 
 def _mounts(host: Host) -> tuple[str, str]:
@@ -232,11 +293,12 @@ def _check_tree(j: Journal, host: Host) -> None:
                            "changed. Pass the --root (or --procfs/--sysfs) it was written with")
 
 
-def _open_journal(ctx: TuneContext, state_dir: Path, profile: str) -> Journal:
-    j = load(state_dir)
+def _open_journal(ctx: TuneContext, state_dir: Path, profile: str, dfd: int) -> Journal:
+    j = load(state_dir, dir_fd=dfd)
     if j is not None:
         _check_tree(j, ctx.host)
         _check_known(j)
+        _check_contained(j, ctx.host)
     boot = _boot_id(ctx.host)
     if j is not None and stale(j, boot):
         raise StaleJournal(
@@ -247,7 +309,7 @@ def _open_journal(ctx: TuneContext, state_dir: Path, profile: str) -> Journal:
         from collectors.parsers import format_cpulist
         procfs, sysfs = _mounts(ctx.host)
         j = Journal(journal_path(state_dir), boot, profile=profile,
-                    cpus=format_cpulist(ctx.cpus), procfs=procfs, sysfs=sysfs)
+                    cpus=format_cpulist(ctx.cpus), procfs=procfs, sysfs=sysfs, dir_fd=dfd)
     return j
 
 
@@ -265,8 +327,8 @@ def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = 
     if dry_run:
         outcomes = [Outcome(c, DRY_RUN if c.kind == WRITE else c.kind) for c in plan.changes]
         return ApplyReport(outcomes, [], str(journal_path(state_dir)))
-    with locked(state_dir):
-        j = _open_journal(ctx, state_dir, profile)
+    with locked(state_dir, beneath=state_beneath(ctx.host, state_dir)) as dfd:
+        j = _open_journal(ctx, state_dir, profile, dfd)
         for it in plan.items:
             if it.state in (PLANNED, IN_PLACE):
                 try:
@@ -275,14 +337,22 @@ def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = 
                     outcomes += [Outcome(c, FAILED, str(exc)) for c in it.changes]
                     continue
             _apply_item(ctx, it, j, cp, outcomes, unchangeable)
+        j.save(cp)  # the drops still queued (writes that did not happen); deletes an empty one
     findings = verify_plan(ctx, plan, unchangeable)
     return ApplyReport(outcomes, findings, str(journal_path(state_dir)))
 
 
 def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], None],
                 outcomes: list[Outcome], unchangeable: dict[str, set[str]]) -> None:
-    """Journal, write and read back every change of one tunable."""
+    """Journal, write and read back every change of one tunable.
+
+    Every target is re-read first; the originals of all those that need a write are
+    journalled in one append and one fsync (``j.save``) before the first write. After a
+    write that failed, what the journal says is corrected: a value that changed anyway stays
+    journalled (fsynced at once), a write that did not happen is taken back out (queued: a
+    lost drop only makes rollback find the original in place)."""
     t = it.tunable
+    batch: list[tuple[Change, str, str | None]] = []
     for ch in it.changes:
         if ch.kind in (PENDING_REBOOT, MANUAL):
             outcomes.append(Outcome(ch, ch.kind, ch.detail))
@@ -296,10 +366,13 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
                                     "it is not written"))
             continue
         prev = j.get(ch.target)
-        prev_written = prev.written if prev else None
+        batch.append((ch, cur, prev.written if prev else None))
         j.record(ch.tunable, ch.target, cur, ch.desired, ch.detail)
-        j.save(cp)
-        cp("journaled")
+    if not batch:
+        return
+    j.save(cp)
+    cp("journaled")
+    for ch, cur, prev_written in batch:
         try:
             t.write(ctx, ch.target, ch.desired)
         except OSError as exc:
@@ -307,8 +380,9 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
             # A failed write may still have changed the value (sysfs took the bytes and a
             # short write was reported as EIO; `systemctl stop` exited non-zero although
             # the unit stopped). Only a value still equal to the original proves nothing
-            # happened; anything else stays journalled so rollback can restore it.
-            after = t.read_target(ctx, ch.target)
+            # happened; anything else stays journalled so rollback can restore it. A write
+            # refused before the open (UnsafePath) never happened.
+            after = cur if isinstance(exc, UnsafePath) else t.read_target(ctx, ch.target)
             if after != cur:
                 j.record(ch.tunable, ch.target, cur, after if after is not None
                          else ch.desired, ch.detail)
@@ -320,11 +394,11 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
                 continue
             # The write did not happen: take the entry back out (or restore its previous
             # "written"), so the journal only lists targets we changed.
-            if prev is None:
+            if prev_written is None:
                 j.drop(ch.target)
             else:
-                prev.written = prev_written or prev.written
-            j.save(cp)
+                j.record(ch.tunable, ch.target, cur, prev_written, ch.detail)
+                j.save(cp)
             if t.unchangeable(exc):
                 unchangeable.setdefault(t.id, set()).add(ch.target)
                 outcomes.append(Outcome(ch, UNCHANGEABLE, f"kernel refuses to move it "
@@ -406,13 +480,20 @@ class RollbackReport:
 
 def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
              discard_stale: bool = False, checkpoint: Checkpoint | None = None) -> RollbackReport:
-    """Restore every journalled original in reverse order. Idempotent."""
+    """Restore every journalled original in reverse order. Idempotent.
+
+    The whole journal is validated first (format, allowlist, tunables, values, the tree it
+    belongs to, containment of every target): a bad entry anywhere stops it before the first
+    write. Entries restored are dropped from the journal in one append at the end (or the file
+    is deleted): a rollback killed half-way leaves them listed, and the next one finds them
+    at their original value."""
     cp = checkpoint or (lambda _step: None)
     jpath = journal_path(state_dir)
-    if not state_dir.exists():  # do not create the directory just to find nothing
+    beneath = state_beneath(ctx.host, state_dir)
+    if not state_exists(state_dir, beneath=beneath):  # do not create it to find nothing
         return RollbackReport([], str(jpath), 0, "no journal: nothing to roll back")
-    with locked(state_dir):  # also removes temp files of a dead apply
-        j = load(state_dir)
+    with locked(state_dir, beneath=beneath) as dfd:  # also removes temp files of a dead apply
+        j = load(state_dir, dir_fd=dfd)
         if j is None:
             return RollbackReport([], str(jpath), 0, "no journal: nothing to roll back")
         _check_tree(j, ctx.host)
@@ -420,16 +501,18 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
         if stale(j, boot):
             if discard_stale:
                 n = len(j.entries)
-                j.entries = []
+                old = j.boot_id
+                j.clear()
                 j.save()
                 return RollbackReport([], str(jpath), 0, f"discarded a journal of {n} entries "
-                                      f"from an earlier boot ({j.boot_id})")
+                                      f"from an earlier boot ({old})")
             raise StaleJournal(
                 f"journal {jpath} is from an earlier boot (boot id {j.boot_id}, now {boot}): "
                 "the reboot already reset those settings, so it is not replayed. Remove it "
                 "with `hftagent tune rollback --discard-stale`")
         tunables = by_id()
         _check_known(j)
+        _check_contained(j, ctx.host)
         items: list[RollbackItem] = []
         retry = []
         for e in sorted(j.entries, key=lambda x: x.seq, reverse=True):
@@ -441,11 +524,10 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
                 continue
             if cur == e.original:
                 j.drop(e.target)
-                j.save(cp)
                 items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur,
                                           WAS_ORIGINAL))
                 continue
-            if cur != e.written and not force:
+            if cur not in (e.written, e.before) and not force:
                 items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur, DRIFT,
                                           f"changed since we wrote {e.written!r}: left as is "
                                           "(--force restores the original anyway)"))
@@ -459,6 +541,7 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
         # refuses a non-performance EPP with EBUSY until the governor is back).
         for t, e, cur in retry:
             items.append(_restore(ctx, t, j, e, cur, cp))
+        j.save(cp)
     return RollbackReport(items, str(jpath), len(j.entries))
 
 
@@ -478,7 +561,6 @@ def _restore(ctx: TuneContext, t: Tunable, j: Journal, e, cur: str, cp: Callable
         return RollbackItem(e.tunable, e.target, e.original, e.written, back, FAILED,
                             f"read back {back!r}; kept in the journal")
     j.drop(e.target)
-    j.save(cp)
     return RollbackItem(e.tunable, e.target, e.original, e.written, back, RESTORED,
                         f"restored, although the write reported: {error}" if error else "")
 
@@ -508,13 +590,14 @@ class StatusReport:
 def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
     """What the journal says is applied, and whether each value still holds. Read-only."""
     jpath = journal_path(state_dir)
-    j = load(state_dir)
+    j = load(state_dir, beneath=state_beneath(ctx.host, state_dir))
     if j is None:
         return StatusReport([], str(jpath), False)
     _check_tree(j, ctx.host)
     if stale(j, _boot_id(ctx.host)):
         return StatusReport([], str(jpath), True, True, j.boot_id, j.profile, j.cpus)
     _check_known(j)
+    _check_contained(j, ctx.host)
     tunables = by_id()
     items = []
     for e in j.entries:

@@ -105,23 +105,54 @@ def _parse(data: dict, source: str, base: Profile | None) -> Profile:
     return Profile(str(name), str(data.get("description", "")), settings, source)
 
 
+MAX_PROFILE_BYTES = 1 << 20  # the built-in profiles are ~4 KB
+
+
+def _shown(name: str) -> str:
+    return repr(name if len(name) <= 200 else name[:200] + "…")
+
+
+def _read_profile(path: Path, name: str) -> str:
+    """A profile file's text: a regular file only (``--profile /dev/zero`` or a FIFO would
+    read, or block, forever), at most MAX_PROFILE_BYTES. Raises ProfileError."""
+    from tuning.safepath import UnsafePath, read_regular
+
+    try:
+        return read_regular(path, MAX_PROFILE_BYTES).decode("utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {_shown(name)} does not exist") from None
+    except UnsafePath as exc:
+        raise ProfileError(f"profile {_shown(name)}: {exc}") from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {_shown(name)}: "
+                           f"{exc.strerror or exc}") from None
+
+
 def load_profile(name_or_path: str) -> Profile:
     """Load a built-in profile by name or a user profile from a TOML file."""
     if name_or_path in BUILTIN:
         text = resources.files("tuning").joinpath("profiles", f"{name_or_path}.toml").read_text()
         return _parse(tomllib.loads(text), f"builtin:{name_or_path}", None)
+    if not name_or_path or "\x00" in name_or_path:
+        raise ProfileError(f"--profile {_shown(name_or_path)}: not a profile name or file")
     path = Path(name_or_path)
-    if not path.suffix and not path.exists():
-        raise ProfileError(f"unknown profile {name_or_path!r} (built-in: {', '.join(BUILTIN)}; "
-                           "or a path to a .toml file)")
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"profile file {name_or_path!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"cannot read profile {name_or_path!r}: {exc}") from None
+        missing = not path.exists()
+    except OSError as exc:  # ENAMETOOLONG, ...: lexists does not swallow those
+        raise ProfileError(f"cannot read profile {_shown(name_or_path)}: "
+                           f"{exc.strerror or exc}") from None
+    if not path.suffix and missing:
+        raise ProfileError(f"unknown profile {_shown(name_or_path)} (built-in: "
+                           f"{', '.join(BUILTIN)}; or a path to a .toml file)")
+    try:
+        data = tomllib.loads(_read_profile(path, name_or_path))
+    except UnicodeDecodeError:
+        raise ProfileError(f"cannot read profile {_shown(name_or_path)}: not UTF-8 "
+                           "text") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"profile {name_or_path!r} is not valid TOML: {exc}") from None
+        raise ProfileError(f"profile {_shown(name_or_path)} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ProfileError(f"profile {_shown(name_or_path)} is nested too deeply") from None
     base = None
     if "extends" in data:
         if data["extends"] not in BUILTIN:

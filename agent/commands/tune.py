@@ -35,14 +35,23 @@ SkipOpt = Annotated[list[str] | None, typer.Option("--skip", help="Skip these tu
                                                    "families (repeatable), e.g. --skip gpu.")]
 
 
+def _state_dir(host, state_dir: str | None) -> Path:
+    """--state-dir, or ROOT/run/hftagent. An empty --state-dir is refused, not "default"."""
+    if state_dir is None:
+        return host.run_dir("hftagent")
+    if not state_dir.strip() or "\x00" in state_dir:
+        raise fail(f"--state-dir {state_dir!r}: not a directory path")
+    return Path(state_dir)
+
+
 def _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir):
     from tuning.apply import build_context, wants_gpu
     from tuning.profiles import load_profile
 
     host = make_host(root, procfs, sysfs)
+    sd = _state_dir(host, state_dir)
     prof = load_profile(profile)
     ctx = build_context(host, prof, cpus, want_gpu=wants_gpu(prof, only, skip))
-    sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
     return host, prof, ctx, sd
 
 
@@ -228,12 +237,12 @@ def rollback_cmd(force: Annotated[bool, typer.Option("--force", help="Restore or
     from tuning.tunables import TuneContext
 
     host = make_host(root, procfs, sysfs)
+    sd = _state_dir(host, state_dir)
     require_privilege(host)
     from tuning.apply import build_context
     # Rollback needs no profile or target CPUs: only the host, its writer and services.
     ctx: TuneContext = build_context(host, load_profile("hft-cpu"), None,
-                                     want_gpu=_journal_has_gpu(host, state_dir))
-    sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
+                                     want_gpu=_journal_has_gpu(host, sd))
     rep = rollback(ctx, sd, force=force, discard_stale=discard_stale)
     if json_out:
         print(json.dumps({"journal": rep.journal, "remaining": rep.remaining, "note": rep.note,
@@ -250,12 +259,12 @@ def rollback_cmd(force: Annotated[bool, typer.Option("--force", help="Restore or
     raise typer.Exit(0 if rep.ok else 2)
 
 
-def _journal_has_gpu(host, state_dir) -> bool:
+def _journal_has_gpu(host, sd: Path) -> bool:
     """Initialise NVML for rollback only when the journal holds GPU entries."""
+    from tuning.apply import state_beneath
     from tuning.journal import JournalError, load
-    sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
     try:
-        j = load(sd)
+        j = load(sd, beneath=state_beneath(host, sd))
     except JournalError:
         return False  # rollback() loads it again and reports the error
     return bool(j and any(e.target.startswith("nvml:") for e in j.entries))
@@ -270,9 +279,9 @@ def status_cmd(state_dir: StateOpt = None, json_out: JsonOpt = False, root: Root
     from tuning.profiles import load_profile
 
     host = make_host(root, procfs, sysfs)
+    sd = _state_dir(host, state_dir)
     ctx = build_context(host, load_profile("hft-cpu"), None,
-                        want_gpu=_journal_has_gpu(host, state_dir))
-    sd = Path(state_dir) if state_dir else host.run_dir("hftagent")
+                        want_gpu=_journal_has_gpu(host, sd))
     rep = status(ctx, sd)
     if json_out:
         print(json.dumps({"journal": rep.journal, "exists": rep.exists, "stale": rep.stale,
@@ -315,7 +324,8 @@ def threads_cmd(
                                                   "running the sweep now.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="SavedModel dir, .keras or "
                                               ".tflite (default: built-in).")] = None,
-    builtin: Annotated[str, typer.Option("--builtin", help="Built-in model.")] = "lstm",
+    builtin: Annotated[str | None, typer.Option("--builtin", help="Built-in model (default "
+                                                "lstm).")] = None,
     variant: Annotated[str | None, typer.Option("--variant", help="Variant to sweep "
                                                 "(default xla).")] = None,
     cpus: Annotated[str | None, typer.Option("--cpus", help="CPUs the sweep may use.")] = None,
@@ -326,21 +336,23 @@ def threads_cmd(
     """Pick intra/inter/affinity from the probe's thread sweep and print the `hftagent run`
     command that reproduces the winner (lowest P99 among runs with enough samples that `run`
     can reproduce; a faster caller-thread or TF-default run is mentioned separately)."""
-    from agent.probe.result import ProbeResult
     from agent.probe.runner import eligible
     from tuning.launcher import command_line
 
-    if from_file:
-        try:
-            result = ProbeResult.from_dict(json.loads(Path(from_file).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise fail(f"--from {from_file!r}: not a saved probe result ({exc})") from None
+    if from_file is not None:
+        given = [opt for opt, v in (("--model", model), ("--builtin", builtin),
+                                    ("--variant", variant), ("--cpus", cpus),
+                                    ("--duration", duration)) if v is not None]
+        if given:
+            raise fail(f"--from reads a saved sweep: {', '.join(given)} would not be used "
+                       "(run the sweep without --from to use them)")
+        result = _saved_sweep(from_file)
     else:
         from agent.probe import options
         from agent.probe.runner import run_probe
 
         settings, configs = options.build(
-            model=model, builtin=builtin, signature="serving_default", shape=None,
+            model=model, builtin=builtin if builtin is not None else "lstm", signature="serving_default", shape=None,
             input_data="random", variant=variant, samples=None, duration=duration, warmup=200,
             rate=None, threshold_us=5000.0, calib=None, intra=None, inter=None, cpus=cpus,
             sweep="threads", batch="1")
@@ -387,6 +399,33 @@ def threads_cmd(
     if faster:
         con.print(f"faster: {faster['config'].get('id')} (P99 {faster['p99_ns'] / 1000:.1f} µs) "
                   f"— {faster['note']}", markup=False, highlight=False)
+
+
+MAX_SWEEP_BYTES = 64 << 20  # a saved sweep with full per-sample detail is a few MB
+
+
+def _saved_sweep(from_file: str):
+    """A saved `probe --sweep threads --json` result: a regular file (a FIFO would block,
+    /dev/zero would read forever), bounded, JSON of the probe's result shape."""
+    from agent.probe.result import ProbeResult
+    from tuning.safepath import UnsafePath, read_regular
+
+    shown = repr(from_file if len(from_file) <= 200 else from_file[:200] + "…")
+    if not from_file.strip() or "\x00" in from_file:
+        raise fail(f"--from {shown}: not a file path")
+    try:
+        doc = json.loads(read_regular(from_file, MAX_SWEEP_BYTES))
+        return ProbeResult.from_dict(doc)
+    except FileNotFoundError:
+        raise fail(f"--from {shown}: no such file") from None
+    except UnsafePath as exc:
+        raise fail(f"--from {shown}: {exc}") from None
+    except OSError as exc:
+        raise fail(f"--from {shown}: cannot read it ({exc.strerror or exc})") from None
+    except RecursionError:
+        raise fail(f"--from {shown}: not a saved probe result (nested too deeply)") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise fail(f"--from {shown}: not a saved probe result ({exc})") from None
 
 
 def _unreproducible(config: dict) -> str | None:

@@ -25,7 +25,7 @@ Life cycle (see tuning/apply.py for the orchestration):
 from __future__ import annotations
 
 import errno
-import fnmatch
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -37,6 +37,7 @@ from collectors.host import Host
 from collectors.parsers import format_cpulist
 from tuning.findings import Finding, Status
 from tuning.profiles import Profile
+from tuning.safepath import UnsafePath, open_real, resolve_beneath
 
 
 class TuneError(Exception):
@@ -80,12 +81,16 @@ class Writer(Protocol):
 class FileWriter:
     """Writes like ``echo VALUE > FILE``: one ``write(2)`` of the value and a newline.
 
-    Never creates a file (no O_CREAT): a target that is not there is an error, not a new
-    file in /sys. One write call matters for sysfs, whose store() sees each write separately.
+    ``path`` is the real path :func:`contained` returned. It is opened walking every component
+    from / with ``O_NOFOLLOW`` (tuning.safepath.open_real): a symlink swapped into the tree
+    after the check makes the write fail instead of landing outside it. Never creates a file
+    (no O_CREAT): a target that is not there is an error, not a new file in /sys. A FIFO or
+    device there is refused (``O_NONBLOCK``, regular files only). One write call matters for
+    sysfs, whose store() sees each write separately.
     """
 
     def write(self, path: Path, text: str) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        fd = open_real(path, os.O_WRONLY | os.O_TRUNC)
         try:
             data = (text + "\n").encode()
             n = os.write(fd, data)
@@ -218,8 +223,13 @@ class FileTunable(Tunable):
 
     def read_target(self, ctx: TuneContext, target: str) -> str | None:
         """The normalised value; None when unreadable or malformed (a selector without a
-        [selected] word, a mask that does not parse): unreadable, never a value."""
-        r = ctx.host.read(resolve(ctx.host, target))
+        [selected] word, a mask that does not parse) or when its path is refused (see
+        :func:`contained`): unreadable, never a value."""
+        try:
+            path = contained(ctx.host, target)
+        except OSError:
+            return None
+        r = ctx.host.read(path)
         if r.value is None:
             return None
         try:
@@ -231,7 +241,7 @@ class FileTunable(Tunable):
         return " ".join(text.split())
 
     def write(self, ctx: TuneContext, target: str, value: str) -> None:
-        ctx.writer.write(resolve(ctx.host, target), value)
+        ctx.writer.write(contained(ctx.host, target), value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,7 +250,8 @@ class FileTunable(Tunable):
 
 
 def resolve(host: Host, target: str) -> Path:
-    """The user-facing path of a file target ("/proc/sys/vm/swappiness") to the Host's path."""
+    """The user-facing path of a file target ("/proc/sys/vm/swappiness") to the Host's path,
+    lexically (for reads of neighbouring files; writes go through :func:`contained`)."""
     for prefix, under in (("/proc/", host.proc), ("/sys/", host.sys)):
         if target.startswith(prefix):
             rel = target[len(prefix):]
@@ -250,22 +261,80 @@ def resolve(host: Host, target: str) -> Path:
     raise TuneError(f"not a /proc or /sys target: {target}")
 
 
-def path_matches(pattern: str, target: str) -> bool:
-    """fnmatch per path segment ("*" never crosses a "/")."""
-    p, t = pattern.split("/"), target.split("/")
-    return len(p) == len(t) and all(fnmatch.fnmatchcase(ts, ps) for ps, ts in zip(p, t, strict=False))
+def is_file_target(target: str) -> bool:
+    return target.startswith(("/proc/", "/sys/"))
+
+
+def _mount_base(host: Host, mount: Path, name: str) -> Path:
+    """The real path of a mount. One derived from the root (``ROOT/proc``, no ``--procfs``)
+    must stay inside the root: ``ROOT/sys`` -> /sys would make a tree copy write the live
+    kernel."""
+    return _real_mount(str(mount), str(host.root), mount == host.root / name)
+
+
+@functools.lru_cache(maxsize=64)
+def _real_mount(mount: str, root: str, derived: bool) -> Path:
+    # Cached per process: a mount swapped for a symlink later still cannot be written
+    # through, because every write walks the real path with O_NOFOLLOW (FileWriter).
+    real = Path(os.path.realpath(mount))
+    if derived:
+        rroot = Path(os.path.realpath(root))
+        if not real.is_relative_to(rroot):
+            raise UnsafePath(f"{mount} is a symlink to {real}, outside the root {root}: "
+                             "refused", mount)
+    return real
+
+
+def contained(host: Host, target: str) -> Path:
+    """The real path of a file target, checked so that no write can leave its mount.
+
+    The path is resolved below the real path of its mount (``host.procfs`` / ``host.sysfs``)
+    component by component. The only symlinks followed are the kind sysfs itself makes: ones
+    under sysfs that resolve to a directory under ``<sysfs>/devices`` (cpuN/cpufreq ->
+    ../cpufreq/policyN, /sys/class/... -> /sys/devices/...) — on the live host and in a tree
+    copy or capture alike, where those links are relative and stay inside the tree. procfs
+    targets follow none. The file itself must be a regular file, never a symlink.
+
+    Raises UnsafePath (an OSError) when refused, FileNotFoundError and the like when the
+    file is not there, TuneError for a key that is not a /proc or /sys path."""
+    if target.startswith("/proc/"):
+        prefix, mount, name = "/proc/", host.procfs, "proc"
+    elif target.startswith("/sys/"):
+        prefix, mount, name = "/sys/", host.sysfs, "sys"
+    else:
+        raise TuneError(f"not a /proc or /sys target: {target}")
+    if "\x00" in target:
+        raise UnsafePath(f"refusing a path with a NUL byte: {target!r}")
+    base = _mount_base(host, mount, name)
+    devices = base / "devices"
+
+    def allow(link: Path, dest: Path) -> str | None:
+        if name != "sys":
+            return "procfs targets never go through a symlink"
+        if not dest.is_relative_to(devices) or dest == devices:
+            return (f"only symlinks to directories under {devices} (the ones sysfs makes) "
+                    "are followed")
+        return None
+
+    return resolve_beneath(base, target[len(prefix):].split("/"), allow)
+
+
+_NUMBER = r"(?:0|[1-9][0-9]*)"  # ASCII digits, no sign, no leading zero
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern_re(pattern: str) -> re.Pattern[str]:
+    """An allowlist-style pattern as a regex: ``[0-9]*`` is one decimal number (ASCII digits
+    only: "irq/1x", "cpu٣" and a NUL after the digits never match); everything else is
+    literal."""
+    return re.compile(_NUMBER.join(re.escape(p) for p in pattern.split("[0-9]*")))
 
 
 def target_matches(pattern: str, target: str) -> bool:
-    """A target against one allowlist-style pattern: paths per "/" segment, keys
-    ("service:irqbalance", "nvml:gpu0:compute_mode") per ":" field; ".." never matches."""
-    if ".." in target.split("/"):
-        return False
-    if pattern.startswith("/") != target.startswith("/"):
-        return False
-    if pattern.startswith("/"):
-        return path_matches(pattern, target)
-    return path_matches(pattern.replace(":", "/"), target.replace(":", "/"))
+    """A target against one allowlist-style pattern (paths such as
+    "/proc/irq/[0-9]*/smp_affinity_list", keys such as "nvml:gpu[0-9]*:compute_mode"): the
+    whole target must match, ``[0-9]*`` standing for one decimal number."""
+    return _pattern_re(pattern).fullmatch(target) is not None
 
 
 def int_in(value: str, lo: int, hi: int | None) -> bool:
