@@ -111,6 +111,9 @@ def test_capture_never_follows_a_link_out_of_the_tree(tree_copy, tmp_path):
     pci = root / "sys/bus/pci/devices/0000:18:00.0"
     pci.unlink()
     os.symlink(secret, pci)
+    (secret / "comm").write_text("SECRET\n")
+    shutil.rmtree(root / "proc/1")
+    os.symlink(secret, root / "proc/1")  # a process directory that is a link out
     out = tmp_path / "cap"
     out.mkdir()
     res = capture_result(Host(root), out)
@@ -123,7 +126,7 @@ def test_capture_never_follows_a_link_out_of_the_tree(tree_copy, tmp_path):
         if p.is_symlink():
             assert p.resolve().is_relative_to(out.resolve()), p
     text = (out / "CAPTURE-SKIPPED").read_text()
-    for shown in ("/sys/devices/system/cpu/cpu6/cpufreq", "/proc/812/status",
+    for shown in ("/sys/devices/system/cpu/cpu6/cpufreq", "/proc/812/status", "/proc/1/comm",
                   "/sys/class/dmi/id", "/sys/bus/pci/devices/0000:18:00.0"):
         assert shown in text and any(shown in s and "out of the tree" in s
                                      for s in res.skipped), shown
@@ -351,6 +354,8 @@ def test_missing_online_file_derives_the_cpus(tree_copy):
     assert f["cpu.governor"]["status"] == "ok"  # the rest of the audit ran
     r = system.online_cpus(Host(root))
     assert r.value.cpus == list(range(15)) and r.value.reason == "absent"
+    human = runner.invoke(get_app(), ["audit", "--root", str(root)]).output
+    assert "online 0-14 (derived: see cpu.online)" in " ".join(human.split())
 
 
 def test_online_cpus_from_the_cpu_dirs_alone(tree_copy):

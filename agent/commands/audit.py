@@ -83,7 +83,9 @@ def audit(
         console.print(f"[bold]hftagent audit[/bold]  profile [cyan]{report.profile}[/cyan]  "
                       f"target CPUs [cyan]{format_cpulist(report.target_cpus)}[/cyan]  "
                       f"kernel {h['kernel']}  virt {h['virtualization']}  "
-                      f"online {h['online_cpus']}  NUMA nodes {h['numa_nodes']}")
+                      f"online {h['online_cpus']}"
+                      f"{' (derived: see cpu.online)' if h.get('online_cpus_derived') else ''}"
+                      f"  NUMA nodes {h['numa_nodes']}")
         if h["cpu_model"]:
             console.print(f"cpu: {h['cpu_model']}", style="dim")
         render_findings(console, report.findings, verbose)
