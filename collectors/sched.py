@@ -326,7 +326,7 @@ class SchedCollector:
                 o_close(fd)
 
         for pname in os.listdir(proc):
-            if not pname.isdigit():
+            if not (pname.isdigit() and pname.isascii()):  # ("٣".isdigit() and int() is 3)
                 continue
             pid = int(pname)
             pdir = f"{proc}/{pname}"
@@ -342,6 +342,8 @@ class SchedCollector:
                     tasks = []
                     tdir = pdir + "/task/"
                     for tname in os.listdir(tdir):
+                        if not (tname.isdigit() and tname.isascii()):
+                            continue
                         try:
                             d = read(tdir + tname + "/stat")
                         except OSError:

@@ -218,6 +218,23 @@ def test_irq_names_keep_every_action_and_none_for_unnamed(tmp_path):
                      19: "arch_timer", 20: "PCIe PME,aerdrv", 21: ""}
 
 
+def test_task_scan_skips_non_ascii_pid_dirs(tmp_path):
+    """A /proc entry named "٣" is not pid 3 (str.isdigit() and int() take Unicode digits)."""
+
+    def stat(pid: int, threads: int) -> str:
+        rest = ["R"] + ["0"] * 40
+        rest[17], rest[36] = str(threads), "0"  # num_threads; last ran on CPU 0
+        return f"{pid} (t) " + " ".join(rest)
+
+    for rel, text in (("5/stat", stat(5, 1)), ("٣/stat", stat(3, 1)),
+                      ("7/stat", stat(7, 2)), ("7/task/٣/stat", stat(3, 1))):
+        (tmp_path / "proc" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "proc" / rel).write_text(text)
+    (tmp_path / "sys").mkdir()
+    c = SchedCollector(Host(tmp_path), [99999], [0])
+    assert c.scan()["sched.cpu0.runnable"] == 1.0  # pid 5 only
+
+
 def test_counter_wrap_and_reset():
     assert counter_delta(10, 15) == 5
     # /proc/interrupts counts are 32-bit per CPU: a wrap is a delta, not a negative.
