@@ -48,13 +48,11 @@ _HWIRQ = re.compile(r"[0-9]+(?:-[a-z_]+)?")
 _FLOW = re.compile(r"-[a-z_]+")
 
 
-def _irq_name(row: IrqRow | None) -> str:
-    """The action (device) names of a numbered row, comma-separated without spaces
-    ("ehci_hcd:usb1,mmc0" for a shared line printed "ehci_hcd:usb1, mmc0"); "" when the
-    IRQ has no action (a row ending in its descriptor, "PCI-MSI 65536-edge")."""
-    if row is None or not row.desc:
-        return ""
-    tok = row.desc.split()
+def action_names(desc: str) -> str:
+    """The action (device) names in the text after a numbered row's counts, comma-separated
+    without spaces ("ehci_hcd:usb1,mmc0" for a shared line printed "ehci_hcd:usb1, mmc0");
+    "" when the IRQ has no action (the text ends with its descriptor, "PCI-MSI 65536-edge")."""
+    tok = desc.split()
     i = 1  # tok[0]: the chip (irq_chip.name or its irq_print_chip)
     if i < len(tok) and _HWIRQ.fullmatch(tok[i]):
         i += 1
@@ -65,6 +63,10 @@ def _irq_name(row: IrqRow | None) -> str:
     # actions are printed "  a, b, c"; a name may hold a space ("PCIe PME")
     names = (n.strip() for n in " ".join(tok[i:]).split(","))
     return ",".join(n for n in names if n)
+
+
+def _irq_name(row: IrqRow | None) -> str:
+    return "" if row is None else action_names(row.desc)
 
 
 def irq_affinities(host: Host) -> list[IrqAffinity]:

@@ -194,7 +194,7 @@ def test_truncated_stat_and_short_softirq_rows_are_parse_errors():
 def test_irq_names_keep_every_action_and_none_for_unnamed(tmp_path):
     """Defect: an IRQ without an action was named by its descriptor ("65536-edge"), and a
     shared line "ehci_hcd:usb1, mmc0" kept only "mmc0"."""
-    from collectors.irq import irq_affinities
+    from collectors.irq import action_names, irq_affinities
 
     (tmp_path / "proc").mkdir()
     (tmp_path / "sys").mkdir()
@@ -216,6 +216,11 @@ def test_irq_names_keep_every_action_and_none_for_unnamed(tmp_path):
     names = {a.irq: a.name for a in irq_affinities(Host(tmp_path))}
     assert names == {0: "timer", 16: "ehci_hcd:usb1,mmc0", 17: "", 18: "i8042",
                      19: "arch_timer", 20: "PCIe PME,aerdrv", 21: ""}
+    # the same on fast_interrupts' descriptions (what watch's attribution names IRQs from)
+    _, desc = fast_interrupts(b"CPU0\n 16: 1 IR-IO-APIC 16-fasteoi ehci_hcd:usb1, mmc0\n"
+                              b" 17: 0 IR-PCI-MSI 65536-edge\n", None)
+    assert {r: action_names(d) for r, d in desc.items()} == {"16": "ehci_hcd:usb1,mmc0",
+                                                           "17": ""}
 
 
 def test_task_scan_skips_non_ascii_pid_dirs(tmp_path):

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors import irq, memory, parsers, sched
-from collectors.parsers import MAX_CPUS, IrqRow, ParseError
+from collectors.parsers import MAX_CPUS, ParseError
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -128,8 +128,8 @@ PARSERS: dict[str, tuple[str, Callable[[bytes], object]]] = {
     "irq.fast_interrupts(want)": ("interrupts",
                                   lambda b: irq.fast_interrupts(b, frozenset([1]))),
     "irq.fast_softirqs": ("softirqs", lambda b: irq.fast_softirqs(b, None)),
-    "irq name": ("interrupts", lambda b: [irq._irq_name(IrqRow("1", (1,), line))
-                                         for line in _text(b).splitlines()[:50]]),
+    "irq.action_names": ("interrupts", lambda b: [irq.action_names(line)
+                                                  for line in _text(b).splitlines()[:50]]),
     "memory.fast_vmstat": ("vmstat", memory.fast_vmstat),
     "memory.parse_psi": ("psi", lambda b: memory.parse_psi(b, "memory")),
     "sched.parse_stat_fields": ("task_stat", sched.parse_stat_fields),
