@@ -52,6 +52,9 @@ DEFAULT_ALPHA = 0.05
 DEFAULT_MAX_P99_REGRESSION = 0.10      # the seeds' release rule: P99 no more than 10 % worse
 DEFAULT_MAX_JITTER_RATE = 0.0005       # share of samples over 5 ms: 0.05 %
 DEFAULT_JITTER_THRESHOLD_NS = 5_000_000
+# The largest latency budget or threshold the gate takes, in µs (1000 s): no inference budget
+# is near it, so anything above is a typo (and 1e309 is inf, which has no integer ns).
+MAX_BUDGET_US = 1e9
 
 PASS, FAIL, WARN, SKIP, INSUFFICIENT = "pass", "fail", "warn", "skip", "insufficient"
 
@@ -234,11 +237,28 @@ class Limits:
             raise AgentError(f"alpha must be in (0, 0.5), not {self.alpha}")
         if not 100 <= self.resamples <= 1_000_000:
             raise AgentError(f"--resamples must be between 100 and 1000000, not {self.resamples}")
+        if self.seed is not None and self.seed < 0:
+            raise AgentError(f"--seed must be >= 0, not {self.seed}")
+
+
+def budget_ns(us: float | None, what: str) -> int | None:
+    """A budget or threshold given in µs as integer ns (None stays None). NaN, inf, <= 0 and
+    more than :data:`MAX_BUDGET_US` are refused with one line."""
+    if us is None:
+        return None
+    if not 0 < us <= MAX_BUDGET_US:  # written so that NaN fails too
+        raise AgentError(f"{what} must be a number of µs > 0 and at most {MAX_BUDGET_US:.0f}, "
+                         f"not {us:g}")
+    return max(1, round(us * 1000))
 
 
 def parse_ratio(text: str, what: str) -> float:
-    """"10%" → 0.10, "0.1" → 0.1 (a bare number ≥ 1 without % is ambiguous: rejected)."""
+    """"10%" → 0.10, "0.1" → 0.1 (a bare number ≥ 1 without % is ambiguous: rejected).
+    ASCII only: float() would also take "٣" (an Arabic-Indic 3) or "1_0"."""
     t = text.strip()
+    if not t.isascii() or "_" in t:
+        raise AgentError(f"{what} must be a percentage like 10% or a fraction like 0.1, "
+                         f"not {text!r}")
     try:
         if t.endswith("%"):
             v = float(t[:-1]) / 100.0
@@ -502,8 +522,8 @@ def parse_scenarios(text: str) -> list[str]:
             continue
         if s in ("cold", "warm"):
             pass
-        elif s.startswith("concurrent") and s[len("concurrent"):].isdigit() and \
-                2 <= int(s[len("concurrent"):]) <= 256:
+        elif s.startswith("concurrent") and s[len("concurrent"):].isascii() and \
+                s[len("concurrent"):].isdigit() and 2 <= int(s[len("concurrent"):]) <= 256:
             pass
         else:
             raise AgentError(f"unknown scenario {s!r} (known: cold, warm, concurrentN with N in "

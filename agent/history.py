@@ -29,7 +29,9 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import sqlite3
+import stat
 import sys
 import zlib
 from collections.abc import Iterable
@@ -45,6 +47,7 @@ from agent.errors import AgentError
 SCHEMA_VERSION = 2
 KINDS = ("probe", "watch", "audit", "gate")
 BUSY_TIMEOUT_S = 30.0
+MAX_RUN_ID = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY is a signed 64-bit integer
 
 
 class HistoryError(AgentError):
@@ -59,11 +62,99 @@ def default_db_path() -> Path:
 
 
 def resolve_db(db: str | os.PathLike | None = None) -> Path:
-    """``db`` if given, else $HFTAGENT_DB, else :func:`default_db_path` (env read now)."""
-    if db:
+    """``db`` if given, else $HFTAGENT_DB, else :func:`default_db_path` (env read now).
+
+    An empty ``db`` is an error, not "the default": an option that is given is never
+    ignored."""
+    if db is not None:
+        if not str(db).strip():
+            raise HistoryError("--db is empty: give a database file (or leave --db out for "
+                               "the default)")
         return Path(db)
     env = os.environ.get("HFTAGENT_DB")
     return Path(env) if env else default_db_path()
+
+
+def db_exists(db: str | os.PathLike | None = None) -> bool:
+    """Whether the history database exists (False only when nothing is at its path). Anything
+    there that cannot be a database (a directory, a FIFO, a device, a symlink loop) raises
+    HistoryError, so that a listing never reports "no runs yet" for a path that is wrong."""
+    path = resolve_db(db)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise HistoryError(f"cannot use history database path {path}: "
+                           f"{exc.strerror or exc}") from None
+    _check_regular(path, st)
+    return True
+
+
+def _check_regular(path: Path, st: os.stat_result) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise HistoryError(f"history database path {path} is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        # a FIFO would block the open forever; a device (/dev/zero) is never a database
+        raise HistoryError(f"history database path {path} is not a regular file")
+
+
+SQLITE_MAGIC = b"SQLite format 3\0"
+
+
+def _header(path: Path) -> bytes | None:
+    """The first 16 bytes of ``path`` (None if it cannot be opened). O_NONBLOCK and fstat: a
+    FIFO swapped in after a stat() must neither block the open nor be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HistoryError(f"history database path {path} is not a regular file")
+        return os.read(fd, 16)
+    finally:
+        os.close(fd)
+
+
+def check_writable(db: str | os.PathLike | None = None) -> Path:
+    """Refuse now a database that a run could not be recorded in, before the run (the
+    recording itself only warns, after the result is out): not a regular file, not SQLite,
+    not writable, or no writable directory to create it in. Returns the path."""
+    path = resolve_db(db)
+    if db_exists(path):
+        head = _header(path)
+        if head and head != SQLITE_MAGIC:
+            raise HistoryError(f"history database {path} is not an SQLite database; it was "
+                               "left untouched: move it aside or use --db for a new one")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise HistoryError(f"history database {path} is not writable")
+        return path
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # History() creates the missing directories
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise HistoryError(f"cannot create history database {path}: {parent} is not a "
+                           "writable directory")
+    return path
+
+
+def parse_run_id(text: str, what: str = "run id") -> int:
+    """A run id as the user typed it: ASCII digits only (no sign, blanks, underscores or
+    other scripts' digits, all of which int() would take), 1 .. 2**63-1 (SQLite's range)."""
+    if not re.fullmatch(r"[0-9]+", text or ""):
+        raise HistoryError(f"{what} must be a run id (a positive integer) or 'latest', not "
+                           f"{text!r}")
+    rid = int(text)
+    if not 1 <= rid <= MAX_RUN_ID:
+        raise HistoryError(f"{what} {text}: no such run id (run ids are 1 .. {MAX_RUN_ID})")
+    return rid
+
+
+def check_kind(kind: str | None) -> None:
+    """``--kind``: one of :data:`KINDS` (a typo must not list nothing with exit status 0)."""
+    if kind is not None and kind not in KINDS:
+        raise HistoryError(f"--kind must be one of {', '.join(KINDS)}, not {kind!r}")
 
 
 # -- schema --------------------------------------------------------------------------------
@@ -229,10 +320,8 @@ class History:
 
     def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True) -> None:
         self.path = resolve_db(path)
-        if not create and not self.path.exists():
+        if not db_exists(self.path) and not create:
             raise HistoryError(f"no history database at {self.path}")
-        if self.path.is_dir():
-            raise HistoryError(f"history database path {self.path} is a directory")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S,
@@ -246,6 +335,9 @@ class History:
         except sqlite3.DatabaseError as exc:
             self.con.close()
             raise self._corrupt(exc) from None
+        except HistoryError:
+            self.con.close()
+            raise
 
     def _corrupt(self, exc: Exception) -> HistoryError:
         return HistoryError(f"history database {self.path} is unreadable ({exc}); it was left "
@@ -254,12 +346,8 @@ class History:
     def _check_sqlite(self) -> None:
         # Read the header ourselves: sqlite only notices a foreign file on first access, and
         # journal_mode=WAL must never be attempted on something that is not ours.
-        try:
-            with open(self.path, "rb") as f:
-                head = f.read(16)
-        except OSError:
-            head = b""
-        if head and head != b"SQLite format 3\0":
+        head = _header(self.path)  # None: sqlite3 creates it (or says why it cannot)
+        if head and head != SQLITE_MAGIC:
             raise sqlite3.DatabaseError("file is not a database")
 
     def _ensure_schema(self) -> None:
@@ -397,6 +485,7 @@ class History:
              scenario: str | None = None, variant: str | None = None,
              limit: int | None = 20, before: int | None = None) -> list[Run]:
         """Newest first. ``model`` matches the model key, path or hash (substring)."""
+        check_kind(kind)
         where, args = [], []
         if model:
             where.append("(model_key LIKE ? OR model_path LIKE ? OR model_hash LIKE ?)")
@@ -417,7 +506,8 @@ class History:
         return [self._row(t) for t in self._q(sql, args)]
 
     def get(self, run_id: int) -> Run:
-        rows = self._q(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", (int(run_id),))
+        rows = (self._q(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", (int(run_id),))
+                if 0 <= int(run_id) <= MAX_RUN_ID else [])  # sqlite3: OverflowError beyond
         if not rows:
             raise HistoryError(f"unknown run id {run_id} in {self.path}")
         return self._row(rows[0])

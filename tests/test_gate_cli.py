@@ -203,3 +203,148 @@ def test_plot_writes_file(db, tmp_path, ext, magic):
     r = runner.invoke(get_app(), ["history", "plot", "--db", str(db), "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:len(magic)] == magic
+
+
+# -- issue #13: options given are used or refused, every value checked before any work -----------
+def err_line(r) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 1 and len(lines) == 1, (r.exit_code, r.stderr, r.stdout)
+    assert lines[0].startswith("hftagent: error:") and "internal error" not in lines[0]
+    return lines[0]
+
+
+def test_history_group_options_reach_the_subcommand(db, tmp_path, monkeypatch):
+    """`history --db X show N` and `history --db X plot` read X, not the default database."""
+    monkeypatch.setenv("HFTAGENT_DB", str(db))  # the default holds runs 1-2 (tflite)
+    add(db, lat(700, seed=1))
+    add(db, lat(700, seed=2))
+    other = tmp_path / "other.sqlite"
+    add(other, lat(700, seed=3), variant="xla")  # run 1 (xla) only
+    r = runner.invoke(get_app(), ["history", "--db", str(other), "show", "1", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["run"]["variant"] == "xla"
+    r = runner.invoke(get_app(), ["history", "--db", str(other), "--json", "show", "1"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["run"]["variant"] == "xla"
+    r = runner.invoke(get_app(), ["history", "--db", str(other), "export", "--format", "json"])
+    assert r.exit_code == 0 and [d["run"]["variant"] for d in json.loads(r.stdout)["runs"]] \
+        == ["xla"]
+    r = runner.invoke(get_app(), ["history", "--db", str(tmp_path / "none.sqlite"), "show", "1"])
+    assert "none.sqlite" in err_line(r)
+    r = runner.invoke(get_app(), ["history", "--db", str(other), "show", "2"])
+    assert "unknown run id 2" in err_line(r)
+    # the same value on both sides is fine; different values are refused
+    r = runner.invoke(get_app(), ["history", "--db", str(other), "show", "1", "--db", str(other)])
+    assert r.exit_code == 0 and "xla" in r.stdout
+    r = runner.invoke(get_app(), ["history", "--db", str(db), "show", "1", "--db", str(other)])
+    assert "given twice" in err_line(r)
+    # listing filters before a subcommand that has none: refused, never ignored
+    for args in (["--limit", "5", "show", "1"], ["--kind", "probe", "show", "1"],
+                 ["--model", "x", "show", "1"], ["--json", "export"]):
+        assert "does not apply" in err_line(runner.invoke(get_app(), ["history", *args]))
+    r = runner.invoke(get_app(), ["history", "--kind", "gate", "export"])  # carried to export
+    assert r.exit_code == 0 and r.stdout.strip() == ",".join(
+        ("id", "created_utc", "kind", "command", "scenario", "model_key", "model_hash",
+         "variant", "tf_version", "host_digest", "sample_count", "p50_ns", "p99_ns",
+         "p999_ns", "cold_start_ns", "gate_status"))
+
+
+def test_history_plot_reads_the_group_db(db, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("HFTAGENT_DB", str(db))
+    for i in range(3):
+        add(db, lat(700, seed=i))
+    other = tmp_path / "other.sqlite"
+    add(other, lat(700, seed=9), variant="xla")
+    out = tmp_path / "p.png"
+    r = runner.invoke(get_app(), ["history", "--db", str(other), "plot", "--out", str(out)])
+    assert r.exit_code == 0 and "(1 runs)" in r.stderr, r.output
+
+
+def test_history_bad_ids_kinds_and_outputs(db, tmp_path):
+    import os
+    add(db, lat(700))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    cases = [
+        (["show", "1234567890123456789012345678901234567890"], "run id"),  # was OverflowError
+        (["show", "٣"], "run id"), (["show", "+1"], "run id"), (["show", " 1"], "run id"),
+        (["--kind", "bogus"], "--kind must be one of"),                   # was exit 0
+        (["export", "--kind", "bogus"], "--kind must be one of"),
+        (["export", "--out", str(fifo)], "not a regular file"),           # blocked in open()
+        (["export", "--out", ""], "--out is empty"),                      # was stdout
+        (["export", "--out", "/dev/full"], "not a regular file"),
+        (["plot", "--out", str(tmp_path / "fifo.png")], "not a regular file"),
+        (["plot", "--out", str(tmp_path / "p.png"), "--variant", "nope"], "--variant 'nope'"),
+        (["--db", ""], "--db is empty"), (["--db", str(fifo)], "not a regular file"),
+    ]
+    os.mkfifo(tmp_path / "fifo.png")
+    for args, needle in cases:
+        if args[0] != "--db":
+            args = ["--db", str(db), *args]
+        assert needle in err_line(runner.invoke(get_app(), ["history", *args])), args
+
+
+@pytest.fixture
+def no_probe(monkeypatch):
+    """Gate scenarios raise: a bad value that slipped through must not start TensorFlow."""
+    import agent.gate
+
+    def boom(*_a, **_k):
+        raise AssertionError("the gate started probing")
+    monkeypatch.setattr(agent.gate, "run_scenario", boom)
+
+
+def test_gate_numbers_and_ids_are_checked(db, tmp_path, no_probe):
+    add(db, lat(1000, seed=1))
+    add(db, lat(1000, seed=2))
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 100_000)
+    cases = [
+        (["--max-p99-us", "nan"], "--max-p99-us"),                 # was ValueError
+        (["--max-p99-us", "inf"], "--max-p99-us"),                 # was OverflowError
+        (["--max-cold-start-us", "-inf"], "--max-cold-start-us"),
+        (["--jitter-threshold-us", "1e309"], "--jitter-threshold-us"),
+        (["--max-p99-us", "1e16"], "at most 1000000000"),
+        (["--max-p99-regression", "٣%"], "--max-p99-regression"),  # float("٣") is 3.0
+        (["--seed", "-1"], "--seed must be >= 0"),                 # was numpy's ValueError
+        (["--baseline", "1234567890123456789012345678901234567890"], "--baseline"),
+        (["--baseline", "٣"], "not a run id"),                     # was run id 3
+        (["--baseline", str(nested)], "nested too deeply"),        # was RecursionError
+    ]
+    for args, needle in cases:
+        assert needle in err_line(gate(db, "--run", "2", *args)), args
+    for run in ("1234567890123456789012345678901234567890", "٣", " 2", "0"):
+        assert "--run" in err_line(gate(db, "--run", run)), run
+
+
+def test_gate_with_run_refuses_probe_options(db, no_probe):
+    add(db, lat(1000, seed=1))
+    add(db, lat(1000, seed=2))
+    for opt, v in [("--samples", "1000"), ("--duration", "1"), ("--warmup", "10"),
+                   ("--cpus", "0"), ("--intra", "1"), ("--inter", "1"), ("--builtin", "mlp"),
+                   ("--variant", "xla"), ("--cold-processes", "3"), ("--scenarios", "warm")]:
+        assert opt in err_line(gate(db, "--run", "2", opt, v)), opt
+    assert gate(db, "--run", "2").exit_code == 0
+
+
+def test_gate_checks_probe_options_before_creating_the_database(tmp_path, no_probe):
+    new = tmp_path / "new.sqlite"
+    for args, needle in [(["--samples", "0"], "--samples"), (["--intra", "0"], "--intra"),
+                         (["--inter", "-5"], "--inter"), (["--variant", ""], "--variant"),
+                         (["--variant", "graph,xla"], "one variant"),
+                         (["--scenarios", "concurrent٣"], "unknown scenario"),
+                         (["--cpus", "4095"], "--cpus"), (["--samples", "5000001"], "--samples")]:
+        assert needle in err_line(gate(new, *args)), args
+    assert not new.exists()
+
+
+def test_parse_scenarios_ascii_only():
+    from agent.errors import AgentError
+    from agent.gate import parse_ratio, parse_scenarios
+    assert parse_scenarios("cold,concurrent16") == ["cold", "concurrent16"]
+    for bad in ("concurrent٣", "concurrent١٦"):
+        with pytest.raises(AgentError, match="unknown scenario"):
+            parse_scenarios(bad)
+    assert parse_ratio("10%", "--x") == pytest.approx(0.1)
+    for bad in ("٣%", "1_0%", "٠.١"):
+        with pytest.raises(AgentError, match="--x"):
+            parse_ratio(bad, "--x")

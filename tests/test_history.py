@@ -324,3 +324,76 @@ def test_hooks_warn_instead_of_failing(tmp_path, capsys):
     with pytest.raises(HistoryError):
         record_probe(res, arrays, db=bad, fingerprint=FP)
     assert bad.read_bytes() == b"junk" * 100
+
+
+# -- ids, kinds and paths a user gives (issue #13) ------------------------------------------------
+def test_parse_run_id_takes_ascii_digits_in_sqlite_range():
+    assert hs.parse_run_id("42") == 42
+    assert hs.parse_run_id(str(2**63 - 1)) == 2**63 - 1
+    # int() takes all but the last two of these; sqlite3 overflows on the last two
+    for bad in ["", " 1", "1 ", "+1", "1_0", "٣", "-1", "1.0", "0x1", "0", str(2**63),
+                "1234567890123456789012345678901234567890"]:
+        with pytest.raises(HistoryError, match="--run"):
+            hs.parse_run_id(bad, "--run")
+
+
+def test_get_beyond_sqlite_range_is_an_unknown_id(tmp_path):
+    db = tmp_path / "h.sqlite"
+    record_run("probe", {}, lat(10), command="probe", fingerprint=FP, db=db)
+    with History(db) as h:
+        for rid in (2**63, 10**40, -1):
+            with pytest.raises(HistoryError, match="unknown run id"):  # was OverflowError
+                h.get(rid)
+
+
+def test_unknown_kind_filter_is_refused(tmp_path):
+    with History(tmp_path / "h.sqlite") as h:
+        assert h.runs(kind="audit") == []
+        with pytest.raises(HistoryError, match="--kind must be one of probe, watch"):
+            h.runs(kind="bogus")
+
+
+def test_paths_that_cannot_be_a_database_fail_at_once(tmp_path):
+    import os
+    import signal
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop"
+    os.symlink(loop, loop)
+
+    def hang(*_):
+        raise AssertionError("blocked: a FIFO was opened")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(10)
+    try:
+        for path, msg in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
+                          (tmp_path, "is a directory"), (loop, "symbolic links")):
+            for create in (True, False):
+                with pytest.raises(HistoryError, match=msg):
+                    History(path, create=create)
+            with pytest.raises(HistoryError, match=msg):
+                hs.db_exists(path)
+            with pytest.raises(HistoryError, match=msg):
+                hs.check_writable(path)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert not hs.db_exists(tmp_path / "missing.sqlite")
+    with pytest.raises(HistoryError, match="--db is empty"):
+        hs.resolve_db("")
+
+
+def test_check_writable(tmp_path):
+    new = tmp_path / "a" / "b" / "h.sqlite"
+    assert hs.check_writable(new) == new and not new.exists()  # nothing is created
+    notdb = tmp_path / "notdb.sqlite"
+    notdb.write_text("hello")
+    with pytest.raises(HistoryError, match="not an SQLite database"):
+        hs.check_writable(notdb)
+    assert notdb.read_text() == "hello"
+    with pytest.raises(HistoryError, match="Not a directory|not a writable directory"):
+        hs.check_writable(notdb / "under-a-file.sqlite")
+    record_run("probe", {}, lat(10), command="probe", fingerprint=FP, db=new)
+    assert hs.check_writable(new) == new

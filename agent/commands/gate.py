@@ -21,11 +21,22 @@ with --scenarios cold,warm,concurrent16 each scenario runs and is gated) and is 
 baseline is --baseline RUN | FILE (history export or probe --json) | last-pass (default: the
 newest earlier passing run of the same model, variant and scenario). Exit status: 0 pass,
 1 fail or bad input, 2 not comparable (host fingerprints differ; --allow-mismatch), 3 too few
-samples (< 662 for P99)."""
+samples (< 662 for P99).
 
+With --run the run was measured already: the probe options (--scenarios, --model, --builtin,
+--variant, --samples, --duration, --warmup, --cpus, --intra, --inter, --cold-processes) are
+then an error, never ignored. Every option is checked before the probe starts or the
+database is touched."""
+
+# Options that only shape a probe the gate runs now (parameter names).
+PROBE_OPTIONS = ("scenarios", "cold_processes", "model", "builtin", "variant", "samples",
+                 "duration", "warmup", "cpus", "intra", "inter")
+# A baseline file larger than this is not one (a history export of 1e6 samples is ~20 MB).
+MAX_BASELINE_BYTES = 256 << 20
 
 
 def gate(
+    ctx: typer.Context,
     run: Annotated[str | None, typer.Option("--run", help="Gate this history run (id or "
                                             "'latest') instead of probing now.")] = None,
     baseline: Annotated[str, typer.Option("--baseline", help="RUN id | FILE.json | last-pass")
@@ -70,36 +81,53 @@ def gate(
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
+    import re
+
     from agent import gate as g
-    from agent.history import History
+    from agent.history import History, parse_run_id
 
     limits = g.Limits(
         max_p99_regression=g.parse_ratio(max_p99_regression, "--max-p99-regression"),
-        max_p99_ns=None if max_p99_us is None else int(max_p99_us * 1000),
-        max_cold_start_ns=None if max_cold_start_us is None else int(max_cold_start_us * 1000),
+        max_p99_ns=g.budget_ns(max_p99_us, "--max-p99-us"),
+        max_cold_start_ns=g.budget_ns(max_cold_start_us, "--max-cold-start-us"),
         max_jitter_rate=None if max_jitter_rate.strip().lower() == "off" else
         g.parse_ratio(max_jitter_rate, "--max-jitter-rate"),
-        jitter_threshold_ns=int(jitter_threshold_us * 1000), resamples=resamples, seed=seed)
+        jitter_threshold_ns=g.budget_ns(jitter_threshold_us, "--jitter-threshold-us"),
+        resamples=resamples, seed=seed)
     limits.validate()
     if not 1 <= cold_processes <= 100:
         raise fail("--cold-processes must be between 1 and 100")
     names = g.parse_scenarios(scenarios)
-    if run is not None and scenarios != "warm":
-        raise fail("--scenarios runs the probe; it cannot be combined with --run")
+    run_id = None
+    if run is not None:
+        given = [p for p in ctx.command.params if p.name in PROBE_OPTIONS and
+                 ctx.get_parameter_source(p.name).name != "DEFAULT"]
+        if given:
+            raise fail(f"{given[0].opts[0]} shapes the probe the gate runs now; with --run the "
+                       "run was measured already (drop one of them)")
+        if run != "latest":
+            run_id = parse_run_id(run, "--run")
     if len(names) > 1 and baseline != "last-pass":
         raise fail("with several --scenarios the baseline must be last-pass (one per scenario)")
-    base_file = None
-    if baseline != "last-pass" and not baseline.isdigit():
-        base_file = load_baseline_file(baseline)
+    base_file = base_run = None
+    if baseline != "last-pass":
+        if re.fullmatch(r"[0-9]+", baseline):
+            base_run = parse_run_id(baseline, "--baseline")
+        else:
+            base_file = load_baseline_file(baseline)
+    settings = configs = None
+    if run is None:  # every probe option is checked before the database is created
+        settings, configs = _probe_settings(limits, model=model, builtin=builtin,
+                                            variant=variant, samples=samples,
+                                            duration=duration, warmup=warmup, cpus=cpus,
+                                            intra=intra, inter=inter)
 
     with History(db, create=run is None) as h:
         if run is not None:
-            rid = h.latest_id() if run == "latest" else _int_id(run, "--run")
+            rid = h.latest_id() if run_id is None else run_id
             current_ids = [(h.get(rid).scenario or "warm", rid)]
         else:
-            current_ids = _probe_now(h, names, limits, model=model, builtin=builtin,
-                                     variant=variant, samples=samples, duration=duration,
-                                     warmup=warmup, cpus=cpus, intra=intra, inter=inter,
+            current_ids = _probe_now(h, names, settings, configs, variant=variant,
                                      cold_processes=cold_processes)
         verdicts = []
         for scen, rid in current_ids:
@@ -108,8 +136,8 @@ def gate(
             if base_file is not None:
                 base = _input_from_file(base_file, cur_run.variant, baseline)
                 base_id = None
-            elif baseline.isdigit():
-                b = h.get(int(baseline))
+            elif base_run is not None:
+                b = h.get(base_run)
                 if b.id == cur_run.id:
                     raise fail(f"--baseline {b.id} is the run being gated")
                 base, base_id = _input_from_run(h, b), b.id
@@ -151,25 +179,28 @@ def _default(o: Any) -> Any:
     raise TypeError(type(o).__name__)
 
 
-def _int_id(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise AgentError(f"{what} must be a run id (integer) or 'latest', not {text!r}") from None
-
-
-def _probe_now(h, names: list[str], limits, *, model, builtin, variant, samples, duration,
-               warmup, cpus, intra, inter, cold_processes) -> list[tuple[str, int]]:
-    from agent import gate as g
-    from agent.fingerprint import collect
+def _probe_settings(limits, *, model, builtin, variant, samples, duration, warmup, cpus, intra,
+                    inter):
+    """The probe's settings and thread configuration, every option validated (no TF)."""
     from agent.probe import options
-    if "," in variant or variant == "all":
-        raise fail("--variant: the gate measures one variant")
-    settings, configs = options.build(
-        model=model, builtin=builtin, signature="serving_default", shape=None,
+    from agent.probe.variants import parse_variants
+    try:
+        one = parse_variants(variant) if variant.strip() != "all" else None
+    except ValueError as exc:
+        raise AgentError(f"--variant: {exc}") from None
+    if one is None or len(one) != 1:
+        raise fail(f"--variant {variant!r}: the gate measures one variant")
+    return options.build(
+        model=model, builtin=builtin, signature=None, shape=None,
         input_data="random", variant=variant, samples=samples, duration=duration,
         warmup=warmup, rate=None, threshold_us=limits.jitter_threshold_ns / 1000, calib=None,
         intra=intra, inter=inter, cpus=cpus, sweep=None, batch="1")
+
+
+def _probe_now(h, names: list[str], settings, configs, *, variant,
+               cold_processes) -> list[tuple[str, int]]:
+    from agent import gate as g
+    from agent.fingerprint import collect
     fp = collect()
     out = []
     for name in names:
@@ -210,12 +241,24 @@ def _input_from_run(h, r):
 
 def load_baseline_file(path: str) -> dict:
     """A baseline file: an ``hftagent.run`` export (history show/export --json) or an
-    ``hftagent.probe`` document (probe --json). Anything else is one clear error."""
+    ``hftagent.probe`` document (probe --json). Anything else is one clear error: a FIFO or a
+    device (never opened: /dev/zero would be read without end), a file over
+    MAX_BASELINE_BYTES, JSON nested deeper than the parser's recursion limit."""
     if not os.path.isfile(path):
         raise AgentError(f"--baseline {path!r}: not a run id, 'last-pass' or an existing file")
     try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise AgentError(f"--baseline {path}: {exc.strerror or exc}") from None
+    if size > MAX_BASELINE_BYTES:
+        raise AgentError(f"--baseline {path}: {size} bytes, more than any history export or "
+                         f"probe document ({MAX_BASELINE_BYTES >> 20} MiB at most)")
+    try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
+    except RecursionError:
+        raise AgentError(f"--baseline {path}: JSON nested too deeply to be an hftagent "
+                         "document") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise AgentError(f"--baseline {path}: not JSON ({type(exc).__name__}); expected an "
                          "hftagent history export or probe --json document") from None

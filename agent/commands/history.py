@@ -12,7 +12,10 @@ import typer
 from agent.commands.common import DbOpt, JsonOpt, cli_errors, fail
 
 HELP = """Runs recorded by probe, watch, audit and gate (SQLite; --db, else $HFTAGENT_DB,
-else $XDG_STATE_HOME/hftagent/history.sqlite). Without a subcommand: list the newest runs."""
+else $XDG_STATE_HOME/hftagent/history.sqlite). Without a subcommand: list the newest runs.
+
+Options given before a subcommand apply to it: `history --db X show 3` reads X. One the
+subcommand does not take (`history --limit 5 show 3`) is an error, never ignored."""
 
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Only runs whose model path, "
                                               "key (builtin:NAME) or hash contains this.")]
@@ -29,6 +32,43 @@ def _check_limit(limit: int) -> None:
         raise fail("--limit must be between 1 and 1000000")
 
 
+def _given(ctx: typer.Context) -> dict[str, Any]:
+    """{parameter name: value} of the options given on the command line (not defaults)."""
+    out = {}
+    for p in ctx.command.params:
+        src = ctx.get_parameter_source(p.name) if p.name in ctx.params else None
+        # ParameterSource's class is not public in typer's vendored click: compare by name
+        if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT"):
+            out[p.name] = ctx.params[p.name]
+    return out
+
+
+def _flag(ctx: typer.Context, name: str) -> str:
+    return next((p.opts[0] for p in ctx.command.params if p.name == name), name)
+
+
+def _with_group(ctx: typer.Context, **values: Any) -> dict[str, Any]:
+    """``values`` (this subcommand's options) with the options given to ``history`` before
+    the subcommand merged in. An option the subcommand does not take, or one given on both
+    sides with different values, is an error: an option that is given is never ignored."""
+    parent = ctx.parent
+    if parent is None:
+        return values
+    group, mine, sub = _given(parent), _given(ctx), ctx.info_name
+    out = dict(values)
+    for name, value in group.items():
+        flag = _flag(parent, name)
+        if name not in values:
+            raise fail(f"history {flag} does not apply to 'history {sub}'"
+                       + (" (it filters the run listing)" if name in ("model", "limit", "kind")
+                          else ""))
+        if name in mine and mine[name] != value:
+            raise fail(f"{flag} given twice with different values: {value!r} before "
+                       f"'{sub}', {mine[name]!r} after")
+        out[name] = value
+    return out
+
+
 def _us(ns: Any) -> str:
     if ns is None:
         return "—"
@@ -38,10 +78,11 @@ def _us(ns: Any) -> str:
 def history_list(ctx: typer.Context, model: ModelOpt = None, limit: LimitOpt = 20,
                  kind: KindOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
-        return
-    from agent.history import History, resolve_db
+        return  # the subcommand takes the options given here (_with_group)
+    from agent.history import History, check_kind, db_exists, resolve_db
     _check_limit(limit)
-    if not resolve_db(db).exists():  # listing never creates a database
+    check_kind(kind)
+    if not db_exists(db):  # listing never creates a database
         if json_out:
             print("[]")
         else:
@@ -83,14 +124,17 @@ def export_doc(h, r, with_samples: bool) -> dict:
     return d
 
 
-def show(run_id: Annotated[str, typer.Argument(help="Run id or 'latest'.")],
+def show(ctx: typer.Context,
+         run_id: Annotated[str, typer.Argument(help="Run id or 'latest'.")],
          samples: Annotated[bool, typer.Option("--samples/--no-samples",
                                                help="Include raw latencies in --json.")] = True,
          db: DbOpt = None, json_out: JsonOpt = False) -> None:
-    from agent.history import History
+    from agent.history import History, parse_run_id
+    o = _with_group(ctx, db=db, json_out=json_out)
+    db, json_out = o["db"], o["json_out"]
+    rid = None if run_id == "latest" else parse_run_id(run_id)
     with History(db, create=False) as h:
-        rid = h.latest_id() if run_id == "latest" else _parse_id(run_id)
-        r = h.get(rid)
+        r = h.get(h.latest_id() if rid is None else rid)
         doc = export_doc(h, r, samples and json_out)
     if json_out:
         print(json.dumps(doc))
@@ -113,29 +157,44 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id or 'latest'.")],
                   f"{g['status']}")
 
 
-def _parse_id(text: str) -> int:
+def _check_out(out: str) -> None:
+    """``--out``: a regular file or a new one. A FIFO would block the open until a reader
+    comes; a device or directory is never an export."""
+    import os
+    import stat
+    if not out.strip():
+        raise fail("--out is empty: give a file (or leave --out out for stdout)")
     try:
-        return int(text)
-    except ValueError:
-        raise fail(f"run id must be an integer or 'latest', not {text!r}") from None
+        st = os.stat(out)
+    except FileNotFoundError:
+        return  # a new file: the open says whether its directory is there
+    except OSError as exc:
+        raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise fail(f"--out {out!r} is not a regular file")
 
 
-def export(fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
+def export(ctx: typer.Context, fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
            out: Annotated[str | None, typer.Option("--out", help="File (default stdout).")
                           ] = None,
            samples: Annotated[bool, typer.Option("--samples/--no-samples",
                                                  help="JSON: include raw latencies.")] = False,
            model: ModelOpt = None, limit: LimitOpt = 1000, kind: KindOpt = None,
            db: DbOpt = None) -> None:
-    from agent.history import History
+    from agent.history import History, check_kind
+    o = _with_group(ctx, model=model, limit=limit, kind=kind, db=db)
+    model, limit, kind, db = o["model"], o["limit"], o["kind"], o["db"]
     if fmt not in ("csv", "json"):
         raise fail(f"--format must be csv or json, not {fmt!r}")
     _check_limit(limit)
+    check_kind(kind)
+    if out is not None:
+        _check_out(out)
     with History(db, create=False) as h:
         runs = h.runs(model=model, kind=kind, limit=limit)
         docs = [export_doc(h, r, samples) for r in runs] if fmt == "json" else None
     try:
-        f = open(out, "w", newline="", encoding="utf-8") if out else sys.stdout
+        f = open(out, "w", newline="", encoding="utf-8") if out is not None else sys.stdout
     except OSError as exc:
         raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
     try:
@@ -148,12 +207,20 @@ def export(fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "c
         else:
             json.dump({"schema": "hftagent.runs", "schema_version": 1, "runs": docs}, f)
             f.write("\n")
+        if out is not None:
+            f.close()  # a full disk (ENOSPC) shows here, on the last flush
+    except OSError as exc:
+        raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
     finally:
-        if out:
-            f.close()
+        if out is not None and not f.closed:
+            try:
+                f.close()
+            except OSError:
+                pass  # already reported above
 
 
-def plot(out: Annotated[str, typer.Option("--out", help="FILE.png or FILE.svg")],
+def plot(ctx: typer.Context,
+         out: Annotated[str, typer.Option("--out", help="FILE.png or FILE.svg")],
          model: ModelOpt = None,
          variant: Annotated[str | None, typer.Option("--variant", help="Only this variant.")
                             ] = None,
@@ -161,8 +228,11 @@ def plot(out: Annotated[str, typer.Option("--out", help="FILE.png or FILE.svg")]
                                                       "(default: the latest run's).")] = None,
          limit: LimitOpt = 50, db: DbOpt = None) -> None:
     """Percentiles across runs and the latest run's latency distribution."""
+    o = _with_group(ctx, model=model, limit=limit, db=db)
+    model, limit, db = o["model"], o["limit"], o["db"]
     if not out.lower().endswith((".png", ".svg")):
         raise fail(f"--out must end in .png or .svg, not {out!r}")
+    _check_out(out)
     _check_limit(limit)
     try:
         import matplotlib
@@ -177,7 +247,10 @@ def plot(out: Annotated[str, typer.Option("--out", help="FILE.png or FILE.svg")]
         runs = [r for r in h.runs(model=model, variant=variant, scenario=scenario, limit=None)
                 if r.p99_ns is not None]
         if not runs:
-            raise fail("no runs with latency samples match")
+            given = [f"{flag} {v!r}" for flag, v in (("--model", model), ("--variant", variant),
+                                                      ("--scenario", scenario)) if v is not None]
+            raise fail("no runs with latency samples" + (f" match {', '.join(given)}" if given
+                                                          else f" in {h.path}"))
         latest = runs[0]
         same = [r for r in runs if (r.model_key, r.variant, r.scenario) ==
                 (latest.model_key, latest.variant, latest.scenario)][:limit][::-1]

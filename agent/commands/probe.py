@@ -14,17 +14,20 @@ HELP = """Probe a TensorFlow model's inference latency: P50/P99/P99.9, cold star
 
 Without --model the built-in LSTM order-flow model ([1,64,32] → LSTM(128) → Dense(3)) is built
 on first use and cached. Each thread configuration runs in its own worker process. Default
-variants: graph, xla, tflite (--variant all adds eager, tflite-int8, tf-trt). Exit status: 0 at
-least one variant ran; 1 bad input or nothing ran."""
+variants: graph, xla, tflite (--variant all adds eager, tflite-int8, tf-trt). Every option is
+checked before the first worker starts (ranges, files, CPUs, the history database). Exit
+status: 0 at least one variant ran; 1 bad input or nothing ran."""
 
 
 def probe(
     model: Annotated[str | None, typer.Option("--model", help="SavedModel dir, .keras or "
                                               ".tflite file (default: built-in).")] = None,
-    builtin: Annotated[str, typer.Option("--builtin", help="Built-in model: lstm | mlp | "
-                                         "conv1d.")] = "lstm",
-    signature: Annotated[str, typer.Option("--signature", help="SavedModel signature.")
-                         ] = "serving_default",
+    builtin: Annotated[str | None, typer.Option("--builtin", help="Built-in model: lstm "
+                                                "(default) | mlp | conv1d; not with --model.")
+                       ] = None,
+    signature: Annotated[str | None, typer.Option("--signature", help="SavedModel signature "
+                                                  "(default serving_default; a SavedModel "
+                                                  "--model only).")] = None,
     shape: Annotated[str | None, typer.Option("--shape", help="Fixed input shape, e.g. "
                                               "1,64,32 (required for dynamic dims).")] = None,
     input_data: Annotated[str, typer.Option("--input-data", help="random | zeros | FILE.npy")
@@ -32,26 +35,32 @@ def probe(
     variant: Annotated[str | None, typer.Option("--variant", help="Comma list of eager, graph, "
                                                 "xla, tflite, tflite-int8, tf-trt, or all.")
                        ] = None,
-    samples: Annotated[int | None, typer.Option("--samples", help="Timed samples per run "
-                                                "(default 6636: enough for P99.9).")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Timed samples per run, "
+                                                "1..5000000 (default 6636: enough for "
+                                                "P99.9).")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Time budget per run in "
-                                                   "seconds (default 6).")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Minimum warm-up calls.")] = 200,
-    rate: Annotated[float | None, typer.Option("--rate", help="Open loop at this many calls/s "
-                                               "(response time from the intended start).")
-                    ] = None,
+                                                   "seconds, up to 86400 (default 6).")
+                        ] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Minimum warm-up calls "
+                                        "(1..1000000).")] = 200,
+    rate: Annotated[float | None, typer.Option("--rate", help="Open loop at this many calls/s, "
+                                               "up to 1000000 (response time from the "
+                                               "intended start).")] = None,
     threshold_us: Annotated[float, typer.Option("--threshold-us", help="Tail-jitter threshold "
-                                                "in µs.")] = 5000.0,
+                                                "in µs (up to 1e9).")] = 5000.0,
     calib: Annotated[str | None, typer.Option("--calib", help="Representative samples "
                                               "[N,...] .npy for tflite-int8.")] = None,
     intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads (and "
-                                              "LiteRT threads).")] = None,
-    inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads (-1: run "
-                                              "ops in the caller thread).")] = None,
+                                              "LiteRT threads), 1..4096; omit for TF's "
+                                              "default.")] = None,
+    inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads, 1..4096, "
+                                              "or -1: run ops in the caller thread; omit for "
+                                              "TF's default.")] = None,
     cpus: Annotated[str | None, typer.Option("--cpus", help="Pin the worker to these CPUs "
                                              "(e.g. 1 or 0-3).")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="threads: measure a grid of "
-                                              "intra/inter/affinity.")] = None,
+                                              "intra/inter/affinity (not with --intra/"
+                                              "--inter).")] = None,
     batch: Annotated[str, typer.Option("--batch", help="Batch sizes, e.g. 1,8,32.")] = "1",
     json_out: JsonOpt = False,
     csv_path: Annotated[str | None, typer.Option("--csv", help="Write one row per sample to "
@@ -59,17 +68,39 @@ def probe(
     db: DbOpt = None,
     no_history: NoHistoryOpt = False,
 ) -> None:
+    import os
+    import stat
+
     from agent.probe import options
     from agent.probe.progress import progress_hook
     from agent.probe.runner import run_probe
+
+    if db is not None and no_history:
+        raise fail("--db and --no-history contradict each other: give one")
 
     settings, configs = options.build(
         model=model, builtin=builtin, signature=signature, shape=shape, input_data=input_data,
         variant=variant, samples=samples, duration=duration, warmup=warmup, rate=rate,
         threshold_us=threshold_us, calib=calib, intra=intra, inter=inter, cpus=cpus,
         sweep=sweep, batch=batch)
+    if not no_history:
+        # checked now: a database that cannot be written must not cost a finished probe
+        # (recording after the run only warns)
+        from agent.history import check_writable
+        check_writable(db)
     csv_file = None
-    if csv_path:  # opened before the run: a bad path must not cost a finished probe
+    if csv_path is not None:  # opened before the run: a bad path must not cost a finished probe
+        if not csv_path.strip():
+            raise fail("--csv is empty: give a file")
+        try:
+            st = os.stat(csv_path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            # a FIFO would block the open until a reader comes; a device is never a CSV file
+            raise fail(f"--csv {csv_path!r} is not a regular file")
         try:
             csv_file = open(csv_path, "w", newline="")  # noqa: SIM115 - closed below
         except OSError as exc:
@@ -85,7 +116,10 @@ def probe(
                 raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
     finally:
         if csv_file is not None:
-            csv_file.close()
+            try:
+                csv_file.close()  # a full disk (ENOSPC) shows here, on the last flush
+            except OSError as exc:
+                raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
     if json_out:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
 import sys
 from typing import Annotated
 
@@ -17,7 +20,14 @@ Give the number of inferences CMD runs (--inferences) and the uninstrumented wal
 inference (--wall-us, e.g. the probe's P50): ncu serialises kernels, so wall time under ncu is
 meaningless. ncu runs with --clock-control none (GPU clocks are never touched).
 
+Every option is checked before ncu starts: --ncu must be an executable, --keep-csv a new or
+regular file in an existing directory, --timeout at most a day.
+
 Example: hftagent profile --nsight --inferences 200 --wall-us 296 -- python3 infer.py"""
+
+MAX_TIMEOUT_S = 86_400.0   # a day
+MAX_WALL_US = 1e9          # 1000 s per inference
+MAX_TOP = 10_000
 
 
 def profile(
@@ -25,16 +35,18 @@ def profile(
     nsight: Annotated[bool, typer.Option("--nsight", help="Profile with Nsight Compute (ncu).")] = False,
     inferences: Annotated[int | None, typer.Option("--inferences", min=1,
                           help="Inferences CMD runs (kernels are divided by this).")] = None,
-    wall_us: Annotated[float | None, typer.Option("--wall-us", min=0.0,
-                       help="Uninstrumented wall time of one inference, µs.")] = None,
+    wall_us: Annotated[float | None, typer.Option("--wall-us",
+                       help="Uninstrumented wall time of one inference, µs (> 0).")] = None,
     launch_skip: Annotated[int, typer.Option("--launch-skip", min=0,
                            help="Kernels to skip first (warm-up).")] = 0,
     launch_count: Annotated[int | None, typer.Option("--launch-count", min=1,
                             help="Kernels to profile at most.")] = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="Top kernels to list.")] = 10,
+    top: Annotated[int, typer.Option("--top", min=1, max=MAX_TOP,
+                                     help="Top kernels to list.")] = 10,
     ncu: Annotated[str, typer.Option("--ncu", help="ncu executable.")] = "ncu",
     keep_csv: Annotated[str | None, typer.Option("--keep-csv", help="Keep ncu's CSV here.")] = None,
-    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds before giving up.")] = 600,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds before giving up "
+                                             "(at most 86400).")] = 600,
     json_out: JsonOpt = False,
 ) -> None:
     from collectors.nsight import NsightError
@@ -45,6 +57,18 @@ def profile(
         raise fail("only --nsight profiling exists: hftagent profile --nsight -- CMD ...")
     if not cmd:
         raise fail("no command: hftagent profile --nsight -- CMD ...")
+    # "not 0 < x <= max" also refuses NaN; the maximum refuses inf
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise fail(f"--timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT_S:.0f}, "
+                   f"not {timeout_s:g}")
+    if wall_us is not None and not 0 < wall_us <= MAX_WALL_US:
+        raise fail(f"--wall-us must be a number of µs > 0 and at most {MAX_WALL_US:.0f}, not "
+                   f"{wall_us:g}")
+    if keep_csv is not None:
+        _check_keep_csv(keep_csv)
+    if not ncu.strip() or shutil.which(ncu) is None:
+        raise fail(f"--ncu {ncu!r}: not found or not executable: install Nsight Compute (ncu) "
+                   "or pass --ncu PATH")
     try:
         rep = run_profile(cmd, inferences=inferences,
                           wall_ns_per_inference=None if wall_us is None else wall_us * 1e3,
@@ -56,6 +80,24 @@ def profile(
     if rep.returncode:
         print(f"hftagent: note: the profiled command exited {rep.returncode}",
               file=sys.stderr)
+
+
+def _check_keep_csv(path: str) -> None:
+    """ncu writes its log there: a new or regular file in an existing directory (a FIFO would
+    block ncu, a device or directory is never a log)."""
+    if not path.strip():
+        raise fail("--keep-csv is empty: give a file")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise fail(f"--keep-csv {path!r}: directory {parent} does not exist") from None
+        return
+    except OSError as exc:
+        raise fail(f"--keep-csv {path!r}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise fail(f"--keep-csv {path!r} is not a regular file")
 
 
 def register(app: typer.Typer) -> None:

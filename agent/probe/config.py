@@ -12,6 +12,18 @@ DEFAULT_WARMUP = 200
 DEFAULT_WARMUP_BUDGET_S = 5.0
 DEFAULT_THRESHOLD_US = 5000.0  # the field notes' alerting limit (5 ms)
 CALLER_THREAD = -1             # inter_op_parallelism_threads < 0: ops run in the caller thread
+DEFAULT_SIGNATURE = "serving_default"
+
+# Upper bounds of the options (options.build refuses anything beyond, before a worker starts).
+MAX_SAMPLES = 5_000_000       # the worker's timed buffer: 8 int64 columns, 320 MB at this size
+MAX_WARMUP = 1_000_000        # warm_up allocates up to 10x this many int64 latencies
+MAX_DURATION_S = 86_400.0     # a day per run
+MAX_RATE_HZ = 1_000_000.0     # 1 µs apart: beyond what any open loop can schedule
+MAX_THRESHOLD_US = 1e9        # 1000 s
+MAX_THREADS = 4096            # TF thread pools; far above any machine's CPU count
+MAX_BATCH = 65_536
+MAX_INPUT_ELEMENTS = 1 << 26  # per input: 256 MB of float32
+MAX_NPY_BYTES = 1 << 30       # --input-data / --calib files
 
 
 @dataclass

@@ -1,87 +1,182 @@
 """Turn command-line option values into ProbeSettings + thread configurations (no TF).
 
-Every bad value raises AgentError with one line for the user. Files given as --calib and
---input-data are checked here (exist, readable .npy, finite) so mistakes fail before a worker
-spends seconds importing TensorFlow.
+Every bad value raises AgentError with one line for the user, before any worker starts: the
+numbers against their ranges (config.py's limits), the CPU list against this process's
+affinity, and the files given as --model, --calib and --input-data (exist, regular, readable
+.npy, finite) so that mistakes fail before a worker spends seconds importing TensorFlow, and a
+FIFO or a device never blocks or feeds a worker without end.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
+import stat
 
 from agent.errors import AgentError
-from agent.probe.config import ProbeSettings, ThreadConfig
-from agent.probe.models import BUILTINS, ModelSpec
+from agent.probe.config import (
+    CALLER_THREAD,
+    DEFAULT_SIGNATURE,
+    MAX_BATCH,
+    MAX_DURATION_S,
+    MAX_INPUT_ELEMENTS,
+    MAX_NPY_BYTES,
+    MAX_RATE_HZ,
+    MAX_SAMPLES,
+    MAX_THREADS,
+    MAX_THRESHOLD_US,
+    MAX_WARMUP,
+    ProbeSettings,
+    ThreadConfig,
+)
+from agent.probe.models import BUILTINS, DEFAULT_BUILTIN, ModelSpec
 from agent.probe.variants import DEFAULT_VARIANTS, parse_variants
 
+_UINT = re.compile(r"[0-9]+")
 
-def parse_int_list(text: str, what: str, minimum: int = 1) -> list[int]:
-    try:
-        vals = [int(p) for p in text.replace(" ", "").split(",") if p]
-    except ValueError:
-        raise AgentError(f"{what} must be a comma list of integers, not {text!r}") from None
-    if not vals or any(v < minimum for v in vals):
+
+def parse_int_list(text: str, what: str, minimum: int = 1,
+                   maximum: int | None = None) -> list[int]:
+    """"1,64,32" → [1, 64, 32]. ASCII digits only (int() would also take "٣", "+1", "1_0"),
+    no empty elements ("1,,2" is a typo, not [1, 2])."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip():
+        raise AgentError(f"{what} is empty: give a comma list of integers")
+    if not all(_UINT.fullmatch(p) for p in parts):
+        raise AgentError(f"{what} must be a comma list of integers, not {text!r}")
+    vals = [int(p) for p in parts]
+    if any(v < minimum for v in vals):
         raise AgentError(f"{what} values must be >= {minimum}: {text!r}")
+    if maximum is not None and any(v > maximum for v in vals):
+        raise AgentError(f"{what} values must be <= {maximum}: {text!r}")
     return vals
 
 
 def parse_cpus(text: str) -> list[int]:
-    import os
-
-    from collectors.parsers import parse_cpulist
+    """A --cpus list checked against the CPUs this process may run on."""
+    from collectors.parsers import parse_cpu_option
     try:
-        cpus = parse_cpulist(text)
-    except ValueError:
-        raise AgentError(f"--cpus {text!r} is not a CPU list (e.g. 2-5,8)") from None
-    if not cpus:
-        raise AgentError("--cpus is empty")
-    allowed = os.sched_getaffinity(0)
-    bad = [c for c in cpus if c not in allowed]
-    if bad:
-        raise AgentError(f"--cpus {text!r}: CPUs {bad or cpus} are not available to this process")
-    return cpus
+        return parse_cpu_option(text, os.sched_getaffinity(0))
+    except ValueError as exc:
+        msg = str(exc)
+        raise AgentError(msg if "--cpus" in msg else f"--cpus {text!r}: {msg}") from None
 
 
-def build(*, model: str | None, builtin: str, signature: str, shape: str | None,
+def check_file(path: str, what: str, *, directory_ok: bool = False,
+               max_bytes: int | None = None) -> None:
+    """``path`` exists and is a regular file (or a directory where ``directory_ok``); a FIFO
+    would block the reader, a device (/dev/zero) would feed it without end."""
+    if not path.strip():
+        raise AgentError(f"{what} is empty: give a file")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise AgentError(f"{what}: file not found: {path}") from None
+    except OSError as exc:
+        raise AgentError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        if directory_ok:
+            return
+        raise AgentError(f"{what}: {path} is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise AgentError(f"{what}: {path} is not a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise AgentError(f"{what}: {path} is {st.st_size} bytes (at most {max_bytes >> 20} MiB)")
+    if not os.access(path, os.R_OK):
+        raise AgentError(f"{what}: cannot read {path}: permission denied")
+
+
+def _check_model_file(path: str, kind: str) -> None:
+    """The file's magic, so that an empty or foreign file fails here and not in a worker after
+    TF's import: a .keras file is a zip archive, a .tflite file a FlatBuffer with the
+    identifier "TFL3" at offset 4."""
+    import zipfile
+    if kind == "keras":
+        if not zipfile.is_zipfile(path):
+            raise AgentError(f"--model {path}: not a Keras archive (a .keras file is a zip)")
+        return
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[4:8] != b"TFL3":
+        raise AgentError(f"--model {path}: not a TFLite model (no TFL3 identifier)")
+
+
+def _finite_in(value: float | None, what: str, unit: str, maximum: float) -> None:
+    # "not 0 < x <= max" (rather than "x <= 0 or x > max") also rejects NaN; max rejects inf
+    if value is not None and not 0 < value <= maximum:
+        raise AgentError(f"{what} must be a finite number of {unit} > 0 and at most "
+                         f"{maximum:g}, not {value:g}")
+
+
+def _int_in(value: int | None, what: str, lo: int, hi: int, note: str = "") -> None:
+    if value is not None and not lo <= value <= hi:
+        raise AgentError(f"{what} must be between {lo} and {hi}{note}, not {value}")
+
+
+def build(*, model: str | None, builtin: str | None, signature: str | None, shape: str | None,
           input_data: str, variant: str | None, samples: int | None, duration: float | None,
           warmup: int, rate: float | None, threshold_us: float, calib: str | None,
           intra: int | None, inter: int | None, cpus: str | None, sweep: str | None,
           batch: str) -> tuple[ProbeSettings, list[ThreadConfig]]:
-    """Validated settings and the thread configurations to run (one unless sweeping)."""
+    """Validated settings and the thread configurations to run (one unless sweeping).
+
+    ``builtin``/``signature`` None: the default (an explicit other value is an error where it
+    could not apply: a built-in with --model, a signature without a SavedModel)."""
     from agent.probe.worker import load_npy
-    if builtin not in BUILTINS:
+    if builtin is not None and builtin not in BUILTINS:
         raise AgentError(f"unknown --builtin {builtin!r} (known: {', '.join(BUILTINS)})")
-    spec = ModelSpec(path=model, builtin=builtin, signature=signature)
-    spec.kind()  # existence and type, before any worker starts
+    if model is not None:
+        check_file(model, "--model", directory_ok=True)
+        if builtin not in (None, DEFAULT_BUILTIN):
+            raise AgentError(f"--builtin {builtin} and --model exclude each other")
+    spec = ModelSpec(path=model, builtin=builtin or DEFAULT_BUILTIN,
+                     signature=DEFAULT_SIGNATURE if signature is None else signature)
+    kind = spec.kind()  # existence and type, before any worker starts
+    if kind in ("keras", "tflite"):
+        _check_model_file(model, kind)
+    if signature is not None:
+        if not signature.strip():
+            raise AgentError("--signature is empty")
+        if signature != DEFAULT_SIGNATURE and kind != "savedmodel":
+            raise AgentError(f"--signature {signature!r} applies to a SavedModel --model only "
+                             f"(this model is {kind})")
     try:
-        variants = parse_variants(variant) if variant else list(DEFAULT_VARIANTS)
+        variants = parse_variants(variant) if variant is not None else list(DEFAULT_VARIANTS)
     except ValueError as exc:
-        raise AgentError(str(exc)) from None
-    shp = parse_int_list(shape, "--shape") if shape else None
-    if samples is not None and samples < 1:
-        raise AgentError("--samples must be >= 1")
-    # "not x > 0" (rather than "x <= 0") also rejects NaN; isfinite rejects inf
-    if duration is not None and not (duration > 0 and math.isfinite(duration)):
-        raise AgentError("--duration must be a finite number of seconds > 0")
-    if warmup < 1:
-        raise AgentError("--warmup must be >= 1")
-    if rate is not None and not (rate > 0 and math.isfinite(rate)):
-        raise AgentError("--rate must be a finite number of calls/s > 0")
-    if not (threshold_us > 0 and math.isfinite(threshold_us)):
-        raise AgentError("--threshold-us must be a finite number > 0")
+        raise AgentError(f"--variant: {exc}") from None
+    shp = parse_int_list(shape, "--shape") if shape is not None else None
+    if shp is not None and math.prod(shp) > MAX_INPUT_ELEMENTS:
+        raise AgentError(f"--shape {shape}: {math.prod(shp)} elements per input, more than "
+                         f"{MAX_INPUT_ELEMENTS}")
+    _int_in(samples, "--samples", 1, MAX_SAMPLES)
+    _finite_in(duration, "--duration", "seconds", MAX_DURATION_S)
+    _int_in(warmup, "--warmup", 1, MAX_WARMUP)
+    _finite_in(rate, "--rate", "calls/s", MAX_RATE_HZ)
+    _finite_in(threshold_us, "--threshold-us", "µs", MAX_THRESHOLD_US)
     if input_data not in ("random", "zeros"):
+        check_file(input_data, "--input-data", max_bytes=MAX_NPY_BYTES)
         load_npy(input_data, "--input-data")
-    if calib:
+    if calib is not None:
+        check_file(calib, "--calib", max_bytes=MAX_NPY_BYTES)
         arr = load_npy(calib, "--calib")
         if arr.ndim < 2 or arr.shape[0] < 1:
             raise AgentError(f"--calib {calib}: expected a stack of samples [N, ...], got "
                              f"shape {list(arr.shape)}")
-    batches = parse_int_list(batch, "--batch")
-    if intra is not None and intra < 0:
-        raise AgentError("--intra must be >= 0 (0: TF default)")
+    batches = parse_int_list(batch, "--batch", maximum=MAX_BATCH)
+    # 0 would hand the choice back to TF (its default: omit the option for that); for
+    # inter-op, -1 runs ops in the caller thread (config.CALLER_THREAD), other negatives
+    # mean nothing
+    _int_in(intra, "--intra", 1, MAX_THREADS, " (omit it for TF's default)")
+    if inter is not None and inter != CALLER_THREAD:
+        _int_in(inter, "--inter", 1, MAX_THREADS,
+                f" or {CALLER_THREAD} (caller thread; omit it for TF's default)")
     cpu_list = parse_cpus(cpus) if cpus is not None else None
     if sweep not in (None, "threads"):
         raise AgentError(f"--sweep {sweep!r}: only 'threads' is supported")
+    if sweep == "threads" and (intra is not None or inter is not None):
+        raise AgentError("--sweep threads measures its own grid of --intra/--inter: give "
+                         "either the sweep or the thread counts")
     # Explicit --duration alone means "run for this long"; --samples alone means "this many";
     # neither: 6,636 samples (P99.9) within the default per-run budget.
     settings = ProbeSettings(model=spec, variants=variants, shape=shp, input_data=input_data,
