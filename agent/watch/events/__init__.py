@@ -18,7 +18,7 @@ Wiring (for ``hftagent watch``)::
     if not src:                       # Unsupported: falsy, one line in src.reason
         say(src.reason)               # "unsupported: tracefs not mounted at /sys/kernel/tracing ..."
     else:
-        say(src.sizing)               # "8000 KiB per probe CPU: 10 s at 20,000 events/s × 40 B"
+        say(src.sizing)               # "7813 KiB per probe CPU: 10 s at 20,000 events/s × 40 B"
     ...
     # after warm-up, once: size the ring for the rate actually seen
     src.refit()

@@ -19,8 +19,8 @@ Life cycle (kernel Documentation/trace/ftrace.rst, "Instances"):
   ``tracing_on`` 1.
 - Reading: ``per_cpu/cpuN/trace_pipe_raw`` (binary ring-buffer pages, consuming), drained
   non-blocking only when a window is asked for; the pages drained are kept, raw, for
-  ``keep_s`` seconds (bounded in bytes) so that windows overlapping an earlier read still
-  find their events, and only the pages that overlap a window are decoded. The instance's
+  ``keep_s`` seconds (``buffer_s`` by default; bounded in bytes) so that windows
+  overlapping an earlier read still find their events, and only the pages that overlap a window are decoded. The instance's
   ``trace`` file is not used where the binary layout is readable: it formats the whole
   buffer on every read — 0.28 s of kernel time for an 8 MiB buffer (186k events) on the
   development VM against 2 ms to drain the same buffer raw (docs/events.md,
@@ -64,6 +64,7 @@ from .parse import (
     check_header_event,
     iter_page,
     page_info,
+    page_last_ts,
     parse_format,
     parse_header_page,
     parse_text,
@@ -353,14 +354,16 @@ class EventSource:
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def open(cls, host: Host, cpus, buffer_s: float = 10.0, *, mount: bool = False,
-             rate_hint: float | None = None, keep_s: float = 2.0,
+             rate_hint: float | None = None, keep_s: float | None = None,
              reader: str = "auto") -> EventSource | Unsupported:
         """Create and start the instance; an :class:`Unsupported` (falsy) with one line of
         reason when that cannot be done. ``cpus``: the probe CPUs. ``buffer_s``: seconds of
         events the kernel ring should hold at ``rate_hint`` events/s per CPU (default
         :data:`ASSUMED_RATE_EPS`; :meth:`refit` re-sizes from the measured rate).
         ``mount``: mount tracefs at /sys/kernel/tracing when it is not mounted (watch's
-        ``--trace mount``). ``reader``: ``raw``, ``text`` or ``auto`` (raw where the page
+        ``--trace mount``). ``keep_s``: how long drained pages stay answerable (default
+        ``buffer_s``, as the kernel ring would have kept them; bytes capped at the ring's
+        size and KEEP_MAX_BYTES per CPU). ``reader``: ``raw``, ``text`` or ``auto`` (raw where the page
         layout is known)."""
         src = cls()
         try:
@@ -369,6 +372,9 @@ class EventSource:
         except _Refused as exc:
             src._teardown()
             return Unsupported(str(exc))
+        except ValueError as exc:  # a tracefs or sysfs file that does not read as documented
+            src._teardown()
+            return Unsupported(f"unsupported: tracefs instance set-up failed: {exc}")
         except OSError as exc:
             src._teardown()
             return Unsupported(f"unsupported: tracefs instance set-up failed: "
@@ -377,7 +383,7 @@ class EventSource:
         return src
 
     def _open(self, host: Host, cpus: list[int], buffer_s: float, mount: bool,
-              rate_hint: float | None, keep_s: float, reader: str) -> None:
+              rate_hint: float | None, keep_s: float | None, reader: str) -> None:
         if not cpus:
             raise _Refused("unsupported: no probe CPUs to trace")
         if reader not in ("auto", "raw", "text"):
@@ -441,7 +447,7 @@ class EventSource:
         self.reader = self._choose_reader(reader)
         self.buffer_s = buffer_s
         self._size_rings(online, rate_hint or ASSUMED_RATE_EPS)
-        self.keep_ns = int(keep_s * 1e9)
+        self.keep_ns = int((buffer_s if keep_s is None else keep_s) * 1e9)
         self.keep_bytes = min(KEEP_MAX_BYTES, self.buffer_kb * 1024)
         self._enable_events()
         for c in cpus:
@@ -634,8 +640,9 @@ class EventSource:
                 old = pages.popleft()
                 ring.kept_bytes -= len(old.data)
                 ring.evicted_pages += 1
-                if pages and pages[0].ts_ns > ring.cover_from_ns:
-                    ring.cover_from_ns = pages[0].ts_ns
+                mark = pages[0].ts_ns if pages else page_last_ts(old.data, self._layout) + 1
+                if mark > ring.cover_from_ns:
+                    ring.cover_from_ns = mark
                     ring.cover_reason = "older events no longer kept"
 
     def _window_raw(self, t_from: int, lo: int, hi: int) -> Window:
