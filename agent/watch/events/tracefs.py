@@ -234,14 +234,14 @@ def size_ring_kb(buffer_s: float, ncpus: int, rate_eps: float = ASSUMED_RATE_EPS
 _HELD: dict[str, weakref.ref] = {}
 
 
+_AT_EXIT = []  # registered on the first open, not at import
+
+
 def _close_all_at_exit() -> None:
     for ref in list(_HELD.values()):
         src = ref()
         if src is not None:
             src.close()
-
-
-atexit.register(_close_all_at_exit)
 
 
 def _proc_is_dead_or_reused(host: Host, pid: int, created_wall: float) -> bool:
@@ -426,6 +426,9 @@ class EventSource:
         self._creator = os.getpid()
         self._closed = False
         _HELD[str(self.path)] = weakref.ref(self)
+        if not _AT_EXIT:
+            atexit.register(_close_all_at_exit)
+            _AT_EXIT.append(True)
         p = self.path
         online = self._online_cpus(host)
         bad = [c for c in cpus if c not in online]
