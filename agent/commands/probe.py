@@ -84,10 +84,17 @@ def probe(
         threshold_us=threshold_us, calib=calib, intra=intra, inter=inter, cpus=cpus,
         sweep=sweep, batch=batch)
     if not no_history:
-        # checked now: a database that cannot be written must not cost a finished probe
-        # (recording after the run only warns)
-        from agent.history import check_writable
-        check_writable(db)
+        # Checked now: a --db that cannot be written must not cost a finished probe (the
+        # recording after the run only warns). The default database only warns, as before.
+        from agent.history import HistoryError, check_writable
+        try:
+            check_writable(db)
+        except HistoryError as exc:
+            if db is not None:
+                raise
+            print(f"hftagent: warning: run will not be recorded in history: {exc}",
+                  file=sys.stderr)
+            no_history = True
     csv_file = None
     if csv_path is not None:  # opened before the run: a bad path must not cost a finished probe
         if not csv_path.strip():
