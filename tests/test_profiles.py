@@ -50,3 +50,48 @@ def test_unknown_and_missing():
         load_profile("hft-fpga")
     with pytest.raises(ProfileError, match="does not exist"):
         load_profile("/nonexistent/x.toml")
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("what,msg", [
+    ("/dev/zero", "not a regular file"),    # read without bound before
+    ("fifo", "not a regular file"),         # blocked in open() before
+    ("dir", "not a regular file"),
+    ("huge", "a profile is at most|more than"),
+    ("nested", "nested too deeply|not valid TOML"),
+    ("not-utf8", "not UTF-8"),
+    ("long-name", "File name too long"),
+    ("", "not a profile name"),
+    ("nul", "not a profile name"),
+])
+def test_profile_files_are_read_bounded_regular_files_only(tmp_path, what, msg):
+    import os
+    import time
+
+    p = str(tmp_path / "p.toml")
+    if what == "/dev/zero":
+        p = what
+    elif what == "fifo":
+        os.mkfifo(p)
+    elif what == "dir":
+        os.mkdir(p)
+    elif what == "huge":
+        with open(p, "wb") as fh:
+            fh.truncate(2 << 20)
+    elif what == "nested":
+        with open(p, "w") as fh:
+            fh.write("x = " + "[" * 50000 + "]" * 50000 + "\n")
+    elif what == "not-utf8":
+        with open(p, "wb") as fh:
+            fh.write(b"name = '\xff'\n")
+    elif what == "long-name":
+        p = str(tmp_path / ("a" * 5000 + ".toml"))
+    elif what == "":
+        p = ""
+    else:
+        p = "x\x00.toml"
+    t0 = time.monotonic()
+    with pytest.raises(ProfileError, match=msg) as ei:
+        load_profile(p)
+    assert time.monotonic() - t0 < 5
+    assert len(str(ei.value)) < 400

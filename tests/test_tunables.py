@@ -581,3 +581,108 @@ def test_already_in_place_is_not_journalled(tmp_path):
     rep = apply_plan(ctx, plan, ctx.host.run_dir("hftagent"))
     assert rep.outcomes == [] and not (ctx.host.run_dir("hftagent") / "journal.json").exists()
     assert ALREADY  # (value re-read at write time; covered by test_apply_twice_is_a_noop)
+
+
+# -- containment: the production writer never follows a symlink out of the tree --------------
+
+
+def test_file_writer_refuses_a_symlink_swapped_in_after_the_check(tmp_path):
+    """contained() resolved the path; a directory component is then replaced with a symlink
+    out of the tree (a race): the O_NOFOLLOW walk of every component refuses the write."""
+    import shutil
+
+    from tuning.tunables.base import FileWriter, contained
+
+    root = make_synthetic(tmp_path / "syn")
+    host = Host(root)
+    target = "/sys/devices/system/cpu/cpu1/cpufreq/scaling_governor"
+    real = contained(host, target)
+    assert real == (root / "sys/devices/system/cpu/cpu1/cpufreq/scaling_governor").resolve()
+    out = tmp_path / "outside"
+    shutil.copytree(root / "sys/devices/system/cpu/cpu1/cpufreq", out)
+    d = root / "sys/devices/system/cpu/cpu1/cpufreq"
+    shutil.rmtree(d)
+    d.symlink_to(out)
+    with pytest.raises(OSError) as ei:
+        FileWriter().write(real, "performance")
+    assert ei.value.errno in (errno.ELOOP, errno.ENOTDIR)
+    assert (out / "scaling_governor").read_text() == "powersave\n"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_file_writer_refuses_a_final_symlink_or_fifo(tmp_path, kind):
+    from tuning.tunables.base import FileWriter
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    p = tmp_path / "target"
+    if kind == "symlink":
+        p.symlink_to(victim)
+    else:
+        os.mkfifo(p)  # opening it for write used to block until a reader came
+    with pytest.raises(OSError):
+        FileWriter().write(p, "1")
+    assert victim.read_text() == "precious\n"
+
+
+def test_policy_symlink_tree_roundtrips_with_the_production_writer(tmp_path):
+    """The kernel's layout — cpuN/cpufreq -> ../cpufreq/policyN — through FileWriter itself
+    (numeric cpu knobs only: a plain file does not rewrite a selector as sysfs does)."""
+    from tests.test_tune_cli import _policy_tree
+    from tuning.tunables.base import FileWriter
+
+    root = _policy_tree(make_synthetic(tmp_path / "syn"))
+    before = snapshot(root)
+    ctx = _ctx(root, "hft-cpu", writer=FileWriter())
+    sd = ctx.host.run_dir("hftagent")
+    rep = apply_plan(ctx, make_plan(ctx, only=["cpu.governor", "cpu.min_freq", "cpu.cstates"]),
+                     sd)
+    assert rep.ok and {o.result for o in rep.outcomes} == {APPLIED}
+    assert (root / "sys/devices/system/cpu/cpufreq/policy2/scaling_governor").read_text() == \
+        "performance\n"
+    assert status(ctx, sd).all_hold
+    assert rollback(ctx, sd).remaining == 0
+    assert diff(before, snapshot(root)) == []
+
+
+def test_sysfs_symlink_outside_devices_is_refused_even_inside_the_tree(tmp_path):
+    """Only the kind of link sysfs makes (into <sysfs>/devices) is followed, even when it
+    stays inside the tree: cpuN/cpufreq -> ../../../../kernel/mm is not one."""
+    from tuning.safepath import UnsafePath
+    from tuning.tunables.base import contained
+
+    root = make_synthetic(tmp_path / "syn")
+    (root / "sys/kernel/mm/scaling_governor").write_text("x\n")
+    d = root / "sys/devices/system/cpu/cpu1/cpufreq"
+    os.rename(d, tmp_path / "moved")
+    d.symlink_to("../../../../kernel/mm")
+    with pytest.raises(UnsafePath, match="only symlinks to directories under"):
+        contained(Host(root), "/sys/devices/system/cpu/cpu1/cpufreq/scaling_governor")
+    with pytest.raises(TuneError, match="refusing /sys/devices/system/cpu/cpu1/cpufreq"):
+        make_plan(_ctx(root, "hft-cpu"))
+
+
+# -- odd trees: planning reads files no kernel writes; one clear error, never a crash ---------
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("content", ["", "x\x00\xff\n", "-1\n", "99999999999999999999999\n",
+                                     "[\n", "0-\n"])
+def test_plan_with_any_one_file_mangled_is_clean(tmp_path, content):
+    """Each file of the synthetic tree in turn holds ``content``: planning either works or
+    raises the domain error that the CLI prints as one line."""
+    from collectors.host import HostError
+
+    proto = make_synthetic(tmp_path / "proto")
+    files = sorted(p.relative_to(proto) for p in proto.rglob("*") if p.is_file())
+    for rel in files:
+        p = proto / rel
+        saved = p.read_bytes()
+        p.write_bytes(content.encode("utf-8", "surrogateescape"))
+        try:
+            ctx = _ctx(proto, "hft-cpu")
+            make_plan(ctx)
+        except (TuneError, HostError):
+            pass
+        finally:
+            p.write_bytes(saved)

@@ -290,3 +290,218 @@ def test_threads_bad_file(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{}")
     _one_line_error(tune("threads", "--from", str(bad)), "not a saved probe result")
+
+
+# -- --root containment: a symlink in the tree never takes a write outside it ------------------
+
+
+def _outside(tmp_path, syn):
+    """A directory outside the tree holding what a planted symlink would point at: copies of
+    cpu1's cpufreq directory, IRQ 24, the whole sys tree, and a swappiness file."""
+    import shutil
+
+    out = tmp_path / "outside"
+    out.mkdir()
+    shutil.copytree(syn / "sys/devices/system/cpu/cpu1/cpufreq", out / "cpufreq")
+    shutil.copytree(syn / "proc/irq/24", out / "irq24")
+    shutil.copytree(syn / "sys", out / "sys")
+    (out / "swappiness").write_text("60\n")
+    (out / "run").mkdir()
+    (out / "state").mkdir(mode=0o700)
+    return out
+
+
+def _plant(syn, out, kind: str) -> None:
+    import shutil
+
+    def swap(rel: str, target) -> None:
+        p = syn / rel
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+        p.symlink_to(target)
+
+    if kind == "file":
+        swap("proc/sys/vm/swappiness", out / "swappiness")
+    elif kind == "dir-component":
+        swap("sys/devices/system/cpu/cpu1/cpufreq", out / "cpufreq")
+    elif kind == "relative-dir-component":  # ../../ out of the tree, as a capture would not
+        depth = len((syn / "sys/devices/system/cpu/cpu1").relative_to(syn.parent).parts)
+        swap("sys/devices/system/cpu/cpu1/cpufreq", "../" * depth + "outside/cpufreq")
+    elif kind == "chain":  # cpu1/cpufreq -> ../cpufreq/policy1 (inside) -> outside
+        pol = syn / "sys/devices/system/cpu/cpufreq"
+        pol.mkdir(exist_ok=True)
+        (pol / "policy1").symlink_to(out / "cpufreq")
+        swap("sys/devices/system/cpu/cpu1/cpufreq", "../cpufreq/policy1")
+    elif kind == "irq-dir":
+        swap("proc/irq/24", out / "irq24")
+    elif kind == "mount":
+        swap("sys", out / "sys")
+    else:
+        raise AssertionError(kind)
+
+
+TARGET_PLANTS = ["file", "dir-component", "relative-dir-component", "chain", "irq-dir", "mount"]
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("kind", TARGET_PLANTS)
+def test_symlink_out_of_the_root_is_refused_nothing_written_outside(syn, tmp_path, kind):
+    out = _outside(tmp_path, syn)
+    _plant(syn, out, kind)
+    outside, inside = snapshot(out, exclude=()), snapshot(syn, exclude=())
+    for cmd in ("plan", "apply"):
+        res = tune(cmd, "--root", str(syn), "--cpus", "2-3")
+        _one_line_error(res, "refusing" if kind != "mount" else "outside the root")
+        assert "symlink" in res.stderr
+    assert snapshot(out, exclude=()) == outside and sorted(p.name for p in out.iterdir()) == \
+        ["cpufreq", "irq24", "run", "state", "swappiness", "sys"]
+    assert snapshot(syn, exclude=()) == inside  # nothing written in the tree either
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("where", ["run", "run/hftagent"])
+def test_state_dir_symlink_out_of_the_root_is_refused(syn, tmp_path, where):
+    """ROOT/run (or ROOT/run/hftagent) planted as a symlink: the journal and its lock would
+    have been created outside the tree."""
+    out = _outside(tmp_path, syn)
+    (syn / "run").mkdir(exist_ok=True) if where == "run/hftagent" else None
+    (syn / where).symlink_to(out / ("run" if where == "run" else "state"))
+    outside, inside = snapshot(out, exclude=()), snapshot(syn, exclude=())
+    _one_line_error(tune("apply", "--root", str(syn), "--cpus", "2-3"), "is a symlink: refused")
+    _one_line_error(tune("rollback", "--root", str(syn)), "is a symlink: refused")
+    _one_line_error(tune("status", "--root", str(syn)), "is a symlink: refused")
+    assert snapshot(out, exclude=()) == outside
+    assert list((out / "run").iterdir()) == [] and list((out / "state").iterdir()) == []
+    assert snapshot(syn, exclude=()) == inside
+
+
+@pytest.mark.adversarial
+def test_state_dir_symlink_with_a_journal_outside_is_not_replayed(syn, tmp_path):
+    """A journal waiting outside the tree (reached through ROOT/run) is never read, let alone
+    written back."""
+    import shutil
+
+    other = make_synthetic(tmp_path / "other")
+    assert tune("apply", "--root", str(other), "--only", "memory").exit_code == 0
+    out = tmp_path / "outside-run"
+    shutil.copytree(other / "run", out)
+    (syn / "run").symlink_to(out)
+    inside = snapshot(syn, exclude=())
+    _one_line_error(tune("rollback", "--root", str(syn), "--force"), "is a symlink: refused")
+    assert snapshot(syn, exclude=()) == inside
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("kind", ["dir-component", "file", "irq-dir"])
+def test_symlink_planted_after_apply_refuses_the_whole_rollback(syn, tmp_path, kind):
+    out = _outside(tmp_path, syn)
+    assert tune("apply", "--root", str(syn), "--cpus", "2-3").exit_code == 2
+    _plant(syn, out, kind)
+    outside, inside = snapshot(out, exclude=()), snapshot(syn, exclude=())
+    for cmd in (["rollback", "--force"], ["status"]):
+        res = tune(*cmd, "--root", str(syn))
+        _one_line_error(res, "is refused")
+        assert "nothing was changed" in res.stderr
+    assert snapshot(out, exclude=()) == outside
+    assert snapshot(syn, exclude=()) == inside  # nothing restored half-way either
+
+
+def _policy_tree(syn):
+    """cpuN/cpufreq as the kernel lays it out: a relative symlink to ../cpufreq/policyN."""
+    cpu = syn / "sys/devices/system/cpu"
+    (cpu / "cpufreq").mkdir(exist_ok=True)
+    for d in sorted(cpu.glob("cpu[0-9]*")):
+        n = d.name[3:]
+        (d / "cpufreq").rename(cpu / "cpufreq" / f"policy{n}")
+        (d / "cpufreq").symlink_to(f"../cpufreq/policy{n}")
+    return syn
+
+
+def test_policy_symlinks_inside_the_tree_apply_and_roll_back(syn):
+    _policy_tree(syn)
+    before = snapshot(syn)
+    res = tune("apply", "--root", str(syn), "--cpus", "2-3", "--json")
+    assert res.exit_code == 2, res.output
+    out = json.loads(res.stdout)["outcomes"]
+    gov = [o for o in out if o["tunable"] == "cpu.governor"]
+    assert len(gov) == 4 and {o["result"] for o in gov} == {"applied"}
+    assert (syn / "sys/devices/system/cpu/cpufreq/policy3/scaling_governor").read_text() == \
+        "performance\n"
+    assert tune("status", "--root", str(syn)).exit_code == 0
+    assert tune("rollback", "--root", str(syn)).exit_code == 0
+    assert diff(before, snapshot(syn)) == []
+    assert all((syn / f"sys/devices/system/cpu/cpu{c}/cpufreq").is_symlink() for c in range(4))
+
+
+# -- odd trees and inputs: one line, never an internal error ----------------------------------
+
+
+def test_plan_on_a_tree_of_empty_files(syn):
+    for p in syn.rglob("*"):
+        if p.is_file():
+            p.write_text("")
+    for cmd in ("plan", "apply"):
+        res = tune(cmd, "--root", str(syn), "--cpus", "1")
+        assert res.exit_code == 1 and "internal error" not in res.stderr, res.output
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("hftagent: error: "), res.stderr
+    res = tune("plan", "--root", str(syn))
+    assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1, res.output
+
+
+@pytest.mark.parametrize("value", ["", " ", "a\x00b"])
+def test_empty_state_dir_is_refused_not_default(syn, value):
+    for cmd in (["apply", "--only", "memory"], ["rollback"], ["status"]):
+        _one_line_error(tune(*cmd, "--root", str(syn), "--state-dir", value), "--state-dir")
+    assert not (syn / "run").exists()
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("what", ["dev-zero", "fifo", "dir", "nested", "empty", "huge"])
+def test_bad_profile_files(syn, tmp_path, what):
+    import os
+
+    p = tmp_path / "p.toml"
+    if what == "dev-zero":
+        p = "/dev/zero"
+    elif what == "fifo":
+        os.mkfifo(p)
+    elif what == "dir":
+        p.mkdir()
+    elif what == "nested":
+        p.write_text("x = " + "[" * 50000 + "]" * 50000 + "\n")
+    elif what == "huge":
+        with open(p, "wb") as fh:
+            fh.truncate(2 << 20)
+    else:
+        p = ""
+    for cmd in ("plan", "apply"):
+        _one_line_error(tune(cmd, "--root", str(syn), "--profile", str(p)), "profile")
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("what,needle", [
+    ("", "not a file path"), ("fifo", "not a regular file"), ("/dev/zero", "not a regular file"),
+    ("nested", "not a saved probe result"), ("missing", "no such file"),
+    ("dir", "not a regular file")])
+def test_threads_from_odd_files(tmp_path, what, needle):
+    import os
+
+    p = tmp_path / "x.json"
+    if what == "fifo":
+        os.mkfifo(p)
+    elif what == "nested":
+        p.write_text("[" * 100000 + "]" * 100000)
+    elif what == "dir":
+        p.mkdir()
+    elif what != "missing":
+        p = what
+    _one_line_error(tune("threads", "--from", str(p)), needle)
+
+
+def test_threads_from_refuses_sweep_options(tmp_path):
+    doc = _sweep_doc(tmp_path)
+    _one_line_error(tune("threads", "--from", str(doc), "--duration", "3", "--cpus", "1"),
+                    "--cpus, --duration would not be used")
