@@ -241,7 +241,7 @@ add(*PF, "--inferences", "10", expect="command")
 TP = ["tune", "plan", "--root", "{TREE}"]
 TA = ["tune", "apply", "--dry-run", "--root", "{TREE}", "--state-dir", "{STATE}"]
 for pre in (TP, TA):
-    cpu_family([*pre, "--root", "{OFFTREE}"])
+    cpu_family([("{OFFTREE}" if a == "{TREE}" else a) for a in pre])
     path_family(pre, "--profile", values=["nope", "", "{DIR}", "{FIFO}", "/dev/zero",
                                           "{BADTOML}", "{MISSING}.toml", "{LOOP}"],
                 expect="profile")
