@@ -505,3 +505,43 @@ def test_threads_from_refuses_sweep_options(tmp_path):
     doc = _sweep_doc(tmp_path)
     _one_line_error(tune("threads", "--from", str(doc), "--duration", "3", "--cpus", "1"),
                     "--cpus, --duration would not be used")
+
+
+def test_status_and_rollback_without_a_state_dir_create_nothing(syn):
+    st = tune("status", "--root", str(syn))
+    assert st.exit_code == 0 and "nothing applied" in st.stdout, st.output
+    rb = tune("rollback", "--root", str(syn))
+    assert rb.exit_code == 0 and "nothing to roll back" in rb.stdout, rb.output
+    dry = tune("apply", "--root", str(syn), "--only", "memory", "--dry-run")
+    assert dry.exit_code == 2, dry.output
+    assert not (syn / "run").exists()
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("what", ["file", "fifo", "under-file", "loop", "/dev/null",
+                                  "corrupt-journal"])
+def test_dry_run_checks_the_state_dir_as_apply_would(syn, tmp_path, what):
+    """--dry-run says what apply would do: a state directory (or journal) that apply would
+    refuse is refused by the dry run too, and nothing is written."""
+    import os
+
+    sd = tmp_path / "sd"
+    if what == "file":
+        sd.write_text("x\n")
+    elif what == "fifo":
+        os.mkfifo(sd)
+    elif what == "under-file":
+        (tmp_path / "f").write_text("x\n")
+        sd = tmp_path / "f" / "sd"
+    elif what == "loop":
+        sd.symlink_to(sd)
+    elif what == "/dev/null":
+        sd = "/dev/null"
+    else:
+        assert tune("apply", "--root", str(syn), "--only", "memory", "--state-dir",
+                    str(sd)).exit_code == 0
+        (sd / "journal.json").write_text("{garbage\n")
+    before = snapshot(syn, exclude=())
+    res = tune("apply", "--root", str(syn), "--state-dir", str(sd), "--dry-run")
+    _one_line_error(res, "state directory" if what != "corrupt-journal" else "corrupt")
+    assert snapshot(syn, exclude=()) == before

@@ -179,6 +179,7 @@ def make_synthetic(dst: Path, ncpus: int = 4, boot_id: str = "synthetic-boot-1")
         _w(f / "energy_performance_available_preferences",
            "default performance balance_performance balance_power power")
         _w(cpu / f"cpu{c}/power/energy_perf_bias", "6")
+        _w(cpu / f"cpu{c}/power/pm_qos_resume_latency_us", "0")  # 0: no constraint
         for i, (name, lat) in enumerate((("POLL", 0), ("C1", 2), ("C1E", 10), ("C6", 133))):
             s = cpu / f"cpu{c}/cpuidle/state{i}"
             _w(s / "name", name)

@@ -35,8 +35,8 @@ from tuning.journal import (
     journal_path,
     load,
     locked,
-    state_exists,
     stale,
+    state_exists,
 )
 from tuning.safepath import UnsafePath
 from tuning.tunables import (
@@ -313,6 +313,32 @@ def _open_journal(ctx: TuneContext, state_dir: Path, profile: str, dfd: int) -> 
     return j
 
 
+def _check_state_read_only(ctx: TuneContext, state_dir: Path) -> None:
+    """What apply would refuse about its state directory and journal, found without writing
+    anything (``--dry-run``): a path that is not a directory or cannot be created, a symlink
+    out of the root, a journal that is corrupt, of another tree or boot. Raises JournalError."""
+    beneath = state_beneath(ctx.host, state_dir)
+    j = load(state_dir, beneath=beneath)
+    if j is None:
+        absolute = Path(os.path.abspath(state_dir))
+        probe = absolute
+        while not os.path.lexists(probe) and probe != probe.parent:
+            probe = probe.parent
+        if probe != absolute and not (os.path.isdir(probe) and
+                                      os.access(probe, os.W_OK | os.X_OK)):
+            raise JournalError(f"state directory {state_dir} cannot be created ({probe} is "
+                               "not a writable directory)")
+        return
+    _check_tree(j, ctx.host)
+    _check_known(j)
+    _check_contained(j, ctx.host)
+    boot = _boot_id(ctx.host)
+    if stale(j, boot):
+        raise StaleJournal(
+            f"journal {j.path} is from an earlier boot (boot id {j.boot_id}, now {boot}); "
+            "apply would refuse it. Remove it with `hftagent tune rollback --discard-stale`")
+
+
 def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = "",
                dry_run: bool = False, checkpoint: Checkpoint | None = None) -> ApplyReport:
     """Journal, write, read back, verify every change of ``plan``.
@@ -325,6 +351,7 @@ def apply_plan(ctx: TuneContext, plan: Plan, state_dir: Path, *, profile: str = 
     outcomes: list[Outcome] = []
     unchangeable: dict[str, set[str]] = {}
     if dry_run:
+        _check_state_read_only(ctx, state_dir)
         outcomes = [Outcome(c, DRY_RUN if c.kind == WRITE else c.kind) for c in plan.changes]
         return ApplyReport(outcomes, [], str(journal_path(state_dir)))
     with locked(state_dir, beneath=state_beneath(ctx.host, state_dir)) as dfd:

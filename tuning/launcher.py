@@ -13,8 +13,21 @@ shell, no wrapper left behind):
    TF reads a value ≤ 0 as "use the default" (TF_NUM_INTEROP_THREADS=-1 gave the same two
    tf_Compute threads as unset, measured), so inter-op work in the caller thread can only be
    asked for inside the program (:data:`CALLER_THREAD_HINT`).
-4. Scheduling: ``--sched fifo:PRIO`` sets SCHED_FIFO at PRIO (1..99) before exec. Equivalent:
-   ``chrt -f PRIO CMD``. Use with kernel.sched_rt_runtime_us in mind (RT throttling).
+4. Scheduling: ``--sched fifo:PRIO`` (or ``rr:PRIO``) sets SCHED_FIFO (SCHED_RR) at PRIO
+   (1..99) before exec. Equivalent: ``chrt -f PRIO CMD`` (``chrt -r``). Use with
+   kernel.sched_rt_runtime_us in mind (RT throttling).
+5. Isolated cpuset: when `tune apply --isolate` has made ``hftagent-isolated`` and the CPUs
+   are in it, CMD joins it first (its cgroup.procs; in a cgroup v2 partition a task outside
+   it cannot run on those CPUs at all). CPUs outside it: a note, and CMD stays where it is.
+6. Wake-up levers, alive exactly as long as CMD:
+   - ``--keep-awake``: one spinner per CPU (tuning/keepawake.c, built on first use like the
+     native sampler: collectors/native.py), SCHED_IDLE, pinned, ``pause`` in its loop. Each
+     holds a pidfd of this process — which becomes CMD — and exits when it is gone; a failure
+     before exec kills them at once. Not CMD's children: a ``wait`` in CMD never waits on them.
+   - ``--pm-qos US``: /dev/cpu_dma_latency opened, US written (a binary s32), the descriptor
+     left open and inheritable: the kernel holds the request while any process has it open,
+     so it ends when CMD (and any child it passed the descriptor to) exits. It applies to
+     every CPU. Equivalent: what TuneD's ``force_latency`` does for its own lifetime.
 
 Default CPUs: the isolated CPUs (/sys/devices/system/cpu/isolated), else the CPUs of the NUMA
 node of the first NVIDIA GPU (its PCI device's numa_node), else all online CPUs but CPU 0.
@@ -25,13 +38,21 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from collectors.host import Host
 from collectors.parsers import format_cpulist, parse_cpu_option
 
 NVIDIA_VENDOR = "0x10de"
+KEEPAWAKE_SOURCE = Path(__file__).with_name("keepawake.c")
+PM_QOS_MAX_US = 2**31 - 1  # the request is an s32
 
 
 CALLER_THREAD_HINT = (
@@ -52,6 +73,13 @@ class Launch:
     cpus_source: str
     mem_node: int | None = None
     sched: tuple[int, int] | None = None  # (policy, priority)
+    keep_awake: bool = False
+    spinner: Path | None = None           # the built keep-awake helper
+    pm_qos_us: int | None = None
+    pm_qos_device: Path | None = None
+    cpuset: str | None = None             # the isolated cpuset CMD joins (user-facing path)
+    cpuset_procs: Path | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         keys = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
@@ -60,6 +88,8 @@ class Launch:
                 "sched": None if self.sched is None else
                 {"policy": "fifo" if self.sched[0] == os.SCHED_FIFO else "rr",
                  "priority": self.sched[1]},
+                "keep_awake": format_cpulist(self.cpus) if self.keep_awake else None,
+                "pm_qos_us": self.pm_qos_us, "cpuset": self.cpuset, "notes": self.notes,
                 "env": {k: self.env[k] for k in keys}}
 
     def command_line(self, cmd: Sequence[str]) -> str:
@@ -69,7 +99,8 @@ class Launch:
                             inter=int(self.env["TF_NUM_INTEROP_THREADS"]),
                             mem_node=self.mem_node,
                             sched=None if self.sched is None else
-                            f"{'fifo' if self.sched[0] == os.SCHED_FIFO else 'rr'}:{self.sched[1]}")
+                            f"{'fifo' if self.sched[0] == os.SCHED_FIFO else 'rr'}:{self.sched[1]}",
+                            keep_awake=self.keep_awake, pm_qos=self.pm_qos_us)
 
 
 def parse_sched(spec: str) -> tuple[int, int]:
@@ -77,7 +108,7 @@ def parse_sched(spec: str) -> tuple[int, int]:
     policy_s, sep, prio_s = spec.partition(":")
     policies = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR}
     if not sep or policy_s not in policies or not prio_s.isdigit():
-        raise LaunchError(f"bad --sched {spec!r}: expected fifo:PRIO (PRIO 1..99)")
+        raise LaunchError(f"bad --sched {spec!r}: expected fifo:PRIO or rr:PRIO (PRIO 1..99)")
     prio = int(prio_s)
     lo, hi = os.sched_get_priority_min(policies[policy_s]), os.sched_get_priority_max(
         policies[policy_s])
@@ -109,9 +140,13 @@ def default_cpus(host: Host, online: list[int]) -> tuple[list[int], str]:
 def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
                  mem_node: int | None = None, intra: int | None = None,
                  inter: int | None = None, sched: str | None = None,
+                 keep_awake: bool = False, pm_qos: int | None = None,
                  env: Mapping[str, str] | None = None,
-                 which: Callable[[str], str | None] = shutil.which) -> Launch:
-    """Validate everything and compute argv/env. Pure apart from reading the host."""
+                 which: Callable[[str], str | None] = shutil.which,
+                 build_spinner: Callable[[], Path] | None = None) -> Launch:
+    """Validate everything and compute argv/env. Pure apart from reading the host (and, with
+    ``keep_awake``, building the spinner once: a compiler error is a LaunchError here, before
+    anything is pinned or started)."""
     from collectors import cpu as cpuc
     from collectors.system import numa_nodes
 
@@ -149,17 +184,171 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
                 f"--membind={mem_node}", "--", *cmd]
     elif which(cmd[0]) is None and "/" not in cmd[0]:
         raise LaunchError(f"command not found: {cmd[0]!r}")
-    return Launch(argv, out_env, cpu_list, source, mem_node,
-                  parse_sched(sched) if sched else None)
+    launch = Launch(argv, out_env, cpu_list, source, mem_node,
+                    parse_sched(sched) if sched else None)
+    _cpuset(host, launch)
+    if pm_qos is not None:
+        if not 0 <= pm_qos <= PM_QOS_MAX_US:
+            raise LaunchError(f"bad --pm-qos {pm_qos}: expected 0..{PM_QOS_MAX_US} µs")
+        launch.pm_qos_us = pm_qos
+        launch.pm_qos_device = host.root / "dev" / "cpu_dma_latency"
+    if keep_awake:
+        launch.keep_awake = True
+        launch.spinner = (build_spinner or _build_spinner)()
+    return launch
 
 
-def exec_launch(launch: Launch) -> None:
-    """Pin, set the scheduler, and become the command. Returns only by raising OSError."""
+def _cpuset(host: Host, launch: Launch) -> None:
+    """Join the isolated cpuset `tune apply --isolate` made, when the CPUs are in it."""
+    from tuning.tunables.isolate import isolated_cpuset
+
+    iso = isolated_cpuset(host)
+    if iso is None:
+        return
+    if set(launch.cpus) <= set(iso.cpus):
+        launch.cpuset, launch.cpuset_procs = iso.path, iso.procs
+    else:
+        launch.notes.append(f"not joining the isolated cpuset {iso.path} (CPUs "
+                            f"{format_cpulist(iso.cpus)}): --cpus {format_cpulist(launch.cpus)} "
+                            "is not inside it")
+
+
+def _build_spinner() -> Path:
+    from collectors.native import NativeUnavailable, build
+
+    try:
+        return build(KEEPAWAKE_SOURCE, "hftkeepawake", "keep-awake spinner")
+    except NativeUnavailable as exc:
+        raise LaunchError(f"--keep-awake: {exc}") from None
+
+
+@dataclass
+class Spinner:
+    """One running keep-awake spinner (not our child: see keepawake.c)."""
+
+    cpu: int
+    pid: int
+    pidfd: int  # ours, O_CLOEXEC: to kill it without a PID race; closed by exec
+
+
+def start_spinners(exe: Path, cpus: Sequence[int]) -> list[Spinner]:
+    """One spinner per CPU, each watching this process through an inherited pidfd. Raises
+    LaunchError (and leaves none running) when one cannot start."""
+    try:
+        me = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError) as exc:
+        raise LaunchError(f"--keep-awake needs pidfd_open (Linux 5.3+): "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
+    out: list[Spinner] = []
+    try:
+        for c in cpus:
+            try:
+                r = subprocess.run([str(exe), str(c), str(me)], pass_fds=(me,),
+                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                   timeout=10)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise LaunchError(f"--keep-awake: cannot start the spinner for CPU {c}: "
+                                  f"{exc}") from None
+            if r.returncode != 0 or not r.stdout.strip().isdigit():
+                why = r.stderr.strip() or f"exit status {r.returncode}"
+                raise LaunchError(f"--keep-awake: the spinner for CPU {c} did not start: {why}")
+            pid = int(r.stdout.strip())
+            # The spinner is alive and waits for *us* to exit: its PID cannot be reused yet.
+            out.append(Spinner(c, pid, os.pidfd_open(pid)))
+    except BaseException:
+        stop_spinners(out)
+        raise
+    finally:
+        os.close(me)
+    return out
+
+
+def stop_spinners(spinners: Sequence[Spinner]) -> None:
+    """Kill spinners (the launch failed before exec). Never raises."""
+    for s in spinners:
+        try:
+            signal.pidfd_send_signal(s.pidfd, signal.SIGKILL)
+        except OSError:
+            pass  # already gone
+        try:
+            os.close(s.pidfd)
+        except OSError:
+            pass
+
+
+def hold_pm_qos(device: Path, us: int) -> int:
+    """Open /dev/cpu_dma_latency, request ``us`` µs, and return the descriptor, inheritable so
+    the request lives as long as whoever holds it. Raises LaunchError."""
+    try:
+        fd = os.open(device, os.O_WRONLY | os.O_NOFOLLOW)
+    except PermissionError:
+        raise LaunchError(f"--pm-qos: cannot open {device}: permission denied (it is root's: "
+                          "run as root)") from None
+    except FileNotFoundError:
+        raise LaunchError(f"--pm-qos: no {device} (a kernel without CPU latency PM QoS)") \
+            from None
+    except OSError as exc:
+        raise LaunchError(f"--pm-qos: cannot open {device}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):
+            raise LaunchError(f"--pm-qos: {device} is not a character device: refused")
+        if os.write(fd, struct.pack("=i", us)) != 4:
+            raise LaunchError(f"--pm-qos: short write to {device}")
+        os.set_inheritable(fd, True)
+    except OSError as exc:
+        os.close(fd)
+        raise LaunchError(f"--pm-qos: cannot write {device}: {exc.strerror or exc}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def exec_launch(launch: Launch, report: Callable[[str], None] | None = None) -> None:
+    """Join the isolated cpuset, pin, start the wake-up levers, set the scheduler, and become
+    the command. Returns only by raising OSError or LaunchError; spinners started before that
+    are killed first. ``report`` gets one line per lever (default: stderr)."""
+    say = report or (lambda line: print(f"hftagent run: {line}", file=sys.stderr, flush=True))
+    for note in launch.notes:
+        say(note)
+    if launch.cpuset_procs is not None:
+        _join(launch)
+        say(f"joined the isolated cpuset {launch.cpuset}")
     os.sched_setaffinity(0, launch.cpus)
-    if launch.sched is not None:
-        policy, prio = launch.sched
-        os.sched_setscheduler(0, policy, os.sched_param(prio))
-    os.execvpe(launch.argv[0], launch.argv, launch.env)
+    spinners: list[Spinner] = []
+    try:
+        if launch.keep_awake and launch.spinner is not None:
+            spinners = start_spinners(launch.spinner, launch.cpus)
+            for s in spinners:
+                say(f"keep-awake spinner pid {s.pid} on CPU {s.cpu} (SCHED_IDLE; exits with "
+                    "the command)")
+        if launch.pm_qos_us is not None and launch.pm_qos_device is not None:
+            fd = hold_pm_qos(launch.pm_qos_device, launch.pm_qos_us)
+            say(f"PM QoS {launch.pm_qos_us} µs held on {launch.pm_qos_device} (fd {fd}, every "
+                "CPU, until the command exits)")
+        if launch.sched is not None:
+            policy, prio = launch.sched
+            os.sched_setscheduler(0, policy, os.sched_param(prio))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execvpe(launch.argv[0], launch.argv, launch.env)
+    except BaseException:
+        stop_spinners(spinners)
+        raise
+
+
+def _join(launch: Launch) -> None:
+    from tuning.safepath import open_real
+
+    try:
+        fd = open_real(launch.cpuset_procs, os.O_WRONLY)
+        try:
+            os.write(fd, f"{os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise LaunchError(f"cannot join the isolated cpuset {launch.cpuset}: "
+                          f"{exc.strerror or exc}") from None
 
 
 def _check_threads(intra: int | None, inter: int | None) -> None:
@@ -171,7 +360,8 @@ def _check_threads(intra: int | None, inter: int | None) -> None:
 
 def command_line(cmd: Sequence[str], *, cpus: Iterable[int] | None = None,
                  intra: int | None = None, inter: int | None = None,
-                 mem_node: int | None = None, sched: str | None = None) -> str:
+                 mem_node: int | None = None, sched: str | None = None,
+                 keep_awake: bool = False, pm_qos: int | None = None) -> str:
     """The one builder of an `hftagent run` command line (`run --dry-run`, `tune threads`, the
     probe's sweep): options in a fixed order, every word quoted with ``shlex.join``. An
     option left None is omitted (`run` then uses its default). Raises LaunchError for
@@ -190,4 +380,8 @@ def command_line(cmd: Sequence[str], *, cpus: Iterable[int] | None = None,
         parts += ["--mem-node", str(mem_node)]
     if sched is not None:
         parts += ["--sched", sched]
+    if keep_awake:
+        parts += ["--keep-awake"]
+    if pm_qos is not None:
+        parts += ["--pm-qos", str(pm_qos)]
     return shlex.join([*parts, "--", *cmd])

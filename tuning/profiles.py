@@ -29,6 +29,8 @@ SETTING_TYPES: dict[str, tuple[type, ...]] = {
     "other_tuners": (str,), "tf_threads": (str,), "gpu_persistence": (str,),
     "gpu_compute_mode": (str,), "gpu_foreign_processes": (int,), "gpu_clocks": (str,),
     "gpu_pcie_link": (str,), "gpu_ecc": (int,), "gpu_mig": (str,),
+    "runtime_isolation": (str,), "pm_qos_resume_latency_us": (int,),
+    "cpu_dma_latency_us": (int,), "keep_awake": (str,),
 }
 # Values a string setting may take ("any" everywhere means: report, never fail).
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -40,7 +42,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tf_threads": ("pinned", "any"), "gpu_persistence": ("on", "off", "any"),
     "gpu_compute_mode": ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "any"),
     "gpu_clocks": ("unthrottled", "any"), "gpu_pcie_link": ("max", "any"),
-    "gpu_mig": ("on", "off", "any"),
+    "gpu_mig": ("on", "off", "any"), "runtime_isolation": ("on", "any"),
+    "keep_awake": ("on", "any"),
 }
 
 

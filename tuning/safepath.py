@@ -184,8 +184,7 @@ def open_dir(path: Path, *, create: bool, beneath: Path | None = None) -> int | 
                               dir_fd=fd)
             except FileNotFoundError:
                 if not create:
-                    os.close(fd)
-                    return None
+                    return None  # fd is closed below
                 try:
                     os.mkdir(name, 0o700, dir_fd=fd)
                 except FileExistsError:

@@ -11,11 +11,14 @@ import typer
 
 from agent.commands.common import JsonOpt, ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail, make_host
 
-HELP = ("Run CMD pinned to CPUs, with NUMA memory binding, TF thread counts and SCHED_FIFO.\n\n"
+HELP = ("Run CMD pinned to CPUs, with NUMA memory binding, TF thread counts, SCHED_FIFO/RR and "
+        "wake-up levers.\n\n"
         "No shell: CMD and its arguments are exec'd as given (put them after --); the process "
         "keeps the launcher's PID. Default CPUs: isolated CPUs, else the GPU's NUMA node, else "
         "all but CPU 0. Threads: TF_NUM_INTRAOP_THREADS = number of CPUs, "
-        "TF_NUM_INTEROP_THREADS = 1 unless given.")
+        "TF_NUM_INTEROP_THREADS = 1 unless given. When `tune apply --isolate` made an isolated "
+        "cpuset and the CPUs are in it, CMD joins it. --keep-awake and --pm-qos last exactly "
+        "as long as CMD: spinners exit with it, the PM QoS request ends when it exits.")
 
 
 def run_cmd(
@@ -30,8 +33,18 @@ def run_cmd(
                                               "(default 1). Caller-thread execution can only "
                                               "be set inside the program (tf.config.threading)."
                                               )] = None,
-    sched: Annotated[str | None, typer.Option("--sched", help="fifo:PRIO for SCHED_FIFO "
-                                              "(PRIO 1..99).")] = None,
+    sched: Annotated[str | None, typer.Option("--sched", help="fifo:PRIO for SCHED_FIFO or "
+                                              "rr:PRIO for SCHED_RR (PRIO 1..99; needs root or "
+                                              "CAP_SYS_NICE).")] = None,
+    keep_awake: Annotated[bool, typer.Option("--keep-awake", help="One SCHED_IDLE spinner per "
+                                             "CPU (C, `pause` in the loop) so the CPUs never "
+                                             "idle: no idle-state exit, no halt in a VM. They "
+                                             "run only while CMD runs.")] = False,
+    pm_qos: Annotated[int | None, typer.Option("--pm-qos", help="Hold /dev/cpu_dma_latency at "
+                                               "US µs while CMD runs (every CPU; 0 = polling "
+                                               "only; needs root). The open descriptor is "
+                                               "inherited by CMD: the request ends when CMD "
+                                               "exits.", metavar="US")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be exec'd; do "
                                           "not run it.")] = False,
     json_out: JsonOpt = False,
@@ -47,7 +60,7 @@ def run_cmd(
         raise fail("--root/--procfs/--sysfs describe a captured tree, not this host: use them "
                    "with --dry-run (a real run always uses the live host)")
     launch = build_launch(host, list(cmd or []), cpus=cpus, mem_node=mem_node, intra=intra,
-                          inter=inter, sched=sched)
+                          inter=inter, sched=sched, keep_awake=keep_awake, pm_qos=pm_qos)
     if dry_run:
         if json_out:
             print(json.dumps({**launch.to_dict(), "command": launch.command_line(cmd or [])},
@@ -58,6 +71,17 @@ def run_cmd(
                   + " ".join(f"{k}={v}" for k, v in d["env"].items())
                   + (f"; sched {d['sched']['policy']}:{d['sched']['priority']}"
                      if d["sched"] else ""))
+            levers = []
+            if launch.cpuset:
+                levers.append(f"joins the isolated cpuset {launch.cpuset}")
+            if launch.keep_awake:
+                levers.append(f"keep-awake spinner on CPU {d['cpus']} (SCHED_IDLE)")
+            if launch.pm_qos_us is not None:
+                levers.append(f"PM QoS {launch.pm_qos_us} µs held on {launch.pm_qos_device}")
+            if levers:
+                print("levers: " + "; ".join(levers) + " (for as long as the command runs)")
+            for note in launch.notes:
+                print("note: " + note)
             print("exec: " + shlex.join(launch.argv))
             print("same as: " + launch.command_line(cmd or []))
         raise typer.Exit(0)
@@ -66,8 +90,8 @@ def run_cmd(
     try:
         exec_launch(launch)
     except PermissionError as exc:
-        raise fail(f"cannot start {launch.argv[0]!r}: {exc.strerror} (SCHED_FIFO needs root or "
-                   "CAP_SYS_NICE)") from None
+        raise fail(f"cannot start {launch.argv[0]!r}: {exc.strerror} (SCHED_FIFO/RR needs root "
+                   "or CAP_SYS_NICE)") from None
     except OSError as exc:
         raise fail(f"cannot start {launch.argv[0]!r}: {exc.strerror or exc}") from None
 

@@ -33,6 +33,12 @@ OnlyOpt = Annotated[list[str] | None, typer.Option("--only", help="Only these tu
                                                    "families (repeatable): cpu, irq.affinity...")]
 SkipOpt = Annotated[list[str] | None, typer.Option("--skip", help="Skip these tunables or "
                                                    "families (repeatable), e.g. --skip gpu.")]
+IsolateOpt = Annotated[bool, typer.Option("--isolate", help="Runtime isolation of --cpus: move "
+                                          "tasks, kernel threads and unbound workqueues off "
+                                          "them and build a cpuset (journalled; rollback "
+                                          "restores each task's affinity). Only that unless "
+                                          "--only names more; asked for whatever the profile "
+                                          "says.")]
 
 
 def _state_dir(host, state_dir: str | None) -> Path:
@@ -44,13 +50,15 @@ def _state_dir(host, state_dir: str | None) -> Path:
     return Path(state_dir)
 
 
-def _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir):
+def _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir, isolate=False):
     from tuning.apply import build_context, wants_gpu
     from tuning.profiles import load_profile
+    from tuning.tunables.isolate import with_isolation
 
     host = make_host(root, procfs, sysfs)
     sd = _state_dir(host, state_dir)
     prof = load_profile(profile)
+    prof = with_isolation(prof) if isolate else prof
     ctx = build_context(host, prof, cpus, want_gpu=wants_gpu(prof, only, skip))
     return host, prof, ctx, sd
 
@@ -162,13 +170,14 @@ def _render_rows(title: str, rows: list[dict], result_key: str, extra: str) -> N
 
 
 def plan_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOpt = None,
-             skip: SkipOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
-             procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
+             skip: SkipOpt = None, isolate: IsolateOpt = False, json_out: JsonOpt = False,
+             root: RootOpt = "/", procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
     """The diff current → desired per tunable and target. Nothing is written.
     Exit 0: nothing to change; 2: changes (or reboot-only arguments) pending."""
     from tuning.apply import make_plan
 
-    _host, prof, ctx, _sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, None)
+    only = [*(only or []), "isolate"] if isolate else only
+    _host, prof, ctx, _sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, None, isolate)
     plan = make_plan(ctx, only, skip)
     if json_out:
         print(json.dumps(_plan_json(plan, prof, ctx), indent=2))
@@ -178,7 +187,7 @@ def plan_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOp
 
 
 def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOpt = None,
-              skip: SkipOpt = None,
+              skip: SkipOpt = None, isolate: IsolateOpt = False,
               dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what apply would "
                                                     "write; write nothing.")] = False,
               state_dir: StateOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
@@ -189,7 +198,9 @@ def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyO
     from tuning.apply import FAILED, apply_plan, make_plan, require_privilege
     from tuning.findings import exit_code
 
-    host, prof, ctx, sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir)
+    only = [*(only or []), "isolate"] if isolate else only
+    host, prof, ctx, sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir,
+                                 isolate)
     if not dry_run:
         require_privilege(host)
     plan = make_plan(ctx, only, skip)

@@ -4,7 +4,11 @@ Ordering constraints, written next to the list as pyperf does:
 - governor before EPP and min_freq: on intel_pstate a governor change resets EPP and limits;
 - turbo before min_freq: turning turbo off lowers scaling_max_freq, the floor we copy;
 - irqbalance before any IRQ move: it would move them back;
-- default_smp_affinity before existing IRQs: an IRQ requested in between lands off target.
+- default_smp_affinity before existing IRQs: an IRQ requested in between lands off target;
+- isolate: tasks, then workqueues, then cgroups, then cpuset settings: a v2 partition takes
+  its CPUs from other cgroups' tasks itself, so tasks are journalled with their own masks
+  first and rollback dissolves the partition before restoring them; a cgroup's files exist
+  only once the cgroup does (apply journals a tunable's targets before its first write).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tuning.tunables.boot import BootIsolation
 from tuning.tunables.cpu import CpuIdle, Epb, Epp, Governor, MinFreq, PstateMinPerf, Turbo
 from tuning.tunables.gpu import GpuComputeMode, GpuPersistence
 from tuning.tunables.irq import DefaultIrqAffinity, IrqAffinity, Irqbalance
+from tuning.tunables.isolate import IsolateCgroup, IsolateCpuset, IsolateTasks, IsolateWorkqueue
 from tuning.tunables.memory import (
     Ksm,
     NmiWatchdog,
@@ -36,12 +41,14 @@ from tuning.tunables.memory import (
     ThpEnabled,
     TimerMigration,
 )
+from tuning.tunables.pmqos import PmQosResumeLatency
 
 ORDER: tuple[type[Tunable], ...] = (
-    Governor, Turbo, PstateMinPerf, MinFreq, Epp, Epb, CpuIdle,
+    Governor, Turbo, PstateMinPerf, MinFreq, Epp, Epb, CpuIdle, PmQosResumeLatency,
     ThpEnabled, ThpDefrag, Ksm, Swappiness, NumaBalancing, TimerMigration, StatInterval,
     NmiWatchdog, SchedRtRuntime,
     Irqbalance, DefaultIrqAffinity, IrqAffinity,
+    IsolateTasks, IsolateWorkqueue, IsolateCgroup, IsolateCpuset,
     GpuPersistence, GpuComputeMode,
     BootIsolation,
 )

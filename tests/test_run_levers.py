@@ -1,0 +1,263 @@
+"""`hftagent run` levers: --keep-awake spinners live exactly as long as the command (normal
+exit, SIGKILL, failed exec), --pm-qos holds /dev/cpu_dma_latency through an inherited
+descriptor, --sched rr:N. Real runs of commands this test starts; the PM QoS requests are
+held for a second at most. Nothing here writes /proc or /sys."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli import get_app
+from collectors.host import Host
+from collectors.wakeup import keepawake_spinners
+from tuning.launcher import (
+    LaunchError,
+    build_launch,
+    command_line,
+    hold_pm_qos,
+    start_spinners,
+    stop_spinners,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
+runner = CliRunner()
+SPIN_RE = re.compile(r"keep-awake spinner pid (\d+) on CPU (\d+)")
+
+
+def _need(root: bool = False) -> int:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    if root and (os.geteuid() != 0 or not os.path.exists("/dev/cpu_dma_latency")):
+        pytest.skip("needs root and /dev/cpu_dma_latency")
+    return cpus[-1]
+
+
+def _launch(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it has exited)."""
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return st[st.rfind(")") + 2] not in "ZX"
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _effective_latency() -> int:
+    fd = os.open("/dev/cpu_dma_latency", os.O_RDONLY)
+    try:
+        return struct.unpack("=i", os.read(fd, 4))[0]
+    finally:
+        os.close(fd)
+
+
+def _wait_line(p: subprocess.Popen, pattern: re.Pattern, timeout: float = 30.0):
+    """Read stderr lines until one matches."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = pattern.search(line)
+        if m:
+            return m
+    raise AssertionError(f"no {pattern.pattern!r} in {seen}")
+
+
+def test_keep_awake_and_pm_qos_live_exactly_as_long_as_the_command():
+    cpu = _need(root=True)
+    before = _effective_latency()
+    p = _launch(["run", "--keep-awake", "--pm-qos", "0", "--cpus", str(cpu), "--",
+                 "sh", "-c", "ls -l /proc/$$/fd; sleep 1"])
+    try:
+        m = _wait_line(p, SPIN_RE)
+        spinner = int(m.group(1))
+        assert int(m.group(2)) == cpu
+        _wait_line(p, re.compile(r"PM QoS 0 µs held"))
+        assert os.sched_getscheduler(spinner) == os.SCHED_IDLE
+        assert os.sched_getaffinity(spinner) == {cpu}
+        assert keepawake_spinners(Host()).get(cpu) == [spinner]
+        # not the command's child: a `wait` in the command never waits for it
+        ppid = int(Path(f"/proc/{spinner}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid != p.pid
+        time.sleep(0.3)
+        assert _effective_latency() == 0  # held while the command runs
+        out, _err = p.communicate(timeout=30)
+        assert p.returncode == 0
+        assert "/dev/cpu_dma_latency" in out  # the descriptor crossed exec
+        assert _gone_within(spinner, 1.0)
+        assert _effective_latency() == before  # the request ended with the command
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_spinner_dies_when_the_command_is_killed():
+    cpu = _need()
+    p = _launch(["run", "--keep-awake", "--cpus", str(cpu), "--", "sleep", "30"])
+    try:
+        spinner = int(_wait_line(p, SPIN_RE).group(1))
+        time.sleep(0.2)
+        assert _alive(spinner)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        assert _gone_within(spinner, 1.0)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_failed_exec_kills_the_spinners_and_says_so_in_one_line(tmp_path):
+    cpu = _need()
+    bad = tmp_path / "notabinary"
+    bad.write_bytes(b"\x00\x01\x02")
+    bad.chmod(0o755)
+    p = _launch(["run", "--keep-awake", "--cpus", str(cpu), "--", str(bad)])
+    _out, err = p.communicate(timeout=60)
+    assert p.returncode == 1
+    spinner = int(SPIN_RE.search(err).group(1))
+    errors = [ln for ln in err.splitlines() if ln.startswith("hftagent: error:")]
+    assert errors == [f"hftagent: error: cannot start {str(bad)!r}: Exec format error"]
+    assert _gone_within(spinner, 1.0)
+
+
+def test_the_spinner_watches_its_pidfd_not_a_pid():
+    cpu = _need()
+    exe = build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True).spinner
+    child = subprocess.Popen(["sleep", "30"])
+    fd = os.pidfd_open(child.pid)
+    try:
+        r = subprocess.run([str(exe), str(cpu), str(fd)], pass_fds=(fd,), capture_output=True,
+                           text=True, timeout=10)
+        assert r.returncode == 0, r.stderr
+        spinner = int(r.stdout)
+        assert _alive(spinner)
+        child.kill()
+        child.wait()
+        assert _gone_within(spinner, 1.0)
+    finally:
+        os.close(fd)
+        child.kill()
+        child.wait()
+
+
+def test_spinner_refuses_a_dead_process_and_bad_arguments():
+    cpu = _need()
+    exe = build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True).spinner
+    child = subprocess.Popen(["true"])
+    fd = os.pidfd_open(child.pid)
+    child.wait()
+    try:
+        r = subprocess.run([str(exe), str(cpu), str(fd)], pass_fds=(fd,), capture_output=True,
+                           text=True, timeout=10)
+        assert r.returncode == 1 and "watched process" in r.stderr
+    finally:
+        os.close(fd)
+    r = subprocess.run([str(exe), "x", "3"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "usage" in r.stderr
+    r = subprocess.run([str(exe), "1000", "0"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 1 and "sched_setaffinity" in r.stderr
+
+
+def test_start_and_stop_spinners_from_python():
+    cpu = _need()
+    exe = build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True).spinner
+    sp = start_spinners(exe, [cpu])
+    try:
+        assert len(sp) == 1 and _alive(sp[0].pid)
+    finally:
+        stop_spinners(sp)
+    assert _gone_within(sp[0].pid, 1.0)
+    with pytest.raises(LaunchError, match="did not start"):
+        start_spinners(exe, [1000])
+
+
+def test_pm_qos_refuses_what_is_not_the_device(tmp_path):
+    f = tmp_path / "plain"
+    f.write_text("")
+    with pytest.raises(LaunchError, match="not a character device"):
+        hold_pm_qos(f, 0)
+    with pytest.raises(LaunchError, match="no .* \\(a kernel without CPU latency PM QoS\\)"):
+        hold_pm_qos(tmp_path / "absent", 0)
+    link = tmp_path / "link"
+    link.symlink_to("/dev/null")
+    with pytest.raises(LaunchError, match="cannot open"):
+        hold_pm_qos(link, 0)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--pm-qos", "-1"], "bad --pm-qos -1: expected 0..2147483647 µs"),
+    (["--pm-qos", str(2**31)], "bad --pm-qos 2147483648"),
+    (["--sched", "idle:1"], "expected fifo:PRIO or rr:PRIO"),
+])
+def test_bad_lever_input_is_one_line(args, msg):
+    res = runner.invoke(get_app(), ["run", *args, "--dry-run", "--", "true"])
+    assert res.exit_code == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hftagent: error: ") and msg in lines[0]
+
+
+def test_sched_rr_is_applied():
+    cpu = _need()
+    if os.geteuid() != 0:
+        pytest.skip("SCHED_RR needs root")
+    p = _launch(["run", "--sched", "rr:3", "--cpus", str(cpu), "--", "sleep", "5"])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if Path(f"/proc/{p.pid}/comm").read_text().strip() == "sleep":
+                break
+            time.sleep(0.02)
+        assert os.sched_getscheduler(p.pid) == os.SCHED_RR
+        assert os.sched_getparam(p.pid).sched_priority == 3
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_dry_run_reports_the_levers_and_the_same_line():
+    cpu = _need()
+    res = runner.invoke(get_app(), ["run", "--keep-awake", "--pm-qos", "5", "--sched", "rr:2",
+                                    "--cpus", str(cpu), "--dry-run", "--json", "--", "true", "y"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["keep_awake"] == str(cpu) and d["pm_qos_us"] == 5
+    assert d["sched"] == {"policy": "rr", "priority": 2}
+    assert d["command"] == command_line(["true", "y"], cpus=[cpu], intra=1, inter=1,
+                                        sched="rr:2", keep_awake=True, pm_qos=5)
+    assert "--keep-awake --pm-qos 5" in d["command"]
+
+
+def test_help_documents_rr_and_the_levers():
+    res = runner.invoke(get_app(), ["run", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    for word in ("rr:PRIO", "--keep-awake", "--pm-qos", "SCHED_IDLE", "isolated cpuset"):
+        assert word in res.stdout, word

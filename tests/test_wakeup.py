@@ -1,0 +1,256 @@
+"""Wake-up: the per-CPU PM QoS tunable (tuning/tunables/pmqos.py) on tree copies, the audit's
+wakeup family (tuning/checks/wakeup.py) on fixture trees, and that every command the audit
+suggests is accepted by the command it names. Nothing here writes the real /proc or /sys."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli import get_app
+from collectors import wakeup as wk
+from collectors.host import Host
+from tests.isotree import IsoSim, iso_tree
+from tests.treecopy import KernelSim, diff, make_synthetic, snapshot
+from tuning.apply import apply_plan, build_context, make_plan, rollback
+from tuning.audit import run_audit
+from tuning.findings import Status
+from tuning.profiles import load_profile
+from tuning.tunables import TuneError
+from tuning.tunables.pmqos import kernel_value
+
+runner = CliRunner()
+TID = "wakeup.pm_qos_resume_latency"
+
+
+def _profile(tmp_path: Path, **settings) -> str:
+    f = tmp_path / "p.toml"
+    body = 'extends = "hft-cpu"\nname = "mine"\n' + "".join(
+        f"[settings.{k}]\nexpected = {json.dumps(v)}\n" for k, v in settings.items())
+    f.write_text(body)
+    return str(f)
+
+
+def _findings(root: Path, profile: str = "hft-cpu", cpus: str = "1") -> dict:
+    rep = run_audit(Host(root), load_profile(profile), cpus, families=["virt", "wakeup"])
+    return {f.id: f for f in rep.findings}
+
+
+# ----------------------------------------------------------------------------------------------
+# the tunable
+# ----------------------------------------------------------------------------------------------
+
+
+def test_kernel_spelling_of_the_limit():
+    assert kernel_value(0) == "n/a" and kernel_value(10) == "10"
+    assert wk.resume_latency_us("n/a") == 0 and wk.resume_latency_us("0") == float("inf")
+    assert wk.resume_latency_us("25") == 25
+
+
+@pytest.mark.parametrize("want,written", [(10, "10"), (0, "n/a")])
+def test_pm_qos_roundtrip_on_the_synthetic_tree(tmp_path, want, written):
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    ctx = build_context(Host(root), load_profile(_profile(tmp_path,
+                                                          pm_qos_resume_latency_us=want)),
+                        "2-3")
+    ctx.writer = IsoSim()
+    plan = make_plan(ctx, only=[TID])
+    assert {c.target: c.desired for c in plan.changes} == {
+        f"/sys/devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us": written
+        for c in (2, 3)}
+    rep = apply_plan(ctx, plan, ctx.host.run_dir("hftagent"))
+    assert rep.ok and [f.status for f in rep.findings] == [Status.OK]
+    p = root / "sys/devices/system/cpu/cpu3/power/pm_qos_resume_latency_us"
+    assert p.read_text() == f"{written}\n"
+    assert (root / "sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us"
+            ).read_text() == "0\n"  # only the target CPUs
+    assert rollback(ctx, ctx.host.run_dir("hftagent")).remaining == 0
+    assert diff(before, snapshot(root)) == []
+
+
+def test_pm_qos_unsupported_without_the_files(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    for c in range(4):
+        (root / f"sys/devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us").unlink()
+    plan = make_plan(build_context(Host(root), load_profile("hft-cpu"), "2-3"), only=[TID])
+    assert plan.items[[i.tunable.id for i in plan.items].index(TID)].reason.startswith(
+        "unsupported: no power/pm_qos_resume_latency_us for CPU 2,3")
+
+
+def test_pm_qos_einval_is_a_failure_and_rollback_is_clean(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    before = snapshot(root)
+    ctx = build_context(Host(root), load_profile("hft-cpu"), "2-3")
+    ctx.writer = KernelSim(fail={"cpu3/power/pm_qos_resume_latency_us": 22})
+    rep = apply_plan(ctx, make_plan(ctx, only=[TID]), ctx.host.run_dir("hftagent"))
+    by = {o.change.index: o.result for o in rep.outcomes}
+    assert by == {2: "applied", 3: "failed"}
+    assert rollback(ctx, ctx.host.run_dir("hftagent")).remaining == 0
+    assert diff(before, snapshot(root)) == []
+
+
+def test_a_negative_limit_in_a_profile_is_refused(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    ctx = build_context(Host(root), load_profile(_profile(tmp_path,
+                                                          pm_qos_resume_latency_us=-1)), "2-3")
+    with pytest.raises(TuneError, match="pm_qos_resume_latency_us must be"):
+        make_plan(ctx, only=[TID])
+
+
+def test_rollback_validates_journalled_latency_values(tmp_path):
+    from tuning.tunables.pmqos import PmQosResumeLatency
+    t = PmQosResumeLatency()
+    assert t.valid("n/a") and t.valid("0") and t.valid("10")
+    assert not t.valid("-1") and not t.valid("ten") and not t.valid("")
+
+
+# ----------------------------------------------------------------------------------------------
+# audit
+# ----------------------------------------------------------------------------------------------
+
+
+def test_vm_dev_haltpoll_without_polling_warns_with_a_run_fix(tmp_path):
+    root = iso_tree(tmp_path / "t")  # vm-dev capture: haltpoll, guest_halt_poll_ns 0
+    f = _findings(root)
+    c = f["wakeup.cpuidle"]
+    assert c.status == Status.WARN
+    assert "driver haltpoll, governor haltpoll" in c.current and "halts at once" in c.current
+    assert c.fix == "hftagent run --cpus 1 --keep-awake -- CMD"
+    hp = f["wakeup.guest_halt_poll"]
+    assert hp.status == Status.WARN and hp.current.startswith("guest_halt_poll_ns 0")
+    assert hp.fix.startswith("echo 200000 > /sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    assert f["wakeup.pm_qos"].status == Status.UNSUPPORTED  # a tree has no processes
+    r = f["wakeup.pm_qos_resume_latency"]
+    assert r.status == Status.WARN and r.current == "1=0 (no constraint)"
+    assert r.fix == ("hftagent tune apply --profile hft-cpu --cpus 1 --only "
+                     "wakeup.pm_qos_resume_latency")
+
+
+def test_the_suggested_tune_command_is_accepted_and_then_the_audit_passes(tmp_path,
+                                                                           monkeypatch):
+    root = iso_tree(tmp_path / "t")
+    before = snapshot(root)
+    fix = _findings(root)["wakeup.pm_qos_resume_latency"].fix
+    argv = shlex.split(fix)
+    assert argv[:3] == ["hftagent", "tune", "apply"]
+    res = runner.invoke(get_app(), argv[1:] + ["--root", str(root)])
+    assert res.exit_code == 0, res.output
+    assert (root / "sys/devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"
+            ).read_text() == "10\n"
+    assert _findings(root)["wakeup.pm_qos_resume_latency"].status == Status.OK
+    res = runner.invoke(get_app(), ["tune", "rollback", "--root", str(root)])
+    assert res.exit_code == 0 and diff(before, snapshot(root)) == []
+
+
+def test_the_suggested_run_commands_are_accepted(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    f = _findings(root)
+    for fid in ("wakeup.cpuidle", "wakeup.guest_halt_poll"):
+        line = f[fid].fix.split("(or: ")[-1].rstrip(")")
+        argv = shlex.split(line)
+        assert argv[:2] == ["hftagent", "run"] and argv[-1] == "CMD"
+        i = argv.index("--")
+        res = runner.invoke(get_app(), argv[1:i] + ["--dry-run", "--root", str(root)]
+                            + argv[i:-1] + ["true"])
+        assert res.exit_code == 0, res.output
+        assert "keep-awake spinner on CPU 1" in res.stdout
+
+
+def test_a_user_profile_fix_names_the_profile_file(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    prof = _profile(tmp_path, pm_qos_resume_latency_us=20)
+    r = _findings(root, prof)["wakeup.pm_qos_resume_latency"]
+    assert f"--profile {prof} " in r.fix and r.expected.startswith("20 on every target CPU")
+    argv = shlex.split(r.fix)
+    res = runner.invoke(get_app(), argv[1:] + ["--root", str(root)])
+    assert res.exit_code == 0, res.output
+    assert _findings(root, prof)["wakeup.pm_qos_resume_latency"].status == Status.OK
+
+
+def test_keep_awake_any_reports_without_warning(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    f = _findings(root, "bench")
+    assert f["wakeup.cpuidle"].status == Status.OK and "halts at once" in f[
+        "wakeup.cpuidle"].current
+    assert f["wakeup.guest_halt_poll"].status == Status.OK
+
+
+def test_halt_polling_on_is_ok_and_no_module_means_no_finding(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    (root / "sys/module/haltpoll/parameters/guest_halt_poll_ns").write_text("200000\n")
+    f = _findings(root)
+    assert f["wakeup.guest_halt_poll"].status == Status.OK
+    assert "polls up to 200 µs" in f["wakeup.guest_halt_poll"].current
+    assert f["wakeup.cpuidle"].status == Status.OK
+    import shutil
+    shutil.rmtree(root / "sys/module/haltpoll")
+    assert "wakeup.guest_halt_poll" not in _findings(root)
+
+
+def test_idle_poll_on_the_command_line_never_halts(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    cl = root / "proc/cmdline"
+    cl.write_text(cl.read_text().replace("quiet", "quiet idle=poll"))
+    c = _findings(root)["wakeup.cpuidle"]
+    assert c.status == Status.OK and "idle=poll" in c.current
+
+
+def test_bare_metal_intel_idle_is_judged_by_its_states(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    d = root / "sys/devices/system/cpu/cpuidle"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "current_driver").write_text("intel_idle\n")
+    (d / "current_governor").write_text("menu\n")
+    rep = run_audit(Host(root), load_profile("hft-cpu"), "2-3", families=["virt", "wakeup"])
+    f = {x.id: x for x in rep.findings}
+    assert f["wakeup.cpuidle"].status == Status.OK
+    assert "driver intel_idle, governor menu" in f["wakeup.cpuidle"].current
+    assert "wakeup.guest_halt_poll" not in f
+
+
+def test_cpuidle_absent_from_a_tree_is_unsupported_not_ok(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    (root / "sys/devices/system/cpu/cpuidle/current_driver").unlink()
+    c = _findings(root)["wakeup.cpuidle"]
+    assert c.status == Status.UNSUPPORTED and "absent from this tree" in c.current
+
+
+def test_unreadable_resume_latency_of_one_cpu_is_an_error_not_ok(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    ctxp = load_profile("hft-cpu")
+    for c in (0, 1):
+        (root / f"sys/devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us"
+         ).write_text("10\n")
+    (root / "sys/devices/system/cpu/cpu1/power/pm_qos_resume_latency_us").write_text("x\n")
+    rep = run_audit(Host(root), ctxp, "0-1", families=["virt", "wakeup"])
+    r = {x.id: x for x in rep.findings}["wakeup.pm_qos_resume_latency"]
+    assert r.status == Status.ERROR and "1=unreadable" in r.current
+
+
+# ----------------------------------------------------------------------------------------------
+# live, read-only
+# ----------------------------------------------------------------------------------------------
+
+
+def test_live_pm_qos_finding_names_who_holds_the_device():
+    if os.geteuid() != 0 or not os.path.exists("/dev/cpu_dma_latency"):
+        pytest.skip("needs root and /dev/cpu_dma_latency")
+    fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
+    try:
+        os.write(fd, (1000).to_bytes(4, "little", signed=True))  # a loose request: no effect
+        h = wk.pm_qos_holders(Host())
+        assert os.getpid() in {p for p, _ in h.held_by}
+        eff = wk.cpu_dma_latency(Host())
+        assert eff.ok and eff.value <= 1000
+        rep = run_audit(Host(), load_profile("hft-cpu"), "1" if os.cpu_count() > 1 else "0",
+                        families=["virt", "wakeup"])
+        f = {x.id: x for x in rep.findings}["wakeup.pm_qos"]
+        assert f"[{os.getpid()}]" in f.current
+    finally:
+        os.close(fd)
