@@ -14,7 +14,7 @@ from collectors import cpu as cpuc
 from collectors import kernel, system
 from collectors.host import Host
 from collectors.parsers import format_cpulist, parse_cpu_option
-from tuning.checks import cpu, gpu, irq, isolation, platform
+from tuning.checks import cpu, gpu, irq, isolation, platform, wakeup
 from tuning.checks import kernel as kernel_checks
 from tuning.checks.base import AuditContext, why
 from tuning.findings import Finding, Status, summarize
@@ -29,6 +29,7 @@ SCHEMA_VERSION = 1
 FAMILIES: list[tuple[str, Callable[[AuditContext], list[Finding]]]] = [
     ("virt", platform.check_virt),
     ("cpu", cpu.check),
+    ("wakeup", wakeup.check),
     ("isolation", isolation.check),
     ("irq", irq.check),
     ("kernel", kernel_checks.check),
