@@ -473,6 +473,7 @@ class GpuCollector:
       gpu.N.clock_event_harmful                    1 when a throttling bit is set, else 0
       gpu.N.util_gpu_ratio, gpu.N.util_mem_ratio   utilization.gpu/.memory, 0-1
       gpu.N.compute_processes, gpu.N.foreign_processes   count (foreign = not in own_pids)
+      gpu.N.probe_gpu                              1 when GPU N is the probe's GPU, else 0
       gpu.N.ecc_uncorrected_volatile_total         ecc.errors.uncorrected.volatile.total
     from the slow thread (latest value, refreshed every ``slow_interval_s``):
       gpu.N.pcie_tx_bytes_per_s, gpu.N.pcie_rx_bytes_per_s    (~20 ms blocking call each)
@@ -481,18 +482,27 @@ class GpuCollector:
     A reading that fails is None (never 0). A lost GPU yields Nones for that GPU only.
     ``own_pids`` are the inference processes; any other compute process is foreign. Process
     names are resolved once per new PID (NVML, then /proc/PID/comm through ``host``).
+
+    The probe's GPU(s) (``gpu.N.probe_gpu``): ``probe_gpus`` when given, else every GPU on
+    which one of ``own_pids`` has a compute context at that sample (None where the process
+    list could not be read). The GPU causes blame only those: a foreign process, a throttle or
+    PCIe replays on another GPU of a two-GPU box do not slow an inference that never touches
+    it. A probe with a context on no GPU (a CPU-only model, or a PID that NVML reports in
+    another PID namespace) gets no GPU cause at all.
     """
 
     name = "gpu"
 
     def __init__(self, nvml: Nvml | None = None, *, own_pids: Iterable[int] = (),
-                 gpus: Sequence[int] | None = None, host: Host | None = None,
+                 gpus: Sequence[int] | None = None, probe_gpus: Iterable[int] | None = None,
+                 host: Host | None = None,
                  slow_interval_s: float = 1.0, slow_thread: bool = True,
                  history: int = 4096, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.nvml = nvml or Nvml()
         self.own_pids = set(own_pids)
         self.host = host
         self._gpus = list(gpus) if gpus is not None else None
+        self.probe_gpus = None if probe_gpus is None else frozenset(probe_gpus)
         self._clock = clock
         self._names: dict[int, str | None] = {}
         self._slow: dict[str, float | None] = {}
@@ -556,6 +566,11 @@ class GpuCollector:
                 out[p + "foreign_processes"] = len(foreign)
                 if foreign:
                     foreign_all[g] = foreign
+            if self.probe_gpus is not None:
+                out[p + "probe_gpu"] = float(g in self.probe_gpus)
+            else:
+                out[p + "probe_gpu"] = (None if procs is None else
+                                        float(any(x.pid in self.own_pids for x in procs)))
             out[p + "ecc_uncorrected_volatile_total"] = nv.ecc_volatile_uncorrected(g).value
         with self._slow_lock:
             out.update(self._slow)
@@ -643,6 +658,13 @@ def _gpus_in(samples: Sequence[GpuSample]) -> list[int]:
     return sorted(out)
 
 
+def not_probe_gpu(samples: Sequence[GpuSample], gpu: int) -> bool:
+    """True when ``samples`` say GPU ``gpu`` is not the probe's: every ``gpu.N.probe_gpu``
+    that was read is 0. Unread or absent everywhere (unknown) is False: nothing rules it out."""
+    known = [v for s in samples if (v := s.values.get(f"gpu.{gpu}.probe_gpu")) is not None]
+    return bool(known) and max(known) < 1
+
+
 def _delta(samples: Sequence[GpuSample], key: str) -> float | None:
     vals = [s.values.get(key) for s in samples if s.values.get(key) is not None]
     if len(vals) < 2:
@@ -658,12 +680,17 @@ def gpu_causes(window: Sequence[GpuSample], baseline: Sequence[GpuSample] = ()) 
     * "GPU shared with PID 4242 (python3)" -- a foreign compute process on the GPU in the
       window; scored higher when it was not there in the baseline (it just arrived).
     * "PCIe replay / errors" -- the replay counter or volatile uncorrected ECC grew.
-    Causes are sorted by score, highest first.
+    Only the probe's GPUs count: a GPU whose ``probe_gpu`` reads 0 in every sample of the
+    window that has it (see GpuCollector) is skipped, so a foreign process on GPU 1 is never
+    blamed for a slow inference on GPU 0. Samples without the column (unknown) are not
+    skipped. Causes are sorted by score, highest first.
     """
     causes: list[GpuCause] = []
     base_foreign: set[tuple[int, int]] = {(g, p.pid) for s in baseline for g, ps in s.foreign.items()
                                           for p in ps}
     for g in _gpus_in(window):
+        if not_probe_gpu(window, g):
+            continue
         p = f"gpu.{g}."
         # throttle
         mask = 0

@@ -12,8 +12,8 @@ For one spike (a latency sample over the threshold), in this order:
    ``baseline_s`` seconds, excluding the last ``exclude_s`` — as median/MAD z-scores and
    excess counts: run-queue delay and switches of the thread (sched), IRQ and softirq counts
    on the probe CPUs (irq, softirq), steal and frequency (cpu), faults/reclaim/compaction and
-   PSI (memory), NUMA misses (numa), GPU clock-event reasons and foreign processes (gpu),
-   AER errors and link degradation (pcie), perf software events (perf).
+   PSI (memory), NUMA misses (numa), GPU clock-event reasons and foreign processes on the
+   probe's GPU (gpu), AER errors and link degradation (pcie), perf software events (perf).
 
 Each named cause gets a strength s ∈ [0, 1] from its evidence; the residual
 "unexplained" is Π(1 − s); scores are the strengths and the residual normalised to sum 1,
@@ -804,6 +804,13 @@ class Attributor:
             return []
         out: list[CauseScore | None] = []
         for name in v.names("gpu."):
+            if not name.endswith((".clock_event_reasons", ".foreign_processes")):
+                continue
+            # Only the probe's GPU(s) (GpuCollector's gpu.N.probe_gpu, 0 on a GPU the probe
+            # has no context on): a foreign process or throttle on another GPU is not ours.
+            scope = v.gauge(f"gpu.{name.split('.')[1]}.probe_gpu", low=False)
+            if scope is not None and scope.window < 1:
+                continue
             if name.endswith(".clock_event_reasons"):
                 w = v.gauge(name, low=False)
                 if w is None or w.window != w.window:

@@ -305,3 +305,15 @@ def a100_r535_x4() -> FakeNvmlLib:
                             cpu_affinity=[0xFFFFFFFF, 0] if lo else [0xFFFFFFFF << 32, 0],
                             numa=None))
     return FakeNvmlLib(gpus, driver="535.183.01", cuda=12020)
+
+
+def h200_x2_numa() -> FakeNvmlLib:
+    """Two H200s on a two-socket box, one per NUMA node (the layout of issue #19): GPU 0 at
+    0000:18:00.0 behind root port 0000:17:00.0 on node 0 (CPUs 0-7), GPU 1 at 0000:af:00.0
+    behind 0000:ae:00.0 on node 1 (CPUs 8-15). NVML spells the bus ids upper case with an
+    8-digit domain; its index order is PCI bus order. Idle, persistence on, compute mode
+    Default, as the lent H200 (tests/fixtures/gpu-h200-facts)."""
+    return FakeNvmlLib([
+        FakeGpu(bus_id="00000000:18:00.0", uuid="GPU-h200-node0", cpu_affinity=[0x00FF]),
+        FakeGpu(bus_id="00000000:AF:00.0", uuid="GPU-h200-node1", cpu_affinity=[0xFF00]),
+    ])

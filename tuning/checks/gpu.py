@@ -14,6 +14,15 @@ Sources:
   NVIDIA PCI functions in the tree) run.
 * sysfs /sys/bus/pci/devices/<bus>/{current,max}_link_{speed,width}, numa_node, local_cpulist
   (collectors.pcie), joined with NVML by the normalised bus id.
+* Several GPUs (one per NUMA node, or one per strategy): every finding is one GPU's, its id
+  names the index (NVML's, = PCI bus order, = ``nvidia-smi -i``), its evidence and ``data``
+  the index and the bus id. ``--pid P``: every other compute process is foreign on every GPU
+  (the finding says whether P has a context on that GPU); without it one process per GPU is
+  assumed to be that GPU's inference process. NUMA: with ``--pid`` only the GPUs P has a
+  context on are judged against the target CPUs; otherwise a GPU passes when the target CPUs
+  are local to it, or when the ones that are not are local to another GPU (one GPU per
+  node); a GPU to which no target CPU is local is ``warn`` while another GPU has local target
+  CPUs (it may be unused, or driven across nodes: ``--pid`` tells), ``fail`` when no GPU has.
 * TensorFlow's build_info.py, read as a file (find_spec + ast), never imported: importing TF
   costs seconds and the audit must stay under one second. It holds exactly the dict that
   ``tf.sysconfig.get_build_info()`` returns. Note: the TF this finds is the one of the Python
@@ -25,12 +34,14 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from collectors.gpu import (
     CLOCK_EVENT_IDLE,
     CLOCK_SM,
     LOST,
+    GpuProcess,
     Nvml,
     decode_clock_event_reasons,
     harmful_clock_event_reasons,
@@ -61,8 +72,49 @@ _THROTTLE_FIX = {
 }
 
 
-def _smi(query: str, fn: str) -> str:
-    return f"nvidia-smi --query-gpu={query} (NVML {fn})"
+def _smi(query: str, fn: str, i: int, bus: str | None) -> str:
+    return f"nvidia-smi -i {i} --query-gpu={query} (NVML {fn}; GPU {i} = PCI {bus or '?'})"
+
+
+@dataclass
+class _Gpu:
+    """What the NUMA and foreign-process checks need to know of every GPU before judging one:
+    its index, bus id, sysfs PCI function, compute processes (live only) and local CPUs."""
+
+    i: int
+    bus: str | None
+    dev: PciDevice | None
+    procs: Reading | None = None  # Reading[list[GpuProcess]]; None on a --root tree
+    local: list[int] | None = None
+    local_evidence: str = ""
+    lost: bool = False
+
+
+@dataclass
+class _Layout:
+    """All GPUs of the box: local CPUs per GPU and the GPUs the target PID has a context on."""
+
+    gpus: dict[int, _Gpu] = field(default_factory=dict)
+    pid_gpus: set[int] = field(default_factory=set)
+
+    def local_to_others(self, i: int) -> dict[int, set[int]]:
+        return {j: set(g.local) for j, g in self.gpus.items() if j != i and g.local}
+
+
+def _local_cpus(ctx: AuditContext, g: _Gpu, nv: Nvml | None) -> None:
+    """GPU ``g``'s local CPUs: sysfs local_cpulist, else NVML's CPU affinity."""
+    if g.dev is not None and g.dev.local_cpus is not None:
+        g.local, g.local_evidence = g.dev.local_cpus, f"{g.dev.path}/local_cpulist"
+    elif nv is not None and not g.lost:
+        aff = nv.cpu_affinity(g.i, max(ctx.online or [0]) + 1)
+        if aff.ok:
+            g.local = aff.value
+            g.local_evidence = ("nvidia-smi topo -m 'CPU Affinity' "
+                                "(NVML nvmlDeviceGetCpuAffinity)")
+        elif g.dev is not None:
+            g.local_evidence = f"{g.dev.path}/local_cpulist"
+    elif g.dev is not None:
+        g.local_evidence = f"{g.dev.path}/local_cpulist"
 
 
 def _nvidia_pci(host) -> list[PciDevice]:
@@ -87,9 +139,14 @@ def check(ctx: AuditContext) -> list[Finding]:
     if not host.live:
         out = [unsupported("gpu.nvml", FAMILY, "NVIDIA GPU (NVML)", NOT_LIVE,
                            evidence=version.path, why=WHY_GPU)]
-        for i, dev in enumerate(_nvidia_pci(host)):
-            out.append(_pcie_link(ctx, i, f"GPU {i}", None, dev, idle=None))
-            out.append(_numa(ctx, i, f"GPU {i}", None, dev))
+        # NVML numbers GPUs in PCI bus order, as this list is.
+        layout = _Layout({i: _Gpu(i, dev.address, dev) for i, dev in
+                          enumerate(_nvidia_pci(host))})
+        for g in layout.gpus.values():
+            _local_cpus(ctx, g, None)
+        for i, g in layout.gpus.items():
+            out.append(_pcie_link(ctx, i, f"GPU {i}", None, g.dev, idle=None))
+            out.append(_numa(ctx, g, f"GPU {i}", None, layout))
         return out
 
     if ctx.gpu is None:
@@ -109,14 +166,37 @@ def check(ctx: AuditContext) -> list[Finding]:
                    evidence=f"{version.path}; nvidia-smi (NVML nvmlSystemGetDriverVersion)",
                    why=WHY_GPU)]
     pci = {d.address: d for d in _nvidia_pci(host)}
+    layout = _Layout()
+    failed: dict[int, Exception] = {}
     for i in range(count.value):
         try:
-            out.extend(_device(ctx, nv, i, pci))
+            layout.gpus[i] = _inventory(ctx, nv, i, pci)
+        except Exception as exc:  # noqa: BLE001 - one GPU's bug must not hide the others
+            failed[i] = exc
+    if ctx.pid is not None:
+        layout.pid_gpus = {i for i, g in layout.gpus.items() if g.procs is not None
+                           and g.procs.ok and any(p.pid == ctx.pid for p in g.procs.value)}
+    for i in range(count.value):
+        try:
+            if i in failed:
+                raise failed[i]
+            out.extend(_device(ctx, nv, layout.gpus[i], layout))
         except Exception as exc:  # noqa: BLE001 - one GPU's bug must not hide the others
             out.append(Finding(id=f"gpu.{i}", family=FAMILY, title=f"GPU {i}",
-                               status=Status.ERROR, current=f"error: {type(exc).__name__}: {exc}"))
+                               status=Status.ERROR, current=f"error: {type(exc).__name__}: {exc}",
+                               data={"gpu": i}))
     out.extend(_tf_build(cuda))
     return out
+
+
+def _inventory(ctx: AuditContext, nv: Nvml, i: int, pci: dict[str, PciDevice]) -> _Gpu:
+    lost = nv.is_lost(i) or (nv.name(i).reason or "").startswith(LOST)
+    bus = None if lost else nv.pci_bus_id(i).value
+    g = _Gpu(i, bus, pci.get(bus) if bus else None, lost=lost)
+    if not lost:
+        g.procs = nv.compute_processes(i)
+    _local_cpus(ctx, g, nv)
+    return g
 
 
 def _ver(v: tuple[int, int] | None) -> str:
@@ -134,35 +214,40 @@ def _unsup(id: str, title: str, r: Reading, why: str = "") -> Finding:
                        evidence=r.path, why=why)
 
 
-def _device(ctx: AuditContext, nv: Nvml, i: int, pci: dict[str, PciDevice]) -> list[Finding]:
+def _device(ctx: AuditContext, nv: Nvml, g: _Gpu, layout: _Layout) -> list[Finding]:
+    i, bus = g.i, g.bus
     name = nv.name(i)
-    if nv.is_lost(i) or (name.reason or "").startswith(LOST):
-        return [Finding(id=f"gpu.{i}.lost", family=FAMILY, title=f"GPU {i}", status=Status.FAIL,
-                        current=name.reason or "lost", expected="GPU answering",
-                        evidence=name.path,
-                        fix="check `dmesg | grep -i xid` (Xid 79: fell off the bus); drain the "
-                            f"box, then `nvidia-smi -i {i} -r` or reboot",
-                        why="A lost GPU fails every inference scheduled on it.")]
-    title = f"GPU {i} ({name.value or '?'})"
-    bus = nv.pci_bus_id(i).value
-    dev = pci.get(bus) if bus else None
-    reasons = nv.clock_event_reasons(i)
-    util = nv.utilization(i)
-    idle = None
-    if reasons.ok:
-        idle = bool(reasons.value & CLOCK_EVENT_IDLE)
-    elif util.ok:
-        idle = util.value[0] == 0
-    return [
-        _persistence(ctx, nv, i, title), _compute_mode(ctx, nv, i, title),
-        _foreign(ctx, nv, i, title), _clocks(ctx, nv, i, title, reasons),
-        _app_clocks(ctx, nv, i, title, reasons), _pcie_link(ctx, i, title, nv, dev, idle),
-        _replay(ctx, nv, i, title), _ecc(ctx, nv, i, title), _retired(ctx, nv, i, title),
-        _numa(ctx, i, title, nv, dev), _mig(ctx, nv, i, title),
-    ]
+    if g.lost or nv.is_lost(i):
+        out = [Finding(id=f"gpu.{i}.lost", family=FAMILY, title=f"GPU {i}", status=Status.FAIL,
+                       current=name.reason or "lost", expected="GPU answering",
+                       evidence=name.path,
+                       fix="check `dmesg | grep -i xid` (Xid 79: fell off the bus); drain the "
+                           f"box, then `nvidia-smi -i {i} -r` or reboot",
+                       why="A lost GPU fails every inference scheduled on it.")]
+    else:
+        title = f"GPU {i} ({name.value or '?'}, {bus or 'bus id unreadable'})"
+        reasons = nv.clock_event_reasons(i)
+        util = nv.utilization(i)
+        idle = None
+        if reasons.ok:
+            idle = bool(reasons.value & CLOCK_EVENT_IDLE)
+        elif util.ok:
+            idle = util.value[0] == 0
+        out = [
+            _persistence(ctx, nv, i, bus, title), _compute_mode(ctx, nv, i, bus, title),
+            _foreign(ctx, g, title, layout), _clocks(ctx, nv, i, bus, title, reasons),
+            _app_clocks(ctx, nv, i, bus, title, reasons),
+            _pcie_link(ctx, i, title, nv, g.dev, idle), _replay(ctx, nv, i, title),
+            _ecc(ctx, nv, i, bus, title), _retired(ctx, nv, i, title),
+            _numa(ctx, g, title, nv, layout), _mig(ctx, nv, i, bus, title),
+        ]
+    # JSON consumers key per-GPU findings by these, not by parsing ids or titles.
+    for f in out:
+        f.data = {"gpu": i, "bus_id": bus, **f.data}
+    return out
 
 
-def _persistence(ctx, nv: Nvml, i: int, title: str) -> Finding:
+def _persistence(ctx, nv: Nvml, i: int, bus: str | None, title: str) -> Finding:
     fid, r = f"gpu.{i}.persistence", nv.persistence_mode(i)
     if not r.ok:
         return _unsup(fid, f"{title} persistence mode", r)
@@ -170,52 +255,59 @@ def _persistence(ctx, nv: Nvml, i: int, title: str) -> Finding:
     exp = ctx.profile.expected("gpu_persistence", "on")
     return ctx.finding("gpu_persistence", fid, FAMILY, f"{title} persistence mode",
                        exp == "any" or cur == exp, current=cur,
-                       evidence=_smi("persistence_mode", "nvmlDeviceGetPersistenceMode"),
+                       evidence=_smi("persistence_mode", "nvmlDeviceGetPersistenceMode", i, bus),
                        fix=f"nvidia-smi -i {i} -pm {1 if exp == 'on' else 0} "
                            "(or enable nvidia-persistenced.service)")
 
 
-def _compute_mode(ctx, nv: Nvml, i: int, title: str) -> Finding:
+def _compute_mode(ctx, nv: Nvml, i: int, bus: str | None, title: str) -> Finding:
     fid, r = f"gpu.{i}.compute_mode", nv.compute_mode(i)
     if not r.ok:
         return _unsup(fid, f"{title} compute mode", r)
     exp = ctx.profile.expected("gpu_compute_mode", "EXCLUSIVE_PROCESS")
     return ctx.finding("gpu_compute_mode", fid, FAMILY, f"{title} compute mode",
                        exp == "any" or r.value == exp, current=r.value,
-                       evidence=_smi("compute_mode", "nvmlDeviceGetComputeMode"),
+                       evidence=_smi("compute_mode", "nvmlDeviceGetComputeMode", i, bus),
                        fix=f"nvidia-smi -i {i} -c {exp}")
 
 
-def _foreign(ctx, nv: Nvml, i: int, title: str) -> Finding:
-    fid, r = f"gpu.{i}.foreign_processes", nv.compute_processes(i)
+def _foreign(ctx, g: _Gpu, title: str, layout: _Layout) -> Finding:
+    i, r = g.i, g.procs
+    fid = f"gpu.{i}.foreign_processes"
     t = f"{title} foreign compute processes"
-    if not r.ok:
-        return _unsup(fid, t, r)
-    procs = r.value
+    if r is None or not r.ok:
+        return _unsup(fid, t, r or Reading(None, "", "unreadable"))
+    procs: list[GpuProcess] = r.value
     allowed = ctx.profile.expected("gpu_foreign_processes", 0)
 
     def fmt(ps):
         return ", ".join(f"{p.pid} ({p.name or '?'})" for p in ps) or "none"
     if ctx.pid is not None:
+        # --pid names the inference process: any other compute process is foreign, on every
+        # GPU; whether the target uses this GPU is said, so a box that runs one strategy per
+        # GPU reads as such.
         foreign = [p for p in procs if p.pid != ctx.pid]
-        note = f"target pid {ctx.pid}"
+        uses = "has a context on this GPU" if i in layout.pid_gpus else \
+            "has no context on this GPU"
+        note = f"target pid {ctx.pid} {uses}"
     else:
-        # Without --pid we cannot tell which process is the inference one: one process is
-        # assumed to be it, every further one is foreign.
+        # Without --pid we cannot tell which process is the inference one: one process per
+        # GPU is assumed to be it, every further one on that GPU is foreign.
         foreign = procs[1:]
         note = "no --pid: one process assumed to be the inference one"
     cur = f"{len(foreign)} foreign ({fmt(foreign)}); all: {fmt(procs)}; {note}"
     return ctx.finding("gpu_foreign_processes", fid, FAMILY, t, len(foreign) <= allowed,
                        current=cur, expected=f"<= {allowed} foreign",
-                       evidence="nvidia-smi --query-compute-apps=pid,process_name,used_memory "
-                                "(NVML nvmlDeviceGetComputeRunningProcesses)",
+                       evidence=f"nvidia-smi -i {i} --query-compute-apps=pid,process_name,"
+                                f"used_memory (NVML nvmlDeviceGetComputeRunningProcesses; GPU "
+                                f"{i} = PCI {g.bus or '?'})",
                        fix=f"move PID(s) {', '.join(str(p.pid) for p in foreign)} off GPU {i} "
                            "(CUDA_VISIBLE_DEVICES) and set compute mode EXCLUSIVE_PROCESS",
                        data={"processes": [p.__dict__ for p in procs],
                              "foreign": [p.pid for p in foreign]})
 
 
-def _clocks(ctx, nv: Nvml, i: int, title: str, reasons: Reading) -> Finding:
+def _clocks(ctx, nv: Nvml, i: int, bus: str | None, title: str, reasons: Reading) -> Finding:
     fid, t = f"gpu.{i}.clocks", f"{title} SM clock and clock-event reasons"
     if not reasons.ok:
         return _unsup(fid, t, reasons)
@@ -231,11 +323,12 @@ def _clocks(ctx, nv: Nvml, i: int, title: str, reasons: Reading) -> Finding:
     return ctx.finding("gpu_clocks", fid, FAMILY, t, exp == "any" or not harmful, current=cur,
                        expected="no throttling reason (idle 0x1 is fine)",
                        evidence=_smi("clocks.sm,clocks.max.sm,clocks_event_reasons.active",
-                                     "nvmlDeviceGetCurrentClocksEventReasons"),
+                                     "nvmlDeviceGetCurrentClocksEventReasons", i, bus),
                        fix=fix, data={"reasons": mask, "harmful": harmful})
 
 
-def _app_clocks(ctx, nv: Nvml, i: int, title: str, reasons: Reading) -> Finding:
+def _app_clocks(ctx, nv: Nvml, i: int, bus: str | None, title: str,
+                reasons: Reading) -> Finding:
     fid, t = f"gpu.{i}.app_clocks", f"{title} applications clocks"
     app, dflt = nv.applications_clock_mhz(i), nv.default_applications_clock_mhz(i)
     if not app.ok:
@@ -250,7 +343,7 @@ def _app_clocks(ctx, nv: Nvml, i: int, title: str, reasons: Reading) -> Finding:
                        expected="applications clock = default (not lowered)",
                        evidence=_smi("clocks.applications.graphics,"
                                      "clocks.default_applications.graphics",
-                                     "nvmlDeviceGetApplicationsClock"),
+                                     "nvmlDeviceGetApplicationsClock", i, bus),
                        fix=f"nvidia-smi -i {i} -rac  (reset applications clocks)")
 
 
@@ -263,7 +356,8 @@ def _pcie_link(ctx, i: int, title: str, nv: Nvml | None, dev: PciDevice | None,
         cg, mg, cw, mw = link.cur_gen, link.max_gen, link.cur_width, link.max_width
         cur = str(link)
         evidence = _smi("pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,"
-                        "pcie.link.width.max", "nvmlDeviceGetCurrPcieLinkGeneration")
+                        "pcie.link.width.max", "nvmlDeviceGetCurrPcieLinkGeneration", i,
+                        dev.address if dev is not None else nv.pci_bus_id(i).value)
         if dev is not None and dev.has_link:
             cur += f"; sysfs {dev.link_str()}"
             evidence += f"; {dev.path}/current_link_speed"
@@ -280,10 +374,11 @@ def _pcie_link(ctx, i: int, title: str, nv: Nvml | None, dev: PciDevice | None,
     if gen_drop and not width_drop and idle:
         # Dynamic link speed: an idle GPU drops to gen1 to save power and retrains on load.
         cur += "; gen below max at idle (link power saving: re-check under load)"
-    fix = ("width below max: reseat the card / check the riser and slot "
-           "(`lspci -vv -s <bus>`: LnkSta vs LnkCap)" if width_drop else
-           "gen below max under load: check BIOS PCIe speed settings, the riser, and "
-           "`lspci -vv` LnkSta; `nvidia-smi -q -d PCIE`")
+    at = dev.address if dev is not None else "<bus>"
+    fix = (f"width below max: reseat GPU {i}'s card / check the riser and slot "
+           f"(`lspci -vv -s {at}`: LnkSta vs LnkCap)" if width_drop else
+           f"gen below max under load: check BIOS PCIe speed settings, the riser, and "
+           f"`lspci -vv -s {at}` LnkSta; `nvidia-smi -i {i} -q -d PCIE`")
     return ctx.finding("gpu_pcie_link", fid, FAMILY, t, ok, current=cur,
                        expected="gen and width = max (a gen drop at idle is power saving)",
                        evidence=evidence, fix=fix)
@@ -297,13 +392,13 @@ def _replay(ctx, nv: Nvml, i: int, title: str) -> Finding:
     return ctx.finding("gpu_pcie_link", fid, FAMILY, t, r.value == 0,
                        current=f"{r.value} replays since reset", expected="0",
                        status=None if r.value == 0 else Status.WARN,
-                       evidence="nvidia-smi -q -d PCIE 'Replays Since Reset' "
+                       evidence=f"nvidia-smi -i {i} -q -d PCIE 'Replays Since Reset' "
                                 "(NVML nvmlDeviceGetPcieReplayCounter)",
                        fix="link-level retransmissions: check the slot/riser/cable; watch "
                            "whether the counter keeps growing (hftagent watch: pcie_replay_total)")
 
 
-def _ecc(ctx, nv: Nvml, i: int, title: str) -> Finding:
+def _ecc(ctx, nv: Nvml, i: int, bus: str | None, title: str) -> Finding:
     fid, t = f"gpu.{i}.ecc", f"{title} volatile uncorrected ECC errors"
     r = nv.ecc_volatile_uncorrected(i)
     if not r.ok:
@@ -314,7 +409,7 @@ def _ecc(ctx, nv: Nvml, i: int, title: str) -> Finding:
     return ctx.finding("gpu_ecc", fid, FAMILY, t, r.value <= allowed, current=cur,
                        expected=f"<= {allowed}",
                        evidence=_smi("ecc.errors.uncorrected.volatile.total,ecc.mode.current",
-                                     "nvmlDeviceGetTotalEccErrors"),
+                                     "nvmlDeviceGetTotalEccErrors", i, bus),
                        fix=f"drain GPU {i}; check `nvidia-smi -i {i} -q -d ECC,PAGE_RETIREMENT,"
                            "ROW_REMAPPER` and dmesg for Xid 48/63/94/95; reset or RMA")
 
@@ -344,20 +439,19 @@ def _retired(ctx, nv: Nvml, i: int, title: str) -> Finding:
     status = (Status.PENDING_REBOOT if pending and not bad else None)
     return ctx.finding("gpu_ecc", fid, FAMILY, t, not (bad or pending), current="; ".join(parts),
                        expected="no uncorrectable remaps, nothing pending", status=status,
-                       evidence="nvidia-smi --query-remapped-rows=... / --query-retired-pages=... "
+                       evidence=f"nvidia-smi -i {i} --query-remapped-rows=... / "
+                                "--query-retired-pages=... "
                                 "(NVML nvmlDeviceGetRemappedRows, nvmlDeviceGetRetiredPages)",
                        fix=f"a pending remap/retirement needs a GPU reset: drain, then "
                            f"`nvidia-smi -i {i} -r`; a remap failure means RMA")
 
 
-def _numa(ctx, i: int, title: str, nv: Nvml | None, dev: PciDevice | None) -> Finding:
+def _numa(ctx, g: _Gpu, title: str, nv: Nvml | None, layout: _Layout) -> Finding:
+    """GPU ``g``'s local CPUs vs the target CPUs, knowing every other GPU's (module docstring:
+    with --pid only the target's GPUs are judged; otherwise one GPU per node passes)."""
+    i, dev, local, evidence = g.i, g.dev, g.local, g.local_evidence
     fid, t = f"gpu.{i}.numa", f"{title} NUMA locality vs target CPUs"
     node = dev.numa_node if dev else None
-    local, evidence = (dev.local_cpus, f"{dev.path}/local_cpulist") if dev else (None, "")
-    if local is None and nv is not None:
-        aff = nv.cpu_affinity(i, max(ctx.online or [0]) + 1)
-        if aff.ok:
-            local, evidence = aff.value, "nvidia-smi topo -m 'CPU Affinity' (NVML nvmlDeviceGetCpuAffinity)"
     nvnode = ""
     if nv is not None:
         n = nv.numa_node(i)
@@ -366,23 +460,53 @@ def _numa(ctx, i: int, title: str, nv: Nvml | None, dev: PciDevice | None) -> Fi
         return unsupported(fid, FAMILY, t, "GPU local CPUs not readable", evidence=evidence)
     target = sorted(ctx.cpus)
     off = sorted(set(target) - set(local))
-    cur = (f"GPU local CPUs {format_cpulist(local)}, NUMA node "
-           f"{node if node is not None else 'none (-1: single node)'}{nvnode}; target CPUs "
+    where = (node if node is not None else "none (-1: single node)" if dev is not None
+             else "unknown (PCI function not in sysfs)")
+    cur = (f"GPU local CPUs {format_cpulist(local)}, NUMA node {where}{nvnode}; target CPUs "
            f"{format_cpulist(target)}")
-    if off:
-        cur += f"; not local: {format_cpulist(off)}"
     bind = f" / numactl --cpunodebind={node} --membind={node}" if node is not None else ""
+    fix = (f"pin the inference that uses GPU {i} to CPUs {format_cpulist(local)} "
+           f"(taskset -c {format_cpulist(local)}{bind})")
+    expected = "target CPUs within the GPU's local CPUs"
+    status = None
+    if layout.pid_gpus:
+        if i not in layout.pid_gpus:
+            cur += (f"; not judged: target pid {ctx.pid} has no context on this GPU (its "
+                    f"GPU(s): {', '.join(map(str, sorted(layout.pid_gpus)))})")
+            off = []
+        elif off:
+            cur += f"; not local: {format_cpulist(off)} (target pid {ctx.pid} uses this GPU)"
+    elif off:
+        others = layout.local_to_others(i)
+        elsewhere = {j: sorted(set(off) & cpus) for j, cpus in others.items() if set(off) & cpus}
+        covered = set().union(*map(set, elsewhere.values())) if elsewhere else set()
+        if len(off) == len(target) and elsewhere:
+            # No target CPU is local to this GPU, but some are local to another: the box
+            # has a GPU per node and this one is either unused or driven across nodes.
+            cur += ("; no target CPU is local to this GPU (target CPUs local to GPU "
+                    + ", GPU ".join(f"{j}: {format_cpulist(c)}" for j, c in elsewhere.items())
+                    + "): unused, or driven across nodes (--pid tells)")
+            status = Status.WARN
+        elif set(off) <= covered:
+            # Target CPUs spread over the nodes, each part local to its own GPU.
+            cur += ("; the other target CPUs are local to GPU "
+                    + ", GPU ".join(f"{j} ({format_cpulist(c)})" for j, c in elsewhere.items()))
+            expected = "each target CPU local to a GPU (one GPU per node)"
+            off = []
+        else:
+            cur += f"; not local: {format_cpulist(off)}"
+            if covered:
+                cur += (f" ({format_cpulist(covered)} local to GPU "
+                        + ", ".join(map(str, sorted(elsewhere))) + ")")
     return ctx.finding("numa_single_node", fid, FAMILY, t, not off, current=cur,
-                       expected="target CPUs within the GPU's local CPUs", evidence=evidence,
-                       fix=f"pin inference to CPUs {format_cpulist(local)} "
-                           f"(taskset -c {format_cpulist(local)}{bind})")
+                       expected=expected, evidence=evidence, fix=fix, status=status)
 
 
-def _mig(ctx, nv: Nvml, i: int, title: str) -> Finding:
+def _mig(ctx, nv: Nvml, i: int, bus: str | None, title: str) -> Finding:
     fid, t = f"gpu.{i}.mig", f"{title} MIG mode"
     r = nv.mig_mode(i)
     exp = ctx.profile.expected("gpu_mig", "off")
-    ev = _smi("mig.mode.current,mig.mode.pending", "nvmlDeviceGetMigMode")
+    ev = _smi("mig.mode.current,mig.mode.pending", "nvmlDeviceGetMigMode", i, bus)
     if not r.ok:
         if "NotSupported" in (r.reason or "") and exp in ("off", "any"):
             return ctx.finding("gpu_mig", fid, FAMILY, t, True,
