@@ -54,8 +54,12 @@ def test_isolated_then_nohz_full(tmp_path):
 def test_explicit_cpus_checked_against_online(tmp_path):
     host = _tree(tmp_path, 4)
     assert resolve(host, "2-3").cpus == [2, 3]
-    with pytest.raises(TargetError, match="not online"):
+    with pytest.raises(TargetError, match="past the last CPU"):
         resolve(host, "3-5")
+    (host.root / "sys/devices/system/cpu/possible").write_text("0-3\n")
+    (host.root / "sys/devices/system/cpu/online").write_text("0-2\n")
+    with pytest.raises(TargetError, match="not online"):
+        resolve(host, "3")
     with pytest.raises(TargetError):
         resolve(host, "")
 

@@ -457,11 +457,11 @@ def test_boot_args_are_printed_never_written(tmp_path):
     before = snapshot(root)
     args = boot_args([2, 3], [0, 1, 2, 3])
     assert args == {"isolcpus": "managed_irq,domain,2-3", "nohz_full": "2-3",
-                    "rcu_nocbs": "2-3", "irqaffinity": "0-1"}
+                    "rcu_nocbs": "2-3", "irqaffinity": "0-1", "skew_tick": "1"}
     cmds = grub_commands(args)
     assert cmds[0] == ("grubby --update-kernel=ALL --remove-args='isolcpus nohz_full rcu_nocbs "
-                       "irqaffinity' --args='isolcpus=managed_irq,domain,2-3 nohz_full=2-3 "
-                       "rcu_nocbs=2-3 irqaffinity=0-1'")
+                       "irqaffinity skew_tick' --args='isolcpus=managed_irq,domain,2-3 "
+                       "nohz_full=2-3 rcu_nocbs=2-3 irqaffinity=0-1 skew_tick=1'")
     assert "update-grub" in cmds[1]
     ctx = _ctx(root, "hft-cpu")
     rep = apply_plan(ctx, make_plan(ctx, only=["isolation"]), ctx.host.run_dir("hftagent"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from collectors import cpu as cpuc
 from collectors import kernel, system
 from collectors.host import Host
-from collectors.parsers import format_cpulist, parse_cpu_option
+from collectors.parsers import format_cpulist
 from tuning.checks import cpu, gpu, irq, isolation, platform, wakeup
 from tuning.checks import kernel as kernel_checks
 from tuning.checks.base import AuditContext, why
@@ -66,22 +66,16 @@ class AuditReport:
 
 
 def resolve_cpus(host: Host, spec: str | None) -> tuple[list[int], list[int]]:
-    """(target CPUs, online CPUs). Default target: isolated CPUs if any, else all online.
-    Online CPUs come from cpu/online, or, where that is missing, from present/possible and
-    the cpuN directories (collectors.system.online_cpus; the cpu family says so)."""
-    online_r = system.online_cpus(host)
-    if not online_r.ok:
-        raise AuditInputError(f"cannot read online CPUs ({online_r.path}: {online_r.reason};"
-                              " nor present, possible or any cpuN directory)")
-    online = online_r.value.cpus
-    if spec is None:
-        iso = [c for c in cpuc.isolated_cpus(host) if c in online]
-        return (iso or online), online
+    """(target CPUs, online CPUs) by the one rule of tuning/targets.py (isolated, else
+    nohz_full, else all online but the housekeeping core). Online CPUs come from cpu/online,
+    or, where that is missing, from present/possible and the cpuN directories
+    (collectors.system.online_cpus; the cpu family says so)."""
+    from tuning.targets import TargetError, resolve
     try:
-        cpus = parse_cpu_option(spec, online)
-    except ValueError as exc:
+        plan = resolve(host, spec)
+    except TargetError as exc:
         raise AuditInputError(str(exc)) from None
-    return cpus, online
+    return plan.cpus, plan.online
 
 
 def host_facts(host: Host, ctx: AuditContext) -> dict:

@@ -78,15 +78,15 @@ class TargetPlan:
 
 
 def online_cpus(host: Host) -> tuple[list[int], list[str]]:
-    """(online CPUs, notes). Raises TargetError when they cannot be known at all."""
-    r = cpuc.online_cpus(host)
-    if not r.ok or not r.value:
+    """(online CPUs, notes). cpu/online, or where a capture lacks it, the CPUs derived from
+    present/possible and the cpuN directories (collectors.system.online_cpus; the note says
+    how). Raises TargetError when they cannot be known at all."""
+    from collectors import system
+    r = system.online_cpus(host)
+    if not r.ok or not r.value.cpus:
         raise TargetError(f"cannot read the online CPUs ({r.path}: {r.reason or 'empty'})")
-    notes = []
-    derived = getattr(r, "reason", None)
-    if derived:  # a reading that carries a value *and* a note: derived, not read
-        notes.append(derived)
-    return list(r.value), notes
+    notes = [f"online CPUs derived: {r.value.derived}"] if r.value.derived else []
+    return list(r.value.cpus), notes
 
 
 def housekeeping_core(host: Host, online: list[int]) -> list[int]:
@@ -100,8 +100,9 @@ def resolve(host: Host, spec: str | None = None) -> TargetPlan:
     """The target CPUs for ``--cpus spec`` (None: the default rule). Raises TargetError."""
     online, notes = online_cpus(host)
     if spec is not None:
+        from collectors.system import nr_cpu_ids
         try:
-            cpus = parse_cpu_option(spec, online)
+            cpus = parse_cpu_option(spec, online, nr_cpu_ids(host, online))
         except ValueError as exc:
             raise TargetError(str(exc)) from None
         return _plan(cpus, online, "--cpus", True, notes)

@@ -7,7 +7,7 @@ from collectors import system
 from collectors.host import ABSENT
 from collectors.parsers import format_cpulist, format_cpumask
 from tuning.checks.base import AuditContext, in_tree, unsupported, why
-from tuning.checks.isolation import housekeeping_and_isolated
+from tuning.checks.isolation import housekeeping_and_isolated, no_housekeeping
 from tuning.findings import Finding, Status
 
 FAMILY = "irq"
@@ -33,6 +33,9 @@ def check(ctx: AuditContext) -> list[Finding]:
     host = ctx.host
     out: list[Finding] = []
     house, _ = housekeeping_and_isolated(ctx)
+    if not house:
+        return [no_housekeeping(ctx, "irq.affinity", FAMILY, "IRQ affinity",
+                                host.display(host.proc("irq")))]
     house_s = format_cpulist(house)
     target = set(ctx.cpus)
 

@@ -16,19 +16,32 @@ FAMILY = "isolation"
 
 
 def housekeeping_and_isolated(ctx: AuditContext) -> tuple[list[int], list[int]]:
-    """Which CPUs should be isolated: the target CPUs, unless they cover every online CPU —
-    then all but CPU 0 and its SMT siblings (one core stays for the kernel and the agent)."""
-    online = ctx.online
-    if set(ctx.cpus) != set(online):
-        return sorted(set(online) - set(ctx.cpus)), list(ctx.cpus)
-    sib = cpuc.smt(ctx.host, [0]).siblings.get(0, [0])
-    house = sorted(set(sib) | {0})
-    return house, sorted(set(online) - set(house))
+    """(housekeeping CPUs, CPUs to isolate): every online CPU that is not a target, and the
+    targets (tuning/targets.py: one rule for every command). Targets that cover every online
+    CPU leave no housekeeping CPU: ([], targets), which the checks report as such."""
+    house = [c for c in ctx.online if c not in set(ctx.cpus)]
+    return house, sorted(ctx.cpus)
+
+
+def no_housekeeping(ctx: AuditContext, id_: str, family: str, title: str,
+                    evidence: str) -> Finding:
+    """The finding for targets that leave no housekeeping CPU (one CPU online: unsupported;
+    else the --cpus given cannot be isolated, said with the CPUs that could)."""
+    if len(ctx.online) <= 1:
+        return unsupported(id_, family, title,
+                           f"only {len(ctx.online)} CPU online: nothing left to isolate", evidence)
+    return Finding(id_, family, title, Status.ERROR,
+                   current=f"target CPUs {format_cpulist(ctx.cpus)} cover every online CPU",
+                   expected="at least one housekeeping CPU for the kernel, IRQs and the agent "
+                            f"(e.g. --cpus {format_cpulist(ctx.online[1:])})",
+                   evidence=evidence)
 
 
 def grubby(args: str) -> str:
-    return (f'grubby --update-kernel=ALL --args="{args}"  '
-            f'(Debian/Ubuntu: add to GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub); reboot')
+    """The one GRUB recipe (tuning/tunables/boot.py's grub_commands) for one argument."""
+    from tuning.tunables.boot import grub_commands
+    key, _, value = args.partition("=")
+    return "; ".join(grub_commands({key: value}))
 
 
 def check(ctx: AuditContext) -> list[Finding]:
@@ -39,10 +52,8 @@ def check(ctx: AuditContext) -> list[Finding]:
                         current=f"unreadable: {why(host, cl.reason, cl.path)}", evidence=cl.path)]
     args = cl.value
     house, iso = housekeeping_and_isolated(ctx)
-    if not iso:
-        return [unsupported("isolation.isolcpus", FAMILY, "CPU isolation",
-                            f"only {len(ctx.online)} CPU online: nothing left to isolate",
-                            cl.path)]
+    if not house:
+        return [no_housekeeping(ctx, "isolation.isolcpus", FAMILY, "CPU isolation", cl.path)]
     iso_s, house_s = format_cpulist(iso), format_cpulist(house)
     nr_cpus = system.nr_cpu_ids(host, ctx.online)  # "1-N", "all" in the boot arguments
     out: list[Finding] = []

@@ -21,19 +21,27 @@ def boot_args(cpus: list[int], online: list[int]) -> dict[str, str]:
     c = format_cpulist(cpus)
     house = format_cpulist(sorted(set(online) - set(cpus)))
     return {"isolcpus": f"managed_irq,domain,{c}", "nohz_full": c, "rcu_nocbs": c,
-            "irqaffinity": house}
+            "irqaffinity": house, "skew_tick": "1"}
 
 
 def grub_commands(args: dict[str, str]) -> list[str]:
-    """Exact commands an operator runs to add ``args`` to every installed kernel."""
+    """The one GRUB recipe (audit's fixes and tune's pending-reboot changes both print it):
+    exact commands an operator runs to set ``args`` on every installed kernel.
+
+    RHEL/Fedora: grubby, removing any earlier value of each argument first. Debian/Ubuntu:
+    GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub (the normal boot entries; the recovery
+    entry stays plain, which is what one wants when a box will not come up with nohz_full),
+    earlier values of each argument removed first so the command can be run twice, then
+    update-grub. The values are CPU lists and flags (digits, ',', '-'), safe inside the
+    single-quoted sed script."""
     words = " ".join(f"{k}={v}" for k, v in args.items())
     removed = " ".join(args)
+    keys = "|".join(args)
     return [
         f"grubby --update-kernel=ALL --remove-args={shlex.quote(removed)} "
         f"--args={shlex.quote(words)}",
-        # Debian/Ubuntu: append to GRUB_CMDLINE_LINUX_DEFAULT, then regenerate grub.cfg
-        "sed -i 's/^GRUB_CMDLINE_LINUX_DEFAULT=\"\\(.*\\)\"/GRUB_CMDLINE_LINUX_DEFAULT=\"\\1 "
-        f"{words}\"/' /etc/default/grub && update-grub",
+        f"sed -i -E '/^GRUB_CMDLINE_LINUX_DEFAULT=/{{s/ ?\\b({keys})=[^ \"]*//g; "
+        f"s/\"$/ {words}\"/}}' /etc/default/grub && update-grub",
         "reboot",
     ]
 
@@ -61,6 +69,9 @@ class BootIsolation(Tunable):
         return True if ctx.profile.expected(self.key) is True else None
 
     def desired(self, ctx: TuneContext) -> dict[str, str]:
+        from collectors.system import nr_cpu_ids
+        # "N" and "all" in the current boot arguments mean the last possible CPU / every CPU
+        self._nr_cpus = nr_cpu_ids(ctx.host, ctx.online)
         return {f"cmdline:{k}": v for k, v in boot_args(ctx.cpus, ctx.online).items()}
 
     def read_target(self, ctx: TuneContext, target: str) -> str | None:
@@ -70,15 +81,19 @@ class BootIsolation(Tunable):
     def write(self, ctx: TuneContext, target: str, value: str) -> None:
         raise OSError(1, "boot arguments are never applied at runtime")
 
-    @staticmethod
-    def _same(key: str, cur: str | None, want: str) -> bool:
+    _nr_cpus: int | None = None
+
+    def _same(self, key: str, cur: str | None, want: str) -> bool:
         if cur is None:
             return False
         try:
+            if key == "skew_tick":
+                return cur.strip() == want
             if key in ("isolcpus", "nohz_full", "rcu_nocbs"):
-                return isolation_cpus(cur) == isolation_cpus(want)
-            return parse_cpulist(cur) == parse_cpulist(want)
-        except ValueError:
+                return (isolation_cpus(cur, self._nr_cpus, param=key)
+                        == isolation_cpus(want, self._nr_cpus, param=key))
+            return parse_cpulist(cur, self._nr_cpus) == parse_cpulist(want, self._nr_cpus)
+        except ValueError:  # the parsers' ParseError: a value the kernel would not take
             return False
 
     def plan(self, desired: dict[str, str], current: dict[str, str | None]) -> list[Change]:
