@@ -57,7 +57,9 @@ def probe(
                                               "or -1: run ops in the caller thread; omit for "
                                               "TF's default.")] = None,
     cpus: Annotated[str | None, typer.Option("--cpus", help="Pin the worker to these CPUs "
-                                             "(e.g. 1 or 0-3).")] = None,
+                                             "(e.g. 1 or 0-3). Default: the target CPUs "
+                                             "(isolated, else nohz_full, else all online "
+                                             "but the housekeeping core).")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="threads: measure a grid of "
                                               "intra/inter/affinity (not with --intra/"
                                               "--inter).")] = None,

@@ -53,14 +53,26 @@ def parse_int_list(text: str, what: str, minimum: int = 1,
     return vals
 
 
-def parse_cpus(text: str) -> list[int]:
-    """A --cpus list checked against the CPUs this process may run on."""
-    from collectors.parsers import parse_cpu_option
+def parse_cpus(text: str | None) -> list[int] | None:
+    """The worker's CPUs by the one target rule (tuning/targets.py): ``--cpus`` checked
+    against the online CPUs, else the default target CPUs (isolated, else nohz_full, else all
+    online but the housekeeping core); either way only CPUs this process may run on. None
+    (unpinned) when the default leaves none this process may use."""
+    from collectors.host import Host
+    from tuning.targets import TargetError, resolve
     try:
-        return parse_cpu_option(text, os.sched_getaffinity(0))
-    except ValueError as exc:
+        plan = resolve(Host(), text)
+    except TargetError as exc:
         msg = str(exc)
         raise AgentError(msg if "--cpus" in msg else f"--cpus {text!r}: {msg}") from None
+    allowed = os.sched_getaffinity(0)
+    usable = [c for c in plan.cpus if c in allowed]
+    if text is not None and len(usable) != len(plan.cpus):
+        from collectors.parsers import format_cpulist
+        bad = format_cpulist(sorted(set(plan.cpus) - allowed))
+        raise AgentError(f"--cpus {text!r}: CPU(s) {bad} are not available to this process "
+                         f"(allowed: {format_cpulist(sorted(allowed))})")
+    return usable or None
 
 
 def check_file(path: str, what: str, *, directory_ok: bool = False,
@@ -171,7 +183,7 @@ def build(*, model: str | None, builtin: str | None, signature: str | None, shap
     if inter is not None and inter != CALLER_THREAD:
         _int_in(inter, "--inter", 1, MAX_THREADS,
                 f" or {CALLER_THREAD} (caller thread; omit it for TF's default)")
-    cpu_list = parse_cpus(cpus) if cpus is not None else None
+    cpu_list = parse_cpus(cpus)
     if sweep not in (None, "threads"):
         raise AgentError(f"--sweep {sweep!r}: only 'threads' is supported")
     if sweep == "threads" and (intra is not None or inter is not None):
