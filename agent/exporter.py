@@ -267,8 +267,9 @@ def render(registry: CollectorRegistry | WatchRegistry, accept: str = "") -> tup
 
 def parse_listen(listen: str) -> tuple[str, int]:
     """"127.0.0.1:9877", "[::1]:9877", ":9877" (= loopback), "9877" -> (host, port)."""
+    from collectors.parsers import is_uint
     s = listen.strip()
-    if s.isdigit():
+    if is_uint(s):
         host, port_s = "", s
     elif s.startswith("["):
         host, sep, port_s = s[1:].partition("]:")
@@ -280,6 +281,8 @@ def parse_listen(listen: str) -> tuple[str, int]:
             raise AgentError(f"bad --listen {listen!r}: expected ADDR:PORT")
     host = host or "127.0.0.1"  # loopback unless an address is given
     try:
+        if not is_uint(port_s):  # ASCII digits only: int() would take "٣" as port 3
+            raise ValueError(port_s)
         port = int(port_s)
         ipaddress.ip_address(host)
     except ValueError:

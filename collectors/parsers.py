@@ -154,8 +154,12 @@ def parse_cpu_option(spec: str, online: Iterable[int], nr_cpus: int | None = Non
 
     The kernel's list grammar (:func:`parse_cpulist`), N being the last possible CPU
     (``nr_cpus`` = nr_cpu_ids; without it the last online CPU). A CPU past it is refused
-    before any range is expanded; messages never print a huge list."""
+    before any range is expanded; messages never print a huge list. Stricter than the
+    kernel in one way: an empty element ("0,,1", "1,") is refused, since in a user's option
+    it is a typo rather than an intent (a boot argument's list keeps the kernel's grammar)."""
     online = set(online)
+    if "," in spec and any(not part.strip() for part in spec.split(",")):
+        raise ParseError(f"bad --cpus {_show(spec)}: empty element in the CPU list")
     try:
         try:
             cpus = parse_cpulist(spec, nr_cpus)

@@ -379,3 +379,12 @@ def test_cpulist_groups_match_the_kernel_loop(a, b, used, group):
     for base in range(start, end + 1, group):
         want.update(range(base, base + min(end - base + 1, used)))
     assert parse_cpulist(text) == sorted(want)
+
+
+def test_cpu_option_refuses_empty_elements_the_kernel_list_grammar_skips():
+    from collectors.parsers import parse_cpu_option
+    assert parse_cpulist("0,,1") == [0, 1]                 # a boot argument: the kernel's way
+    for bad in ("0,,1", "1,", ",1", "0, ,1"):
+        with pytest.raises(ParseError, match="empty element"):
+            parse_cpu_option(bad, [0, 1])
+    assert parse_cpu_option("0,1", [0, 1]) == [0, 1]

@@ -64,5 +64,43 @@ def cli_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def check_output_file(path: str, opt: str = "--out") -> None:
+    """An output file option: a regular file or a new one in an existing directory. A FIFO
+    would block the open until a reader comes; a device or a directory is never an output.
+    Checked before any work, so a typo does not cost a scan or a probe run."""
+    import os
+    import stat
+    if not path.strip():
+        raise fail(f"{opt} is empty: give a file")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path) or "."
+        if not os.path.isdir(parent):
+            raise fail(f"{opt} {path!r}: directory {parent!r} does not exist") from None
+        return
+    except OSError as exc:
+        raise fail(f"cannot write {opt} {path!r}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise fail(f"{opt} {path!r} is not a regular file")
+
+
+def check_output_dir(path: str, opt: str) -> None:
+    """An output directory option (node_exporter's textfile directory): exists, is a
+    directory, and we may write there."""
+    import os
+    if not path.strip():
+        raise fail(f"{opt} is empty: give a directory")
+    if not os.path.isdir(path):
+        raise fail(f"{opt}: {path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise fail(f"{opt}: cannot write in {path}: permission denied")
+
+
 def make_host(root: str = "/", procfs: str | None = None, sysfs: str | None = None) -> Host:
+    """The Host of --root/--procfs/--sysfs; an empty value is refused (it would silently mean
+    the current directory)."""
+    for opt, v in (("--root", root), ("--procfs", procfs), ("--sysfs", sysfs)):
+        if v is not None and not v.strip():
+            raise fail(f"{opt} is empty: give a directory")
     return Host(root, procfs, sysfs)

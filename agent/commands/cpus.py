@@ -53,6 +53,16 @@ def cpus(
         raise fail("--threshold-us must be > 0 and <= 1000000")
     if count is not None and count < 1:
         raise fail("--count must be >= 1")
+    if plot is not None:
+        from agent.commands.common import check_output_file
+        check_output_file(plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401 - checked before the scan, used after it
+        except ImportError:
+            raise fail("--plot needs matplotlib (pip install 'hftagent[plot]')") from None
+    if textfile is not None:
+        from agent.commands.common import check_output_dir
+        check_output_dir(textfile, "--textfile")
     host = make_host()
     try:
         online, _ = online_cpus(host)

@@ -158,20 +158,9 @@ def show(ctx: typer.Context,
 
 
 def _check_out(out: str) -> None:
-    """``--out``: a regular file or a new one. A FIFO would block the open until a reader
-    comes; a device or directory is never an export."""
-    import os
-    import stat
-    if not out.strip():
-        raise fail("--out is empty: give a file (or leave --out out for stdout)")
-    try:
-        st = os.stat(out)
-    except FileNotFoundError:
-        return  # a new file: the open says whether its directory is there
-    except OSError as exc:
-        raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise fail(f"--out {out!r} is not a regular file")
+    """``--out``: a regular file or a new one (agent.commands.common.check_output_file)."""
+    from agent.commands.common import check_output_file
+    check_output_file(out, "--out")
 
 
 def export(ctx: typer.Context, fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
