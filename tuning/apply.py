@@ -373,8 +373,10 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
                 outcomes: list[Outcome], unchangeable: dict[str, set[str]]) -> None:
     """Journal, write and read back every change of one tunable.
 
-    Every target is re-read first; the originals of all those that need a write are
-    journalled in one append and one fsync (``j.save``) before the first write. After a
+    ``it`` was diffed against the host right before this call (``_diff``, after every earlier
+    tunable's writes), so each change's ``current`` is the value the kernel has now; the
+    originals of all those that need a write are journalled in one append and one fsync
+    (``j.save``) before the first write. After a
     write that failed, what the journal says is corrected: a value that changed anyway stays
     journalled (fsynced at once), a write that did not happen is taken back out (queued: a
     lost drop only makes rollback find the original in place)."""
@@ -384,7 +386,7 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
         if ch.kind in (PENDING_REBOOT, MANUAL):
             outcomes.append(Outcome(ch, ch.kind, ch.detail))
             continue
-        cur = t.read_target(ctx, ch.target)
+        cur = ch.current
         if cur == ch.desired:
             outcomes.append(Outcome(ch, ALREADY, "already in place", cur))
             continue
