@@ -254,3 +254,17 @@ def test_live_pm_qos_finding_names_who_holds_the_device():
         assert f"[{os.getpid()}]" in f.current
     finally:
         os.close(fd)
+
+
+def test_halt_poll_from_the_command_line_when_the_module_file_is_absent(tmp_path):
+    """A capture may lack /sys/module/haltpoll while the kernel command line sets it."""
+    import shutil
+    root = iso_tree(tmp_path / "t")
+    shutil.rmtree(root / "sys/module/haltpoll")
+    c = _findings(root)["wakeup.cpuidle"]
+    assert c.status == Status.WARN and "haltpoll.guest_halt_poll_ns=0" in c.evidence
+    cl = root / "proc/cmdline"
+    cl.write_text(cl.read_text().replace("haltpoll.guest_halt_poll_ns=0 ", ""))
+    c = _findings(root)["wakeup.cpuidle"]
+    assert c.status == Status.ERROR and "unknown" in c.current  # never "ok" unread
+    assert _findings(root, "bench")["wakeup.cpuidle"].status == Status.ERROR  # even "any"

@@ -88,7 +88,7 @@ def _cpuidle(ctx: AuditContext) -> Finding:
     want = ctx.profile.expected("keep_awake", "any")
     fix = _run_fix(ctx, keep_awake=True)
     poll_ns, poll_ev = _halt_poll_value(ctx) if driver == "haltpoll" else (None, "")
-    if driver == "haltpoll" and poll_ns is None and want != "any":
+    if driver == "haltpoll" and poll_ns is None:
         return ctx.finding("keep_awake", "wakeup.cpuidle", FAMILY, title, False,
                            current=f"{cur}: how long it polls before it halts is unknown "
                            f"({poll_ev})", evidence=ev, status=Status.ERROR,
