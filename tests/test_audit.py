@@ -80,7 +80,7 @@ def test_bench_profile_wants_turbo_off():
 @pytest.mark.parametrize("args,msg", [
     (["--cpus", "3-1"], "runs backwards"),
     (["--cpus", "x"], "bad CPU list element 'x'"),
-    (["--cpus", "99"], "not online"),
+    (["--cpus", "99"], "past the last CPU"),
     (["--pid", "99999999"], "no such process"),
     (["--profile", "nope"], "unknown profile"),
     (["--fail-on", "info"], "--fail-on"),

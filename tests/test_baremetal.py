@@ -320,7 +320,7 @@ def test_isolcpus_from_sysfs_is_not_not_set(tree_copy):
 # -- defect 9: hybrid CPUs: each CPU's own maximum ---------------------------------------------
 
 def test_min_freq_fix_uses_each_cpus_own_max():
-    f = by_id(audit(FIXTURES / "synthetic-hybrid")[1])["cpu.min_freq"]
+    f = by_id(audit(FIXTURES / "synthetic-hybrid", "--cpus", "0-11")[1])["cpu.min_freq"]
     assert f["fix"] == ("cpupower -c 0-3 frequency-set -d 5000MHz; "
                         "cpupower -c 4-7 frequency-set -d 4900MHz; "
                         "cpupower -c 8-11 frequency-set -d 3600MHz")
