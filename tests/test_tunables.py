@@ -408,7 +408,7 @@ def test_sysctl_value_at_the_edge_is_planned(tmp_path, key, value):
     assert str(value) in desired.values()
 
 
-@pytest.mark.parametrize("cpus,msg", [("7", "not online"), ("0-3", "every online CPU"),
+@pytest.mark.parametrize("cpus,msg", [("7", "past the last CPU"), ("0-3", "every online CPU"),
                                       ("x", "bad --cpus")])
 def test_bad_cpu_lists(tmp_path, cpus, msg):
     root = make_synthetic(tmp_path / "syn")
@@ -429,19 +429,22 @@ def test_cpuidle_by_latency_and_name_not_index(tmp_path):
     assert all("POLL" not in c.detail for c in plan.changes)
 
 
-def test_no_target_cpus_leaves_irqs_alone(tmp_path):
+def test_default_targets_leave_the_housekeeping_core(tmp_path):
+    # tuning/targets.py: no isolated or nohz_full CPUs -> every online CPU but CPU 0's core
     root = make_synthetic(tmp_path / "syn")
-    plan = make_plan(_ctx(root, "hft-cpu", None))
-    states = {it.tunable.id: (it.state, it.reason) for it in plan.items}
-    assert states["irq.affinity"][0] == "unavailable"
-    assert "--cpus" in states["irq.affinity"][1]
+    ctx = _ctx(root, "hft-cpu", None)
+    assert ctx.cpus == [1, 2, 3]
+    plan = make_plan(ctx)
+    irq = next(it for it in plan.items if it.tunable.id == "irq.affinity")
+    assert irq.state == "planned" and {c.desired for c in irq.changes} == {"0"}
+
 
 
 def test_default_cpus_are_the_isolated_ones(tmp_path):
     root = make_synthetic(tmp_path / "syn")
     (root / "sys/devices/system/cpu/isolated").write_text("3\n")
     (root / "proc/cmdline").write_text("ro isolcpus=managed_irq,domain,3 nohz_full=3 "
-                                       "rcu_nocbs=3 irqaffinity=0-2\n")
+                                       "rcu_nocbs=3 irqaffinity=0-2 skew_tick=1\n")
     ctx = _ctx(root, "hft-cpu", None)
     assert ctx.cpus == [3]
     plan = make_plan(ctx)

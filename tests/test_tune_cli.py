@@ -149,7 +149,7 @@ def _one_line_error(res, needle: str):
 
 @pytest.mark.parametrize("args,needle", [
     (["--profile", "nope"], "unknown profile"),
-    (["--cpus", "9"], "not online"),
+    (["--cpus", "9"], "past the last CPU"),
     (["--cpus", "0-3"], "every online CPU"),
 ])
 def test_bad_input(syn, args, needle):

@@ -650,24 +650,14 @@ def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
 
 
 def resolve_target_cpus(host: Host, spec: str | None) -> tuple[list[int], list[int]]:
-    """(target CPUs, online CPUs). Default target: the isolated CPUs, else nohz_full ones, else
-    none (then IRQ and isolation tunables report "no target CPUs"). Raises TuneError."""
-    from collectors import cpu as cpuc
-    from collectors.parsers import parse_cpu_option
-
-    online_r = cpuc.online_cpus(host)
-    if not online_r.ok:
-        raise TuneError(f"cannot read online CPUs ({online_r.path}: {online_r.reason})")
-    online = online_r.value
-    if spec is None:
-        iso = [c for c in cpuc.isolated_cpus(host) if c in online]
-        nohz = [c for c in cpuc.nohz_full_cpus(host) if c in online]
-        return iso or nohz, online
+    """(target CPUs, online CPUs) by the one rule of tuning/targets.py (isolated, else
+    nohz_full, else all online but the housekeeping core). Raises TuneError."""
+    from tuning.targets import TargetError, resolve
     try:
-        cpus = parse_cpu_option(spec, online)
-    except ValueError as exc:
+        plan = resolve(host, spec)
+    except TargetError as exc:
         raise TuneError(str(exc)) from None
-    return cpus, online
+    return plan.cpus, plan.online
 
 
 def build_context(host: Host, profile, cpus: str | None, *, want_gpu: bool = False,
