@@ -85,6 +85,33 @@ class PciDevice:
         return f"{one(self.cur_speed_gts, self.cur_width)} (max {one(self.max_speed_gts, self.max_width)})"
 
 
+# Classes of the devices inference traffic goes through (collectors.parsers.PCI_CLASSES names)
+GPU_CLASSES = ("gpu-3d", "display-vga", "display", "accelerator")
+NIC_CLASSES = ("network", "network-infiniband")
+NVIDIA_VENDOR = "0x10de"
+# Server BMCs show their VGA function as a PCI display device on one socket's root complex;
+# it carries no inference traffic, so its NUMA node is no locality problem.
+BMC_VGA_VENDORS = {"0x1a03": "ASPEED", "0x102b": "Matrox"}
+
+
+def is_gpu(dev: PciDevice) -> bool:
+    """A GPU or accelerator (3D controller: H100/H200 are class 0x0302; VGA; display), not a
+    BMC's VGA function."""
+    return dev.klass in GPU_CLASSES and not (
+        dev.klass.startswith("display") and (dev.vendor or "").lower() in BMC_VGA_VENDORS)
+
+
+def is_nic(dev: PciDevice) -> bool:
+    return dev.klass in NIC_CLASSES
+
+
+def nvidia_gpus(host: Host) -> list[PciDevice]:
+    """NVIDIA GPUs in PCI address order: nvidia-smi's and NVML's index order (the CUDA
+    order too under CUDA_DEVICE_ORDER=PCI_BUS_ID)."""
+    return [d for d in pci_devices(host)
+            if is_gpu(d) and (d.vendor or "").lower() == NVIDIA_VENDOR]
+
+
 def normalize_bus_id(bus_id: str) -> str:
     """NVML's "00000000:00:06.0" and sysfs's "0000:00:06.0" to one form (sysfs, lower case)."""
     b = bus_id.strip().lower()

@@ -84,3 +84,27 @@ def test_fixture_trees_resolve_with_a_housekeeping_cpu(tree):
     assert plan.cpus and plan.housekeeping
     assert set(plan.cpus).isdisjoint(plan.housekeeping)
     assert sorted(plan.cpus + plan.housekeeping) == plan.online
+
+
+def _gpu(host: Host, addr: str, node: int, local: str, klass: str = "0x030200",
+         vendor: str = "0x10de") -> None:
+    d = host.root / "sys/bus/pci/devices" / addr
+    d.mkdir(parents=True)
+    for name, text in (("class", klass), ("vendor", vendor), ("device", "0x2335"),
+                       ("numa_node", str(node)), ("local_cpulist", local)):
+        (d / name).write_text(text + "\n")
+
+
+def test_a_named_gpu_picks_its_local_cpus(tmp_path):
+    host = _tree(tmp_path, 8)
+    _gpu(host, "0000:02:00.0", 0, "0-3")
+    _gpu(host, "0000:81:00.0", 1, "4-7")
+    _gpu(host, "0000:03:00.0", 0, "0-3", klass="0x030000", vendor="0x1a03")  # a BMC's VGA
+    assert resolve(host).cpus == [1, 2, 3, 4, 5, 6, 7]         # unnamed: no GPU step
+    p0, p1 = resolve(host, gpu=0), resolve(host, gpu=1)
+    assert p0.cpus == [1, 2, 3] and "GPU 0 (0000:02:00.0)" in p0.source
+    assert p1.cpus == [4, 5, 6, 7] and "GPU 1 (0000:81:00.0)" in p1.source
+    with pytest.raises(TargetError, match="2 NVIDIA GPU"):
+        resolve(host, gpu=2)
+    (host.root / "sys/devices/system/cpu/isolated").write_text("6-7\n")
+    assert resolve(host, gpu=0).cpus == [6, 7]                 # isolation comes first

@@ -8,7 +8,9 @@ Default target (the first that gives a non-empty set of online CPUs):
 1. ``--cpus LIST`` when given (checked: every CPU online; never silently "default");
 2. the isolated CPUs (/sys/devices/system/cpu/isolated: ``isolcpus=`` or a cpuset partition);
 3. the nohz_full CPUs (/sys/devices/system/cpu/nohz_full);
-4. all online CPUs but the housekeeping core: the lowest online CPU and its SMT siblings
+4. when a GPU is named (``run --gpu N``): that GPU's local CPUs (its PCI ``local_cpulist``,
+   else its NUMA node's CPUs), less the housekeeping core;
+5. all online CPUs but the housekeeping core: the lowest online CPU and its SMT siblings
    (CPU 0 takes most unbound kernel work, timers and the IRQs that cannot move).
 
 Housekeeping: every online CPU that is not a target. A target set that covers every online
@@ -17,9 +19,10 @@ CPU leaves none: ``housekeeping`` is then empty, and commands that need a housek
 refuses it in one line. On a one-CPU box the default target is that CPU and there is no
 housekeeping CPU (said in ``source``).
 
-The GPU's NUMA node does not pick the default here: it is judged by audit (``numa``/``pcie``)
-and weighed by ``hftagent cpus`` from measured noise. A default that moved with the GPU would
-make ``audit`` and ``tune`` disagree on boxes whose GPU sits on node 1.
+A GPU picks the default only when it is named: on a box with two GPUs "the GPU's node" is
+ambiguous, and a default that moved with an unnamed GPU would make ``audit`` and ``tune``
+disagree on boxes whose GPU sits on node 1. The audit judges every GPU's node against the
+targets (``pcie``/``gpu``), and ``hftagent cpus`` weighs it with the measured noise.
 
 Equivalent commands: ``cat /sys/devices/system/cpu/{online,isolated,nohz_full}``,
 ``cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list``.
@@ -96,8 +99,30 @@ def housekeeping_core(host: Host, online: list[int]) -> list[int]:
     return sorted({first} | {c for c in sib if c in online})
 
 
-def resolve(host: Host, spec: str | None = None) -> TargetPlan:
-    """The target CPUs for ``--cpus spec`` (None: the default rule). Raises TargetError."""
+def gpu_local_cpus(host: Host, index: int, online: list[int]) -> tuple[list[int], str]:
+    """(online CPUs local to NVIDIA GPU ``index`` in nvidia-smi's order, a description)."""
+    from collectors.pcie import nvidia_gpus
+    from collectors.system import numa_nodes
+    gpus = nvidia_gpus(host)
+    if not 0 <= index < len(gpus):
+        raise TargetError(f"--gpu {index}: {len(gpus)} NVIDIA GPU(s) in "
+                          f"{host.display(host.sys('bus/pci/devices'))}")
+    dev = gpus[index]
+    local = dev.local_cpus
+    where = f"local CPUs of GPU {index} ({dev.address})"
+    if not local and dev.numa_node is not None:
+        local = numa_nodes(host).get(dev.numa_node)
+        where = f"NUMA node {dev.numa_node} of GPU {index} ({dev.address})"
+    cpus = [c for c in (local or []) if c in online]
+    if not cpus:
+        raise TargetError(f"--gpu {index} ({dev.address}): its local CPUs are unknown or "
+                          "offline: pass --cpus")
+    return cpus, where
+
+
+def resolve(host: Host, spec: str | None = None, *, gpu: int | None = None) -> TargetPlan:
+    """The target CPUs for ``--cpus spec`` (None: the default rule; ``gpu``: the named GPU's
+    local CPUs come before the last step). Raises TargetError."""
     online, notes = online_cpus(host)
     if spec is not None:
         from collectors.system import nr_cpu_ids
@@ -115,6 +140,12 @@ def resolve(host: Host, spec: str | None = None) -> TargetPlan:
     if len(online) == 1:
         return _plan(online, online, "default: the only online CPU", False, notes)
     house = housekeeping_core(host, online)
+    if gpu is not None:
+        local, where = gpu_local_cpus(host, gpu, online)
+        cpus = [c for c in local if c not in house] or local
+        return _plan(cpus, online, where + (f" less the housekeeping core (CPU "
+                                            f"{format_cpulist(house)})" if len(cpus) <
+                                            len(local) else ""), False, notes)
     rest = [c for c in online if c not in house]
     if not rest:  # one core with SMT siblings only
         rest = [c for c in online if c != online[0]]

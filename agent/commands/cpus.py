@@ -130,14 +130,9 @@ def cpus(
 
 def device_nodes(host) -> list[int]:
     """NUMA nodes of the GPUs and NICs (PCI class display/3D or network), when known."""
-    from collectors.pcie import pci_devices
-    out = set()
-    for dev in pci_devices(host):
-        k = (dev.klass or "").lower()
-        if dev.numa_node is not None and dev.numa_node >= 0 and (
-                k.startswith(("vga", "3d", "display")) or "ethernet" in k or "network" in k):
-            out.add(dev.numa_node)
-    return sorted(out)
+    from collectors.pcie import is_gpu, is_nic, pci_devices
+    return sorted({d.numa_node for d in pci_devices(host)
+                   if d.numa_node is not None and d.numa_node >= 0 and (is_gpu(d) or is_nic(d))})
 
 
 def _render(results, choice, house, rec, commands) -> None:

@@ -163,9 +163,7 @@ def _check_pid(ctx: AuditContext, nodes: dict[int, list[int]]) -> list[Finding]:
 
 INTERESTING = ("gpu-3d", "display-vga", "display", "network", "network-infiniband",
                "accelerator")
-# Server BMCs show their VGA function as a PCI display device on one socket's root complex;
-# it carries no inference traffic, so its NUMA node is no locality problem.
-BMC_VGA_VENDORS = {"0x1a03": "ASPEED", "0x102b": "Matrox"}
+BMC_VGA_VENDORS = pcie.BMC_VGA_VENDORS
 
 
 def _unknown_link(d: pcie.PciDevice) -> str:
