@@ -193,7 +193,10 @@ def test_isolating_every_online_cpu_is_refused_in_one_line(tmp_path, cpus):
 
 def test_no_target_cpus_leaves_isolation_alone(tmp_path):
     root = iso_tree(tmp_path / "t")
-    plan = make_plan(_ctx(root, None), only=ONLY)
+    ctx = _ctx(root, None)
+    assert ctx.cpus == [1]  # the one rule (tuning/targets.py): all but the housekeeping core
+    ctx.cpus = []  # a resolver that found none
+    plan = make_plan(ctx, only=ONLY)
     assert all(it.state == UNAVAILABLE and "no target CPUs" in it.reason for it in plan.items
                if it.tunable.id.startswith("isolate."))
 
@@ -272,6 +275,20 @@ def test_a_task_the_kernel_refuses_is_unchangeable_not_fatal(tmp_path):
     assert rep.ok and all(f.status == Status.OK for f in rep.findings)
     assert rollback(ctx, _state(ctx)).remaining == 0
     assert diff(before, snapshot(root)) == []
+
+
+def test_a_task_that_appears_after_the_plan_is_named_with_the_command_that_moves_it(tmp_path):
+    from tests.isotree import add_tasks
+    root = iso_tree(tmp_path / "t")
+    ctx = _ctx(root)
+    plan = make_plan(ctx, only=["isolate.tasks"])
+    t = plan.items[[i.tunable.id for i in plan.items].index("isolate.tasks")].tunable
+    add_tasks(root, ((960, "latecomer", 0x400100, "0-1", (960,), "S", "/"),))
+    f = t.verify(ctx, {c.target: c.desired for c in plan.changes if c.kind == "write"})
+    assert f.status == Status.WARN and "new since planning: latecomer[960]" in f.current
+    assert f.fix == "hftagent tune apply --isolate --cpus 1"
+    res = runner.invoke(get_app(), f.fix.split()[1:] + ["--root", str(root), "--dry-run"])
+    assert res.exit_code == 2, res.output  # accepted; changes pending
 
 
 def test_eperm_is_reported_not_fatal(tmp_path):

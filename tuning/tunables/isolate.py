@@ -380,7 +380,7 @@ class IsolateTasks(Tunable):
             status=Status.OK if ok else (setting.severity if setting else Status.WARN),
             current=current, expected=f"no movable task allowed on CPU {cpus}",
             evidence="/proc/*/task/*/status (Cpus_allowed_list), /proc/*/task/*/stat (flags)",
-            fix="" if ok else "hftagent tune apply --isolate",
+            fix="" if ok else f"hftagent tune apply --isolate --cpus {cpus}",
             why=setting.why if setting else "",
             data={"before": before.summary() if before else {}, "after": after.summary(),
                   "moved": len(desired) - len(gone) - len(bad), "exited": sorted(gone),
