@@ -498,8 +498,11 @@ def evaluate(cur: GateInput, base: GateInput | None, limits: Limits, *, scenario
 # -- scenarios: cold, warm, concurrentN ------------------------------------------------------
 # Each runs the probe's machinery in fresh worker processes (TF reads its thread settings once,
 # at initialisation, so nothing TF runs in the gate's own process).
-SCENARIOS = ("cold", "warm", "concurrent16")
+SCENARIOS = ("cold", "warm", "concurrent16", "stressed")
 DEFAULT_COLD_PROCESSES = 5
+# rteval / OpenShift cnf-tests' acceptance: the tail under a standard load on the housekeeping
+# CPUs may grow, but by at most this much over the same box's quiet run.
+MAX_STRESSED_OVER_QUIET = 1.5
 
 
 @dataclass
@@ -520,14 +523,14 @@ def parse_scenarios(text: str) -> list[str]:
     for s in (p.strip() for p in text.split(",")):
         if not s:
             continue
-        if s in ("cold", "warm"):
+        if s in ("cold", "warm", "stressed"):
             pass
         elif s.startswith("concurrent") and s[len("concurrent"):].isascii() and \
                 s[len("concurrent"):].isdigit() and 2 <= int(s[len("concurrent"):]) <= 256:
             pass
         else:
-            raise AgentError(f"unknown scenario {s!r} (known: cold, warm, concurrentN with N in "
-                             "2..256, e.g. concurrent16)")
+            raise AgentError(f"unknown scenario {s!r} (known: cold, warm, stressed, "
+                             "concurrentN with N in 2..256, e.g. concurrent16)")
         if s not in out:
             out.append(s)
     if not out:
@@ -575,7 +578,72 @@ def run_scenario(name: str, settings, config, *, cold_processes: int = DEFAULT_C
         return ScenarioRun("cold", variant, lat, colds, summary)
     if name.startswith("concurrent"):
         return _run_concurrent(int(name[len("concurrent"):]), settings, config)
+    if name == "stressed":
+        return _run_stressed(settings, config)
     raise AgentError(f"unknown scenario {name!r}")
+
+
+def _run_stressed(settings, config) -> ScenarioRun:
+    """The warm scenario on the target CPUs while agent/stress.py's standard load (CPU/cache,
+    loopback network, fsync'd writes, alloc/free) runs on the housekeeping CPUs only. The
+    load's achieved rates go into the summary: a run whose load did not happen is no pass."""
+    from agent.stress import housekeeping_load
+    from collectors.host import Host
+    from tuning.targets import TargetError, resolve
+    try:
+        plan = resolve(Host(), None if not config.cpus else
+                       ",".join(str(c) for c in config.cpus))
+        house = plan.require_housekeeping("the stressed scenario")
+    except TargetError as exc:
+        raise AgentError(str(exc)) from None
+    if not config.cpus:
+        raise AgentError("the stressed scenario needs the probe pinned to the target CPUs "
+                         "(--cpus)")
+    with housekeeping_load(house) as load:
+        sr = run_scenario("warm", settings, config)
+    sr.scenario = "stressed"
+    sr.summary["scenario"] = "stressed"
+    sr.summary["load"] = load.to_dict()
+    return sr
+
+
+def stressed_checks(cur: GateInput, load: dict | None, quiet: GateInput | None,
+                    quiet_label: str | None) -> list[Check]:
+    """The stressed scenario's own checks: the load ran (every part at its floor rate), and
+    P99.9 under load ≤ MAX_STRESSED_OVER_QUIET × the quiet (warm) run of the same box."""
+    out = []
+    if load is None:
+        out.append(Check("housekeeping-load", FAIL, "not recorded", "every part ran",
+                         "the run has no load report: not a stressed run"))
+    else:
+        short = load.get("short") or {}
+        rates = ", ".join(f"{k} {v:g}" for k, v in (load.get("rates") or {}).items())
+        out.append(Check("housekeeping-load", FAIL if short else PASS, rates or "none",
+                         "every part ran", "; ".join(f"{k}: {v}" for k, v in short.items())
+                         or f"{load.get('tool')} on CPUs {load.get('cpus')}", data=load))
+    q = 99.9
+    if quiet is None:
+        out.append(Check("stressed-vs-quiet", SKIP, "—", f"P99.9 ≤ {MAX_STRESSED_OVER_QUIET}× "
+                         "quiet", "no quiet (warm) run of this model and variant to compare"))
+        return out
+    need = 6636
+    if cur.latency_ns is None or quiet.latency_ns is None:
+        out.append(Check("stressed-vs-quiet", SKIP, "—", f"P99.9 ≤ {MAX_STRESSED_OVER_QUIET}× "
+                         "quiet", "raw samples missing on one side"))
+        return out
+    if cur.count < need or quiet.count < need:
+        out.append(Check("stressed-vs-quiet", INSUFFICIENT, "—",
+                         f"P99.9 ≤ {MAX_STRESSED_OVER_QUIET}× quiet",
+                         f"P99.9 needs ≥ {need} samples on both sides ({cur.count} stressed, "
+                         f"{quiet.count} quiet)"))
+        return out
+    a, b = quantile_nr(cur.latency_ns, q), quantile_nr(quiet.latency_ns, q)
+    ratio = a / b if b else float("inf")
+    out.append(Check("stressed-vs-quiet", PASS if ratio <= MAX_STRESSED_OVER_QUIET else FAIL,
+                     f"{ratio:.2f}× ({_us(a)} vs {_us(b)})",
+                     f"≤ {MAX_STRESSED_OVER_QUIET}× quiet", f"quiet run {quiet_label}",
+                     data={"ratio": ratio, "stressed_p999_ns": a, "quiet_p999_ns": b}))
+    return out
 
 
 def _run_concurrent(callers: int, settings, config) -> ScenarioRun:

@@ -59,6 +59,8 @@ def gate(
     allow_mismatch: Annotated[bool, typer.Option("--allow-mismatch", help="Compare even when "
                                                  "the host fingerprints differ.")] = False,
     scenarios: Annotated[str, typer.Option("--scenarios", help="Comma list of cold, warm, "
+                                           "stressed (warm under a standard load on the "
+                                           "housekeeping CPUs: P99.9 ≤ 1.5× quiet), "
                                            "concurrent16 (probing only).")] = "warm",
     cold_processes: Annotated[int, typer.Option("--cold-processes", help="Fresh processes "
                                                 "for the cold scenario.")] = 5,
@@ -154,6 +156,8 @@ def gate(
             mism = differences(base.fingerprint, cur.fingerprint) if base is not None else []
             v = g.evaluate(cur, base, limits, scenario=scen, mismatches=mism,
                            allow_mismatch=allow_mismatch, relative=scen != "cold")
+            if scen == "stressed":
+                v.checks.extend(_stressed_checks(h, cur, cur_run, current_ids))
             if base is not None and cur_run.model_hash and base_id is not None:
                 bm = h.get(base_id)
                 if bm.model_hash and bm.model_hash != cur_run.model_hash:
@@ -170,6 +174,19 @@ def gate(
     else:
         render(verdicts, code)
     raise typer.Exit(code)
+
+
+def _stressed_checks(h, cur, cur_run, current_ids) -> list:
+    """The stressed run against the same box's quiet run: the warm run of this gate when it
+    ran one, else the newest earlier passing warm run of the model and variant."""
+    from agent import gate as g
+    warm = [rid for scen, rid in current_ids if scen == "warm"]
+    q = h.get(warm[0]) if warm else h.last_pass(
+        model_key_=cur_run.model_key, variant=cur_run.variant, scenario="warm",
+        before=cur_run.id)
+    quiet = _input_from_run(h, q) if q is not None else None
+    return g.stressed_checks(cur, (cur_run.summary or {}).get("load"), quiet,
+                             f"#{q.id}" if q is not None else None)
 
 
 def _default(o: Any) -> Any:
