@@ -49,7 +49,7 @@ from collectors.gpu import (
 )
 from collectors.host import ABSENT, Reading
 from collectors.parsers import format_cpulist
-from collectors.pcie import PciDevice, pci_devices
+from collectors.pcie import PciDevice, nvidia_gpus
 from tuning.checks.base import AuditContext, in_tree, unsupported, why
 from tuning.findings import Finding, Status
 
@@ -118,9 +118,9 @@ def _local_cpus(ctx: AuditContext, g: _Gpu, nv: Nvml | None) -> None:
 
 
 def _nvidia_pci(host) -> list[PciDevice]:
-    """NVIDIA display-class PCI functions (vendor 0x10de), in bus order = NVML's index order."""
-    return [d for d in pci_devices(host)
-            if (d.vendor or "").lower() == "0x10de" and d.klass.startswith(("gpu", "display"))]
+    """NVIDIA GPUs in sysfs (collectors.pcie.nvidia_gpus, the rule `run --gpu N` uses too),
+    in bus order = NVML's index order."""
+    return nvidia_gpus(host)
 
 
 def check(ctx: AuditContext) -> list[Finding]:
