@@ -491,9 +491,6 @@ def test_a_task_that_exited_is_gone_not_unreadable(tmp_path, children):
                                                             .starttime))
 
 
-@pytest.mark.xfail(strict=True, reason="tuning/apply.py does not yet drop journal entries "
-                   "whose target is gone (Tunable.gone): rollback keeps an exited task as "
-                   "'unreadable' (see the isolation report to the lead)")
 def test_rollback_after_a_task_exited_restores_the_rest_and_is_not_an_error(tmp_path,
                                                                              children):
     root = iso_tree(tmp_path / "t", cgroup="none", workqueue=False)

@@ -406,6 +406,11 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
             t.write(ctx, ch.target, ch.desired)
         except OSError as exc:
             msg = _why(exc)
+            if t.gone(ctx, ch.target):  # a task that exited in between: nothing to move
+                if prev_written is None:
+                    j.drop(ch.target)
+                outcomes.append(Outcome(ch, GONE, "exited before it could be changed"))
+                continue
             # A failed write may still have changed the value (sysfs took the bytes and a
             # short write was reported as EIO; `systemctl stop` exited non-zero although
             # the unit stopped). Only a value still equal to the original proves nothing
@@ -477,8 +482,8 @@ def verify_plan(ctx: TuneContext, plan: Plan,
 # Rollback
 # ----------------------------------------------------------------------------------------------
 
-RESTORED, WAS_ORIGINAL, DRIFT, UNREADABLE, DISCARDED = (
-    "restored", "was-original", "drift", "unreadable", "discarded")
+RESTORED, WAS_ORIGINAL, DRIFT, UNREADABLE, DISCARDED, GONE = (
+    "restored", "was-original", "drift", "unreadable", "discarded", "gone")
 
 
 @dataclass
@@ -547,6 +552,12 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
         for e in sorted(j.entries, key=lambda x: x.seq, reverse=True):
             t = tunables[e.tunable]
             cur = t.read_target(ctx, e.target)
+            if cur is None and t.gone(ctx, e.target):
+                j.drop(e.target)
+                items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur, GONE,
+                                          "no longer exists (a task that exited): nothing "
+                                          "to restore"))
+                continue
             if cur is None:
                 items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur,
                                           UNREADABLE, "cannot read current value; kept"))
@@ -613,7 +624,7 @@ class StatusReport:
 
     @property
     def all_hold(self) -> bool:
-        return all(i.result == HOLDS for i in self.items)
+        return all(i.result in (HOLDS, GONE) for i in self.items)
 
 
 def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
@@ -632,7 +643,9 @@ def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
     for e in j.entries:
         t = tunables.get(e.tunable)
         cur = t.read_target(ctx, e.target) if t else None
-        if cur is None:
+        if cur is None and t is not None and t.gone(ctx, e.target):
+            res = GONE
+        elif cur is None:
             res = UNREADABLE
         elif cur == e.written:
             res = HOLDS

@@ -181,6 +181,12 @@ class Tunable:
         tunable's target is refused as a whole)."""
         return any(target_matches(p, target) for p in self.patterns)
 
+    def gone(self, ctx: TuneContext, target: str) -> bool:
+        """Whether ``target`` no longer exists at all — a task that exited since apply
+        (tuning/tunables/isolate.py): nothing to restore, and not an error. A target that is
+        there but unreadable is not gone. No, unless a subclass says."""
+        return False
+
     def valid(self, value: str) -> bool:
         """Whether ``value`` is something this tunable could write back (a journal's original
         is checked with it before rollback writes anything). Nothing, unless a subclass says."""
