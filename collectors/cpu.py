@@ -28,8 +28,14 @@ def cpu_dir(host: Host, cpu: int):
 
 
 def online_cpus(host: Host) -> Reading[list[int]]:
-    """/sys/devices/system/cpu/online as a list of CPU ids."""
-    return host.read(host.sys("devices/system/cpu/online")).map(parse_cpulist)
+    """The online CPU ids: /sys/devices/system/cpu/online [lscpu], or, where a capture lacks
+    it or it cannot be read, the CPUs :func:`collectors.system.online_cpus` derives from
+    ``present``/``possible`` and the cpuN directories (watch, tune, run and CpuCollector
+    then go on; audit says how they were found). None only when nothing says."""
+    from collectors.system import online_cpus as derived  # (collectors.system imports us)
+    r = derived(host)
+    return Reading(r.value.cpus, r.path) if r.value is not None else \
+        Reading(None, r.path, r.reason)
 
 
 def isolated_cpus(host: Host) -> list[int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from collectors import cpu as cpuc
@@ -132,3 +134,20 @@ def test_online_cpus_live_and_in_trees():
     r = system.online_cpus(Host("/"))
     assert r.ok and r.value.derived is None and r.value.cpus
     assert system.online_cpus(Host(FIXTURES / "vm-dev")).value.cpus == [0, 1]
+
+
+def test_cpu_online_cpus_is_derived_where_a_capture_lacks_cpu_online(tree_copy):
+    """Defect: collectors.cpu.online_cpus read only cpu/online, so watch, tune, run and the
+    CPU collector stopped on a capture without it while audit derived the CPUs."""
+    root = tree_copy("synthetic-baremetal")
+    (root / "sys/devices/system/cpu/online").unlink()
+    (root / "sys/devices/system/cpu/cpu15/online").write_text("0\n")
+    h = Host(root)
+    r = cpuc.online_cpus(h)
+    assert r.ok and r.value == list(range(15)) == system.online_cpus(h).value.cpus
+    for name in ("present", "possible"):
+        (root / "sys/devices/system/cpu" / name).unlink()
+    for n in range(16):
+        shutil.rmtree(root / f"sys/devices/system/cpu/cpu{n}")
+    r = cpuc.online_cpus(Host(root))  # nothing left to say which CPUs exist
+    assert r.value is None and r.reason == "absent"
