@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.watch.ring import DeltaTracker, counter_delta
-from agent.watch.sampler import Sampler
+from agent.watch.sampling.python import Sampler
 from collectors.base import Availability
 from collectors.cpu import CpuCollector, fast_proc_stat
 from collectors.host import Host
@@ -478,7 +478,7 @@ def test_sched_rate_follows_the_source_evidence():
     """A built-in probe measures its own run-queue delay per call: watch samples its
     threads at 20 Hz, with stat and status on each of those rounds; an external process's
     records carry none: every sampler round, stat/status every 5th."""
-    from agent.watch.sampler import Sampler
+    from agent.watch.sampling.python import Sampler
     from agent.watch.session import WatchConfig, WatchSession
     me = os.getpid()
     slow = SchedCollector(Host(), [me], [0], period_s=0.05)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.watch.feed import Feed, NativeUnavailable, build_helper
-from agent.watch.sampler import NativeSampler, Sampler
+from agent.watch.sampling.native.feed import Feed, NativeUnavailable, build_helper
+from agent.watch.sampling.python import NativeSampler, Sampler
 from collectors.cpu import CpuCollector
 from collectors.host import Host
 from collectors.irq import IrqCollector, SoftirqCollector
@@ -169,7 +169,7 @@ def test_a_read_error_is_the_same_oserror_and_an_overrun_loses_rounds_not_order(
 def test_helper_exits_with_its_parent(helper, tmp_path):
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             "from pathlib import Path\n"
-            "from agent.watch.feed import Feed\n"
+            "from agent.watch.sampling.native.feed import Feed\n"
             f"f = Feed(10_000_000, helper=Path({str(helper)!r}), shm_dir={str(tmp_path)!r})\n"
             "f.start(); print(f.proc.pid, flush=True)\n"
             "import os; os._exit(0)\n")
@@ -318,7 +318,7 @@ def test_a_record_overwritten_while_it_is_copied_is_an_overrun_not_data(tmp_path
     overlapped that record (its oldest bytes a ring behind) drops the batch, counted."""
     import struct
 
-    from agent.watch import feed as F
+    from agent.watch.sampling.native import feed as F
     feed = Feed(10_000_000, capacity=1 << 16, helper=Path("/bin/true"), shm_dir=str(tmp_path))
     cap, base = feed.capacity, feed._base
     wpos = 0

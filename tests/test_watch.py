@@ -105,7 +105,7 @@ def test_cpu_hog_is_attributed_to_cpu_contention(tmp_path):
     assert summary["sampler"]["pinned_to"] != [probe_cpu]
     # --sampler auto: the native reader where it can be built here, else the Python sampler
     # saying why (no compiler, an untrusted cache directory ...)
-    from agent.watch.feed import NativeUnavailable, build_helper
+    from agent.watch.sampling.native.feed import NativeUnavailable, build_helper
     try:
         build_helper()
         native = True

@@ -34,7 +34,7 @@ MAX_DURATION_S = 60.0
 
 def build() -> Path:
     """The compiled recorder (cached). Raises AgentError naming why it cannot be built."""
-    from agent.watch.feed import NativeUnavailable, build_helper
+    from agent.watch.sampling.native.feed import NativeUnavailable, build_helper
     try:
         return build_helper(SOURCE)
     except NativeUnavailable as exc:

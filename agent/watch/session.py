@@ -69,9 +69,9 @@ from agent.client import (
 )
 from agent.errors import AgentError
 from agent.watch.attribution import CAUSES, Attributor, Spike
-from agent.watch.feed import Feed, NativeUnavailable
+from agent.watch.sampling.native.feed import Feed, NativeUnavailable
 from agent.watch.ring import LatencyRing
-from agent.watch.sampler import NativeSampler, Sampler
+from agent.watch.sampling.python import NativeSampler, Sampler
 from collectors.host import Host
 
 F = {name: i for i, name in enumerate(FIELDS)}
