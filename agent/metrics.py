@@ -7,6 +7,10 @@ One ``WatchMetrics`` per process, built in the composition function (nothing at 
     m = WatchMetrics(thresholds_us=(500, 1000, 5000), source="probe", variant="xla",
                      p99_budget_us=2000)        # optional: the box's P99 budget for alerts
 
+``thresholds_us``: the exceedance counters' thresholds, µs, whole or fractional (kept to the
+ns, labelled ``threshold_us="5000"`` or ``"2500.5"``), at most 1e9; `hftagent watch` passes
+:data:`DEFAULT_THRESHOLDS_US` plus its ``--threshold-us`` (agent/watch/metrics_feed.py).
+
 Every method is thread-safe. Writers and the scrape never block each other for long: each
 write holds one uncontended lock for a few list/array stores; a scrape copies the state under
 that lock and does all formatting and quantile work outside it.
@@ -72,6 +76,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agent.defaults import EXCEEDANCE_THRESHOLDS_US, MAX_THRESHOLD_US
+
 if TYPE_CHECKING:
     from tuning.findings import Finding
 
@@ -82,7 +88,9 @@ DEFAULT_BUCKETS_US: tuple[int, ...] = (
     10, 20, 50, 100, 200, 300, 400, 500, 600, 800, 1000, 1500, 2000, 3000, 5000, 7500,
     10_000, 20_000, 50_000, 100_000)
 
-DEFAULT_THRESHOLDS_US: tuple[int, ...] = (500, 1000, 5000)
+# The exceedance counters' thresholds (µs) when none are given: agent.defaults' fleet set
+# (the jitter threshold among them). `hftagent watch` adds its --threshold-us.
+DEFAULT_THRESHOLDS_US: tuple[int, ...] = EXCEEDANCE_THRESHOLDS_US
 
 # Rolling-window quantiles exported as gauges, with the samples needed to claim each one at
 # 99 % confidence (n·(1 − q) ≥ 6.62; the P99 and P99.9 figures are DESIGN.md's). Below that
@@ -180,7 +188,7 @@ class Snapshot:
     bucket_cumulative: tuple[int, ...]      # len(bounds) + 1 cumulative counts (last = count)
     count: int
     sum_s: float
-    exceedances: dict[int, int]             # threshold µs -> samples strictly over it
+    exceedances: dict[int | float, int]     # threshold µs -> samples strictly over it
     window_s: float
     window_samples: int
     quantiles: dict[float, float]           # only the ones the window has enough samples for
@@ -202,9 +210,11 @@ class WatchMetrics:
                  buckets_us: Iterable[int] = DEFAULT_BUCKETS_US,
                  window_s: float = 60.0, window_capacity: int = 1 << 16,
                  quantile_refresh_s: float = 1.0, p99_budget_us: int | None = None) -> None:
-        self.thresholds_us = tuple(sorted({int(t) for t in thresholds_us}))
-        if not self.thresholds_us or self.thresholds_us[0] <= 0:
+        thr_ns = sorted({_threshold_ns(t) for t in thresholds_us})
+        if not thr_ns:
             raise ValueError("thresholds_us must be positive")
+        # µs as given: an int where whole (the label "5000"), else to the ns ("2500.5")
+        self.thresholds_us = tuple(_us_key(t) for t in thr_ns)
         if not _NAME.match(source) or (variant and not re.match(r"^[A-Za-z0-9_.-]{1,32}$",
                                                                  variant)):
             raise ValueError(f"bad source/variant label: {source!r}/{variant!r}")
@@ -215,10 +225,9 @@ class WatchMetrics:
         # Exported as hftagent_probe_p99_budget_seconds; HftP99OverBudget compares the
         # histogram P99 with it (and with a 2 ms default where a box exports none).
         self.p99_budget_us = None if p99_budget_us is None else int(p99_budget_us)
-        bounds_us = sorted({int(b) for b in buckets_us} | set(self.thresholds_us))
-        self._bounds_ns: list[int] = [b * 1000 for b in bounds_us]
-        self._bounds_s = tuple(b / 1e6 for b in bounds_us)
-        self._thr_index = {t: bounds_us.index(t) for t in self.thresholds_us}
+        self._bounds_ns: list[int] = sorted({int(b) * 1000 for b in buckets_us} | set(thr_ns))
+        self._bounds_s = tuple(b / 1e9 for b in self._bounds_ns)
+        self._thr_index = {_us_key(t): self._bounds_ns.index(t) for t in thr_ns}
         self.window_s = float(window_s)
         self._window_ns = int(window_s * 1e9)
         self._cap = int(window_capacity)
@@ -426,6 +435,20 @@ class WatchMetrics:
             self._q_at_ns = now_mono
             self._q_value = (int(sel.size), out)
             return self._q_value
+
+
+def _threshold_ns(t_us: float) -> int:
+    """A threshold in µs as integer ns; ValueError unless 1 ns ≤ it ≤ MAX_THRESHOLD_US."""
+    t = float(t_us)
+    if not (math.isfinite(t) and 0 < t <= MAX_THRESHOLD_US) or round(t * 1000) < 1:
+        raise ValueError(f"thresholds_us must be positive and at most {MAX_THRESHOLD_US:g}, "
+                         f"not {t_us!r}")
+    return round(t * 1000)
+
+
+def _us_key(t_ns: int) -> int | float:
+    """The µs a threshold is labelled and keyed with: an int where whole, else a float."""
+    return t_ns // 1000 if t_ns % 1000 == 0 else t_ns / 1000
 
 
 def _nearest_rank_index(q: float, n: int) -> int:

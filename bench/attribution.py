@@ -31,10 +31,9 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     cfg = WatchConfig(probe=args.probe, probe_cpus=[probe_cpu], housekeeping_cpus=[hk_cpu],
                       duration_s=None, rate_hz=args.rate, k_p50=args.k,
                       spike_log=None, baseline_s=10.0, sampler=args.sampler)
-    s = WatchSession(cfg)
+    records: list[dict] = []  # the records in memory (the same dicts as the JSONL log)
+    s = WatchSession(cfg, on_record=records.append)
     s.start()
-    records: list[dict] = []
-    s._write = records.append  # keep the records in memory (same dicts as the JSONL log)
     pid = s.cfg.pid
     # Baseline period without the fault, then the fault for the measured part.
     t_fault = time.monotonic() + args.settle

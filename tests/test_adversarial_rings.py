@@ -632,7 +632,8 @@ def test_a_spike_log_whose_reader_goes_away_ends_the_run_with_one_line(tmp_path)
 @pytest.mark.skipif(not is_root, reason="needs root to plant another user's symlink")
 def test_a_spike_log_symlink_is_followed_only_when_root_or_we_own_it(tmp_path):
     from agent.errors import AgentError
-    from agent.watch.session import _write_new, open_output, open_output_dir
+    from agent.watch.output import open_output, open_output_dir
+    from agent.watch.output import write_new as _write_new
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     link = tmp_path / "log"

@@ -299,3 +299,36 @@ def test_constructor_validates():
     with pytest.raises(ValueError):
         WatchMetrics(variant='x"y')
     assert WatchMetrics(thresholds_us=(5000, 500, 500)).thresholds_us == (500, 5000)
+
+
+def test_thresholds_outside_1ns_to_1e9_us_are_refused():
+    for bad in (float("nan"), float("inf"), -1, 1e-4, 1e10):
+        with pytest.raises(ValueError, match="thresholds_us"):
+            WatchMetrics(thresholds_us=(bad,))
+
+
+def test_the_watch_threshold_is_an_exceedance_counter_in_the_exporter_output():
+    """`hftagent watch --threshold-us` reaches WatchMetrics: the exporter counts the samples
+    over the threshold watch logs spikes for, next to the fleet's 500/1,000/5,000 µs (the
+    counters once stayed at those three whatever the threshold). A fractional threshold is
+    kept to the ns and labelled as given."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agent.exporter import make_registry, render
+    from agent.watch.metrics_feed import MetricsFeed, watch_metrics
+    lat = np.array([2_400_000, 2_500_000, 2_500_400, 2_500_600, 6_000_000], dtype=np.int64)
+    for thr, label, over in ((2500.0, "2500", 3), (2500.5, "2500.5", 2), (None, None, None),
+                             (5000.0, "5000", 1)):
+        wm = watch_metrics(threshold_us=thr, source="probe", variant="xla", p99_budget_us=None)
+        MetricsFeed(wm).observe_many(lat)
+        body = render(make_registry(wm))[0].decode()
+        exc = {s.labels["threshold_us"]: s.value for f in text_string_to_metric_families(body)
+               for s in f.samples if s.name == "hftagent_probe_exceedances_total"}
+        assert set(exc) == {"500", "1000", "5000"} | ({label} if label else set()), exc
+        assert exc["500"] == 5 and exc["1000"] == 5 and exc["5000"] == 1
+        if label:
+            assert exc[label] == over, (thr, exc)
+            # the threshold is a histogram bound too: count − bucket{le=threshold} = over
+            le = {s.labels["le"]: s.value for f in text_string_to_metric_families(body)
+                  for s in f.samples if s.name == "hftagent_probe_latency_seconds_bucket"}
+            assert 5 - le[repr(thr / 1e6)] == over

@@ -51,7 +51,9 @@ def watch(
                                          "C reader built on first use with the system's cc; "
                                          "about half the CPU cost), python, or auto (native "
                                          "when it can be built, else python).")] = "auto",
-    threshold_us: Annotated[float | None, typer.Option(help="A sample over this is a spike.")
+    threshold_us: Annotated[float | None, typer.Option(help="A sample over this many µs is a "
+                                                       "spike (up to 1e9); with --listen "
+                                                       "also an exceedance counter.")
                             ] = None,
     k: Annotated[float, typer.Option("--k", help="A sample over k × rolling P50 is a spike.")
                  ] = 3.0,
@@ -91,7 +93,10 @@ def watch(
     # one that applies only with another that is missing (--model without --probe tf,
     # --profile or --p99-budget-us without --listen, --flight-dir without --flight-us), a
     # --ring that is not a latency ring, a --spike-log that cannot be opened: one line, exit 1.
-    from agent.watch.session import MetricsFeed, WatchConfig, WatchSession, cpu_plan
+    from agent.defaults import MAX_THRESHOLD_US
+    from agent.watch.config import WatchConfig, cpu_plan
+    from agent.watch.metrics_feed import MetricsFeed, watch_metrics
+    from agent.watch.session import WatchSession
     from collectors.cpu import online_cpus
 
     host = make_host(root, procfs, sysfs)
@@ -137,6 +142,10 @@ def watch(
     for name, v in (("--sample-hz", sample_hz), ("--duration", duration),
                     ("--threshold-us", threshold_us), ("--flight-us", flight_us)):
         positive(name, v)
+    if threshold_us is not None and threshold_us > MAX_THRESHOLD_US:
+        # (hftagent probe's bound; the exporter counts samples over it as integer ns)
+        raise fail(f"--threshold-us must be at most {MAX_THRESHOLD_US:g} µs, not "
+                   f"{threshold_us:g}")
     if not MIN_SAMPLE_HZ <= sample_hz <= MAX_SAMPLE_HZ:
         # the rings hold capacity_s × sample_hz rows per collector: 1e9 Hz is a MemoryError
         raise fail(f"--sample-hz must be in {MIN_SAMPLE_HZ:g}..{MAX_SAMPLE_HZ:g} rounds a "
@@ -172,15 +181,16 @@ def watch(
     webcfg = None
     if listen is not None:
         from agent.exporter import parse_listen
-        from agent.metrics import WatchMetrics
         from tuning.profiles import load_profile
         parse_listen(listen)  # (AgentError: one line, before anything starts)
         if web_config_file is not None:  # a bad file: one line, before anything starts
             from agent.webconfig import load_web_config
             webcfg = load_web_config(web_config_file)
         prof = load_profile(profile or "hft-cpu")
-        wm = WatchMetrics(source="probe" if probe != "external" else "client",
-                          variant=variant if probe == "tf" else "", p99_budget_us=p99_budget_us)
+        # the exceedance counters: the fleet's defaults plus this run's --threshold-us
+        wm = watch_metrics(threshold_us=threshold_us,
+                           source="probe" if probe != "external" else "client",
+                           variant=variant if probe == "tf" else "", p99_budget_us=p99_budget_us)
         metrics = MetricsFeed(wm)
     view = None
     if live if live is not None else (sys.stdout.isatty() and not json_out):

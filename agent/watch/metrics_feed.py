@@ -1,0 +1,100 @@
+"""Watch → Prometheus: builds the :class:`agent.metrics.WatchMetrics` a watch run exports
+(:func:`watch_metrics`) and feeds it from the session (:class:`MetricsFeed`).
+
+The exceedance counters (``hftagent_probe_exceedances_total{threshold_us}``) are the fleet
+defaults (:data:`agent.defaults.EXCEEDANCE_THRESHOLDS_US`) plus the run's own
+``--threshold-us`` when one is given, so the spikes watch logs and the share the exporter
+counts over the same line agree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from agent.defaults import EXCEEDANCE_THRESHOLDS_US
+
+
+def watch_metrics(*, threshold_us: float | None, source: str, variant: str,
+                  p99_budget_us: int | None):
+    """The WatchMetrics of one watch run (``source``: "probe" or "client")."""
+    from agent.metrics import WatchMetrics
+    thresholds = (*EXCEEDANCE_THRESHOLDS_US, threshold_us) if threshold_us else \
+        EXCEEDANCE_THRESHOLDS_US
+    return WatchMetrics(thresholds_us=thresholds, source=source, variant=variant,
+                        p99_budget_us=p99_budget_us)
+
+
+class MetricsFeed:
+    """Feeds an :class:`agent.metrics.WatchMetrics` from the session (every sample, every
+    attributed spike, every collector result) at the rates its contract expects."""
+
+    def __init__(self, metrics, clock: Callable[[], float] = time.monotonic) -> None:
+        self.m = metrics
+        self.clock = clock
+        self._last_gauges = 0.0
+        self._up = False
+
+    def set_collector_result(self, res) -> None:
+        self.m.set_collector(res.name, res.success, res.duration_s)
+
+    def observe_many(self, lat_ns: np.ndarray) -> None:
+        if not self._up:
+            self.m.probe_up(True)
+            self._up = True
+        self.m.observe_many(lat_ns)
+
+    def spike(self, cause: str) -> None:
+        self.m.spike(cause)
+
+    def down(self) -> None:
+        self.m.probe_up(False)
+        self._up = False
+
+    def set_gauges(self, session) -> None:
+        """Once a second: the allowlisted host/GPU gauges (agent.metrics.GAUGES) from the
+        latest row of each collector ring."""
+        t = self.clock()
+        if t - self._last_gauges < 1.0 or session.sampler is None:
+            return
+        self._last_gauges = t
+        for c in session.cfg.probe_cpus:
+            v = _latest(session.sampler.ring("cpu"), f"cpu.{c}.freq_hz")
+            if v is not None:
+                self.m.set_gauge("cpu_frequency_hertz", v, cpu=str(c))
+        gpu = session.sampler.ring("gpu")
+        if gpu is not None:
+            for g in sorted({n.split(".")[1] for n in gpu.cols if n.count(".") == 2}):
+                p = f"gpu.{g}."
+                for clock, key in (("sm", "sm_clock_hz"), ("memory", "mem_clock_hz")):
+                    self.m.set_gauge("gpu_clock_hertz", _latest(gpu, p + key), gpu=g,
+                                     clock=clock)
+                mask = _latest(gpu, p + "clock_event_reasons")
+                self.m.set_gpu_clock_event_reasons(g, None if mask is None else int(mask))
+                self.m.set_gauge("gpu_foreign_processes", _latest(gpu, p + "foreign_processes"),
+                                 gpu=g)
+        pcie = session.sampler.ring("pcie")
+        if pcie is not None:
+            for dev in sorted({n[5:].rsplit(".", 1)[0] for n in pcie.cols}):
+                p = f"pcie.{dev}."
+                speed, width = _latest(pcie, p + "speed_gts"), _latest(pcie, p + "width")
+                mspeed, mwidth = _latest(pcie, p + "max_speed_gts"), _latest(pcie, p + "max_width")
+                self.m.set_gauge("pcie_link_speed_transfers_per_second",
+                                 None if speed is None else speed * 1e9, device=dev)
+                self.m.set_gauge("pcie_link_width", width, device=dev)
+                known = None not in (speed, mspeed) or None not in (width, mwidth)
+                degraded = (speed is not None and mspeed is not None and speed < mspeed) or \
+                    (width is not None and mwidth is not None and width < mwidth)
+                self.m.set_gauge("pcie_link_degraded", float(degraded) if known else None,
+                                 device=dev)
+
+
+def _latest(ring, name: str) -> float | None:
+    """The newest non-NaN value of ``name`` in the ring's latest row (None: not measured)."""
+    if ring is None or not ring.rows:
+        return None
+    idx = ring.window(ring.latest_t1, ring.latest_t1)
+    v = ring.column(name, idx)
+    return float(v[-1]) if len(v) and v[-1] == v[-1] else None

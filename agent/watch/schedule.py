@@ -1,0 +1,210 @@
+"""When each spike is attributed, and what happens to those that cannot be.
+
+A detected spike waits (:class:`AttributionScheduler`) until the sampler has rows past its end
+(plus the attributor's slack) and the sched collector's task scan covers it — or
+:data:`SCAN_WAIT_NS` passed (attributed without knowing who ran), or :data:`MAX_WAIT_NS`
+passed (attributed with what there is). Then, per loop step:
+
+- **Queued** (open loop, :mod:`agent.watch.detect`): a sample queued behind a slow one takes
+  that one's cause once the leader is logged ("queued behind spike N", ``inherited_from``);
+  no rows of its own needed, no attribution spent. A follower whose leader still waits waits
+  with it (a chain keeps its tail); one whose leader was logged unattributed is attributed
+  on its own.
+- **Rate limit**: a token bucket of ``max_per_s`` attributions a second, refilled
+  continuously, at most :data:`BUCKET_BANK_S` of them banked. Over it, the step's tokens are
+  spread evenly over its ready spikes (every stride-th is attributed) and the ones between
+  inherit the cause of the last attributed spike when it is within :data:`INHERIT_NS` (the
+  same sampler rows), else are logged "not attributed: attribution rate limit" — a storm
+  stays named throughout instead of its first spikes taking every token.
+- **Step budget**: one step attributes for at most :data:`ATTR_STEP_BUDGET` of the loop
+  period (checked before each attribution, so one may overrun it), so a storm cannot stretch
+  the loop (the run's ``--duration``, the live view, the metrics); the rest waits for the
+  next step, and a spike still waiting after :data:`BACKLOG_DROP_S` is logged "not
+  attributed: attribution backlog (spike storm)" rather than years late.
+
+The scheduler decides; a :class:`Sink` (the session) attributes, logs and drops. The clock
+(monotonic ns) is injected, so storms run on virtual time in tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+from agent.watch.attribution import Spike
+
+ATTR_STEP_BUDGET = 0.6  # share of loop_s one step may spend attributing spikes
+BACKLOG_DROP_S = 2.0  # a spike waiting longer than this for attribution is logged unattributed
+INHERIT_NS = 50_000_000  # over the rate limit: a spike this close to the last attributed one
+                         # (five 100 Hz sampler rows) takes its cause
+BUCKET_BANK_S = 0.1  # the token bucket holds at most this many seconds of tokens (≥ 1)
+SCAN_WAIT_NS = 500_000_000  # rows there but no task scan yet: attribute without it after this
+MAX_WAIT_NS = 900_000_000  # no rows yet: attribute with what there is after this
+REMEMBER = 4096  # logged spikes kept by seq (a queued sample looks its leader up)
+
+
+class Sink(Protocol):
+    """What the scheduler asks of the session."""
+
+    def attribute(self, sp: Spike) -> dict:
+        """Attribute ``sp`` and log it; the record (may raise: logged "attribution error")."""
+
+    def log(self, sp: Spike, body: dict) -> dict:
+        """Log ``sp`` with a cause it inherits (``body``: cause, causes, inherited_from...)."""
+
+    def drop(self, sp: Spike, why: str) -> None:
+        """Log ``sp`` "not attributed: ``why``"."""
+
+
+class TokenBucket:
+    """``rate`` tokens a second, refilled continuously, at most ``max(1, BUCKET_BANK_S ×
+    rate)`` held (full at the start)."""
+
+    def __init__(self, rate: float, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.rate = rate
+        self.capacity = max(1.0, BUCKET_BANK_S * rate)
+        self.tokens = self.capacity
+        self.clock = clock
+        self._t = clock()
+
+    def refill(self) -> None:
+        t = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (t - self._t) / 1e9 * self.rate)
+        self._t = t
+
+    def take(self) -> bool:
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class AttributionScheduler:
+    """The pending spikes and the rules above. ``slack`` of the rows is the caller's: it
+    passes the time its rows cover minus the attributor's slack."""
+
+    def __init__(self, *, max_per_s: float, loop_s: float,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.clock = clock
+        self.bucket = TokenBucket(max_per_s, clock)
+        self.step_budget_ns = int(loop_s * ATTR_STEP_BUDGET * 1e9)
+        self.pending: list[tuple[Spike, int]] = []  # (spike, detected at, monotonic ns)
+        self.inherited = 0  # logged with the cause of a spike ms away (over the rate limit)
+        self.queued = 0  # logged with the cause of the slow sample they waited for
+        self.last_attributed: tuple[Spike, dict] | None = None  # (spike, record)
+        self._logged: dict[int, tuple[Spike, dict]] = {}  # seq → (spike, record), recent
+
+    def add(self, sp: Spike, detected_ns: int) -> None:
+        self.pending.append((sp, detected_ns))
+
+    def step(self, now: int, rows_ns: int, scan_ns: int, sink: Sink) -> bool:
+        """Attribute, inherit or drop what is ready at ``now``; ``rows_ns``: the sampler's
+        rows cover up to here (less the attributor's slack), ``scan_ns``: the latest task
+        scan. True when spikes still wait for rows (the caller pokes the sampler)."""
+        if not self.pending:
+            return False
+        pending_seqs = {sp.seq for sp, _ in self.pending}
+        ready, followers, keep = [], [], []
+        for sp, t_det in self.pending:
+            # A sample queued behind a slow one takes that one's cause once the leader is
+            # logged — now, or later in this step when the leader is in this batch.
+            if sp.queued_behind >= 0 and (sp.queued_behind in self._logged
+                                          or sp.queued_behind in pending_seqs):
+                followers.append((sp, t_det))
+                continue
+            waited = now - t_det
+            rows_ready = rows_ns >= sp.end_ns
+            scan_ready = scan_ns >= sp.end_ns
+            if not (rows_ready and (scan_ready or waited > SCAN_WAIT_NS)) and \
+                    waited < MAX_WAIT_NS:
+                keep.append((sp, t_det))
+            else:
+                ready.append((sp, t_det))
+        if ready:
+            keep = self._batch(ready, now, sink) + keep
+        waits = bool(keep)
+        waiting = {x[0].seq for x in keep}
+        for sp, t_det in followers:
+            lead = self._logged.get(sp.queued_behind)
+            if lead is not None:
+                self._inherit(sp, lead, "queued", sink)
+            elif sp.queued_behind in waiting:
+                keep.append((sp, t_det))  # its leader waits for its rows: so does it
+                waiting.add(sp.seq)  # (and a sample queued behind this one, after it)
+            else:
+                # its leader was logged unattributed: this one is attributed on its own
+                keep.append((replace(sp, queued_behind=-1), t_det))
+        self.pending = sorted(keep, key=lambda x: x[0].seq)
+        return waits
+
+    def drop_all(self, sink: Sink, why: str) -> None:
+        """Log every pending spike "not attributed: ``why``" (the end of the run)."""
+        for sp, _ in self.pending:
+            sink.drop(sp, why)
+        self.pending = []
+
+    def _batch(self, ready: list, now: int, sink: Sink) -> list:
+        """Attribute the ready spikes (oldest first) within the rate limit and the step's
+        time budget; return those left for the next step."""
+        self.bucket.refill()
+        tokens = int(self.bucket.tokens)
+        stride = 1 if len(ready) <= tokens else -(-len(ready) // max(tokens, 1))
+        step_end = self.clock() + self.step_budget_ns
+        for n, (sp, _t) in enumerate(ready):
+            if self.clock() > step_end:
+                rest = ready[n:]
+                for osp, _ in (x for x in rest if now - x[1] > BACKLOG_DROP_S * 1e9):
+                    sink.drop(osp, "attribution backlog (spike storm)")
+                return [x for x in rest if now - x[1] <= BACKLOG_DROP_S * 1e9]
+            if n % stride == 0 and self.bucket.take():
+                try:
+                    rec = sink.attribute(sp)
+                except Exception as exc:  # noqa: BLE001 - one spike's failure is logged
+                    sink.drop(sp, f"attribution error: {type(exc).__name__}: {exc}")
+                else:
+                    self._remember(sp, rec)
+                    self.last_attributed = (sp, rec)
+            else:
+                self._inherit_or_drop(sp, sink)
+        return []
+
+    def _inherit_or_drop(self, sp: Spike, sink: Sink) -> None:
+        """Over the rate limit: a spike within INHERIT_NS of the last attributed one shares
+        its sampler rows, so it takes that spike's cause; any other is not attributed."""
+        last = self.last_attributed
+        # the gap between the two spikes' intervals (0 when they overlap), either order
+        gap = max(sp.start_ns - last[0].end_ns, last[0].start_ns - sp.end_ns, 0) \
+            if last is not None else None
+        if gap is None or gap > INHERIT_NS:
+            sink.drop(sp, "attribution rate limit")
+            return
+        self._inherit(sp, last, "rate", sink, gap)
+
+    def _inherit(self, sp: Spike, lead: tuple[Spike, dict], why: str, sink: Sink,
+                 gap: int = 0) -> None:
+        """Log ``sp`` with the cause of ``lead``, marked ``inherited_from``, with its own
+        in-process evidence. ``why``: "queued" — it waited for that slow sample —, or
+        "rate" — over the rate limit, ``gap`` ns from it (the same sampler rows)."""
+        lsp, lrec = lead
+        note = (f"queued behind spike {lsp.seq}: started "
+                f"{(lsp.end_ns - sp.start_ns) / 1e6:.1f} ms late" if why == "queued" else
+                f"attribution rate limit: the cause of spike {lsp.seq}, {gap / 1e6:.1f} ms apart")
+        # the same record shape as an attributed spike: the host evidence is that of the
+        # spike it inherits from (its rows), the in-process evidence its own
+        rec = sink.log(sp, {"cause": lrec["cause"], "unexplained": lrec.get("unexplained"),
+                            "causes": lrec.get("causes", []), "inherited_from": lsp.seq,
+                            "note": note, "in_process": sp.in_process()})
+        self._remember(sp, rec)
+        if why == "queued":
+            self.queued += 1
+        else:
+            self.inherited += 1
+
+    def _remember(self, sp: Spike, rec: dict) -> None:
+        """Keep the last REMEMBER logged spikes by seq (a queued one looks up its leader)."""
+        self._logged[sp.seq] = (sp, rec)
+        if len(self._logged) > REMEMBER:
+            for k in list(self._logged)[:1024]:
+                del self._logged[k]

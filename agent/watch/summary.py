@@ -1,0 +1,168 @@
+"""What ``hftagent watch`` reports about a run: the run's latency histogram
+(:class:`LatencyHistogram`), the summary at the end (:func:`build`, printed by
+agent/commands/watch.py or as ``--json``), and the rolling figures of the live view
+(:func:`rolling`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from agent.client import FIELDS
+from agent.watch.attribution import CAUSES
+
+F = {name: i for i, name in enumerate(FIELDS)}
+ROLLING_SAMPLES = 10_000  # the live view's window
+
+
+class LatencyHistogram:
+    """Log-bucketed latency counts (1 % wide buckets from 1 µs to ~100 s): bounded memory for
+    a days-long run; percentiles within 1 %."""
+
+    BASE = 1.01
+    LO_NS = 1000.0
+
+    def __init__(self) -> None:
+        self.n_buckets = int(math.log(1e11 / self.LO_NS) / math.log(self.BASE)) + 2
+        self.counts = np.zeros(self.n_buckets, dtype=np.int64)
+        self.total = 0
+        self.max_ns = 0
+
+    def add(self, lat_ns: np.ndarray) -> None:
+        if not len(lat_ns):
+            return
+        idx = np.floor(np.log(np.maximum(lat_ns, self.LO_NS) / self.LO_NS)
+                       / math.log(self.BASE)).astype(np.int64) + 1
+        idx = np.clip(idx, 0, self.n_buckets - 1)
+        np.add.at(self.counts, idx, 1)
+        self.total += len(lat_ns)
+        self.max_ns = max(self.max_ns, int(lat_ns.max()))
+
+    def quantile(self, q: float) -> float | None:
+        if not self.total:
+            return None
+        rank = max(1, math.ceil(q * self.total))
+        i = int(np.searchsorted(np.cumsum(self.counts), rank))
+        # the bucket's upper edge (within 1 % above the true value), never above the maximum
+        return min(self.LO_NS * self.BASE ** i, float(self.max_ns))
+
+
+def build(s, *, native: bool, now_ns: int) -> dict:
+    """The summary of session ``s`` (a :class:`agent.watch.session.WatchSession`);
+    ``native``: its sampler is the native reader's; ``now_ns``: the session clock's now."""
+    h = s.hist
+    dur = ((s.ended_ns or now_ns) - s.started_ns) / 1e9 if s.started_ns else 0.0
+    col = {}
+    smp = s.sampler
+    if smp is not None:
+        for name, st in smp.stats.per_collector.items():
+            col[name] = st.to_dict()
+        st = smp.stats
+        sampler = {"mode": smp.mode, "rounds": st.rounds, "late_rounds": st.late_rounds,
+                   "cpu_share_of_one_cpu": round(st.cpu_ns / 1e9 / dur, 4) if dur else None,
+                   "cpu_us_per_round": round(st.cpu_ns / st.rounds / 1e3, 1) if st.rounds
+                   else None,
+                   "mean_round_us": round(st.busy_ns / st.rounds / 1e3, 1) if st.rounds
+                   else None,
+                   "pinned_to": s.cfg.housekeeping_cpus, "pin_error": smp.pin_error,
+                   "note": s.sampler_note}
+        if native:
+            fs = smp.feed.stats()
+            sampler.update({
+                "note": smp.native_error,
+                "helper_pid": fs["pid"], "ring_overruns": fs["overruns"],
+                "helper_cpu_share": round(fs["cpu_ns"] / 1e9 / dur, 4) if dur else None,
+                "drain_cpu_share": round(smp.drain_cpu_ns / 1e9 / dur, 4) if dur else None})
+    else:
+        sampler = {}
+    for name, reason in s.unavailable.items():
+        col[name] = {"state": "unsupported", "reason": reason}
+    delays = sorted(s.attr_delays_ms)
+    native_error = smp.native_error if native else None
+    return {
+        "source": s.probe_info.get("probe"), "pid": s.cfg.pid,
+        "probe_cpus": s.cfg.probe_cpus, "rate_hz": s.cfg.rate_hz,
+        "duration_s": round(dur, 2),
+        "samples": s.samples, "lost_records": s.reader.lost if s.reader else 0,
+        "invalid_records": s.reader.invalid if s.reader else 0,
+        "p50_us": us(h.quantile(0.5)), "p99_us": us(h.quantile(0.99)),
+        "p999_us": us(h.quantile(0.999)), "max_us": us(h.max_ns or None),
+        # enough samples to claim the percentile at 99 % confidence (as the probe's)
+        "sufficient": {"p99": s.samples >= 662, "p999": s.samples >= 6636},
+        "spikes": s.spikes, "attributed": s.attributed,
+        "not_attributed": s.not_attributed, "inherited": s.inherited,
+        "queued": s.queued,
+        "causes": {c: {"count": n, "share": round(n / s.attributed, 3),
+                       "label": CAUSES.get(c, c),
+                       "top": [d for d, _ in s.cause_details.get(c, Counter())
+                               .most_common(3)]}
+                   for c, n in s.cause_counts.most_common()},
+        "attribution_delay_ms": {"p50": delays[len(delays) // 2] if delays else None,
+                                 "max": delays[-1] if delays else None},
+        "flight_records": s.flight_files, "collectors": col, "sampler": sampler,
+        "source_error": s.source_error, "stopped_by": s.stopped_by,
+        "output_error": s.output_error,
+        "warnings": s.warnings + _invalid_warning(s) + _load_warning(s, h) + (
+            [native_error] if native_error else []),
+    }
+
+
+def rolling(s) -> dict:
+    """The live view's figures over the last :data:`ROLLING_SAMPLES` samples of session
+    ``s``: nearest-rank P50/P99/P99.9 (µs) and the share over the spike threshold."""
+    last = s.lat.last(ROLLING_SAMPLES)
+    if not len(last):
+        return {}
+    lat = np.sort(last[:, F["end_ns"]] - last[:, F["start_ns"]])
+    n = len(lat)
+
+    def q(p):
+        return float(lat[min(n - 1, max(0, math.ceil(p * n) - 1))]) / 1e3
+    out = {"n": n, "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999)}
+    thr = s.cfg.threshold_us * 1e3 if s.cfg.threshold_us else s.cfg.k_p50 * s.detector.p50_ns
+    out["jitter_rate"] = float((lat > thr).mean()) if thr else 0.0
+    return out
+
+
+def _invalid_warning(s) -> list[str]:
+    n = s.reader.invalid if s.reader is not None else 0
+    if not n:
+        return []
+    return [f"{n} record(s) of the latency ring {s.reader.path} failed validation "
+            "(impossible timestamps, pids, CPUs or evidence, or a corrupt slot): dropped, "
+            "not counted in the percentiles"]
+
+
+def _load_warning(s, h: LatencyHistogram) -> list[str]:
+    """A built-in probe that keeps its CPU more than half busy measures the queue it builds
+    itself (response times from the intended start) more than the host."""
+    p50 = h.quantile(0.5)
+    if s.cfg.probe == "external" or not p50:
+        return []
+    busy = p50 / 1e9 * s.cfg.rate_hz
+    if busy <= 0.5:
+        return []
+    from agent.watch.probe_worker import auto_rate
+    return [f"the probe keeps CPU {s.cfg.probe_cpus} {100 * busy:.0f} % busy "
+            f"(P50 {p50 / 1e3:.0f} µs × {s.cfg.rate_hz:g}/s): any disturbance queues "
+            f"the next calls; a --rate of {auto_rate(int(p50)):g} or less "
+            "(or --rate auto) leaves it headroom"]
+
+
+def us(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e3, 1)
+
+
+def short(detail: str) -> str:
+    """The example of a cause for the summary: who ran on the CPU, else the detail's head.
+    A detail wrapped by a re-labelled cause ("softirq work in ksoftirqd/1 preempted the probe
+    (…; X ran on CPU 1)") loses the wrapper's closing parenthesis with its head."""
+    if "ran on CPU" not in detail:
+        return detail.split(":")[0]
+    tail = detail.split(";")[-1].strip()
+    while tail.endswith(")") and tail.count(")") > tail.count("("):
+        tail = tail[:-1]
+    return tail
