@@ -20,7 +20,7 @@ from agent.commands.common import (
 )
 
 HELP = ("Plan, apply, verify and roll back runtime host settings from a profile.\n\n"
-        "apply journals every original value (atomically, before each write) in /run/hftagent; "
+        "apply journals every original value (durably, before each write) in /run/hftagent; "
         "rollback restores those originals in reverse order, even after a crash half-way. Boot "
         "arguments are never applied: they are printed as grubby/GRUB commands "
         "(pending-reboot).")
@@ -28,7 +28,10 @@ HELP = ("Plan, apply, verify and roll back runtime host settings from a profile.
 CpusOpt = Annotated[str | None, typer.Option("--cpus", help="Target (inference) CPUs, e.g. 2-5. "
                                              "IRQs are moved off them. Default: isolated CPUs.")]
 StateOpt = Annotated[str | None, typer.Option("--state-dir", help="Journal directory (default "
-                                              "ROOT/run/hftagent: tmpfs on a live box).")]
+                                              "ROOT/run/hftagent: tmpfs on a live box). It "
+                                              "must be owned by root or you and not writable "
+                                              "by others; only symlinks owned by root or you "
+                                              "are followed to it.")]
 OnlyOpt = Annotated[list[str] | None, typer.Option("--only", help="Only these tunables or "
                                                    "families (repeatable): cpu, irq.affinity...")]
 SkipOpt = Annotated[list[str] | None, typer.Option("--skip", help="Skip these tunables or "
@@ -332,7 +335,8 @@ def threads_cmd(
     = None,
     from_file: Annotated[str | None, typer.Option("--from", help="A saved `hftagent probe "
                                                   "--sweep threads --json` result instead of "
-                                                  "running the sweep now.")] = None,
+                                                  "running the sweep now (then the sweep's "
+                                                  "own options are refused).")] = None,
     model: Annotated[str | None, typer.Option("--model", help="SavedModel dir, .keras or "
                                               ".tflite (default: built-in).")] = None,
     builtin: Annotated[str | None, typer.Option("--builtin", help="Built-in model (default "

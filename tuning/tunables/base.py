@@ -5,7 +5,10 @@ service manager) holds a value for, named by a stable string key:
 
 - a file, by the path a user would type on the box itself ("/proc/sys/vm/swappiness",
   "/sys/devices/system/cpu/cpu3/cpufreq/scaling_governor") — resolved under the Host root, so a
-  journal written against a tree copy names the same keys as one written on the live box;
+  journal written against a tree copy names the same keys as one written on the live box. It is
+  read and written only through :func:`contained` (its real path must stay below its mount;
+  the only symlinks followed are sysfs's own, into ``<sysfs>/devices``) and the O_NOFOLLOW
+  walk of tuning.safepath;
 - a non-file target: "service:irqbalance", "nvml:gpu0:persistence_mode".
 
 Values are normalised strings (the text a user would write with ``echo``), so that the journal,
@@ -232,14 +235,13 @@ class FileTunable(Tunable):
         [selected] word, a mask that does not parse) or when its path is refused (see
         :func:`contained`): unreadable, never a value."""
         try:
-            path = contained(ctx.host, target)
+            text = read_value(contained(ctx.host, target))
         except OSError:
             return None
-        r = ctx.host.read(path)
-        if r.value is None:
+        if text is None:
             return None
         try:
-            return self.normalise(r.value)
+            return self.normalise(text)
         except ValueError:
             return None
 
@@ -265,6 +267,35 @@ def resolve(host: Host, target: str) -> Path:
                 raise TuneError(f"refusing path with '..': {target}")
             return under(rel)
     raise TuneError(f"not a /proc or /sys target: {target}")
+
+
+MAX_VALUE_BYTES = 1 << 20  # a sysfs value fits a page; /proc/irq/N lists a few KB at most
+
+
+def read_value(path: Path) -> str | None:
+    """The text of a target file at the real path :func:`contained` returned, read the way a
+    write reaches it (every component walked with O_NOFOLLOW, a regular file only, never
+    blocking on a FIFO), stripped of its trailing newline; None when it cannot be read or is
+    larger than any kernel value."""
+    try:
+        fd = open_real(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        chunks, got = [], 0
+        while True:  # a seq_file hands out a page per read: read to the end
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            got += len(b)
+            if got > MAX_VALUE_BYTES:
+                return None
+            chunks.append(b)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace").rstrip("\n")
 
 
 def is_file_target(target: str) -> bool:
