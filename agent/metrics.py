@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agent.defaults import EXCEEDANCE_THRESHOLDS_US, MAX_THRESHOLD_US
+from agent.watch.causes import CAUSES as ATTRIBUTION_CAUSES
 
 if TYPE_CHECKING:
     from tuning.findings import Finding
@@ -98,11 +99,9 @@ DEFAULT_THRESHOLDS_US: tuple[int, ...] = EXCEEDANCE_THRESHOLDS_US
 QUANTILES: tuple[float, ...] = (0.5, 0.99, 0.999)
 REQUIRED_SAMPLES: dict[float, int] = {0.5: 14, 0.99: 662, 0.999: 6636}
 
-# Causes of the attribution engine (agent/watch). Anything else is counted as "other".
-CAUSES: tuple[str, ...] = (
-    "cpu_contention", "irq", "softirq", "freq_drop", "steal", "migration", "page_faults",
-    "numa_remote", "gpu_throttle", "gpu_foreign_process", "pcie_errors", "unexplained",
-    "other")
+# Causes of the attribution engine (the one list, agent/watch/causes.py). Anything else is
+# counted as "other".
+CAUSES: tuple[str, ...] = (*ATTRIBUTION_CAUSES, "other")
 
 AUDIT_STATUSES: tuple[str, ...] = (
     "ok", "warn", "fail", "unsupported", "pending-reboot", "error")

@@ -104,6 +104,28 @@ def test_hardware_irq_named_with_its_device(rng):
     assert a.cause == "irq" and "IRQ 38 (virtio2-input.0)" in a.causes[0].detail
 
 
+def test_a_shared_irq_line_is_named_by_every_action(rng):
+    """/proc/interrupts prints a shared line's actions "ehci_hcd:usb1, mmc0": the cause names
+    both (collectors.irq.action_names), not the last word ("mmc0" alone once); a line with
+    no action is the IRQ number, not its descriptor ("65536-edge")."""
+    rings = quiet_rings(rng, **{"irq__irq.1.38": at_spike(lambda i, g: 0.0, 900.0)})
+    shared = {"38": "IO-APIC 38-fasteoi ehci_hcd:usb1, mmc0"}
+    a = Attributor(rings, [1], irq_desc=lambda: shared).attribute(spike())
+    assert a.cause == "irq" and "IRQ 38 (ehci_hcd:usb1,mmc0) on CPU 1" in a.causes[0].detail
+    bare = {"38": "PCI-MSI 65536-edge"}
+    b = Attributor(rings, [1], irq_desc=lambda: bare).attribute(spike())
+    assert b.cause == "irq" and b.causes[0].detail.startswith("IRQ 38 on CPU 1:")
+
+
+def test_every_cause_a_family_names_is_in_the_one_list_the_exporter_counts():
+    from agent.metrics import CAUSES as EXPORTED
+    from agent.watch.attribution import CAUSES
+    assert set(EXPORTED) == set(CAUSES) | {"other"}
+    assert list(EXPORTED) == [*CAUSES, "other"]
+    from agent.watch.attribution import rules
+    assert {c for _, c, _ in rules.KERNEL_THREADS} <= set(CAUSES)
+
+
 def test_timer_ticks_from_a_busy_cpu_do_not_outrank_preemption(rng):
     rings = quiet_rings(rng, **{"irq__irq.1.LOC": at_spike(lambda i, g: 8.0, 60.0)})
     a = Attributor(rings, [1]).attribute(spike(nivcsw=1, rq_delay_ns=3_000_000))

@@ -23,12 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.watch.causes import CAUSES
+
 REPO = Path(__file__).resolve().parents[1]
 WATCH = [sys.executable, "-c", "from agent.cli import main; main()", "watch", "--probe",
          "numpy"]
-CAUSES = ("cpu_contention", "irq", "softirq", "steal", "freq_drop", "migration",
-          "page_faults", "numa_remote", "gpu_throttle", "gpu_foreign_process", "pcie_errors",
-          "unexplained")
 
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                                     reason="needs a probe CPU and a housekeeping CPU")

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 
 from agent.client import FIELDS
-from agent.watch.attribution import CAUSES
+from agent.watch.causes import CAUSES
 
 F = {name: i for i, name in enumerate(FIELDS)}
 ROLLING_SAMPLES = 10_000  # the live view's window

@@ -1,0 +1,122 @@
+"""What the engine scores and returns: one slow sample (:class:`Spike`), one cause's score
+(:class:`CauseScore`), the ranked result (:class:`Attribution`), and what a cause family's
+rule sees for one spike (:class:`Context`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from agent.watch.attribution.window import RingView
+
+# A run-queue wait measured in-process explains a sample when it is at least this long and
+# this share of its excess over P50 (wait_explains).
+WAIT_MIN_NS = 50_000
+WAIT_SHARE = 0.3
+
+
+@dataclass
+class Spike:
+    """One slow sample. Evidence fields are -1 when not measured (external clients)."""
+
+    seq: int
+    start_ns: int
+    end_ns: int
+    pid: int
+    tid: int
+    p50_ns: int
+    nivcsw: int = -1
+    nvcsw: int = -1
+    minflt: int = -1
+    majflt: int = -1
+    cpu_ns: int = -1
+    rq_delay_ns: int = -1
+    cpu_start: int = -1
+    cpu_end: int = -1
+    # seq of the slow sample of the same thread still running at this one's intended start
+    # (open loop: this one waited for it), -1 when none
+    queued_behind: int = -1
+
+    @property
+    def latency_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def excess_ns(self) -> int:
+        return max(1, self.latency_ns - self.p50_ns)
+
+    @property
+    def off_cpu_ns(self) -> int:
+        """Wall time neither on the CPU (the thread's CPU time as the kernel counts it) nor
+        waiting on its run queue as schedstat counts it; -1 when not measured (external
+        sources)."""
+        if self.cpu_ns < 0 or self.rq_delay_ns < 0:
+            return -1
+        return max(0, self.latency_ns - self.cpu_ns - self.rq_delay_ns)
+
+    def in_process(self) -> dict:
+        keys = ("nivcsw", "nvcsw", "minflt", "majflt", "cpu_ns", "rq_delay_ns", "cpu_start",
+                "cpu_end")
+        out = {k: getattr(self, k) for k in keys if getattr(self, k) >= 0}
+        if self.off_cpu_ns >= 0:
+            # Sleeping (nvcsw), waiting behind the previous call, a late wake-up, interrupt
+            # time, or a stopped vCPU (the hypervisor's steal): the lead for a spike that the
+            # switches and run-queue figures do not explain.
+            out["off_cpu_us"] = round(self.off_cpu_ns / 1e3, 1)
+        return out
+
+
+def wait_explains(sp: Spike) -> bool | None:
+    """Whether the sample's run-queue wait explains a good part (≥ WAIT_SHARE) of its excess
+    over P50; None when the wait was not measured (then: whether it was switched out)."""
+    if sp.rq_delay_ns < 0:
+        return True if sp.nivcsw > 0 else None
+    return sp.rq_delay_ns >= WAIT_MIN_NS and sp.rq_delay_ns >= WAIT_SHARE * sp.excess_ns
+
+
+@dataclass
+class CauseScore:
+    cause: str
+    strength: float
+    score: float = 0.0
+    detail: str = ""
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"cause": self.cause, "score": round(self.score, 3),
+                "strength": round(self.strength, 3), "detail": self.detail,
+                "evidence": self.evidence}
+
+
+@dataclass
+class Attribution:
+    cause: str
+    causes: list[CauseScore]
+    unexplained: float
+    in_process: dict
+
+    def to_dict(self) -> dict:
+        return {"cause": self.cause, "unexplained": round(self.unexplained, 3),
+                "causes": [c.to_dict() for c in self.causes], "in_process": self.in_process}
+
+
+@dataclass
+class Context:
+    """What one cause family's rule sees for one spike (built by the
+    :class:`~agent.watch.attribution.engine.Attributor`)."""
+
+    spike: Spike
+    views: dict[str, RingView]  # collector name → its rows around the spike vs baseline
+    cpus: set[int]  # the probe CPUs and any the sample started or ended on
+    probe_cpus: list[int]
+    recent: np.ndarray | None  # in-process evidence of recent normal samples
+    recent_stat: Callable[[int], tuple[float, float]]  # (median, MAD) of one recent column
+    who_ran: Callable | None = None  # SchedCollector.who_ran(t0, t1, cpus)
+    others_share: Callable | None = None  # SchedCollector.others_share(t0, t1, cpus)
+    irq_desc: Callable | None = None  # IRQ row → /proc/interrupts text after the counts
+    gpu_detail: Callable | None = None  # GpuCollector.causes(t0, t1)
+    slack_ns: int = 0  # the window is [start − slack, end + slack]

@@ -1,0 +1,196 @@
+"""Window and baseline statistics of one collector ring for one spike (:class:`RingView`):
+each signal's rows overlapping the spike window against its own recent baseline — the rows
+of the preceding ``baseline_s`` seconds, excluding the last ``exclude_s`` — as median/MAD
+z-scores and excess counts (:class:`SignalWindow`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.watch.ring import SignalRing
+
+
+@dataclass
+class SignalWindow:
+    """One signal in the spike window vs its baseline (rates per second)."""
+
+    name: str
+    window: float  # sum of deltas (counters) or extreme value (gauges) in the window
+    window_rate: float
+    base_rate: float  # baseline median rate (counters) or median value (gauges)
+    mad: float
+    z: float
+    excess: float  # window count above what the baseline rate predicts
+
+    def to_dict(self) -> dict:
+        return {"window": rnd(self.window), "baseline_rate_per_s": rnd(self.base_rate),
+                "z": rnd(self.z), "excess": rnd(self.excess)}
+
+
+def median_mad(recent: np.ndarray | None, col: int) -> tuple[float, float]:
+    """Median and MAD of one in-process column of recent non-spike samples (0, 0 without
+    20 of them or without that column)."""
+    if recent is None or len(recent) < 20 or recent.ndim != 2 or recent.shape[1] <= col:
+        return 0.0, 0.0
+    c = recent[:, col]
+    c = c[c >= 0]
+    if not len(c):
+        return 0.0, 0.0
+    med = float(np.median(c))
+    return med, float(np.median(np.abs(c - med)))
+
+
+def rnd(x: float) -> float | None:
+    if x is None or x != x:
+        return None
+    if math.isinf(x):
+        return 1e9 if x > 0 else -1e9
+    return round(float(x), 3)
+
+
+def col_median(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column median of a 2-D float array ignoring NaN, and each column's non-NaN count
+    (median NaN where the count is 0). One sort for all columns: NaN sorts last, so the
+    median of column j sits at rows (n_j - 1) // 2 and n_j // 2 — np.nanmedian(axis=0) falls
+    back to a Python loop per column when NaNs are present."""
+    if a.ndim != 2 or not a.shape[0] or not a.shape[1]:
+        return np.full(a.shape[1] if a.ndim == 2 else 0, np.nan), \
+            np.zeros(a.shape[1] if a.ndim == 2 else 0, dtype=np.int64)
+    srt = np.sort(a, axis=0)
+    n = (~np.isnan(a)).sum(axis=0)
+    lo = np.clip((n - 1) // 2, 0, a.shape[0] - 1)[None, :]
+    hi = np.clip(n // 2, 0, a.shape[0] - 1)[None, :]
+    med = (np.take_along_axis(srt, lo, 0)[0] + np.take_along_axis(srt, hi, 0)[0]) / 2.0
+    med[n == 0] = np.nan
+    return med, n
+
+
+class BaselineStats:
+    """Median and MAD of every column of one ring's baseline rows, as rates per second,
+    computed at once (columns with fewer than 5 non-NaN rows: 0, 0 — "nothing happening")."""
+
+    __slots__ = ("med", "mad")
+
+    def __init__(self, ring: SignalRing, base: np.ndarray, base_dt: np.ndarray) -> None:
+        width = len(ring.cols)
+        if len(base) < 5 or not width:
+            self.med = np.zeros(width)
+            self.mad = np.zeros(width)
+            return
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rates = ring.data[base, :width] / base_dt[:, None]
+        med, n = col_median(rates)
+        mad, _ = col_median(np.abs(rates - med[None, :]))
+        few = n < 5
+        self.med = np.where(few, 0.0, med)
+        self.mad = np.where(few, 0.0, mad)
+
+
+class _Baseline:
+    """One ring's baseline rows for one baseline end (shared by the spikes of a quantum)."""
+
+    __slots__ = ("base", "base_dt", "row_s", "_stats", "_ring", "rows_then")
+
+    def __init__(self, ring: SignalRing, b_from: int, b_to: int) -> None:
+        self.rows_then = ring.rows
+        base = ring.window(b_from, b_to)
+        self.base = base[ring.t1[base] <= b_to] if len(base) else base
+        dt_b = (ring.t1[self.base] - ring.t0[self.base]) / 1e9
+        self.base_dt = np.where(dt_b > 0, dt_b, np.nan)
+        ok = self.base_dt[~np.isnan(self.base_dt)]
+        self.row_s = float(np.median(ok)) if len(ok) else None
+        self._ring = ring
+        self._stats: BaselineStats | None = None
+
+    @property
+    def stats(self) -> BaselineStats:
+        if self._stats is None:
+            self._stats = BaselineStats(self._ring, self.base, self.base_dt)
+        return self._stats
+
+
+class RingView:
+    """Window/baseline statistics over one SignalRing for one spike, computed once per ring
+    for all columns at a time. ``stats_cache`` (optional): a dict the :class:`Attributor`
+    keeps across spikes, so the spikes whose baselines end at the same ``b_to`` (a quantum
+    boundary) share one baseline selection and one median/MAD computation — a spike storm
+    costs one window sum per ring per spike, not two medians per signal per spike."""
+
+    def __init__(self, ring: SignalRing, t_from: int, t_to: int, baseline_s: float,
+                 exclude_s: float, b_to: int | None = None,
+                 stats_cache: dict | None = None) -> None:
+        self.ring = ring
+        self.win = ring.window(t_from, t_to)
+        if b_to is None:
+            b_to = t_from - int(exclude_s * 1e9)
+        # The key names the ring object and its width; the entry is dropped once the ring
+        # has written over any of its baseline rows since (a run paused longer than the
+        # ring holds, then a spike from the same quantum).
+        key = (id(ring), b_to, int(baseline_s * 1e9), len(ring.cols))
+        hit = stats_cache.get(ring.name) if stats_cache is not None else None
+        if hit is not None and hit[0] == key and \
+                ring.rows - hit[1].rows_then <= ring.capacity - len(hit[1].base):
+            bl = hit[1]
+        else:
+            bl = _Baseline(ring, b_to - int(baseline_s * 1e9), b_to)
+            if stats_cache is not None:
+                stats_cache[ring.name] = (key, bl)
+        self._bl = bl
+        self.base, self.base_dt = bl.base, bl.base_dt
+        dt_w = (ring.t1[self.win] - ring.t0[self.win]) / 1e9
+        self.win_dt = float(dt_w.sum()) if len(dt_w) else 0.0
+        self.row_s = bl.row_s if bl.row_s is not None else \
+            (self.win_dt / max(1, len(self.win)) or 0.01)
+        self._wsum: np.ndarray | None = None
+        self._wseen: np.ndarray | None = None
+
+    @property
+    def stats(self) -> BaselineStats:
+        return self._bl.stats
+
+    def _window_sums(self) -> None:
+        w = self.ring.data[self.win, :len(self.ring.cols)]
+        self._wseen = (~np.isnan(w)).any(axis=0)
+        self._wsum = np.where(np.isnan(w), 0.0, w).sum(axis=0)
+
+    def counter(self, name: str) -> SignalWindow | None:
+        i = self.ring.cols.get(name)
+        if i is None or not len(self.win):
+            return None
+        if self._wsum is None:
+            self._window_sums()
+        if not self._wseen[i]:
+            return None
+        total = float(self._wsum[i])
+        rate = total / self.win_dt if self.win_dt > 0 else float("nan")
+        st = self.stats
+        med, mad = float(st.med[i]), float(st.mad[i])
+        floor = 1.0 / max(self.row_s, 1e-3)  # one event per row
+        scale = max(1.4826 * mad, 0.1 * abs(med), floor)
+        z = (rate - med) / scale if rate == rate else float("nan")
+        excess = total - med * self.win_dt
+        return SignalWindow(name, total, rate, med, mad, z, excess)
+
+    def gauge(self, name: str, low: bool = True) -> SignalWindow | None:
+        i = self.ring.cols.get(name)
+        if i is None or not len(self.win):
+            return None
+        w = self.ring.data[self.win, i]
+        if np.isnan(w).all():
+            return None
+        val = float(np.nanmin(w) if low else np.nanmax(w))
+        b = self.ring.data[self.base, i] if len(self.base) else np.empty(0)
+        b = b[~np.isnan(b)]
+        med = float(np.median(b)) if len(b) else float("nan")
+        mad = float(np.median(np.abs(b - med))) if len(b) else float("nan")
+        z = (val - med) / max(1.4826 * mad, 1e-9) if len(b) else float("nan")
+        return SignalWindow(name, val, val, med, mad, z, val - med if len(b) else float("nan"))
+
+    def names(self, prefix: str) -> list[str]:
+        return [n for n in self.ring.cols if n.startswith(prefix)]
+
+
