@@ -123,7 +123,12 @@ def main() -> int:
                                ("restored", "was-original")][:20]
     aff2, files2 = affinities(host), files(host)
     existing = [k for k in aff0 if k in aff2]
-    wrong = {f"{k[0]}:{k[1]}": [aff0[k], aff2[k]] for k in existing if aff0[k] != aff2[k]}
+    names = {(t.tid, t.starttime): t.name for t in tasks(host)}
+    journalled = {i["target"] for i in rb.get("items", [])}
+    wrong = {f"{k[0]}:{k[1]}": [aff0[k], aff2[k], names.get(k, "?"),
+                                "journalled" if f"task:{k[0]}:{k[1]}" in journalled
+                                else "not journalled"]
+             for k in existing if aff0[k] != aff2[k]}
     new = [k for k in aff2 if k not in aff0]
     res["restored"] = {"tasks_before": len(aff0), "still_there": len(existing),
                        "exited": len(aff0) - len(existing), "affinity_differs": wrong,

@@ -158,6 +158,14 @@ def run_block(args, cpu: str, levers: set[str], seconds: float, rate: float, mod
     return d
 
 
+def rt_permitted() -> bool:
+    """Whether a child may switch itself to SCHED_FIFO (root alone is not enough in a
+    container without CAP_SYS_NICE, or under a cgroup with no RT runtime)."""
+    code = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          timeout=30).returncode == 0
+
+
 def summary(lat: np.ndarray) -> dict:
     s = stats.summarize(lat)
     return {k: s[k] for k in ("count", "p50_ns", "p99_ns", "p999_ns", "max_ns")} | {
@@ -174,7 +182,12 @@ def main() -> int:
                     "CPU of hftagent's rule)")
     ap.add_argument("--neighbours", type=int, default=None, help="busy neighbours (default "
                     "3 x online CPUs)")
-    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument("--rate", default="auto", help="calls/s of the noisy scenarios, or auto: "
+                    "the probe's CPU 15 %% busy at its quiet P50 (at most 500/s), so that the "
+                    "neighbours' share of the CPU slows the calls without saturating the "
+                    "probe (a saturated open loop measures its queue, not the tail)")
+    ap.add_argument("--wake-rate", type=float, default=500.0, help="the fast rate of the "
+                    "wake-up curve")
     ap.add_argument("--slow-rate", type=float, default=20.0)
     ap.add_argument("--block-s", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=2)
@@ -185,6 +198,7 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.worker:
+        args.rate = float(args.rate)
         return worker(args)
 
     from collectors.host import Host
@@ -197,6 +211,22 @@ def main() -> int:
     bad = set(levers) - set(LEVERS)
     if bad:
         ap.error(f"unknown lever(s) {sorted(bad)}; known: {', '.join(LEVERS)}")
+    unavailable = {}
+    if "fifo" in levers and not rt_permitted():
+        levers.remove("fifo")
+        unavailable["fifo"] = ("SCHED_FIFO refused here (no CAP_SYS_NICE or no RT runtime "
+                               "in this cgroup): left out of every scenario")
+    tmp0 = Path(tempfile.mkdtemp(prefix="hftagent-tuning-effect-cal-"))
+    if args.rate == "auto":
+        cal = run_block(args, cpu, set(), 2.0, 100.0, "rate", tmp0, "calibrate")
+        if "error" in cal:
+            raise SystemExit(f"calibration failed: {cal['error']}")
+        p50 = float(np.median(cal["response_ns"]))
+        args.rate = round(min(500.0, 0.15 / (p50 / 1e9)), 1)
+        print(f"rate auto: quiet P50 {p50 / 1e3:.0f} µs -> {args.rate:g} calls/s",
+              file=sys.stderr)
+    else:
+        args.rate = float(args.rate)
     scenarios: list[tuple[str, str | None, set[str]]] = [
         ("quiet", None, set()), ("noisy", "noisy", set()), ("bursty", "bursty", set())]
     scenarios += [(f"noisy+{lv}", "noisy", {lv}) for lv in levers]
@@ -247,7 +277,7 @@ def main() -> int:
         for ka in rng.sample([False, True], 2):
             lv = {"keep-awake"} if ka else set()
             key = "keep-awake" if ka else "plain"
-            for rate in (args.rate, args.slow_rate):
+            for rate in (args.wake_rate, args.slow_rate):
                 d = run_block(args, cpu, lv, args.block_s, rate, "rate", tmp,
                               f"wake-{key}-{rate:g}-{rnd}")
                 if "error" not in d:
@@ -261,12 +291,12 @@ def main() -> int:
     wake_rows = {}
     for key, by_rate in wake.items():
         p50 = {r: int(np.median(np.concatenate(v))) for r, v in by_rate.items()}
-        fast, slow = p50.get(f"{args.rate:g}"), p50.get(f"{args.slow_rate:g}")
+        fast, slow = p50.get(f"{args.wake_rate:g}"), p50.get(f"{args.slow_rate:g}")
         wake_rows[key] = {"p50_ns": p50, "slow_over_fast": (slow / fast) if fast and slow
                           else None}
     doc = {"cpu": cpu, "neighbours": n, "online": ncpu, "rate": args.rate,
            "block_s": args.block_s, "rounds": args.rounds, "workload": args.workload,
-           "levers": levers, "scenarios": rows, "wakeup": wake_rows, "idle_gaps": gaps,
+           "levers": levers, "unavailable": unavailable, "scenarios": rows, "wakeup": wake_rows, "idle_gaps": gaps,
            "errors": errors, "isolation_log": iso_log, "loads": loads, "kernel": os.uname().release,
            "elapsed_s": round(time.time() - t_start, 1)}
     print(f"\ntarget CPU {cpu}, {n} neighbours, {args.rate:g} calls/s, "
@@ -285,7 +315,9 @@ def main() -> int:
               f"{x(r['p999_x_quiet']):>9}")
     for key, w in wake_rows.items():
         print(f"wake-up {key}: P50 {w['p50_ns']} ns; {args.slow_rate:g}/s over "
-              f"{args.rate:g}/s = {w['slow_over_fast']}")
+              f"{args.wake_rate:g}/s = {w['slow_over_fast']}")
+    for lv, why in unavailable.items():
+        print(f"lever {lv}: {why}")
     for name, errs in errors.items():
         print(f"errors in {name}: {errs[0]}")
     if args.json:

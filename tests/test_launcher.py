@@ -13,7 +13,7 @@ import pytest
 
 from collectors.host import Host
 from tests.treecopy import copy_fixture, make_synthetic
-from tuning.launcher import LaunchError, build_launch, command_line, default_cpus, parse_sched
+from tuning.launcher import LaunchError, build_launch, command_line, parse_sched
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
@@ -94,14 +94,14 @@ def test_arguments_after_dashdash_reach_the_command_untouched():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--cpus", "99", "--", "true"], "not online"),
+    (["--cpus", "99", "--", "true"], "past the last CPU"),
     (["--mem-node", "0", "--", "true"], "numactl"),
     (["--sched", "fifo:0", "--", "true"], "priority must be"),
     (["--sched", "idle", "--", "true"], "expected fifo:PRIO"),
     (["--cpus", "0", "--", "no-such-command-hft"], "command not found"),
     (["--cpus", "0"], "no command given"),
     (["--cpus", "0", "--inter", "-1", "--", "true"], "set_inter_op_parallelism_threads"),
-    (["--cpus", "0", "--inter", "0", "--", "true"], "--inter must be at least 1"),
+    (["--cpus", "0", "--inter", "0", "--", "true"], "--inter must be between 1 and"),
 ])
 def test_bad_input_one_line_exit_1(args, msg):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
@@ -160,23 +160,43 @@ def test_command_line_is_quoted_and_refuses_caller_thread():
             command_line(["x"], cpus=[1], intra=1, inter=bad)
 
 
-def test_default_cpus_isolated_then_gpu_node_then_all_but_0(tmp_path):
+def _plan(host, **kw):
+    return build_launch(host, ["true"], which=lambda _: "/bin/true", **kw)
+
+
+def test_default_cpus_follow_the_one_rule(tmp_path):
     root = make_synthetic(tmp_path / "syn")
     host = Host(root)
-    assert default_cpus(host, [0, 1, 2, 3]) == ([1, 2, 3], "all online CPUs but CPU 0")
+    d = _plan(host)
+    assert d.cpus == [1, 2, 3] and d.cpus_source.startswith("default: all online CPUs but")
     (root / "sys/devices/system/cpu/isolated").write_text("2-3\n")
-    assert default_cpus(host, [0, 1, 2, 3]) == ([2, 3], "isolated CPUs")
-    assert default_cpus(host, [0]) == ([0], "all online CPUs")
+    assert _plan(host).cpus == [2, 3] and _plan(host).cpus_source == "isolated CPUs"
 
 
-def test_default_cpus_gpu_numa_node_on_the_h200_capture(tmp_path):
+def test_a_process_bound_to_a_gpu_defaults_to_its_local_cpus(tmp_path):
     root = copy_fixture("gpu-h200", tmp_path / "h200")
     host = Host(root)
-    online = list(range(16))
-    cpus, source = default_cpus(host, online)
-    # the capture's GPU reports numa_node -1 or 0 with one node: either way a sane set
-    assert cpus and set(cpus) <= set(online)
-    assert source in ("all online CPUs but CPU 0",) or source.startswith("NUMA node")
+    assert _plan(host, gpu=0).cpus == list(range(1, 16))
+    assert "GPU 0" in _plan(host, gpu=0).cpus_source
+    env = {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PATH": "/bin"}
+    assert "GPU 0" in _plan(host, env=env).cpus_source
+    env.pop("CUDA_DEVICE_ORDER")      # CUDA's own order need not be nvidia-smi's: not used
+    assert "GPU" not in _plan(host, env=env).cpus_source
+    with pytest.raises(LaunchError, match="--gpu 1"):
+        _plan(host, gpu=1)
+
+
+def test_keep_awake_on_cpus_others_may_use_is_warned(tmp_path):
+    root = make_synthetic(tmp_path / "syn")
+    host = Host(root)
+    spin = tmp_path / "spin"
+    d = build_launch(host, ["true"], cpus="3", keep_awake=True, which=lambda _: "/bin/true",
+                     build_spinner=lambda: spin)
+    assert any("isolate the CPUs first" in n for n in d.notes)
+    (root / "sys/devices/system/cpu/isolated").write_text("3\n")
+    d = build_launch(host, ["true"], cpus="3", keep_awake=True, which=lambda _: "/bin/true",
+                     build_spinner=lambda: spin)
+    assert not any("isolate the CPUs first" in n for n in d.notes)
 
 
 def test_parse_sched():

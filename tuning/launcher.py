@@ -29,8 +29,9 @@ shell, no wrapper left behind):
      so it ends when CMD (and any child it passed the descriptor to) exits. It applies to
      every CPU. Equivalent: what TuneD's ``force_latency`` does for its own lifetime.
 
-Default CPUs: the isolated CPUs (/sys/devices/system/cpu/isolated), else the CPUs of the NUMA
-node of the first NVIDIA GPU (its PCI device's numa_node), else all online CPUs but CPU 0.
+Default CPUs: the one rule of tuning/targets.py (isolated, else nohz_full, else — with
+``--gpu N``, or CUDA_VISIBLE_DEVICES=N under CUDA_DEVICE_ORDER=PCI_BUS_ID — that GPU's local
+CPUs, else all online CPUs but the housekeeping core).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collectors.host import Host
-from collectors.parsers import format_cpulist, parse_cpu_option
+from collectors.parsers import format_cpulist
 
 NVIDIA_VENDOR = "0x10de"
 KEEPAWAKE_SOURCE = Path(__file__).with_name("keepawake.c")
@@ -107,7 +108,7 @@ def parse_sched(spec: str) -> tuple[int, int]:
     """"fifo:PRIO" (or "rr:PRIO") to (policy, priority); priority 1..99."""
     policy_s, sep, prio_s = spec.partition(":")
     policies = {"fifo": os.SCHED_FIFO, "rr": os.SCHED_RR}
-    if not sep or policy_s not in policies or not prio_s.isdigit():
+    if not sep or policy_s not in policies or not (prio_s.isascii() and prio_s.isdigit()):
         raise LaunchError(f"bad --sched {spec!r}: expected fifo:PRIO or rr:PRIO (PRIO 1..99)")
     prio = int(prio_s)
     lo, hi = os.sched_get_priority_min(policies[policy_s]), os.sched_get_priority_max(
@@ -117,30 +118,20 @@ def parse_sched(spec: str) -> tuple[int, int]:
     return policies[policy_s], prio
 
 
-def default_cpus(host: Host, online: list[int]) -> tuple[list[int], str]:
-    """(CPUs, where they came from): isolated, else the GPU's NUMA node, else all but CPU 0."""
-    from collectors import cpu as cpuc
-    from collectors.pcie import pci_devices
-    from collectors.system import numa_nodes
-
-    iso = [c for c in cpuc.isolated_cpus(host) if c in online]
-    if iso:
-        return iso, "isolated CPUs"
-    nodes = numa_nodes(host)
-    for dev in pci_devices(host):
-        if dev.vendor == NVIDIA_VENDOR and dev.klass.lower().startswith(("vga", "3d", "display")) \
-                and dev.numa_node is not None and nodes.get(dev.numa_node):
-            cpus = [c for c in nodes[dev.numa_node] if c in online]
-            if cpus:
-                return cpus, f"NUMA node {dev.numa_node} of GPU {dev.address}"
-    rest = [c for c in online if c != 0]
-    return (rest, "all online CPUs but CPU 0") if rest else (online, "all online CPUs")
+def gpu_from_env(env: Mapping[str, str]) -> int | None:
+    """The GPU a CUDA process is bound to by its environment, in nvidia-smi's order: a single
+    index in CUDA_VISIBLE_DEVICES counts only under CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA's
+    default order, FASTEST_FIRST, need not match the PCI order nvidia-smi and NVML use)."""
+    vis = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+    if env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" and vis.isascii() and vis.isdigit():
+        return int(vis)
+    return None
 
 
 def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
                  mem_node: int | None = None, intra: int | None = None,
                  inter: int | None = None, sched: str | None = None,
-                 keep_awake: bool = False, pm_qos: int | None = None,
+                 keep_awake: bool = False, pm_qos: int | None = None, gpu: int | None = None,
                  env: Mapping[str, str] | None = None,
                  which: Callable[[str], str | None] = shutil.which,
                  build_spinner: Callable[[], Path] | None = None) -> Launch:
@@ -149,25 +140,22 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
     anything is pinned or started)."""
     from collectors import cpu as cpuc
     from collectors.system import numa_nodes
+    from tuning.targets import TargetError, resolve
 
     if not cmd:
         raise LaunchError("no command given: hftagent run [OPTIONS] -- CMD [ARGS...]")
-    online_r = cpuc.online_cpus(host)
-    if not online_r.ok:
-        raise LaunchError(f"cannot read online CPUs ({online_r.path}: {online_r.reason})")
-    online = online_r.value
-    if cpus is None:
-        cpu_list, source = default_cpus(host, online)
-    else:
-        try:
-            cpu_list = parse_cpu_option(cpus, online)
-        except ValueError as exc:
-            raise LaunchError(str(exc)) from None
-        source = "--cpus"
+    base_env = os.environ if env is None else env
+    if gpu is None and cpus is None:
+        gpu = gpu_from_env(base_env)
+    try:
+        plan = resolve(host, cpus, gpu=gpu)
+    except TargetError as exc:
+        raise LaunchError(str(exc)) from None
+    cpu_list, source = plan.cpus, plan.source
     _check_threads(intra, inter)
     n_intra = intra if intra is not None else len(cpu_list)
     n_inter = inter if inter is not None else 1
-    out_env = dict(os.environ if env is None else env)
+    out_env = dict(base_env)
     out_env.update(TF_NUM_INTRAOP_THREADS=str(n_intra), TF_NUM_INTEROP_THREADS=str(n_inter),
                    OMP_NUM_THREADS=str(n_intra))
     argv = list(cmd)
@@ -185,7 +173,7 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
     elif which(cmd[0]) is None and "/" not in cmd[0]:
         raise LaunchError(f"command not found: {cmd[0]!r}")
     launch = Launch(argv, out_env, cpu_list, source, mem_node,
-                    parse_sched(sched) if sched else None)
+                    parse_sched(sched) if sched is not None else None)
     _cpuset(host, launch)
     if pm_qos is not None:
         if not 0 <= pm_qos <= PM_QOS_MAX_US:
@@ -195,6 +183,16 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
     if keep_awake:
         launch.keep_awake = True
         launch.spinner = (build_spinner or _build_spinner)()
+        if not launch.cpuset and not set(cpu_list) <= set(cpuc.isolated_cpus(host)):
+            # Since Linux 5.4 (sched_idle_cpu) a CPU that runs only SCHED_IDLE tasks counts as
+            # idle for wake-up placement and load balancing: the spinner draws other runnable
+            # tasks onto the CPU it keeps awake. Measured (bench/tuning_effect.py, dev VM, 6
+            # busy neighbours): P50 x275 with the spinner alone, x0.99 with it on isolated CPUs.
+            launch.notes.append(
+                f"--keep-awake on CPU {format_cpulist(cpu_list)}, which other tasks may use: "
+                "the kernel counts a CPU running only the SCHED_IDLE spinner as idle and moves "
+                "runnable tasks onto it; isolate the CPUs first (hftagent tune apply --isolate "
+                f"--cpus {format_cpulist(cpu_list)})")
     return launch
 
 
@@ -351,11 +349,14 @@ def _join(launch: Launch) -> None:
                           f"{exc.strerror or exc}") from None
 
 
+MAX_THREADS = 4096  # the probe's limit too (agent/probe/config.py)
+
+
 def _check_threads(intra: int | None, inter: int | None) -> None:
-    if intra is not None and intra < 1:
-        raise LaunchError("--intra must be at least 1")
-    if inter is not None and inter < 1:
-        raise LaunchError(f"--inter must be at least 1; {CALLER_THREAD_HINT}")
+    if intra is not None and not 1 <= intra <= MAX_THREADS:
+        raise LaunchError(f"--intra must be between 1 and {MAX_THREADS}")
+    if inter is not None and not 1 <= inter <= MAX_THREADS:
+        raise LaunchError(f"--inter must be between 1 and {MAX_THREADS}; {CALLER_THREAD_HINT}")
 
 
 def command_line(cmd: Sequence[str], *, cpus: Iterable[int] | None = None,

@@ -24,7 +24,15 @@ HELP = ("Run CMD pinned to CPUs, with NUMA memory binding, TF thread counts, SCH
 def run_cmd(
     cmd: Annotated[list[str] | None, typer.Argument(help="Command and arguments (after --).")]
     = None,
-    cpus: Annotated[str | None, typer.Option("--cpus", help="CPU list, e.g. 2-5.")] = None,
+    cpus: Annotated[str | None, typer.Option("--cpus", help="CPU list, e.g. 2-5. Default: "
+                                             "isolated, else nohz_full, else the --gpu's "
+                                             "local CPUs, else all online CPUs but the "
+                                             "housekeeping core.")] = None,
+    gpu: Annotated[int | None, typer.Option("--gpu", help="The GPU the command uses "
+                                            "(nvidia-smi index): its local CPUs are the "
+                                            "default --cpus. Also taken from "
+                                            "CUDA_VISIBLE_DEVICES=N when CUDA_DEVICE_ORDER="
+                                            "PCI_BUS_ID.")] = None,
     mem_node: Annotated[int | None, typer.Option("--mem-node", help="Bind memory to this NUMA "
                                                  "node (needs numactl).")] = None,
     intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads "
@@ -60,7 +68,8 @@ def run_cmd(
         raise fail("--root/--procfs/--sysfs describe a captured tree, not this host: use them "
                    "with --dry-run (a real run always uses the live host)")
     launch = build_launch(host, list(cmd or []), cpus=cpus, mem_node=mem_node, intra=intra,
-                          inter=inter, sched=sched, keep_awake=keep_awake, pm_qos=pm_qos)
+                          inter=inter, sched=sched, keep_awake=keep_awake, pm_qos=pm_qos,
+                          gpu=gpu)
     if dry_run:
         if json_out:
             print(json.dumps({**launch.to_dict(), "command": launch.command_line(cmd or [])},

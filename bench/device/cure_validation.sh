@@ -34,6 +34,7 @@ echo "== 1. cpus quiet $(date +%T)" >> "$log"
 timeout 180 hft cpus --duration 1 --json > "$out/cpus-quiet.json" 2>> "$log"; echo "rc=$?" >> "$log"
 
 echo "== 2. cpus with a bursty task pinned to CPU $NOISY $(date +%T)" >> "$log"
+export NOISY
 python3 -c '
 import os, random, time
 os.sched_setaffinity(0, [int(os.environ["NOISY"])])
@@ -43,7 +44,6 @@ while True:
     while c() < e: pass
     time.sleep(random.uniform(0.001, 0.004))
 ' & hog=$!
-export NOISY
 sleep 0.5
 timeout 180 hft cpus --duration 1 --json > "$out/cpus-loaded.json" 2>> "$log"; echo "rc=$?" >> "$log"
 kill "$hog"; wait "$hog" 2>/dev/null
