@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from agent.defaults import JITTER_THRESHOLD_US
 from agent.errors import AgentError
 
 P99 = 99.0
@@ -51,7 +52,7 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_ALPHA = 0.05
 DEFAULT_MAX_P99_REGRESSION = 0.10      # the seeds' release rule: P99 no more than 10 % worse
 DEFAULT_MAX_JITTER_RATE = 0.0005       # share of samples over 5 ms: 0.05 %
-DEFAULT_JITTER_THRESHOLD_NS = 5_000_000
+DEFAULT_JITTER_THRESHOLD_NS = int(JITTER_THRESHOLD_US * 1000)
 # The largest latency budget or threshold the gate takes, in µs (1000 s): no inference budget
 # is near it, so anything above is a typo (and 1e309 is inf, which has no integer ns).
 MAX_BUDGET_US = 1e9

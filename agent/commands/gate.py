@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from agent.commands.common import DbOpt, JsonOpt, cli_errors, fail
+from agent.defaults import JITTER_THRESHOLD_US
 from agent.errors import AgentError
 
 HELP = """Gate a run against its baseline: P99 change with a bootstrap 95 % interval, tail-jitter
@@ -55,7 +56,7 @@ def gate(
                                                  "(0.0005 or 0.05%; 'off').")] = "0.0005",
     jitter_threshold_us: Annotated[float, typer.Option("--jitter-threshold-us",
                                                        help="Tail-jitter threshold in µs.")
-                                   ] = 5000.0,
+                                   ] = JITTER_THRESHOLD_US,
     allow_mismatch: Annotated[bool, typer.Option("--allow-mismatch", help="Compare even when "
                                                  "the host fingerprints differ.")] = False,
     scenarios: Annotated[str, typer.Option("--scenarios", help="Comma list of cold, warm, "

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from agent.commands.common import DbOpt, JsonOpt, NoHistoryOpt, cli_errors, fail
+from agent.defaults import JITTER_THRESHOLD_US
 
 HELP = """Probe a TensorFlow model's inference latency: P50/P99/P99.9, cold start, tail jitter.
 
@@ -47,7 +48,7 @@ def probe(
                                                "up to 1000000 (response time from the "
                                                "intended start).")] = None,
     threshold_us: Annotated[float, typer.Option("--threshold-us", help="Tail-jitter threshold "
-                                                "in µs (up to 1e9).")] = 5000.0,
+                                                "in µs (up to 1e9).")] = JITTER_THRESHOLD_US,
     calib: Annotated[str | None, typer.Option("--calib", help="Representative samples "
                                               "[N,...] .npy for tflite-int8.")] = None,
     intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads (and "
