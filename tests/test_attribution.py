@@ -274,7 +274,7 @@ def cpu_time_ring(rng, soft_at_spike: float, irq_at_spike: float, soft_base=None
 
 
 def test_softirq_time_outranks_a_bigger_count_of_cheap_disk_interrupts(rng):
-    """The softirq flood seen on the dev VM: NET_RX over its baseline and 2 ticks (40 % of
+    """A softirq flood as seen on a 2-vCPU VM: NET_RX over its baseline and 2 ticks (40 % of
     a 50 ms row) of softirq time on the probe CPU, while the block device's IRQ fires more
     often than usual; hardirq time is not accounted by this kernel (column stays 0)."""
     rings = quiet_rings(rng, **{
@@ -441,7 +441,7 @@ def test_in_process_evidence_gives_the_time_off_cpu_and_off_the_run_queue():
 
 
 def test_a_late_wake_up_while_others_take_the_cpu_is_contention_not_unexplained(rng):
-    """The GPU box's kernel under an always-busy hog: the probe woke ~4 ms late with no
+    """Under an always-busy nice-0 hog with EEVDF (Linux 6.6+): the probe woke ~4 ms late with no
     run-queue wait in schedstat, no switch, no fault. With other tasks taking half the CPU
     that is contention (named, weaker than a measured wait); without them, or when the time
     is explained otherwise (blocked, queued behind the previous call), it is not."""

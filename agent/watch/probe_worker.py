@@ -3,7 +3,7 @@ CPUs.
 
 Run as ``python -m agent.watch.probe_worker --ring PATH --rate HZ --cpus LIST --probe KIND``.
 It pins itself, applies thread settings before TensorFlow initialises, builds the callable
-(``tf``: the probe engineer's ``agent.probe`` API — built-in LSTM, ``build_callable`` variant
+(``tf``: :mod:`agent.probe`'s models and variants — built-in LSTM, ``build_callable`` variant
 ``xla`` by default; ``numpy``: a numpy LSTM-shaped recurrence, no TensorFlow, for CI and
 boxes without TF), warms it up with ``agent.probe.harness.warm_up``, prints one JSON "ready"
 line on stdout, then calls it on a fixed schedule of ``rate`` starts per second and writes
@@ -70,7 +70,7 @@ def build_numpy_probe(steps: int = 64, features: int = 32, hidden: int = 128):
 
 
 def build_tf_probe(model: str, variant: str, ncpu: int):
-    """The probe engineer's built-in model + variant (``agent.probe``)."""
+    """A built-in model (or a model path) and a variant, built by :mod:`agent.probe`."""
     import numpy as np
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(ncpu)

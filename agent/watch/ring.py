@@ -77,7 +77,7 @@ class SignalRing:
     Storage is ``array.array`` (C doubles / int64) with numpy views over the same memory
     (:attr:`t0`, :attr:`t1`, :attr:`data`): the sampler writes a row with plain array stores
     and one slice copy — a numpy store right after the sampler wakes costs microseconds of
-    dispatch and cold cache each (~19 µs per appended row measured at 100 Hz on the dev VM,
+    dispatch and cold cache each (~19 µs per appended row measured at 100 Hz on a 2-vCPU VM,
     against ~5 µs now) — while readers (attribution, the flight recorder) use numpy."""
 
     def __init__(self, name: str, capacity: int = 3000, max_signals: int = 512) -> None:
