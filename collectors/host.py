@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -50,6 +51,10 @@ class Reading(Generic[T]):
             return Reading(fn(self.value), self.path)
         except (ValueError, IndexError, KeyError) as exc:
             return Reading(None, self.path, f"{ERROR}: cannot parse: {exc}")
+
+
+def _nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 class HostError(Exception):
@@ -180,11 +185,14 @@ class Host:
 
     # -- reading -----------------------------------------------------------------------------
     def read(self, path: Path) -> Reading[str]:
-        """Read a whole text file, stripped of its trailing newline."""
+        """Read a whole text file, stripped of its trailing newline. Regular files only: a
+        FIFO planted in a --root tree would block open() (and read()) forever."""
         shown = self.display(path)
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                return Reading(fh.read().rstrip("\n"), shown)
+            with open(path, "rb", buffering=0, opener=_nonblocking) as fh:
+                if not S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    return Reading(None, shown, f"{ERROR}: not a regular file")
+                return Reading(fh.read().decode("utf-8", "replace").rstrip("\n"), shown)
         except OSError as exc:
             return Reading(None, shown, _reason_for(exc))
 

@@ -545,3 +545,39 @@ def test_dry_run_checks_the_state_dir_as_apply_would(syn, tmp_path, what):
     res = tune("apply", "--root", str(syn), "--state-dir", str(sd), "--dry-run")
     _one_line_error(res, "state directory" if what != "corrupt-journal" else "corrupt")
     assert snapshot(syn, exclude=()) == before
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("rel", ["proc/sys/vm/swappiness", "proc/irq/24/smp_affinity_list",
+                                 "sys/devices/system/cpu/online",
+                                 "sys/kernel/mm/transparent_hugepage/enabled"])
+def test_fifo_in_the_tree_never_blocks_plan_apply_or_status(syn, rel):
+    """A FIFO planted where a /proc or /sys file should be: every read used to block in
+    open() forever (Host.read and the tunables' reads are non-blocking, regular files only)."""
+    import os
+    import signal
+
+    (syn / rel).unlink()
+    os.mkfifo(syn / rel)
+
+    class Blocked(Exception):  # not an OSError: nothing on the way may swallow it
+        pass
+
+    def ring(*_a):
+        raise Blocked(f"blocked on the FIFO at {rel}")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    try:
+        for cmd in (["plan"], ["apply"], ["status"], ["rollback"]):
+            signal.alarm(10)
+            res = tune(*cmd, "--root", str(syn), "--cpus", "2-3") if cmd[0] in (
+                "plan", "apply") else tune(*cmd, "--root", str(syn))
+            signal.alarm(0)
+            assert res.exception is None or isinstance(res.exception, SystemExit), \
+                (cmd, repr(res.exception))
+            assert res.exit_code in (0, 1, 2), res.output
+            assert "internal error" not in res.stderr and "Traceback" not in res.output
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert (syn / rel).is_fifo()  # never written, never replaced
