@@ -244,11 +244,15 @@ def _check_known(j: Journal) -> None:
     if unknown:
         raise JournalError(f"journal {j.path} names unknown tunable(s) {', '.join(unknown)} "
                            "(written by another version?); nothing was changed")
+    checked: set[tuple[str, str]] = set()  # most originals repeat ("0-127" for every IRQ)
     for e in j.entries:
         t = tunables[e.tunable]
         if not t.owns(e.target):
             raise JournalError(f"journal {j.path}: entry {e.seq} names {e.target!r}, which is "
                                f"not a target of {e.tunable}; nothing was changed")
+        if (e.tunable, e.original) in checked:
+            continue
+        checked.add((e.tunable, e.original))
         if not t.valid(e.original):
             raise JournalError(f"journal {j.path}: entry {e.seq} ({e.target}) has original "
                                f"{e.original[:80]!r}, which is not a valid {e.tunable} value; "
