@@ -1,7 +1,10 @@
 """``hftagent watch``: continuous tail-latency attribution.
 
-Modules: ring (fixed-size signal and latency rings), sampler (collector thread pinned to a
-housekeeping CPU), attribution (spike → ranked named causes + unexplained residual),
-probe_worker (built-in open-loop probe in its own pinned process), session (the watch loop,
-JSONL spike log, flight recorder, summary), view (live rich view). Nothing heavy at import.
+Modules: session (the watch loop: start/step/stop), config, source (probe worker or external
+ring), wiring (the host collectors), sampling/ (the collector thread on a housekeeping CPU,
+Python or native), detect (spikes), schedule (when each is attributed), attribution/ (spike →
+ranked named causes + unexplained residual), causes (the one list), output and flight (spike
+log, flight records), metrics_feed, summary, view (live rich view), ring (fixed-size signal
+and latency rings), probe_worker (the built-in open-loop probe in its own pinned process);
+docs/design.md. Nothing heavy at import.
 """
