@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/journal_bench.py [--cpus 128] [--irqs 1000] [--runs 3]
                                             [--writer sim|file] [--keep DIR]
+    .venv/bin/python bench/journal_bench.py --load-entries 200000
 
 Builds a SYNTHETIC tree (tests/treecopy.py's bare-metal tree with ``--cpus`` CPUs, plus
 ``--irqs`` IRQs on every CPU), then times, in-process and in this order: the plan, the apply
@@ -18,6 +19,9 @@ never" into a selector as sysfs does.
 
 The journal lives in the tree (ROOT/run/hftagent), so its fsyncs hit the file system the
 tree is on (``--keep DIR`` puts the trees there, e.g. on a tmpfs to compare).
+
+``--load-entries N`` times only reading and validating a journal of N IRQ entries (what
+rollback and status do before their first write), without a tree.
 """
 
 from __future__ import annotations
@@ -93,6 +97,38 @@ def one_run(root: Path, ncpus: int, writer: str) -> dict:
             "plan_s": t1 - t0, "apply_s": t2 - t1, "rollback_s": t3 - t2}
 
 
+def load_only(n: int) -> None:
+    """Write a version-2 journal of ``n`` IRQ entries, then time load() and the checks that
+    rollback runs on it before writing anything."""
+    import json
+
+    from tuning.apply import _check_known
+    from tuning.journal import FORMAT, VERSION, load
+
+    d = Path(tempfile.mkdtemp(prefix="journal-load-"))
+    try:
+        head = {"format": FORMAT, "version": VERSION, "boot_id": "b", "created": "",
+                "profile": "hft-cpu", "cpus": "64-127", "procfs": "/t/proc", "sysfs": "/t/sys"}
+        with open(d / "journal.json", "w") as fh:
+            fh.write(json.dumps(head) + "\n")
+            for i in range(n):
+                fh.write(json.dumps({"op": "add", "seq": i + 1, "tunable": "irq.affinity",
+                                     "target": f"/proc/irq/{i}/smp_affinity_list",
+                                     "original": "0-127", "written": "0-63", "time": "",
+                                     "detail": "", "before": None}, separators=(",", ":"))
+                         + "\n")
+        size = (d / "journal.json").stat().st_size
+        t0 = time.perf_counter()
+        j = load(d)
+        t1 = time.perf_counter()
+        _check_known(j)
+        t2 = time.perf_counter()
+        print(f"{n:,} entries ({size:,} B): load {t1 - t0:.2f} s, tunable/target/value checks "
+              f"{t2 - t1:.2f} s")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpus", type=int, default=128)
@@ -100,7 +136,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--writer", choices=("sim", "file"), default="sim")
     ap.add_argument("--keep", help="directory for the trees (default: a temp dir, removed)")
+    ap.add_argument("--load-entries", type=int, metavar="N",
+                    help="only time loading and validating an N-entry journal")
     args = ap.parse_args()
+    if args.load_entries:
+        load_only(args.load_entries)
+        return
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="journal-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     proto = build_tree(base / "proto", args.cpus, args.irqs)
