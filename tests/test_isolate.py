@@ -587,3 +587,25 @@ def test_sleeping_child_stays_put_without_a_filter_match(tmp_path, children, mon
     ctx = _real_ctx(root)
     rep = apply_plan(ctx, make_plan(ctx, only=["isolate.tasks"]), _state(ctx))
     assert rep.outcomes == [] and all(os.sched_getaffinity(p.pid) == {0, 1} for p in children)
+
+
+def test_an_irq_thread_the_partition_reset_is_restored_by_rollback(tmp_path):
+    # cgroup v2: removing the isolated partition resets the affinity of the kernel threads in
+    # the root cgroup (seen on 6.18 with irq/48-nvidia pinned to CPU 4, back on 0-15), though
+    # isolation never moved them: isolate.tasks journals every pinned IRQ thread at its own
+    # value so that rollback puts it back
+    from tests.isotree import KT, TASKS, add_tasks
+    root = iso_tree(tmp_path / "t", cgroup="v2")
+    add_tasks(root, TASKS + ((911, "irq/48-nvidia", KT, "0", (911,), "S", "/"),))
+    ctx = _ctx(root)
+    apply_plan(ctx, make_plan(ctx, only=ONLY), _state(ctx))
+    keys = {e.target for e in load(_state(ctx)).entries}
+    t = find_task(Host(root), 911)
+    assert t is not None and task_key(911, t.starttime) in keys
+    status = root / "proc/911/task/911/status"
+    status.write_text(status.read_text().replace("Cpus_allowed_list:\t0",
+                                                 "Cpus_allowed_list:\t0-1"))
+    assert _affinity(root, 911) == "0,1"          # what the partition's removal does
+    rb = rollback(ctx, _state(ctx))
+    assert rb.remaining == 0
+    assert _affinity(root, 911) == "0"

@@ -50,7 +50,7 @@ from tuning.tunables import (
     all_tunables,
     by_id,
 )
-from tuning.tunables.base import contained, is_file_target
+from tuning.tunables.base import KEEP, contained, is_file_target
 
 # Plan item states
 PLANNED, IN_PLACE, NOT_ASKED, UNAVAILABLE, SKIPPED = (
@@ -167,7 +167,7 @@ def _diff(ctx: TuneContext, it: PlanItem) -> None:
     except (ValueError, IndexError, KeyError) as exc:
         raise _malformed(t, exc) from None
     for c in changes:
-        if c.kind == WRITE and not allowed(c.target):
+        if c.kind in (WRITE, KEEP) and not allowed(c.target):
             raise TuneError(f"internal: {c.target} is not on the allowlist (bug; nothing "
                             "was written)")
     it.desired, it.current, it.changes = desired, current, changes
@@ -386,11 +386,19 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
     lost drop only makes rollback find the original in place)."""
     t = it.tunable
     batch: list[tuple[Change, str, str | None]] = []
+    kept = False
     for ch in it.changes:
         if ch.kind in (PENDING_REBOOT, MANUAL):
             outcomes.append(Outcome(ch, ch.kind, ch.detail))
             continue
         cur = ch.current
+        if ch.kind == KEEP:
+            if cur is not None and j.get(ch.target) is None:
+                j.record(ch.tunable, ch.target, cur, cur, ch.detail)
+                kept = True
+            outcomes.append(Outcome(ch, ALREADY, "journalled at its value (rollback restores "
+                                    "it)", cur))
+            continue
         if cur == ch.desired:
             outcomes.append(Outcome(ch, ALREADY, "already in place", cur))
             continue
@@ -402,6 +410,8 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
         batch.append((ch, cur, prev.written if prev else None))
         j.record(ch.tunable, ch.target, cur, ch.desired, ch.detail)
     if not batch:
+        if kept:
+            j.save(cp)
         return
     j.save(cp)
     cp("journaled")
@@ -571,7 +581,11 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
                 items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur,
                                           WAS_ORIGINAL))
                 continue
-            if cur not in (e.written, e.before) and not force:
+            # an entry journalled at its own value (a KEEP change: apply never writes it, a side
+            # effect of apply may change it, e.g. an IRQ thread's affinity under a cpuset
+            # partition change) is restored whatever it reads now
+            keep = e.original == e.written
+            if cur not in (e.written, e.before) and not force and not keep:
                 items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur, DRIFT,
                                           f"changed since we wrote {e.written!r}: left as is "
                                           "(--force restores the original anyway)"))

@@ -52,6 +52,10 @@ class TuneError(Exception):
 WRITE = "write"                    # a runtime write apply will do
 PENDING_REBOOT = "pending-reboot"  # boot arguments: printed, never applied
 MANUAL = "manual"                  # config outside kernel state (irqbalance banned list)
+KEEP = "keep"                      # journalled at its current value, not written: something
+                                   # apply does may change it as a side effect (an IRQ
+                                   # thread's affinity under a cpuset partition change), and
+                                   # rollback must put it back
 
 
 @dataclass(frozen=True)

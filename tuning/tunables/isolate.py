@@ -69,6 +69,7 @@ from tuning.findings import Finding, Status
 from tuning.profiles import Profile, Setting
 from tuning.safepath import open_dir
 from tuning.tunables.base import (
+    KEEP,
     MANUAL,
     Change,
     FileTunable,
@@ -151,6 +152,11 @@ class TaskSurvey:
     in_cpuset: list[Task] = field(default_factory=list)  # in the isolated cpuset: stay
     exiting: int = 0                                      # zombies: nothing to move
     total: int = 0                                        # tasks looked at
+    # every pinned IRQ thread, target CPUs or not: journalled at its own value, because a
+    # cgroup v2 partition change resets the affinity of the kernel threads in the root cgroup
+    # (cpuset_update_tasks_cpumask; seen on 6.18: irq/48-nvidia pinned to CPU 4 came back
+    # from the partition's removal allowed on 0-15) and nothing else would restore it
+    irq_keep: list[Task] = field(default_factory=list)
 
     @property
     def stay(self) -> list[Task]:
@@ -180,6 +186,9 @@ def survey_tasks(host: Host, cpus: list[int], house: list[int],
         if only is not None and not only(t):
             continue
         s.total += 1
+        if (t.kthread and t.comm.startswith("irq/") and t.affinity
+                and t.state not in ("Z", "X")):
+            s.irq_keep.append(t)
         if t.affinity is None or not targets & set(t.affinity):
             continue
         if t.state in ("Z", "X"):
@@ -262,11 +271,20 @@ class IsolateTasks(Tunable):
     def desired(self, ctx: TuneContext) -> dict[str, str]:
         house = housekeeping(ctx)
         self.survey = survey_tasks(ctx.host, ctx.cpus, house, task_filter)
-        return {t.key: format_cpulist(new) for t, new in self.survey.moves}
+        keep = {t.key: format_cpulist(t.affinity) for t in self.survey.irq_keep
+                if t.affinity and set(t.affinity) != set(ctx.online)}
+        return keep | {t.key: format_cpulist(new) for t, new in self.survey.moves}
 
     def plan(self, desired: dict[str, str], current: dict[str, str | None]) -> list[Change]:
         out = super().plan(desired, current)
         s = self.survey
+        if s and s.moves:  # a first apply (a second one finds nothing to move: journalled)
+            planned = {c.target for c in out}
+            for t in s.irq_keep:
+                if t.key in desired and t.key not in planned and current.get(t.key) is not None:
+                    out.append(Change(self.id, t.key, current[t.key], desired[t.key], KEEP,
+                                      detail=f"{t.name} kept at its own affinity and journalled"
+                                      ": a cpuset partition change resets IRQ threads'"))
         if s and s.stay:
             parts = []
             if s.per_cpu:
