@@ -100,3 +100,15 @@ def test_isolation_fix_and_tune_print_one_grub_recipe():
     for recipe in (fix, detail):
         assert "GRUB_CMDLINE_LINUX_DEFAULT" in recipe and "grubby --update-kernel=ALL" in recipe
     assert "GRUB_CMDLINE_LINUX=" not in fix and "skew_tick=1" in detail
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_watch_defaults_follow_the_rule(tree):
+    from agent.commands.watch import default_cpus
+    host = Host(FIXTURES / tree)
+    plan = resolve(host)
+    want, hk = default_cpus(host, "numpy", None, None)
+    assert want == [plan.cpus[-1]]
+    assert hk == plan.housekeeping           # the sampler never lands on another target
+    assert default_cpus(host, "external", None, None)[0] == plan.cpus
+    assert default_cpus(host, "numpy", [plan.cpus[0]], None)[0] == [plan.cpus[0]]

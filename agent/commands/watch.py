@@ -35,11 +35,14 @@ def watch(
                                       "expect up to ~40 %), so response times measure the "
                                       "host rather than the probe's own queue; at most "
                                       f"{MAX_RATE_HZ:g}).")] = "500",
-    cpus: Annotated[str | None, typer.Option(help="Probe CPUs (default: the last online "
-                                             "CPU).")] = None,
+    cpus: Annotated[str | None, typer.Option(help="Probe CPUs (default: the last of the "
+                                             "target CPUs — isolated, else nohz_full, else "
+                                             "all online but the housekeeping core; with "
+                                             "--pid, the process's own CPUs).")] = None,
     housekeeping: Annotated[str | None, typer.Option(help="CPUs for the sampler and watch "
-                                                     "itself (default: all but the probe's)."
-                                                     )] = None,
+                                                     "itself (default: the housekeeping "
+                                                     "CPUs, else all but the probe's).")
+                        ] = None,
     pid: Annotated[int | None, typer.Option(help="External process to attribute (its ring is "
                                             "/dev/shm/hftagent-PID.ring).")] = None,
     ring: Annotated[str | None, typer.Option(help="External latency ring path (a regular "
@@ -169,6 +172,7 @@ def watch(
                 want = [online[-1]]  # unpinned process: watch the last CPU, keep one free
         except OSError:
             want = None
+    want, hk = default_cpus(host, probe, want, hk)
     probe_cpus, hk_cpus = cpu_plan(online, want, hk)
     model = model or "lstm"
     variant = variant or "xla"
@@ -248,6 +252,25 @@ def watch(
         print(f"hftagent: error: {summary['output_error']}", file=sys.stderr)
     if rc:
         raise typer.Exit(rc)
+
+
+def default_cpus(host, probe: str, want: list[int] | None, hk: list[int] | None
+                 ) -> tuple[list[int] | None, list[int] | None]:
+    """The CPUs not given, by the one target rule (tuning/targets.py): the built-in probe
+    takes the last target CPU (an external one all of them), the sampler the housekeeping
+    CPUs — never another target CPU. Unchanged where the rule cannot be read."""
+    if want is not None and hk is not None:
+        return want, hk
+    from tuning.targets import TargetError, resolve
+    try:
+        plan = resolve(host)
+    except TargetError:
+        return want, hk
+    if want is None:
+        want = [plan.cpus[-1]] if probe != "external" else plan.cpus
+    if hk is None and plan.housekeeping and not set(plan.housekeeping) & set(want):
+        hk = plan.housekeeping
+    return want, hk
 
 
 def _cpu_option(name: str, spec: str | None, online: list[int]) -> list[int] | None:
