@@ -95,3 +95,39 @@ def test_plot_unwritable_path_is_a_clean_error(tmp_path):
 def test_rounds_fit_the_budget():
     assert idle.rounds_for([0, 10**9], 10**6, 10.0, 200) == 9
     assert idle.rounds_for([0], 10**6, None, 50) == 50
+
+
+def test_idle_gaps_options():
+    from agent.probe import options
+    kw = dict(model=None, builtin=None, signature=None, shape=None, input_data="random",
+              variant="tflite", samples=None, duration=None, warmup=200, rate=None,
+              threshold_us=5000.0, calib=None, intra=None, inter=None, cpus=None, sweep=None,
+              batch="1")
+    s, _ = options.build(**kw, idle_gaps="0,1ms,1s")
+    assert s.idle_gaps_ns == [0, 10**6, 10**9] and s.samples == 200 and s.duration_s == 60.0
+    with pytest.raises(AgentError, match="--idle-gaps"):
+        options.build(**{**kw, "rate": 100.0}, idle_gaps="0,1ms")
+    with pytest.raises(AgentError, match="--idle-gaps"):
+        options.build(**kw, idle_gaps="")
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_probe_idle_gaps_prints_the_curve_and_writes_the_plot(tmp_path):
+    import os
+    import subprocess
+    import sys
+    png = tmp_path / "gaps.png"
+    p = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", "probe",
+                        "--variant", "tflite", "--idle-gaps", "0,1ms,20ms", "--samples", "30",
+                        "--plot", str(png), "--no-history", "--json"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert p.returncode == 0, p.stderr
+    import json
+    (run,) = json.loads(p.stdout)["runs"]
+    assert run["mode"] == "idle-gaps"
+    assert [r["gap_ns"] for r in run["idle_gaps"]] == [0, 10**6, 2 * 10**7]
+    assert all(r["latency"]["count"] == 30 for r in run["idle_gaps"])
+    assert run["idle_gaps"][0]["p50_ratio"] == 1.0
+    assert png.read_bytes()[:4] == b"\x89PNG"

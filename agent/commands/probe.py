@@ -65,6 +65,13 @@ def probe(
                                               "intra/inter/affinity (not with --intra/"
                                               "--inter).")] = None,
     batch: Annotated[str, typer.Option("--batch", help="Batch sizes, e.g. 1,8,32.")] = "1",
+    idle_gaps: Annotated[str | None, typer.Option("--idle-gaps", help="Response time against "
+                                                  "the idle gap before each call, e.g. "
+                                                  "0,1ms,10ms,100ms,1s (interleaved rounds; "
+                                                  "--samples rounds, default 200, within "
+                                                  "--duration, default 60 s).")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="With --idle-gaps: write the "
+                                             "curve as a PNG here.")] = None,
     json_out: JsonOpt = False,
     csv_path: Annotated[str | None, typer.Option("--csv", help="Write one row per sample to "
                                                  "this file.")] = None,
@@ -85,7 +92,16 @@ def probe(
         model=model, builtin=builtin, signature=signature, shape=shape, input_data=input_data,
         variant=variant, samples=samples, duration=duration, warmup=warmup, rate=rate,
         threshold_us=threshold_us, calib=calib, intra=intra, inter=inter, cpus=cpus,
-        sweep=sweep, batch=batch)
+        sweep=sweep, batch=batch, idle_gaps=idle_gaps)
+    if plot is not None:
+        if idle_gaps is None:
+            raise fail("--plot draws the --idle-gaps curve: give --idle-gaps")
+        from agent.commands.common import check_output_file
+        check_output_file(plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401 - checked before the run, used after it
+        except ImportError:
+            raise fail("--plot needs matplotlib (pip install 'hftagent[plot]')") from None
     if not no_history:
         # Checked now: a --db that cannot be written must not cost a finished probe (the
         # recording after the run only warns). The default database only warns, as before.
@@ -130,6 +146,14 @@ def probe(
                 csv_file.close()  # a full disk (ENOSPC) shows here, on the last flush
             except OSError as exc:
                 raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
+    if plot is not None:
+        from agent.probe.idle import plot as draw
+        for r in result.runs:
+            if r.ok and r.idle_gaps:
+                name = plot if len(result.runs) == 1 else \
+                    f"{os.path.splitext(plot)[0]}-{r.variant}{os.path.splitext(plot)[1] or '.png'}"
+                draw(r.idle_gaps, name, f"{result.model.get('name')} {r.variant}: latency "
+                     "after an idle gap")
     if json_out:
         print(json.dumps(result.to_dict(), indent=2))
     else:

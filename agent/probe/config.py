@@ -70,6 +70,7 @@ class ProbeSettings:
     batch: list[int] = field(default_factory=lambda: [1])
     agree_n: int = 64
     sweep: str | None = None
+    idle_gaps_ns: list[int] | None = None  # --idle-gaps: the gap loop instead of the timed loop
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -130,7 +130,8 @@ def build(*, model: str | None, builtin: str | None, signature: str | None, shap
           input_data: str, variant: str | None, samples: int | None, duration: float | None,
           warmup: int, rate: float | None, threshold_us: float, calib: str | None,
           intra: int | None, inter: int | None, cpus: str | None, sweep: str | None,
-          batch: str) -> tuple[ProbeSettings, list[ThreadConfig]]:
+          batch: str, idle_gaps: str | None = None
+          ) -> tuple[ProbeSettings, list[ThreadConfig]]:
     """Validated settings and the thread configurations to run (one unless sweeping).
 
     ``builtin``/``signature`` None: the default (an explicit other value is an error where it
@@ -197,6 +198,13 @@ def build(*, model: str | None, builtin: str | None, signature: str | None, shap
     if samples is not None or duration is not None:
         settings.samples = samples
         settings.duration_s = duration
+    if idle_gaps is not None:
+        from agent.probe.idle import parse_gaps
+        if rate is not None or sweep is not None:
+            raise AgentError("--idle-gaps paces the calls itself: not with --rate or --sweep")
+        settings.idle_gaps_ns = parse_gaps(idle_gaps)
+        if samples is None and duration is None:
+            settings.samples, settings.duration_s = 200, 60.0  # rounds, and their budget
     if sweep == "threads":
         from agent.probe.runner import sweep_configs
         if variant is None:

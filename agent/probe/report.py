@@ -63,7 +63,9 @@ def render(result: ProbeResult, console: Console | None = None) -> None:
         runs = [r for r in result.runs if r.config["id"] == cid]
         _side_by_side(con, runs, cid, result.settings.get("rate_hz"))
         for r in runs:
-            if r.ok:
+            if r.ok and r.idle_gaps:
+                _idle_gaps(con, r)
+            elif r.ok:
                 _detail(con, r)
     batches = sorted({r.batch for r in result.runs})
     if len(batches) > 1:
@@ -75,6 +77,8 @@ def render(result: ProbeResult, console: Console | None = None) -> None:
     con.print("[dim]* = fewer samples than needed to claim this percentile (≥662 for P99, "
               "≥6,636 for P99.9; nearest-rank percentiles)[/dim]")
     rec = result.recommendation
+    if all(r.idle_gaps for r in result.runs if r.ok) and any(r.ok for r in result.runs):
+        return  # the idle-gap curve is the result: no timed loop to recommend a variant by
     if rec:
         con.print(f"[bold green]recommendation:[/bold green] {rec['variant']} — P99 "
                   f"{fmt_ns(rec['p99_ns'])} ({rec['reason']}; {rec['config']['id']})")
@@ -149,6 +153,29 @@ def _detail(con: Console, r: RunResult) -> None:
     for n in r.notes:
         lines.append(f"  [dim]{n}[/dim]")
     con.print("\n".join(lines))
+
+
+def _idle_gaps(con: Console, r: RunResult) -> None:
+    """The cold-after-quiet table of ``probe --idle-gaps``."""
+    from agent.probe.idle import fmt_gap, headline
+    t = Table(title=f"{r.variant}: latency after an idle gap (interleaved rounds)")
+    for col in ("idle gap", "slept (mean)", "calls", "P50", "P90", "P99", "max", "P50 ×",
+                "P99 ×"):
+        t.add_column(col, justify="right" if col != "idle gap" else "left")
+    for row in r.idle_gaps or []:
+        lat = row["latency"]
+        suff = lat.get("sufficient", {})
+
+        def p(q: str, lat=lat, suff=suff) -> str:
+            return fmt_ns(lat.get(q + "_ns")) + ("" if suff.get(q, True) else "*")
+        t.add_row(fmt_gap(row["gap_ns"]), fmt_ns(row["slept_mean_ns"]), str(lat["count"]),
+                  p("p50"), p("p90"), p("p99"), fmt_ns(lat.get("max_ns")),
+                  f"{row['p50_ratio']:.2f}" if row.get("p50_ratio") else "—",
+                  f"{row['p99_ratio']:.2f}" if row.get("p99_ratio") else "—")
+    con.print(t)
+    line = headline(r.idle_gaps or [])
+    if line:
+        con.print(f"  {line}")
 
 
 def _share(v: float | None) -> str:

@@ -81,6 +81,7 @@ class RunResult:
     recommended: bool = False
     notes: list[str] = field(default_factory=list)
     unserved: int = 0
+    idle_gaps: list[dict] | None = None  # probe --idle-gaps: one row per gap (agent.probe.idle)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -111,6 +111,8 @@ def run_task(model, variant: str, shape: tuple[int, ...], settings: ProbeSetting
     w = harness.warm_up(fn, settings.warmup, budget_ns=int(settings.warmup_budget_s * 1e9))
     r.warmup = w.to_dict()
     per_call = max(int(np.median(w.latency_ns[-max(1, w.window):])), 1)
+    if settings.idle_gaps_ns:
+        return _idle_gaps(r, fn, settings, per_call, emit)
     if settings.samples:
         n = settings.samples
     else:  # duration only: size the buffer from the warm median
@@ -161,6 +163,28 @@ def run_task(model, variant: str, shape: tuple[int, ...], settings: ProbeSetting
     elif shape[0] != 1:
         r.notes.append("agreement is measured at batch 1")
     return r, s
+
+
+def _idle_gaps(r: RunResult, fn, settings: ProbeSettings, per_call: int, emit
+               ) -> tuple[RunResult, None]:
+    """``--idle-gaps``: the gap loop (agent.probe.harness.gap_loop) instead of the timed loop;
+    the headline is the back-to-back calls (the smallest gap)."""
+    from agent.probe import idle
+    gaps = settings.idle_gaps_ns
+    rounds = idle.rounds_for(gaps, per_call, settings.duration_s, settings.samples)
+    round_s = (sum(gaps) + len(gaps) * per_call) / 1e9
+    emit(phase="timed", n=rounds * len(gaps), expected_s=rounds * round_s)
+    deadline = (time.perf_counter_ns() + int(settings.duration_s * 1e9)
+                if settings.duration_s else None)
+    arrays = harness.gap_loop(fn, gaps, rounds, deadline_ns=deadline)
+    r.mode = "idle-gaps"
+    r.idle_gaps = idle.summarize(arrays)
+    base = arrays[min(arrays)]
+    r.latency = stats.summarize(base[2] - base[1])
+    line = idle.headline(r.idle_gaps)
+    if line:
+        r.notes.append(line)
+    return r, None
 
 
 def _one_line(exc: BaseException) -> str:
