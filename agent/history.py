@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # numpy is imported where samples are handled: audit runs car
 from agent.errors import AgentError
 
 SCHEMA_VERSION = 2
-KINDS = ("probe", "watch", "audit", "gate")
+KINDS = ("probe", "watch", "audit", "gate", "cpus")  # cpus: a noise scan (hftagent cpus)
 BUSY_TIMEOUT_S = 30.0
 MAX_RUN_ID = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY is a signed 64-bit integer
 

@@ -151,6 +151,8 @@ for v in ["", "bogus", "FAIL", "error"]:
 path_family(AUD, "--textfile", values=["{MISSING}", "{FILE}", "{FIFO}", "/dev/full", "{LOOP}",
                                        "/dev/zero"], expect="textfile")
 float_family(AUD, "--steal-window", ["-1", "10.5", "1e300", HUGE_INT])
+float_family(AUD, "--noise", ["0", "-1", "61"])
+add("audit", "--noise", "1", "--root", "{TREE}", expect="--noise")
 for opt in ("--root", "--procfs", "--sysfs"):
     # (an existing empty directory is audited as "everything unreadable": exit 1 with the
     # report, by design, so it is not here)
@@ -210,6 +212,11 @@ add("probe", "--db", "{NODB}", "--no-history", expect="--no-history")
 add("probe", "--sweep", "threads", "--intra", "2", expect="--sweep")
 add("probe", "--sweep", "threads", "--inter", "1", expect="--sweep")
 add("probe", "--samples", expect="--samples")
+for v in ["", "1h", "-1ms", "٣ms", "1e3", "0,,1ms", "61s"]:
+    add(*PR, "--idle-gaps", v, expect="--idle-gaps")
+add(*PR, "--idle-gaps", "0,1ms", "--rate", "100", expect="--idle-gaps")
+add(*PR, "--plot", "/tmp/x.png", expect="--plot")
+add(*PR, "--idle-gaps", "0,1ms", "--plot", "{DIR}", expect="--plot")
 
 # ==============================================================================================
 # profile (the Nsight runner is fenced)
@@ -428,6 +435,7 @@ add("watch", "--probe", "external", expect="--pid")
 float_family(["cpus"], "--duration", ["0", "-1", "61"])
 float_family(["cpus"], "--threshold-us", ["0", "-1", "1000001"])
 int_family(["cpus"], "--count", ["0", "-1", "3"])
+add("cpus", "--db", "{DIR}/x.sqlite", "--no-history", expect="--db")
 cpu_family(["cpus"], "--candidates", values=["", "-", "3-1", "0-4294967295", "٣", "1,,1",
                                               "4095", "0"])
 path_family(["cpus"], "--plot", values=["{DIR}", "{FIFO}", "{MISSING}.png", "", "{DIR_PNG}"])

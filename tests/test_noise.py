@@ -153,3 +153,57 @@ def test_textfile_series_are_valid_and_bounded(tmp_path):
         r = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
                            capture_output=True)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the recorder")
+def test_scan_is_recorded_in_history_and_its_recommendation_is_accepted(tmp_path, monkeypatch,
+                                                                          capsys):
+    import json
+    import sys
+
+    from agent.cli import main
+    from agent.history import History
+    monkeypatch.setenv("HFTAGENT_CACHE", str(tmp_path / "cache"))
+    db = tmp_path / "h.sqlite"
+    monkeypatch.setattr(sys, "argv", ["hftagent", "cpus", "--duration", "0.1", "--json",
+                                      "--db", str(db)])
+    with pytest.raises(SystemExit) as e:
+        main()
+    doc = json.loads(capsys.readouterr().out)
+    assert e.value.code in (0, 2)
+    with History(db) as h:
+        (run,) = h.runs(limit=None)
+        assert run.kind == "cpus" and run.summary["cpus"][0]["cpu"] == doc["cpus"][0]["cpu"]
+    if doc["recommended"]:                  # the printed command is accepted (read-only plan)
+        cpus = doc["commands"][0].split("--cpus ")[1]
+        monkeypatch.setattr(sys, "argv", ["hftagent", "tune", "plan", "--cpus", cpus])
+        with pytest.raises(SystemExit) as e:
+            main()
+        assert e.value.code in (0, 2)
+
+
+def test_a_cpu_losing_over_the_ceiling_is_noisy_even_alone():
+    rs = [noise(1, 120_000)]
+    rk.judge(rs)
+    assert rs[0].verdict == "noisy"
+    rs = [noise(1, 60_000), noise(2, 61_000)]   # loaded alike: both noisy
+    rk.judge(rs)
+    assert {r.verdict for r in rs} == {"noisy"}
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the recorder")
+def test_audit_noise_section(tmp_path, monkeypatch, capsys):
+    import json
+    import sys
+
+    from agent.cli import main
+    monkeypatch.setenv("HFTAGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "argv", ["hftagent", "audit", "--noise", "0.1", "--json",
+                                      "--no-history"])
+    with pytest.raises(SystemExit):
+        main()
+    doc = json.loads(capsys.readouterr().out)
+    (f,) = [f for f in doc["findings"] if f["id"] == "noise.targets"]
+    assert f["status"] in ("ok", "warn", "unsupported")
+    if f["status"] != "unsupported":
+        assert {c["cpu"] for c in f["data"]["cpus"]} <= set(range(1, 4096))

@@ -43,6 +43,10 @@ def audit(
                                                 "steal is measured.")] = 0.2,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show evidence of passing "
                                           "checks too.")] = False,
+    noise: Annotated[float | None, typer.Option("--noise", help="Also scan each target CPU "
+                                                "for S seconds with a pinned clock-gap loop "
+                                                "(hftagent cpus) and report a noisy one. "
+                                                "Live host only.", metavar="S")] = None,
     db: DbOpt = None,
     no_history: NoHistoryOpt = False,
     root: RootOpt = "/",
@@ -57,12 +61,23 @@ def audit(
         raise fail(f"--fail-on must be 'fail' or 'warn', not {fail_on!r}")
     if not 0 <= steal_window <= 10:
         raise fail("--steal-window must be between 0 and 10 seconds")
+    if noise is not None and not 0 < noise <= 60:
+        raise fail("--noise must be > 0 and <= 60 seconds")
     host = make_host(root, procfs, sysfs)
+    if noise is not None and not host.live:
+        raise fail("--noise measures this host: not with --root/--procfs/--sysfs")
     prof = load_profile(profile)
     try:
         report = run_audit(host, prof, cpus=cpus, pid=pid, steal_window_s=steal_window)
     except AuditInputError as exc:
         raise fail(str(exc)) from None
+    if noise is not None:
+        from agent.noise.scan import audit_finding
+        from tuning.targets import resolve
+        plan = resolve(host, cpus)
+        house = plan.housekeeping or [plan.online[0]]
+        report.findings.append(audit_finding(host, report.target_cpus, house,
+                                             len(plan.online), noise))
     if textfile:
         from agent.textfile import write_textfile
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agent.commands.common import JsonOpt, cli_errors, fail, make_host
+from agent.commands.common import DbOpt, JsonOpt, NoHistoryOpt, cli_errors, fail, make_host
 
 HELP = """Scan each candidate CPU for noise and recommend the inference CPUs.
 
@@ -35,6 +35,8 @@ def cpus(
                                                  "siblings of a core.")] = False,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of the per-CPU "
                                              "noise here.")] = None,
+    db: DbOpt = None,
+    no_history: NoHistoryOpt = False,
     textfile: Annotated[str | None, typer.Option("--textfile", help="Also write the per-CPU "
                                                  "noise as DIR/hftagent_cpu_noise.prom for "
                                                  "node_exporter's textfile collector.")] = None,
@@ -53,6 +55,8 @@ def cpus(
         raise fail("--threshold-us must be > 0 and <= 1000000")
     if count is not None and count < 1:
         raise fail("--count must be >= 1")
+    if db is not None and no_history:
+        raise fail("--db and --no-history contradict each other: give one")
     if plot is not None:
         from agent.commands.common import check_output_file
         check_output_file(plot, "--plot")
@@ -124,6 +128,11 @@ def cpus(
         print(json.dumps(doc, indent=2))
     else:
         _render(results, choice, house, rec, commands)
+    if not no_history:
+        # the noise fingerprint of this box, comparable over time and across boxes
+        # (hftagent history list --kind cpus; history show N)
+        from agent.history import record_run
+        record_run("cpus", doc, None, command="cpus", db=db, warn=True)
     if not choice.recommended:
         raise typer.Exit(2)
 

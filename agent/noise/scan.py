@@ -199,3 +199,50 @@ def pinned_processes(host: Host, cpus: list[int]) -> dict[int, list[str]]:
         if p.info["pid"] != me and len(aff) == 1 and aff[0] in want:
             out.setdefault(aff[0], []).append(p.info.get("name") or str(p.info["pid"]))
     return out
+
+
+def audit_finding(host: Host, target_cpus: list[int], housekeeping: list[int],
+                  online: int, duration_s: float):
+    """``hftagent audit --noise S``: scan the target CPUs (never the housekeeping ones) and
+    judge them as one finding: warn when a target CPU is noisy (agent.noise.rank.judge),
+    naming it and what landed there, with the quieter CPUs ``hftagent cpus`` would pick."""
+    from agent.noise.rank import judge
+    from collectors.parsers import format_cpulist
+    from tuning.findings import Finding, Status
+    cand = [c for c in target_cpus if c not in set(housekeeping)]
+    why = ("a CPU that loses time to IRQs, the tick, kworkers or the hypervisor stretches "
+           "every inference call that lands on it")
+    if not cand:
+        return Finding("noise.targets", "noise", "Noise on the target CPUs", Status.UNSUPPORTED,
+                       current="unsupported: no target CPU besides the housekeeping core",
+                       why=why)
+    try:
+        results = scan(host, cand, online, duration_s, 1000)
+    except AgentError as exc:
+        return Finding("noise.targets", "noise", "Noise on the target CPUs", Status.ERROR,
+                       current=f"scan failed: {exc}", evidence="agent/noise/hftnoise.c",
+                       why=why)
+    judge(results)
+    failed = [r for r in results if r.error]
+    noisy = [r for r in results if r.verdict == "noisy"]
+    quiet = [r.cpu for r in results if r.verdict == "quiet"]
+    per = "; ".join(f"CPU {r.cpu} {r.noise_us_per_s:.0f} µs/s" for r in results if not r.error)
+    if noisy:
+        cur = ", ".join(f"CPU {r.cpu} noisy: {r.noise_us_per_s:.0f} µs/s lost ("
+                        + ", ".join(f"{k} {v:g}/s" for k, v in list(r.causes.items())[:3])
+                        + ")" for r in noisy)
+        status = Status.WARN
+    elif failed:
+        cur, status = "; ".join(f"CPU {r.cpu}: {r.error}" for r in failed), Status.ERROR
+    else:
+        cur, status = f"all {len(results)} quiet ({per})", Status.OK
+    return Finding(
+        "noise.targets", "noise", "Noise on the target CPUs", status, current=cur,
+        expected="no target CPU noisy (lost time over 3x the quietest and over "
+                 "200 µs/s)",
+        evidence=f"a pinned clock-gap loop for {duration_s:g} s on each of CPU "
+                 f"{format_cpulist(cand)}; /proc/interrupts, /proc/softirqs deltas",
+        fix="" if status is Status.OK else
+            (f"hftagent cpus (quiet candidates here: {format_cpulist(quiet)})" if quiet
+             else "hftagent cpus"),
+        why=why, data={"cpus": [r.to_dict() for r in results]})
