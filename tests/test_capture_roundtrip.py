@@ -153,3 +153,19 @@ def test_live_capture_round_trip(tmp_path):
         assert lf[fid]["status"] == cf[fid]["status"], (fid, lf[fid], cf[fid])
         if not _masked(fid, LIVE_ONLY) and TREE_WORDING not in cf[fid]["current"]:
             assert lf[fid] == cf[fid], fid
+
+
+def test_a_live_capture_names_the_cpu_with_py_cpuinfo(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from agent.cli import get_app
+    res = CliRunner().invoke(get_app(), ["capture", "--out", str(tmp_path / "cap")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "cap" / "CPU-IDENTITY.json").read_text())
+    assert doc.get("arch") or doc.get("error")
+    tree = tmp_path / "tree"
+    res = CliRunner().invoke(get_app(), ["capture", "--root", str(tmp_path / "cap"),
+                                         "--out", str(tree)])
+    assert not (tree / "CPU-IDENTITY.json").exists()    # a tree's CPU is not this host's

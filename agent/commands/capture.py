@@ -36,8 +36,28 @@ def capture(
         res = capture_result(host, out)
     except OSError as exc:
         raise fail(f"--out {str(out)!r}: cannot write in it: {exc.strerror or exc}") from None
+    if host.live:
+        _cpu_identity(out)
     print(f"captured {res.files} files into {out} ({len(res.skipped)} skipped, listed in "
           f"{out / 'CAPTURE-SKIPPED'})")
+
+
+def _cpu_identity(out: Path) -> None:
+    """DIR/CPU-IDENTITY.json: the CPU as py-cpuinfo names it (brand, family/model/stepping,
+    cache sizes, advertised clock, flags), which /proc/cpuinfo alone does not give on every
+    architecture; for telling captured boxes apart. Live host only (CPUID, not the tree);
+    best effort: a box where py-cpuinfo fails still gets its capture."""
+    import json
+    try:
+        import cpuinfo
+        info = cpuinfo.get_cpu_info()
+    except Exception as exc:  # noqa: BLE001 - third-party probing of odd CPUs
+        info = {"error": f"py-cpuinfo: {type(exc).__name__}: {exc}"}
+    keep = ("brand_raw", "vendor_id_raw", "arch", "bits", "count", "family", "model",
+            "stepping", "hz_advertised_friendly", "l1_data_cache_size", "l2_cache_size",
+            "l3_cache_size", "flags", "cpuinfo_version_string", "error")
+    doc = {k: info[k] for k in keep if k in info}
+    (out / "CPU-IDENTITY.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def register(app: typer.Typer) -> None:
