@@ -60,10 +60,8 @@ def cpus(
     if plot is not None:
         from agent.commands.common import check_output_file
         check_output_file(plot, "--plot")
-        try:
-            import matplotlib  # noqa: F401 - checked before the scan, used after it
-        except ImportError:
-            raise fail("--plot needs matplotlib (pip install 'hftagent[plot]')") from None
+        from agent.plot import available
+        available("--plot")  # before the scan, used after it
     if textfile is not None:
         from agent.commands.common import check_output_dir
         check_output_dir(textfile, "--textfile")
@@ -180,12 +178,8 @@ def _render(results, choice, house, rec, commands) -> None:
 
 
 def _plot(results, recommended, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise fail("--plot needs matplotlib (pip install 'hftagent[plot]')") from None
+    from agent.plot import pyplot, save
+    plt = pyplot("--plot")
     ok = [r for r in results if r.error is None]
     fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(ok) + 2), 3.5))
     ax.bar([str(r.cpu) for r in ok], [r.noise_us_per_s for r in ok],
@@ -195,12 +189,7 @@ def _plot(results, recommended, path: str) -> None:
     ax.set_ylabel("noise (µs lost per s)")
     ax.set_title("hftagent cpus")
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise fail(f"cannot write the plot {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)
 
 
 def register(app: typer.Typer) -> None:

@@ -223,12 +223,8 @@ def plot(ctx: typer.Context,
         raise fail(f"--out must end in .png or .svg, not {out!r}")
     _check_out(out)
     _check_limit(limit)
-    try:
-        import matplotlib
-    except ImportError:
-        raise fail("history plot needs matplotlib: pip install 'hftagent[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from agent.plot import pyplot
+    plt = pyplot("history plot")
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     from agent.history import History

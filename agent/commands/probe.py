@@ -98,10 +98,8 @@ def probe(
             raise fail("--plot draws the --idle-gaps curve: give --idle-gaps")
         from agent.commands.common import check_output_file
         check_output_file(plot, "--plot")
-        try:
-            import matplotlib  # noqa: F401 - checked before the run, used after it
-        except ImportError:
-            raise fail("--plot needs matplotlib (pip install 'hftagent[plot]')") from None
+        from agent.plot import available
+        available("--plot")  # before the run, used after it
     if not no_history:
         # Checked now: a --db that cannot be written must not cost a finished probe (the
         # recording after the run only warns). The default database only warns, as before.

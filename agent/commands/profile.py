@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import stat
 import sys
 from typing import Annotated
 
@@ -64,8 +62,9 @@ def profile(
     if wall_us is not None and not 0 < wall_us <= MAX_WALL_US:
         raise fail(f"--wall-us must be a number of µs > 0 and at most {MAX_WALL_US:.0f}, not "
                    f"{wall_us:g}")
-    if keep_csv is not None:
-        _check_keep_csv(keep_csv)
+    if keep_csv is not None:  # ncu writes its log there (a FIFO would block ncu)
+        from agent.commands.common import check_output_file
+        check_output_file(keep_csv, "--keep-csv")
     if not ncu.strip() or shutil.which(ncu) is None:
         raise fail(f"--ncu {ncu!r}: not found or not executable: install Nsight Compute (ncu) "
                    "or pass --ncu PATH")
@@ -80,24 +79,6 @@ def profile(
     if rep.returncode:
         print(f"hftagent: note: the profiled command exited {rep.returncode}",
               file=sys.stderr)
-
-
-def _check_keep_csv(path: str) -> None:
-    """ncu writes its log there: a new or regular file in an existing directory (a FIFO would
-    block ncu, a device or directory is never a log)."""
-    if not path.strip():
-        raise fail("--keep-csv is empty: give a file")
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            raise fail(f"--keep-csv {path!r}: directory {parent} does not exist") from None
-        return
-    except OSError as exc:
-        raise fail(f"--keep-csv {path!r}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise fail(f"--keep-csv {path!r} is not a regular file")
 
 
 def register(app: typer.Typer) -> None:

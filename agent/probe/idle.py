@@ -95,12 +95,8 @@ def headline(rows: list[dict]) -> str:
 def plot(rows: list[dict], path: str, title: str) -> None:
     """P50 and P99 against the gap (log x; gap 0 drawn at the left edge). Needs matplotlib
     (``pip install 'hftagent[plot]'``); raises AgentError without it."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise AgentError("--plot needs matplotlib (pip install 'hftagent[plot]')") from None
+    from agent.plot import pyplot, save
+    plt = pyplot("--plot")
     xs = [r["gap_ns"] / 1e6 for r in rows]
     positive = [x for x in xs if x > 0]
     zero_at = (min(positive) / 10) if positive else 1e-3
@@ -117,9 +113,4 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise AgentError(f"cannot write the plot {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)
