@@ -130,6 +130,15 @@ def spike_families(s: Snapshot) -> Iterator[Metric]:
     for cause in CAUSES:
         c.add_metric([cause], s.spikes.get(cause, 0))
     yield c
+    # the kernel-event breakdown of the spikes (agent/watch/events): bounded culprits
+    cs = CounterMetricFamily(P + "spike_cause_seconds",
+                             "Time in the excess of attributed spikes over P50, by what the "
+                             "kernel events show ran instead of the probe (culprit: top "
+                             "comm, IRQ, softirq vector or work function; other).",
+                             labels=["cause", "culprit"])
+    for (cause, culprit), v in sorted(s.cause_seconds.items()):
+        cs.add_metric([cause, culprit], v)
+    yield cs
 
 
 def audit_families(audit: dict[str, str] | None, audit_unix_s: float | None

@@ -36,6 +36,15 @@ Attribution and sampler (slow path: Hz, not kHz)
     ``spike(cause)``               one attributed slow sample. ``cause`` is one of
                                    :data:`CAUSES`; anything else is counted as "other" (the
                                    label set stays bounded whatever the engine emits).
+    ``spike_causes(items)``        the kernel-event breakdown of one spike: (cause, culprit,
+                                   ns) triples (agent/watch/events); feeds
+                                   ``hftagent_spike_cause_seconds_total{cause,culprit}``.
+                                   Culprit labels are bounded: the first
+                                   :data:`CULPRIT_TOP_K` culprits by time (the largest of a
+                                   spike first) keep a label of their own for the life of
+                                   the process, every other one is counted as "other" (a
+                                   counter never moves between series, so a label once given
+                                   stays); causes outside :data:`EVENT_CAUSES` are "other".
     ``set_collector(name, success, duration_s)``
                                    outcome of one collector run (collectors.base.CollectorResult
                                    has exactly these fields; ``set_collector_result(r)`` takes
@@ -102,6 +111,13 @@ REQUIRED_SAMPLES: dict[float, int] = {0.5: 14, 0.99: 662, 0.999: 6636}
 # Causes of the attribution engine (the one list, agent/watch/causes.py). Anything else is
 # counted as "other".
 CAUSES: tuple[str, ...] = (*ATTRIBUTION_CAUSES, "other")
+
+# Causes of the kernel-event breakdown (agent/watch/events/timeline.py entity kinds, plus
+# hw_or_hypervisor and unexplained); anything else is "other".
+EVENT_CAUSES: tuple[str, ...] = ("task", "idle", "irq", "softirq", "timer", "ipi", "vector",
+                                 "workqueue", "unknown", "hw_or_hypervisor", "unexplained", "other")
+CULPRIT_TOP_K = 8  # culprit label values per process, plus "other"
+MAX_CULPRIT_LEN = 64
 
 AUDIT_STATUSES: tuple[str, ...] = (
     "ok", "warn", "fail", "unsupported", "pending-reboot", "error")
@@ -194,6 +210,7 @@ class Snapshot:
     probe_up: bool
     last_sample_unix_s: float | None        # None: no sample yet
     spikes: dict[str, int]                  # every cause in CAUSES, 0 included
+    cause_seconds: dict[tuple[str, str], float]  # (cause, culprit) -> s; only those seen
     collectors: dict[str, CollectorState]
     audit: dict[str, str] | None            # check id -> status; None: no audit yet
     audit_unix_s: float | None
@@ -244,6 +261,8 @@ class WatchMetrics:
         self._up = False
         # Slow state.
         self._spikes: dict[str, int] = dict.fromkeys(CAUSES, 0)
+        self._cause_ns: dict[tuple[str, str], int] = {}
+        self._culprits: set[str] = set()  # the culprits with a label of their own
         self._collectors: dict[str, CollectorState] = {}
         self._audit: dict[str, str] | None = None
         self._audit_unix_s: float | None = None
@@ -319,6 +338,24 @@ class WatchMetrics:
         with self._lock:
             self._spikes[key] += 1
 
+    def spike_causes(self, items: Iterable[tuple[str, str, int]]) -> None:
+        """Add one spike's kernel-event breakdown: ``(cause, culprit, ns)`` triples (see
+        the module docstring for the bounds). Culprits get their labels largest first."""
+        rows = sorted(((c if c in EVENT_CAUSES else "other",
+                        _culprit_label(k), int(ns)) for c, k, ns in items if ns > 0),
+                      key=lambda r: -r[2])
+        if not rows:
+            return
+        with self._lock:
+            for cause, culprit, ns in rows:
+                if culprit not in self._culprits:
+                    if culprit != "other" and len(self._culprits) < CULPRIT_TOP_K:
+                        self._culprits.add(culprit)
+                    else:
+                        culprit = "other"
+                key = (cause, culprit)
+                self._cause_ns[key] = self._cause_ns.get(key, 0) + ns
+
     def set_collector(self, name: str, success: bool, duration_s: float) -> None:
         """Outcome of one collector run (CollectorResult.name/.success/.duration_s)."""
         if not _NAME.match(name):
@@ -391,6 +428,7 @@ class WatchMetrics:
             n, sum_ns, up = self._n, self._sum_ns, self._up
             last = self._last_mono_ns
             spikes = dict(self._spikes)
+            cause_s = {k: v / 1e9 for k, v in self._cause_ns.items()}
             collectors = dict(self._collectors)
             audit = None if self._audit is None else dict(self._audit)
             audit_ts = self._audit_unix_s
@@ -410,7 +448,8 @@ class WatchMetrics:
             bucket_bounds_s=self._bounds_s,
             bucket_cumulative=tuple(cum), count=n, sum_s=sum_ns / 1e9, exceedances=exceed,
             window_s=self.window_s, window_samples=wn, quantiles=quant, probe_up=up,
-            last_sample_unix_s=last_unix, spikes=spikes, collectors=collectors,
+            last_sample_unix_s=last_unix, spikes=spikes, cause_seconds=cause_s,
+            collectors=collectors,
             audit=audit, audit_unix_s=audit_ts, gauges=gauges, dropped=dropped)
 
     def _window_quantiles(self, now_mono: int) -> tuple[int, dict[float, float]]:
@@ -434,6 +473,13 @@ class WatchMetrics:
             self._q_at_ns = now_mono
             self._q_value = (int(sel.size), out)
             return self._q_value
+
+
+def _culprit_label(name: str) -> str:
+    """A culprit (comm, IRQ name, vector, work function) as a label value: printable,
+    at most MAX_CULPRIT_LEN characters; empty is "unknown"."""
+    s = "".join(ch if ch.isprintable() else "?" for ch in str(name))[:MAX_CULPRIT_LEN]
+    return s or "unknown"
 
 
 def _threshold_ns(t_us: float) -> int:

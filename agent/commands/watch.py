@@ -54,6 +54,13 @@ def watch(
                                          "C reader built on first use with the system's cc; "
                                          "about half the CPU cost), python, or auto (native "
                                          "when it can be built, else python).")] = "auto",
+    trace: Annotated[str, typer.Option(help="Kernel events (tracefs) for an exact timeline "
+                                       "and breakdown of each attributed spike: auto (where "
+                                       "tracefs is mounted and usable, else said as "
+                                       "'unsupported: ...' and watch runs without), on (an "
+                                       "error where unusable), off, or mount (mount tracefs "
+                                       "at /sys/kernel/tracing first when it is not "
+                                       "mounted). Needs root.")] = "auto",
     threshold_us: Annotated[float | None, typer.Option(help="A sample over this many µs is a "
                                                        "spike (up to 1e9); with --listen "
                                                        "also an exceedance counter.")
@@ -116,6 +123,8 @@ def watch(
         raise fail("--probe external needs --pid or --ring")
     if sampler not in ("auto", "native", "python"):
         raise fail(f"--sampler must be auto, native or python, not {sampler!r}")
+    if trace not in ("auto", "on", "off", "mount"):
+        raise fail(f"--trace must be auto, on, off or mount, not {trace!r}")
     _check_tf_options(probe, model, variant)
     if listen is None:
         for name, v in (("--profile", profile), ("--p99-budget-us", p99_budget_us),
@@ -180,7 +189,8 @@ def watch(
                       probe_cpus=probe_cpus, housekeeping_cpus=hk_cpus, pid=pid, ring_path=ring,
                       sample_hz=sample_hz, threshold_us=threshold_us, k_p50=k,
                       flight_us=flight_us, flight_dir=flight_dir or "hftagent-flight",
-                      spike_log=spike_log, duration_s=duration, perf=perf, sampler=sampler)
+                      spike_log=spike_log, duration_s=duration, perf=perf, sampler=sampler,
+                      trace=trace)
     metrics = exporter = wm = prof = None
     webcfg = None
     if listen is not None:
@@ -237,6 +247,7 @@ def watch(
         for s, h in old.items():
             signal.signal(s, h)
     summary = session.summary()
+    summary["events"] = session.trace.info()
     _collector_signals(session, summary)
     if json_out:
         print(json.dumps(summary, indent=1))
@@ -397,6 +408,14 @@ def _print_summary(s: dict, spike_log: str | None) -> None:
               f"{smp['cpu_us_per_round']} µs CPU/round, "
               f"{100 * (smp['cpu_share_of_one_cpu'] or 0):.2f} % of one CPU{split}"
               + (f"; {smp['note']}" if smp.get("note") else ""))
+    ev = s.get("events") or {}
+    if ev.get("active"):
+        rate = ", ".join(f"CPU {c} {r}/s" for c, r in ev.get("rate_per_cpu", {}).items())
+        print(f"kernel events: {ev['windows']} spike windows read"
+              + (f" ({ev['incomplete']} incomplete)" if ev.get("incomplete") else "")
+              + (f", {ev['mean_read_us']} µs each" if ev.get("mean_read_us") else "")
+              + (f"; {rate}" if rate else "") + (f"; {ev['lost']} lost" if ev.get("lost")
+                                                  else ""))
     for w in s["warnings"]:
         print(f"warning: {w}")
     if s["flight_records"]:

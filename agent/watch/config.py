@@ -40,6 +40,10 @@ class WatchConfig:
     max_attributions_per_s: float = 200.0  # the token bucket (agent/watch/schedule.py)
     sampler: str = "auto"  # auto | native | python (agent/watch/sampling/)
     ring_dir: str | None = None  # where the probe's ring goes (default agent.client.ring_dir)
+    # kernel events (agent/watch/events): auto (where tracefs is usable), on (else an
+    # error), off, mount (mount tracefs when it is not mounted); the kernel ring's seconds
+    trace: str = "auto"
+    trace_buffer_s: float = 10.0
 
 
 def cpu_plan(online: list[int], probe_cpus: list[int] | None,

@@ -49,6 +49,10 @@ class MetricsFeed:
     def spike(self, cause: str) -> None:
         self.m.spike(cause)
 
+    def spike_causes(self, items: list[tuple[str, str, int]]) -> None:
+        """One spike's kernel-event breakdown, (cause, culprit, ns) (agent/watch/events)."""
+        self.m.spike_causes(items)
+
     def down(self) -> None:
         self.m.probe_up(False)
         self._up = False

@@ -41,6 +41,7 @@ from agent.watch import summary as summary_
 from agent.watch.attribution import Attributor, Spike
 from agent.watch.config import WatchConfig
 from agent.watch.detect import SpikeDetector
+from agent.watch.events.wiring import SpikeEvents
 from agent.watch.flight import FlightRecorder
 from agent.watch.output import SpikeLog
 from agent.watch.ring import LatencyRing
@@ -74,7 +75,8 @@ class WatchSession:
     def __init__(self, cfg: WatchConfig, host: Host | None = None, *, metrics=None,
                  view=None, collectors: list | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 on_record: Callable[[dict], None] | None = None) -> None:
+                 on_record: Callable[[dict], None] | None = None,
+                 trace_opener: Callable | None = None) -> None:
         self.cfg = cfg
         self.host = host or Host()
         self.metrics = metrics
@@ -83,6 +85,9 @@ class WatchSession:
         self._extra_collectors = collectors
         self.warnings: list[str] = []
         self.source = LatencySource(cfg, self.host, self.warnings)
+        # kernel events (--trace): a timeline and breakdown per attributed spike
+        self.trace = SpikeEvents(cfg.trace, self.host, cfg.probe_cpus, cfg.trace_buffer_s,
+                                 opener=trace_opener)
         self.sampler: Sampler | None = None
         self.sampler_note: str | None = None  # why the Python sampler runs (auto fallback)
         self.sched = None  # collectors.sched.SchedCollector (who ran; the task scans)
@@ -193,6 +198,10 @@ class WatchSession:
                                  f"{exc.strerror}")
         if set(cfg.housekeeping_cpus) & set(cfg.probe_cpus):
             self.warnings.append("one CPU only: the sampler shares the probe's CPU")
+        # the probe CPUs are known (cpu_plan): the kernel ring records from before the probe
+        # starts; --trace on refuses here (closed by stop(), which run() always calls)
+        if (w := self.trace.open(self.clock())) is not None:
+            self.warnings.append(w)
         if cfg.probe == "external":
             self._attach_external()
         else:
@@ -239,6 +248,7 @@ class WatchSession:
         if len(recs):
             self.ingest(recs)
         self.attribute_pending(now)
+        self.trace.maybe_refit(now, self.samples >= self.cfg.min_samples)
         self._flight_step()
         if self.metrics is not None:
             self.metrics.set_gauges(self)
@@ -276,7 +286,12 @@ class WatchSession:
                 :, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"]]]
         with self.sampler.lock:
             a = self.attributor.attribute(sp, self._recent)
-        rec = self.log(sp, a.to_dict())
+        body = a.to_dict()  # the polled attribution: its verdict stands
+        if self.trace.active:  # what the kernel events show ran instead (corroboration)
+            body["events"], items = self.trace.for_spike(sp)
+            if items and self.metrics is not None:
+                self.metrics.spike_causes(items)
+        rec = self.log(sp, body)
         if a.causes and a.cause != "unexplained":
             self.cause_details.setdefault(a.cause, Counter())[
                 summary_.short(a.causes[0].detail)] += 1
@@ -391,6 +406,7 @@ class WatchSession:
         if self.sampler is not None:
             self.sampler.stop()
         self._kill_probe()
+        self.trace.close()
         self.source.close()
         self.close_outputs()
 

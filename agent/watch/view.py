@@ -1,5 +1,6 @@
 """The live view of ``hftagent watch`` (rich): rolling P50/P99/P99.9, jitter rate, spikes
-and their causes, the last spikes with their named cause, collector health."""
+and their causes, the last spikes with their named cause, the kernel events' breakdown of
+the newest spikes (``--trace``), collector health."""
 
 from __future__ import annotations
 
@@ -58,6 +59,12 @@ def render(session):
     for rec in list(session.last_spikes)[::-1]:
         top = rec["causes"][0]["detail"] if rec.get("causes") else ""
         last.add_row(rec["time"][11:23], f"{rec['latency_us']:.0f}", rec["cause"], top[:80])
+    # the kernel events' breakdown of the newest spikes that have one (--trace)
+    events = [r for r in list(session.last_spikes)[::-1]
+              if (r.get("events") or {}).get("summary")][:3]
+    ev_lines = [f"{r['time'][11:23]}  {r['latency_us']:.0f} µs: {r['events']['summary']}"
+                + ("" if r["events"].get("complete", True) else "  (incomplete)")
+                for r in events]
     cols = Table(title="collectors", show_edge=False)
     for col in ("collector", "state", "mean µs"):
         cols.add_column(col)
@@ -66,4 +73,12 @@ def render(session):
             d = st.to_dict()
             cols.add_row(name, d["state"] if d["state"] == "ok" else f"[red]{d['state']}[/]",
                          str(d["mean_us"]))
-    return Group(head, causes, last, cols)
+    parts = [head, causes, last]
+    if ev_lines:
+        ev = Table(title="kernel events: excess over P50", show_edge=False, show_header=False)
+        ev.add_column("breakdown", overflow="fold")
+        from rich.text import Text
+        for line in ev_lines:
+            ev.add_row(Text(line))  # comms hold "[pid]": never read as markup
+        parts.append(ev)
+    return Group(*parts, cols)

@@ -1,0 +1,322 @@
+"""Kernel events wired into ``hftagent watch`` (issue #17 items 1-2 wiring, item 4).
+
+A fake event source (canned windows written as the kernel's ``trace`` text) proves the spike
+record gets the timeline and breakdown, the exporter's cause counters move and their culprit
+labels stay bounded; ``--trace on|auto|off`` refusals are one line; a real run on this
+kernel (root, tracefs mountable) names a CPU hog pinned to the probe CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agent.errors import AgentError
+from agent.watch.events.parse import parse_text
+from agent.watch.events.tracefs import Unsupported, Window
+
+PROBE_TID = 4242
+T0 = 100_001_000_000  # the spike's intended start (CLOCK_MONOTONIC ns)
+T1 = 100_003_000_000  # its end: 2 ms, P50 500 µs -> excess 1.5 ms
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _line(comm, pid, ts, body, flags="d..2."):
+    return f"{comm:>16}-{pid:<6} [001] {flags} {ts}: {body}"
+
+
+def _sw(comm, pid, ts, nxt, npid, state="R+"):
+    return _line(comm, pid, ts, f"sched_switch: prev_comm={comm} prev_pid={pid} prev_prio=120 "
+                                f"prev_state={state} ==> next_comm={nxt} next_pid={npid} "
+                                "next_prio=120")
+
+
+def _canned(hog="hog", hog_pid=777):
+    """The probe runs, the hog takes the CPU for 1.2 ms, NET_RX for 100 µs, probe back."""
+    return parse_text([
+        _sw("swapper/1", 0, "100.000900", "probe", PROBE_TID, "R"),
+        _sw("probe", PROBE_TID, "100.001500", hog, hog_pid, "R+"),
+        _sw(hog, hog_pid, "100.002700", "probe", PROBE_TID, "R"),
+        _line("probe", PROBE_TID, "100.002750", "softirq_entry: vec=3 [action=NET_RX]"),
+        _line("probe", PROBE_TID, "100.002850", "softirq_exit: vec=3 [action=NET_RX]"),
+    ])
+
+
+class FakeSource:
+    """What EventSource offers watch: window(), refit(), describe(), rate(), lost(),
+    close(); the windows are canned."""
+
+    def __init__(self, events_for):
+        self.events_for = events_for
+        self.windows: list[tuple[int, int, int]] = []
+        self.refits = 0
+        self.closed = False
+        self.sizing = "fake"
+
+    def __bool__(self):
+        return True
+
+    def window(self, t_from, t_to, *, margin_ns=2_000_000):
+        self.windows.append((t_from, t_to, margin_ns))
+        return Window(t_from, t_to, self.events_for(len(self.windows)), read_ns=5_000)
+
+    def refit(self):
+        self.refits += 1
+        return "refitted"
+
+    def describe(self):
+        return {"instance": "fake"}
+
+    def rate(self):
+        return {1: 1000.0}
+
+    def lost(self):
+        return 0
+
+    def close(self):
+        self.closed = True
+
+
+def _session(opener, n_spikes=1, metrics=None, trace="auto", **spike_kw):
+    """A WatchSession on a virtual clock with ``n_spikes`` ready spikes on CPU 1 (tid
+    4242), a polled attributor that always says cpu_contention, and the given opener."""
+    from agent.watch.attribution import Attribution, Spike
+    from agent.watch.config import WatchConfig
+    from agent.watch.session import WatchSession
+    now = [T1 + 10**9]
+    clock = lambda: now[0]  # noqa: E731
+
+    class Sampler:
+        lock = threading.Lock()
+        stats = SimpleNamespace(per_collector={})
+
+        def covered_ns(self):
+            return now[0] + 10**9
+
+        def poke(self):
+            pass
+
+    class Sched:
+        def latest_scan_ns(self):
+            return now[0] + 10**9
+
+    class Attr:
+        slack_ns = 1_000_000
+
+        def attribute(self, sp, recent):
+            return Attribution("cpu_contention", [], 0.9, sp.in_process())
+
+    recs: list[dict] = []
+    cfg = WatchConfig(probe="numpy", probe_cpus=[1], housekeeping_cpus=[0], trace=trace)
+    s = WatchSession(cfg, clock=clock, on_record=recs.append, metrics=metrics,
+                     trace_opener=opener)
+    s.sampler, s.sched, s.attributor = Sampler(), Sched(), Attr()
+    return s, recs, lambda i: Spike(i, T0, T1, 99, PROBE_TID, 500_000, cpu_end=1, **spike_kw)
+
+
+def test_spike_record_gets_the_event_breakdown_and_the_counter_moves():
+    from agent.exporter import make_registry, render
+    from agent.metrics import WatchMetrics
+    from agent.watch.metrics_feed import MetricsFeed
+    src = FakeSource(lambda i: _canned())
+    m = WatchMetrics()
+    s, recs, spike = _session(lambda *a, **k: src, metrics=MetricsFeed(m))
+    assert s.trace.open(s.clock()) is None and s.trace.active
+    s.schedule.add(spike(1), s.clock())
+    s.attribute_pending(s.clock())
+    (rec,) = recs
+    assert rec["cause"] == "cpu_contention"  # the polled verdict stands
+    ev = rec["events"]
+    assert ev["complete"] is True and ev["reason"] is None
+    labels = [e["label"] for e in ev["timeline"]["entities"]]
+    assert "hog[777]" in labels and "softirq NET_RX" in labels
+    assert ev["breakdown"][0] == {"what": "hog[777]", "us": 1200.0}
+    assert ev["breakdown"][-1] == {"what": "unexplained", "us": 200.0}  # 1500 - 1200 - 100
+    assert ev["summary"] == "1.2 ms hog[777], 0.1 ms softirq NET_RX, 0.2 ms unexplained"
+    assert "hidden_us" in ev["hw_noise"]
+    # the window asked for: from the intended start (2 ms margin before) to end + 1 ms
+    assert src.windows == [(T0, T1 + 1_000_000, 2_000_000)]
+    snap = m.snapshot()
+    assert snap.cause_seconds[("task", "hog")] == pytest.approx(1.2e-3)
+    assert snap.cause_seconds[("softirq", "NET_RX")] == pytest.approx(1e-4)
+    assert snap.cause_seconds[("unexplained", "unexplained")] == pytest.approx(2e-4)
+    body, _ = render(make_registry(m))
+    text = body.decode()
+    assert 'hftagent_spike_cause_seconds_total{cause="task",culprit="hog"} 0.0012' in text
+    _promtool(text)
+    # the live view shows the summary line of the last spike
+    from rich.console import Console
+
+    from agent.watch.view import render as render_view
+    s.source.info = {"probe": "numpy"}
+    con = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    con.print(render_view(s))
+    assert "1.2 ms hog[777], 0.1 ms softirq NET_RX" in con.export_text()
+    s.trace.maybe_refit(s.clock() + 3 * 10**9, warmed=True)
+    s.trace.maybe_refit(s.clock() + 4 * 10**9, warmed=True)
+    assert src.refits == 1  # once, after warm-up
+    s.trace.close()
+    assert src.closed and not s.trace.active
+
+
+def test_only_attributed_spikes_read_a_window_and_a_bad_window_is_a_reason():
+    def events(i):
+        if i == 2:
+            raise OSError(5, "Input/output error")
+        return _canned()
+    src = FakeSource(events)
+    s, recs, spike = _session(lambda *a, **k: src)
+    s.trace.open(s.clock())
+    for i in range(3):
+        s.schedule.add(spike(i), s.clock())
+    s.attribute_pending(s.clock())
+    assert len(recs) == 3 == len(src.windows)
+    bad = recs[1]["events"]
+    assert bad["complete"] is False and "event window not read: OSError" in bad["reason"]
+    assert recs[1]["cause"] == "cpu_contention"
+    # inherited spikes (over the rate limit) read no window
+    from agent.watch.schedule import INHERIT_NS
+    assert INHERIT_NS > 0
+    src2 = FakeSource(lambda i: _canned())
+    s2, recs2, spike2 = _session(lambda *a, **k: src2)
+    s2.trace.open(s2.clock())
+    s2.schedule.bucket.tokens = 1.0
+    s2.schedule.bucket.rate = 0.0
+    for i in range(5):
+        s2.schedule.add(spike2(i), s2.clock())
+    s2.attribute_pending(s2.clock())
+    assert len(src2.windows) == 1
+    assert sum("events" in r for r in recs2) == 1 and len(recs2) == 5
+
+
+def test_culprit_labels_stay_bounded_and_time_is_kept_in_other():
+    from agent.exporter import make_registry, render
+    from agent.metrics import CULPRIT_TOP_K, WatchMetrics
+    m = WatchMetrics()
+    total = 0
+    for i in range(50):
+        items = [("task", f"hog{i}", 1000 * (i + 1)), ("irq", "virtio0-input.0", 10),
+                 ("weird", "x\ny", 5), ("unexplained", "unexplained", 7)]
+        total += sum(ns for *_, ns in items)
+        m.spike_causes(items)
+    cs = m.snapshot().cause_seconds
+    culprits = {k for _, k in cs}
+    assert len(culprits - {"other"}) == CULPRIT_TOP_K and "other" in culprits
+    assert sum(cs.values()) == pytest.approx(total / 1e9)
+    assert ("other", "x?y") in cs  # an unknown cause is "other", the label printable
+    assert cs[("task", "other")] > 0
+    first = dict(cs)
+    m.spike_causes([("task", "hog0", 1000)])
+    assert m.snapshot().cause_seconds[("task", "hog0")] > first[("task", "hog0")]
+    assert all(m.snapshot().cause_seconds[k] >= v for k, v in first.items())  # monotonic
+    body, _ = render(make_registry(m))
+    _promtool(body.decode())
+
+
+def _promtool(text: str) -> None:
+    tool = shutil.which("promtool")
+    if tool is None:
+        return
+    r = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True,
+                       timeout=30)
+    errors = [ln for ln in (r.stdout + r.stderr).splitlines() if "spike_cause" in ln]
+    assert not errors, errors
+
+
+def test_trace_on_refuses_in_one_line_auto_warns_off_never_opens():
+    from agent.watch.events.wiring import SpikeEvents
+    refused = lambda *a, **k: Unsupported("unsupported: tracefs not mounted at /x")  # noqa: E731
+    ev = SpikeEvents("on", None, [1], opener=refused)
+    with pytest.raises(AgentError, match="^--trace on: unsupported: tracefs not mounted"):
+        ev.open(0)
+    ev = SpikeEvents("auto", None, [1], opener=refused)
+    assert ev.open(0) == "kernel events: unsupported: tracefs not mounted at /x"
+    assert not ev.active and ev.info()["reason"].startswith("unsupported:")
+    calls = []
+    ev = SpikeEvents("off", None, [1], opener=lambda *a, **k: calls.append(a))
+    assert ev.open(0) is None and not calls and not ev.active
+    mounts = []
+    ev = SpikeEvents("mount", None, [1], opener=lambda *a, **k: mounts.append(k) or
+                     Unsupported("unsupported: no permission"))
+    ev.open(0)
+    assert mounts == [{"mount": True}]
+    with pytest.raises(AgentError, match="--trace must be"):
+        SpikeEvents("maybe", None, [1])
+
+
+def test_session_warns_and_runs_without_events_when_the_name_is_taken():
+    taken = lambda *a, **k: Unsupported(  # noqa: E731
+        "unsupported: tracefs instance /sys/kernel/tracing/instances/hftagent-1 already "
+        "exists (name taken)")
+    s, recs, spike = _session(taken)
+    w = s.trace.open(s.clock())
+    assert "name taken" in w and not s.trace.active
+    s.schedule.add(spike(1), s.clock())
+    s.attribute_pending(s.clock())
+    assert recs and "events" not in recs[0]
+
+
+def test_cli_refuses_a_bad_trace_value_in_one_line():
+    r = subprocess.run([str(REPO / ".venv/bin/hftagent"), "watch", "--trace", "sometimes",
+                        "--duration", "1"], capture_output=True, text=True, cwd=REPO,
+                       timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.strip() == ("hftagent: error: --trace must be auto, on, off or mount, "
+                                "not 'sometimes'")
+
+
+def _tracefs_mounted() -> bool:
+    try:
+        with open("/proc/mounts") as f:  # noqa: PTH123 - test-only check of the real box
+            return any(ln.split()[2] == "tracefs" for ln in f if len(ln.split()) > 2)
+    except OSError:
+        return False
+
+
+def test_real_watch_names_a_cpu_hog_on_the_probe_cpu(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (tracefs)")
+    online = sorted(os.sched_getaffinity(0))
+    if len(online) < 2:
+        pytest.skip("needs 2 CPUs (probe and housekeeping)")
+    sys.path.insert(0, str(REPO))
+    from bench.faults.kit import cpu_hog
+    was_mounted = _tracefs_mounted()
+    cpu = online[-1]
+    log = tmp_path / "spikes.jsonl"
+    try:
+        with cpu_hog(cpu) as pids:
+            comm = Path(f"/proc/{pids[0]}/comm").read_text().strip()
+            r = subprocess.run(
+                [str(REPO / ".venv/bin/hftagent"), "watch", "--probe", "numpy", "--duration",
+                 "3", "--trace", "mount", "--cpus", str(cpu), "--housekeeping",
+                 str(online[0]), "--spike-log", str(log), "--json", "--no-live"],
+                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        if not was_mounted and _tracefs_mounted():
+            subprocess.run(["umount", "/sys/kernel/tracing"], check=False)  # we mounted it
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    ev = summary["events"]
+    if not ev["active"]:
+        pytest.skip(f"tracefs not usable here: {ev.get('reason')}")
+    recs = [json.loads(ln) for ln in log.read_text().splitlines()]
+    timed = [x for x in recs if "timeline" in (x.get("events") or {})]
+    assert timed, recs[:3]
+    named = [x for x in timed if any(e["label"] == f"{comm}[{pids[0]}]"
+                                     for e in x["events"]["timeline"]["entities"])]
+    assert named, [x["events"]["summary"] for x in timed[:5]]
+    assert any(comm in x["events"]["summary"] for x in named)
+    assert ev["windows"] >= len(timed)
+    # our instance is gone after the run
+    inst = Path("/sys/kernel/tracing/instances")
+    if inst.is_dir():
+        assert not [p for p in inst.iterdir() if p.name.startswith("hftagent-")]
