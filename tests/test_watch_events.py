@@ -320,3 +320,30 @@ def test_real_watch_names_a_cpu_hog_on_the_probe_cpu(tmp_path):
     inst = Path("/sys/kernel/tracing/instances")
     if inst.is_dir():
         assert not [p for p in inst.iterdir() if p.name.startswith("hftagent-")]
+
+
+def test_the_source_is_closed_when_start_fails_after_it_opened():
+    """run() → stop() on every exit path: a probe that cannot start still closes it."""
+    src = FakeSource(lambda i: _canned())
+    s, _, _ = _session(lambda *a, **k: src)
+    s.sampler = None
+
+    def boom():
+        raise AgentError("probe failed to start")
+    s._start_probe = boom
+    with pytest.raises(AgentError, match="probe failed"):
+        s.run()
+    assert src.closed and not s.trace.active
+    assert s.trace.info()["active"] is True  # it ran: the summary says so
+
+
+def test_cli_trace_on_without_tracefs_is_one_error_line():
+    if _tracefs_mounted():
+        pytest.skip("tracefs is mounted here")
+    r = subprocess.run([str(REPO / ".venv/bin/hftagent"), "watch", "--probe", "numpy",
+                        "--duration", "1", "--trace", "on", "--no-live"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "hftagent: error: --trace on: unsupported: tracefs not mounted at /sys/kernel/tracing "
+        "(watch --trace mount mounts it)"]
