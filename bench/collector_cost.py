@@ -25,7 +25,8 @@ import timeit
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from agent.watch.sampling.native.feed import Feed, NativeUnavailable  # noqa: E402
-from agent.watch.sampling.python import NativeSampler, Sampler  # noqa: E402
+from agent.watch.sampling.native.sampler import NativeSampler  # noqa: E402
+from agent.watch.sampling.python import Sampler  # noqa: E402
 from collectors.cpu import CpuCollector  # noqa: E402
 from collectors.host import Host  # noqa: E402
 from collectors.irq import IrqCollector, SoftirqCollector  # noqa: E402

@@ -44,7 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from agent.client import FIELDS, RingReader  # noqa: E402
 from agent.watch.sampling.native.feed import Feed  # noqa: E402
-from agent.watch.sampling.python import NativeSampler, Sampler  # noqa: E402
+from agent.watch.sampling.native.sampler import NativeSampler  # noqa: E402
+from agent.watch.sampling.python import Sampler  # noqa: E402
 from bench.abstats import aa_split, paired_bootstrap, quantile  # noqa: E402
 from bench.collector_cost import collectors  # noqa: E402
 from collectors.cpu import cpu_model  # noqa: E402

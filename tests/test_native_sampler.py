@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from agent.watch.sampling.native.feed import Feed, NativeUnavailable, build_helper
-from agent.watch.sampling.python import NativeSampler, Sampler
+from agent.watch.sampling.native.sampler import NativeSampler
+from agent.watch.sampling.python import Sampler
 from collectors.cpu import CpuCollector
 from collectors.host import Host
 from collectors.irq import IrqCollector, SoftirqCollector

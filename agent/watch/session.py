@@ -46,7 +46,8 @@ from agent.watch.flight import FlightRecorder
 from agent.watch.output import SpikeLog
 from agent.watch.ring import LatencyRing
 from agent.watch.sampling.native.feed import Feed, NativeUnavailable
-from agent.watch.sampling.python import NativeSampler, Sampler
+from agent.watch.sampling.native.sampler import NativeSampler
+from agent.watch.sampling.python import Sampler
 from agent.watch.schedule import AttributionScheduler
 from agent.watch.source import LatencySource
 from agent.watch.wiring import build_collectors

@@ -1,0 +1,295 @@
+"""The native sampler: the same rings as :class:`~agent.watch.sampling.python.Sampler`,
+filled from the native reader's recorded rounds (:mod:`agent.watch.sampling.native.feed`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from agent.watch.sampling.python import Sampler, _Entry
+from collectors.base import CollectorResult
+
+
+class NativeSampler(Sampler):
+    """The same rings, filled from the native reader (:mod:`agent.watch.feed`).
+
+    The helper process, pinned to the housekeeping CPUs, reads the replayable collectors'
+    hot files at ``hz`` (each collector's files on its own rounds: ``round % div == 0``,
+    div = period / sampler period). This thread replays every recorded round through the
+    collectors' unchanged ``sample()`` (warm caches, one wake-up per batch) and appends the
+    rows at the rounds' own times: at ``drain_hz`` (1 Hz) while nobody waits for rows, and
+    :data:`POKE_GAP_NS` after the last replay once :meth:`poke` says someone does (watch
+    pokes while a spike waits for its rows: it waits ≤ 0.2 s, as with a fixed 5 Hz drain,
+    and a quiet run pays one replay a second). Between replays it wakes only for the live
+    collectors. A collector with a ``replay_plan()`` (its row is the values of token
+    layouts: softirq, irq, memory) has its layouts applied by the helper; a round whose files
+    all came with their values is appended from those (:meth:`SignalRing.append_seq`) without
+    calling the collector, any other round through ``sample()``. Collectors that read no hot
+    files (gpu, perf, pcie) are sampled live here at their period. The sampler's cost is the
+    helper's CPU time plus this thread's.
+
+    If the helper dies mid-run, stops making rounds for :attr:`STALL_NS` (it is then
+    killed), or a replay fails, :attr:`native_error` says why and this thread goes on as the
+    Python sampler (the collectors' files read live again, sched's scan in its sample()):
+    watch never stops for it.
+    """
+
+    mode = "native"
+
+    def __init__(self, collectors: list, feed, hz: float = 100.0,
+                 cpus: list[int] | None = None, capacity_s: float = 30.0,
+                 max_failures: int = 3,
+                 on_result: Callable[[CollectorResult], None] | None = None,
+                 drain_hz: float | None = None) -> None:
+        super().__init__(collectors, hz, cpus, capacity_s, max_failures, on_result)
+        self.feed = feed
+        self.replayed: list[_Entry] = []
+        self.live: list[_Entry] = []
+        for e in self.entries:
+            e.div = max(1, round(e.period_ns / self.period_ns))
+            (self.replayed if getattr(e.collector, "replayable", False) else self.live).append(e)
+            if on_result is None:  # on_result wants every row's CollectorResult: no shortcut
+                e.plan_fn = getattr(e.collector, "replay_plan", None)
+        # Live parts of replayed collectors (sched's task scan): read after each batch and
+        # merged into the collector's newest row, not stamped with an older round's time.
+        self._extras = [e for e in self.replayed if hasattr(e.collector, "live_extra")
+                        and hasattr(e.collector, "defer_scan")]
+        for e in self._extras:
+            e.collector.defer_scan = True
+        # 1 Hz while nobody waits: each Python wake-up runs cold (~0.3-0.7 ms of CPU on the
+        # dev VM) and a replay has fixed costs, so fewer, larger batches cost less (drain
+        # 0.58-0.62 % of one CPU at 1 Hz against 0.73-0.77 % at 5 Hz, dev VM, A/B in one
+        # run); a spike pokes (POKE_GAP_NS).
+        self.drain_ns = int(1e9 / (drain_hz or 1.0))
+        self.live_ns = min((e.period_ns for e in self.live), default=0)
+        self._poke = threading.Event()
+        self._overruns_seen = 0
+        self.native_error: str | None = None
+        self.drain_cpu_ns = 0
+        self._fed_rounds = 0
+        self._why: str | None = None  # why the replay stopped (helper died, stalled, error)
+        self._last_round_at = time.monotonic_ns()
+
+    STALL_NS = 2_000_000_000  # no new round for this long from a live helper: stuck
+    POKE_GAP_NS = 200_000_000  # a poked replay comes this long after the previous one
+
+    def poke(self) -> None:
+        """Replay soon (:data:`POKE_GAP_NS` after the last replay): a spike waits for rows."""
+        self._poke.set()
+
+    def start(self) -> None:
+        """Start the helper (raises :class:`~agent.watch.feed.NativeUnavailable`), then the
+        drain thread."""
+        if self.feed.proc is None:
+            self.feed.start(self.cpus)
+        for e in self.replayed:  # the reader is not a task competing with the probe
+            exclude = getattr(e.collector, "exclude_pids", None)
+            if exclude is not None and self.feed.proc is not None:
+                exclude.add(self.feed.proc.pid)
+        self._last_round_at = time.monotonic_ns()
+        super().start()
+
+    def _keep(self) -> bool:
+        return not self.feed.miss
+
+    def drain(self) -> bool:
+        """Replay the rounds recorded since the last call, then sample the live collectors.
+        False when the helper has died (the caller switches to Python rounds)."""
+        feed = self.feed
+        t_start = time.perf_counter_ns()
+        buf, rounds = feed.read_rounds()
+        keep = self._keep
+        pending: dict[int, list] = {id(e): [] for e in self.replayed}
+        plan_values = feed.plan_values
+        pc = time.perf_counter_ns
+        try:
+            # Collector by collector (each has its own ring and tracker; the rows of one
+            # stay in round order), so that the per-row work is a few local operations.
+            for e in self.replayed:
+                div, st, plan_fn, rows = e.div, e.state, e.plan_fn, pending[id(e)]
+                feed.div, feed.owner = div, st.name
+                for rnd, t, files in rounds:
+                    if rnd % div or st.state != "ok":
+                        continue
+                    e.last_ns = t
+                    if plan_fn is not None:
+                        feed.current = files  # the plan may ask a file: due()
+                        t0 = pc()
+                        try:
+                            plan = plan_fn()
+                        except Exception:  # noqa: BLE001 - no shortcut; sample() says why
+                            plan = None
+                        vals = plan_values(plan, files, buf) if plan is not None else None
+                        if vals is not None:  # the helper's values: no parse, no dict
+                            keys = e.plan_keys.get(id(plan))
+                            if keys is None or keys[0] is not plan:
+                                if len(e.plan_keys) > 8:  # plans come and go: a few live
+                                    e.plan_keys.clear()
+                                keys = e.plan_keys[id(plan)] = (plan, tuple(
+                                    k for _, layout in plan for k in layout.keys))
+                            rows.append((e.prev_t_ns or t, t, vals, keys[1]))
+                            e.prev_t_ns = t
+                            st.runs += 1
+                            st.layout_rows += 1
+                            st.consecutive_failures = 0
+                            st.busy_ns += pc() - t0
+                            continue
+                    feed.set_round(buf, files)
+                    feed.miss = False
+                    self._sample_entry(e, t, keep, rows)
+                    feed.set_round(b"", None)
+            self._fed_rounds += len(rounds)
+        finally:
+            feed.set_round(b"", None)
+            for e in self._extras:
+                rows = pending[id(e)]
+                if rows and e.state.state == "ok":
+                    self._merge_extra(e, rows)
+            with self._lock:  # once per drain, not per row
+                for e in self.replayed:
+                    self._append_rows(e, pending[id(e)])
+            if rounds:
+                self._latest = rounds[-1][1]
+        self._sample_due(self.live, time.monotonic_ns())
+        fs = feed.stats()
+        self.stats.rounds = self._fed_rounds
+        self.stats.late_rounds = fs["late_rounds"]
+        self.stats.busy_ns += time.perf_counter_ns() - t_start
+        now = time.monotonic_ns()
+        if rounds or feed.overruns != self._overruns_seen:
+            # (a whole ring of rounds lost is an overrun, counted and reported: not a stall)
+            self._overruns_seen = feed.overruns
+            self._last_round_at = now
+        elif not feed.alive():
+            self._why = f"native sampler stopped ({feed.exit_reason()})"
+            return False
+        elif now - self._last_round_at > self.STALL_NS:
+            self._why = (f"native sampler stalled (no round for "
+                         f"{(now - self._last_round_at) / 1e9:.1f} s; killed)")
+            return False
+        return True
+
+    @staticmethod
+    def _append_rows(e: _Entry, rows: list) -> None:
+        """Append a drain's rows of one collector in order: a run of values rows (keys set)
+        in one :meth:`SignalRing.append_seqs`, a parsed row with ``append_raw``."""
+        ring, deltas = e.ring, e.deltas
+        i, n = 0, len(rows)
+        while i < n:
+            keys = rows[i][3]
+            if keys is None:
+                t0, t1, values, _ = rows[i]
+                ring.append_raw(t0, t1, values, deltas)
+                i += 1
+                continue
+            j = i
+            while j < n and rows[j][3] is keys:
+                j += 1
+            ring.append_seqs([(t0, t1, v) for t0, t1, v, _ in rows[i:j]], keys, deltas)
+            i = j
+
+    def _drain_or_stop(self) -> bool:
+        """:meth:`drain`, with any error ending the replay (said, never a dead thread)."""
+        try:
+            return self.drain()
+        except Exception as exc:  # noqa: BLE001 - the Python sampler takes over
+            self._why = f"native replay failed ({type(exc).__name__}: {exc})"
+            return False
+
+    @staticmethod
+    def _merge_extra(e: _Entry, rows: list) -> None:
+        """The collector's live part (sched's task scan, when due) into its newest row (a
+        values row becomes a parsed one for it)."""
+        t0 = time.perf_counter_ns()
+        try:
+            extra = e.collector.live_extra()
+        except Exception as exc:  # noqa: BLE001 - a failed scan never loses the rows
+            e.state.failures += 1
+            e.state.reason = f"{type(exc).__name__}: {exc}"
+            extra = None
+        if extra:
+            a, b, values, keys = rows[-1]
+            if keys is not None:
+                values = dict(zip(keys, values))
+                rows[-1] = (a, b, values, None)
+            values.update(extra)
+        e.state.busy_ns += time.perf_counter_ns() - t0
+
+    def _account(self) -> None:
+        """Called on the sampler thread: its CPU time plus the helper's (the helper writes
+        its own every 32 rounds and when it exits)."""
+        self.drain_cpu_ns = time.thread_time_ns() - self._cpu0
+        self.stats.cpu_ns = self.drain_cpu_ns + self.feed.stats()["cpu_ns"]
+
+    def helper_cpu_ns(self) -> int:
+        return self.feed.stats()["cpu_ns"]
+
+    def _native_loop(self) -> None:
+        """Replay every ``drain_ns``, or POKE_GAP_NS after the last replay when poked;
+        sample the live collectors at their period in between. Returns at stop() or when a
+        replay fails (the helper died or stalled)."""
+        mono = time.monotonic_ns
+        stop, poke, feed = self._stop, self._poke, self.feed
+        gap = min(self.POKE_GAP_NS, self.drain_ns)
+        last = mono()
+        every = self.drain_ns
+        n = 0
+        while not stop.is_set():
+            now = mono()
+            since = now - last
+            if since >= every or (poke.is_set() and since >= gap):
+                poke.clear()
+                r0 = feed.rpos
+                if self._drain_or_stop() is False:
+                    return
+                # Replay often enough that a quarter of the ring holds the rounds between
+                # two replays (a big box's /proc/interrupts: megabytes a second).
+                rate = (feed.rpos - r0) / max(since, 1)
+                every = self.drain_ns if rate <= 0 else \
+                    max(50_000_000, min(self.drain_ns, int(feed.capacity / 4 / rate)))
+                last = now
+            elif self.live:
+                self._sample_due(self.live, now)
+            nxt = last + (gap if poke.is_set() else every)
+            if self.live_ns:
+                nxt = min(nxt, now + self.live_ns)
+            timeout = max(0, nxt - mono()) / 1e9
+            if stop.is_set():
+                break
+            if poke.is_set():
+                time.sleep(min(timeout, 0.1))  # poked already: wait out the gap
+            else:
+                poke.wait(timeout)  # a poke (or stop) ends the wait
+            n += 1
+            if not n & 31:  # a syscall: every 32nd wake-up, and at the end
+                self._account()
+
+    def _run(self) -> None:
+        self._begin()
+        self._native_loop()
+        if not self._stop.is_set():
+            # The helper died, stalled, or the replay failed: say why, then carry on as the
+            # Python sampler (every collector's files read live from here on, sched's task
+            # scan inside its sample() again).
+            self.feed.kill()
+            self.feed.set_round(b"", None)
+            self.native_error = f"{self._why}; the Python sampler took over"
+            self.mode = "python (native reader stopped)"
+            for e in self._extras:
+                e.collector.defer_scan = False
+            for e in self.entries:
+                e.last_ns = 0
+            self._loop(self.period_ns, self.round)
+        self._account()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._poke.set()  # ends the loop's wait now
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.feed.stop()
+        # the helper's final CPU time is in the header now; the thread's was taken at its end
+        self.stats.cpu_ns = self.drain_cpu_ns + self.feed.stats()["cpu_ns"]
+        super().stop()  # closes the collectors (their slots are released)
+        self.feed.close()
