@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import ABSENT, Host, Reading
+from collectors.layout import LayoutBuilder, TokenLayout
 from collectors.parsers import parse_cpulist
 
 
@@ -275,7 +275,7 @@ def _drop_intr(data: bytes) -> bytes:
 
 
 def proc_stat_layout(data: bytes, cpus: frozenset[int] | None) -> TokenLayout:
-    """The :class:`~collectors.fastread.TokenLayout` of /proc/stat for the same signals as
+    """The :class:`~collectors.layout.TokenLayout` of /proc/stat for the same signals as
     :func:`fast_proc_stat` (which it equals on any read with this layout). Pure."""
     b = LayoutBuilder()
     seen = False

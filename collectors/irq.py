@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import Host, Reading
+from collectors.layout import LayoutBuilder, TokenLayout
 from collectors.parsers import (
     MAX_CPUS,
     IrqRow,
@@ -177,7 +177,7 @@ def fast_softirqs(data: bytes, want: frozenset[int] | None) -> dict[str, float]:
 
 
 def interrupts_layout(data: bytes, want: frozenset[int] | None) -> TokenLayout:
-    """The :class:`~collectors.fastread.TokenLayout` of /proc/interrupts for the same signals
+    """The :class:`~collectors.layout.TokenLayout` of /proc/interrupts for the same signals
     as :func:`fast_interrupts` (descriptions aside). Pure."""
     lines = data.split(b"\n")
     header = lines[0].split()
@@ -206,7 +206,7 @@ def interrupts_layout(data: bytes, want: frozenset[int] | None) -> TokenLayout:
 
 
 def softirqs_layout(data: bytes, want: frozenset[int] | None) -> TokenLayout:
-    """The :class:`~collectors.fastread.TokenLayout` of /proc/softirqs for the same signals as
+    """The :class:`~collectors.layout.TokenLayout` of /proc/softirqs for the same signals as
     :func:`fast_softirqs`. Pure."""
     lines = data.split(b"\n")
     header = lines[0].split()

@@ -14,8 +14,8 @@ Signals: ``mem.all.<vmstat key>`` (counters), ``psi.<res>.some_us`` / ``psi.<res
 from __future__ import annotations
 
 from collectors.base import Availability
-from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import Host
+from collectors.layout import LayoutBuilder, TokenLayout
 from collectors.parsers import ParseError
 
 VMSTAT_KEYS: frozenset[bytes] = frozenset(k.encode() for k in (
@@ -51,7 +51,7 @@ def fast_vmstat(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> dict[str, 
 
 
 def vmstat_layout(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> TokenLayout:
-    """The :class:`~collectors.fastread.TokenLayout` of /proc/vmstat for the keys kept (the
+    """The :class:`~collectors.layout.TokenLayout` of /proc/vmstat for the keys kept (the
     same signals as :func:`fast_vmstat`). Pure."""
     it = data.split()
     if not it:

@@ -9,8 +9,8 @@ kernels) is unsupported, not zeros.
 from __future__ import annotations
 
 from collectors.base import Availability
-from collectors.fastread import LayoutBuilder, TokenLayout
 from collectors.host import Host
+from collectors.layout import LayoutBuilder, TokenLayout
 from collectors.parsers import parse_cpulist
 
 
@@ -27,7 +27,7 @@ def parse_numastat(data: bytes, node: int) -> dict[str, float]:
 
 
 def numastat_layout(data: bytes, node: int) -> TokenLayout:
-    """The :class:`~collectors.fastread.TokenLayout` of one numastat read: the same values as
+    """The :class:`~collectors.layout.TokenLayout` of one numastat read: the same values as
     :func:`parse_numastat` on any read with this layout. Pure."""
     b = LayoutBuilder()
     for line in data.split(b"\n"):

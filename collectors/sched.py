@@ -27,8 +27,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from collectors.base import Availability
-from collectors.fastread import TokenLayout
 from collectors.host import Host, HotFile
+from collectors.layout import TokenLayout
 from collectors.parsers import ParseError
 
 

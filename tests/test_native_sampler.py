@@ -443,7 +443,7 @@ def test_layout_values_are_what_python_parses_and_anything_else_is_bytes(helper,
     """The helper's token-layout extraction: names checked, prefixes stripped, integers as
     Python's float() reads them (signs, > 18 digits); a token that is not a plain integer, a
     changed name or token count: no values, the raw bytes only (the collector parses them)."""
-    from collectors.fastread import TokenLayout
+    from collectors.layout import TokenLayout
     p = tmp_path / "f"
     good = b"a -5 +7 123456789012345678901 total=42 x\n"
     p.write_bytes(good)
@@ -681,7 +681,7 @@ def test_a_busy_ring_is_replayed_sooner_and_an_overrun_is_not_a_stall(helper, tm
 
 
 def test_a_layout_the_helper_cannot_take_is_remembered_not_packed_again(helper, tmp_path):
-    from collectors.fastread import TokenLayout
+    from collectors.layout import TokenLayout
     p = tmp_path / "f"
     p.write_bytes(b"a 1\n")
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))

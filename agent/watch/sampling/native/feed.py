@@ -16,7 +16,7 @@ build that fails: :class:`NativeUnavailable` with the reason, and watch uses the
 sampler.
 
 Token layouts: a collector whose row is the values of one or more files' token layouts
-(:class:`~collectors.fastread.TokenLayout`; softirq, irq, memory) offers them through
+(:class:`~collectors.layout.TokenLayout`; softirq, irq, memory) offers them through
 ``replay_plan()``. :meth:`Feed.set_layout` hands a layout to the helper, which then adds the
 values, as doubles, to every read that matches it exactly; :meth:`Feed.plan_values` returns
 them for a recorded round (None when any file of the plan came without them: the collector's

@@ -7,7 +7,7 @@
  * shared-memory file. The Python side (agent/watch/feed.py) owns the file: it lists the files
  * to read in a slot table, and replays each round's bytes through the unchanged Python
  * collectors in batches. The collectors stay the one source of truth: the only parsing here
- * is mechanical. A collector may hand a file's token layout (collectors/fastread.py: the
+ * is mechanical. A collector may hand a file's token layout (collectors/layout.py: the
  * token count, the name tokens that must sit at given positions, the positions of its values)
  * to a slot; while a read matches the layout exactly, the record carries the values as
  * doubles after the raw bytes, and the Python side appends them without parsing. Any
