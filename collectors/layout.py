@@ -1,21 +1,31 @@
-"""Position-cached parsing of the hot /proc files that `hftagent watch` samples at 20-100 Hz.
+"""Token layouts: where the kept values of a /proc or /sys file sit in its whitespace-split
+tokens, so that a read with the same shape is one ``bytes.split`` and two ``itemgetter`` calls.
 
-The text layout of /proc/stat, /proc/interrupts, /proc/softirqs and /proc/vmstat does not
-change between two reads unless a CPU, an IRQ or a counter appears or goes: only the numbers
-do. A :class:`TokenLayout` remembers, for one file, where each kept value sits in
-``data.split()`` and which name token must sit where; a read is then one ``bytes.split``, two
-``itemgetter`` calls and ``dict(zip(keys, map(float, ...)))`` — C speed, no per-line Python.
-When the name check fails (the layout changed) the caller rebuilds the layout from the same
-bytes with its line-wise builder, so a changed file is never misread.
+The text layout of /proc/stat, /proc/interrupts, /proc/softirqs or /proc/vmstat does not change
+between two reads unless a CPU, an IRQ or a counter appears or goes: only the numbers do. Each
+collector module builds a :class:`TokenLayout` next to its parser (``layout(key, data)``),
+from bytes the parser accepted; :meth:`TokenLayout.values` of a later read is then either None
+(another shape: the caller parses the bytes and builds a new layout) or exactly what the parser
+returns for them. A value token must be what the parsers accept (collectors/parsers.py
+``parse_uint``: ASCII digits, at most 20; with ``signed``, ``parse_int``'s optional "-"):
+"nan", "-5", "+7", "1e9" or "٣" are not a number here either.
 
-Measured hot on the 2-core dev VM: /proc/softirqs 8.5 → 5 µs per call, /proc/interrupts
-88 → 70 µs (~60 µs of it is the kernel generating the file).
+What a layout checks: the token count, the name tokens that place the rows it keeps, and every
+value it keeps. What it does not: tokens the watch does not keep (another CPU's column when the
+collector follows some CPUs, a vmstat counter it leaves out, a task's state letter). A read
+with garbage only there gives the kept values; the parser, which reads every token, refuses it.
+
+Measured hot on a 2-CPU VM: /proc/softirqs 8.5 → 5 µs per call, /proc/interrupts 88 → 70 µs
+(~60 µs of it is the kernel generating the file).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from operator import itemgetter
+
+MAX_DIGITS = 20  # collectors.parsers.parse_uint's default: any u64
 
 
 def _getter(pos: Sequence[int]) -> Callable[[list[bytes]], tuple]:
@@ -28,25 +38,22 @@ def _getter(pos: Sequence[int]) -> Callable[[list[bytes]], tuple]:
 
 
 class TokenLayout:
-    """Where the kept values of one /proc file sit in its whitespace-split tokens.
+    """Where the kept values of one file sit in its whitespace-split tokens.
 
-    ``n``: the token count of the file the layout was built from; ``name_pos``/``names``:
+    ``n``: the token count of the read the layout was built from; ``name_pos``/``names``:
     tokens that identify the layout (row names such as ``b"NET_RX:"``, ``b"cpu1"``);
     ``val_pos``/``keys``: the value tokens and the signal names they become;
     ``prefixes`` (optional, one per value): bytes the value token must start with and that
-    are not part of the number (PSI's ``total=``).
-
-    The native reader (agent/watch/hftsampler.c) applies the same layout in C when a
-    collector hands it over (``replay_plan``): there a value must be a plain decimal integer
-    token; anything else is a mismatch and the collector parses the bytes itself.
+    are not part of the number (PSI's ``total=``); ``signed``: a value may start with "-"
+    (/proc/vmstat, read with ``parse_int``); else values are unsigned (``parse_uint``).
     """
 
-    __slots__ = ("n", "names", "keys", "name_pos", "val_pos", "prefixes", "_names_at",
-                 "_vals_at")
+    __slots__ = ("n", "names", "keys", "name_pos", "val_pos", "prefixes", "signed",
+                 "_names_at", "_vals_at", "_strip")
 
     def __init__(self, n: int, name_pos: Sequence[int], names: Sequence[bytes],
                  val_pos: Sequence[int], keys: Sequence[str],
-                 prefixes: Sequence[bytes] | None = None) -> None:
+                 prefixes: Sequence[bytes] | None = None, signed: bool = False) -> None:
         if len(name_pos) != len(names) or len(val_pos) != len(keys) or \
                 (prefixes is not None and len(prefixes) != len(keys)):
             raise ValueError("layout positions and names differ in length")
@@ -56,26 +63,41 @@ class TokenLayout:
         self.name_pos = tuple(name_pos)
         self.val_pos = tuple(val_pos)
         self.prefixes = tuple(prefixes) if prefixes is not None else (b"",) * len(keys)
-        self._names_at = _getter(name_pos)
-        self._vals_at = _getter(val_pos)
+        self.signed = bool(signed)
+        self._names_at = _getter(self.name_pos)
+        self._vals_at = _getter(self.val_pos)
+        self._strip = any(self.prefixes)
 
     def same_as(self, other: TokenLayout | None) -> bool:
-        """Whether ``other`` describes the same file layout (keeping the older object keeps
-        the native reader's copy of it)."""
+        """Whether ``other`` describes the same file layout."""
         return other is not None and (self.n, self.names, self.keys, self.name_pos,
-                                      self.val_pos, self.prefixes) == \
-            (other.n, other.names, other.keys, other.name_pos, other.val_pos, other.prefixes)
+                                      self.val_pos, self.prefixes, self.signed) == \
+            (other.n, other.names, other.keys, other.name_pos, other.val_pos, other.prefixes,
+             other.signed)
 
     def values(self, tok: list[bytes]) -> dict[str, float] | None:
         """The kept values of ``tok`` (``data.split()``), or None when ``tok`` does not have
-        this layout (the caller rebuilds it)."""
+        this layout or a value is not a number the parsers accept (the caller parses)."""
         if len(tok) != self.n or self._names_at(tok) != self.names:
             return None
         vals = self._vals_at(tok)
-        if any(self.prefixes):
-            if not all(v.startswith(p) for v, p in zip(vals, self.prefixes)):
+        if self._strip:
+            if not all(map(bytes.startswith, vals, self.prefixes)):
                 return None
-            vals = [v[len(p):] for v, p in zip(vals, self.prefixes)]
+            vals = tuple(map(bytes.removeprefix, vals, self.prefixes))
+        if self.signed:
+            digits = tuple(map(bytes.removeprefix, vals, repeat(b"-")))
+            if not all(map(bytes.isdigit, digits)) or \
+                    max(map(len, digits), default=0) > MAX_DIGITS:
+                return None
+            # through int: "-0" is 0.0, as parse_int reads it (float(b"-0") is -0.0)
+            return dict(zip(self.keys, map(float, map(int, vals)), strict=True))
+        # bytes.isdigit is ASCII digits only ("٣" in UTF-8 is not); float() alone took
+        # "nan", "-5", "+7", "1e9", "1_0". A split token is never empty, so one isdigit of
+        # them joined checks them all; a stripped prefix may leave an empty one.
+        if not (all(map(bytes.isdigit, vals)) if self._strip else b"".join(vals).isdigit()) \
+                or max(map(len, vals), default=0) > MAX_DIGITS:
+            return None
         return dict(zip(self.keys, map(float, vals), strict=True))
 
 
@@ -89,17 +111,20 @@ class LayoutBuilder:
         self.names: list[bytes] = []
         self.val_pos: list[int] = []
         self.keys: list[str] = []
+        self.prefixes: list[bytes] = []
 
     def name(self, rel: int, tok: bytes) -> None:
         self.name_pos.append(self.off + rel)
         self.names.append(tok)
 
-    def value(self, rel: int, key: str) -> None:
+    def value(self, rel: int, key: str, prefix: bytes = b"") -> None:
         self.val_pos.append(self.off + rel)
         self.keys.append(key)
+        self.prefixes.append(prefix)
 
     def advance(self, ntok: int) -> None:
         self.off += ntok
 
-    def build(self) -> TokenLayout:
-        return TokenLayout(self.off, self.name_pos, self.names, self.val_pos, self.keys)
+    def build(self, signed: bool = False) -> TokenLayout:
+        return TokenLayout(self.off, self.name_pos, self.names, self.val_pos, self.keys,
+                           self.prefixes, signed)

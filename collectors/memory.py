@@ -62,7 +62,7 @@ def vmstat_layout(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> TokenLay
             b.name(i, it[i])
             b.value(i + 1, "mem.all." + it[i].decode())
     b.advance(len(it))
-    return b.build()
+    return b.build(signed=True)  # parse_vmstat reads values with parse_int
 
 
 def parse_psi(data: bytes, resource: str) -> dict[str, float]:

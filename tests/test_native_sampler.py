@@ -439,41 +439,125 @@ def test_an_untrusted_cache_directory_or_binary_is_not_run(tmp_path):
         build_helper(out_dir=link)
 
 
-def test_layout_values_are_what_python_parses_and_anything_else_is_bytes(helper, tmp_path):
-    """The helper's token-layout extraction: names checked, prefixes stripped, integers as
-    Python's float() reads them (signs, > 18 digits); a token that is not a plain integer, a
-    changed name or token count: no values, the raw bytes only (the collector parses them)."""
+def _c_compiler() -> str | None:
+    want = os.environ.get("CC")
+    return shutil.which(want) if want else \
+        (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"))
+
+
+def test_the_c_structs_are_where_feed_py_reads_them(tmp_path):
+    """feed.py mirrors hftsampler.c's shared structs by hand (HEADER, SLOT, REC, FREC, LHEAD,
+    LREF and the constants): a C program that includes the helper's source with
+    -DHFTSAMPLER_LAYOUT_ONLY prints every field's offsetof and size, each struct's size and
+    each constant, and they must be feed.py's."""
+    from agent.watch.sampling.native import feed as F
+    cc = _c_compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = ["#define HFTSAMPLER_LAYOUT_ONLY", f'#include "{F.SOURCE}"', "#include <stddef.h>",
+             "int main(void) {"]
+    for cs in F.C_STRUCTS:
+        lines.append(f'printf("{cs.cname} %zu\\n", sizeof(struct {cs.cname}));')
+        for name, _ in cs.fields:
+            lines.append(f'printf("{cs.cname}.{name} %zu %zu\\n", offsetof(struct {cs.cname}, '
+                         f'{name}), sizeof(((struct {cs.cname} *)0)->{name}));')
+    for name in F.C_CONSTANTS:
+        lines.append(f'printf("{name} %llu\\n", (unsigned long long)({name}));')
+    lines += ["return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "layout"
+    r = subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-o", str(exe), str(src)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = dict(line.split(" ", 1) for line in
+               subprocess.run([str(exe)], capture_output=True, text=True,
+                              check=True).stdout.splitlines())
+    want = {}
+    for cs in F.C_STRUCTS:
+        want[cs.cname] = str(cs.size)
+        for name, fmt in cs.fields:
+            want[f"{cs.cname}.{name}"] = f"{cs.off[name]} {struct.calcsize('<' + fmt)}"
+    want |= {name: str(v) for name, v in F.C_CONSTANTS.items()}
+    assert got == want
+    assert F.SLOT.size == F.SLOT_BYTES and F.HEADER.size <= F.HEADER_BYTES
+    # the offsets feed.py reads and writes with are these
+    assert (F._H_PERIOD, F._H_TABLE_GEN, F._H_STOP, F._H_CAP, F._H_WPOS, F._H_ROUNDS,
+            F._H_LATE, F._H_CPU, F._H_PID, F._H_STATE, F._H_ERROR, F._H_RESERVE,
+            F._H_DROPPED) == tuple(F.HEADER.off[n] for n in (
+                "period_ns", "table_gen", "stop", "capacity", "write_pos", "rounds",
+                "late_rounds", "cpu_ns", "pid", "state", "error", "reserve_pos",
+                "dropped_rounds"))
+
+
+def test_the_struct_check_fails_on_a_moved_field(tmp_path, monkeypatch):
+    """The check above is not vacuous: a feed.py whose header puts a field elsewhere than
+    the C struct does is caught."""
+    from agent.watch.sampling.native import feed as F
+    if _c_compiler() is None:
+        pytest.skip("no C compiler")
+    fields = list(F.HEADER.fields)
+    i = [n for n, _ in fields].index("reserve_pos")
+    fields[i], fields[i + 1] = fields[i + 1], fields[i]  # dropped_rounds before reserve_pos
+    monkeypatch.setattr(F, "HEADER", F.CStruct("header", tuple(fields)))
+    monkeypatch.setattr(F, "C_STRUCTS", (F.HEADER, *F.C_STRUCTS[1:]))
+    with pytest.raises(AssertionError, match="header.reserve_pos"):
+        test_the_c_structs_are_where_feed_py_reads_them(tmp_path)
+
+
+def test_layout_values_are_what_the_parsers_accept_and_anything_else_is_bytes(helper,
+                                                                              tmp_path):
+    """The helper's token-layout extraction: names checked, prefixes stripped, a value is
+    what collectors/parsers.py accepts (parse_uint: 1-20 ASCII digits; a signed layout:
+    parse_int's one "-"), as Python's float(int(token)); a token that is anything else
+    ("+7", "nan", "1e9", 21 digits, "٣"), a changed name or token count: no values, the raw
+    bytes only (the collector parses them and says why)."""
+    import math
+
     from collectors.layout import TokenLayout
     p = tmp_path / "f"
-    good = b"a -5 +7 123456789012345678901 total=42 x\n"
+    good = b"a 5 7 12345678901234567890 total=42 x\n"
     p.write_bytes(good)
     lay = TokenLayout(6, (0, 5), (b"a", b"x"), (1, 2, 3, 4), ("m", "p", "big", "t"),
                       (b"", b"", b"", b"total="))
     want = lay.values(good.split())
-    assert want == {"m": -5.0, "p": 7.0, "big": float(b"123456789012345678901"), "t": 42.0}
+    assert want == {"m": 5.0, "p": 7.0, "big": float(12345678901234567890), "t": 42.0}
+    q = tmp_path / "g"
+    q.write_bytes(b"-5 -0 -18446744073709551615 7\n")
+    slay = TokenLayout(4, (), (), (0, 1, 2, 3), ("a", "b", "c", "d"), signed=True)
+    swant = slay.values(q.read_bytes().split())
+    assert swant == {"a": -5.0, "b": 0.0, "c": -18446744073709551615.0, "d": 7.0}
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
     try:
-        f = feed.open(p)
-        _activate(feed, [f])
-        assert feed.set_layout(f, lay)
+        f, g = feed.open(p), feed.open(q)
+        _activate(feed, [f, g])
+        assert feed.set_layout(f, lay) and feed.set_layout(g, slay)
         feed.start()
-        plan = ((f, lay),)
+        plan, splan = ((f, lay),), ((g, slay),)
 
-        def values_now() -> list:
+        def values_now(pl=plan) -> list:
             feed.read_rounds()  # skip what is recorded, then read fresh rounds
             out = []
             for buf, (_, _, files) in _rounds_until(feed, 3):
                 feed.set_round(buf, files)
-                out.append(feed.plan_values(plan))
+                out.append(feed.plan_values(pl))
                 feed.set_round(b"", None)
             return out
 
         assert values_now()[-1] == tuple(want.values())
+        sv = values_now(splan)[-1]
+        assert sv == tuple(swant.values()) and math.copysign(1, sv[1]) == 1  # not -0.0
         wfd = os.open(p, os.O_WRONLY)
-        for bad in (b"a -5 +7 12x 9 total=42 x\n",  # not an integer
-                    b"a -5 +7 1 total:42 x\n",  # the prefix is not there
-                    b"b -5 +7 1 total=42 x\n",  # another name
-                    b"a -5 +7 1 total=42 x y\n"):  # another token count
+        for bad in (b"a 5 +7 1 total=42 x\n", b"a -5 7 1 total=42 x\n",  # a sign
+                    b"a 5 7 nan total=42 x\n", b"a 5 7 1e9 total=42 x\n",
+                    b"a 5 7 123456789012345678901 total=42 x\n",  # 21 digits
+                    "a 5 7 ٣ total=42 x\n".encode(),  # an Arabic-Indic digit
+                    b"a 5 7 12x total=42 x\n",  # not an integer
+                    b"a 5 7 1 total= x\n", b"a 5 7 1 total=-1 x\n",
+                    b"a 5 7 1 total:42 x\n",  # the prefix is not there
+                    b"b 5 7 1 total=42 x\n",  # another name
+                    b"a 5 7 1 total=42 x y\n"):  # another token count
+            assert lay.values(bad.split()) is None, bad  # the Python side agrees
             os.ftruncate(wfd, 0)
             os.pwrite(wfd, bad, 0)
             time.sleep(0.05)
@@ -482,6 +566,15 @@ def test_layout_values_are_what_python_parses_and_anything_else_is_bytes(helper,
             assert _bytes_of(feed, b2, files, f) == bad  # the bytes are still there
         os.ftruncate(wfd, 0)
         os.pwrite(wfd, good, 0)
+        os.close(wfd)
+        wfd = os.open(q, os.O_WRONLY)
+        for bad in (b"+5 -0 1 7\n", b"--5 -0 1 7\n", b"- -0 1 7\n",
+                    b"-5 -0 -123456789012345678901 7\n"):
+            assert slay.values(bad.split()) is None, bad
+            os.ftruncate(wfd, 0)
+            os.pwrite(wfd, bad, 0)
+            time.sleep(0.05)
+            assert values_now(splan)[-1] is None, bad
         os.close(wfd)
         time.sleep(0.05)
         assert values_now()[-1] == tuple(want.values())
@@ -492,7 +585,7 @@ def test_layout_values_are_what_python_parses_and_anything_else_is_bytes(helper,
         feed.read_rounds()
         buf, (_, _, files) = _rounds_until(feed, 2)[-1]
         feed.set_round(buf, files)
-        assert feed.plan_values(((f, lay2),)) == (-5.0,)
+        assert feed.plan_values(((f, lay2),)) == (5.0,)
         assert feed.plan_values(plan) is None  # the old layout is gone from the helper
         feed.set_round(b"", None)
     finally:

@@ -43,10 +43,12 @@ from collectors.host import HotFile
 from collectors.native import NativeUnavailable, build  # NativeUnavailable: watch catches it
 
 MAGIC = 0x31534648
-VERSION = 3
+VERSION = 4
 NSLOTS = 256
 LAYOUT_BYTES = 8192
-F_VALUES = 1
+F_VALUES = 1  # frec.flags: the layout's values follow the bytes
+L_SIGNED = 1  # lhead.flags: a value may start with "-" (TokenLayout.signed)
+MAX_DIGITS = 20  # of a value (collectors.layout.MAX_DIGITS, parse_uint's bound)
 PATH_LEN = 224
 HEADER_BYTES = 4096
 SLOT_BYTES = 256
@@ -54,16 +56,61 @@ REC_MAGIC = 0x20444E52
 PAD_MAGIC = 0x20444150
 DEFAULT_CAPACITY = 16 << 20
 
-# header field offsets (struct header in hftsampler.c)
-_H_PERIOD, _H_TABLE_GEN, _H_STOP, _H_CAP, _H_WPOS = 8, 16, 24, 32, 40
-_H_ROUNDS, _H_LATE, _H_CPU, _H_PID, _H_STATE, _H_ERROR = 48, 56, 64, 72, 80, 88
-_H_RESERVE, _H_DROPPED = 344, 352
-_REC = struct.Struct("<IIQQII")  # magic, len, round, t_ns, nfiles, pad
-_FREC = struct.Struct("<HHiII")  # slot, flags, n, gen, lgen
-_LHEAD = struct.Struct("<IIIIII")  # lgen, ntok, nvals, nnames, heap_len, pad
-_LREF = struct.Struct("<IHH")  # pos, len, off
+
+class CStruct:
+    """One of hftsampler.c's shared structs as (field, struct format) pairs, little-endian
+    and without padding (every field of them is naturally aligned): ``off[field]`` is its
+    offsetof, ``struct`` packs and unpacks the whole. tests/test_native_sampler.py checks
+    each offset and size against the C compiler's."""
+
+    def __init__(self, cname: str, fields: tuple[tuple[str, str], ...]) -> None:
+        self.cname = cname
+        self.fields = fields
+        self.off: dict[str, int] = {}
+        pos = 0
+        for name, fmt in fields:
+            self.off[name] = pos
+            pos += struct.calcsize("<" + fmt)
+        self.size = pos
+        self.struct = struct.Struct("<" + "".join(f for _, f in fields))
+
+
+HEADER = CStruct("header", (
+    ("magic", "I"), ("version", "I"), ("period_ns", "Q"), ("table_gen", "Q"), ("stop", "Q"),
+    ("capacity", "Q"), ("write_pos", "Q"), ("rounds", "Q"), ("late_rounds", "Q"),
+    ("cpu_ns", "Q"), ("pid", "q"), ("state", "Q"), ("error", "256s"), ("reserve_pos", "Q"),
+    ("dropped_rounds", "Q")))
+SLOT = CStruct("slot", (("state", "I"), ("div", "I"), ("gen", "I"), ("err", "i"),
+                        ("reads", "Q"), ("read_ns", "Q"), ("path", f"{PATH_LEN}s")))
+REC = CStruct("rec", (("magic", "I"), ("len", "I"), ("round", "Q"), ("t_ns", "Q"),
+                      ("nfiles", "I"), ("pad", "I")))
+FREC = CStruct("frec", (("slot", "H"), ("flags", "H"), ("n", "i"), ("gen", "I"),
+                        ("lgen", "I")))
+LHEAD = CStruct("lhead", (("lgen", "I"), ("ntok", "I"), ("nvals", "I"), ("nnames", "I"),
+                          ("heap_len", "I"), ("flags", "I")))
+LREF = CStruct("lref", (("pos", "I"), ("len", "H"), ("off", "H")))
+C_STRUCTS = (HEADER, SLOT, REC, FREC, LHEAD, LREF)
+C_CONSTANTS = {"MAGIC": MAGIC, "VERSION": VERSION, "NSLOTS": NSLOTS, "PATH_LEN": PATH_LEN,
+               "HEADER_BYTES": HEADER_BYTES, "REC_MAGIC": REC_MAGIC, "PAD_MAGIC": PAD_MAGIC,
+               "LAYOUT_BYTES": LAYOUT_BYTES, "F_VALUES": F_VALUES, "L_SIGNED": L_SIGNED,
+               "MAX_DIGITS": MAX_DIGITS}
+
+_H = HEADER.off
+_H_PERIOD, _H_TABLE_GEN, _H_STOP, _H_CAP = _H["period_ns"], _H["table_gen"], _H["stop"], \
+    _H["capacity"]
+_H_WPOS, _H_ROUNDS, _H_LATE, _H_CPU = _H["write_pos"], _H["rounds"], _H["late_rounds"], \
+    _H["cpu_ns"]
+_H_PID, _H_STATE, _H_ERROR = _H["pid"], _H["state"], _H["error"]
+_H_RESERVE, _H_DROPPED = _H["reserve_pos"], _H["dropped_rounds"]
+_ERROR_LEN = struct.calcsize("256s")
+_REC = REC.struct  # magic, len, round, t_ns, nfiles, pad
+_FREC = FREC.struct  # slot, flags, n, gen, lgen
+_LHEAD = LHEAD.struct  # lgen, ntok, nvals, nnames, heap_len, flags
+_LREF = LREF.struct  # pos, len, off
 _U64 = struct.Struct("<Q")
-_SLOT_HEAD = struct.Struct("<IIIiQQ")  # state, div, gen, err, reads, read_ns
+_U32 = struct.Struct("<I")
+_SLOT_HEAD = struct.Struct("<" + "".join(f for n, f in SLOT.fields if n != "path"))
+_S = SLOT.off
 
 SOURCE = Path(__file__).with_name("hftsampler.c")
 
@@ -99,7 +146,7 @@ class Feed:
             raise NativeUnavailable(f"cannot create the shared file in {d}: "
                                     f"{exc.strerror}") from None
         os.close(fd)
-        struct.pack_into("<IIQ", self.mm, 0, MAGIC, VERSION, int(period_ns))
+        struct.pack_into("<IIQ", self.mm, _H["magic"], MAGIC, VERSION, int(period_ns))
         _U64.pack_into(self.mm, _H_CAP, self.capacity)
         self._lbase = HEADER_BYTES + NSLOTS * SLOT_BYTES
         self._base = self._lbase + NSLOTS * LAYOUT_BYTES
@@ -135,11 +182,10 @@ class Feed:
         i = self._free.pop()
         self._gen[i] = (self._gen[i] + 1) & 0xFFFFFFFF
         off = HEADER_BYTES + i * SLOT_BYTES
-        self.mm[off + 32:off + 32 + PATH_LEN] = p.ljust(PATH_LEN, b"\0")
+        self.mm[off + _S["path"]:off + _S["path"] + PATH_LEN] = p.ljust(PATH_LEN, b"\0")
         div = max(1, self.div) * max(1, f.every)
-        struct.pack_into("<III", self.mm, off, 0, div, self._gen[i])
-        struct.pack_into("<iQQ", self.mm, off + 12, 0, 0, 0)
-        struct.pack_into("<I", self.mm, off, 1)  # published last: the helper opens it
+        _SLOT_HEAD.pack_into(self.mm, off, 0, div, self._gen[i], 0, 0, 0)
+        _U32.pack_into(self.mm, off + _S["state"], 1)  # published last: the helper opens it
         self._clear_layout(i)
         f.slot, f.gen, f.owner = i, self._gen[i], self.owner
         self._files[i] = f
@@ -149,7 +195,7 @@ class Feed:
         i = f.slot
         if i < 0 or self._files.get(i) is not f:
             return
-        struct.pack_into("<I", self.mm, HEADER_BYTES + i * SLOT_BYTES, 0)
+        _U32.pack_into(self.mm, HEADER_BYTES + i * SLOT_BYTES + _S["state"], 0)
         self._clear_layout(i)
         del self._files[i]
         self._free.append(i)
@@ -189,10 +235,11 @@ class Feed:
         body = b"".join(refs) + bytes(heap)
         off = self._lbase + i * LAYOUT_BYTES
         self._lgen = self._lgen % 0xFFFFFFFF + 1  # never 0 (0: no layout)
-        struct.pack_into("<I", self.mm, off, 0)  # stored first: a copy in progress is torn
+        _U32.pack_into(self.mm, off + LHEAD.off["lgen"], 0)  # first: a copy in progress is torn
         self.mm[off + _LHEAD.size:off + _LHEAD.size + len(body)] = body
-        _LHEAD.pack_into(self.mm, off, 0, layout.n, len(vals), len(names), len(heap), 0)
-        struct.pack_into("<I", self.mm, off, self._lgen)  # published last
+        _LHEAD.pack_into(self.mm, off, 0, layout.n, len(vals), len(names), len(heap),
+                         L_SIGNED if layout.signed else 0)
+        _U32.pack_into(self.mm, off + LHEAD.off["lgen"], self._lgen)  # published last
         self._layouts[i] = (layout, self._lgen)
         self._bump()
         return True
@@ -269,7 +316,7 @@ class Feed:
         return _U64.unpack_from(self.mm, _H_STATE)[0]
 
     def error(self) -> str:
-        raw = bytes(self.mm[_H_ERROR:_H_ERROR + 256])
+        raw = bytes(self.mm[_H_ERROR:_H_ERROR + _ERROR_LEN])
         return raw.split(b"\0", 1)[0].decode(errors="replace")
 
     def alive(self) -> bool:

@@ -44,7 +44,7 @@
 #include <unistd.h>
 
 #define MAGIC 0x31534648u      /* "HFS1" */
-#define VERSION 3u
+#define VERSION 4u
 #define NSLOTS 256
 #define PATH_LEN 224
 #define HEADER_BYTES 4096
@@ -53,8 +53,13 @@
 #define LAYOUT_BYTES 8192
 #define F_VALUES 1u            /* frec.flags bit 0: flags >> 1 doubles (the layout's nvals)
                                 * follow the (padded) raw bytes */
+#define L_SIGNED 1u            /* lhead.flags bit 0: a value may start with "-" */
+#define MAX_DIGITS 20          /* collectors.parsers.parse_uint: at most 20 digits (a u64) */
 
-struct header {               /* offsets are mirrored in feed.py (_H_*) */
+/* The structs below are mirrored in feed.py (HEADER_FIELDS, the struct.Struct formats and
+ * their *_FIELDS names); tests/test_native_sampler.py compiles them with
+ * -DHFTSAMPLER_LAYOUT_ONLY and compares every offset and size. */
+struct header {
     uint32_t magic;           /* 0 */
     uint32_t version;         /* 4 */
     uint64_t period_ns;       /* 8    python */
@@ -111,7 +116,7 @@ struct lhead {
     uint32_t nvals;
     uint32_t nnames;
     uint32_t heap_len;
-    uint32_t pad;
+    uint32_t flags;           /* L_SIGNED */
 };
 
 struct lref {                 /* a value: token pos, prefix (len, off); a name: pos, bytes */
@@ -120,8 +125,10 @@ struct lref {                 /* a value: token pos, prefix (len, off); a name: 
     uint16_t off;
 };
 
+#ifndef HFTSAMPLER_LAYOUT_ONLY
+
 struct layout {               /* the helper's private copy */
-    uint32_t lgen, ntok, nvals, nnames;
+    uint32_t lgen, ntok, nvals, nnames, flags;
     const struct lref *vals, *names;
     const char *heap;
     char *mem;
@@ -186,6 +193,7 @@ static void load_layout(struct layout *L, const char *src) {
     L->ntok = hd.ntok;
     L->nvals = hd.nvals;
     L->nnames = hd.nnames;
+    L->flags = hd.flags;
     L->vals = r;
     L->names = r + hd.nvals;
     L->heap = mem + sizeof hd + nref * sizeof(struct lref);
@@ -200,25 +208,28 @@ static int is_ws(unsigned char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
-/* A decimal integer token as Python's float(token) reads it; -1 for anything else. */
-static int parse_int(const char *s, size_t len, double *v) {
+/* A number token as collectors/parsers.py reads it: 1 to MAX_DIGITS ASCII digits
+ * (parse_uint), after one "-" when the layout is signed (parse_int); as a double rounded as
+ * Python's float(int(token)). -1 for anything else ("+7", "nan", "1e9", "--1", 21 digits):
+ * the record then carries the raw bytes only and the collector's parser says why. */
+static int parse_num(const char *s, size_t len, int sign_ok, double *v) {
     size_t i = 0;
     int neg = 0;
-    if (len && (s[0] == '-' || s[0] == '+')) { neg = s[0] == '-'; i = 1; }
-    if (i >= len) return -1;
+    if (sign_ok && len && s[0] == '-') { neg = 1; i = 1; }
+    if (i >= len || len - i > MAX_DIGITS) return -1;
     for (size_t k = i; k < len; k++)
         if ((unsigned)(s[k] - '0') > 9) return -1;
-    if (len - i > 18) { /* beyond exact uint64 accumulation: let strtod round it */
-        char tmp[64];
-        if (len >= sizeof tmp) return -1;
-        memcpy(tmp, s, len);
-        tmp[len] = 0;
+    if (len - i > 19) { /* beyond exact uint64 accumulation: let strtod round it */
+        char tmp[MAX_DIGITS + 1];
+        memcpy(tmp, s + i, len - i);
+        tmp[len - i] = 0;
         *v = strtod(tmp, NULL);
-        return 0;
+    } else {
+        uint64_t a = 0;
+        for (; i < len; i++) a = a * 10 + (uint64_t)(s[i] - '0');
+        *v = (double)a;
     }
-    uint64_t a = 0;
-    for (; i < len; i++) a = a * 10 + (uint64_t)(s[i] - '0');
-    *v = neg ? -(double)a : (double)a;
+    if (neg && *v != 0) *v = -*v; /* "-0" is 0, as int("-0") */
     return 0;
 }
 
@@ -256,7 +267,8 @@ static int extract(const struct layout *L, const char *b, size_t n, double *out)
         const char *t = b + tstart[r->pos];
         size_t tl = tlen[r->pos];
         if (tl < r->len || memcmp(t, L->heap + r->off, r->len)) return -1;
-        if (parse_int(t + r->len, tl - r->len, &out[j]) < 0) return -1;
+        if (parse_num(t + r->len, tl - r->len, (int)(L->flags & L_SIGNED), &out[j]) < 0)
+            return -1;
     }
     return 0;
 }
@@ -493,3 +505,5 @@ int main(int argc, char **argv) {
     __atomic_store_n(&H->state, 2, __ATOMIC_RELEASE);
     return 0;
 }
+
+#endif /* HFTSAMPLER_LAYOUT_ONLY */
