@@ -9,8 +9,8 @@ the collector set watch runs with a built-in probe (``at_rate``) and with an ext
 (``at_rate_external``: the probe threads' schedstat every round), next to ``at_rate_floor``:
 the same thread waking at --hz with no collector (the host's cost of a wake-up).
 ``at_rate_native`` / ``at_rate_native_external``: the same collector sets fed by the native
-reader (agent/watch/hftsampler.c at --hz, replayed in batches): its share is the helper's
-CPU time plus the drain thread's, each also given alone.
+reader (agent/watch/sampling/native/hftsampler.c at --hz, replayed in batches): its share is
+the helper's CPU time plus the drain thread's, each also given alone.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from agent.watch.sampling.native.feed import Feed, NativeUnavailable  # noqa: E402
 from agent.watch.sampling.native.sampler import NativeSampler  # noqa: E402
 from agent.watch.sampling.python import Sampler  # noqa: E402
-from collectors.cpu import CpuCollector  # noqa: E402
+from agent.watch.sampling.sources.cpu import CpuCollector  # noqa: E402
+from agent.watch.sampling.sources.irq import IrqCollector  # noqa: E402
+from agent.watch.sampling.sources.memory import MemoryCollector  # noqa: E402
+from agent.watch.sampling.sources.numa import NumaCollector  # noqa: E402
+from agent.watch.sampling.sources.sched import SchedCollector  # noqa: E402
+from agent.watch.sampling.sources.softirq import SoftirqCollector  # noqa: E402
 from collectors.host import Host  # noqa: E402
-from collectors.irq import IrqCollector, SoftirqCollector  # noqa: E402
-from collectors.memory import MemoryCollector  # noqa: E402
-from collectors.numa import NumaCollector  # noqa: E402
 from collectors.pcie import PcieCollector  # noqa: E402
-from collectors.sched import SchedCollector  # noqa: E402
 
 
 def collectors(host: Host, pid: int, cpu: int, source: str = "builtin") -> list:
@@ -136,9 +137,7 @@ def main() -> int:
             except NativeUnavailable as exc:
                 out[key] = {"unavailable": str(exc)}
                 continue
-            nhost = Host()
-            nhost.hot_factory = feed.open
-            out[key] = _at_rate(collectors(nhost, target.pid, probe_cpu, source), args, hk, feed)
+            out[key] = _at_rate(collectors(Host(), target.pid, probe_cpu, source), args, hk, feed)
     finally:
         target.kill()
         target.wait()

@@ -87,8 +87,7 @@ def run_blocks(args: argparse.Namespace, order: list[tuple[str, str]], host: Hos
                 s = None
                 if mode == "on":
                     feed = Feed(int(1e9 / args.hz)) if args.sampler == "native" else None
-                    h = host.with_hot_factory(feed.open) if feed is not None else host
-                    cs = [c for c in collectors(h, info["pid"], probe_cpu)
+                    cs = [c for c in collectors(host, info["pid"], probe_cpu)
                           if c.available().ok]
                     names = names or [c.name for c in cs]
                     s = NativeSampler(cs, feed, args.hz, hk) if feed is not None \
@@ -145,7 +144,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=120, help="on/off block pairs (120)")
     ap.add_argument("--sampler", choices=("python", "native"), default="python",
-                    help="the sampler the on blocks run (native: agent/watch/hftsampler.c)")
+                    help="the sampler the on blocks run (native: "
+                         "agent/watch/sampling/native/hftsampler.c)")
     ap.add_argument("--block-s", type=float, default=1.0, help="block length, s (1.0)")
     ap.add_argument("--discard-s", type=float, default=0.1,
                     help="dropped after each switch, s (0.1)")

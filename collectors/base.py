@@ -1,10 +1,16 @@
 """The uniform collector interface used by `hftagent watch` and the exporter.
 
-A collector reads one source (cpu, sched, irq, memory, numa, pcie, gpu, perf) and returns raw
-counters and gauges named ``family.scope.signal`` (``cpu.3.freq_hz``, ``irq.3.NET_RX``,
-``gpu.0.clock_event_reasons``). Rates and deltas are computed downstream. A collector that
-fails is reported (success flag, duration) and skipped; it never stops the others
-(:func:`run_collector`).
+A collector reads one source (cpu, sched, irq, softirq, memory, numa, pcie, gpu, perf) and
+returns raw counters and gauges named ``family.scope.signal`` (``cpu.3.freq_hz``,
+``irq.3.NET_RX``, ``gpu.0.clock_event_reasons``). Rates and deltas are computed downstream. A
+collector that fails is reported (success flag, duration) and skipped; it never stops the
+others (:func:`run_collector`).
+
+The sources whose signals are /proc and /sys files read every round (cpu, irq, softirq, memory,
+numa, sched) are pure here: their modules give ``files(host)`` (the paths), ``parse(reads)``
+(the signals of one read of them, built on collectors/parsers.py) and ``layout(key, data)``
+(a collectors/layout.py TokenLayout: the same values without a parse). Their collectors, which
+hold the files open and read them, are watch's (agent/watch/sampling/sources/).
 """
 
 from __future__ import annotations

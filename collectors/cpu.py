@@ -12,15 +12,23 @@ Sources (equivalent commands in brackets):
 - /sys/devices/system/cpu/smt/{control,active}, topology/thread_siblings_list
 
 A missing cpufreq directory (VMs, containers) is "unsupported: no cpufreq driver", never 0.
+
+The watch's CPU signals (:func:`files`, :func:`parse`, :func:`layout`; sampled by
+agent/watch/sampling/sources/cpu.py): /proc/stat ``cpu.N.{user,nice,system,idle,iowait,irq,
+softirq,steal}_ticks`` (USER_HZ ticks, counters), ``cpu.all.ctxt`` (counter),
+``cpu.all.procs_running`` / ``procs_blocked`` (gauges) [mpstat -P ALL 1]; scaling_cur_freq
+``cpu.N.freq_hz`` (gauge) [cpupower monitor]; thermal_throttle ``cpu.N.core_throttle_total``
+/ ``cpu.N.package_throttle_total`` (counters).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from collectors.host import ABSENT, Host, Reading
-from collectors.layout import LayoutBuilder, TokenLayout
-from collectors.parsers import parse_cpulist
+from collectors.layout import LayoutBuilder, TokenLayout, parser_text
+from collectors.parsers import ParseError, is_uint, parse_cpulist, parse_proc_stat, parse_uint
 
 
 def cpu_dir(host: Host, cpu: int):
@@ -30,8 +38,8 @@ def cpu_dir(host: Host, cpu: int):
 def online_cpus(host: Host) -> Reading[list[int]]:
     """The online CPU ids: /sys/devices/system/cpu/online [lscpu], or, where a capture lacks
     it or it cannot be read, the CPUs :func:`collectors.system.online_cpus` derives from
-    ``present``/``possible`` and the cpuN directories (watch, tune, run and CpuCollector
-    then go on; audit says how they were found). None only when nothing says."""
+    ``present``/``possible`` and the cpuN directories (watch, tune, run and watch's CPU
+    collector then go on; audit says how they were found). None only when nothing says."""
     from collectors.system import online_cpus as derived  # (collectors.system imports us)
     r = derived(host)
     return Reading(r.value.cpus, r.path) if r.value is not None else \
@@ -228,182 +236,116 @@ def absent(r: Reading) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# CpuCollector: the fast sampler's view of the CPUs (used by `hftagent watch`)
+# The watch's CPU signals: files(), parse() and layout() (agent/watch/sampling/ samples them)
 # ----------------------------------------------------------------------------------------------
 
-# /proc/stat per-CPU fields the sampler keeps (USER_HZ ticks, counters).
-_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+# /proc/stat per-CPU fields the watch keeps (USER_HZ ticks, counters).
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+_STAT_SCALARS = (b"ctxt", b"procs_running", b"procs_blocked")  # cpu.all.<name>
+
+_MISSING = {"freq_hz": "unsupported: no cpufreq driver",
+            "throttle_total": "unsupported: no thermal_throttle counters"}
 
 
-def fast_proc_stat(data: bytes, cpus: frozenset[int] | None) -> dict[str, float]:
-    """/proc/stat bytes → ``cpu.N.<field>_ticks`` counters for the CPUs in ``cpus`` (all when
-    None), plus ``cpu.all.ctxt`` (counter) and ``cpu.all.procs_running`` /
-    ``cpu.all.procs_blocked`` (gauges). Pure; raises ValueError on a file without cpu lines."""
-    out: dict[str, float] = {}
-    seen = False
-    for line in data.split(b"\n"):
-        if line[:3] == b"cpu":
-            parts = line.split()
-            key = parts[0]
-            if key == b"cpu":
-                continue
-            seen = True
-            cpu = int(key[3:])
-            if cpus is not None and cpu not in cpus:
-                continue
-            for name, v in zip(_STAT_FIELDS, parts[1:9]):
-                out[f"cpu.{cpu}.{name}_ticks"] = float(v)
-        elif line[:5] == b"ctxt ":
-            out["cpu.all.ctxt"] = float(line[5:])
-        elif line[:14] == b"procs_running ":
-            out["cpu.all.procs_running"] = float(line[14:])
-        elif line[:14] == b"procs_blocked ":
-            out["cpu.all.procs_blocked"] = float(line[14:])
-    if not seen:
-        raise ValueError("no per-CPU lines in /proc/stat")
+def files(host: Host, cpus: list[int]) -> dict[str, Path]:
+    """The files of the watch's CPU signals, by key: ``stat`` (/proc/stat) and for each of
+    ``cpus`` ``cpu.N.freq_hz`` (cpuN/cpufreq/scaling_cur_freq, kHz) and
+    ``cpu.N.core_throttle_total`` / ``cpu.N.package_throttle_total``
+    (cpuN/thermal_throttle/{core,package}_throttle_count). A path need not exist (a VM has no
+    cpufreq driver): :func:`missing_reason` says what that means."""
+    out = {"stat": host.proc("stat")}
+    for c in cpus:
+        out[f"cpu.{c}.freq_hz"] = cpu_dir(host, c) / "cpufreq/scaling_cur_freq"
+        for kind in ("core", "package"):
+            out[f"cpu.{c}.{kind}_throttle_total"] = \
+                cpu_dir(host, c) / f"thermal_throttle/{kind}_throttle_count"
     return out
 
 
-def _drop_intr(data: bytes) -> bytes:
-    """/proc/stat without its "intr" line (one count per IRQ number: ~500 tokens here, none
-    kept — /proc/interrupts is the per-CPU source)."""
-    i = data.find(b"\nintr ")
-    if i < 0:
-        return data
-    j = data.find(b"\n", i + 1)
-    return data[:i] + data[j:] if j >= 0 else data[:i]
+def missing_reason(key: str) -> str:
+    """Why a signal of :func:`files` is absent when its file is ("unsupported: ...")."""
+    return _MISSING["freq_hz" if key.endswith(".freq_hz") else "throttle_total"]
 
 
-def proc_stat_layout(data: bytes, cpus: frozenset[int] | None) -> TokenLayout:
-    """The :class:`~collectors.layout.TokenLayout` of /proc/stat for the same signals as
-    :func:`fast_proc_stat` (which it equals on any read with this layout). Pure."""
+def parse_stat(data: bytes, cpus: frozenset[int] | None = None) -> dict[str, float]:
+    """/proc/stat bytes → ``cpu.N.<field>_ticks`` (counters, USER_HZ ticks) for the CPUs in
+    ``cpus`` (all when None), ``cpu.all.ctxt`` (counter), ``cpu.all.procs_running`` and
+    ``cpu.all.procs_blocked`` (gauges). :func:`collectors.parsers.parse_proc_stat` reads
+    the file (the audit's parser: what it refuses raises ParseError here). Pure."""
+    st = parse_proc_stat(parser_text(data, "/proc/stat"))
+    out: dict[str, float] = {}
+    for c, fields in st.cpus.items():
+        if c < 0 or (cpus is not None and c not in cpus):
+            continue
+        for name in STAT_FIELDS:
+            if name in fields:
+                out[f"cpu.{c}.{name}_ticks"] = float(fields[name])
+    for key in _STAT_SCALARS:
+        v = getattr(st, key.decode())
+        if v is not None:
+            out[f"cpu.all.{key.decode()}"] = float(v)
+    return out
+
+
+def stat_layout(data: bytes, cpus: frozenset[int] | None = None) -> TokenLayout | None:
+    """The token layout of /proc/stat giving :func:`parse_stat`'s values (names: every cpu
+    line's, and the kept scalars'); None for a read it cannot describe. Also for the whole
+    file with its "intr" line (one count per IRQ number: skipped, as the parser does). Pure."""
     b = LayoutBuilder()
-    seen = False
     for line in data.split(b"\n"):
         parts = line.split()
         if not parts:
             continue
         key = parts[0]
-        if key[:3] == b"cpu" and key != b"cpu":
-            seen = True
-            cpu = int(key[3:])
-            if cpus is None or cpu in cpus:
-                b.name(0, key)
-                for i, name in enumerate(_STAT_FIELDS[:len(parts) - 1]):
-                    b.value(1 + i, f"cpu.{cpu}.{name}_ticks")
-        elif key in (b"ctxt", b"procs_running", b"procs_blocked") and len(parts) == 2:
+        if key.startswith(b"cpu"):
             b.name(0, key)
-            b.value(1, "cpu.all.ctxt" if key == b"ctxt" else f"cpu.all.{key.decode()}")
+            if key != b"cpu":
+                if not is_uint(key[3:]):
+                    return None
+                c = int(key[3:])
+                if cpus is None or c in cpus:
+                    for i, name in enumerate(STAT_FIELDS[:len(parts) - 1]):
+                        b.value(1 + i, f"cpu.{c}.{name}_ticks")
+        elif key in _STAT_SCALARS and len(parts) >= 2:
+            b.name(0, key)
+            b.value(1, f"cpu.all.{key.decode()}")
         b.advance(len(parts))
-    if not seen:
-        raise ValueError("no per-CPU lines in /proc/stat")
-    return b.build()
+    return b.build(data)
 
 
-class CpuCollector:
-    """Per-CPU time split and steal, current frequency, thermal throttle counts.
+def parse_freq(data: bytes, key: str) -> dict[str, float]:
+    """cpufreq/scaling_cur_freq bytes (one kHz count) → ``{key: Hz}`` (a gauge). Pure."""
+    tok = data.split()
+    if len(tok) != 1:
+        raise ParseError(f"bad {key} file {data[:24]!r}")
+    return {key: float(parse_uint(tok[0], key) * 1000)}
 
-    Sources: /proc/stat (``cpu.N.{user,nice,system,idle,iowait,irq,softirq,steal}_ticks``,
-    USER_HZ ticks, counters; ``cpu.all.ctxt`` counter; ``cpu.all.procs_running`` gauge)
-    [mpstat -P ALL 1]; /sys/devices/system/cpu/cpuN/cpufreq/scaling_cur_freq (``cpu.N.freq_hz``,
-    gauge; kHz in the file) [cpupower monitor]; /sys/devices/system/cpu/cpuN/thermal_throttle/
-    {core,package}_throttle_count (``cpu.N.core_throttle_total`` /
-    ``cpu.N.package_throttle_total``, counters). No cpufreq driver (VMs) or no thermal_throttle
-    directory: those signals are absent and listed in :attr:`unsupported`, never 0.
-    """
 
-    name = "cpu"
-    replayable = True  # reads only host.open_hot files: the native sampler can feed it
-    # 20 Hz: the kernel generates all of /proc/stat (every CPU and the per-IRQ "intr" line)
-    # on each read, and its time fields move in USER_HZ (10 ms) ticks anyway.
-    period_s = 0.05
+def parse_count(data: bytes, key: str) -> dict[str, float]:
+    """A file holding one counter (thermal_throttle/*_throttle_count) → ``{key: n}``. Pure."""
+    tok = data.split()
+    if len(tok) != 1:
+        raise ParseError(f"bad {key} file {data[:24]!r}")
+    return {key: float(parse_uint(tok[0], key))}
 
-    def __init__(self, host: Host, cpus: list[int] | None = None) -> None:
-        self.host = host
-        r = online_cpus(host)
-        self.cpus = sorted(cpus) if cpus else (r.value or [])
-        self._filter = frozenset(self.cpus) if cpus else None
-        self._stat = None
-        self._freq: dict[int, object] = {}
-        self._throttle: dict[str, object] = {}
-        self._layout: TokenLayout | None = None
-        self._plan: tuple | None = None  # native replay: the layout of the whole file
-        self._planned = False  # a plan was offered for this row (and, if sample() runs, unused)
-        self._throttle_layouts: dict[str, TokenLayout] = {}
-        self.unsupported: dict[str, str] = {}
 
-    def available(self):
-        from collectors.base import Availability
-        try:
-            self._open()
-        except OSError as exc:
-            return Availability.no(f"/proc/stat: {exc.strerror}")
-        return Availability.yes()
+def count_layout(data: bytes, key: str) -> TokenLayout | None:
+    """The layout of a one-counter file (:func:`parse_count`). Pure."""
+    return TokenLayout.of(data, (), (), (0,), (key,)) if len(data.split()) == 1 else None
 
-    def _open(self) -> None:
-        if self._stat is not None:
-            return
-        self._stat = self.host.open_hot(self.host.proc("stat"))
-        for c in self.cpus:
-            p = cpu_dir(self.host, c) / "cpufreq/scaling_cur_freq"
-            # Check first: a failed open_hot leaves a half-built HotFile behind.
-            if self.host.exists(p):
-                self._freq[c] = self.host.open_hot(p)
-            else:
-                self.unsupported[f"cpu.{c}.freq_hz"] = "unsupported: no cpufreq driver"
-            for kind in ("core", "package"):
-                p = cpu_dir(self.host, c) / f"thermal_throttle/{kind}_throttle_count"
-                key = f"cpu.{c}.{kind}_throttle_total"
-                if self.host.exists(p):
-                    self._throttle[key] = self.host.open_hot(p)
-                    self._throttle_layouts[key] = TokenLayout(1, (), (), (0,), (key,))
-                else:
-                    self.unsupported[key] = "unsupported: no thermal_throttle counters"
 
-    def is_counter(self, name: str) -> bool:
-        return name.endswith(("_ticks", "_total", ".ctxt"))
+def parse(reads: dict[str, bytes], cpus: frozenset[int] | None = None) -> dict[str, float]:
+    """The CPU signals of one read of :func:`files` (``{key: bytes}``). Pure."""
+    out: dict[str, float] = {}
+    for key, data in reads.items():
+        out.update(parse_stat(data, cpus) if key == "stat" else
+                   parse_freq(data, key) if key.endswith(".freq_hz") else parse_count(data, key))
+    return out
 
-    def sample(self) -> dict[str, float | None]:
-        self._open()
-        raw = self._stat.read()
-        data = _drop_intr(raw)
-        tok = data.split()
-        out: dict[str, float | None] | None = \
-            self._layout.values(tok) if self._layout is not None else None
-        rebuilt = out is None
-        if rebuilt:  # first read, or a CPU came or went: rebuild from these bytes
-            self._layout = proc_stat_layout(data, self._filter)
-            out = self._layout.values(tok)
-        if self._planned:  # the native reader's values did not fit this row: does its layout?
-            self._planned = False
-            rebuilt = rebuilt or self._plan is None or \
-                self._plan[0][1].values(raw.split()) is None  # (the "intr" line grew)
-        if rebuilt:
-            self._plan = None
-            if not self._freq:  # the native reader's layout: the whole file, "intr" too
-                whole = proc_stat_layout(raw, self._filter)
-                self._plan = ((self._stat, whole),
-                              *((hf, self._throttle_layouts[k])
-                                for k, hf in self._throttle.items()))
-        for c, hf in self._freq.items():
-            out[f"cpu.{c}.freq_hz"] = float(int(hf.read()) * 1000)
-        for key, hf in self._throttle.items():
-            out[key] = float(int(hf.read()))
-        return out
 
-    def replay_plan(self) -> tuple | None:
-        """The native sampler's shortcut (agent/watch/feed.py): this row is the values of
-        the whole /proc/stat's layout (the same keys as :meth:`sample`'s, which drops the
-        "intr" line first) and of the throttle counters. None with cpufreq files (their kHz
-        are scaled) or before the first sample."""
-        self._planned = self._plan is not None
-        return self._plan
-
-    def close(self) -> None:
-        self._plan = None
-        for hf in [self._stat, *self._freq.values(), *self._throttle.values()]:
-            if hf is not None:
-                hf.close()
-        self._stat = None
-        self._freq.clear()
-        self._throttle.clear()
+def layout(key: str, data: bytes, cpus: frozenset[int] | None = None) -> TokenLayout | None:
+    """The token layout of one file of :func:`files`; None for the cpufreq files (their kHz
+    are scaled to Hz, which a layout does not do). Pure."""
+    if key == "stat":
+        return stat_layout(data, cpus)
+    return None if key.endswith(".freq_hz") else count_layout(data, key)

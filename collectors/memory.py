@@ -7,16 +7,19 @@ Sources:
 - /proc/pressure/{cpu,memory,io}  PSI "some"/"full" stall time totals in µs
                          [cat /proc/pressure/memory] — absent without CONFIG_PSI (or psi=0)
 
-Signals: ``mem.all.<vmstat key>`` (counters), ``psi.<res>.some_us`` / ``psi.<res>.full_us``
-(counters: cumulative stall µs). A missing key is absent from the sample, never 0.
+Signals (:func:`files`, :func:`parse`, :func:`layout`; sampled by
+agent/watch/sampling/sources/memory.py): ``mem.all.<vmstat key>`` (counters),
+``psi.<res>.some_us`` / ``psi.<res>.full_us`` (counters: cumulative stall µs). A missing key
+is absent from the sample, never 0.
 """
 
 from __future__ import annotations
 
-from collectors.base import Availability
+from pathlib import Path
+
 from collectors.host import Host
-from collectors.layout import LayoutBuilder, TokenLayout
-from collectors.parsers import ParseError
+from collectors.layout import LayoutBuilder, TokenLayout, parser_text
+from collectors.parsers import ParseError, parse_vmstat
 
 VMSTAT_KEYS: frozenset[bytes] = frozenset(k.encode() for k in (
     "pgfault", "pgmajfault", "compact_stall", "compact_fail", "compact_success",
@@ -27,42 +30,42 @@ VMSTAT_KEYS: frozenset[bytes] = frozenset(k.encode() for k in (
     "workingset_refault_anon", "pgmigrate_success"))
 
 
-def fast_vmstat(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> dict[str, float]:
-    """/proc/vmstat bytes ("name value" lines) → ``mem.all.<key>`` for the keys kept. Pure;
-    raises :class:`~collectors.parsers.ParseError` on an empty file, a line of another shape
-    or a kept value that is not a decimal."""
-    out: dict[str, float] = {}
-    empty = True
+PSI_RESOURCES = ("cpu", "memory", "io")
+NO_PSI = "unsupported: no PSI (CONFIG_PSI off or psi=0)"
+
+
+def files(host: Host) -> dict[str, Path]:
+    """The files of the memory signals, by key: ``vmstat`` (/proc/vmstat) and
+    ``pressure.<res>`` (/proc/pressure/<res>; absent without PSI: :data:`NO_PSI`)."""
+    return {"vmstat": host.proc("vmstat"),
+            **{f"pressure.{res}": host.proc("pressure", res) for res in PSI_RESOURCES}}
+
+
+def parse_vmstat_counters(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> dict[str, float]:
+    """/proc/vmstat bytes → ``mem.all.<key>`` for the keys kept.
+    :func:`collectors.parsers.parse_vmstat` reads the file (a line of another shape or a
+    value that is not a decimal raises ParseError). Pure."""
+    return {"mem.all." + k: float(v)
+            for k, v in parse_vmstat(parser_text(data, "/proc/vmstat")).items()
+            if k.encode() in keys}
+
+
+def vmstat_layout(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> TokenLayout | None:
+    """The token layout of /proc/vmstat giving :func:`parse_vmstat_counters`' values (names:
+    the kept keys; values signed, as parse_vmstat reads them with parse_int); None for a read
+    it cannot describe. Pure."""
+    b = LayoutBuilder()
     for line in data.split(b"\n"):
         kv = line.split()
         if not kv:
             continue
-        empty = False
         if len(kv) != 2:
-            raise ParseError(f"bad /proc/vmstat line {line[:40]!r}")
-        k, v = kv
-        if k in keys:
-            if not v.lstrip(b"-").isdigit() or len(v) > 21:
-                raise ParseError(f"bad /proc/vmstat value {v[:24]!r} for {k[:40]!r}")
-            out["mem.all." + k.decode()] = float(v)
-    if empty:
-        raise ParseError("empty /proc/vmstat")
-    return out
-
-
-def vmstat_layout(data: bytes, keys: frozenset[bytes] = VMSTAT_KEYS) -> TokenLayout:
-    """The :class:`~collectors.layout.TokenLayout` of /proc/vmstat for the keys kept (the
-    same signals as :func:`fast_vmstat`). Pure."""
-    it = data.split()
-    if not it:
-        raise ValueError("empty /proc/vmstat")
-    b = LayoutBuilder()
-    for i in range(0, len(it) - 1, 2):
-        if it[i] in keys:
-            b.name(i, it[i])
-            b.value(i + 1, "mem.all." + it[i].decode())
-    b.advance(len(it))
-    return b.build(signed=True)  # parse_vmstat reads values with parse_int
+            return None
+        if kv[0] in keys:
+            b.name(0, kv[0])
+            b.value(1, "mem.all." + kv[0].decode())
+        b.advance(2)
+    return b.build(data, signed=True)
 
 
 def parse_psi(data: bytes, resource: str) -> dict[str, float]:
@@ -86,89 +89,32 @@ def parse_psi(data: bytes, resource: str) -> dict[str, float]:
     return out
 
 
-class MemoryCollector:
-    """vmstat + PSI (see module docstring)."""
-
-    name = "memory"
-    replayable = True  # reads only host.open_hot files: the native sampler can feed it
-    # 20 Hz: generating /proc/vmstat costs ~20 µs of kernel time per read; a fault or
-    # reclaim storm that hurts the tail lasts longer than 50 ms, and the probe's own
-    # getrusage fault counts are the per-sample evidence.
-    period_s = 0.05
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self._vm = None
-        self._psi: dict[str, object] = {}
-        self._layout: TokenLayout | None = None
-        self._psi_layouts: dict[str, TokenLayout] = {}
-        self._plan: tuple | None = None
-        self.unsupported: dict[str, str] = {}
-
-    def available(self) -> Availability:
-        try:
-            self._open()
-        except OSError as exc:
-            return Availability.no(f"/proc/vmstat: {exc.strerror}")
-        return Availability.yes()
-
-    def _open(self) -> None:
-        if self._vm is not None:
-            return
-        self._vm = self.host.open_hot(self.host.proc("vmstat"))
-        for res in ("cpu", "memory", "io"):
-            p = self.host.proc("pressure", res)
-            if self.host.exists(p):
-                self._psi[res] = self.host.open_hot(p)
-                # "some avg10=… avg60=… avg300=… total=N" + the same for "full": parsed
-                # with this layout in sample() and by the native reader
-                self._psi_layouts[res] = TokenLayout(
-                    10, (0, 5), (b"some", b"full"), (4, 9),
-                    (f"psi.{res}.some_us", f"psi.{res}.full_us"), (b"total=", b"total="))
-            else:
-                self.unsupported[f"psi.{res}"] = "unsupported: no PSI (CONFIG_PSI off or psi=0)"
-
-    def is_counter(self, name: str) -> bool:
-        return True
-
-    def sample(self) -> dict[str, float | None]:
-        self._open()
-        data = self._vm.read()
-        tok = data.split()
-        out: dict[str, float | None] | None = \
-            self._layout.values(tok) if self._layout is not None else None
-        if out is None:  # first read, or a kernel counter came or went
-            self._layout = vmstat_layout(data)
-            out = self._layout.values(tok)
-        for res, hf in list(self._psi.items()):
-            try:
-                data = hf.read()
-                vals = self._psi_layouts[res].values(data.split())
-                out.update(vals if vals is not None else parse_psi(data, res))
-            except OSError as exc:
-                # PSI files reject reads when pressure accounting is off at runtime (EOPNOTSUPP)
-                self.unsupported[f"psi.{res}"] = f"unsupported: {exc.strerror}"
-                hf.close()
-                del self._psi[res]
-        return out
-
-    def replay_plan(self) -> tuple | None:
-        """The native sampler's shortcut: this row is vmstat's layout values, then each PSI
-        file's some/full totals, exactly what :meth:`sample` returns while no layout
-        changed (see agent/watch/feed.py). None until the first sample built the layout."""
-        if self._layout is None or self._vm is None:
+def psi_layout(data: bytes, resource: str) -> TokenLayout | None:
+    """The token layout of a /proc/pressure/<res> read giving :func:`parse_psi`'s values: each
+    line's name (some, full) and its ``total=`` token. Built from the read (the cpu file has no
+    "full" line before Linux 5.13). Pure."""
+    b = LayoutBuilder()
+    for line in data.split(b"\n"):
+        tok = line.split()
+        if not tok:
+            continue
+        totals = [i for i, t in enumerate(tok) if t.startswith(b"total=")]
+        if tok[0] not in (b"some", b"full") or len(totals) != 1:
             return None
-        p = self._plan
-        if p is None or p[0][1] is not self._layout or len(p) != 1 + len(self._psi):
-            p = self._plan = ((self._vm, self._layout),
-                              *((hf, self._psi_layouts[res]) for res, hf in self._psi.items()))
-        return p
+        b.name(0, tok[0])
+        b.value(totals[0], f"psi.{resource}.{tok[0].decode()}_us", b"total=")
+        b.advance(len(tok))
+    return b.build(data)
 
-    def close(self) -> None:
-        self._plan = None
-        if self._vm is not None:
-            self._vm.close()
-        for hf in self._psi.values():
-            hf.close()
-        self._vm = None
-        self._psi.clear()
+
+def parse(reads: dict[str, bytes]) -> dict[str, float]:
+    """The memory signals of one read of :func:`files`. Pure."""
+    out: dict[str, float] = {}
+    for key, data in reads.items():
+        out.update(parse_vmstat_counters(data) if key == "vmstat" else
+                   parse_psi(data, key.split(".", 1)[1]))
+    return out
+
+
+def layout(key: str, data: bytes) -> TokenLayout | None:
+    return vmstat_layout(data) if key == "vmstat" else psi_layout(data, key.split(".", 1)[1])

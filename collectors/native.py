@@ -1,8 +1,8 @@
 """Build a small C helper on first use, with the system's C compiler, into a per-user cache.
 
-Shared by the native sampler (agent/watch/hftsampler.c, started by agent/watch/feed.py) and
-the keep-awake spinner (tuning/keepawake.c, started by ``hftagent run --keep-awake``). Both
-often run as root and execute the cached binary, so the cache directory and the binary must
+Shared by the native sampler (agent/watch/sampling/native/hftsampler.c, started by its
+feed.py), the noise recorder (agent/noise/hftnoise.c) and the keep-awake spinner
+(tuning/keepawake.c, started by ``hftagent run --keep-awake``). They often run as root and execute the cached binary, so the cache directory and the binary must
 be ours (or root's), not symlinks, and writable only by their owner; a binary is keyed by the
 hash of its source and the machine, and is renamed into place whole (a concurrent build never
 leaves a half-written file).

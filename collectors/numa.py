@@ -2,41 +2,69 @@
 
 Source: /sys/devices/system/node/node<N>/numastat: numa_hit, numa_miss, numa_foreign,
 interleave_hit, local_node, other_node (pages, counters) [numastat -n].
-Signals: ``numa.<node>.<key>`` (counters). A box without the node directory (non-NUMA
-kernels) is unsupported, not zeros.
+Signals (:func:`files`, :func:`parse`, :func:`layout`; sampled by
+agent/watch/sampling/sources/numa.py): ``numa.<node>.<key>`` (counters). A box without the
+node directory (non-NUMA kernels) is unsupported, not zeros.
 """
 
 from __future__ import annotations
 
-from collectors.base import Availability
+from pathlib import Path
+
 from collectors.host import Host
-from collectors.layout import LayoutBuilder, TokenLayout
-from collectors.parsers import parse_cpulist
+from collectors.layout import LayoutBuilder, TokenLayout, parser_text
+from collectors.parsers import ParseError, parse_cpulist, parse_uint
+
+
+def files(host: Host, nodes: list[int]) -> dict[str, Path]:
+    """The numastat file of each node, by key ``node<N>``."""
+    return {f"node{n}": host.sys("devices/system/node", f"node{n}", "numastat")
+            for n in nodes}
 
 
 def parse_numastat(data: bytes, node: int) -> dict[str, float]:
-    """numastat bytes → ``numa.<node>.<key>``. Pure."""
+    """numastat bytes ("numa_hit 123" lines, drivers/base/node.c) → ``numa.<node>.<key>``.
+    A line of another shape or a count that is not one (parse_uint) raises
+    :class:`~collectors.parsers.ParseError`, as does an empty file. Pure."""
     out: dict[str, float] = {}
-    for line in data.split(b"\n"):
+    for line in parser_text(data, "numastat").split("\n"):
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[f"numa.{node}.{parts[0].decode()}"] = float(parts[1])
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise ParseError(f"bad numastat line {line[:40]!r}")
+        out[f"numa.{node}.{parts[0]}"] = float(parse_uint(parts[1], f"numastat {parts[0]}"))
     if not out:
-        raise ValueError("empty numastat")
+        raise ParseError("empty numastat")
     return out
 
 
-def numastat_layout(data: bytes, node: int) -> TokenLayout:
-    """The :class:`~collectors.layout.TokenLayout` of one numastat read: the same values as
-    :func:`parse_numastat` on any read with this layout. Pure."""
+def numastat_layout(data: bytes, node: int) -> TokenLayout | None:
+    """The token layout of one numastat read giving :func:`parse_numastat`'s values (names:
+    every key). Pure."""
     b = LayoutBuilder()
     for line in data.split(b"\n"):
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            b.name(0, parts[0])
-            b.value(1, f"numa.{node}.{parts[0].decode()}")
-        b.advance(len(parts))
-    return b.build()
+        if not parts:
+            continue
+        if len(parts) != 2:
+            return None
+        b.name(0, parts[0])
+        b.value(1, f"numa.{node}.{parts[0].decode(errors='replace')}")
+        b.advance(2)
+    return b.build(data)
+
+
+def parse(reads: dict[str, bytes]) -> dict[str, float]:
+    """The NUMA counters of one read of :func:`files`. Pure."""
+    out: dict[str, float] = {}
+    for key, data in reads.items():
+        out.update(parse_numastat(data, int(key[4:])))
+    return out
+
+
+def layout(key: str, data: bytes) -> TokenLayout | None:
+    return numastat_layout(data, int(key[4:]))
 
 
 def nodes_of_cpus(host: Host, cpus: list[int]) -> list[int]:
@@ -50,64 +78,3 @@ def nodes_of_cpus(host: Host, cpus: list[int]) -> list[int]:
         if r.ok and (not cpus or set(r.value) & set(cpus)):
             out.append(int(name[4:]))
     return sorted(out)
-
-
-class NumaCollector:
-    """numastat of the nodes holding the probe CPUs (see module docstring). 10 Hz."""
-
-    name = "numa"
-    replayable = True  # reads only host.open_hot files: the native sampler can feed it
-    period_s = 0.1
-
-    def __init__(self, host: Host, cpus: list[int]) -> None:
-        self.host = host
-        self.nodes = nodes_of_cpus(host, cpus)
-        self._files: dict[int, object] = {}
-        self._layouts: dict[int, TokenLayout] = {}
-        self._plan: tuple | None = None
-
-    def available(self) -> Availability:
-        if not self.nodes:
-            return Availability.no("unsupported: no /sys/devices/system/node")
-        try:
-            self._open()
-        except OSError as exc:
-            return Availability.no(f"numastat: {exc.strerror}")
-        return Availability.yes()
-
-    def _open(self) -> None:
-        for n in self.nodes:
-            if n not in self._files:
-                self._files[n] = self.host.open_hot(
-                    self.host.sys("devices/system/node", f"node{n}", "numastat"))
-
-    def is_counter(self, name: str) -> bool:
-        return True
-
-    def sample(self) -> dict[str, float | None]:
-        self._open()
-        out: dict[str, float | None] = {}
-        for n, hf in self._files.items():
-            data = hf.read()
-            lay = self._layouts.get(n)
-            vals = lay.values(data.split()) if lay is not None else None
-            if vals is None:  # first read, or the file changed shape: parse, new layout
-                vals = parse_numastat(data, n)
-                self._layouts[n] = numastat_layout(data, n)
-                self._plan = None
-            out.update(vals)
-        if self._plan is None:
-            self._plan = tuple((hf, self._layouts[n]) for n, hf in self._files.items())
-        return out
-
-    def replay_plan(self) -> tuple | None:
-        """The native sampler's shortcut (agent/watch/feed.py): this row is each node's
-        numastat layout values, as :meth:`sample` returns them."""
-        return self._plan
-
-    def close(self) -> None:
-        self._plan = None
-        self._layouts.clear()
-        for hf in self._files.values():
-            hf.close()
-        self._files.clear()

@@ -464,8 +464,9 @@ def test_a_late_wake_up_while_others_take_the_cpu_is_contention_not_unexplained(
 
 
 def test_others_share_is_the_scans_cpu_time_over_their_span():
+    from agent.watch.sampling.sources.sched import SchedCollector
     from collectors.host import Host
-    from collectors.sched import Scan, SchedCollector
+    from collectors.sched import Scan
     s = SchedCollector(Host(), [1], [1, 2])
     s.scans.append(Scan(2 * 10**9, 1 * 10**9, [TaskRun(9, 9, "hog", 1, 5 * 10**8, "R"),
                                                TaskRun(8, 8, "x", 3, 9 * 10**8, "R")]))

@@ -1,5 +1,6 @@
-"""Watch collectors against the vm-dev fixture tree (a real capture of the dev VM), cross-checked
-with the audit's independent parsers, plus counter wrap/reset and permission-loss handling."""
+"""Watch's hot sources (agent/watch/sampling/sources/) against the vm-dev fixture tree (a real
+capture of a 2-CPU KVM guest), cross-checked with the audit's parsers, plus counter wrap/reset
+and permission-loss handling."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ import pytest
 
 from agent.watch.ring import DeltaTracker, counter_delta
 from agent.watch.sampling.python import Sampler
+from agent.watch.sampling.sources.cpu import CpuCollector
+from agent.watch.sampling.sources.irq import IrqCollector
+from agent.watch.sampling.sources.memory import MemoryCollector
+from agent.watch.sampling.sources.numa import NumaCollector
+from agent.watch.sampling.sources.sched import SchedCollector
+from agent.watch.sampling.sources.softirq import SoftirqCollector
 from collectors.base import Availability
-from collectors.cpu import CpuCollector, fast_proc_stat
+from collectors.cpu import parse_stat
 from collectors.host import Host
-from collectors.irq import IrqCollector, SoftirqCollector, fast_interrupts
-from collectors.memory import MemoryCollector, parse_psi
-from collectors.numa import NumaCollector
+from collectors.irq import parse_interrupt_counts
+from collectors.memory import parse_psi, parse_vmstat_counters
 from collectors.parsers import (
     ParseError,
     parse_interrupts,
@@ -25,7 +31,8 @@ from collectors.parsers import (
     parse_vmstat,
 )
 from collectors.perf import parse_perf_line
-from collectors.sched import SchedCollector, parse_stat_fields, parse_status_switches
+from collectors.sched import parse_stat_fields, parse_status_switches
+from collectors.softirq import parse_softirq_counts
 
 FIX = Path(__file__).parent / "fixtures" / "vm-dev"
 
@@ -129,11 +136,12 @@ def test_missing_proc_files_are_unavailable_not_zero(tmp_path):
     assert not s.ok and s.reason.startswith("absent")
 
 
-def test_fast_parsers_edge_cases():
-    with pytest.raises(ValueError):
-        fast_proc_stat(b"intr 1 2\nctxt 5\n", None)
-    out, desc = fast_interrupts(b"           CPU0       CPU1\n  5:  1  2  IO-APIC 5-edge  acpi\n"
-                                b"LOC:  10  20  Local timer interrupts\nERR:  3\n", None)
+def test_watch_parsers_edge_cases():
+    with pytest.raises(ParseError):
+        parse_stat(b"intr 1 2\nctxt 5\n", None)
+    out, desc = parse_interrupt_counts(
+        b"           CPU0       CPU1\n  5:  1  2  IO-APIC 5-edge  acpi\n"
+        b"LOC:  10  20  Local timer interrupts\nERR:  3\n", None)
     assert out == {"irq.0.5": 1, "irq.1.5": 2, "irq.0.LOC": 10, "irq.1.LOC": 20, "irq.all.ERR": 3}
     assert desc["5"] == "IO-APIC 5-edge acpi"
     rest = ["R"] + ["0"] * 48
@@ -174,21 +182,24 @@ def test_psi_rejects_totals_that_are_not_counts(total):
 
 
 def test_truncated_stat_and_short_softirq_rows_are_parse_errors():
-    from collectors.irq import fast_softirqs
-
     with pytest.raises(ParseError):
         parse_stat_fields(b"42 (a) R 1 2 3")
     with pytest.raises(ParseError):
         parse_stat_fields(b"no parentheses")
     with pytest.raises(ParseError, match="1 counts for 2 CPUs"):
-        fast_softirqs(b"   CPU0   CPU1\n  HI: 1 2\nNET_RX: 5\n", None)
+        parse_softirq_counts(b"   CPU0   CPU1\n  HI: 1 2\nNET_RX: 5\n", None)
     with pytest.raises(ParseError):
-        fast_interrupts(b"CPU0 CPUx\n 5: 1 2\n", None)
+        parse_interrupt_counts(b"CPU0 CPUx\n 5: 1 2\n", None)
     with pytest.raises(ParseError):
-        fast_interrupts(b"CPU0 CPU1\n 5: nan 2\n", None)  # float() took nan
-    # a row without a count per CPU is absent (as interrupts_layout has it), never a 0
-    assert fast_interrupts(b"CPU0 CPU1\n 5: x y\n 6: 7 8\n", None)[0] == \
-        {"irq.0.6": 7.0, "irq.1.6": 8.0}
+        parse_interrupt_counts(b"CPU0 CPU1\n 5: nan 2\n", None)  # float() took nan
+    # a numbered row without a count per CPU is a parse error, as collectors/parsers.py has
+    # it: neither absent nor (a short one) an irq.all.<n> total
+    for bad in (b"CPU0 CPU1\n 5: x y\n 6: 7 8\n", b"CPU0 CPU1\n 5: 3\n 6: 7 8\n"):
+        with pytest.raises(ParseError, match="row '5'"):
+            parse_interrupt_counts(bad, None)
+    # ERR and MIS print one total whatever the CPU count
+    assert parse_interrupt_counts(b"CPU0 CPU1\n 6: 7 8\nERR: 3\n", None)[0] == \
+        {"irq.0.6": 7.0, "irq.1.6": 8.0, "irq.all.ERR": 3.0}
 
 
 def test_irq_names_keep_every_action_and_none_for_unnamed(tmp_path):
@@ -216,9 +227,9 @@ def test_irq_names_keep_every_action_and_none_for_unnamed(tmp_path):
     names = {a.irq: a.name for a in irq_affinities(Host(tmp_path))}
     assert names == {0: "timer", 16: "ehci_hcd:usb1,mmc0", 17: "", 18: "i8042",
                      19: "arch_timer", 20: "PCIe PME,aerdrv", 21: ""}
-    # the same on fast_interrupts' descriptions (what watch's attribution names IRQs from)
-    _, desc = fast_interrupts(b"CPU0\n 16: 1 IR-IO-APIC 16-fasteoi ehci_hcd:usb1, mmc0\n"
-                              b" 17: 0 IR-PCI-MSI 65536-edge\n", None)
+    # the same on watch's descriptions (what its attribution names IRQs from)
+    _, desc = parse_interrupt_counts(b"CPU0\n 16: 1 IR-IO-APIC 16-fasteoi ehci_hcd:usb1, mmc0\n"
+                                     b" 17: 0 IR-PCI-MSI 65536-edge\n", None)
     assert {r: action_names(d) for r, d in desc.items()} == {"16": "ehci_hcd:usb1,mmc0",
                                                            "17": ""}
 
@@ -305,7 +316,7 @@ def test_permission_loss_on_a_real_file(tmp_path):
     soft = SoftirqCollector(h, [1])
     s = Sampler([soft], hz=100, max_failures=2)
     s.round(now_ns=10**9)
-    soft._soft.close()  # the descriptor goes bad: EBADF on the next pread
+    soft.tracks["softirqs"].hf.close()  # the descriptor goes bad: EBADF on the next pread
     (root / "proc/softirqs").unlink()
     for i in range(1, 5):
         s.round(now_ns=10**9 + i * 10**7)
@@ -331,15 +342,14 @@ def test_position_cached_reads_equal_the_line_parsers_and_follow_layout_changes(
 
     def check() -> None:
         assert {k: v for k, v in cpu.sample().items() if "_ticks" in k or ".all." in k} == \
-            fast_proc_stat((proc / "stat").read_bytes(), frozenset([1]))
-        assert irq.sample() == fast_interrupts((proc / "interrupts").read_bytes(),
-                                               frozenset([1]))[0]
-        from collectors.irq import fast_softirqs
-        from collectors.memory import fast_vmstat
-        assert soft.sample() == fast_softirqs((proc / "softirqs").read_bytes(), frozenset([1]))
+            parse_stat((proc / "stat").read_bytes(), frozenset([1]))
+        assert irq.sample() == parse_interrupt_counts((proc / "interrupts").read_bytes(),
+                                                      frozenset([1]))[0]
+        assert soft.sample() == parse_softirq_counts((proc / "softirqs").read_bytes(),
+                                                     frozenset([1]))
         got = mem.sample()
         assert {k: v for k, v in got.items() if k.startswith("mem.")} == \
-            fast_vmstat((proc / "vmstat").read_bytes())
+            parse_vmstat_counters((proc / "vmstat").read_bytes())
         assert got["psi.memory.some_us"] == \
             parse_psi((proc / "pressure/memory").read_bytes(), "memory")["psi.memory.some_us"]
 
@@ -478,7 +488,6 @@ def test_sched_rate_follows_the_source_evidence():
     """A built-in probe measures its own run-queue delay per call: watch samples its
     threads at 20 Hz, with stat and status on each of those rounds; an external process's
     records carry none: every sampler round, stat/status every 5th."""
-    from agent.watch.sampling.python import Sampler
     from agent.watch.session import WatchConfig, WatchSession
     me = os.getpid()
     slow = SchedCollector(Host(), [me], [0], period_s=0.05)
@@ -494,3 +503,15 @@ def test_sched_rate_follows_the_source_evidence():
         assert w.sched.period_s == period, probe
         v = w.sched.sample()
         assert f"sched.{me}.nivcsw" in v  # stat/status on the first round either way
+
+
+def test_cpu_collector_follows_the_derived_cpus_without_cpu_online(tmp_path):
+    """A capture without /sys/devices/system/cpu/online: the CPU source samples the CPUs
+    collectors.system derives (it had none, so watch lost every per-CPU signal)."""
+    h = _copy_proc(tmp_path)
+    (h.sysfs / "devices/system/cpu/online").unlink()
+    c = CpuCollector(h)
+    assert c.cpus == [0, 1] and c.available().ok
+    got = c.sample()
+    assert "cpu.0.user_ticks" in got and "cpu.1.steal_ticks" in got
+    c.close()

@@ -1,9 +1,10 @@
-"""The native reader (agent/watch/hftsampler.c + agent/watch/feed.py) and NativeSampler:
-the helper builds, records every round's bytes in order across ring wraps, reports a file's
-read error as the same OSError, survives an overrun, dies with its parent; NativeSampler fills
-the same rings as the Python sampler (same signals and values on a fixture tree), at the
-helper's round times, and falls back to Python rounds when the helper is killed. A clear
-NativeUnavailable (no compiler, a broken build) is what `watch --sampler auto` falls back on.
+"""The native reader (agent/watch/sampling/native/: hftsampler.c, feed.py, plans.py) and
+NativeSampler: the helper builds, records every round's bytes in order across ring wraps,
+reports a file's read error as the same OSError, survives an overrun, dies with its parent, and
+lays its structs out where feed.py reads them; NativeSampler fills the same rings as the Python
+sampler (same signals and values on a fixture tree), at the helper's round times, and falls back
+to Python rounds when the helper is killed. A clear NativeUnavailable (no compiler, a broken
+build) is what `watch --sampler auto` falls back on.
 
 Runs against writable copies of the vm-dev fixture and temp files; never writes /proc or /sys.
 """
@@ -25,10 +26,12 @@ import pytest
 from agent.watch.sampling.native.feed import Feed, NativeUnavailable, build_helper
 from agent.watch.sampling.native.sampler import NativeSampler
 from agent.watch.sampling.python import Sampler
-from collectors.cpu import CpuCollector
+from agent.watch.sampling.sources.base import HotSource
+from agent.watch.sampling.sources.cpu import CpuCollector
+from agent.watch.sampling.sources.irq import IrqCollector
+from agent.watch.sampling.sources.memory import MemoryCollector
+from agent.watch.sampling.sources.softirq import SoftirqCollector
 from collectors.host import Host
-from collectors.irq import IrqCollector, SoftirqCollector
-from collectors.memory import MemoryCollector
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures" / "vm-dev"
@@ -42,13 +45,6 @@ def helper(tmp_path_factory) -> Path:
         pytest.skip(f"native sampler cannot be built here: {exc}")
 
 
-def _activate(feed: Feed, files, div: int = 1) -> None:
-    """What a replay does the first time a collector reads its files: register them."""
-    feed.set_round(b"", {})
-    feed.div = div
-    for f in files:
-        f.read()
-    feed.set_round(b"", None)
 
 
 def _rounds_until(feed: Feed, n: int, timeout: float = 5.0) -> list:
@@ -61,12 +57,12 @@ def _rounds_until(feed: Feed, n: int, timeout: float = 5.0) -> list:
     return out
 
 
-def _bytes_of(feed: Feed, buf: bytes, files: dict, f) -> bytes:
-    feed.set_round(buf, files)
-    try:
-        return f.read()
-    finally:
-        feed.set_round(b"", None)
+def _bytes_of(feed: Feed, buf: bytes, files: dict, slot) -> bytes:
+    got = feed.read(slot, files, buf)
+    if isinstance(got, OSError):
+        raise got
+    assert got is not None, "not in this round"
+    return got
 
 
 def test_build_is_cached_and_a_missing_compiler_or_broken_source_is_one_reason(tmp_path,
@@ -95,9 +91,7 @@ def test_rounds_carry_each_files_bytes_in_order_across_ring_wraps(helper, tmp_pa
     # read half-done, by the helper as by any reader)
     feed = Feed(10_000_000, capacity=1 << 18, helper=helper, shm_dir=str(tmp_path))
     try:
-        fa, fb = feed.open(a), feed.open(b)
-        _activate(feed, [fa])
-        _activate(feed, [fb], div=2)  # every other round
+        fa, fb = feed.register(a), feed.register(b, div=2)  # b: every other round
         feed.start()
         seen, last_round, last_t = 0, None, 0
         deadline = time.monotonic() + 3
@@ -114,8 +108,8 @@ def test_rounds_carry_each_files_bytes_in_order_across_ring_wraps(helper, tmp_pa
                     assert t > last_t
                 last_round, last_t = rnd, t
                 assert _bytes_of(feed, buf, files, fa) == b"x" * 9000
-                assert (fb.slot in files) == (rnd % 2 == 0)
-                if fb.slot in files:
+                assert (fb.index in files) == (rnd % 2 == 0)
+                if fb.index in files:
                     got = int(_bytes_of(feed, buf, files, fb))
                     assert 0 <= got <= value
                 seen += 1
@@ -132,11 +126,10 @@ def test_a_read_error_is_the_same_oserror_and_an_overrun_loses_rounds_not_order(
     child = subprocess.Popen(["sleep", "30"])
     feed = Feed(10_000_000, capacity=1 << 18, helper=helper, shm_dir=str(tmp_path))
     try:
-        f = feed.open(f"/proc/{child.pid}/stat")
+        f = feed.register(f"/proc/{child.pid}/stat")
         big = tmp_path / "big"
         big.write_bytes(b"y" * 12000)  # 12 KB a round: the 256 KiB ring holds ~0.2 s
-        fb = feed.open(big)
-        _activate(feed, [f, fb])
+        fb = feed.register(big)
         feed.start()
         assert _rounds_until(feed, 3)
         child.kill()
@@ -147,12 +140,10 @@ def test_a_read_error_is_the_same_oserror_and_an_overrun_loses_rounds_not_order(
             time.sleep(0.02)
             buf, rounds = feed.read_rounds()
             for _, _, files in rounds:
-                feed.set_round(buf, files)
                 try:
-                    f.read()
+                    _bytes_of(feed, buf, files, f)
                 except OSError as exc:
                     err = exc
-                feed.set_round(b"", None)
         assert err is not None and err.errno == errno.ESRCH  # as a live pread of a dead task
         time.sleep(0.8)  # ~80 rounds × 12 KB: several times the ring
         buf, rounds = feed.read_rounds()
@@ -215,8 +206,7 @@ def test_native_sampler_fills_the_same_rings_as_the_python_sampler(helper, tmp_p
     for i in range(12):
         py.round(now_ns=10**9 + i * 10_000_000)
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    nat = NativeSampler(_collectors(h.with_hot_factory(feed.open)), feed, hz=100, cpus=None,
-                        drain_hz=20)
+    nat = NativeSampler(_collectors(h), feed, hz=100, cpus=None, drain_hz=20)
     nat.start()
     time.sleep(0.6)
     soft = h.procfs / "softirqs"  # a counter moves: the next rows carry the delta
@@ -232,8 +222,8 @@ def test_native_sampler_fills_the_same_rings_as_the_python_sampler(helper, tmp_p
         pr, nr = py.ring(name), nat.ring(name)
         assert set(nr.cols) == set(pr.cols), name
         st = nat.stats.per_collector[name]
-        # the first, registering read (and the rounds recorded before the files were in)
-        assert st.state == "ok" and st.dropped_rows >= 1
+        # the files were registered before the helper started: every round has them
+        assert st.state == "ok" and st.dropped_rows == 0 and st.layout_rows > 0
         assert nr.rows >= 5
         idx = nr.window(0, 2**62)
         t1 = nr.t1[idx]
@@ -253,7 +243,7 @@ def test_native_sampler_fills_the_same_rings_as_the_python_sampler(helper, tmp_p
 def test_a_killed_helper_hands_over_to_python_rounds(helper, tmp_path):
     h = _copy_proc(tmp_path)
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    nat = NativeSampler(_collectors(h.with_hot_factory(feed.open)), feed, hz=100, drain_hz=20)
+    nat = NativeSampler(_collectors(h), feed, hz=100, drain_hz=20)
     nat.start()
     time.sleep(0.3)
     os.kill(feed.proc.pid, signal.SIGKILL)
@@ -264,7 +254,6 @@ def test_a_killed_helper_hands_over_to_python_rounds(helper, tmp_path):
     nat.stop()
     assert nat.native_error and "killed by signal 9" in nat.native_error
     assert nat.mode.startswith("python")
-    assert not any(getattr(e.collector, "defer_scan", False) for e in nat.entries)
     assert after - before >= 20  # Python rounds at 100 Hz go on
 
 
@@ -292,14 +281,12 @@ def test_watch_sampler_option_and_auto_fallback(tmp_path):
 def test_the_task_scan_lands_in_the_newest_replayed_row(helper, tmp_path):
     """sched's task scan reads live: under replay it runs after the batch and joins the
     newest row (≤ one sched period before the scan), never a round up to a batch old."""
-    from collectors.sched import SchedCollector
+    from agent.watch.sampling.sources.sched import SchedCollector
     cpu = sorted(os.sched_getaffinity(0))[-1]
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    sched = SchedCollector(Host().with_hot_factory(feed.open), [os.getpid()], [cpu],
-                           scan_period_s=0.3, period_s=0.05)
+    sched = SchedCollector(Host(), [os.getpid()], [cpu], scan_period_s=0.3, period_s=0.05)
     assert sched.available().ok
     nat = NativeSampler([sched], feed, hz=100, drain_hz=5)
-    assert sched.defer_scan
     nat.start()
     time.sleep(2.0)
     nat.stop()
@@ -372,8 +359,7 @@ def test_multi_page_proc_files_are_read_whole(helper, tmp_path):
         assert HotFile(path).read() == whole
         feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
         try:
-            f = feed.open(path)
-            _activate(feed, [f])
+            f = feed.register(path)
             feed.start()
             (buf, (_, _, files)), *_ = _rounds_until(feed, 2)[-1:]
             assert _bytes_of(feed, buf, files, f) == whole
@@ -385,10 +371,10 @@ def test_multi_page_proc_files_are_read_whole(helper, tmp_path):
 
 
 def test_a_stalled_helper_hands_over_and_the_scans_come_back(helper, tmp_path):
-    from collectors.sched import SchedCollector
+    from agent.watch.sampling.sources.sched import SchedCollector
     cpu = sorted(os.sched_getaffinity(0))[-1]
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    h = Host().with_hot_factory(feed.open)
+    h = Host()
     sched = SchedCollector(h, [os.getpid()], [cpu], scan_period_s=0.3, period_s=0.05)
     nat = NativeSampler([sched, SoftirqCollector(h, [cpu])], feed, hz=100, drain_hz=10)
     nat.STALL_NS = 500_000_000
@@ -404,7 +390,7 @@ def test_a_stalled_helper_hands_over_and_the_scans_come_back(helper, tmp_path):
         scans = len(sched.scans)
         rows = nat.ring("softirq").rows
         time.sleep(0.8)
-        assert not sched.defer_scan and len(sched.scans) > scans  # scans in sample() again
+        assert len(sched.scans) > scans  # scans in sample() again
         assert nat.ring("softirq").rows - rows >= 40  # Python rounds at 100 Hz
     finally:
         nat.stop()
@@ -518,31 +504,26 @@ def test_layout_values_are_what_the_parsers_accept_and_anything_else_is_bytes(he
     p = tmp_path / "f"
     good = b"a 5 7 12345678901234567890 total=42 x\n"
     p.write_bytes(good)
-    lay = TokenLayout(6, (0, 5), (b"a", b"x"), (1, 2, 3, 4), ("m", "p", "big", "t"),
-                      (b"", b"", b"", b"total="))
-    want = lay.values(good.split())
+    lay = TokenLayout.of(good, (0, 5), (b"a", b"x"), (1, 2, 3, 4), ("m", "p", "big", "t"),
+                         prefixes=(b"", b"", b"", b"total="))
+    assert lay.lines == 1
+    want = lay.values(good)
     assert want == {"m": 5.0, "p": 7.0, "big": float(12345678901234567890), "t": 42.0}
     q = tmp_path / "g"
     q.write_bytes(b"-5 -0 -18446744073709551615 7\n")
     slay = TokenLayout(4, (), (), (0, 1, 2, 3), ("a", "b", "c", "d"), signed=True)
-    swant = slay.values(q.read_bytes().split())
+    swant = slay.values(q.read_bytes())
     assert swant == {"a": -5.0, "b": 0.0, "c": -18446744073709551615.0, "d": 7.0}
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
     try:
-        f, g = feed.open(p), feed.open(q)
-        _activate(feed, [f, g])
+        f, g = feed.register(p), feed.register(q)
         assert feed.set_layout(f, lay) and feed.set_layout(g, slay)
         feed.start()
-        plan, splan = ((f, lay),), ((g, slay),)
+        plan, splan = (f, lay), (g, slay)
 
         def values_now(pl=plan) -> list:
             feed.read_rounds()  # skip what is recorded, then read fresh rounds
-            out = []
-            for buf, (_, _, files) in _rounds_until(feed, 3):
-                feed.set_round(buf, files)
-                out.append(feed.plan_values(pl))
-                feed.set_round(b"", None)
-            return out
+            return [feed.values(*pl, files, buf) for buf, (_, _, files) in _rounds_until(feed, 3)]
 
         assert values_now()[-1] == tuple(want.values())
         sv = values_now(splan)[-1]
@@ -556,8 +537,9 @@ def test_layout_values_are_what_the_parsers_accept_and_anything_else_is_bytes(he
                     b"a 5 7 1 total= x\n", b"a 5 7 1 total=-1 x\n",
                     b"a 5 7 1 total:42 x\n",  # the prefix is not there
                     b"b 5 7 1 total=42 x\n",  # another name
-                    b"a 5 7 1 total=42 x y\n"):  # another token count
-            assert lay.values(bad.split()) is None, bad  # the Python side agrees
+                    b"a 5 7 1 total=42 x y\n",  # another token count
+                    b"a 5 7 1\ntotal=42 x\n"):  # another line count
+            assert lay.values(bad) is None, bad  # the Python side agrees
             os.ftruncate(wfd, 0)
             os.pwrite(wfd, bad, 0)
             time.sleep(0.05)
@@ -570,7 +552,7 @@ def test_layout_values_are_what_the_parsers_accept_and_anything_else_is_bytes(he
         wfd = os.open(q, os.O_WRONLY)
         for bad in (b"+5 -0 1 7\n", b"--5 -0 1 7\n", b"- -0 1 7\n",
                     b"-5 -0 -123456789012345678901 7\n"):
-            assert slay.values(bad.split()) is None, bad
+            assert slay.values(bad) is None, bad
             os.ftruncate(wfd, 0)
             os.pwrite(wfd, bad, 0)
             time.sleep(0.05)
@@ -578,29 +560,28 @@ def test_layout_values_are_what_the_parsers_accept_and_anything_else_is_bytes(he
         os.close(wfd)
         time.sleep(0.05)
         assert values_now()[-1] == tuple(want.values())
-        # a plan with another layout object for the same file: handed over, then used
+        # another layout for the same file: once handed over, its values come
         lay2 = TokenLayout(6, (0,), (b"a",), (1,), ("m",))
-        assert feed.plan_values(((f, lay2),)) is None
+        buf, (_, _, files) = _rounds_until(feed, 1)[-1]
+        assert feed.values(f, lay2, files, buf) is None
+        assert feed.set_layout(f, lay2) and feed.layout_of(f) == (lay2, True)
         time.sleep(0.05)
         feed.read_rounds()
         buf, (_, _, files) = _rounds_until(feed, 2)[-1]
-        feed.set_round(buf, files)
-        assert feed.plan_values(((f, lay2),)) == (5.0,)
-        assert feed.plan_values(plan) is None  # the old layout is gone from the helper
-        feed.set_round(b"", None)
+        assert feed.values(f, lay2, files, buf) == (5.0,)
+        assert feed.values(*plan, files, buf) is None  # the old layout is gone from the helper
     finally:
         feed.close()
 
 
 def test_layout_rows_follow_a_changed_file_and_equal_the_parsed_ones(helper, tmp_path):
-    """Collectors with a replay plan (cpu, irq, softirq, memory, numa) are appended from the
-    helper's values; a softirq line that appears changes the layout: those rows come from
-    sample(), the new layout is handed over, and the values rows resume with the new key."""
-    from collectors.numa import NumaCollector
+    """The hot sources' rows (cpu, irq, softirq, memory, numa) are appended from the helper's
+    values; a softirq line that appears changes the layout: those rows are parsed from the
+    bytes, the new layout is handed over, and the values rows resume with the new key."""
+    from agent.watch.sampling.sources.numa import NumaCollector
     h = _copy_proc(tmp_path)
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    cs = _collectors(h.with_hot_factory(feed.open)) + [
-        NumaCollector(h.with_hot_factory(feed.open), [1])]
+    cs = _collectors(h) + [NumaCollector(h, [1])]
     assert cs[-1].available().ok
     nat = NativeSampler(cs, feed, hz=100, cpus=None, drain_hz=20)
     nat.start()
@@ -646,13 +627,13 @@ def test_sched_rows_from_layouts_equal_the_parsed_ones(helper, tmp_path):
     """sched's per-thread files as layouts (stat's pid and comm are names): the values rows
     carry the same signals as sample() and the counters' deltas; a renamed thread (comm
     with a space more) no longer matches, is parsed, and its new layouts are used."""
-    from collectors.sched import SchedCollector
+    from agent.watch.sampling.sources.sched import SchedCollector
     h = _sched_tree(tmp_path)
     py = Sampler([SchedCollector(h, [4242], [1], period_s=0.05)], hz=100)
     for i in range(3):
         py.round(now_ns=10**9 + i * 50_000_000)
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    sc = SchedCollector(h.with_hot_factory(feed.open), [4242], [1], period_s=0.05)
+    sc = SchedCollector(h, [4242], [1], period_s=0.05)
     nat = NativeSampler([sc], feed, hz=100, cpus=None, drain_hz=20)
     nat.start()
     time.sleep(0.6)
@@ -685,7 +666,7 @@ def test_replays_come_at_drain_hz_and_a_poke_brings_the_next_one_forward(helper,
     POKE_GAP_NS after the previous replay, and stop() does not wait for the next one."""
     h = _copy_proc(tmp_path)
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    nat = NativeSampler([SoftirqCollector(h.with_hot_factory(feed.open), [1])], feed, hz=100,
+    nat = NativeSampler([SoftirqCollector(h, [1])], feed, hz=100,
                         cpus=None, drain_hz=0.25)  # every 4 s unless poked
     nat.start()
     try:
@@ -710,20 +691,19 @@ def test_replays_come_at_drain_hz_and_a_poke_brings_the_next_one_forward(helper,
 
 def test_an_external_sources_stat_and_status_are_read_on_one_round_in_five(helper, tmp_path):
     """External source (sched every round, stat/status every status_every-th): the helper
-    reads stat and status only on those rounds (FeedFile.every), and the rows say so — the
+    reads stat and status only on those rounds (the tracks' ``every``), and the rows say so — the
     switch counts on one row in five, the run-queue counters on every row, nearly all rows
     from the helper's values (the short and the full plan)."""
-    from collectors.sched import SchedCollector
+    from agent.watch.sampling.sources.sched import SchedCollector
     h = _sched_tree(tmp_path)
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    sc = SchedCollector(h.with_hot_factory(feed.open), [4242], [1], period_s=0.0)
+    sc = SchedCollector(h, [4242], [1], period_s=0.0)
     assert sc.status_every == 5
     nat = NativeSampler([sc], feed, hz=100, cpus=None, drain_hz=10)
     nat.start()
     time.sleep(1.0)
     costs = feed.slot_costs()
-    reads = {f.path.rsplit("/", 1)[1]: struct.unpack_from(
-        "<Q", feed.mm, 4096 + f.slot * 256 + 16)[0] for f in feed._files.values()}
+    reads = {f.path.rsplit("/", 1)[1]: f.reads(feed) for f in feed.registered()}
     nat.stop()
     assert costs and nat.native_error is None
     assert reads["schedstat"] > 60 and 4 <= reads["schedstat"] / reads["status"] <= 6, reads
@@ -747,25 +727,17 @@ def test_a_busy_ring_is_replayed_sooner_and_an_overrun_is_not_a_stall(helper, tm
     (tmp_path / "proc").mkdir()
     (tmp_path / "sys").mkdir()
 
-    class Big:
-        name, replayable, period_s = "big", True, 0.0
+    class Big(HotSource):
+        name, what = "big", "big"
 
-        def __init__(self, host: Host) -> None:
-            self.hf = host.open_hot(big)
-
-        def sample(self) -> dict:
-            return {"bytes": float(len(self.hf.read()))}
-
-        def close(self) -> None:
-            self.hf.close()
+        def _open_tracks(self) -> None:
+            self._add("big", big, lambda data: {"bytes": float(len(data))}, None)
 
     feed = Feed(10_000_000, capacity=1 << 18, helper=helper, shm_dir=str(tmp_path))
-    nat = NativeSampler([Big(Host(tmp_path).with_hot_factory(feed.open))], feed, hz=100,
+    nat = NativeSampler([Big(Host(tmp_path))], feed, hz=100,
                         cpus=None, drain_hz=0.5)  # every 2 s unless the ring fills
     nat.start()
-    time.sleep(0.5)
-    nat.poke()  # the first replay registers the file (its rounds had nothing yet)
-    time.sleep(3.5)  # the next, 2 s later, finds the ring overrun: then every ~70 ms
+    time.sleep(4.0)  # the first replay, 2 s in, finds the ring overrun: then every ~70 ms
     rows = nat.ring("big").rows
     nat.stop()
     assert nat.native_error is None and nat.mode == "native"  # an overrun is not a stall
@@ -773,47 +745,85 @@ def test_a_busy_ring_is_replayed_sooner_and_an_overrun_is_not_a_stall(helper, tm
     assert rows > 100  # the ~1.5 s since the overrun at 100 Hz, none lost
 
 
-def test_a_layout_the_helper_cannot_take_is_remembered_not_packed_again(helper, tmp_path):
+def test_a_layout_the_helper_cannot_take_is_not_built_nor_packed_again(helper, tmp_path):
+    """A layout over LAYOUT_BYTES (a big box's /proc/interrupts): the helper cannot take it,
+    and the plan replays the file from its bytes without building (or packing) a layout on
+    every row — until the source's own layout of the file changes."""
     from collectors.layout import TokenLayout
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "sys").mkdir()
     p = tmp_path / "f"
-    p.write_bytes(b"a 1\n")
+    n = 2000  # 2000 names × 8-byte refs: over LAYOUT_BYTES
+    p.write_bytes(b"a " * n + b"1\n")
+    builds = []
+
+    def build(data: bytes) -> TokenLayout:
+        builds.append(1)
+        tok = data.split()
+        return TokenLayout(len(tok), range(len(tok) - 1), tok[:-1], (len(tok) - 1,), ("v",))
+
+    class Wide(HotSource):
+        name, what = "wide", "f"
+
+        def _open_tracks(self) -> None:
+            self._add("f", p, lambda data: {"v": float(data.split()[-1])}, build)
+
+    src = Wide(Host(tmp_path))
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler([src], feed, hz=100, cpus=None, drain_hz=10)
+    nat.start()
     try:
-        f = feed.open(p)
-        _activate(feed, [f])
-        n = 2000  # 2000 names × 8-byte refs: over LAYOUT_BYTES
-        huge = TokenLayout(n + 1, range(n), [b"a"] * n, (n,), ("v",))
-        assert feed.set_layout(f, huge) is False and feed._layouts[f.slot] == (huge, 0)
+        time.sleep(0.5)
+        (slot,) = feed.registered()
+        lay, taken = feed.layout_of(slot)
+        assert not taken and lay.n == n + 1
+        # the Python side's layout, then the plan's (refused): none since, row after row
+        assert len(builds) == 2 and src.rows > 20
         gen = feed._table_gen
-        assert feed.plan_values(((f, huge),), {}, b"") is None
-        assert feed._table_gen == gen  # not handed over (nor packed) again
+        time.sleep(0.3)
+        assert len(builds) == 2 and feed._table_gen == gen  # nothing packed again
+        p.write_bytes(b"a " * (n + 1) + b"2\n")  # another shape: both sides build once more
+        time.sleep(0.4)
+        assert len(builds) == 4
     finally:
-        feed.close()
+        nat.stop()
+    st = nat.stats.per_collector["wide"]
+    assert st.state == "ok" and st.layout_rows == 0 and nat.native_error is None
+    assert 1.0 in nat.ring("wide").column("v", nat.ring("wide").window(0, 2**62)).tolist()  # 1→2
 
 
-def test_an_unused_plan_does_not_count_twice():
-    """irq's desc refresh and sched's stat/status cadence count rows: a row whose plan was
-    not used (its values missing) and that sample() then parsed counts once."""
-    from collectors.irq import IrqCollector
-    h = Host(FIX)
+def test_irq_device_names_are_refreshed_every_desc_every_rows_under_values_rows(helper,
+                                                                              tmp_path):
+    """irq parses the whole file on one row in desc_every (a driver rebound to the same IRQ
+    number renames it): rows from the helper's values count towards it, so the names follow
+    within desc_every rows under the native replay too."""
+    h = _copy_proc(tmp_path)
     irq = IrqCollector(h, [1])
-    irq.sample()
-    c = irq._calls
-    assert irq.replay_plan() is not None and irq._calls == c + 1
-    irq.sample()  # the plan was not used
-    assert irq._calls == c + 1
-    irq.sample()  # a plain read counts
-    assert irq._calls == c + 2
-    irq.close()
+    irq.desc_every = 5  # one row in 5: 0.25 s at 20 Hz
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler([irq], feed, hz=100, cpus=None, drain_hz=20)
+    nat.start()
+    try:
+        time.sleep(0.5)
+        assert irq.descriptions["26"].endswith("ttyS0")
+        path = h.procfs / "interrupts"
+        path.write_bytes(path.read_bytes().replace(b"ttyS0", b"ttyS1", 1))  # same tokens
+        time.sleep(0.6)
+        assert irq.descriptions["26"].endswith("ttyS1")
+    finally:
+        nat.stop()
+    st = nat.stats.per_collector["irq"]
+    assert nat.native_error is None and st.layout_rows >= st.runs / 2, st
 
 
 def test_cpu_values_rows_resume_after_the_intr_line_grows(helper, tmp_path):
-    """/proc/stat's "intr" line (one count per IRQ number; sample() drops it) grows when the
-    kernel allocates IRQ numbers: the whole-file layout the reader uses no longer fits while
-    sample()'s still does — the plan is rebuilt from the bytes, values rows come back."""
+    """/proc/stat's "intr" line (one count per IRQ number; the Python path drops it) grows
+    when the kernel allocates IRQ numbers: the whole-file layout the reader uses no longer
+    fits while the source's own still does — the plan rebuilds its layout from the bytes,
+    values rows come back."""
     h = _copy_proc(tmp_path)
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
-    cpu = CpuCollector(h.with_hot_factory(feed.open), [1])
+    cpu = CpuCollector(h, [1])
     assert cpu.available().ok
     nat = NativeSampler([cpu], feed, hz=100, cpus=None, drain_hz=20)
     nat.start()

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors import irq, memory, parsers, sched
+from collectors import cpu, irq, memory, numa, parsers, sched, softirq
 from collectors.parsers import MAX_CPUS, ParseError
 
 FIX = Path(__file__).parent / "fixtures"
@@ -60,6 +60,7 @@ SEEDS: dict[str, bytes] = {
     "interrupts": _fixture("proc/interrupts"),
     "softirqs": _fixture("proc/softirqs"),
     "vmstat": _fixture("proc/vmstat"),
+    "numastat": _fixture("sys/devices/system/node/node0/numastat"),
     "meminfo": _fixture("proc/meminfo"),
     "swaps": b"Filename\tType\tSize\tUsed\tPriority\n/dev/sda2 partition 8388604 0 -2\n",
     "bracketed": b"always [madvise] never\n",
@@ -87,7 +88,8 @@ def _text(data: bytes) -> str:
 
 
 # name -> (seed key, parser taking the raw bytes). Every public parser of collectors/parsers.py
-# and the parse functions of collectors/irq.py, memory.py and sched.py.
+# and the watch parse functions of collectors/cpu.py, irq.py, softirq.py, memory.py, numa.py
+# and sched.py (their layouts: tests/test_layouts.py).
 PARSERS: dict[str, tuple[str, Callable[[bytes], object]]] = {
     "parse_cpulist": ("cpulist", lambda b: parsers.parse_cpulist(_text(b))),
     "parse_cpulist(nr_cpus)": ("cpulist", lambda b: parsers.parse_cpulist(_text(b), 64)),
@@ -124,14 +126,21 @@ PARSERS: dict[str, tuple[str, Callable[[bytes], object]]] = {
     "parse_uint": ("number", lambda b: parsers.parse_uint(_text(b))),
     "parse_uint(bytes)": ("number", lambda b: parsers.parse_uint(b)),
     "parse_int": ("number", lambda b: parsers.parse_int(_text(b))),
-    "irq.fast_interrupts": ("interrupts", lambda b: irq.fast_interrupts(b, None)),
-    "irq.fast_interrupts(want)": ("interrupts",
-                                  lambda b: irq.fast_interrupts(b, frozenset([1]))),
-    "irq.fast_softirqs": ("softirqs", lambda b: irq.fast_softirqs(b, None)),
+    "cpu.parse_stat": ("stat", lambda b: cpu.parse_stat(b, None)),
+    "cpu.parse_stat(want)": ("stat", lambda b: cpu.parse_stat(b, frozenset([1]))),
+    "cpu.parse_freq": ("number", lambda b: cpu.parse_freq(b, "cpu.0.freq_hz")),
+    "cpu.parse_count": ("number", lambda b: cpu.parse_count(b, "cpu.0.core_throttle_total")),
+    "irq.parse_interrupt_counts": ("interrupts", lambda b: irq.parse_interrupt_counts(b, None)),
+    "irq.parse_interrupt_counts(want)": (
+        "interrupts", lambda b: irq.parse_interrupt_counts(b, frozenset([1]))),
+    "softirq.parse_softirq_counts": ("softirqs", lambda b: softirq.parse_softirq_counts(b)),
     "irq.action_names": ("interrupts", lambda b: [irq.action_names(line)
                                                   for line in _text(b).splitlines()[:50]]),
-    "memory.fast_vmstat": ("vmstat", memory.fast_vmstat),
+    "memory.parse_vmstat_counters": ("vmstat", memory.parse_vmstat_counters),
     "memory.parse_psi": ("psi", lambda b: memory.parse_psi(b, "memory")),
+    "numa.parse_numastat": ("numastat", lambda b: numa.parse_numastat(b, 0)),
+    "sched.parse_schedstat_signals": ("schedstat",
+                                      lambda b: sched.parse_schedstat_signals(b, 1)),
     "sched.parse_stat_fields": ("task_stat", sched.parse_stat_fields),
     "sched.parse_status_switches": ("status", sched.parse_status_switches),
 }

@@ -91,8 +91,8 @@ class WatchSession:
                                  opener=trace_opener)
         self.sampler: Sampler | None = None
         self.sampler_note: str | None = None  # why the Python sampler runs (auto fallback)
-        self.sched = None  # collectors.sched.SchedCollector (who ran; the task scans)
-        self.irq = None  # collectors.irq.IrqCollector (IRQ descriptions)
+        self.sched = None  # sampling.sources.sched.SchedCollector (who ran; the task scans)
+        self.irq = None  # sampling.sources.irq.IrqCollector (IRQ descriptions)
         self.unavailable: dict[str, str] = {}  # collector → why it does not run
         self.attributor: Attributor | None = None
         self.detector = SpikeDetector(cfg.threshold_us, cfg.k_p50, cfg.min_samples,
@@ -209,7 +209,7 @@ class WatchSession:
             self._start_probe()
         feed = self._native_feed()
         try:
-            collectors = self._collectors(self.host.with_hot_factory(feed.open) if feed else None)
+            collectors = self._collectors()
             on_result = self.metrics.set_collector_result if self.metrics is not None else None
             kw = {"capacity_s": max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
                   "on_result": on_result}

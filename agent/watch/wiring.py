@@ -38,14 +38,15 @@ class Collectors:
 
 def build_collectors(cfg: WatchConfig, host: Host, gpu_host: Host,
                      extra: list | None = None) -> Collectors:
-    """``host``: what the collectors read through (the native reader's hot-file factory
-    where it runs); ``gpu_host``: the GPU collector's (never the native reader's)."""
-    from collectors.cpu import CpuCollector
-    from collectors.irq import IrqCollector, SoftirqCollector
-    from collectors.memory import MemoryCollector
-    from collectors.numa import NumaCollector
+    """``host``: what the collectors read through; ``gpu_host``: the GPU collector's. (The
+    native reader registers the hot sources' files itself: agent/watch/sampling/native/.)"""
+    from agent.watch.sampling.sources.cpu import CpuCollector
+    from agent.watch.sampling.sources.irq import IrqCollector
+    from agent.watch.sampling.sources.memory import MemoryCollector
+    from agent.watch.sampling.sources.numa import NumaCollector
+    from agent.watch.sampling.sources.sched import SchedCollector
+    from agent.watch.sampling.sources.softirq import SoftirqCollector
     from collectors.pcie import PcieCollector
-    from collectors.sched import SchedCollector
     cpus = cfg.probe_cpus
     sched = SchedCollector(host, [cfg.pid], cpus,
                            period_s=0.0 if cfg.probe == "external" else SCHED_PERIOD_BUILTIN_S)

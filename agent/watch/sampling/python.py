@@ -39,7 +39,7 @@ class CollectorState:
     consecutive_failures: int = 0
     busy_ns: int = 0
     last_duration_s: float = 0.0
-    dropped_rows: int = 0  # native replay: rows that mixed live reads into a recorded round
+    dropped_rows: int = 0  # native replay: rounds with none of its files (registered since)
     layout_rows: int = 0  # native replay: rows appended from the helper's layout values
 
     def to_dict(self) -> dict:
@@ -59,8 +59,6 @@ class _Entry:
     div: int = 1  # native sampler: replayed on helper rounds where round % div == 0
     last_ns: int = 0
     prev_t_ns: int = 0
-    plan_fn: Callable | None = None  # native replay: the collector's replay_plan
-    plan_keys: dict = field(default_factory=dict)  # id(plan) → (plan, its keys)
 
 
 @dataclass
@@ -180,16 +178,17 @@ class Sampler:
             e.last_ns = now
             self._sample_entry(e, now)
 
-    def _sample_entry(self, e: _Entry, now: int, keep=None, pending: list | None = None) -> None:
-        """Sample one collector and append its row at ``now``. The native sampler's replay
-        passes ``keep`` (called after a successful sample; False drops the row: it mixed
-        live reads into a recorded round) and ``pending`` (rows are collected there and
+    def _sample_entry(self, e: _Entry, now: int, pending: list | None = None,
+                      reads: dict | None = None) -> bool:
+        """Sample one collector and append its row at ``now``; True when it gave one. The
+        native sampler's replay passes ``reads`` (a recorded round's bytes: the row is the
+        collector's ``replay(reads)``) and ``pending`` (rows are collected there and
         appended in one batch)."""
         st = e.state
         pc = time.perf_counter_ns
         t0 = pc()
         try:
-            values = e.collector.sample()
+            values = e.collector.sample() if reads is None else e.collector.replay(reads)
             error = None
         except Exception as exc:  # noqa: BLE001 - a broken collector never stops the others
             values, error = {}, f"{type(exc).__name__}: {exc}"
@@ -201,17 +200,14 @@ class Sampler:
             self.on_result(CollectorResult(st.name, error is None, dt / 1e9, values, error))
         if error is None:
             st.consecutive_failures = 0
-            if keep is not None and not keep():
-                st.dropped_rows += 1
-                return
             if pending is not None:
                 pending.append((e.prev_t_ns or now, now, values, None))
                 e.prev_t_ns = now
-                return
+                return True
             with self._lock:
                 e.ring.append_raw(e.prev_t_ns or now, now, values, e.deltas)
             e.prev_t_ns = now
-            return
+            return True
         st.failures += 1
         st.consecutive_failures += 1
         st.reason = error
@@ -225,6 +221,7 @@ class Sampler:
                 e.collector.close()
             except Exception:  # noqa: BLE001
                 pass
+        return False
 
     def _run(self) -> None:
         self._begin()

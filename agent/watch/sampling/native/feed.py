@@ -1,32 +1,29 @@
 """The native reader's Python side: build ``hftsampler``, share a slot table and a byte ring
-with it, and hand each recorded round's bytes back to the collectors.
+with it, and hand back each recorded round's bytes (and a layout's values).
 
-How it fits: a :class:`Feed` is installed as the :class:`~collectors.host.Host`'s hot-file
-factory before watch builds its collectors, so every file a collector opens with
-``host.open_hot`` is a :class:`FeedFile`. When :class:`~agent.watch.sampler.NativeSampler`
-replays a recorded round it points the feed at that round's bytes and calls the collector's
-unchanged ``sample()``; ``FeedFile.read()`` returns the bytes the helper read at that round's
-time. A file read inside a replay that the helper does not read yet is registered with the
-replaying collector's divisor and read live this once (``miss``: the sampler drops that row,
-whose time would be wrong). Outside a replay a FeedFile is a plain :class:`HotFile`.
+How it fits: :class:`~agent.watch.sampling.native.sampler.NativeSampler` registers the files
+its hot sources read (:meth:`Feed.register`: a path and a divisor, the helper reads it on
+rounds where ``round % div == 0``) before the helper starts and whenever a source's files
+change (sched attaching a thread). :meth:`Feed.read_rounds` returns what the helper recorded
+since the last call; :meth:`Feed.read` is one file's bytes in a round (an ``OSError`` for a
+read the helper got an error on, None when the round does not have the file).
 
 The helper is C (hftsampler.c, next to this file), built on first use with the system's C
-compiler into a per-user cache directory, keyed by the source's hash. No compiler, or a
-build that fails: :class:`NativeUnavailable` with the reason, and watch uses the Python
-sampler.
+compiler into a per-user cache directory, keyed by the source's hash (collectors/native.py).
+No compiler, or a build that fails: :class:`NativeUnavailable` with the reason, and watch uses
+the Python sampler.
 
-Token layouts: a collector whose row is the values of one or more files' token layouts
-(:class:`~collectors.layout.TokenLayout`; softirq, irq, memory) offers them through
-``replay_plan()``. :meth:`Feed.set_layout` hands a layout to the helper, which then adds the
-values, as doubles, to every read that matches it exactly; :meth:`Feed.plan_values` returns
-them for a recorded round (None when any file of the plan came without them: the collector's
-``sample()`` parses the bytes instead). The sampler appends such a row without calling the
-collector (:meth:`agent.watch.ring.SignalRing.append_seq`).
+Token layouts (:class:`~collectors.layout.TokenLayout`): :meth:`Feed.set_layout` hands a
+file's layout to the helper, which then adds the values, as doubles, to every read that
+matches it (the token count, the names, every value a number as collectors/parsers.py
+takes one); :meth:`Feed.values` returns them for a recorded round, None when the read came
+without them. The sampler then appends the row without parsing
+(:meth:`agent.watch.ring.SignalRing.append_seqs`; agent/watch/sampling/native/plans.py).
 
 Shared file (``/dev/shm/hftagent-feed-<pid>-<random>``, mode 0600, unlinked on close): a
 4 KiB header, :data:`NSLOTS` 256-byte slots (path, divisor, generation; the helper's error
 and read time per slot), :data:`NSLOTS` token layouts of :data:`LAYOUT_BYTES`, then the
-ring. Layouts mirror the structs in hftsampler.c.
+ring. :class:`CStruct` describes the structs hftsampler.c lays them out with.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from collectors.host import HotFile
+from collectors.layout import TokenLayout
 from collectors.native import NativeUnavailable, build  # NativeUnavailable: watch catches it
 
 MAGIC = 0x31534648
@@ -48,6 +45,7 @@ NSLOTS = 256
 LAYOUT_BYTES = 8192
 F_VALUES = 1  # frec.flags: the layout's values follow the bytes
 L_SIGNED = 1  # lhead.flags: a value may start with "-" (TokenLayout.signed)
+NO_LINES = 0xFFFFFFFF  # lhead.lines: the line count is not checked (TokenLayout.lines None)
 MAX_DIGITS = 20  # of a value (collectors.layout.MAX_DIGITS, parse_uint's bound)
 PATH_LEN = 224
 HEADER_BYTES = 4096
@@ -87,13 +85,13 @@ REC = CStruct("rec", (("magic", "I"), ("len", "I"), ("round", "Q"), ("t_ns", "Q"
 FREC = CStruct("frec", (("slot", "H"), ("flags", "H"), ("n", "i"), ("gen", "I"),
                         ("lgen", "I")))
 LHEAD = CStruct("lhead", (("lgen", "I"), ("ntok", "I"), ("nvals", "I"), ("nnames", "I"),
-                          ("heap_len", "I"), ("flags", "I")))
+                          ("heap_len", "I"), ("flags", "I"), ("lines", "I"), ("pad", "I")))
 LREF = CStruct("lref", (("pos", "I"), ("len", "H"), ("off", "H")))
 C_STRUCTS = (HEADER, SLOT, REC, FREC, LHEAD, LREF)
 C_CONSTANTS = {"MAGIC": MAGIC, "VERSION": VERSION, "NSLOTS": NSLOTS, "PATH_LEN": PATH_LEN,
                "HEADER_BYTES": HEADER_BYTES, "REC_MAGIC": REC_MAGIC, "PAD_MAGIC": PAD_MAGIC,
                "LAYOUT_BYTES": LAYOUT_BYTES, "F_VALUES": F_VALUES, "L_SIGNED": L_SIGNED,
-               "MAX_DIGITS": MAX_DIGITS}
+               "MAX_DIGITS": MAX_DIGITS, "NO_LINES": NO_LINES}
 
 _H = HEADER.off
 _H_PERIOD, _H_TABLE_GEN, _H_STOP, _H_CAP = _H["period_ns"], _H["table_gen"], _H["stop"], \
@@ -105,7 +103,7 @@ _H_RESERVE, _H_DROPPED = _H["reserve_pos"], _H["dropped_rounds"]
 _ERROR_LEN = struct.calcsize("256s")
 _REC = REC.struct  # magic, len, round, t_ns, nfiles, pad
 _FREC = FREC.struct  # slot, flags, n, gen, lgen
-_LHEAD = LHEAD.struct  # lgen, ntok, nvals, nnames, heap_len, flags
+_LHEAD = LHEAD.struct  # lgen, ntok, nvals, nnames, heap_len, flags, lines, pad
 _LREF = LREF.struct  # pos, len, off
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -150,68 +148,61 @@ class Feed:
         _U64.pack_into(self.mm, _H_CAP, self.capacity)
         self._lbase = HEADER_BYTES + NSLOTS * SLOT_BYTES
         self._base = self._lbase + NSLOTS * LAYOUT_BYTES
-        self._layouts: dict[int, tuple[object, int]] = {}  # slot → (TokenLayout, lgen)
+        self._layouts: dict[int, tuple[TokenLayout, int]] = {}  # slot → (layout, lgen)
         self._lgen = 0
         self._unpack: dict[int, struct.Struct] = {}  # nvals → "<nd"
         self._free = list(range(NSLOTS - 1, -1, -1))
-        self._files: dict[int, FeedFile] = {}  # slot → file
+        self._slots: dict[int, Slot] = {}  # index → slot registered there
         self._gen = [0] * NSLOTS
         self._table_gen = 0
         self.rpos = 0
         self.proc: subprocess.Popen | None = None
         self.overruns = 0  # times the reader fell a whole ring behind (rounds lost)
         self.corrupt = 0  # records that failed the framing checks (never expected)
-        # replay state (set by the sampler around each collector's sample())
-        # slot → (gen, offset, n, offset of the layout's values or -1, lgen, nvals)
-        self.current: dict[int, tuple[int, int, int, int, int]] | None = None
-        self.buf = b""
-        self.div = 1
-        self.miss = False
-        self.owner: str | None = None  # the collector being replayed (slot accounting)
 
-    # -- hot-file factory --------------------------------------------------------------------
-    def open(self, path) -> FeedFile:
-        """``Host.open_hot`` replacement: a :class:`FeedFile` (raises OSError like HotFile)."""
-        return FeedFile(str(path), self)
-
-    def _activate(self, f: FeedFile) -> None:
-        p = f.path.encode()
+    # -- the slot table ----------------------------------------------------------------------
+    def register(self, path, div: int = 1, owner: str | None = None) -> Slot:
+        """Have the helper read ``path`` on rounds where ``round % div == 0`` (from its next
+        table check on). A full table or a path longer than :data:`PATH_LEN` gives a slot
+        with ``index`` -2: the helper never reads it (the caller reads it live)."""
+        p = os.fsencode(path)
+        slot = Slot(os.fsdecode(p), max(1, div), owner)
         if not self._free or len(p) >= PATH_LEN:
-            f.slot = -2  # no slot (table full or path too long): this file is always live
-            return
+            return slot
         i = self._free.pop()
         self._gen[i] = (self._gen[i] + 1) & 0xFFFFFFFF
         off = HEADER_BYTES + i * SLOT_BYTES
         self.mm[off + _S["path"]:off + _S["path"] + PATH_LEN] = p.ljust(PATH_LEN, b"\0")
-        div = max(1, self.div) * max(1, f.every)
-        _SLOT_HEAD.pack_into(self.mm, off, 0, div, self._gen[i], 0, 0, 0)
+        _SLOT_HEAD.pack_into(self.mm, off, 0, slot.div, self._gen[i], 0, 0, 0)
         _U32.pack_into(self.mm, off + _S["state"], 1)  # published last: the helper opens it
         self._clear_layout(i)
-        f.slot, f.gen, f.owner = i, self._gen[i], self.owner
-        self._files[i] = f
+        slot.index, slot.gen = i, self._gen[i]
+        self._slots[i] = slot
         self._bump()
+        return slot
 
-    def _release(self, f: FeedFile) -> None:
-        i = f.slot
-        if i < 0 or self._files.get(i) is not f:
+    def release(self, slot: Slot) -> None:
+        """The helper stops reading ``slot``'s file (its index is free again)."""
+        i = slot.index
+        if i < 0 or self._slots.get(i) is not slot or self.mm is None:
             return
         _U32.pack_into(self.mm, HEADER_BYTES + i * SLOT_BYTES + _S["state"], 0)
         self._clear_layout(i)
-        del self._files[i]
+        del self._slots[i]
         self._free.append(i)
-        f.slot = -1
+        slot.index = -1
         self._bump()
 
     def _clear_layout(self, i: int) -> None:
         if self._layouts.pop(i, None) is not None:
             _U64.pack_into(self.mm, self._lbase + i * LAYOUT_BYTES, 0)  # lgen (and ntok) 0
 
-    def set_layout(self, f: FeedFile, layout) -> bool:
-        """Have the helper extract ``layout``'s values from ``f``'s reads (from its next
-        table check on). False when it cannot: ``f`` has no slot yet, or the layout does not
-        fit :data:`LAYOUT_BYTES` (the file is then replayed from its bytes, as before)."""
-        i = f.slot
-        if i < 0 or self._files.get(i) is not f:
+    def set_layout(self, slot: Slot, layout: TokenLayout) -> bool:
+        """Have the helper extract ``layout``'s values from ``slot``'s reads (from its next
+        table check on). False when it cannot: no slot, or the layout does not fit
+        :data:`LAYOUT_BYTES` (remembered: the file is replayed from its bytes)."""
+        i = slot.index
+        if i < 0 or self._slots.get(i) is not slot:
             return False
         cur = self._layouts.get(i)
         if cur is not None and cur[0] is layout:
@@ -220,7 +211,8 @@ class Feed:
         names = list(zip(layout.name_pos, layout.names))
         size = _LHEAD.size + _LREF.size * (len(vals) + len(names)) + \
             sum(len(b) for _, b in vals + names)
-        if not vals or size > LAYOUT_BYTES or any(p >= layout.n for p, _ in vals + names):
+        if not vals or size > LAYOUT_BYTES or any(p >= layout.n for p, _ in vals + names) or \
+                (layout.lines is not None and not 0 <= layout.lines < NO_LINES):
             # Not for the helper (a big box's /proc/interrupts): remembered, so that this
             # layout is not packed again on every row; the file is replayed from its bytes.
             self._clear_layout(i)
@@ -238,40 +230,53 @@ class Feed:
         _U32.pack_into(self.mm, off + LHEAD.off["lgen"], 0)  # first: a copy in progress is torn
         self.mm[off + _LHEAD.size:off + _LHEAD.size + len(body)] = body
         _LHEAD.pack_into(self.mm, off, 0, layout.n, len(vals), len(names), len(heap),
-                         L_SIGNED if layout.signed else 0)
+                         L_SIGNED if layout.signed else 0,
+                         NO_LINES if layout.lines is None else layout.lines, 0)
         _U32.pack_into(self.mm, off + LHEAD.off["lgen"], self._lgen)  # published last
         self._layouts[i] = (layout, self._lgen)
         self._bump()
         return True
 
-    def plan_values(self, plan, files: dict | None = None,
-                    buf: bytes | None = None) -> tuple | None:
-        """The values of a replay plan (``((FeedFile, TokenLayout), ...)``) in a round
-        (``files`` and ``buf`` from :meth:`read_rounds`; default: the current round's),
-        concatenated in the plan's order; None when any file of it came without its
-        layout's values (not read yet, a stale or rejected layout, a read that did not match,
-        an error). A file whose helper layout is not the plan's gets it, for the rounds to
-        come."""
-        if files is None:
-            cur, buf = self.current or {}, self.buf
-        else:
-            cur = files
-        out: tuple = ()
-        for f, layout in plan:
-            hit = cur.get(f.slot) if f.slot >= 0 else None
-            have = self._layouts.get(f.slot)
-            if have is None or have[0] is not layout:
-                for g, lay in plan:  # every file of the plan at once
-                    self.set_layout(g, lay)
-                return None
-            k = len(layout.keys)
-            if hit is None or hit[0] != f.gen or hit[4] != have[1] or hit[5] != k:
-                return None
-            u = self._unpack.get(k)
-            if u is None:
-                u = self._unpack[k] = struct.Struct(f"<{k}d")
-            out += u.unpack_from(buf, hit[3])
-        return out
+    def registered(self) -> list[Slot]:
+        """The slots registered now."""
+        return list(self._slots.values())
+
+    def layout_of(self, slot: Slot) -> tuple[TokenLayout, bool] | None:
+        """The layout last handed over for ``slot`` and whether the helper could take it."""
+        cur = self._layouts.get(slot.index) if slot.index >= 0 else None
+        return None if cur is None else (cur[0], cur[1] != 0)
+
+    # -- a recorded round --------------------------------------------------------------------
+    def read(self, slot: Slot, files: dict, buf: bytes) -> bytes | OSError | None:
+        """``slot``'s bytes in a round (``files`` and ``buf`` from :meth:`read_rounds`); the
+        helper's read error as the OSError a live read would raise; None when the round does
+        not have them (not read that round, or read under an earlier registration)."""
+        hit = files.get(slot.index) if slot.index >= 0 else None
+        if hit is None or hit[0] != slot.gen:
+            return None
+        n = hit[2]
+        if n < 0:
+            return OSError(-n, os.strerror(-n), slot.path)
+        return buf[hit[1]:hit[1] + n]
+
+    def values(self, slot: Slot, layout: TokenLayout, files: dict, buf: bytes
+               ) -> tuple[float, ...] | None:
+        """``layout``'s values as the helper extracted them from ``slot``'s read in a round;
+        None when the read came without them (not read, an error, a read that did not match,
+        another layout or one the helper could not take)."""
+        i = slot.index
+        hit = files.get(i) if i >= 0 else None
+        if hit is None:
+            return None
+        have = self._layouts.get(i)
+        k = len(layout.keys)
+        if have is None or have[0] is not layout or not have[1] or hit[0] != slot.gen or \
+                hit[4] != have[1] or hit[5] != k:
+            return None
+        u = self._unpack.get(k)
+        if u is None:
+            u = self._unpack[k] = struct.Struct(f"<{k}d")
+        return u.unpack_from(buf, hit[3])
 
     def _bump(self) -> None:
         self._table_gen += 1
@@ -356,7 +361,7 @@ class Feed:
     def slot_costs(self) -> dict[str, tuple[int, int]]:
         """owner → (reads, ns inside open/pread) over the slots in use."""
         out: dict[str, list[int]] = {}
-        for i, f in self._files.items():
+        for i, f in self._slots.items():
             _, _, _, _, reads, ns = _SLOT_HEAD.unpack_from(self.mm, HEADER_BYTES + i * SLOT_BYTES)
             acc = out.setdefault(f.owner or "?", [0, 0])
             acc[0] += reads
@@ -453,54 +458,24 @@ class Feed:
             pos += ln
         return buf, out
 
-    def set_round(self, buf: bytes, files: dict | None) -> None:
-        self.buf = buf
-        self.current = files
 
+class Slot:
+    """A file registered with the helper: its path, ``index`` in the slot table (-1 once
+    released, -2 when it got none: never read by the helper), the slot's generation when
+    registered (a round read under an earlier registration is not this file's), divisor and
+    owner (the collector, for :meth:`Feed.slot_costs`)."""
 
-class FeedFile:
-    """A hot file whose reads, inside a replayed round, return the bytes the helper read for
-    that round (an error the helper got is raised as the same OSError)."""
+    __slots__ = ("path", "index", "gen", "div", "owner")
 
-    __slots__ = ("path", "feed", "slot", "gen", "owner", "every", "_hot")
-
-    def __init__(self, path: str, feed: Feed) -> None:
+    def __init__(self, path: str, div: int, owner: str | None) -> None:
         self.path = path
-        self.feed = feed
-        self.slot = -1  # -1: not read by the helper yet; -2: never (always live)
+        self.index = -2
         self.gen = 0
-        self.owner: str | None = None
-        self.every = 1  # read on one of every ``every`` of its collector's rounds
-        self._hot = HotFile(path)  # opened here: OSError at open time, exactly like HotFile
+        self.div = div
+        self.owner = owner
 
-    @property
-    def fd(self) -> int:
-        return self._hot.fd
-
-    def due(self) -> bool:
-        """Inside a replay: whether the replayed round has this file's bytes (a file the
-        helper reads every ``every``-th round), or it is not registered yet (a read
-        registers it). Outside a replay: always (read live)."""
-        cur = self.feed.current
-        return cur is None or self.slot < 0 or self.slot in cur
-
-    def read(self) -> bytes:
-        feed = self.feed
-        cur = feed.current
-        if cur is not None:
-            hit = cur.get(self.slot) if self.slot >= 0 else None
-            if hit is not None and hit[0] == self.gen:
-                n = hit[2]
-                if n < 0:
-                    raise OSError(-n, os.strerror(-n), self.path)
-                return feed.buf[hit[1]:hit[1] + n]
-            if self.slot == -1:
-                feed._activate(self)
-            if self.slot != -2:
-                feed.miss = True  # read live now: not this round's time
-        return self._hot.read()
-
-    def close(self) -> None:
-        if self.feed.mm is not None:
-            self.feed._release(self)
-        self._hot.close()
+    def reads(self, feed: Feed) -> int:
+        """How many times the helper has read it."""
+        if self.index < 0 or feed.mm is None:
+            return 0
+        return _SLOT_HEAD.unpack_from(feed.mm, HEADER_BYTES + self.index * SLOT_BYTES)[4]

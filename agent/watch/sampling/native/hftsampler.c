@@ -1,21 +1,22 @@
 /*
  * hftsampler: the native reader behind `hftagent watch --sampler native`.
  *
- * Reads the hot /proc and /sys files that watch's collectors sample at 20-100 Hz, with pread
+ * Reads the hot /proc and /sys files that watch's hot sources sample at 20-100 Hz, with pread
  * on descriptors kept open, and appends one record per round (the round number, its
  * CLOCK_MONOTONIC time and the raw bytes of every file due that round) to a byte ring in a
- * shared-memory file. The Python side (agent/watch/feed.py) owns the file: it lists the files
- * to read in a slot table, and replays each round's bytes through the unchanged Python
- * collectors in batches. The collectors stay the one source of truth: the only parsing here
- * is mechanical. A collector may hand a file's token layout (collectors/layout.py: the
- * token count, the name tokens that must sit at given positions, the positions of its values)
- * to a slot; while a read matches the layout exactly, the record carries the values as
- * doubles after the raw bytes, and the Python side appends them without parsing. Any
- * mismatch (a token that is not an integer, an IRQ that came or went) and the record has the
- * raw bytes only: the collector parses them, as it always can.
+ * shared-memory file. The Python side (feed.py, next to this file) owns the file: it lists the
+ * files to read in a slot table, and replays each round's bytes through the same Python
+ * sources in batches (plans.py). The collector modules' parsers stay the one source of truth:
+ * the only parsing here is mechanical. A slot may carry a file's token layout
+ * (collectors/layout.py: the token and line counts, the name tokens that must sit at given
+ * positions, the positions of its values); while a read matches the layout exactly and each
+ * value is a number as collectors/parsers.py takes one (1-20 ASCII digits, after one "-" in
+ * a signed layout), the record carries the values as doubles after the raw bytes, and the
+ * Python side appends them without parsing. Any mismatch ("nan", "+7", an IRQ that came or
+ * went) and the record has the raw bytes only: the parser reads them and says why.
  *
  * Why: in Python each 100 Hz wake-up runs with cold caches and TLBs, and on a VM that costs
- * more than the reads themselves (measured on the 2-CPU dev VM: 5 % of one CPU for the Python
+ * more than the reads themselves (measured on a 2-CPU KVM guest: 5 % of one CPU for the Python
  * sampler at 100 Hz, 1.3 % for this loop doing the same reads, docs/benchmarks.md).
  *
  * Usage: hftsampler SHM_FILE CPU,CPU,...|- PARENT_PID
@@ -55,6 +56,7 @@
                                 * follow the (padded) raw bytes */
 #define L_SIGNED 1u            /* lhead.flags bit 0: a value may start with "-" */
 #define MAX_DIGITS 20          /* collectors.parsers.parse_uint: at most 20 digits (a u64) */
+#define NO_LINES 0xffffffffu   /* lhead.lines: the line count is not checked */
 
 /* The structs below are mirrored in feed.py (HEADER_FIELDS, the struct.Struct formats and
  * their *_FIELDS names); tests/test_native_sampler.py compiles them with
@@ -117,6 +119,8 @@ struct lhead {
     uint32_t nnames;
     uint32_t heap_len;
     uint32_t flags;           /* L_SIGNED */
+    uint32_t lines;           /* the read must hold exactly this many '\n' (NO_LINES: any) */
+    uint32_t pad;
 };
 
 struct lref {                 /* a value: token pos, prefix (len, off); a name: pos, bytes */
@@ -128,7 +132,7 @@ struct lref {                 /* a value: token pos, prefix (len, off); a name: 
 #ifndef HFTSAMPLER_LAYOUT_ONLY
 
 struct layout {               /* the helper's private copy */
-    uint32_t lgen, ntok, nvals, nnames, flags;
+    uint32_t lgen, ntok, nvals, nnames, flags, lines;
     const struct lref *vals, *names;
     const char *heap;
     char *mem;
@@ -194,6 +198,7 @@ static void load_layout(struct layout *L, const char *src) {
     L->nvals = hd.nvals;
     L->nnames = hd.nnames;
     L->flags = hd.flags;
+    L->lines = hd.lines;
     L->vals = r;
     L->names = r + hd.nvals;
     L->heap = mem + sizeof hd + nref * sizeof(struct lref);
@@ -246,8 +251,9 @@ static int extract(const struct layout *L, const char *b, size_t n, double *out)
         tcap = c;
     }
     size_t k = 0, i = 0;
+    uint32_t nl = 0;
     while (i < n) {
-        while (i < n && is_ws((unsigned char)b[i])) i++;
+        while (i < n && is_ws((unsigned char)b[i])) nl += b[i++] == '\n';
         if (i >= n) break;
         size_t s0 = i;
         while (i < n && !is_ws((unsigned char)b[i])) i++;
@@ -256,7 +262,7 @@ static int extract(const struct layout *L, const char *b, size_t n, double *out)
         tlen[k] = (uint32_t)(i - s0);
         k++;
     }
-    if (k != L->ntok) return -1;
+    if (k != L->ntok || (L->lines != NO_LINES && nl != L->lines)) return -1;
     for (uint32_t j = 0; j < L->nnames; j++) {
         const struct lref *r = &L->names[j];
         if (tlen[r->pos] != r->len || memcmp(b + tstart[r->pos], L->heap + r->off, r->len))

@@ -7,37 +7,40 @@ import threading
 import time
 from collections.abc import Callable
 
+from agent.watch.sampling.native.feed import Feed
+from agent.watch.sampling.native.plans import ReplayPlan
 from agent.watch.sampling.python import Sampler, _Entry
+from agent.watch.sampling.sources.base import HotSource
 from collectors.base import CollectorResult
 
 
 class NativeSampler(Sampler):
-    """The same rings, filled from the native reader (:mod:`agent.watch.feed`).
+    """The same rings, filled from the native reader (:mod:`agent.watch.sampling.native.feed`).
 
-    The helper process, pinned to the housekeeping CPUs, reads the replayable collectors'
-    hot files at ``hz`` (each collector's files on its own rounds: ``round % div == 0``,
-    div = period / sampler period). This thread replays every recorded round through the
-    collectors' unchanged ``sample()`` (warm caches, one wake-up per batch) and appends the
-    rows at the rounds' own times: at ``drain_hz`` (1 Hz) while nobody waits for rows, and
-    :data:`POKE_GAP_NS` after the last replay once :meth:`poke` says someone does (watch
-    pokes while a spike waits for its rows: it waits ≤ 0.2 s, as with a fixed 5 Hz drain,
-    and a quiet run pays one replay a second). Between replays it wakes only for the live
-    collectors. A collector with a ``replay_plan()`` (its row is the values of token
-    layouts: softirq, irq, memory) has its layouts applied by the helper; a round whose files
-    all came with their values is appended from those (:meth:`SignalRing.append_seq`) without
-    calling the collector, any other round through ``sample()``. Collectors that read no hot
-    files (gpu, perf, pcie) are sampled live here at their period. The sampler's cost is the
-    helper's CPU time plus this thread's.
+    The helper process, pinned to the housekeeping CPUs, reads the hot sources' files at
+    ``hz`` (each source's files on its own rounds: ``round % div == 0``, div = period /
+    sampler period, times a file's ``every``). This thread replays every recorded round
+    (warm caches, one wake-up per batch) and appends the rows at the rounds' own times: at
+    ``drain_hz`` (1 Hz) while nobody waits for rows, and :data:`POKE_GAP_NS` after the last
+    replay once :meth:`poke` says someone does (watch pokes while a spike waits for its rows:
+    it waits ≤ 0.2 s, as with a fixed 5 Hz drain, and a quiet run pays one replay a second).
+    Between replays it wakes only for the live collectors. Each hot source has a
+    :class:`~agent.watch.sampling.native.plans.ReplayPlan`: a round whose files all came with
+    their layouts' values (extracted by the helper) is appended from those
+    (:meth:`SignalRing.append_seqs`) without calling the source, any other round through the
+    source's :meth:`~agent.watch.sampling.sources.base.HotSource.replay` of its bytes.
+    Collectors that read no hot files (gpu, perf, pcie) are sampled live here at their
+    period. The sampler's cost is the helper's CPU time plus this thread's.
 
     If the helper dies mid-run, stops making rounds for :attr:`STALL_NS` (it is then
     killed), or a replay fails, :attr:`native_error` says why and this thread goes on as the
-    Python sampler (the collectors' files read live again, sched's scan in its sample()):
+    Python sampler (the sources' files read live again, sched's scan in its sample()):
     watch never stops for it.
     """
 
     mode = "native"
 
-    def __init__(self, collectors: list, feed, hz: float = 100.0,
+    def __init__(self, collectors: list, feed: Feed, hz: float = 100.0,
                  cpus: list[int] | None = None, capacity_s: float = 30.0,
                  max_failures: int = 3,
                  on_result: Callable[[CollectorResult], None] | None = None,
@@ -46,20 +49,26 @@ class NativeSampler(Sampler):
         self.feed = feed
         self.replayed: list[_Entry] = []
         self.live: list[_Entry] = []
+        self.plans: dict[int, ReplayPlan] = {}  # id(entry) → its source's plan
+        # on_result wants every row's CollectorResult: no values rows
+        self._values_rows = on_result is None
         for e in self.entries:
             e.div = max(1, round(e.period_ns / self.period_ns))
-            (self.replayed if getattr(e.collector, "replayable", False) else self.live).append(e)
-            if on_result is None:  # on_result wants every row's CollectorResult: no shortcut
-                e.plan_fn = getattr(e.collector, "replay_plan", None)
-        # Live parts of replayed collectors (sched's task scan): read after each batch and
-        # merged into the collector's newest row, not stamped with an older round's time.
-        self._extras = [e for e in self.replayed if hasattr(e.collector, "live_extra")
-                        and hasattr(e.collector, "defer_scan")]
-        for e in self._extras:
-            e.collector.defer_scan = True
-        # 1 Hz while nobody waits: each Python wake-up runs cold (~0.3-0.7 ms of CPU on the
-        # dev VM) and a replay has fixed costs, so fewer, larger batches cost less (drain
-        # 0.58-0.62 % of one CPU at 1 Hz against 0.73-0.77 % at 5 Hz, dev VM, A/B in one
+            if isinstance(e.collector, HotSource):
+                self.replayed.append(e)
+                plan = self.plans[id(e)] = ReplayPlan(e.collector, feed, e.div)
+                try:
+                    plan.sync()  # registered before the helper starts: read from round 0
+                except OSError:
+                    pass  # (sched attaching a thread that went: the next drain says so)
+            else:
+                self.live.append(e)
+        # Live parts of replayed sources (sched's task scan): read after each batch and
+        # merged into the source's newest row, not stamped with an older round's time.
+        self._extras = [e for e in self.replayed if hasattr(e.collector, "live_extra")]
+        # 1 Hz while nobody waits: each Python wake-up runs cold (~0.3-0.7 ms of CPU on a
+        # 2-CPU VM) and a replay has fixed costs, so fewer, larger batches cost less (drain
+        # 0.58-0.62 % of one CPU at 1 Hz against 0.73-0.77 % at 5 Hz there, A/B in one
         # run); a spike pokes (POKE_GAP_NS).
         self.drain_ns = int(1e9 / (drain_hz or 1.0))
         self.live_ns = min((e.period_ns for e in self.live), default=0)
@@ -79,8 +88,8 @@ class NativeSampler(Sampler):
         self._poke.set()
 
     def start(self) -> None:
-        """Start the helper (raises :class:`~agent.watch.feed.NativeUnavailable`), then the
-        drain thread."""
+        """Start the helper (raises :class:`~agent.watch.sampling.native.feed.NativeUnavailable`),
+        then the drain thread."""
         if self.feed.proc is None:
             self.feed.start(self.cpus)
         for e in self.replayed:  # the reader is not a task competing with the probe
@@ -90,58 +99,50 @@ class NativeSampler(Sampler):
         self._last_round_at = time.monotonic_ns()
         super().start()
 
-    def _keep(self) -> bool:
-        return not self.feed.miss
-
     def drain(self) -> bool:
         """Replay the rounds recorded since the last call, then sample the live collectors.
         False when the helper has died (the caller switches to Python rounds)."""
         feed = self.feed
         t_start = time.perf_counter_ns()
         buf, rounds = feed.read_rounds()
-        keep = self._keep
         pending: dict[int, list] = {id(e): [] for e in self.replayed}
-        plan_values = feed.plan_values
         pc = time.perf_counter_ns
         try:
-            # Collector by collector (each has its own ring and tracker; the rows of one
-            # stay in round order), so that the per-row work is a few local operations.
+            # Source by source (each has its own ring and tracker; the rows of one stay in
+            # round order), so that the per-row work is a few local operations.
             for e in self.replayed:
-                div, st, plan_fn, rows = e.div, e.state, e.plan_fn, pending[id(e)]
-                feed.div, feed.owner = div, st.name
+                st, div, rows, src = e.state, e.div, pending[id(e)], e.collector
+                if st.state != "ok":
+                    continue
+                plan = self.plans[id(e)]
+                plan.sync()
+                quick = self._values_rows
                 for rnd, t, files in rounds:
                     if rnd % div or st.state != "ok":
                         continue
                     e.last_ns = t
-                    if plan_fn is not None:
-                        feed.current = files  # the plan may ask a file: due()
+                    if quick and not src.next_row_parses():
                         t0 = pc()
-                        try:
-                            plan = plan_fn()
-                        except Exception:  # noqa: BLE001 - no shortcut; sample() says why
-                            plan = None
-                        vals = plan_values(plan, files, buf) if plan is not None else None
-                        if vals is not None:  # the helper's values: no parse, no dict
-                            keys = e.plan_keys.get(id(plan))
-                            if keys is None or keys[0] is not plan:
-                                if len(e.plan_keys) > 8:  # plans come and go: a few live
-                                    e.plan_keys.clear()
-                                keys = e.plan_keys[id(plan)] = (plan, tuple(
-                                    k for _, layout in plan for k in layout.keys))
-                            rows.append((e.prev_t_ns or t, t, vals, keys[1]))
+                        got = plan.values(files, buf)
+                        if got is not None:  # the helper's values: no parse, no dict
+                            rows.append((e.prev_t_ns or t, t, got[1], got[0]))
                             e.prev_t_ns = t
+                            src.rows += 1
                             st.runs += 1
                             st.layout_rows += 1
                             st.consecutive_failures = 0
                             st.busy_ns += pc() - t0
                             continue
-                    feed.set_round(buf, files)
-                    feed.miss = False
-                    self._sample_entry(e, t, keep, rows)
-                    feed.set_round(b"", None)
+                    reads = plan.reads(files, buf)
+                    if not reads:  # none of its files in the round (registered since)
+                        st.dropped_rows += 1
+                        continue
+                    if self._sample_entry(e, t, rows, reads):
+                        plan.learn(files, buf)
+                    if src.gen != plan.gen:  # a thread came or went, a PSI file was dropped
+                        plan.sync()
             self._fed_rounds += len(rounds)
         finally:
-            feed.set_round(b"", None)
             for e in self._extras:
                 rows = pending[id(e)]
                 if rows and e.state.state == "ok":
@@ -273,11 +274,8 @@ class NativeSampler(Sampler):
             # Python sampler (every collector's files read live from here on, sched's task
             # scan inside its sample() again).
             self.feed.kill()
-            self.feed.set_round(b"", None)
             self.native_error = f"{self._why}; the Python sampler took over"
             self.mode = "python (native reader stopped)"
-            for e in self._extras:
-                e.collector.defer_scan = False
             for e in self.entries:
                 e.last_ns = 0
             self._loop(self.period_ns, self.round)
@@ -291,5 +289,5 @@ class NativeSampler(Sampler):
         self.feed.stop()
         # the helper's final CPU time is in the header now; the thread's was taken at its end
         self.stats.cpu_ns = self.drain_cpu_ns + self.feed.stats()["cpu_ns"]
-        super().stop()  # closes the collectors (their slots are released)
+        super().stop()  # closes the collectors
         self.feed.close()
