@@ -280,8 +280,8 @@ def test_non_ascii_spaces_and_control_characters_are_parse_errors():
 
 
 def test_a_cpu_filter_that_matches_no_column_is_an_empty_row_not_a_parse_each_time():
-    """Found on the way: a layout keeping no value (the probe CPU is not in this file's
-    header) answered None, so every read went through the parser."""
+    """A layout that keeps no value (the probe CPU is not in this file's header) gives an
+    empty row, as the parser does, not None (which would send every read to the parser)."""
     data = _sample("softirqs", "vm-dev")
     lay = softirq.softirqs_layout(data, frozenset([7]))
     assert lay.values(data) == {} == softirq.parse_softirq_counts(data, frozenset([7]))
