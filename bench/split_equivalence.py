@@ -35,10 +35,18 @@ from agent.watch.ring import SignalRing  # noqa: E402
 from collectors.gpu import GpuCause  # noqa: E402
 from collectors.sched import TaskRun  # noqa: E402
 
+# Imports of the old sources whose modules moved since (#15 item 1: NativeSampler is in
+# agent/watch/sampling/native/sampler.py now).
+MOVED = {"from agent.watch.sampling.python import NativeSampler, Sampler":
+         "from agent.watch.sampling.native.sampler import NativeSampler\n"
+         "from agent.watch.sampling.python import Sampler"}
+
 
 def load_at(ref: str, path: str, name: str, tmp: str) -> types.ModuleType:
     src = subprocess.run(["git", "-C", REPO, "show", f"{ref}:{path}"], check=True,
                          capture_output=True, text=True).stdout
+    for old, new in MOVED.items():
+        src = src.replace(old, new)
     f = os.path.join(tmp, f"{name}.py")
     with open(f, "w") as fh:
         fh.write(src)
