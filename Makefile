@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Debian packages the tests use for real (promtool, prometheus, amtool; a C compiler for watch's
-# native reader, agent/watch/hftsampler.c). Installed only when missing.
+# native reader, agent/watch/sampling/native/hftsampler.c). Installed only when missing.
 apt-deps:
 	@pkgs=""; \
 	if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null; then pkgs="prometheus prometheus-alertmanager"; fi; \

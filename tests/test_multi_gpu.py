@@ -241,7 +241,7 @@ class Clock:
 
 class Box:
     """The fake two-GPU box sampled as watch samples it: the GPU collector at 10 ms, each
-    sample appended to the 'gpu' ring over its interval (agent.watch.sampler)."""
+    sample appended to the 'gpu' ring over its interval (agent.watch.sampling.python)."""
 
     def __init__(self, **kw) -> None:
         self.lib = procs(h200_x2_numa(), gpu0=[OWN])
