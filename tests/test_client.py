@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import timeit
 
 import numpy as np
@@ -17,13 +18,16 @@ def test_records_round_trip(tmp_path):
     r = RingReader(tmp_path / "r")
     assert r.creator_pid == w._pid
     w.record(10, 25, tid=7, nivcsw=1, minflt=3, rq_delay_ns=900, cpu_start=1, cpu_end=0)
-    w.end(100)
+    # a start a few µs ago: end() stamps now, and the reader drops latencies over 1 h (a
+    # start of 100 ns after boot is one on any machine up for more than an hour)
+    t0 = time.perf_counter_ns() - 5_000
+    w.end(t0)
     got = r.read()
     assert got.shape == (2, len(FIELDS))
     assert got[0, F["start_ns"]] == 10 and got[0, F["end_ns"]] == 25
     assert got[0, F["tid"]] == 7 and got[0, F["nivcsw"]] == 1 and got[0, F["cpu_end"]] == 0
     assert got[1, F["nivcsw"]] == -1  # not measured by end(): -1, never 0
-    assert got[1, F["end_ns"]] > 100
+    assert got[1, F["end_ns"]] > t0
     assert len(r.read()) == 0
 
 

@@ -156,11 +156,11 @@ def test_cli_json_csv_and_bad_input(cache, small_lstm, tmp_path):
     assert hist.kind == "probe" and hist.variant == "graph"
 
     bad = runner.invoke(app, ["probe", "--model", str(tmp_path / "nope.keras")])
-    assert bad.exit_code == 1 and "model not found" in bad.stderr
+    assert bad.exit_code == 1 and "file not found" in bad.stderr
     corrupt = tmp_path / "bad.keras"
     corrupt.write_bytes(b"not a zip")
     r2 = runner.invoke(app, ["probe", "--model", str(corrupt), "--variant", "graph"])
-    assert r2.exit_code == 1 and "cannot load Keras model" in r2.stderr
+    assert r2.exit_code == 1 and "not a Keras archive" in r2.stderr
     nan = tmp_path / "calib.npy"
     np.save(nan, np.full((10, 8, 4), np.nan, dtype=np.float32))
     r3 = runner.invoke(app, ["probe", "--model", small_lstm, "--calib", str(nan)])
