@@ -112,3 +112,20 @@ def test_watch_defaults_follow_the_rule(tree):
     assert hk == plan.housekeeping           # the sampler never lands on another target
     assert default_cpus(host, "external", None, None)[0] == plan.cpus
     assert default_cpus(host, "numpy", [plan.cpus[0]], None)[0] == [plan.cpus[0]]
+
+
+def test_probe_may_pin_outside_the_callers_current_affinity():
+    # after `tune apply --isolate` a shell is confined to the housekeeping CPUs; the probe it
+    # starts must still accept an isolated --cpus (the worker pins itself there)
+    import os
+    import subprocess
+    import sys
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    code = (f"import os; os.sched_setaffinity(0, {{{cpus[0]}}}); "
+            "from agent.probe.options import parse_cpus; "
+            f"print(parse_cpus('{cpus[-1]}'), sorted(os.sched_getaffinity(0)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out[0] == f"[{cpus[-1]}]" and out[1] == f"[{cpus[0]}]"   # ours put back

@@ -65,14 +65,27 @@ def parse_cpus(text: str | None) -> list[int] | None:
     except TargetError as exc:
         msg = str(exc)
         raise AgentError(msg if "--cpus" in msg else f"--cpus {text!r}: {msg}") from None
-    allowed = os.sched_getaffinity(0)
-    usable = [c for c in plan.cpus if c in allowed]
+    usable = [c for c in plan.cpus if _can_pin(c)]
     if text is not None and len(usable) != len(plan.cpus):
         from collectors.parsers import format_cpulist
-        bad = format_cpulist(sorted(set(plan.cpus) - allowed))
-        raise AgentError(f"--cpus {text!r}: CPU(s) {bad} are not available to this process "
-                         f"(allowed: {format_cpulist(sorted(allowed))})")
+        bad = format_cpulist(sorted(set(plan.cpus) - set(usable)))
+        raise AgentError(f"--cpus {text!r}: CPU(s) {bad} are outside this process's cpuset "
+                         "(the worker could not be pinned there)")
     return usable or None
+
+
+def _can_pin(cpu: int) -> bool:
+    """Whether a worker started from here may be pinned to ``cpu``: its cpuset allows it.
+    Not the current affinity: after ``tune apply --isolate`` a shell is confined to the
+    housekeeping CPUs, yet the worker it starts may pin itself to an isolated one. Tried on
+    this process and put back at once."""
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:
+        return False
+    os.sched_setaffinity(0, before)
+    return True
 
 
 def check_file(path: str, what: str, *, directory_ok: bool = False,
