@@ -1,7 +1,7 @@
 """Run the clock-gap recorder on candidate CPUs and attribute what it saw from /proc deltas.
 
 The recorder (agent/noise/hftnoise.c, compiled on first use into the cache directory by the
-same trusted builder as watch's native reader) is pinned to one CPU and spins for the scan's
+same trusted builder as watch's native reader, collectors/native.py) is pinned to one CPU and spins for the scan's
 duration. A few CPUs are scanned at a time — at most a quarter of the online CPUs, never the
 housekeeping ones — so that the scan itself does not crowd the machine.
 
@@ -34,11 +34,12 @@ MAX_DURATION_S = 60.0
 
 def build() -> Path:
     """The compiled recorder (cached). Raises AgentError naming why it cannot be built."""
-    from agent.watch.sampling.native.feed import NativeUnavailable, build_helper
+    from collectors.native import NativeUnavailable
+    from collectors.native import build as build_native
     try:
-        return build_helper(SOURCE)
+        return build_native(SOURCE, "hftnoise", "noise recorder")
     except NativeUnavailable as exc:
-        raise AgentError(str(exc).replace("native sampler", "noise recorder")) from None
+        raise AgentError(str(exc)) from None
 
 
 @dataclass
