@@ -203,17 +203,10 @@ def parse_stats(text: str, cpu: int) -> CpuStats:
 
 
 def cpumask_hex(cpus: set[int] | list[int]) -> str:
-    """``tracing_cpumask`` format: hex, comma every 32 bits (``ffffffff,00000002``)."""
-    mask = 0
-    for c in cpus:
-        mask |= 1 << c
-    words = []
-    while True:
-        words.append(f"{mask & 0xFFFFFFFF:08x}")
-        mask >>= 32
-        if not mask:
-            break
-    return ",".join(reversed(words))
+    """``tracing_cpumask`` format: hex, comma every 32 bits (``ffffffff,00000002``), the
+    kernel's cpumask form (collectors.parsers.format_cpumask)."""
+    from collectors.parsers import format_cpumask
+    return format_cpumask(cpus)
 
 
 def size_ring_kb(buffer_s: float, ncpus: int, rate_eps: float = ASSUMED_RATE_EPS,
