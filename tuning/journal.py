@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tuning.allowlist import allowed
-from tuning.safepath import UnsafePath, open_dir
+from tuning.safepath import UnsafePath, open_dir, read_fd_bounded
 
 FORMAT = "hftagent-journal"
 VERSION = 2
@@ -531,17 +531,11 @@ def _read_bounded(dfd: int, path: Path) -> bytes | None:
         if st.st_size > MAX_BYTES:
             raise JournalError(f"journal {path} is {st.st_size:,} bytes, more than a journal "
                                f"can be ({MAX_BYTES:,}): refused; nothing was changed")
-        chunks, got = [], 0
-        while got <= MAX_BYTES:
-            b = os.read(fd, min(1 << 20, MAX_BYTES + 1 - got))
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-        if got > MAX_BYTES:
+        data = read_fd_bounded(fd, MAX_BYTES)
+        if len(data) > MAX_BYTES:
             raise JournalError(f"journal {path} grew past {MAX_BYTES:,} bytes while being "
                                "read: refused; nothing was changed")
-        return b"".join(chunks)
+        return data
     except OSError as exc:
         raise JournalError(f"cannot read journal {path}: {exc.strerror or exc}") from None
     finally:

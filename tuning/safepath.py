@@ -223,6 +223,19 @@ def open_dir(path: Path, *, create: bool, beneath: Path | None = None) -> int | 
     return rfd
 
 
+def read_fd_bounded(fd: int, limit: int) -> bytes:
+    """Read ``fd`` to its end, but never more than ``limit`` + 1 bytes: a result longer than
+    ``limit`` says the file grew past it while being read (the caller refuses it)."""
+    chunks, got = [], 0
+    while got <= limit:
+        b = os.read(fd, min(1 << 20, limit + 1 - got))
+        if not b:
+            break
+        chunks.append(b)
+        got += len(b)
+    return b"".join(chunks)
+
+
 def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     """The bytes of a file the user named (a profile, a saved result), at most ``limit``.
 
@@ -237,15 +250,9 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
             raise UnsafePath("not a regular file", str(path))
         if st.st_size > limit:
             raise UnsafePath(f"{st.st_size:,} bytes, more than {limit:,}", str(path))
-        chunks, got = [], 0
-        while got <= limit:
-            b = os.read(fd, min(1 << 20, limit + 1 - got))
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-        if got > limit:
+        data = read_fd_bounded(fd, limit)
+        if len(data) > limit:
             raise UnsafePath(f"more than {limit:,} bytes", str(path))
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
