@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.faults.kit import preempting_hog
+
 REPO = Path(__file__).resolve().parents[1]
 HFT = [sys.executable, "-m", "agent.cli"]
 
@@ -31,22 +33,6 @@ def _records(path: Path) -> list[dict]:
 
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                                     reason="needs a probe CPU and a housekeeping CPU")
-
-
-def _preempting_hog(probe_cpu: int):
-    """The CPU-contention fault both hog tests use: a periodic hog on the probe CPU, busy
-    3 × the numpy probe's P50 on this host (at least 1.5 ms) of every ~4.9 × that, jittered
-    (never a multiple of the probe's 2 ms period, so the two never lock in phase). SCHED_FIFO
-    where permitted: every burst that starts while the probe is mid-call preempts it at once
-    and delays it by the whole burst — a spike however fast or slow the host is (the probe's
-    P50 was 0.38 ms on one 2-vCPU VM and 1.5 ms on another, where a fixed 1.5 ms burst
-    gave 3 spikes in 20 s). An always-busy nice 0 hog depends on EEVDF (0-7 spikes in 8 s
-    where the probe mostly sleeps). Without RT permission: the same bursts at nice -10."""
-    from bench.faults.kit import cpu_hog, numpy_probe_p50_ms, rt_burst_for, rt_permitted
-    burst = rt_burst_for(numpy_probe_p50_ms(probe_cpu))
-    if rt_permitted():
-        return cpu_hog(probe_cpu, burst_ms=burst, rt_prio=1), 15
-    return cpu_hog(probe_cpu, nice=-10, burst_ms=burst), 5
 
 
 def _check_contention(recs: list[dict], pids: list[int], min_spikes: int, summary: dict) -> None:
@@ -92,7 +78,7 @@ def test_cpu_hog_is_attributed_to_cpu_contention(tmp_path):
     sys.path.insert(0, str(REPO))
     probe_cpu = sorted(os.sched_getaffinity(0))[-1]
     log = tmp_path / "spikes.jsonl"
-    hog, min_spikes = _preempting_hog(probe_cpu)
+    hog, min_spikes = preempting_hog(probe_cpu)
     with hog as pids:
         # 200 Hz: the numpy probe takes 0.4-1.5 ms a call depending on the host; at 500 Hz
         # a slow host's probe CPU is 75 % busy before the hog, and response times (from the
@@ -333,7 +319,7 @@ def test_tf_probe_end_to_end_with_a_cpu_hog(tmp_path):
     sys.path.insert(0, str(REPO))
     probe_cpu = sorted(os.sched_getaffinity(0))[-1]
     log = tmp_path / "spikes.jsonl"
-    hog, min_spikes = _preempting_hog(probe_cpu)
+    hog, min_spikes = preempting_hog(probe_cpu)
     with hog as pids:
         r = _hftagent("watch", "--probe", "tf", "--variant", "xla", "--duration", "8",
                       "--cpus", str(probe_cpu), "--spike-log", str(log), "--json", "--no-live",

@@ -179,6 +179,23 @@ def cpu_hog(cpu: int, nice: int = 0, count: int = 1,
         _stop(procs)
 
 
+def preempting_hog(probe_cpu: int):
+    """(context manager, minimum spikes to expect in a few seconds) of the CPU-contention
+    fault the watch tests use: a periodic hog on the probe CPU, busy 3 × the numpy probe's
+    P50 on this host (at least 1.5 ms) of every ~4.9 × that, jittered (never a multiple of
+    the probe's 2 ms period, so the two never lock in phase). SCHED_FIFO where permitted:
+    every burst that starts while the probe is mid-call preempts it at once and delays it by
+    the whole burst, a spike however fast or slow the host is (the probe's P50 was 0.38 ms
+    on one 2-vCPU VM and 1.5 ms on another, where a fixed 1.5 ms burst gave 3 spikes in
+    20 s). An always-busy nice 0 hog depends on EEVDF's wake-up placement: 0-7 spikes in
+    8 s where the probe mostly sleeps, and none in 3 s on one CI host. Without RT
+    permission: the same bursts at nice -10."""
+    burst = rt_burst_for(numpy_probe_p50_ms(probe_cpu))
+    if rt_permitted():
+        return cpu_hog(probe_cpu, burst_ms=burst, rt_prio=1), 15
+    return cpu_hog(probe_cpu, nice=-10, burst_ms=burst), 5
+
+
 @contextlib.contextmanager
 def oversubscription(threads: int | None = None, nice: int = 0) -> Iterator[list[int]]:
     """``threads`` (default 2 × CPUs) unpinned busy processes."""
