@@ -581,3 +581,22 @@ def test_fifo_in_the_tree_never_blocks_plan_apply_or_status(syn, rel):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert (syn / rel).is_fifo()  # never written, never replaced
+
+
+def test_a_failed_write_under_json_still_says_why_on_stderr(syn, monkeypatch):
+    """exit 1 with the reason only inside the JSON left a script that checks the status with
+    an empty stderr: the first failure is one line there too."""
+    import errno
+    import functools
+    monkeypatch.setattr(tunables_base, "default_writer",
+                        functools.partial(KernelSim, fail={"vm/swappiness": errno.EINVAL}))
+    res = tune("apply", "--root", str(syn), "--cpus", "2-3", "--json")
+    assert res.exit_code == 1, res.output
+    data = json.loads(res.stdout)
+    assert [o["target"] for o in data["outcomes"] if o["result"] == "failed"] == [
+        "/proc/sys/vm/swappiness"]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("hftagent: error: tune apply: /proc/sys/vm/swappiness: ")
+    assert "Invalid argument" in lines[0] and "tune rollback" in lines[0]
+    assert tune("rollback", "--root", str(syn)).exit_code == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -231,7 +232,15 @@ def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyO
             con.print(findings_table(report.findings, title="verify"))
     if dry_run:
         raise typer.Exit(2 if plan.changes else 0)
-    if any(o.result == FAILED for o in report.outcomes):
+    failed = [o for o in report.outcomes if o.result == FAILED]
+    if failed:
+        # One line on stderr whatever the output mode: under --json the outcomes carry the
+        # detail, but a script that only checks the exit status must still see why.
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        print(f"hftagent: error: tune apply: {first.change.target}: "
+              f"{' '.join(first.message.split()) or 'failed'}{more}; `hftagent tune rollback` "
+              "undoes what was written", file=sys.stderr)
         raise typer.Exit(1)
     raise typer.Exit(exit_code(report.findings) if report.ok else 2)
 
