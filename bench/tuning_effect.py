@@ -28,6 +28,11 @@ Two curves, quiet, with and without keep-awake:
 - the idle-gap curve (``--gaps``): latency after each idle gap, as ``hftagent probe
   --idle-gaps`` reports it.
 
+``--keepawake-loops pause,busy`` adds the spinner's no-pause loop (``run --keep-awake
+--keep-awake-loop busy``) to the wake-up curve, side by side with the default pause loop: in a
+KVM guest, pause-loop exiting can hand a pausing vCPU back to the host. ``--wake-only`` runs
+the wake-up curve alone (no scenarios, no idle-gap curve).
+
 Output: a table with P50/P99/P99.9 and each as a ratio to quiet, and ``--json FILE``.
 
     sudo .venv/bin/python bench/tuning_effect.py --json /tmp/tuning_effect.json   # ~4 min
@@ -56,6 +61,7 @@ from agent.probe import stats  # noqa: E402
 
 LEVERS = ("isolate", "fifo", "keep-awake", "pm-qos")
 RUN_FLAGS = {"fifo": ["--sched", "fifo:10"], "keep-awake": ["--keep-awake"],
+             "keep-awake-busy": ["--keep-awake", "--keep-awake-loop", "busy"],
              "pm-qos": ["--pm-qos", "0"]}
 BUSY = ("import os,sys\nwhile True: pass\n")
 BURSTY = ("import random,time\nc=time.monotonic\nwhile True:\n"
@@ -172,6 +178,26 @@ def summary(lat: np.ndarray) -> dict:
         "sufficient": s["sufficient"]}
 
 
+def wake_curve(args, cpu: str, arms: list[str], rng: random.Random, tmp: Path, wake: dict,
+               gaps: dict, errors: dict) -> None:
+    """The quiet wake-up curve of each arm (and, unless --wake-only, the idle-gap curve of
+    plain and keep-awake), interleaved per round."""
+    for rnd in range(args.rounds):
+        for key in rng.sample(arms, len(arms)):
+            lv = {key} if key != "plain" else set()
+            for rate in (args.wake_rate, args.slow_rate):
+                d = run_block(args, cpu, lv, args.block_s, rate, "rate", tmp,
+                              f"wake-{key}-{rate:g}-{rnd}")
+                if "error" not in d:
+                    wake.setdefault(key, {}).setdefault(f"{rate:g}", []).append(d["response_ns"])
+                else:
+                    errors.setdefault(f"wake-{key}", []).append(d["error"])
+            if rnd == 0 and not args.wake_only and key in ("plain", "keep-awake"):
+                d = run_block(args, cpu, lv, max(args.block_s * 2, 10.0), args.rate, "gaps",
+                              tmp, f"gaps-{key}")
+                gaps[key] = d.get("gaps") or d
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -195,6 +221,12 @@ def main() -> int:
     ap.add_argument("--gaps", default="0,1ms,10ms,100ms,1s")
     ap.add_argument("--workload", choices=("numpy", "tflite"), default="numpy")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--keepawake-loops", default="pause", help="the spinner loops the wake-up "
+                    "curve compares: pause, busy or pause,busy")
+    ap.add_argument("--wake-only", action="store_true", help="only the wake-up curve")
+    ap.add_argument("--wake-isolated", action="store_true", help="run the wake-up curve on the "
+                    "CPU isolated (tune apply --isolate, rolled back after): the spinner alone "
+                    "makes the kernel count its CPU idle and place other tasks there")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.worker:
@@ -211,6 +243,9 @@ def main() -> int:
     bad = set(levers) - set(LEVERS)
     if bad:
         ap.error(f"unknown lever(s) {sorted(bad)}; known: {', '.join(LEVERS)}")
+    loops = [x for x in args.keepawake_loops.split(",") if x]
+    if not loops or set(loops) - {"pause", "busy"}:
+        ap.error("--keepawake-loops takes pause, busy or pause,busy")
     unavailable = {}
     if "fifo" in levers and not rt_permitted():
         levers.remove("fifo")
@@ -240,7 +275,7 @@ def main() -> int:
     iso_log: list = []
     loads: dict[str, list] = {}
     t_start = time.time()
-    for rnd in range(args.rounds):
+    for rnd in range(0 if args.wake_only else args.rounds):
         order = scenarios[:]
         rng.shuffle(order)
         for name, noise, lv in order:
@@ -273,21 +308,14 @@ def main() -> int:
     # wake-up curve and idle gaps, quiet, with and without keep-awake (interleaved)
     wake: dict = {}
     gaps: dict = {}
-    for rnd in range(args.rounds):
-        for ka in rng.sample([False, True], 2):
-            lv = {"keep-awake"} if ka else set()
-            key = "keep-awake" if ka else "plain"
-            for rate in (args.wake_rate, args.slow_rate):
-                d = run_block(args, cpu, lv, args.block_s, rate, "rate", tmp,
-                              f"wake-{key}-{rate:g}-{rnd}")
-                if "error" not in d:
-                    wake.setdefault(key, {}).setdefault(f"{rate:g}", []).append(d["response_ns"])
-                else:
-                    errors.setdefault(f"wake-{key}", []).append(d["error"])
-            if rnd == 0:
-                d = run_block(args, cpu, lv, max(args.block_s * 2, 10.0), args.rate, "gaps",
-                              tmp, f"gaps-{key}")
-                gaps[key] = d.get("gaps") or d
+    arms = ["plain"] + [("keep-awake" if lp == "pause" else f"keep-awake-{lp}") for lp in loops]
+    wake_ctx = isolated(cpu, state_dir, iso_log) if args.wake_isolated else \
+        contextlib.nullcontext()
+    try:
+        with wake_ctx:
+            wake_curve(args, cpu, arms, rng, tmp, wake, gaps, errors)
+    except RuntimeError as exc:
+        errors.setdefault("wake", []).append(str(exc))
     wake_rows = {}
     for key, by_rate in wake.items():
         p50 = {r: int(np.median(np.concatenate(v))) for r, v in by_rate.items()}
@@ -296,6 +324,7 @@ def main() -> int:
                           else None}
     doc = {"cpu": cpu, "neighbours": n, "online": ncpu, "rate": args.rate,
            "block_s": args.block_s, "rounds": args.rounds, "workload": args.workload,
+           "wake_isolated": args.wake_isolated, "keepawake_loops": loops,
            "levers": levers, "unavailable": unavailable, "scenarios": rows, "wakeup": wake_rows, "idle_gaps": gaps,
            "errors": errors, "isolation_log": iso_log, "loads": loads, "kernel": os.uname().release,
            "elapsed_s": round(time.time() - t_start, 1)}

@@ -261,3 +261,41 @@ def test_help_documents_rr_and_the_levers():
     assert res.exit_code == 0
     for word in ("rr:PRIO", "--keep-awake", "--pm-qos", "SCHED_IDLE", "isolated cpuset"):
         assert word in res.stdout, word
+
+
+def test_the_busy_loop_spins_without_pause_and_is_named_in_the_report():
+    """--keep-awake-loop busy: the spinner runs its no-pause loop (argv), and run says so."""
+    cpu = _need()
+    p = _launch(["run", "--keep-awake", "--keep-awake-loop", "busy", "--cpus", str(cpu), "--",
+                 "sleep", "30"])
+    try:
+        m = _wait_line(p, SPIN_RE)
+        spinner = int(m.group(1))
+        argv = Path(f"/proc/{spinner}/cmdline").read_bytes().split(b"\0")
+        assert argv[-2:] == [b"busy", b""], argv
+        assert "busy loop" in m.string, m.string
+        assert os.sched_getscheduler(spinner) == os.SCHED_IDLE
+    finally:
+        p.kill()
+        p.wait()
+    assert _gone_within(spinner, 1.0)
+
+
+def test_keep_awake_loop_is_checked_in_one_line():
+    cpu = _need()
+    exe = build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True).spinner
+    r = subprocess.run([str(exe), str(cpu), "0", "spin"], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 2 and "usage" in r.stderr
+    with pytest.raises(LaunchError, match="expected pause or busy"):
+        build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True, keep_awake_loop="spin")
+    with pytest.raises(LaunchError, match="needs --keep-awake"):
+        build_launch(Host(), ["true"], cpus=str(cpu), keep_awake_loop="busy")
+    assert command_line(["x"], cpus=[cpu], keep_awake=True, keep_awake_loop="busy").endswith(
+        "--keep-awake --keep-awake-loop busy -- x")
+    assert "--keep-awake-loop" not in command_line(["x"], cpus=[cpu], keep_awake=True)
+    r = subprocess.run(CLI + ["run", "--keep-awake-loop", "spin", "--keep-awake", "--cpus",
+                              str(cpu), "--", "true"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 1
+    assert r.stderr.strip() == "hftagent: error: bad --keep-awake-loop 'spin': expected pause or busy"

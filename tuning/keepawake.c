@@ -1,7 +1,7 @@
 /*
  * hftkeepawake: keep one CPU out of idle for exactly as long as one process lives.
  *
- *   hftkeepawake CPU PIDFD
+ *   hftkeepawake CPU PIDFD [pause|busy]
  *
  * Started by `hftagent run --keep-awake` (tuning/launcher.py), one per inference CPU, before it
  * execs the command. PIDFD is a pidfd of the launcher process (pidfd_open(2), Linux >= 5.3),
@@ -18,9 +18,13 @@
  * a guest, a halt and the hypervisor's wake-up. Every millisecond it polls the pidfd (timeout
  * 0) and exits when the process is gone; SIGTERM/SIGKILL end it at any time.
  *
- * In a KVM guest, pause-loop exiting (ple_gap/ple_window) may turn a long run of pauses into
- * exits to the host, which can then run something else: what the lever does is measured
- * (bench/tuning_effect.py), not assumed.
+ * In a KVM guest, pause-loop exiting (Intel ple_gap/ple_window, AMD pause_filter_count/
+ * pause_filter_thresh) may turn a long run of pauses into exits to the host, which can then
+ * run something else on the physical CPU: the vCPU is then not running when the probe's timer
+ * fires. The loop "busy" spins with no pause at all (no exit to trigger, at the cost of an
+ * SMT sibling's share of the core); "pause" (the default) is the SMT-friendly loop. Which one
+ * keeps a given guest awake is measured (bench/tuning_effect.py --keepawake-loops), not
+ * assumed.
  *
  * Errors before ready: one line on stderr from the first process, exit 1.
  */
@@ -44,6 +48,19 @@ static inline void relax(void)
 #else
 	__asm__ __volatile__("" ::: "memory");
 #endif
+}
+
+static int busy_loop; /* 1: no pause instruction in the loop (see above) */
+
+static inline void spin(void)
+{
+	if (busy_loop) {
+		for (int i = 0; i < 64; i++)
+			__asm__ __volatile__("" ::: "memory");
+		return;
+	}
+	for (int i = 0; i < 64; i++)
+		relax();
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out)
@@ -79,11 +96,13 @@ int main(int argc, char **argv)
 	int cpu, pidfd, p[2];
 	pid_t child;
 
-	if (argc != 3 || parse_int(argv[1], 0, CPU_SETSIZE - 1, &cpu) ||
-	    parse_int(argv[2], 0, 1 << 20, &pidfd)) {
-		fprintf(stderr, "usage: hftkeepawake CPU PIDFD\n");
+	if (argc < 3 || argc > 4 || parse_int(argv[1], 0, CPU_SETSIZE - 1, &cpu) ||
+	    parse_int(argv[2], 0, 1 << 20, &pidfd) ||
+	    (argc == 4 && strcmp(argv[3], "pause") && strcmp(argv[3], "busy"))) {
+		fprintf(stderr, "usage: hftkeepawake CPU PIDFD [pause|busy]\n");
 		return 2;
 	}
+	busy_loop = argc == 4 && !strcmp(argv[3], "busy");
 	if (pipe2(p, O_CLOEXEC)) {
 		fprintf(stderr, "pipe: %s\n", strerror(errno));
 		return 1;
@@ -138,8 +157,7 @@ int main(int argc, char **argv)
 
 	long long next = now_ns() + 1000000LL;
 	for (;;) {
-		for (int i = 0; i < 64; i++)
-			relax();
+		spin();
 		long long t = now_ns();
 		if (t < next)
 			continue;

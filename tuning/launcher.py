@@ -62,6 +62,12 @@ CALLER_THREAD_HINT = (
     "tf.config.threading.set_inter_op_parallelism_threads before TensorFlow initialises")
 
 
+# The keep-awake spinner's loops (tuning/keepawake.c): "pause" spins with the pause hint (an
+# SMT sibling keeps the core's pipelines); "busy" spins with no pause, for KVM guests whose
+# pause-loop exiting hands a pausing vCPU back to the host.
+KEEP_AWAKE_LOOPS = ("pause", "busy")
+
+
 class LaunchError(Exception):
     """Bad input for `hftagent run`; the message is for the user."""
 
@@ -75,6 +81,7 @@ class Launch:
     mem_node: int | None = None
     sched: tuple[int, int] | None = None  # (policy, priority)
     keep_awake: bool = False
+    keep_awake_loop: str = "pause"        # the spinner's loop: KEEP_AWAKE_LOOPS
     spinner: Path | None = None           # the built keep-awake helper
     pm_qos_us: int | None = None
     pm_qos_device: Path | None = None
@@ -90,6 +97,7 @@ class Launch:
                 {"policy": "fifo" if self.sched[0] == os.SCHED_FIFO else "rr",
                  "priority": self.sched[1]},
                 "keep_awake": format_cpulist(self.cpus) if self.keep_awake else None,
+                "keep_awake_loop": self.keep_awake_loop if self.keep_awake else None,
                 "pm_qos_us": self.pm_qos_us, "cpuset": self.cpuset, "notes": self.notes,
                 "env": {k: self.env[k] for k in keys}}
 
@@ -101,7 +109,8 @@ class Launch:
                             mem_node=self.mem_node,
                             sched=None if self.sched is None else
                             f"{'fifo' if self.sched[0] == os.SCHED_FIFO else 'rr'}:{self.sched[1]}",
-                            keep_awake=self.keep_awake, pm_qos=self.pm_qos_us)
+                            keep_awake=self.keep_awake, pm_qos=self.pm_qos_us,
+                            keep_awake_loop=self.keep_awake_loop)
 
 
 def parse_sched(spec: str) -> tuple[int, int]:
@@ -132,7 +141,7 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
                  mem_node: int | None = None, intra: int | None = None,
                  inter: int | None = None, sched: str | None = None,
                  keep_awake: bool = False, pm_qos: int | None = None, gpu: int | None = None,
-                 env: Mapping[str, str] | None = None,
+                 keep_awake_loop: str = "pause", env: Mapping[str, str] | None = None,
                  which: Callable[[str], str | None] = shutil.which,
                  build_spinner: Callable[[], Path] | None = None) -> Launch:
     """Validate everything and compute argv/env. Pure apart from reading the host (and, with
@@ -180,8 +189,14 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
             raise LaunchError(f"bad --pm-qos {pm_qos}: expected 0..{PM_QOS_MAX_US} µs")
         launch.pm_qos_us = pm_qos
         launch.pm_qos_device = host.root / "dev" / "cpu_dma_latency"
+    if keep_awake_loop not in KEEP_AWAKE_LOOPS:
+        raise LaunchError(f"bad --keep-awake-loop {keep_awake_loop!r}: expected "
+                          f"{' or '.join(KEEP_AWAKE_LOOPS)}")
+    if keep_awake_loop != "pause" and not keep_awake:
+        raise LaunchError("--keep-awake-loop needs --keep-awake")
     if keep_awake:
         launch.keep_awake = True
+        launch.keep_awake_loop = keep_awake_loop
         launch.spinner = (build_spinner or _build_spinner)()
         if not launch.cpuset and not set(cpu_list) <= set(cpuc.isolated_cpus(host)):
             # Since Linux 5.4 (sched_idle_cpu) a CPU that runs only SCHED_IDLE tasks counts as
@@ -229,7 +244,7 @@ class Spinner:
     pidfd: int  # ours, O_CLOEXEC: to kill it without a PID race; closed by exec
 
 
-def start_spinners(exe: Path, cpus: Sequence[int]) -> list[Spinner]:
+def start_spinners(exe: Path, cpus: Sequence[int], loop: str = "pause") -> list[Spinner]:
     """One spinner per CPU, each watching this process through an inherited pidfd. Raises
     LaunchError (and leaves none running) when one cannot start."""
     try:
@@ -241,7 +256,7 @@ def start_spinners(exe: Path, cpus: Sequence[int]) -> list[Spinner]:
     try:
         for c in cpus:
             try:
-                r = subprocess.run([str(exe), str(c), str(me)], pass_fds=(me,),
+                r = subprocess.run([str(exe), str(c), str(me), loop], pass_fds=(me,),
                                    stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                    timeout=10)
             except (OSError, subprocess.TimeoutExpired) as exc:
@@ -316,10 +331,10 @@ def exec_launch(launch: Launch, report: Callable[[str], None] | None = None) -> 
     spinners: list[Spinner] = []
     try:
         if launch.keep_awake and launch.spinner is not None:
-            spinners = start_spinners(launch.spinner, launch.cpus)
+            spinners = start_spinners(launch.spinner, launch.cpus, launch.keep_awake_loop)
             for s in spinners:
-                say(f"keep-awake spinner pid {s.pid} on CPU {s.cpu} (SCHED_IDLE; exits with "
-                    "the command)")
+                say(f"keep-awake spinner pid {s.pid} on CPU {s.cpu} (SCHED_IDLE, "
+                    f"{launch.keep_awake_loop} loop; exits with the command)")
         if launch.pm_qos_us is not None and launch.pm_qos_device is not None:
             fd = hold_pm_qos(launch.pm_qos_device, launch.pm_qos_us)
             say(f"PM QoS {launch.pm_qos_us} µs held on {launch.pm_qos_device} (fd {fd}, every "
@@ -362,7 +377,8 @@ def _check_threads(intra: int | None, inter: int | None) -> None:
 def command_line(cmd: Sequence[str], *, cpus: Iterable[int] | None = None,
                  intra: int | None = None, inter: int | None = None,
                  mem_node: int | None = None, sched: str | None = None,
-                 keep_awake: bool = False, pm_qos: int | None = None) -> str:
+                 keep_awake: bool = False, pm_qos: int | None = None,
+                 keep_awake_loop: str = "pause") -> str:
     """The one builder of an `hftagent run` command line (`run --dry-run`, `tune threads`, the
     probe's sweep): options in a fixed order, every word quoted with ``shlex.join``. An
     option left None is omitted (`run` then uses its default). Raises LaunchError for
@@ -383,6 +399,8 @@ def command_line(cmd: Sequence[str], *, cpus: Iterable[int] | None = None,
         parts += ["--sched", sched]
     if keep_awake:
         parts += ["--keep-awake"]
+        if keep_awake_loop != "pause":
+            parts += ["--keep-awake-loop", keep_awake_loop]
     if pm_qos is not None:
         parts += ["--pm-qos", str(pm_qos)]
     return shlex.join([*parts, "--", *cmd])

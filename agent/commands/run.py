@@ -48,6 +48,11 @@ def run_cmd(
                                              "CPU (C, `pause` in the loop) so the CPUs never "
                                              "idle: no idle-state exit, no halt in a VM. They "
                                              "run only while CMD runs.")] = False,
+    keep_awake_loop: Annotated[str, typer.Option(
+        "--keep-awake-loop", help="The spinner's loop: pause (default; the pause hint leaves an "
+        "SMT sibling the core) or busy (no pause: in a KVM guest, pause-loop exiting can hand a "
+        "pausing vCPU back to the host, which then wakes it late). Measure both with "
+        "bench/tuning_effect.py --keepawake-loops.", metavar="pause|busy")] = "pause",
     pm_qos: Annotated[int | None, typer.Option("--pm-qos", help="Hold /dev/cpu_dma_latency at "
                                                "US µs while CMD runs (every CPU; 0 = polling "
                                                "only; needs root). The open descriptor is "
@@ -69,6 +74,7 @@ def run_cmd(
                    "with --dry-run (a real run always uses the live host)")
     launch = build_launch(host, list(cmd or []), cpus=cpus, mem_node=mem_node, intra=intra,
                           inter=inter, sched=sched, keep_awake=keep_awake, pm_qos=pm_qos,
+                          keep_awake_loop=keep_awake_loop,
                           gpu=gpu)
     if dry_run:
         if json_out:
@@ -84,7 +90,8 @@ def run_cmd(
             if launch.cpuset:
                 levers.append(f"joins the isolated cpuset {launch.cpuset}")
             if launch.keep_awake:
-                levers.append(f"keep-awake spinner on CPU {d['cpus']} (SCHED_IDLE)")
+                levers.append(f"keep-awake spinner on CPU {d['cpus']} (SCHED_IDLE, "
+                              f"{launch.keep_awake_loop} loop)")
             if launch.pm_qos_us is not None:
                 levers.append(f"PM QoS {launch.pm_qos_us} µs held on {launch.pm_qos_device}")
             if levers:
