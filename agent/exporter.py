@@ -13,6 +13,10 @@ Design points:
 * Names in base units (``_seconds``, ``_hertz``, ``_total`` for counters; ``promtool check
   metrics`` clean, tested). Every label set is bounded by agent.metrics (causes, statuses,
   collectors, checks, gauge allowlist).
+* Exemplars: each latency-histogram bucket carries the latest logged spike whose latency
+  falls in it, ``{spike_id="<seq of the spike-log record>"}``, printed only when the scrape
+  asks for OpenMetrics (``Accept: application/openmetrics-text``, as Prometheus sends; the
+  classic text format has no exemplars and stays as before).
 * Loopback by default; another address only when the caller passes one
   (:func:`exposure_warning`: `hftagent watch` prints it on stderr).
 * The HTTP server is ours, not ``start_http_server``: an event loop holds every connection
@@ -50,6 +54,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Exemplar
 
 from agent.errors import AgentError
 from agent.metrics import AUDIT_STATUSES, CAUSES, GAUGES, QUANTILES, Snapshot, WatchMetrics
@@ -79,8 +84,14 @@ def probe_families(s: Snapshot) -> Iterator[Metric]:
     h = HistogramMetricFamily(
         P + "probe_latency_seconds",
         "Probe inference latency (one timed call), wall clock.")
-    buckets = [(_fmt(b), c) for b, c in zip(s.bucket_bounds_s, s.bucket_cumulative, strict=False)]
-    buckets.append(("+Inf", s.bucket_cumulative[-1]))
+    les = [*(_fmt(b) for b in s.bucket_bounds_s), "+Inf"]
+    ex = s.bucket_exemplars or (None,) * len(les)
+    buckets: list = []
+    for le, c, e in zip(les, s.bucket_cumulative, ex, strict=False):
+        # the latest logged spike of the bucket as its exemplar: OpenMetrics scrapes print
+        # it (`# {spike_id="…"} value timestamp`), the classic text format drops it
+        buckets.append((le, c) if e is None else
+                       (le, c, Exemplar({"spike_id": e[0]}, e[1], e[2])))
     h.add_metric([], buckets, s.sum_s)
     yield h
     yield CounterMetricFamily(P + "probe_samples_total", "Probe samples timed.", value=s.count)

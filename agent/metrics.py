@@ -36,6 +36,13 @@ Attribution and sampler (slow path: Hz, not kHz)
     ``spike(cause)``               one attributed slow sample. ``cause`` is one of
                                    :data:`CAUSES`; anything else is counted as "other" (the
                                    label set stays bounded whatever the engine emits).
+    ``exemplar(spike_id, latency_ns, unix_s)``
+                                   one logged spike's sample as an OpenMetrics exemplar
+                                   ``{spike_id="…"}`` on the histogram bucket its latency
+                                   falls in (the latest per bucket is kept; exported on
+                                   OpenMetrics scrapes only, the classic text has none).
+                                   ``spike_id``: the spike-log record's ``seq``
+                                   (agent/watch/metrics_feed.py).
     ``spike_causes(items)``        the kernel-event breakdown of one spike: (cause, culprit,
                                    ns) triples (agent/watch/events); feeds
                                    ``hftagent_spike_cause_seconds_total{cause,culprit}``.
@@ -117,6 +124,7 @@ CAUSES: tuple[str, ...] = (*ATTRIBUTION_CAUSES, "other")
 EVENT_CAUSES: tuple[str, ...] = ("task", "idle", "irq", "softirq", "timer", "ipi", "vector",
                                  "workqueue", "unknown", "hw_or_hypervisor", "unexplained", "other")
 CULPRIT_TOP_K = 8  # culprit label values per process, plus "other"
+MAX_SPIKE_ID_LEN = 64  # an exemplar's spike_id (OpenMetrics: ≤ 128 characters of labels)
 MAX_CULPRIT_LEN = 64
 
 AUDIT_STATUSES: tuple[str, ...] = (
@@ -216,6 +224,9 @@ class Snapshot:
     audit_unix_s: float | None
     gauges: dict[str, dict[tuple[str, ...], float]]
     dropped: dict[str, int]                 # label values refused because a bound was hit
+    # per bucket (len(bounds) + 1, the last +Inf): the latest spike whose latency falls in it,
+    # (spike_id, latency s, unix time s or None), or None
+    bucket_exemplars: tuple[tuple[str, float, float | None] | None, ...] = ()
 
 
 class WatchMetrics:
@@ -268,6 +279,9 @@ class WatchMetrics:
         self._audit_unix_s: float | None = None
         self._gauges: dict[str, dict[tuple[str, ...], float]] = {g: {} for g in GAUGES}
         self._dropped: dict[str, int] = {}
+        # the latest logged spike per bucket (exemplar): (spike_id, latency s, unix s)
+        self._exemplars: list[tuple[str, float, float | None] | None] = \
+            [None] * (len(self._bounds_ns) + 1)
         # Quantile cache: at most one window computation per quantile_refresh_s, however many
         # scrapers there are (50 concurrent scrapers must not multiply the work).
         self._q_lock = threading.Lock()
@@ -337,6 +351,21 @@ class WatchMetrics:
         key = cause if cause in self._spikes else "other"
         with self._lock:
             self._spikes[key] += 1
+
+    def exemplar(self, spike_id: str, latency_ns: int, unix_s: float | None = None) -> None:
+        """Put one logged spike on the histogram bucket its latency (int ns) falls in, as
+        that bucket's exemplar ``{spike_id="…"}`` (replacing the previous one). ValueError
+        for an empty, unprintable or over-long id or a negative latency."""
+        sid = str(spike_id)
+        if not 0 < len(sid) <= MAX_SPIKE_ID_LEN or not sid.isprintable():
+            raise ValueError(f"bad spike_id {spike_id!r}")
+        ns = int(latency_ns)
+        if ns < 0:
+            raise ValueError(f"bad latency_ns {latency_ns!r}")
+        at = None if unix_s is None else float(unix_s)
+        i = bisect_left(self._bounds_ns, ns)  # as observe(): le is inclusive
+        with self._lock:
+            self._exemplars[i] = (sid, ns / 1e9, at)
 
     def spike_causes(self, items: Iterable[tuple[str, str, int]]) -> None:
         """Add one spike's kernel-event breakdown: ``(cause, culprit, ns)`` triples (see
@@ -434,6 +463,7 @@ class WatchMetrics:
             audit_ts = self._audit_unix_s
             gauges = {g: dict(s) for g, s in self._gauges.items()}
             dropped = dict(self._dropped)
+            exemplars = tuple(self._exemplars)
         now_mono = time.monotonic_ns()
         cum, acc = [], 0
         for c in counts:
@@ -450,7 +480,8 @@ class WatchMetrics:
             window_s=self.window_s, window_samples=wn, quantiles=quant, probe_up=up,
             last_sample_unix_s=last_unix, spikes=spikes, cause_seconds=cause_s,
             collectors=collectors,
-            audit=audit, audit_unix_s=audit_ts, gauges=gauges, dropped=dropped)
+            audit=audit, audit_unix_s=audit_ts, gauges=gauges, dropped=dropped,
+            bucket_exemplars=exemplars)
 
     def _window_quantiles(self, now_mono: int) -> tuple[int, dict[float, float]]:
         with self._q_lock:

@@ -660,3 +660,164 @@ def test_audit_families_are_rendered_once_per_audit_and_format():
     b3, _ = render(reg)
     assert b'hftagent_audit_check_ok{check="cpu.governor"} 0.0' in b3
     assert b3.count(b"hftagent_audit_check_ok{") == 1
+
+
+# ---- exemplars (issue #17 item 4): the spike id on the latency histogram --------------------
+
+OM = "application/openmetrics-text; version=1.0.0"
+
+
+def _bucket_lines(body: str) -> list[str]:
+    return [ln for ln in body.splitlines()
+            if ln.startswith("hftagent_probe_latency_seconds_bucket")]
+
+
+def test_openmetrics_scrape_carries_the_spike_id_exemplar_classic_does_not():
+    """After a spike is logged, an OpenMetrics scrape shows `# {spike_id="…"}` on the bucket
+    its latency falls in (parsed back by the OpenMetrics parser); a classic scrape has no
+    exemplar and still parses (and passes promtool where installed)."""
+    from agent.watch.metrics_feed import MetricsFeed
+    m = populated()
+    feed = MetricsFeed(m)
+    rec = {"time": "2026-12-01T09:30:00.250000+00:00", "seq": 4242, "latency_us": 8312.4,
+           "p50_us": 700.0, "cause": "irq"}
+    feed.on_record(rec)
+    feed.on_record({"time": rec["time"], "seq": 4243, "latency_us": 9000.0, "cause": None,
+                    "note": "not attributed: rate limit"})  # no cause: no exemplar
+    feed.on_record({"time": rec["time"], "flight_record": "/x.json", "seq": 4242})
+    with Exporter(m, "127.0.0.1:0") as ex:
+        _, om_type, om_body = scrape(ex.url, OM)
+        _, txt_type, txt_body = scrape(ex.url)
+    assert om_type.startswith("application/openmetrics-text")
+    marked = [ln for ln in _bucket_lines(om_body) if " # " in ln]
+    assert marked == [
+        'hftagent_probe_latency_seconds_bucket{le="0.01"} 10000.0 '
+        '# {spike_id="4242"} 0.0083124 1796117400.25']  # 2026-12-01T09:30:00.25Z
+    fams = {f.name: f for f in om_parse(om_body)}
+    ex_by_le = {s.labels["le"]: s.exemplar for s in fams["hftagent_probe_latency_seconds"].samples
+                if s.name.endswith("_bucket") and s.exemplar is not None}
+    assert list(ex_by_le) == ["0.01"]
+    assert ex_by_le["0.01"].labels == {"spike_id": "4242"}
+    assert ex_by_le["0.01"].value == pytest.approx(0.0083124)
+    assert txt_type.startswith("text/plain")
+    assert "spike_id" not in txt_body and " # " not in "".join(_bucket_lines(txt_body))
+    s = samples_by_name(txt_body)
+    assert {x.labels["le"]: x.value for x in s["hftagent_probe_latency_seconds_bucket"]
+            }["0.01"] == 10_000
+    if PROMTOOL:
+        r = subprocess.run([PROMTOOL, "check", "metrics"], input=txt_body,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_exemplar_spike_id_matches_the_spike_log_record(tmp_path):
+    """Through a WatchSession (virtual clock, fake sampler and attributor): the sample is
+    observed, detected as a spike, attributed and logged; the exemplar on its bucket names
+    the seq of that spike-log record, and a newer spike in the same bucket replaces it."""
+    import json
+    import threading
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from agent.client import FIELDS
+    from agent.watch.attribution import Attribution
+    from agent.watch.metrics_feed import MetricsFeed, watch_metrics
+    from agent.watch.session import WatchConfig, WatchSession
+
+    t = [10**12]
+    clock = lambda: t[0]  # noqa: E731 - virtual monotonic ns
+
+    class Sampler:
+        lock = threading.Lock()
+        stats = SimpleNamespace(per_collector={})
+
+        def covered_ns(self):
+            return t[0] + 10**9
+
+        def poke(self):
+            pass
+
+    class Sched:
+        def latest_scan_ns(self):
+            return t[0] + 10**9
+
+        def watch_tids(self, tids):
+            pass
+
+        def request_scan(self):
+            pass
+
+    class Attr:
+        slack_ns = 1_000_000
+
+        def attribute(self, sp, recent):
+            return Attribution("irq", [], 0.0, sp.in_process())
+
+    wm = watch_metrics(threshold_us=2000, source="probe", variant="", p99_budget_us=None)
+    feed = MetricsFeed(wm)
+    log = tmp_path / "spikes.jsonl"
+    s = WatchSession(WatchConfig(probe="numpy", loop_s=0.05, threshold_us=2000, min_samples=0,
+                                 spike_log=str(log), trace="off"),
+                     clock=clock, metrics=feed, on_record=feed.on_record)
+    s.open_outputs()
+    s.sampler, s.sched, s.attributor = Sampler(), Sched(), Attr()
+
+    def rows(seqs_lat_ms):
+        out, now = [], t[0] - 50_000_000
+        for k, (seq, lat_ms) in enumerate(seqs_lat_ms):
+            r = [0] * len(FIELDS)
+            r[FIELDS.index("seq")] = r[FIELDS.index("seq2")] = seq
+            r[FIELDS.index("start_ns")] = now + k * 20_000_000
+            r[FIELDS.index("end_ns")] = now + k * 20_000_000 + int(lat_ms * 1e6)
+            r[FIELDS.index("pid")], r[FIELDS.index("tid")] = 1, 7
+            out.append(r)
+        return np.array(out, dtype=np.int64)
+
+    s.ingest(rows([(1, 0.5), (2, 0.6), (3, 7.3), (4, 0.5)]))
+    s.attribute_pending(t[0])
+    s.close_outputs()
+    recs = [json.loads(ln) for ln in log.read_text().splitlines()]
+    spike = [r for r in recs if r.get("cause")]
+    assert [r["seq"] for r in spike] == [3] and spike[0]["latency_us"] == 7300.0
+
+    def exemplars() -> dict[str, tuple[str, float]]:
+        body, _ = render(make_registry(wm), OM)
+        fam = next(f for f in om_parse(body.decode())
+                   if f.name == "hftagent_probe_latency_seconds")
+        return {x.labels["le"]: (x.exemplar.labels["spike_id"], x.exemplar.value)
+                for x in fam.samples if x.name.endswith("_bucket") and x.exemplar}
+    assert exemplars() == {"0.0075": (str(spike[0]["seq"]), pytest.approx(0.0073))}
+    assert wm.snapshot().bucket_cumulative[-1] == 4  # the exemplar adds no observation
+    t[0] += 10**9
+    s.open_outputs()
+    s.ingest(rows([(5, 7.1)]))
+    s.attribute_pending(t[0])
+    s.close_outputs()
+    assert exemplars() == {"0.0075": ("5", pytest.approx(0.0071))}
+
+
+def test_watch_command_hands_spike_records_to_the_metrics_feed(monkeypatch):
+    """`hftagent watch --listen` builds its session with the MetricsFeed's on_record (the
+    exemplar hook); without --listen there is none."""
+    from typer.testing import CliRunner
+
+    import agent.watch.session as session_mod
+    from agent.cli import get_app
+    seen: list[dict] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_session(cfg, host, **kw):
+        seen.append(kw)
+        raise Stop
+
+    monkeypatch.setattr(session_mod, "WatchSession", fake_session)
+    for extra in (["--listen", "127.0.0.1:0"], []):
+        CliRunner().invoke(get_app(), ["watch", "--probe", "numpy", "--duration", "1",
+                                       "--no-live", *extra])
+    assert len(seen) == 2
+    hook = seen[0]["on_record"]
+    assert hook is not None and hook == seen[0]["metrics"].on_record
+    assert seen[1]["on_record"] is None

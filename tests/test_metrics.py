@@ -332,3 +332,27 @@ def test_the_watch_threshold_is_an_exceedance_counter_in_the_exporter_output():
             le = {s.labels["le"]: s.value for f in text_string_to_metric_families(body)
                   for s in f.samples if s.name == "hftagent_probe_latency_seconds_bucket"}
             assert 5 - le[repr(thr / 1e6)] == over
+
+
+def test_exemplar_lands_on_the_bucket_of_its_latency_latest_wins():
+    """A logged spike marks the bucket its latency falls in (le inclusive, as observe()):
+    the latest one per bucket, the others untouched; +Inf takes what is over the top bound;
+    bad ids and latencies are refused."""
+    m = WatchMetrics(thresholds_us=(500,))
+    bounds = m.snapshot().bucket_bounds_s
+    assert all(e is None for e in m.snapshot().bucket_exemplars)
+    m.exemplar("7", 8 * MS, 1_700_000_000.5)          # 8 ms: le=0.01
+    m.exemplar("8", 1 * MS)                           # exactly 1 ms: le=0.001
+    m.exemplar("9", 9 * MS, 1_700_000_001.0)          # same bucket as 7: replaces it
+    m.exemplar("10", 500 * MS)                        # over 100 ms: +Inf
+    ex = m.snapshot().bucket_exemplars
+    assert len(ex) == len(bounds) + 1
+    by_le = {("+Inf" if i == len(bounds) else bounds[i]): e for i, e in enumerate(ex) if e}
+    assert by_le == {0.01: ("9", 0.009, 1_700_000_001.0), 0.001: ("8", 0.001, None),
+                     "+Inf": ("10", 0.5, None)}
+    for bad in ("", "x" * 65, "a\nb"):
+        with pytest.raises(ValueError):
+            m.exemplar(bad, MS)
+    with pytest.raises(ValueError):
+        m.exemplar("1", -1)
+    assert m.snapshot().bucket_exemplars == ex  # nothing changed by the refused ones

@@ -216,7 +216,8 @@ def watch(
             print("hftagent: --live needs a terminal on stdout; no live view, the summary "
                   "only", file=sys.stderr)
             view = None
-    session = WatchSession(cfg, host, metrics=metrics, view=view)
+    session = WatchSession(cfg, host, metrics=metrics, view=view,  # exemplars: every record
+                           on_record=None if metrics is None else metrics.on_record)
     session.open_outputs()  # --spike-log, --flight-dir: refused here, before anything runs
     if wm is not None:
         from agent.exporter import Exporter

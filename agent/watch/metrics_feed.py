@@ -5,12 +5,21 @@ The exceedance counters (``hftagent_probe_exceedances_total{threshold_us}``) are
 defaults (:data:`agent.defaults.EXCEEDANCE_THRESHOLDS_US`) plus the run's own
 ``--threshold-us`` when one is given, so the spikes watch logs and the share the exporter
 counts over the same line agree.
+
+Exemplars: :meth:`MetricsFeed.on_record` is the session's ``on_record`` hook (every
+spike-log record, agent/watch/output.py SpikeLog): a spike logged with a cause (attributed or
+inherited) becomes the exemplar ``{spike_id="<seq>"}`` of the latency-histogram bucket its
+sample fell in, so an OpenMetrics scrape links a slow bucket to the spike record that
+explains it. The spike is known only after its sample was observed (detection and
+attribution come later), hence a hook on the record rather than on the observation.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 import numpy as np
 
@@ -48,6 +57,17 @@ class MetricsFeed:
 
     def spike(self, cause: str) -> None:
         self.m.spike(cause)
+
+    def on_record(self, rec: dict) -> None:
+        """One spike-log record (WatchSession's ``on_record``). A spike logged with a cause
+        puts its ``seq`` as the exemplar ``spike_id`` on the bucket of its ``latency_us``
+        (the record's 0.1 µs rounding), stamped with its ``time``; records without a cause
+        (not attributed) and flight-record notes are skipped."""
+        seq, lat = rec.get("seq"), rec.get("latency_us")
+        if rec.get("cause") is None or not isinstance(seq, int) or isinstance(seq, bool) \
+                or not isinstance(lat, int | float) or not (math.isfinite(lat) and lat >= 0):
+            return
+        self.m.exemplar(str(seq), round(lat * 1000), _unix_s(rec.get("time")))
 
     def spike_causes(self, items: list[tuple[str, str, int]]) -> None:
         """One spike's kernel-event breakdown, (cause, culprit, ns) (agent/watch/events)."""
@@ -93,6 +113,15 @@ class MetricsFeed:
                     (width is not None and mwidth is not None and width < mwidth)
                 self.m.set_gauge("pcie_link_degraded", float(degraded) if known else None,
                                  device=dev)
+
+
+def _unix_s(iso) -> float | None:
+    """A spike record's ``time`` (ISO 8601 with its offset) as Unix seconds; None if absent
+    or unreadable."""
+    try:
+        return datetime.fromisoformat(iso).timestamp() if isinstance(iso, str) else None
+    except ValueError:
+        return None
 
 
 def _latest(ring, name: str) -> float | None:
