@@ -287,6 +287,9 @@ int_family(RU, "--gpu", ["-1", "7", HUGE_INT], suffix=CMD)
 for v in ["", "fifo", "fifo:", "fifo:0", "fifo:100", "fifo:-1", "fifo:٣", "idle:1", "rr:",
           "fifo:1:2", "FIFO:1", "fifo:" + HUGE_INT]:
     add(*RU, "--sched", v, *CMD, expect="--sched")
+for v in ["", "spin", "PAUSE", "pause,busy", "٣"]:
+    add(*RU, "--keep-awake", "--keep-awake-loop", v, *CMD, expect="--keep-awake-loop")
+add(*RU, "--keep-awake-loop", "busy", *CMD, expect="--keep-awake-loop")
 add(*RU, expect="command")
 add(*RU, "--", "definitely-not-a-command-xyz", expect="definitely-not-a-command-xyz")
 add("run", "--root", "{TREE}", *CMD, expect="--root")
