@@ -201,8 +201,8 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
         if not launch.cpuset and not set(cpu_list) <= set(cpuc.isolated_cpus(host)):
             # Since Linux 5.4 (sched_idle_cpu) a CPU that runs only SCHED_IDLE tasks counts as
             # idle for wake-up placement and load balancing: the spinner draws other runnable
-            # tasks onto the CPU it keeps awake. Measured (bench/tuning_effect.py, dev VM, 6
-            # busy neighbours): P50 x275 with the spinner alone, x0.99 with it on isolated CPUs.
+            # tasks onto the CPU it keeps awake. Measured (bench/tuning_effect.py, a 2-vCPU KVM
+            # guest on Linux 6.18, 6 busy neighbours): P50 x275 with the spinner alone, x0.99 with it on isolated CPUs.
             launch.notes.append(
                 f"--keep-awake on CPU {format_cpulist(cpu_list)}, which other tasks may use: "
                 "the kernel counts a CPU running only the SCHED_IDLE spinner as idle and moves "

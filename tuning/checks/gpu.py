@@ -7,7 +7,7 @@ Ids: ``gpu.driver``, ``gpu.nvml``, then per GPU index N: ``gpu.N.persistence``,
 
 Sources:
 * /proc/driver/nvidia/version (through Host) decides whether there is a driver at all: without
-  it, one ``unsupported`` finding (the dev VM and CI have no GPU).
+  it, one ``unsupported`` finding (a host without a GPU or without libnvidia-ml).
 * NVML (collectors.gpu.Nvml, cached on ``ctx.gpu``) for everything the driver knows. NVML always
   reads the live machine, so on a ``--root`` tree it is never called: the NVML checks are one
   ``unsupported`` finding, and only the sysfs-derived checks (PCIe link, NUMA locality of the

@@ -120,7 +120,7 @@ class ServiceManager(Protocol):
 
 
 class GpuControl(Protocol):
-    """The few NVML calls tuning needs (the GPU engineer's NvmlAdapter satisfies it; tests use a
+    """The few NVML calls tuning needs (collectors.gpu's NVML adapter satisfies it; tests use a
     fake). Getters return None when NVML says NotSupported/NoPermission; setters raise."""
 
     def device_count(self) -> int: ...
