@@ -1,7 +1,9 @@
 """Per-CPU noise as Prometheus series, for node_exporter's textfile collector
 (``hftagent cpus --textfile DIR`` writes DIR/hftagent_cpu_noise.prom atomically).
 
-Labels are bounded: ``cpu`` (one series per scanned CPU) and nothing else, so a fleet can
+Labels are bounded: ``cpu`` (one series per scanned CPU), and on
+``hftagent_cpu_noise_cause_ratio`` (scans attributed from kernel events) ``cause``, one of
+the fixed entity kinds or ``hw_or_hypervisor`` (agent.noise.events.KINDS), so a fleet can
 compare boxes by their noise fingerprint (deploy/grafana: "CPU noise per box") without a
 cardinality blow-up. Base units: seconds lost per second, gaps per second, gap seconds.
 """
@@ -34,6 +36,21 @@ def families(doc: dict, at_unix_s: float) -> Iterator[GaugeMetricFamily]:
         for r in rows:
             if r.get(key) is not None:
                 g.add_metric([str(r["cpu"])], float(r[key]) * scale)
+        yield g
+    caused = [r for r in rows if r.get("events_by_kind_us_per_s") is not None]
+    if caused:
+        # cause: the entity kind (irq, softirq, timer, ipi, vector, workqueue, task, idle)
+        # or hw_or_hypervisor, a fixed set (agent.noise.events.KINDS): never a comm or IRQ
+        # name, so the series stay bounded
+        from agent.noise.events import KINDS
+        g = GaugeMetricFamily("hftagent_cpu_noise_cause_ratio", "Share of a pinned busy "
+                              "loop's time taken by each kind of kernel-event cause "
+                              "(seconds per second) during the last noise scan "
+                              "(hftagent cpus --trace)", labels=["cpu", "cause"])
+        for r in caused:
+            for kind, us in r["events_by_kind_us_per_s"].items():
+                if kind in KINDS:
+                    g.add_metric([str(r["cpu"]), kind], float(us) * 1e-6)
         yield g
     g = GaugeMetricFamily("hftagent_cpu_noise_recommended", "1 when the last noise scan "
                           "recommends this CPU for inference, else 0", labels=["cpu"])

@@ -48,6 +48,24 @@ class CpuNoise:
     causes: dict[str, float] = field(default_factory=dict)  # per-second counts by source
     verdict: str = ""                        # "quiet" | "noisy" (set by :func:`judge`)
     error: str | None = None                 # scan failed here: why
+    gap_start_ns: np.ndarray | None = field(default=None, repr=False)  # CLOCK_MONOTONIC
+    t0_ns: int = 0                           # the recorder's loop, CLOCK_MONOTONIC
+    t1_ns: int = 0
+    causes_source: str = "proc"              # "events" when kernel events attributed it
+    events: dict | None = None               # agent.noise.events.CpuEvents.result()
+
+    def top_cause(self) -> tuple[str, float, str] | None:
+        """(what, rate, unit) of the largest cause: µs/s from events, else count/s."""
+        if self.events is not None:
+            best = [(e["entity"], e["us_per_s"]) for e in self.events.get("events", [])[:1]]
+            hw = self.events.get("hw_or_hypervisor_us_per_s") or 0.0
+            if hw and (not best or hw > best[0][1]):
+                best = [("hw_or_hypervisor", hw)]
+            return (best[0][0], best[0][1], "µs/s") if best else None
+        if self.causes:
+            k, v = next(iter(self.causes.items()))
+            return k, v, "/s"
+        return None
 
     @property
     def gaps_per_s(self) -> float:
@@ -70,8 +88,9 @@ class CpuNoise:
                 "noise_us_per_s": round(self.noise_us_per_s, 1),
                 "p99_gap_ns": p["p99"], "p999_gap_ns": p["p999"], "max_gap_ns": self.max_gap_ns,
                 "threshold_ns": self.threshold_ns, "min_gap_ns": self.min_gap_ns,
-                "dropped": self.dropped, "causes": self.causes, "verdict": self.verdict,
-                "error": self.error}
+                "dropped": self.dropped, "causes": self.causes,
+                "causes_source": self.causes_source, **(self.events or {}),
+                "verdict": self.verdict, "error": self.error}
 
 
 def judge(results: Sequence[CpuNoise]) -> None:

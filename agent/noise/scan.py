@@ -10,6 +10,11 @@ read, so every gap count can be set against the IRQs, softirqs, timer ticks and 
 landed on that CPU meanwhile. Counts, not times: /proc cannot say how long each one ran.
 A gap rate well above everything /proc counted is ``hw_or_hypervisor`` (SMIs, a host that
 descheduled the vCPU: correlated with steal ticks where the kernel counts them).
+
+With ``--trace`` (a :class:`agent.noise.events.Tracer`), a private tracefs instance on the
+batch's CPUs is opened before its recorders start and closed after, and each CPU's time is
+attributed exactly from the kernel events (``causes_source: "events"``; agent.noise.events);
+where the instance cannot be had, the /proc deltas above stand (``"proc"``) with the reason.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agent.errors import AgentError
 from agent.noise.rank import CpuNoise
+
+if TYPE_CHECKING:
+    from agent.noise.events import Tracer
 from collectors.host import Host
 from collectors.parsers import parse_interrupts, parse_proc_stat, parse_softirqs
 
@@ -117,12 +126,15 @@ def parse_output(cpu: int, text: str) -> CpuNoise:
     try:
         t0, t1 = int(head["t0_ns"]), int(head["t1_ns"])
         gaps, kept = int(head["gaps"]), int(head["kept"])
-        lengths = np.fromiter((int(ln.split()[1]) for ln in lines[1:1 + kept]), dtype=np.int64,
-                              count=kept)
+        pairs = np.array([ln.split()[:2] for ln in lines[1:1 + kept]], dtype=np.int64)
+        if pairs.shape != (kept, 2) and kept:
+            raise ValueError(f"{len(pairs)} gap lines for kept={kept}")
+        pairs = pairs.reshape(kept, 2)
         return CpuNoise(cpu=cpu, duration_s=(t1 - t0) / 1e9, gaps=gaps,
                         sum_gap_ns=int(head["sum_gap_ns"]), max_gap_ns=int(head["max_gap_ns"]),
-                        gap_ns=lengths, threshold_ns=int(head["threshold_ns"]),
-                        min_gap_ns=int(head["min_gap_ns"]), dropped=gaps - kept)
+                        gap_ns=pairs[:, 1].copy(), threshold_ns=int(head["threshold_ns"]),
+                        min_gap_ns=int(head["min_gap_ns"]), dropped=gaps - kept,
+                        gap_start_ns=pairs[:, 0].copy(), t0_ns=t0, t1_ns=t1)
     except (KeyError, IndexError, ValueError) as exc:
         raise ValueError(f"bad noise recorder output: {exc}") from None
 
@@ -134,9 +146,11 @@ def batches(cpus: list[int], online: int) -> list[list[int]]:
 
 
 def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_ns: int,
-         exe: Path | None = None, progress: Callable[[list[int]], None] | None = None
-         ) -> list[CpuNoise]:
-    """Scan ``cpus`` (never the housekeeping ones: the caller checks), a batch at a time."""
+         exe: Path | None = None, progress: Callable[[list[int]], None] | None = None,
+         tracer: Tracer | None = None) -> list[CpuNoise]:
+    """Scan ``cpus`` (never the housekeeping ones: the caller checks), a batch at a time.
+    With ``tracer`` (``--trace``), each batch's gaps are attributed from kernel events
+    where the source opens (agent.noise.events), else from /proc deltas."""
     if not 0 < duration_s <= MAX_DURATION_S:
         raise AgentError(f"--duration must be > 0 and ≤ {MAX_DURATION_S:g} s")
     exe = exe or build()
@@ -144,41 +158,84 @@ def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_
     for group in batches(cpus, online):
         if progress:
             progress(group)
-        before = read_counters(host)
-        procs = {}
-        for c in group:
-            try:
-                procs[c] = subprocess.Popen(
-                    [str(exe), str(c), str(int(duration_s * 1e9)), str(threshold_ns),
-                     str(MAX_GAPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    stdin=subprocess.DEVNULL, close_fds=True)
-            except OSError as exc:
-                out.append(_failed(c, duration_s, f"cannot start the recorder: {exc.strerror}"))
-        results = {}
-        for c, p in procs.items():
-            try:
-                so, se = p.communicate(timeout=duration_s + 30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                so, se = p.communicate()
-                results[c] = _failed(c, duration_s, "recorder did not finish in time")
-                continue
-            if p.returncode != 0:
-                msg = se.decode(errors="replace").strip().splitlines()
-                results[c] = _failed(c, duration_s, msg[0] if msg else f"exit {p.returncode}")
-                continue
-            try:
-                results[c] = parse_output(c, so.decode(errors="replace"))
-            except ValueError as exc:
-                results[c] = _failed(c, duration_s, str(exc))
-        after = read_counters(host)
-        for c in group:
-            if c in results:
-                r = results[c]
-                if r.error is None:
-                    r.causes = attribute(before, after, c, r.duration_s, r.gaps_per_s)
-                out.append(r)
+        # opened before the recorders start: the ring holds each one's switch-in
+        src = tracer.open(group, duration_s) if tracer is not None else None
+        try:
+            out.extend(_scan_batch(host, group, duration_s, threshold_ns, exe, src, tracer))
+        finally:
+            if src is not None:
+                src.close()
     return sorted(out, key=lambda r: r.cpu)
+
+
+def _scan_batch(host: Host, group: list[int], duration_s: float, threshold_ns: int,
+                exe: Path, src, tracer: Tracer | None) -> list[CpuNoise]:
+    out: list[CpuNoise] = []
+    before = read_counters(host)
+    procs = {}
+    for c in group:
+        try:
+            procs[c] = subprocess.Popen(
+                [str(exe), str(c), str(int(duration_s * 1e9)), str(threshold_ns),
+                 str(MAX_GAPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, close_fds=True)
+        except OSError as exc:
+            out.append(_failed(c, duration_s, f"cannot start the recorder: {exc.strerror}"))
+    results = {}
+    for c, p in procs.items():
+        try:
+            so, se = p.communicate(timeout=duration_s + 30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            so, se = p.communicate()
+            results[c] = _failed(c, duration_s, "recorder did not finish in time")
+            continue
+        if p.returncode != 0:
+            msg = se.decode(errors="replace").strip().splitlines()
+            results[c] = _failed(c, duration_s, msg[0] if msg else f"exit {p.returncode}")
+            continue
+        try:
+            results[c] = parse_output(c, so.decode(errors="replace"))
+        except ValueError as exc:
+            results[c] = _failed(c, duration_s, str(exc))
+    after = read_counters(host)
+    for c in group:
+        if c in results:
+            r = results[c]
+            if r.error is None:
+                r.causes = attribute(before, after, c, r.duration_s, r.gaps_per_s)
+            out.append(r)
+    if src is not None:
+        _attribute_events(src, tracer, [r for r in out if r.error is None],
+                          {c: p.pid for c, p in procs.items()})
+    return out
+
+
+def _attribute_events(src, tracer: Tracer, results: list[CpuNoise],
+                      pids: dict[int, int]) -> None:
+    """Each finished CPU's gaps from the batch's kernel events (agent.noise.events). A read
+    that fails leaves that batch on /proc deltas, with the reason in the tracer's notes."""
+    import time
+
+    from agent.noise.events import read_batch
+    t = time.perf_counter_ns()
+    runs = [(r.cpu, pids[r.cpu], r.t0_ns, r.t1_ns) for r in results if r.cpu in pids]
+    try:
+        accs = read_batch(src, runs)
+    except Exception as exc:  # noqa: BLE001 - a bad read must not lose the scan
+        tracer.notes.append(f"events of CPU {','.join(str(c) for c, *_ in runs)} not read: "
+                            f"{type(exc).__name__}: {exc}")
+        return
+    finally:
+        tracer.read_ns += time.perf_counter_ns() - t
+    slack = 1000 if getattr(src, "reader", "raw") == "text" else 0
+    for r in results:
+        acc = accs.get(r.cpu)
+        if acc is None:
+            continue
+        starts = r.gap_start_ns if r.gap_start_ns is not None else np.zeros(0, np.int64)
+        r.events = acc.result(starts, r.gap_ns, r.duration_s, slack_ns=slack)
+        r.causes_source = "events"
 
 
 def _failed(cpu: int, duration_s: float, why: str) -> CpuNoise:
