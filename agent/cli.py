@@ -107,3 +107,7 @@ def main() -> None:
               "(HFTAGENT_DEBUG=1 shows the traceback)", file=sys.stderr)
         rc = 1
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":  # python -m agent.cli
+    main()
