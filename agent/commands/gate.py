@@ -65,10 +65,13 @@ def gate(
                                            "concurrent16 (probing only).")] = "warm",
     cold_processes: Annotated[int, typer.Option("--cold-processes", help="Fresh processes "
                                                 "for the cold scenario.")] = 5,
-    model: Annotated[str | None, typer.Option("--model", help="Model to probe (default: "
-                                              "built-in).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model to probe, or numpy "
+                                              "(TF-free stand-in; default: built-in).")
+                                 ] = None,
     builtin: Annotated[str, typer.Option("--builtin", help="Built-in model.")] = "lstm",
-    variant: Annotated[str, typer.Option("--variant", help="One probe variant.")] = "tflite",
+    variant: Annotated[str | None, typer.Option("--variant", help="One probe variant "
+                                                "(default tflite; numpy for --model numpy, "
+                                                "the TF-free numpy stand-in).")] = None,
     samples: Annotated[int | None, typer.Option("--samples", help="Timed samples (default "
                                                 "6636).")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Time budget per run "
@@ -130,7 +133,7 @@ def gate(
             rid = h.latest_id() if run_id is None else run_id
             current_ids = [(h.get(rid).scenario or "warm", rid)]
         else:
-            current_ids = _probe_now(h, names, settings, configs, variant=variant,
+            current_ids = _probe_now(h, names, settings, configs, variant=settings.variants[0],
                                      cold_processes=cold_processes)
         verdicts = []
         for scen, rid in current_ids:
@@ -202,6 +205,8 @@ def _probe_settings(limits, *, model, builtin, variant, samples, duration, warmu
     """The probe's settings and thread configuration, every option validated (no TF)."""
     from agent.probe import options
     from agent.probe.variants import parse_variants
+    if variant is None:
+        variant = "numpy" if options.is_numpy_model(model, builtin) else "tflite"
     try:
         one = parse_variants(variant) if variant.strip() != "all" else None
     except ValueError as exc:

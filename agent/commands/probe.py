@@ -1,4 +1,5 @@
-"""`hftagent probe`: warmed, fixed-shape TF inference probe with honest tail statistics."""
+"""`hftagent probe`: warmed, fixed-shape TF inference probe with honest tail statistics (and a
+TF-free numpy stand-in model, ``--model numpy``, for hosts without TensorFlow)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,24 @@ HELP = """Probe a TensorFlow model's inference latency: P50/P99/P99.9, cold star
 
 Without --model the built-in LSTM order-flow model ([1,64,32] → LSTM(128) → Dense(3)) is built
 on first use and cached. Each thread configuration runs in its own worker process. Default
-variants: graph, xla, tflite (--variant all adds eager, tflite-int8, tf-trt). Every option is
-checked before the first worker starts (ranges, files, CPUs, the history database). Exit
-status: 0 at least one variant ran; 1 bad input or nothing ran."""
+variants: graph, xla, tflite (--variant all adds eager, tflite-int8, tf-trt).
+
+--model numpy (or --builtin numpy) is no TensorFlow model: an LSTM-shaped numpy recurrence
+([1,64,32] → 128, single-threaded BLAS) whose one variant is numpy, for host acceptance where
+TensorFlow is absent (nothing imports TF). Same statistics, pinning, open/closed loop and
+history record; its figures describe the host, not TensorFlow.
+
+Every option is checked before the first worker starts (ranges, files, CPUs, the history
+database). Exit status: 0 at least one variant ran; 1 bad input or nothing ran."""
 
 
 def probe(
     model: Annotated[str | None, typer.Option("--model", help="SavedModel dir, .keras or "
-                                              ".tflite file (default: built-in).")] = None,
+                                              ".tflite file, or numpy: the TF-free numpy "
+                                              "stand-in (default: built-in LSTM).")] = None,
     builtin: Annotated[str | None, typer.Option("--builtin", help="Built-in model: lstm "
-                                                "(default) | mlp | conv1d; not with --model.")
+                                                "(default) | mlp | conv1d | numpy (no TF); "
+                                                "not with --model.")
                        ] = None,
     signature: Annotated[str | None, typer.Option("--signature", help="SavedModel signature "
                                                   "(default serving_default; a SavedModel "
@@ -34,7 +43,8 @@ def probe(
     input_data: Annotated[str, typer.Option("--input-data", help="random | zeros | FILE.npy")
                           ] = "random",
     variant: Annotated[str | None, typer.Option("--variant", help="Comma list of eager, graph, "
-                                                "xla, tflite, tflite-int8, tf-trt, or all.")
+                                                "xla, tflite, tflite-int8, tf-trt, or all; "
+                                                "numpy for --model numpy (its only one).")
                        ] = None,
     samples: Annotated[int | None, typer.Option("--samples", help="Timed samples per run, "
                                                 "1..5000000 (default 6636: enough for "

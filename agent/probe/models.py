@@ -11,6 +11,11 @@ exported with a dynamic batch keeps a TensorList with a dynamic element shape th
 converter cannot lower (and converting from a concrete function fails at invoke time with
 READ_VARIABLE on a resource variable), so TFLite is always converted from a fixed-shape
 SavedModel.
+
+The built-in ``numpy`` (``--model numpy`` or ``--builtin numpy``) is no TensorFlow model: an
+LSTM-shaped numpy recurrence (agent/probe/numpy_model.py), a stand-in for host acceptance
+where TensorFlow is absent. Loading it imports neither TensorFlow nor Keras; its one variant
+is ``numpy``.
 """
 
 from __future__ import annotations
@@ -64,6 +69,9 @@ BUILTINS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "conv1d": (_conv1d, "temporal conv net [1,64,32] → 2×Conv1D(64,5) → Dense(3)"),
 }
 DEFAULT_BUILTIN = "lstm"
+# The TF-free built-in (agent/probe/numpy_model.py): not in BUILTINS, which Keras builds.
+NUMPY_MODEL = "numpy"
+BUILTIN_NAMES: tuple[str, ...] = (*BUILTINS, NUMPY_MODEL)
 
 
 def cache_dir() -> Path:
@@ -123,10 +131,15 @@ class ModelSpec:
     builtin: str = DEFAULT_BUILTIN
     signature: str = "serving_default"
 
+    @property
+    def is_numpy(self) -> bool:
+        """The TF-free built-in numpy stand-in."""
+        return self.path is None and self.builtin == NUMPY_MODEL
+
     def kind(self) -> str:
-        """keras | savedmodel | tflite | builtin, from the path alone (no TF needed)."""
+        """keras | savedmodel | tflite | builtin | numpy, from the path alone (no TF needed)."""
         if self.path is None:
-            return "builtin"
+            return NUMPY_MODEL if self.builtin == NUMPY_MODEL else "builtin"
         p = Path(self.path)
         if not p.exists():
             raise AgentError(f"model not found: {self.path}")
@@ -149,6 +162,7 @@ class LoadedModel:
     ``input_shape`` is the signature's shape (None for dynamic dims). ``keras_model`` is set
     for builtin/.keras; ``signature_fn`` for SavedModels; ``tflite_bytes`` for .tflite files.
     ``fixed_saved_model`` is a SavedModel dir with a fixed [1, ...] signature when one exists.
+    ``numpy_model`` is the :class:`agent.probe.numpy_model.NumpyLSTM` of the ``numpy`` kind.
     """
 
     name: str
@@ -163,6 +177,7 @@ class LoadedModel:
     signature_fn: Any = None
     tflite_bytes: bytes | None = None
     fixed_saved_model: str | None = None
+    numpy_model: Any = None
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> dict:
@@ -173,8 +188,11 @@ class LoadedModel:
 
 
 def load_model(spec: ModelSpec) -> LoadedModel:
-    """Load ``spec`` (imports TensorFlow). Bad input raises AgentError with one clear line."""
+    """Load ``spec`` (imports TensorFlow, except for the numpy built-in). Bad input raises
+    AgentError with one clear line."""
     kind = spec.kind()
+    if kind == NUMPY_MODEL:
+        return load_numpy_model()
     if kind == "builtin":
         d, _ = ensure_builtin(spec.builtin)
         m = _load_keras(d / "model.keras", f"builtin:{spec.builtin}")
@@ -186,6 +204,15 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if kind == "tflite":
         return _load_tflite(Path(spec.path))  # type: ignore[arg-type]
     return _load_saved_model(Path(spec.path), spec.signature)  # type: ignore[arg-type]
+
+
+def load_numpy_model() -> LoadedModel:
+    """The built-in numpy stand-in (numpy only: no TensorFlow, Keras or LiteRT import)."""
+    from agent.probe.numpy_model import NumpyLSTM
+    m = NumpyLSTM()
+    return LoadedModel(name=f"builtin:{NUMPY_MODEL}", kind=NUMPY_MODEL, path="",
+                       signature=None, input_name="orderflow", input_shape=m.input_shape,
+                       input_dtype="float32", output_name=None, numpy_model=m)
 
 
 def _load_keras(path: Path, name: str) -> LoadedModel:

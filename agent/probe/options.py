@@ -5,6 +5,11 @@ numbers against their ranges (config.py's limits), the CPU list against this pro
 affinity, and the files given as --model, --calib and --input-data (exist, regular, readable
 .npy, finite) so that mistakes fail before a worker spends seconds importing TensorFlow, and a
 FIFO or a device never blocks or feeds a worker without end.
+
+``--model numpy`` (or ``--builtin numpy``) names the TF-free built-in numpy stand-in
+(agent/probe/numpy_model.py), never a file called "numpy" (give ./numpy for that): its one
+variant is ``numpy``, and the options that only set TensorFlow or LiteRT (--intra, --inter,
+--sweep threads, --calib, --signature) are refused for it.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from agent.probe.config import (
     ProbeSettings,
     ThreadConfig,
 )
-from agent.probe.models import BUILTINS, DEFAULT_BUILTIN, ModelSpec
-from agent.probe.variants import DEFAULT_VARIANTS, parse_variants
+from agent.probe.models import BUILTIN_NAMES, DEFAULT_BUILTIN, NUMPY_MODEL, ModelSpec
+from agent.probe.variants import check_for_model, default_variants, parse_variants
 
 _UINT = re.compile(r"[0-9]+")
 
@@ -51,6 +56,12 @@ def parse_int_list(text: str, what: str, minimum: int = 1,
     if maximum is not None and any(v > maximum for v in vals):
         raise AgentError(f"{what} values must be <= {maximum}: {text!r}")
     return vals
+
+
+def is_numpy_model(model: str | None, builtin: str | None) -> bool:
+    """Whether --model/--builtin name the numpy built-in (``--model numpy`` is that model,
+    never a path)."""
+    return model == NUMPY_MODEL or (model is None and builtin == NUMPY_MODEL)
 
 
 def parse_cpus(text: str | None) -> list[int] | None:
@@ -139,6 +150,19 @@ def _int_in(value: int | None, what: str, lo: int, hi: int, note: str = "") -> N
         raise AgentError(f"{what} must be between {lo} and {hi}{note}, not {value}")
 
 
+def _refuse_tf_options(**given) -> None:
+    """The numpy model runs no TensorFlow or LiteRT: their options would be ignored."""
+    why = {"intra": "--intra sets TensorFlow's/LiteRT's thread pools",
+           "inter": "--inter sets TensorFlow's inter-op pool",
+           "sweep": "--sweep threads measures TensorFlow thread pools",
+           "calib": "--calib calibrates tflite-int8",
+           "signature": "--signature picks a SavedModel signature"}
+    for name, value in given.items():
+        if value is not None:
+            raise AgentError(f"{why[name]}; the numpy model (a numpy stand-in, single-threaded "
+                             "BLAS) has none: drop it")
+
+
 def build(*, model: str | None, builtin: str | None, signature: str | None, shape: str | None,
           input_data: str, variant: str | None, samples: int | None, duration: float | None,
           warmup: int, rate: float | None, threshold_us: float, calib: str | None,
@@ -150,8 +174,16 @@ def build(*, model: str | None, builtin: str | None, signature: str | None, shap
     ``builtin``/``signature`` None: the default (an explicit other value is an error where it
     could not apply: a built-in with --model, a signature without a SavedModel)."""
     from agent.probe.worker import load_npy
-    if builtin is not None and builtin not in BUILTINS:
-        raise AgentError(f"unknown --builtin {builtin!r} (known: {', '.join(BUILTINS)})")
+    if builtin is not None and builtin not in BUILTIN_NAMES:
+        raise AgentError(f"unknown --builtin {builtin!r} (known: {', '.join(BUILTIN_NAMES)})")
+    numpy = is_numpy_model(model, builtin)
+    if model == NUMPY_MODEL:
+        if builtin not in (None, DEFAULT_BUILTIN, NUMPY_MODEL):
+            raise AgentError(f"--builtin {builtin} and --model exclude each other")
+        model, builtin = None, NUMPY_MODEL
+    if numpy:
+        _refuse_tf_options(intra=intra, inter=inter, sweep=sweep, calib=calib,
+                           signature=signature)
     if model is not None:
         check_file(model, "--model", directory_ok=True)
         if builtin not in (None, DEFAULT_BUILTIN):
@@ -168,7 +200,9 @@ def build(*, model: str | None, builtin: str | None, signature: str | None, shap
             raise AgentError(f"--signature {signature!r} applies to a SavedModel --model only "
                              f"(this model is {kind})")
     try:
-        variants = parse_variants(variant) if variant is not None else list(DEFAULT_VARIANTS)
+        variants = (parse_variants(variant, numpy) if variant is not None
+                    else default_variants(numpy))
+        check_for_model(variants, numpy)
     except ValueError as exc:
         raise AgentError(f"--variant: {exc}") from None
     shp = parse_int_list(shape, "--shape") if shape is not None else None

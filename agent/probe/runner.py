@@ -83,8 +83,7 @@ def _run_worker(settings: ProbeSettings, cfg: ThreadConfig, d: Path,
     (d / "config.json").write_text(json.dumps({"settings": settings.to_dict(),
                                                "threads": cfg.to_dict()}))
     tasks = settings.tasks()
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env = worker_env(settings)
     env["PYTHONUNBUFFERED"] = "1"
     crashed: dict[int, str] = {}
     for attempt in range(MAX_RESTARTS + 1):
@@ -134,6 +133,24 @@ def _run_worker(settings: ProbeSettings, cfg: ThreadConfig, d: Path,
         runs.append(r)
         arrays.append(s)
     return info, runs, arrays
+
+
+# BLAS pools read these once, when numpy loads: before the worker pins itself.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def worker_env(settings: ProbeSettings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a probe worker process. For the numpy model the BLAS threads are 1:
+    numpy loads (and OpenBLAS starts its pool) before the worker pins itself, so pool threads
+    would keep the parent's affinity (after ``tune apply --isolate``, the housekeeping CPUs)
+    and an sgemv split across them would run off the target CPUs. One thread computes the
+    whole call on the pinned thread, as the LSTM at batch 1 with --intra 1 does."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if settings.model.is_numpy:
+        for var in BLAS_THREAD_VARS:
+            env[var] = "1"
+    return env
 
 
 def _rc_name(rc: int) -> str:

@@ -14,6 +14,8 @@ Variants
   tflite-int8  full-integer post-training quantization (TFLITE_BUILTINS_INT8 only, float
                in/out interface) with a representative dataset
   tf-trt       TF-TRT FP16 (needs TF built with CUDA + TensorRT and a GPU)
+  numpy        the built-in numpy model's recurrence (agent/probe/numpy_model.py), the only
+               variant of that model and of no other: no TensorFlow is imported
 
 A timed tflite call is set_tensor + invoke + get_tensor: the whole request, as a server would
 do it; a timed TF call returns the output tensor without ``.numpy()`` (on CPU the result is
@@ -34,7 +36,9 @@ import numpy as np
 
 from agent.probe.models import LoadedModel, _one_line
 
-VARIANTS: tuple[str, ...] = ("eager", "graph", "xla", "tflite", "tflite-int8", "tf-trt")
+TF_VARIANTS: tuple[str, ...] = ("eager", "graph", "xla", "tflite", "tflite-int8", "tf-trt")
+NUMPY_VARIANTS: tuple[str, ...] = ("numpy",)
+VARIANTS: tuple[str, ...] = TF_VARIANTS + NUMPY_VARIANTS
 DEFAULT_VARIANTS: tuple[str, ...] = ("graph", "xla", "tflite")
 
 
@@ -56,10 +60,12 @@ class BuiltVariant:
     notes: list[str] = field(default_factory=list)
 
 
-def parse_variants(text: str) -> list[str]:
-    """``"all"`` or a comma list → ordered, de-duplicated variant names (ValueError if unknown)."""
+def parse_variants(text: str, numpy: bool = False) -> list[str]:
+    """``"all"`` or a comma list → ordered, de-duplicated variant names (ValueError if unknown).
+    ``"all"`` is every TF variant, or the numpy model's one (``numpy``); which names apply to
+    which model is :func:`check_for_model`'s."""
     if text.strip() == "all":
-        return list(VARIANTS)
+        return list(NUMPY_VARIANTS if numpy else TF_VARIANTS)
     out: list[str] = []
     for v in (p.strip() for p in text.split(",")):
         if not v:
@@ -73,6 +79,24 @@ def parse_variants(text: str) -> list[str]:
     return out
 
 
+def default_variants(numpy: bool = False) -> list[str]:
+    return list(NUMPY_VARIANTS if numpy else DEFAULT_VARIANTS)
+
+
+def check_for_model(variants: list[str], numpy: bool) -> None:
+    """ValueError (one line) when a variant cannot apply to the model: a TF variant for the
+    numpy model, the numpy variant for a TF model."""
+    if numpy:
+        bad = [v for v in variants if v not in NUMPY_VARIANTS]
+        if bad:
+            raise ValueError(f"{bad[0]} is a TensorFlow variant; the numpy model (a numpy "
+                             "stand-in, no TensorFlow) has only the numpy variant")
+    elif any(v in NUMPY_VARIANTS for v in variants):
+        raise ValueError("numpy is the variant of the built-in numpy model only (--model "
+                         "numpy); a TensorFlow model has eager, graph, xla, tflite, "
+                         "tflite-int8, tf-trt")
+
+
 def build_callable(model: LoadedModel, variant: str, shape: tuple[int, ...], *,
                    threads: int | None = None, calib: np.ndarray | None = None,
                    workdir: str | None = None) -> BuiltVariant:
@@ -83,9 +107,15 @@ def build_callable(model: LoadedModel, variant: str, shape: tuple[int, ...], *,
     note). Raises VariantUnavailable / VariantFailed with a one-line reason.
     """
     builders = {"eager": _eager, "graph": _graph, "xla": _xla, "tflite": _tflite,
-                "tflite-int8": _tflite_int8, "tf-trt": _tftrt}
+                "tflite-int8": _tflite_int8, "tf-trt": _tftrt, "numpy": _numpy}
     if variant not in builders:
         raise ValueError(f"unknown variant {variant!r}")
+    # Checked before any builder runs: the TF builders import TensorFlow first.
+    if (model.numpy_model is not None) != (variant in NUMPY_VARIANTS):
+        try:
+            check_for_model([variant], model.numpy_model is not None)
+        except ValueError as exc:
+            raise VariantUnavailable(str(exc)) from None
     t0 = time.perf_counter()
     own = workdir is None
     wd = workdir or tempfile.mkdtemp(prefix="hftagent-probe-")
@@ -96,6 +126,31 @@ def build_callable(model: LoadedModel, variant: str, shape: tuple[int, ...], *,
         if own:
             shutil.rmtree(wd, ignore_errors=True)
     return BuiltVariant(variant, tuple(shape), time.perf_counter() - t0, bind, predict, notes)
+
+
+def _numpy(model: LoadedModel, shape, **_):
+    """The numpy model's recurrence: numpy only (BLAS threads: the worker's environment,
+    OPENBLAS_NUM_THREADS/OMP_NUM_THREADS/MKL_NUM_THREADS, set to 1 by agent/probe/runner.py)."""
+    m = model.numpy_model
+    threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    note = ("numpy stand-in (LSTM-shaped numpy recurrence, no TensorFlow): a host "
+            "measurement, not a TensorFlow one"
+            + (f"; BLAS threads {threads}" if threads else ""))
+
+    def bind(x: np.ndarray) -> Callable[[], object]:
+        # NumpyLSTM's callable reuses its buffers: one per calling thread, so that callers
+        # sharing it (gate's concurrentN) never compute into each other's state.
+        import threading
+        local = threading.local()
+        local.fn = m.bind(x)  # the binding thread's, built now (shape errors show here)
+
+        def call() -> object:
+            fn = getattr(local, "fn", None)
+            if fn is None:
+                fn = local.fn = m.bind(x)
+            return fn()
+        return call
+    return bind, m.predict, [note]
 
 
 def _spec(model: LoadedModel, shape: tuple[int, ...]) -> Any:

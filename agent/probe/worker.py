@@ -69,9 +69,14 @@ def load_npy(path: str, what: str) -> np.ndarray:
 
 
 def apply_threads(cfg: ThreadConfig) -> None:
-    """Affinity first (TF's pools inherit it), then TF threading before any op runs."""
+    """Affinity first (TF's pools inherit it), then TF threading before any op runs.
+    TensorFlow is imported only to set a thread count: without --intra/--inter there is
+    nothing to set (TF, imported later by the model, starts with the affinity already set),
+    and the numpy model never imports it."""
     if cfg.cpus:
         os.sched_setaffinity(0, cfg.cpus)
+    if cfg.intra is None and cfg.inter is None:
+        return
     import tensorflow as tf
     if cfg.intra is not None:
         tf.config.threading.set_intra_op_parallelism_threads(cfg.intra)
@@ -205,7 +210,7 @@ def main(argv: list[str]) -> int:
         model = load_model(settings.model)
         base, warnings = resolve_shape(model.input_shape,
                                        tuple(settings.shape) if settings.shape else None)
-        if model.kind == "builtin":
+        if model.kind in ("builtin", "numpy"):
             warnings = []  # the built-in's dynamic batch dim is ours, fixed to the probe shape
         warnings = list(model.notes) + warnings
         calib = None
@@ -227,17 +232,21 @@ def main(argv: list[str]) -> int:
         if arr.ndim == len(base) and arr.shape[0] >= 2 and arr.shape[1:] == base[1:]:
             xs = arr[:settings.agree_n].astype(model.input_dtype)
     agree = None
-    emit(event="reference")
     from agent.probe.variants import VariantFailed, VariantUnavailable, build_callable
-    ref_variant = "tflite" if model.kind == "tflite" else "graph"
-    try:
-        ref_fn = build_callable(model, ref_variant, (1, *base[1:]))
-        agree = (xs, ref_fn.predict(xs))
-    except (VariantFailed, VariantUnavailable) as exc:
-        warnings.append(f"no fp32 reference ({ref_variant}): {exc}; agreement not measured")
+    # The numpy model has one variant: there is nothing to agree with (and no TF to ask).
+    ref_variant = None if model.kind == "numpy" else "tflite" if model.kind == "tflite" \
+        else "graph"
+    if ref_variant is not None:
+        emit(event="reference")
+        try:
+            ref_fn = build_callable(model, ref_variant, (1, *base[1:]))
+            agree = (xs, ref_fn.predict(xs))
+        except (VariantFailed, VariantUnavailable) as exc:
+            warnings.append(f"no fp32 reference ({ref_variant}): {exc}; agreement not "
+                            "measured")
     info = model.describe()
     info["probe_shape"] = list(base)
-    info["reference"] = ref_variant
+    info["reference"] = ref_variant or "none (numpy stand-in: one variant)"
     (d / "model.json").write_text(json.dumps({"model": info, "warnings": warnings}))
     for i, (variant, batch) in enumerate(settings.tasks()):
         if (d / f"run-{i}.json").exists() or (d / f"crashed-{i}").exists():

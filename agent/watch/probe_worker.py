@@ -45,28 +45,11 @@ def _setup_threads(ncpu: int) -> None:
 
 def build_numpy_probe(steps: int = 64, features: int = 32, hidden: int = 128):
     """A numpy LSTM-shaped recurrence ([1, steps, features] → hidden): ~0.3-1 ms here, the
-    same order as the XLA LSTM, with no TensorFlow (fast start for CI)."""
-    import numpy as np
-    rng = np.random.default_rng(20240611)
-    x = rng.standard_normal((steps, features)).astype(np.float32)
-    w = (rng.standard_normal((features + hidden, 4 * hidden)) * 0.05).astype(np.float32)
-    b = np.zeros(4 * hidden, dtype=np.float32)
-    xh = np.zeros(features + hidden, dtype=np.float32)
-    z = np.empty(4 * hidden, dtype=np.float32)
-
-    def fn():
-        c = np.zeros(hidden, dtype=np.float32)
-        xh[features:] = 0.0
-        for t in range(steps):
-            xh[:features] = x[t]
-            np.dot(xh, w, out=z)
-            np.add(z, b, out=z)
-            np.tanh(z, out=z)  # tanh as a cheap stand-in for the sigmoid/tanh gates
-            c *= z[:hidden]
-            c += z[hidden:2 * hidden] * z[2 * hidden:3 * hidden]
-            np.multiply(z[3 * hidden:], np.tanh(c), out=xh[features:])
-        return xh
-    return fn, f"numpy-lstm [1,{steps},{features}]→{hidden}"
+    same order as the XLA LSTM, with no TensorFlow (fast start for CI). The computation is
+    agent/probe/numpy_model.py's, which `hftagent probe --model numpy` times too."""
+    from agent.probe.numpy_model import NumpyLSTM
+    m = NumpyLSTM(steps, features, hidden)
+    return m.bind(m.sample), f"numpy-lstm [1,{steps},{features}]→{hidden}"
 
 
 def build_tf_probe(model: str, variant: str, ncpu: int):
