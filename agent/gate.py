@@ -44,9 +44,17 @@ import numpy as np
 
 from agent.defaults import JITTER_THRESHOLD_US
 from agent.errors import AgentError
+from agent.stats import (  # noqa: F401  (the gate's statistics: agent.stats, one module)
+    P99_MIN_SAMPLES,
+    P999_MIN_SAMPLES,
+    binom_sf,
+    clopper_pearson,
+    fisher_greater,
+    nearest_rank_index,
+)
+from agent.stats import quantile as quantile_nr  # nearest-rank percentile, an observed sample
 
 P99 = 99.0
-P99_MIN_SAMPLES = 662          # DESIGN.md: ≥ 662 samples to claim P99 (99 % confidence)
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_ALPHA = 0.05
@@ -62,21 +70,7 @@ PASS, FAIL, WARN, SKIP, INSUFFICIENT = "pass", "fail", "warn", "skip", "insuffic
 EXIT_PASS, EXIT_FAIL, EXIT_NOT_COMPARABLE, EXIT_INSUFFICIENT = 0, 1, 2, 3
 
 
-# -- order statistics and the bootstrap ------------------------------------------------------
-def nearest_rank_index(q: float, n: int) -> int:
-    """0-based index of the nearest-rank P``q`` among n sorted samples (same rule as the
-    probe's statistics: rank ceil(q/100 · n))."""
-    from agent.probe.stats import nearest_rank_index as f
-    return f(q, n)
-
-
-def quantile_nr(values: np.ndarray, q: float) -> int:
-    """Nearest-rank percentile (an observed sample)."""
-    v = np.asarray(values)
-    k = nearest_rank_index(q, int(v.size))
-    return int(np.partition(v, k)[k])
-
-
+# -- the bootstrap (order statistics and exact count tests: agent.stats) ----------------------
 def bootstrap_quantile(values: np.ndarray, q: float = P99, resamples: int = DEFAULT_RESAMPLES,
                        rng: np.random.Generator | None = None, *, presorted: bool = False
                        ) -> np.ndarray:
@@ -130,80 +124,6 @@ def quantile_ratio_interval(baseline: np.ndarray | float, current: np.ndarray, q
     tail = (1.0 - confidence) / 2
     lo, hi = np.quantile(ratios, [tail, 1.0 - tail])
     return RatioInterval(p_cur / p_base, float(lo), float(hi), confidence, resamples)
-
-
-# -- exact tests on counts -------------------------------------------------------------------
-def _log_binom_pmf(k: np.ndarray, n: int, p: float) -> np.ndarray:
-    return (math.lgamma(n + 1) - _lgamma(k + 1) - _lgamma(n - k + 1)
-            + k * math.log(p) + (n - k) * math.log1p(-p))
-
-
-def _lgamma(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.lgamma, otypes=[float])(x)
-
-
-def binom_sf(k: int, n: int, p: float) -> float:
-    """Exact P(X ≥ k) for X ~ Binomial(n, p) (the one-sided binomial test's p-value)."""
-    if k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    if p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    # Terms beyond the mode fall off faster than geometrically: 40 sd past it is enough.
-    mean = n * p
-    stop = min(n, int(max(k, mean) + 40 * math.sqrt(mean * (1 - p)) + 50))
-    ks = np.arange(k, stop + 1, dtype=np.float64)
-    logs = _log_binom_pmf(ks, n, p)
-    m = float(logs.max())
-    return float(min(1.0, math.exp(m) * np.exp(logs - m).sum()))
-
-
-def clopper_pearson(k: int, n: int, confidence: float = DEFAULT_CONFIDENCE
-                    ) -> tuple[float, float]:
-    """Exact (Clopper-Pearson) interval for a proportion k/n, by bisection on binom_sf."""
-    if n <= 0:
-        return (0.0, 1.0)
-    a = (1.0 - confidence) / 2
-
-    def solve(f, target: float) -> float:
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if f(mid) < target:
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2
-    low = 0.0 if k == 0 else solve(lambda p: binom_sf(k, n, p), a)
-    # upper: P(X ≤ k | p) = a  ⇔  1 − P(X ≥ k + 1 | p) = a; decreasing in p.
-    high = 1.0 if k == n else solve(lambda p: -(1.0 - binom_sf(k + 1, n, p)), -a)
-    return (low, high)
-
-
-def fisher_greater(k_cur: int, n_cur: int, k_base: int, n_base: int) -> float:
-    """One-sided Fisher exact test p-value that the current exceedance rate is higher than the
-    baseline's (hypergeometric upper tail, margins fixed)."""
-    total_k = k_cur + k_base
-    n = n_cur + n_base
-    if total_k == 0:
-        return 1.0
-    lo = max(0, total_k - n_base)
-    hi = min(total_k, n_cur)
-    xs = np.arange(max(k_cur, lo), hi + 1, dtype=np.float64)
-    if xs.size == 0:
-        return 0.0
-    lc = math.lgamma
-
-    def log_h(x: np.ndarray) -> np.ndarray:  # log C(n_cur, x) C(n_base, K − x) / C(n, K)
-        return (lc(n_cur + 1) - _lgamma(x + 1) - _lgamma(n_cur - x + 1)
-                + lc(n_base + 1) - _lgamma(total_k - x + 1) - _lgamma(n_base - total_k + x + 1)
-                - (lc(n + 1) - lc(total_k + 1) - lc(n - total_k + 1)))
-    logs = log_h(xs)
-    m = float(logs.max())
-    return float(min(1.0, math.exp(m) * np.exp(logs - m).sum()))
 
 
 # -- limits, checks, verdicts ----------------------------------------------------------------
@@ -627,7 +547,7 @@ def stressed_checks(cur: GateInput, load: dict | None, quiet: GateInput | None,
         out.append(Check("stressed-vs-quiet", SKIP, "—", f"P99.9 ≤ {MAX_STRESSED_OVER_QUIET}× "
                          "quiet", "no quiet (warm) run of this model and variant to compare"))
         return out
-    need = 6636
+    need = P999_MIN_SAMPLES
     if cur.latency_ns is None or quiet.latency_ns is None:
         out.append(Check("stressed-vs-quiet", SKIP, "—", f"P99.9 ≤ {MAX_STRESSED_OVER_QUIET}× "
                          "quiet", "raw samples missing on one side"))

@@ -87,11 +87,11 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agent import stats
 from agent.defaults import EXCEEDANCE_THRESHOLDS_US, MAX_THRESHOLD_US
 from agent.watch.causes import CAUSES as ATTRIBUTION_CAUSES
 
@@ -109,11 +109,11 @@ DEFAULT_BUCKETS_US: tuple[int, ...] = (
 # (the jitter threshold among them). `hftagent watch` adds its --threshold-us.
 DEFAULT_THRESHOLDS_US: tuple[int, ...] = EXCEEDANCE_THRESHOLDS_US
 
-# Rolling-window quantiles exported as gauges, with the samples needed to claim each one at
-# 99 % confidence (n·(1 − q) ≥ 6.62; the P99 and P99.9 figures are DESIGN.md's). Below that
-# the gauge is absent rather than a guess.
+# Rolling-window quantiles exported as gauges (fractions: the Prometheus quantile labels), each
+# claimed only with the samples agent.stats.required_samples asks for (99 % confidence: 14 for
+# P50, DESIGN.md's 662 for P99 and 6,636 for P99.9). Below that the gauge is absent rather than
+# a guess.
 QUANTILES: tuple[float, ...] = (0.5, 0.99, 0.999)
-REQUIRED_SAMPLES: dict[float, int] = {0.5: 14, 0.99: 662, 0.999: 6636}
 
 # Causes of the attribution engine (the one list, agent/watch/causes.py). Anything else is
 # counted as "other".
@@ -495,8 +495,8 @@ class WatchMetrics:
             sel = lat[(ts > 0) & (ts >= now_mono - self._window_ns)]
             out: dict[float, float] = {}
             if sel.size:
-                ks = {q: _nearest_rank_index(q, sel.size) for q in QUANTILES
-                      if sel.size >= REQUIRED_SAMPLES[q]}
+                ks = {q: stats.nearest_rank_index(stats.percent(q), sel.size)
+                      for q in QUANTILES if sel.size >= stats.required_samples(stats.percent(q))}
                 if ks:
                     # A full sort beats np.partition with three kth on these sizes (measured).
                     srt = np.sort(sel)
@@ -525,12 +525,6 @@ def _threshold_ns(t_us: float) -> int:
 def _us_key(t_ns: int) -> int | float:
     """The µs a threshold is labelled and keyed with: an int where whole, else a float."""
     return t_ns // 1000 if t_ns % 1000 == 0 else t_ns / 1000
-
-
-def _nearest_rank_index(q: float, n: int) -> int:
-    """0-based index of the nearest-rank quantile q (0 < q ≤ 1) of n sorted samples; exact
-    rational arithmetic so P99.9 of 10,000 samples is rank 9,990 (as agent.probe.stats)."""
-    return max(math.ceil(Fraction(str(q)) * n), 1) - 1
 
 
 def audit_state(findings: Iterable[Finding]) -> tuple[dict[str, str], int]:

@@ -15,8 +15,8 @@ The pooled quantile of a mixture lies between its blocks' own quantiles, so ``M`
 on that window of the pool (a few percent of it for P99); each result is checked against the
 window's edges and redone on the whole pool if it fails (float rounding of ``p * n``).
 
-Quantile definition (the one ``bench/sampler_ab.py`` always used): the ``ceil(p * n)``-th
-smallest value, no interpolation.
+Quantile definition (the one ``bench/sampler_ab.py`` always used, and agent.stats' nearest
+rank): the ``ceil(p * n)``-th smallest value, no interpolation, ``p`` a fraction here (0.99).
 """
 
 from __future__ import annotations
@@ -25,23 +25,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from agent import stats
+
 VERDICT_WITHIN = "within {tol:g} %"
 VERDICT_DIFFERS = "differs"
 VERDICT_INCONCLUSIVE = "inconclusive at this noise"
 
 
 def rank(p: float, n: np.ndarray | int) -> np.ndarray:
-    """1-based rank of the p-quantile among n values: ceil(p * n), clamped to [1, n]."""
-    n = np.asarray(n, dtype=np.int64)
-    return np.clip(np.ceil(p * n).astype(np.int64), 1, np.maximum(n, 1))
+    """1-based rank of the p-quantile (a fraction) among n values: agent.stats.nearest_ranks,
+    ceil(p * n) clamped to [1, n]."""
+    return stats.nearest_ranks(stats.percent(p), n)
 
 
 def quantile(a: np.ndarray, p: float) -> float:
-    """The ceil(p * n)-th smallest value of ``a`` (nothing interpolated)."""
+    """The ceil(p * n)-th smallest value of ``a`` (agent.stats.quantile; p a fraction)."""
     a = np.asarray(a)
     if a.size == 0:
         raise ValueError("quantile of an empty array")
-    return float(np.partition(a, int(rank(p, a.size)) - 1)[int(rank(p, a.size)) - 1])
+    return float(stats.quantile(a, stats.percent(p)))
 
 
 def qkey(p: float) -> str:

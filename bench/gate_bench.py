@@ -15,8 +15,10 @@ import numpy as np
 
 from agent import gate as g
 from agent.history import History, encode_samples, record_run
+from agent.probe.config import DEFAULT_SAMPLES
+from agent.stats import nearest_rank_index
 
-N, B = 6636, 2000
+N, B = DEFAULT_SAMPLES, 2000  # the probe's default sample count (6,636), 2,000 resamples
 
 
 def timeit(fn, reps: int) -> float:
@@ -32,7 +34,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     a = rng.lognormal(np.log(200e3), 0.25, N).astype(np.int64)
     b = rng.lognormal(np.log(200e3), 0.25, N).astype(np.int64)
-    k = g.nearest_rank_index(99.0, N)
+    k = nearest_rank_index(99.0, N)
 
     def naive():
         idx = rng.integers(0, N, size=(B, N))

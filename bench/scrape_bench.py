@@ -44,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agent import stats  # noqa: E402
 from agent.exporter import Exporter  # noqa: E402
 from agent.metrics import WatchMetrics  # noqa: E402
 from tuning.findings import Finding, Status  # noqa: E402
@@ -58,7 +59,8 @@ def pin(cpu: int | None) -> None:
 
 
 def pct(a: np.ndarray, q: float) -> float:
-    return float(np.percentile(a, q, method="inverted_cdf")) if len(a) else float("nan")
+    """Nearest-rank P``q`` (agent.stats); NaN for no samples."""
+    return float(stats.quantile(np.asarray(a), q)) if len(a) else float("nan")
 
 
 # ---- probe stand-in (own process) ----------------------------------------------------------

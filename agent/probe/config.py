@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, field
 from agent.defaults import JITTER_THRESHOLD_US as DEFAULT_THRESHOLD_US  # (5 ms)
 from agent.defaults import MAX_THRESHOLD_US as MAX_THRESHOLD_US  # (1000 s)
 from agent.probe.models import ModelSpec
+from agent.stats import P999_MIN_SAMPLES
 
-DEFAULT_SAMPLES = 6636        # enough to claim P99.9 (see stats.REQUIRED_SAMPLES)
+DEFAULT_SAMPLES = P999_MIN_SAMPLES  # 6,636: enough to claim P99.9 (agent.stats.REQUIRED_SAMPLES)
 DEFAULT_DURATION_S = 6.0      # per-run time budget: slow variants stop here, marked insufficient
 DEFAULT_WARMUP = 200
 DEFAULT_WARMUP_BUDGET_S = 5.0

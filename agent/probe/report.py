@@ -11,7 +11,7 @@ from rich.table import Table
 
 from agent.probe.harness import COLUMNS, Samples
 from agent.probe.result import ProbeResult, RunResult
-from agent.probe.stats import PERCENTILES, pkey
+from agent.stats import P99_MIN_SAMPLES, P999_MIN_SAMPLES, PERCENTILES, pkey
 
 CSV_COLUMNS: tuple[str, ...] = ("config", "variant", "batch", "index", *COLUMNS,
                                 "latency_ns", "response_ns")
@@ -74,8 +74,9 @@ def render(result: ProbeResult, console: Console | None = None) -> None:
         _sweep(con, result)
     for w in result.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")
-    con.print("[dim]* = fewer samples than needed to claim this percentile (≥662 for P99, "
-              "≥6,636 for P99.9; nearest-rank percentiles)[/dim]")
+    con.print("[dim]* = fewer samples than needed to claim this percentile "
+              f"(≥{P99_MIN_SAMPLES:,} for P99, ≥{P999_MIN_SAMPLES:,} for P99.9; nearest-rank "
+              "percentiles)[/dim]")
     rec = result.recommendation
     if all(r.idle_gaps for r in result.runs if r.ok) and any(r.ok for r in result.runs):
         return  # the idle-gap curve is the result: no timed loop to recommend a variant by

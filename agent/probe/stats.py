@@ -1,52 +1,26 @@
-"""Tail statistics for probe samples: nearest-rank percentiles, sufficiency, Wilson intervals.
+"""Tail statistics of probe samples: percentiles, the summary, tail-jitter rate, in-process tail
+attribution and output agreement.
 
-Pure numpy, no TensorFlow. All latencies are int64 nanoseconds.
-
-Percentiles use the **nearest-rank** definition: for ``n`` sorted samples the P``q`` value is the
-sample of 1-based rank ``ceil(q/100 * n)`` (computed in exact rational arithmetic, so P99.9 of
-10,000 samples is rank 9,990, not 9,991 from float round-off). It is always an observed sample
-and equals ``numpy.percentile(..., method="inverted_cdf")``.
-
-Sufficiency: a percentile is only claimed when enough samples lie beyond it.
-``REQUIRED_SAMPLES`` holds the figures from DESIGN.md (≥ 662 samples to claim P99, ≥ 6,636 to
-claim P99.9, 99 % confidence; 6,636 is a little above the 6,620 that the rule below gives);
-P50/P90 follow the rule n·(1 − q) ≥ 6.62.
+Pure numpy, no TensorFlow. All latencies are int64 nanoseconds. Nearest-rank percentiles,
+the sample-sufficiency figures (``REQUIRED_SAMPLES``: ≥ 662 samples to claim P99, ≥ 6,636 for
+P99.9) and the Wilson interval are :mod:`agent.stats`' (imported here, so ``stats.X`` keeps
+working for the probe's callers).
 """
 
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 
 import numpy as np
 
-PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
-
-# Minimum sample count to claim each percentile (99 % confidence). P99 and P99.9 are DESIGN.md's
-# figures; P50 and P90 follow n·(1 − q) ≥ 6.62, the rule those two figures imply.
-REQUIRED_SAMPLES: dict[float, int] = {50.0: 14, 90.0: 67, 99.0: 662, 99.9: 6636}
-
-
-def pkey(q: float) -> str:
-    """Key used in summaries: 50 → "p50", 99.9 → "p999"."""
-    return "p" + f"{q:g}".replace(".", "")
-
-
-def required_samples(q: float) -> int:
-    """Samples needed to claim percentile ``q`` (see module docstring)."""
-    if q in REQUIRED_SAMPLES:
-        return REQUIRED_SAMPLES[q]
-    return math.ceil(6.62 / (1.0 - q / 100.0))
-
-
-def nearest_rank_index(q: float, n: int) -> int:
-    """0-based index into the sorted samples of the nearest-rank P``q`` (n ≥ 1)."""
-    if n < 1:
-        raise ValueError("no samples")
-    if not 0 < q <= 100:
-        raise ValueError(f"percentile out of range: {q}")
-    rank = math.ceil(Fraction(str(q)) * n / 100)
-    return max(rank, 1) - 1
+from agent.stats import (  # noqa: F401  (re-exported for the probe's callers)
+    PERCENTILES,
+    REQUIRED_SAMPLES,
+    nearest_rank_index,
+    pkey,
+    required_samples,
+    wilson_interval,
+)
 
 
 def percentiles(values: np.ndarray, qs: tuple[float, ...] = PERCENTILES) -> dict[float, int]:
@@ -84,18 +58,6 @@ def summarize(latency_ns: np.ndarray) -> dict:
     out["sufficient"] = {pkey(q): n >= required_samples(q) for q in PERCENTILES}
     out["required"] = {pkey(q): required_samples(q) for q in PERCENTILES}
     return out
-
-
-def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval for a proportion k/n (default 95 %). (0, 1) when n == 0."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    z2 = z * z
-    denom = 1.0 + z2 / n
-    centre = (p + z2 / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def jitter(latency_ns: np.ndarray, threshold_ns: int) -> dict:

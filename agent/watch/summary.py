@@ -11,6 +11,7 @@ from collections import Counter
 
 import numpy as np
 
+from agent import stats
 from agent.client import FIELDS
 from agent.watch.causes import CAUSES
 
@@ -42,9 +43,10 @@ class LatencyHistogram:
         self.max_ns = max(self.max_ns, int(lat_ns.max()))
 
     def quantile(self, q: float) -> float | None:
+        """The nearest-rank quantile ``q`` (a fraction: 0.99) to within 1 %; None when empty."""
         if not self.total:
             return None
-        rank = max(1, math.ceil(q * self.total))
+        rank = stats.nearest_rank(stats.percent(q), self.total)
         i = int(np.searchsorted(np.cumsum(self.counts), rank))
         # the bucket's upper edge (within 1 % above the true value), never above the maximum
         return min(self.LO_NS * self.BASE ** i, float(self.max_ns))
@@ -91,7 +93,7 @@ def build(s, *, native: bool, now_ns: int) -> dict:
         "p50_us": us(h.quantile(0.5)), "p99_us": us(h.quantile(0.99)),
         "p999_us": us(h.quantile(0.999)), "max_us": us(h.max_ns or None),
         # enough samples to claim the percentile at 99 % confidence (as the probe's)
-        "sufficient": {"p99": s.samples >= 662, "p999": s.samples >= 6636},
+        "sufficient": stats.sufficient(s.samples),
         "spikes": s.spikes, "attributed": s.attributed,
         "not_attributed": s.not_attributed, "inherited": s.inherited,
         "queued": s.queued,
@@ -120,7 +122,7 @@ def rolling(s) -> dict:
     n = len(lat)
 
     def q(p):
-        return float(lat[min(n - 1, max(0, math.ceil(p * n) - 1))]) / 1e3
+        return float(stats.quantile_sorted(lat, stats.percent(p))) / 1e3
     out = {"n": n, "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999)}
     thr = s.cfg.threshold_us * 1e3 if s.cfg.threshold_us else s.cfg.k_p50 * s.detector.p50_ns
     out["jitter_rate"] = float((lat > thr).mean()) if thr else 0.0

@@ -24,6 +24,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from agent import stats  # noqa: E402
 from collectors.gpu import GpuCollector, Nvml, causes_for_windows  # noqa: E402
 from collectors.host import Host  # noqa: E402
 
@@ -31,7 +32,9 @@ WORKLOAD = str(Path(__file__).with_name("gpu_workload.py"))
 
 
 def pct(a, q):
-    return float(np.percentile(a, q)) if len(a) else float("nan")
+    """Nearest-rank P``q`` (agent.stats, as every other figure of the repository); NaN for no
+    samples."""
+    return float(stats.quantile(np.asarray(a), q)) if len(a) else float("nan")
 
 
 def main() -> None:
