@@ -94,6 +94,7 @@ import numpy as np
 from agent import stats
 from agent.defaults import EXCEEDANCE_THRESHOLDS_US, MAX_THRESHOLD_US
 from agent.watch.causes import CAUSES as ATTRIBUTION_CAUSES
+from agent.watch.causes import EVENT_KINDS, EVENT_RESIDUALS
 
 if TYPE_CHECKING:
     from tuning.findings import Finding
@@ -119,10 +120,10 @@ QUANTILES: tuple[float, ...] = (0.5, 0.99, 0.999)
 # counted as "other".
 CAUSES: tuple[str, ...] = (*ATTRIBUTION_CAUSES, "other")
 
-# Causes of the kernel-event breakdown (agent/watch/events/timeline.py entity kinds, plus
-# hw_or_hypervisor and unexplained); anything else is "other".
-EVENT_CAUSES: tuple[str, ...] = ("task", "idle", "irq", "softirq", "timer", "ipi", "vector",
-                                 "workqueue", "unknown", "hw_or_hypervisor", "unexplained", "other")
+# Causes of the kernel-event breakdown (the one list, agent/watch/causes.py: the timeline's
+# entity kinds but the probe, then hw_or_hypervisor and unexplained); anything else is "other".
+EVENT_CAUSES: tuple[str, ...] = (*(k for k in EVENT_KINDS if k != "probe"), *EVENT_RESIDUALS,
+                                 "other")
 CULPRIT_TOP_K = 8  # culprit label values per process, plus "other"
 MAX_SPIKE_ID_LEN = 64  # an exemplar's spike_id (OpenMetrics: ≤ 128 characters of labels)
 MAX_CULPRIT_LEN = 64

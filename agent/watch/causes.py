@@ -22,3 +22,11 @@ CAUSES: dict[str, str] = {
     "pcie_errors": "PCIe errors / degraded link",
     "unexplained": "unexplained",
 }
+
+# What the kernel-event breakdown names (agent/watch/events/timeline.py): the kinds of what
+# used the probe's CPU, then its two residuals. The exporter's
+# hftagent_spike_cause_seconds_total cause label set is these, less "probe" (never a cause of
+# its own delay), plus "other" (:data:`agent.metrics.EVENT_CAUSES`).
+EVENT_KINDS: tuple[str, ...] = ("probe", "task", "idle", "irq", "softirq", "timer", "ipi",
+                                "vector", "workqueue", "unknown")
+EVENT_RESIDUALS: tuple[str, ...] = ("hw_or_hypervisor", "unexplained")

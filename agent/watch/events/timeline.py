@@ -32,10 +32,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from agent.watch.causes import EVENT_KINDS, EVENT_RESIDUALS
+
 from .parse import Event
 
-PROBE, TASK, IDLE, IRQ, SOFTIRQ, TIMER, IPI, VECTOR, WORK, UNKNOWN = (
-    "probe", "task", "idle", "irq", "softirq", "timer", "ipi", "vector", "workqueue", "unknown")
+PROBE, TASK, IDLE, IRQ, SOFTIRQ, TIMER, IPI, VECTOR, WORK, UNKNOWN = EVENT_KINDS
 
 _IPI_VECTORS = {"call_function", "call_function_single", "reschedule", "irq_work"}
 IDLE_BEFORE_WAKE = "idle before the probe woke"
@@ -408,8 +409,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
 
 # --- the excess over P50 --------------------------------------------------------------------
 
-UNEXPLAINED = "unexplained"
-HW = "hw_or_hypervisor"
+HW, UNEXPLAINED = EVENT_RESIDUALS  # "hw_or_hypervisor", "unexplained"
 
 
 def breakdown(tl: Timeline, excess_ns: int, *, hw: HwNoise | None = None,
