@@ -21,9 +21,10 @@ class NativeSampler(Sampler):
     ``hz`` (each source's files on its own rounds: ``round % div == 0``, div = period /
     sampler period, times a file's ``every``). This thread replays every recorded round
     (warm caches, one wake-up per batch) and appends the rows at the rounds' own times: at
-    ``drain_hz`` (1 Hz) while nobody waits for rows, and :data:`POKE_GAP_NS` after the last
-    replay once :meth:`poke` says someone does (watch pokes while a spike waits for its rows:
-    it waits ≤ 0.2 s, as with a fixed 5 Hz drain, and a quiet run pays one replay a second).
+    ``drain_hz`` (1 Hz) while nobody waits for rows, and at once (at most one replay per
+    :data:`POKE_GAP_NS`) when :meth:`poke` says someone does: watch pokes once per loop step
+    while a spike waits for its rows and waits for that replay (:meth:`wait_replay`), so a
+    storm costs a replay per step and a quiet run one replay a second.
     Between replays it wakes only for the live collectors. Each hot source has a
     :class:`~agent.watch.sampling.native.plans.ReplayPlan`: a round whose files all came with
     their layouts' values (extracted by the helper) is appended from those
@@ -79,13 +80,30 @@ class NativeSampler(Sampler):
         self._fed_rounds = 0
         self._why: str | None = None  # why the replay stopped (helper died, stalled, error)
         self._last_round_at = time.monotonic_ns()
+        self.replays = 0  # replays done (wait_replay waits for the count to move)
+        self._replayed = threading.Condition()
 
     STALL_NS = 2_000_000_000  # no new round for this long from a live helper: stuck
-    POKE_GAP_NS = 200_000_000  # a poked replay comes this long after the previous one
+    # A poked replay comes at least this long after the previous one. It was 200 ms: with
+    # the task scan's gap that held a spike's record back 0.25-0.6 s (bench/attribution.py);
+    # watch pokes at most once per 50 ms loop step, so the replays stay ≤ ~20 a second.
+    POKE_GAP_NS = 20_000_000
 
     def poke(self) -> None:
-        """Replay soon (:data:`POKE_GAP_NS` after the last replay): a spike waits for rows."""
+        """Replay now (at most one per :data:`POKE_GAP_NS`): a spike waits for rows."""
         self._poke.set()
+
+    def wait_replay(self, seen: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a replay after the ``seen``-th (:attr:`replays`
+        read before the :meth:`poke`); True when one came. False at once when the drain
+        thread is not running (nothing would come)."""
+        t = self._thread
+        if t is None or not t.is_alive() or self.native_error is not None:
+            return False
+        with self._replayed:
+            return self._replayed.wait_for(
+                lambda: self.replays != seen or self._stop.is_set(), timeout_s) and \
+                self.replays != seen
 
     def start(self) -> None:
         """Start the helper (raises :class:`~agent.watch.sampling.native.feed.NativeUnavailable`),
@@ -244,6 +262,9 @@ class NativeSampler(Sampler):
                 r0 = feed.rpos
                 if self._drain_or_stop() is False:
                     return
+                with self._replayed:
+                    self.replays += 1
+                    self._replayed.notify_all()
                 # Replay often enough that a quarter of the ring holds the rounds between
                 # two replays (a big box's /proc/interrupts: megabytes a second).
                 rate = (feed.rpos - r0) / max(since, 1)
@@ -284,6 +305,8 @@ class NativeSampler(Sampler):
     def stop(self) -> None:
         self._stop.set()
         self._poke.set()  # ends the loop's wait now
+        with self._replayed:
+            self._replayed.notify_all()  # (and a wait_replay's)
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.feed.stop()

@@ -28,6 +28,12 @@ from collectors.base import Availability
 from collectors.host import Host
 from collectors.sched import Scan, TaskRun
 
+# A spike's record waits for a task scan after its end (who ran, others' CPU share). Scans on
+# spikes come at most this often: 0.25 s held records back up to ~0.6 s in a storm
+# (bench/attribution.py); one scan costs ~1 ms of CPU with ~130 tasks, so a storm pays ≤ ~1 %
+# of one CPU for them.
+MIN_SCAN_GAP_S = 0.1
+
 
 class _Thread:
     """A watched thread: its three tracks (status may be missing) and its signal names."""
@@ -50,7 +56,7 @@ class SchedCollector(HotSource):
     period_s = 0.0
 
     def __init__(self, host: Host, pids: list[int], cpus: list[int], *,
-                 scan_period_s: float = 2.0, min_scan_gap_s: float = 0.25,
+                 scan_period_s: float = 2.0, min_scan_gap_s: float = MIN_SCAN_GAP_S,
                  max_threads: int = 8, status_every: int = 5,
                  period_s: float = 0.0) -> None:
         super().__init__(host)
@@ -206,7 +212,7 @@ class SchedCollector(HotSource):
         """Read every task's stat (and the schedstat of those on the watched CPUs); record
         which ran on the watched CPUs since the previous scan.
 
-        Cost (the scan also runs on spikes, up to 4 times a second): plain string paths and
+        Cost (the scan also runs on spikes, up to 1 / MIN_SCAN_GAP_S times a second): plain string paths and
         os.open/os.read; a single-threaded process (every kernel thread) is read once, from
         /proc/PID/stat, without listing its task/ directory; schedstat (ns) only for tasks
         whose last CPU is a watched one. A task that was on another CPU at the previous scan has no ns
