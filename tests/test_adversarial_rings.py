@@ -260,7 +260,7 @@ def test_watch_probe_ring_goes_through_a_planted_symlink_never(shm):
     s = WatchSession(WatchConfig(probe="numpy", ring_dir=str(d), probe_cpus=[cpu],
                                  housekeeping_cpus=[cpu], warmup=20, rate_hz=100))
     try:
-        s._start_probe()
+        s.source.start_probe()
         assert s.reader.creator_pid == s.cfg.pid == s.proc.pid
         assert victim.read_bytes() == b"precious\n"
         st = os.lstat(final)
@@ -268,7 +268,7 @@ def test_watch_probe_ring_goes_through_a_planted_symlink_never(shm):
         assert not stale.exists()
         assert any("removed 1 ring file" in w for w in s.warnings)
     finally:
-        s._kill_probe()
+        s.source.stop()
         if s.reader is not None:
             s.reader.close()
     assert not final.exists()  # removed with the worker
@@ -287,7 +287,7 @@ def test_default_ring_of_pid_must_be_that_process(shm, monkeypatch):
         s = WatchSession(WatchConfig(probe="external", pid=other.pid))
         t = time.monotonic()
         with pytest.raises(AgentError, match=f"created by pid {os.getpid()}, not {other.pid}"):
-            s._attach_external()
+            s.source.attach_external()
         assert time.monotonic() - t < 1  # no 5 s wait for a ring that is there but wrong
     finally:
         other.kill()
@@ -685,13 +685,13 @@ def test_a_flight_record_that_cannot_be_written_is_one_warning_and_the_run_goes_
     s.sampler = SimpleNamespace(lock=th.Lock(), rings=lambda: [])
     s.open_outputs()
     assert fl.is_dir()
-    s._dump_flight(Spike(1, 10, 20, 1, 1, 5), {"seq": 1, "time": "t"}, 0)
+    s.flight.dump(Spike(1, 10, 20, 1, 1, 5), {"seq": 1, "time": "t"}, s.sampler, s.lat, 0)
     assert [Path(f).name for f in s.flight_files] == ["spike-1-20.json"]
     for p in fl.iterdir():
         p.unlink()
     fl.rmdir()  # the directory goes away under a running watch: ENOENT from here on
     for seq in (2, 3, 4):
-        s._dump_flight(Spike(seq, 10, 20, 1, 1, 5), {"seq": seq, "time": "t"}, 0)
+        s.flight.dump(Spike(seq, 10, 20, 1, 1, 5), {"seq": seq, "time": "t"}, s.sampler, s.lat, 0)
     assert len(s.flight_files) == 1
     assert [w for w in s.warnings if "flight records not written" in w] == \
         [f"flight records not written to {fl}: No such file or directory"]

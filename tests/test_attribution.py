@@ -206,8 +206,9 @@ def test_gpu_throttle_and_foreign_process(rng):
 
 
 def test_foreign_gpu_process_is_named_from_the_gpu_collector(rng):
-    """The ring only carries the count; the GPU collector (GpuCollector.causes) names the PID."""
-    from collectors.gpu import GpuCause
+    """The ring only carries the count; the GPU collector's history names the PID
+    (agent.watch.attribution.gpu.detail_for)."""
+    from agent.watch.attribution.gpu import GpuCause
     rings = quiet_rings(rng)
     rings["gpu"] = trace(rng, {"gpu.0.clock_event_reasons": lambda i, g: 0x1,
                                "gpu.0.foreign_processes":

@@ -499,7 +499,7 @@ def test_sched_rate_follows_the_source_evidence():
     for probe, period in (("numpy", 0.05), ("external", 0.0)):
         w = WatchSession(WatchConfig(probe=probe, pid=me, probe_cpus=[0]))
         w.host = Host()
-        w._collectors()
+        w.open_collectors()
         assert w.sched.period_s == period, probe
         v = w.sched.sample()
         assert f"sched.{me}.nivcsw" in v  # stat/status on the first round either way

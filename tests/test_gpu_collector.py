@@ -5,15 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
+from agent.watch.attribution.gpu import causes_for_windows, collector_causes, gpu_causes
 from collectors.base import run_collector
-from collectors.gpu import (
-    GpuCollector,
-    GpuProcess,
-    GpuSample,
-    Nvml,
-    causes_for_windows,
-    gpu_causes,
-)
+from collectors.gpu import GpuCollector, GpuProcess, GpuSample, Nvml
 from tests.fakes.nvml import LIBRARY_NOT_FOUND, FakeGpu, FakeNvmlLib, a100_r535_x4, h200_r580
 
 
@@ -136,12 +130,12 @@ def test_collector_attributes_a_foreign_process_started_mid_run():
     for _ in range(5):
         col.sample()
         clock.t += 10_000_000
-    assert col.causes(clock.t - 15_000_000, clock.t - 14_000_000) == []
+    assert collector_causes(col, clock.t - 15_000_000, clock.t - 14_000_000) == []
     g.processes.append((4242, 2**30))
     col.sample()
     spike = clock.t
     clock.t += 10_000_000
     col.sample()
-    causes = col.causes(spike - 500_000, spike + 500_000)
+    causes = collector_causes(col, spike - 500_000, spike + 500_000)
     assert causes[0].cause == "GPU shared with PID 4242 (python3)"
     assert causes[0].score == 0.85 and causes[0].gpu == 0

@@ -180,3 +180,18 @@ def test_cpu_affinity_words():
     assert cpus_from_affinity_words([0b101]) == [0, 2]
     assert cpus_from_affinity_words([0, 1]) == [64]
     assert Nvml(lib=a100_r535_x4()).cpu_affinity(2, 64).value == list(range(32, 64))
+
+
+def test_the_adapter_and_the_collector_are_separate_modules_and_import_no_agent_code():
+    """collectors/nvml.py is the NVML adapter, collectors/gpu.py the collector (it re-exports
+    the adapter's names); the GPU cause rules are attribution's (agent/watch/attribution/gpu.py):
+    neither collector module imports agent code, nor holds a cause rule."""
+    code = ("import sys, collectors.gpu, collectors.nvml; "
+            "assert collectors.gpu.Nvml is collectors.nvml.Nvml; "
+            "assert not [m for m in sys.modules if m == 'agent' or m.startswith('agent.')], "
+            "sorted(m for m in sys.modules if m.startswith('agent')); "
+            "assert not hasattr(collectors.gpu, 'gpu_causes') and "
+            "not hasattr(collectors.gpu.GpuCollector, 'causes')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=str(Path(__file__).resolve().parents[1]))
+    assert r.returncode == 0, r.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.watch.attribution import Attributor, Spike
+from agent.watch.attribution.gpu import collector_causes, detail_for
 from agent.watch.ring import SignalRing
 from collectors.gpu import GpuCollector, Nvml
 from collectors.host import Host
@@ -270,7 +271,7 @@ class Box:
                      rq_delay_ns=0, cpu_start=1, cpu_end=1)
 
     def attribute(self, seq: int):
-        a = Attributor({"gpu": self.ring}, [1], gpu_detail=self.col.causes)
+        a = Attributor({"gpu": self.ring}, [1], gpu_detail=detail_for(self.col))
         return a.attribute(self.spike(seq))
 
 
@@ -295,7 +296,7 @@ def test_watch_blames_a_foreign_process_only_on_the_probes_gpu():
     phase1 = box.attribute(1)
     assert phase1.cause != "gpu_foreign_process"
     assert not any("GPU shared" in c.detail for c in phase1.causes)
-    assert box.col.causes(box.clock.t - 30 * MS, box.clock.t) == []
+    assert collector_causes(box.col, box.clock.t - 30 * MS, box.clock.t) == []
     box.foreign_on(None)
     box.run(300)
     box.foreign_on(0)

@@ -662,12 +662,14 @@ def test_sched_rows_from_layouts_equal_the_parsed_ones(helper, tmp_path):
 
 
 def test_replays_come_at_drain_hz_and_a_poke_brings_the_next_one_forward(helper, tmp_path):
-    """Quiet: one replay per 1/drain_hz. A poke (a spike waits for rows) replays
-    POKE_GAP_NS after the previous replay, and stop() does not wait for the next one."""
+    """Quiet: one replay per 1/drain_hz. A poke (a spike waits for rows) replays at once,
+    but not sooner than POKE_GAP_NS after the previous replay, and stop() does not wait for
+    the next one."""
     h = _copy_proc(tmp_path)
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
     nat = NativeSampler([SoftirqCollector(h, [1])], feed, hz=100,
                         cpus=None, drain_hz=0.25)  # every 4 s unless poked
+    nat.POKE_GAP_NS = 300_000_000  # (20 ms by default: long enough to see here)
     nat.start()
     try:
         time.sleep(0.6)
@@ -687,6 +689,29 @@ def test_replays_come_at_drain_hz_and_a_poke_brings_the_next_one_forward(helper,
         t = time.monotonic()
         nat.stop()
         assert time.monotonic() - t < 1.0
+
+
+def test_wait_replay_returns_once_the_poked_replay_is_done(helper, tmp_path):
+    """watch pokes, then waits for that replay (NativeSampler.wait_replay) so the rows it
+    brings are attributed in the same loop step: True once a replay after the one seen came;
+    False at once on a sampler whose drain thread does not run."""
+    h = _copy_proc(tmp_path)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler([SoftirqCollector(h, [1])], feed, hz=100, cpus=None, drain_hz=0.25)
+    t = time.monotonic()
+    assert nat.wait_replay(nat.replays, 5.0) is False and time.monotonic() - t < 0.5
+    nat.start()
+    try:
+        time.sleep(0.3)
+        seen = nat.replays
+        assert seen == 0  # nobody asked (drain every 4 s)
+        nat.poke()
+        assert nat.wait_replay(seen, 5.0) is True
+        assert nat.replays > seen and nat.stats.rounds > 0 and nat.latest_ns() > 0
+    finally:
+        nat.stop()
+    t = time.monotonic()
+    assert nat.wait_replay(nat.replays, 5.0) is False and time.monotonic() - t < 0.5
 
 
 def test_an_external_sources_stat_and_status_are_read_on_one_round_in_five(helper, tmp_path):
@@ -841,3 +866,55 @@ def test_cpu_values_rows_resume_after_the_intr_line_grows(helper, tmp_path):
     nat.stop()
     assert nat.native_error is None and before > 3
     assert st.layout_rows > mid + 3, (before, mid, st.layout_rows)
+
+
+def test_open_sampler_picks_native_python_or_falls_back_and_leaves_no_feed_open():
+    """agent.watch.sampling.open_sampler (--sampler): auto falls back to the Python sampler
+    with the reason where the feed cannot be built or its helper cannot start; native is an
+    AgentError there; python never builds a feed; an error while the collectors are built
+    closes the feed."""
+    from agent.errors import AgentError
+    from agent.watch.sampling import open_sampler
+    from agent.watch.sampling.native.feed import NativeUnavailable
+    from agent.watch.sampling.python import Sampler as PySampler
+
+    class FakeFeed:
+        made: list = []
+
+        def __init__(self, period_ns, start_fails=False):
+            self.period_ns, self.start_fails, self.closed, self.proc = period_ns, start_fails, 0, None
+            FakeFeed.made.append(self)
+
+        def start(self, cpus):
+            if self.start_fails:
+                raise NativeUnavailable("no helper here")
+
+        def close(self):
+            self.closed += 1
+
+    def no_feed(period_ns):
+        raise NativeUnavailable("no C compiler")
+
+    cols = lambda: []  # noqa: E731
+    s, note = open_sampler("auto", cols, 100, [0], feed_factory=no_feed)
+    assert type(s) is PySampler and note == "python (native sampler unavailable: no C compiler)"
+    with pytest.raises(AgentError, match="no C compiler"):
+        open_sampler("native", cols, 100, [0], feed_factory=no_feed)
+    s, note = open_sampler("python", cols, 100, [0], feed_factory=no_feed)
+    assert type(s) is PySampler and note is None
+    s, note = open_sampler("auto", cols, 100, [0],
+                           feed_factory=lambda p: FakeFeed(p, start_fails=True))
+    assert type(s) is PySampler and note == "python (native sampler unavailable: no helper here)"
+    assert FakeFeed.made[-1].closed == 1 and FakeFeed.made[-1].period_ns == 10_000_000
+    with pytest.raises(AgentError, match="no helper here"):
+        open_sampler("native", cols, 100, [0], feed_factory=lambda p: FakeFeed(p, True))
+    assert FakeFeed.made[-1].closed == 1
+
+    def boom():
+        raise KeyboardInterrupt  # a stop while the collectors are built
+    with pytest.raises(KeyboardInterrupt):
+        open_sampler("auto", boom, 100, [0], feed_factory=FakeFeed)
+    assert FakeFeed.made[-1].closed == 1
+    s, note = open_sampler("auto", cols, 100, [0], feed_factory=FakeFeed)
+    assert s.mode == "native" and note is None and s.feed is FakeFeed.made[-1]
+    assert FakeFeed.made[-1].closed == 0

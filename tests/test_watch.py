@@ -690,3 +690,98 @@ def test_auto_rate_keeps_the_probe_cpu_a_quarter_busy(tmp_path):
     # the rate it chose, at the P50 it then measured: about a quarter busy, not more than half
     assert s["rate_hz"] * s["p50_us"] / 1e6 < 0.5, s
     assert s["samples"] >= 0.5 * s["rate_hz"] * 2
+
+
+def _waiting_session(replay_brings_rows: bool | None):
+    """A session on a virtual clock with one spike whose sampler rows are not there yet.
+    ``replay_brings_rows``: the fake native sampler's poked replay brings them (True), comes
+    without them (False); None: a sampler without replays (the Python one's rows are
+    current)."""
+    import threading
+    from types import SimpleNamespace
+
+    from agent.watch.attribution import Attribution, Spike
+    from agent.watch.session import WatchConfig, WatchSession
+    clock = VirtualClock()
+    now = clock()
+
+    class Sampler:
+        lock = threading.Lock()
+        stats = SimpleNamespace(per_collector={})
+        covered = now - 50_000_000  # rows up to 50 ms ago
+        pokes = 0
+        waited: list = []
+
+        def covered_ns(self):
+            return self.covered
+
+        def poke(self):
+            self.pokes += 1
+
+    class Native(Sampler):
+        replays = 3
+
+        def wait_replay(self, seen, timeout_s):
+            self.waited.append((seen, timeout_s))
+            self.replays += 1
+            if replay_brings_rows:
+                self.covered = clock() + 5_000_000
+            return True
+
+    class Sched:
+        def latest_scan_ns(self):
+            return now
+
+        def request_scan(self):
+            pass
+
+    class Attr:
+        slack_ns = 1_000_000
+
+        def attribute(self, sp, recent):
+            return Attribution("cpu_contention", [], 0.0, sp.in_process())
+
+    recs: list[dict] = []
+    s = WatchSession(WatchConfig(probe="numpy", loop_s=0.05), clock=clock,
+                     on_record=recs.append)
+    s.sampler = Sampler() if replay_brings_rows is None else Native()
+    s.sched, s.attributor = Sched(), Attr()
+    s.schedule.add(Spike(1, now - 3_000_000, now - 2_000_000, 1, 1, 500_000), now)
+    return s, recs
+
+
+def test_a_spike_is_attributed_in_the_step_whose_replay_brings_its_rows():
+    """A spike waits for the native sampler's rows: the session pokes, waits for that replay
+    (≤ loop_s / 2) and attributes with what it brought in the same step, not one loop period
+    later (spike → record ≤ 200 ms, bench/attribution.py)."""
+    s, recs = _waiting_session(True)
+    s.attribute_pending()
+    assert s.sampler.pokes == 1 and s.sampler.waited == [(3, 0.025)]
+    assert [r["cause"] for r in recs] == ["cpu_contention"] and not s.pending
+    s, recs = _waiting_session(False)  # the replay came without them: next step
+    s.attribute_pending()
+    assert s.sampler.pokes == 1 and not recs and len(s.pending) == 1
+    s, recs = _waiting_session(None)  # the Python sampler: nothing to wait for
+    s.attribute_pending()
+    assert s.sampler.pokes == 1 and s.sampler.waited == [] and len(s.pending) == 1
+
+
+def test_rows_are_waited_for_from_the_20_hz_collectors_not_the_slower_ones():
+    """covered_ns: a spike waits for the rows of collectors of period ≤ 50 ms (cpu, sched,
+    irq, memory at 20 Hz) — not numa's 10 Hz row, which held records back 100 ms more."""
+    from agent.watch.sampling.python import Sampler
+
+    class C:
+        def __init__(self, name, period_s):
+            self.name, self.period_s = name, period_s
+
+        def sample(self):
+            return {f"{self.name}.x": 1.0}
+
+    s = Sampler([C("fast", 0.0), C("twenty", 0.05), C("numa", 0.1)], hz=100)
+    for t in range(1, 29):  # rounds every 10 ms up to 280 ms
+        s.round(t * 10_000_000)
+    assert s.ring("numa").latest_t1 == 200_000_000  # (its rows: 100, 200 ms)
+    assert s.ring("twenty").latest_t1 == 250_000_000
+    assert s.covered_ns() == 250_000_000
+    assert s.covered_ns(max_period_s=0.1) == 200_000_000

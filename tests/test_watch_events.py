@@ -333,7 +333,7 @@ def test_the_source_is_closed_when_start_fails_after_it_opened():
 
     def boom():
         raise AgentError("probe failed to start")
-    s._start_probe = boom
+    s.source.start_probe = boom
     with pytest.raises(AgentError, match="probe failed"):
         s.run()
     assert src.closed and not s.trace.active

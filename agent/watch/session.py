@@ -29,14 +29,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter, deque
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 import numpy as np
 
 from agent.client import FIELDS, RingError
-from agent.errors import AgentError
 from agent.watch import summary as summary_
 from agent.watch.attribution import Attributor, Spike
 from agent.watch.config import WatchConfig
@@ -44,13 +41,14 @@ from agent.watch.detect import SpikeDetector
 from agent.watch.events.wiring import SpikeEvents
 from agent.watch.flight import FlightRecorder
 from agent.watch.output import SpikeLog
+from agent.watch.records import SpikeRecords
 from agent.watch.ring import LatencyRing
-from agent.watch.sampling.native.feed import Feed, NativeUnavailable
+from agent.watch.sampling import open_sampler
 from agent.watch.sampling.native.sampler import NativeSampler
 from agent.watch.sampling.python import Sampler
 from agent.watch.schedule import AttributionScheduler
 from agent.watch.source import LatencySource
-from agent.watch.wiring import build_collectors
+from agent.watch.wiring import attributor_for, build_collectors
 from collectors.host import Host
 
 F = {name: i for i, name in enumerate(FIELDS)}
@@ -63,27 +61,26 @@ class StopRequested(Exception):
     """A stop (SIGTERM/SIGINT) arrived while the session was still starting."""
 
 
-def _iso(wall_ns: int) -> str:
-    return datetime.fromtimestamp(wall_ns / 1e9, tz=UTC).isoformat(
-        timespec="microseconds")
-
-
 class WatchSession:
     """``metrics``: a :class:`~agent.watch.metrics_feed.MetricsFeed`; ``view``: a live view;
     ``collectors``: more collectors to sample; ``on_record``: given every spike-log record
-    too (benchmarks keep them in memory); ``clock``: see the module docstring."""
+    too (benchmarks keep them in memory); ``clock``: see the module docstring;
+    ``trace_opener``: the event source's opener (:class:`SpikeEvents`); ``sampler_factory``:
+    :func:`agent.watch.sampling.open_sampler`'s signature (tests pass fakes)."""
 
     def __init__(self, cfg: WatchConfig, host: Host | None = None, *, metrics=None,
                  view=None, collectors: list | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
                  on_record: Callable[[dict], None] | None = None,
-                 trace_opener: Callable | None = None) -> None:
+                 trace_opener: Callable | None = None,
+                 sampler_factory: Callable = open_sampler) -> None:
         self.cfg = cfg
         self.host = host or Host()
         self.metrics = metrics
         self.view = view
         self.clock = clock
         self._extra_collectors = collectors
+        self._open_sampler = sampler_factory
         self.warnings: list[str] = []
         self.source = LatencySource(cfg, self.host, self.warnings)
         # kernel events (--trace): a timeline and breakdown per attributed spike
@@ -105,14 +102,9 @@ class WatchSession:
                                      self._wall_off, self.spike_log.write, self.warnings)
         self.lat = LatencyRing(20000)
         self.hist = summary_.LatencyHistogram()
+        self.records = SpikeRecords(self.spike_log, self.flight, clock, self._wall_off, metrics)
         self.samples = 0
         self.spikes = 0
-        self.attributed = 0  # logged with a cause (inherited ones included)
-        self.not_attributed = 0
-        self.cause_counts: Counter[str] = Counter()
-        self.cause_details: dict[str, Counter[str]] = {}
-        self.last_spikes: deque[dict] = deque(maxlen=8)
-        self.attr_delays_ms: list[float] = []
         self.source_error: str | None = None
         self.started_ns = 0
         self.ended_ns = 0
@@ -130,6 +122,12 @@ class WatchSession:
     queued = property(lambda self: self.schedule.queued)
     flight_files = property(lambda self: self.flight.files)
     output_error = property(lambda self: self.spike_log.error)
+    attributed = property(lambda self: self.records.attributed)
+    not_attributed = property(lambda self: self.records.not_attributed)
+    cause_counts = property(lambda self: self.records.cause_counts)
+    cause_details = property(lambda self: self.records.cause_details)
+    last_spikes = property(lambda self: self.records.last_spikes)
+    attr_delays_ms = property(lambda self: self.records.attr_delays_ms)
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Ask the loop to end cleanly (safe from a signal handler: sets a flag). While the
@@ -156,35 +154,13 @@ class WatchSession:
         self.spike_log.close()
         self.flight.close()
 
-    def _start_probe(self) -> None:
-        self.source.start_probe()
-
-    def _attach_external(self) -> None:
-        self.source.attach_external()
-
-    def _kill_probe(self) -> None:
-        self.source.stop()
-
     def check_source(self) -> str | None:
         return self.source.check()
 
-    def _native_feed(self) -> Feed | None:
-        """The native reader's feed (``--sampler auto|native``), or None: ``--sampler
-        python``, or auto where it cannot run (no C compiler, no shared memory; the reason
-        goes to the summary). ``--sampler native`` where it cannot run is an error."""
-        if self.cfg.sampler == "python":
-            return None
-        try:
-            return Feed(int(1e9 / self.cfg.sample_hz))
-        except NativeUnavailable as exc:
-            if self.cfg.sampler == "native":
-                raise AgentError(str(exc)) from None
-            self.sampler_note = f"python (native sampler unavailable: {exc})"
-            return None
-
-    def _collectors(self, host: Host | None = None) -> list:
+    def open_collectors(self, host: Host | None = None) -> list:
         """The collectors that can run (:func:`agent.watch.wiring.build_collectors`), read
-        through ``host`` (default: the session's)."""
+        through ``host`` (default: the session's); sets :attr:`sched`, :attr:`irq`,
+        :attr:`unavailable`."""
         c = build_collectors(self.cfg, host or self.host, self.host, self._extra_collectors)
         self.sched, self.irq, self.unavailable = c.sched, c.irq, c.unavailable
         return c.active
@@ -204,41 +180,15 @@ class WatchSession:
         if (w := self.trace.open(self.clock())) is not None:
             self.warnings.append(w)
         if cfg.probe == "external":
-            self._attach_external()
+            self.source.attach_external()
         else:
-            self._start_probe()
-        feed = self._native_feed()
-        try:
-            collectors = self._collectors()
-            on_result = self.metrics.set_collector_result if self.metrics is not None else None
-            kw = {"capacity_s": max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
-                  "on_result": on_result}
-            if feed is not None:
-                self.sampler = NativeSampler(collectors, feed, cfg.sample_hz,
-                                             cfg.housekeeping_cpus, **kw)
-                try:
-                    feed.start(cfg.housekeeping_cpus)
-                except NativeUnavailable as exc:
-                    feed.close()  # the collectors' files read live from here on
-                    if cfg.sampler == "native":
-                        raise AgentError(str(exc)) from None
-                    self.sampler_note = f"python (native sampler unavailable: {exc})"
-                    self.sampler = None
-        except BaseException:
-            # a stop or an error while starting: no helper and no shared file left behind
-            if feed is not None:
-                feed.close()
-            raise
-        if self.sampler is None:
-            self.sampler = Sampler(collectors, cfg.sample_hz, cfg.housekeeping_cpus, **kw)
-        rings = {e.ring.name: e.ring for e in self.sampler.entries}
-        gpu = next((c for c in collectors if hasattr(c, "causes") and
-                    getattr(c, "name", "") == "gpu"), None)
-        self.attributor = Attributor(rings, cfg.probe_cpus, who_ran=self.sched.who_ran,
-                                     others_share=self.sched.others_share,
-                                     irq_desc=lambda: self.irq.descriptions,
-                                     gpu_detail=gpu.causes if gpu is not None else None,
-                                     baseline_s=cfg.baseline_s)
+            self.source.start_probe()
+        # (a stop or an error while it starts leaves no helper and no shared file behind)
+        self.sampler, self.sampler_note = self._open_sampler(
+            cfg.sampler, self.open_collectors, cfg.sample_hz, cfg.housekeeping_cpus,
+            capacity_s=max(30.0, cfg.baseline_s + 2 * cfg.flight_window_s + 5),
+            on_result=self.metrics.set_collector_result if self.metrics is not None else None)
+        self.attributor = attributor_for(cfg, self.sampler, self.sched, self.irq)
         self.sampler.start()  # a NativeSampler's helper is already running
         self.started_ns = self.clock()
 
@@ -274,11 +224,22 @@ class WatchSession:
         the clock's now) — :mod:`agent.watch.schedule`."""
         if not self.schedule.pending:
             return
+        if not self._schedule_step(self.clock() if now is None else now):
+            return
+        # Spikes wait for rows: the native sampler replays now; what that replay brings is
+        # attributed in this step, not the next (half a loop period at most is spent waiting).
+        seen = getattr(self.sampler, "replays", None)  # (the Python sampler's rows are current)
+        self.sampler.poke()
+        if seen is not None and self.sampler.wait_replay(seen, self.cfg.loop_s / 2) and \
+                self.schedule.pending:
+            self._schedule_step(self.clock())
+
+    def _schedule_step(self, now: int) -> bool:
+        """One :meth:`AttributionScheduler.step` on the rows and scan there are now; True
+        when spikes still wait for them."""
         self._recent = None
         rows_ns = self.sampler.covered_ns() - self.attributor.slack_ns
-        scan_ns = self.sched.latest_scan_ns()
-        if self.schedule.step(self.clock() if now is None else now, rows_ns, scan_ns, self):
-            self.sampler.poke()  # spikes wait for rows (the native sampler replays sooner)
+        return self.schedule.step(now, rows_ns, self.sched.latest_scan_ns(), self)
 
     # the schedule's Sink: attribute, log with an inherited cause, drop
     def attribute(self, sp: Spike) -> dict:
@@ -292,39 +253,17 @@ class WatchSession:
             body["events"], items = self.trace.for_spike(sp)
             if items and self.metrics is not None:
                 self.metrics.spike_causes(items)
-        rec = self.log(sp, body)
+        rec = self.records.log(sp, body)
         if a.causes and a.cause != "unexplained":
-            self.cause_details.setdefault(a.cause, Counter())[
-                summary_.short(a.causes[0].detail)] += 1
+            self.records.detail(a.cause, a.causes[0].detail)
         return rec
 
     def log(self, sp: Spike, body: dict) -> dict:
-        """Write a spike record with a cause (``body``: cause, causes, evidence...) and do
-        the bookkeeping every named spike gets: counts, delays, metrics, live view, the
-        flight recorder."""
-        delay_ms = (self.clock() - sp.end_ns) / 1e6
-        rec = {**self._head(sp), "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid,
-               "tid": sp.tid, **body, "attributed_after_ms": round(delay_ms, 1)}
-        self.spike_log.write(rec)
-        self.attributed += 1
-        self.attr_delays_ms.append(delay_ms)
-        if len(self.attr_delays_ms) > 10000:
-            del self.attr_delays_ms[:5000]
-        self.cause_counts[rec["cause"]] += 1
-        self.last_spikes.append(rec)
-        if self.metrics is not None:
-            self.metrics.spike(rec["cause"])
-        self.flight.offer(sp, rec)
-        return rec
+        """Log ``sp`` with a cause it inherits (:meth:`SpikeRecords.log`)."""
+        return self.records.log(sp, body)
 
     def drop(self, sp: Spike, why: str) -> None:
-        self.not_attributed += 1
-        self.spike_log.write({**self._head(sp), "cause": None, "note": f"not attributed: {why}"})
-
-    def _head(self, sp: Spike) -> dict:
-        """The fields every spike record starts with."""
-        return {"time": _iso(sp.end_ns + self._wall_off), "seq": sp.seq,
-                "latency_us": round(sp.latency_ns / 1e3, 1)}
+        self.records.drop(sp, why)
 
     def _flight_step(self) -> None:
         if not self.flight.pending:
@@ -332,9 +271,6 @@ class WatchSession:
         final = self.source_error is not None or self._stopping
         if self.flight.step(self.sampler.latest_ns(), final, self.sampler, self.lat):
             self.sampler.poke()
-
-    def _dump_flight(self, sp: Spike, rec: dict, w: int) -> None:
-        self.flight.dump(sp, rec, self.sampler, self.lat, w)
 
     def run(self) -> int:
         """Start, loop until ``duration_s``, a requested stop or the source dying; stop.
@@ -406,7 +342,7 @@ class WatchSession:
             self.metrics.down()
         if self.sampler is not None:
             self.sampler.stop()
-        self._kill_probe()
+        self.source.stop()
         self.trace.close()
         self.source.close()
         self.close_outputs()

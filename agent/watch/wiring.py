@@ -1,4 +1,5 @@
-"""Which host collectors a watch run samples, and at what rates (:func:`build_collectors`).
+"""Which host collectors a watch run samples, and at what rates (:func:`build_collectors`);
+the attributor over their rings (:func:`attributor_for`).
 
 The probe CPUs' cpu, sched, irq, softirq, memory, numa and pcie collectors; perf with
 ``--perf``; the GPU collector where :mod:`collectors.gpu` can start (NVML); plus any the
@@ -93,3 +94,18 @@ def gpu_collectors(host: Host, own_pids: list[int]) -> list:
         return []
     c.period_s = GPU_PERIOD_S
     return [c]
+
+
+def attributor_for(cfg: WatchConfig, sampler, sched, irq):
+    """The :class:`~agent.watch.attribution.Attributor` over ``sampler``'s rings: who ran and
+    the others' share from ``sched``'s task scans, IRQ names from ``irq``, the foreign GPU
+    processes from the GPU collector where one is sampled."""
+    from agent.watch.attribution import Attributor
+    from agent.watch.attribution.gpu import detail_for
+    rings = {e.ring.name: e.ring for e in sampler.entries}
+    gpu = next((e.collector for e in sampler.entries if hasattr(e.collector, "history") and
+                getattr(e.collector, "name", "") == "gpu"), None)
+    return Attributor(rings, cfg.probe_cpus, who_ran=sched.who_ran,
+                      others_share=sched.others_share, irq_desc=lambda: irq.descriptions,
+                      gpu_detail=detail_for(gpu) if gpu is not None else None,
+                      baseline_s=cfg.baseline_s)

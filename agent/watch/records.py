@@ -1,0 +1,77 @@
+"""The spike log's records and the counts read from them (:class:`SpikeRecords`).
+
+Every spike ends as one record: named (attributed, or inheriting a cause: :meth:`log`) or
+"not attributed: why" (:meth:`drop`). A named one is written to the spike log (flushed),
+counted (cause, delay since the spike's end on the session clock), given to the metrics and
+the live view's latest spikes, and offered to the flight recorder. The summary, the live view
+and the metrics read the counts (through the session's properties).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from agent.watch import summary as summary_
+from agent.watch.attribution import Spike
+
+DELAYS_KEPT = 10000  # attribution delays kept for the summary (the older half dropped beyond)
+
+
+def _iso(wall_ns: int) -> str:
+    return datetime.fromtimestamp(wall_ns / 1e9, tz=UTC).isoformat(
+        timespec="microseconds")
+
+
+class SpikeRecords:
+    """``spike_log``: an :class:`~agent.watch.output.SpikeLog`; ``flight``: the
+    :class:`~agent.watch.flight.FlightRecorder`; ``clock``: the session's (monotonic ns);
+    ``wall_off``: wall − monotonic ns (the records' ``time``); ``metrics``: a MetricsFeed."""
+
+    def __init__(self, spike_log, flight, clock: Callable[[], int], wall_off: int,
+                 metrics=None) -> None:
+        self.spike_log = spike_log
+        self.flight = flight
+        self.clock = clock
+        self.wall_off = wall_off
+        self.metrics = metrics
+        self.attributed = 0  # logged with a cause (inherited ones included)
+        self.not_attributed = 0
+        self.cause_counts: Counter[str] = Counter()
+        self.cause_details: dict[str, Counter[str]] = {}  # cause → its top details, counted
+        self.last_spikes: deque[dict] = deque(maxlen=8)
+        self.attr_delays_ms: list[float] = []
+
+    def head(self, sp: Spike) -> dict:
+        """The fields every spike record starts with."""
+        return {"time": _iso(sp.end_ns + self.wall_off), "seq": sp.seq,
+                "latency_us": round(sp.latency_ns / 1e3, 1)}
+
+    def log(self, sp: Spike, body: dict) -> dict:
+        """Write a spike record with a cause (``body``: cause, causes, evidence...) and do
+        the bookkeeping every named spike gets: counts, delays, metrics, live view, the
+        flight recorder."""
+        delay_ms = (self.clock() - sp.end_ns) / 1e6
+        rec = {**self.head(sp), "p50_us": round(sp.p50_ns / 1e3, 1), "pid": sp.pid,
+               "tid": sp.tid, **body, "attributed_after_ms": round(delay_ms, 1)}
+        self.spike_log.write(rec)
+        self.attributed += 1
+        self.attr_delays_ms.append(delay_ms)
+        if len(self.attr_delays_ms) > DELAYS_KEPT:
+            del self.attr_delays_ms[:DELAYS_KEPT // 2]
+        self.cause_counts[rec["cause"]] += 1
+        self.last_spikes.append(rec)
+        if self.metrics is not None:
+            self.metrics.spike(rec["cause"])
+        self.flight.offer(sp, rec)
+        return rec
+
+    def detail(self, cause: str, detail: str) -> None:
+        """Count an attributed spike's top detail under its cause (the summary's examples)."""
+        self.cause_details.setdefault(cause, Counter())[summary_.short(detail)] += 1
+
+    def drop(self, sp: Spike, why: str) -> None:
+        """Write ``sp`` "not attributed: ``why``"."""
+        self.not_attributed += 1
+        self.spike_log.write({**self.head(sp), "cause": None, "note": f"not attributed: {why}"})
