@@ -785,3 +785,23 @@ def test_rows_are_waited_for_from_the_20_hz_collectors_not_the_slower_ones():
     assert s.ring("twenty").latest_t1 == 250_000_000
     assert s.covered_ns() == 250_000_000
     assert s.covered_ns(max_period_s=0.1) == 200_000_000
+
+
+def test_the_python_sampler_stamps_its_rows_with_the_injected_clock():
+    """Sampler(clock=...): round() without a time stamps the rows on that clock (the rows'
+    logic on virtual time, no real sleep or wall time involved)."""
+    from agent.watch.sampling.python import Sampler
+
+    class C:
+        name, period_s = "c", 0.0
+
+        def sample(self):
+            return {"c.x": 1.0}
+
+    clock = VirtualClock(5 * 10**9)
+    s = Sampler([C()], hz=100, clock=clock)
+    s.round()
+    clock.advance(0.01)
+    s.round()
+    assert s.latest_ns() == s.ring("c").latest_t1 == 5 * 10**9 + 10_000_000
+    assert s.covered_ns() == clock()

@@ -72,14 +72,20 @@ class SamplerStats:
 
 
 class Sampler:
-    """Runs collectors at ``hz`` on a thread pinned to ``cpus`` (housekeeping)."""
+    """Runs collectors at ``hz`` on a thread pinned to ``cpus`` (housekeeping).
+
+    ``clock`` (monotonic ns) stamps the rows of :meth:`round` (tests drive rounds on virtual
+    time); the thread's loop paces itself in real time. (The native sampler's rows carry the
+    helper's CLOCK_MONOTONIC round times: it keeps the real clock.)"""
 
     mode = "python"
 
     def __init__(self, collectors: list, hz: float = 100.0, cpus: list[int] | None = None,
                  capacity_s: float = 30.0, max_failures: int = 3,
-                 on_result: Callable[[CollectorResult], None] | None = None) -> None:
+                 on_result: Callable[[CollectorResult], None] | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.hz = float(hz)
+        self.clock = clock
         self.period_ns = int(1e9 / self.hz)
         self.cpus = list(cpus) if cpus else None
         self.max_failures = max_failures
@@ -165,7 +171,7 @@ class Sampler:
         inlined (a failure is caught, timed and reported; it never stops the others): the
         per-call dataclass and float timing cost a measurable share of the 100 Hz budget;
         :class:`~collectors.base.CollectorResult` is only built for ``on_result``."""
-        now = time.monotonic_ns() if now_ns is None else now_ns
+        now = self.clock() if now_ns is None else now_ns
         t_start = time.perf_counter_ns()
         self._sample_due(self.entries, now)
         self._latest = now
@@ -241,7 +247,7 @@ class Sampler:
             except OSError as exc:
                 self.pin_error = f"cannot pin sampler to CPUs {self.cpus}: {exc.strerror}"
         self._cpu0 = time.thread_time_ns()
-        self.stats.started_ns = time.monotonic_ns()
+        self.stats.started_ns = self.clock()
 
     def _account(self) -> None:
         """The sampler's CPU time so far (this thread's)."""
