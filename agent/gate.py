@@ -584,8 +584,8 @@ def _run_concurrent(callers: int, settings, config) -> ScenarioRun:
         (d / "config.json").write_text(json.dumps({
             "settings": settings.to_dict(), "threads": config.to_dict(), "callers": callers,
             "per_caller": per}))
-        env = dict(os.environ)
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from agent.probe.runner import worker_env
+        env = worker_env(settings)  # one BLAS thread for the numpy model, as probe's workers
         with open(d / "worker.log", "wb") as log:
             rc = subprocess.run([sys.executable, "-P", "-m", "agent.gate", "concurrent", str(d)],
                                 stdout=log, stderr=log, env=env, check=False).returncode

@@ -176,6 +176,23 @@ def test_worker_env_single_blas_thread_for_numpy_only(monkeypatch):
     assert worker_env(build()[0])["OPENBLAS_NUM_THREADS"] == "8"
 
 
+def test_gate_concurrent_worker_gets_the_probe_worker_env(monkeypatch):
+    """gate's concurrentN worker runs with the probe workers' environment (one BLAS thread
+    for the numpy model), not the caller's."""
+    import agent.gate as gate
+    seen = {}
+
+    def fake_run(argv, *, env, **_kw):
+        seen.update(env)
+        raise RuntimeError("stop here")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
+    monkeypatch.setattr(subprocess, "run", fake_run)  # gate imports it in the function
+    s, c = build(model="numpy")
+    with pytest.raises(RuntimeError, match="stop here"):
+        gate._run_concurrent(2, s, c[0])
+    assert seen["OPENBLAS_NUM_THREADS"] == "1"
+
+
 # -- without TensorFlow, end to end ----------------------------------------------------------
 def test_apply_threads_imports_tf_only_for_thread_counts(no_tf_env):
     code = ("from agent.probe.config import ThreadConfig\n"

@@ -50,14 +50,18 @@ def render(result: ProbeResult, console: Console | None = None) -> None:
     h = result.host
     con.print(f"[bold]hftagent probe[/bold] · model [cyan]{m.get('name')}[/cyan] "
               f"({m.get('kind')}) · input {m.get('input_name')} {m.get('probe_shape')} "
-              f"{m.get('input_dtype')} · TF {h.get('tensorflow')} · LiteRT {h.get('litert')} · "
-              f"{h.get('cpu_count')} CPUs")
+              f"{m.get('input_dtype')} · " + (
+                  "numpy (no TensorFlow on this path)" if m.get("kind") == "numpy" else
+                  f"TF {h.get('tensorflow')} · LiteRT {h.get('litert')}")
+              + f" · {h.get('cpu_count')} CPUs")
     st = result.settings
     mode = (f"open loop at {st['rate_hz']:g} Hz (table: response time from the intended start)"
             if st.get('rate_hz') else "closed loop")
     con.print(f"{mode} · warm-up ≥ {st['warmup']} calls · target {st['samples'] or '—'} samples"
               f" · budget {st['duration_s'] or '—'} s/run · jitter threshold "
-              f"{st['threshold_us']:g} µs · reference: fp32 {m.get('reference', 'graph')}")
+              f"{st['threshold_us']:g} µs · reference: "
+              + ("none (numpy stand-in: one variant)" if m.get("kind") == "numpy" else
+                 f"fp32 {m.get('reference', 'graph')}"))
     configs = list(dict.fromkeys(r.config["id"] for r in result.runs))
     for cid in configs:
         runs = [r for r in result.runs if r.config["id"] == cid]
