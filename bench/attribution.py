@@ -30,7 +30,8 @@ from collectors.parsers import parse_proc_stat  # noqa: E402
 def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     cfg = WatchConfig(probe=args.probe, probe_cpus=[probe_cpu], housekeeping_cpus=[hk_cpu],
                       duration_s=None, rate_hz=args.rate, k_p50=args.k,
-                      spike_log=None, baseline_s=10.0, sampler=args.sampler)
+                      spike_log=None, baseline_s=10.0, sampler=args.sampler,
+                      trace=args.trace)
     records: list[dict] = []  # the records in memory (the same dicts as the JSONL log)
     s = WatchSession(cfg, on_record=records.append)
     s.start()
@@ -73,7 +74,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
 def _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params) -> None:
     """Enter the fault's context (kit raises when a helper dies at once)."""
     if fault == "cpu_hog":
-        stack.enter_context(kit.cpu_hog(probe_cpu, nice=args.hog_nice))
+        params["pids"] = stack.enter_context(kit.cpu_hog(probe_cpu, nice=args.hog_nice))
     elif fault == "cpu_hog_rt":
         # The watch tests' hog: SCHED_FIFO, busy 3 × the probe's P50 so far
         # (at least 1.5 ms) of every ~4.9 × that (jittered)
@@ -81,15 +82,15 @@ def _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params) -> None:
         params["rt_burst_ms"] = burst
         # SCHED_FIFO where a child may use it, else the same bursts at nice -10
         params["policy"] = "SCHED_FIFO 1" if kit.rt_permitted() else "nice -10"
-        stack.enter_context(kit.cpu_hog(
+        params["pids"] = stack.enter_context(kit.cpu_hog(
             probe_cpu, burst_ms=burst, rt_prio=1 if kit.rt_permitted() else 0,
             nice=0 if kit.rt_permitted() else -10))
     elif fault == "softirq_flood":
-        stack.enter_context(kit.softirq_flood(probe_cpu, hk_cpu))
+        params["pids"] = stack.enter_context(kit.softirq_flood(probe_cpu, hk_cpu))
     elif fault == "memory_pressure":
         stack.enter_context(kit.memory_pressure(pid))
     elif fault == "oversubscription":
-        stack.enter_context(kit.oversubscription(nice=args.hog_nice))
+        params["pids"] = stack.enter_context(kit.oversubscription(nice=args.hog_nice))
     elif fault == "migration":
         stack.enter_context(kit.migration(pid, (probe_cpu, hk_cpu),
                                           hz=args.migration_hz))
@@ -116,6 +117,7 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
                   for r in recs if r["cause"] == "unexplained" and r.get("inherited_from") is None
                   and r.get("in_process"))
     summ = s.summary()
+    ev = event_figures(fault, exp, recs, params.get("pids") or [])
     return {"fault": fault or "none", "expected": exp, "samples": summ["samples"],
             "p50_us": summ["p50_us"], "p99_us": summ["p99_us"], "spikes": n,
             "right": right, "wrong": wrong, "unexplained": unexpl,
@@ -133,7 +135,53 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
             "sampler": summ["sampler"].get("mode"),
             "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
             "source_error": summ["source_error"], "rc": rc,
+            "events": ev, "trace": summ.get("events", {}).get("active"),
             "fault_check": check, "fault_params": params, "fault_error": fault_error}
+
+
+# What names each fault's culprit in a spike's kernel-event breakdown (agent/watch/events):
+# the kit's own tasks by pid for the CPU faults, the NET_RX softirq for the flood. The
+# memory and migration faults have no culprit that runs instead of the probe (page reclaim
+# and affinity flips happen in the probe's own context): culprit naming does not apply.
+_TASK_FAULTS = ("cpu_hog", "cpu_hog_rt", "oversubscription")
+
+
+def _names_culprit(fault: str, rec: dict, pids: list[int]) -> bool:
+    whats = [b["what"] for b in rec["events"].get("breakdown", []) if b["what"] != "unexplained"]
+    if fault in _TASK_FAULTS:
+        tags = tuple(f"[{p}]" for p in pids)
+        return any(w.endswith(tags) or any(t in w for t in tags) for w in whats)
+    if fault == "softirq_flood":
+        return any("NET_RX" in w for w in whats)
+    return False
+
+
+def event_figures(fault: str | None, exp: str | None, recs: list[dict], pids: list[int]
+                  ) -> dict:
+    """Per fault, over the spikes attributed directly (not inherited) that carry a kernel-
+    event timeline: how many, the share of the right ones whose breakdown names the culprit,
+    the unexplained time as a share of the summed excess over P50, and (for the quiet run)
+    how many spikes blame a task of the fault kit."""
+    timed = [r for r in recs if r.get("inherited_from") is None
+             and "timeline" in (r.get("events") or {})]
+    unexpl = sum(b["us"] for r in timed for b in r["events"].get("breakdown", [])
+                 if b["what"] == "unexplained")
+    excess = sum(max(0.0, r["latency_us"] - (r.get("p50_us") or 0.0)) for r in timed)
+    tasks: Counter = Counter()
+    for r in timed:  # what ran most instead of the probe, when that was a task
+        ents = [e for e in r["events"]["timeline"].get("entities", []) if e["kind"] != "probe"]
+        top = max(ents, key=lambda e: e["us"], default=None)
+        if top is not None and top["kind"] == "task":
+            tasks[top["label"]] += 1
+    out = {"timed": len(timed), "top_tasks": dict(tasks.most_common(5)), "own": sum(1 for r in recs if r.get("inherited_from") is None),
+           "unexplained_us": round(unexpl, 1), "excess_us": round(excess, 1),
+           "unexplained_share": round(unexpl / excess, 4) if excess else None}
+    if fault in _TASK_FAULTS or fault == "softirq_flood":
+        right = [r for r in timed if r["cause"] == exp]
+        named = sum(1 for r in right if _names_culprit(fault, r, pids))
+        out.update(right_timed=len(right), culprit_named=named,
+                   culprit_named_share=round(named / len(right), 3) if right else None)
+    return out
 
 
 def fault_check(pid: int) -> dict:
@@ -205,6 +253,9 @@ def main() -> int:
     ap.add_argument("--migration-hz", type=float, default=20.0)
     ap.add_argument("--faults", default="none,cpu_hog,cpu_hog_rt,softirq_flood,"
                     "memory_pressure,oversubscription,migration")
+    ap.add_argument("--trace", default="auto", choices=("auto", "on", "off", "mount"),
+                    help="watch's kernel events (agent/watch/events): the culprit and "
+                    "unexplained-time figures need them")
     ap.add_argument("--json")
     ap.add_argument("--log-dir", help="write each fault's spike records (JSONL) here")
     args = ap.parse_args()
@@ -231,6 +282,14 @@ def main() -> int:
         us = f"{100 * r['unexplained'] / r['spikes']:.0f}%" if r["spikes"] else "-"
         print(f"{r['fault']:<18}{r['spikes']:>7}{rs:>8}{ws:>8}{us:>8}  {r['p50_us']:>8}"
               f"{r['p99_us']:>9}  {r['delay_ms_p50']}/{r['delay_ms_max']}")
+    print(f"\n{'fault':<18}{'timed':>7}{'culprit named':>15}{'unexpl time':>13}  top tasks "
+          "(kernel events)")
+    for r in out:
+        e = r["events"]
+        cn = "-" if e.get("culprit_named_share") is None else \
+            f"{100 * e['culprit_named_share']:.0f}%"
+        un = "-" if e["unexplained_share"] is None else f"{100 * e['unexplained_share']:.1f}%"
+        print(f"{r['fault']:<18}{e['timed']:>7}{cn:>15}{un:>13}  {e['top_tasks']}")
     for r in out:
         if r.get("fault_error"):
             print(f"{r['fault']}: the fault did not run: {r['fault_error']}")
