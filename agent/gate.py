@@ -568,129 +568,27 @@ def stressed_checks(cur: GateInput, load: dict | None, quiet: GateInput | None,
 
 
 def _run_concurrent(callers: int, settings, config) -> ScenarioRun:
-    import json
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
+    """``callers`` threads share one callable in one probe worker (ProbeSettings.callers,
+    agent/probe/worker.py run_task): ceil(samples / callers) closed-loop calls each, after one
+    cold call and the warm-up; a LiteRT variant's interpreter is shared through a lock."""
+    import copy
 
-    from agent.probe.runner import host_info
+    from agent.probe.runner import run_probe
     from agent.probe.stats import summarize
-    total = settings.samples or P99_MIN_SAMPLES * 2
-    per = -(-total // callers)
-    with tempfile.TemporaryDirectory(prefix="hftagent-gate-") as td:
-        d = Path(td)
-        (d / "config.json").write_text(json.dumps({
-            "settings": settings.to_dict(), "threads": config.to_dict(), "callers": callers,
-            "per_caller": per}))
-        from agent.probe.runner import worker_env
-        env = worker_env(settings)  # one BLAS thread for the numpy model, as probe's workers
-        with open(d / "worker.log", "wb") as log:
-            rc = subprocess.run([sys.executable, "-P", "-m", "agent.gate", "concurrent", str(d)],
-                                stdout=log, stderr=log, env=env, check=False).returncode
-        if (d / "fatal.json").exists():
-            raise AgentError(json.loads((d / "fatal.json").read_text())["error"])
-        if rc != 0 or not (d / "result.json").exists():
-            tail = [ln for ln in (d / "worker.log").read_text(errors="replace").splitlines()
-                    if ln.strip()][-1:]
-            raise AgentError(f"concurrent{callers} worker failed (exit {rc})"
-                             f"{': ' + tail[0][:200] if tail else ''}")
-        info = json.loads((d / "result.json").read_text())
-        lat = np.load(d / "latency.npy")
-    summary = {"model": info["model"], "settings": settings.to_dict(), "host": host_info(),
-               "latency": summarize(lat), "scenario": f"concurrent{callers}",
-               "callers": callers, "per_caller": per, "notes": info["notes"],
-               "run": {"variant": settings.variants[0], "config": config.to_dict(),
-                       "cold_start_ns": info["cold_start_ns"], "warmup": info["warmup"]}}
-    return ScenarioRun(f"concurrent{callers}", settings.variants[0], lat,
-                       [info["cold_start_ns"]], summary)
-
-
-def _concurrent_worker(d) -> int:
-    """``python -m agent.gate concurrent DIR``: N caller threads share one callable."""
-    import json
-    import os
-    import threading
-    import time
-    from pathlib import Path
-
-    from agent.probe.config import ProbeSettings, ThreadConfig
-    d = Path(d)
-    cfg = json.loads((d / "config.json").read_text())
-    settings = ProbeSettings.from_dict(cfg["settings"])
-    threads = ThreadConfig.from_dict(cfg["threads"])
-    callers, per = int(cfg["callers"]), int(cfg["per_caller"])
-    os.dup2(2, 1)
-    try:
-        from agent.probe.worker import apply_threads, load_input
-        apply_threads(threads)
-        from agent.probe.harness import warm_up
-        from agent.probe.models import load_model, resolve_shape
-        from agent.probe.variants import VariantFailed, VariantUnavailable, build_callable
-        model = load_model(settings.model)
-        base, _ = resolve_shape(model.input_shape,
-                                tuple(settings.shape) if settings.shape else None)
-        shape = (1, *base[1:])
-        x = load_input(settings.input_data, shape, model.input_dtype)
-        variant = settings.variants[0]
-        try:
-            built = build_callable(model, variant, shape, threads=threads.intra)
-        except (VariantFailed, VariantUnavailable) as exc:
-            raise AgentError(f"concurrent: {variant}: {exc}") from None
-    except AgentError as exc:
-        (d / "fatal.json").write_text(json.dumps({"error": str(exc)}))
-        return 3
-    notes = list(built.notes)
-    inner = built.bind(x)
-    if variant.startswith("tflite"):
-        # A LiteRT interpreter must not be invoked from two threads at once: the callers share
-        # it through a lock, so their latencies include the queueing a shared model causes.
-        lock = threading.Lock()
-
-        def fn() -> object:
-            with lock:
-                return inner()
-        notes.append("LiteRT interpreter shared by the callers through a lock")
-    else:
-        fn = inner
-    t0 = time.perf_counter_ns()
-    fn()
-    cold = time.perf_counter_ns() - t0
-    w = warm_up(fn, settings.warmup, budget_ns=int(settings.warmup_budget_s * 1e9))
-    lat = np.zeros((callers, per), dtype=np.int64)
-    barrier = threading.Barrier(callers)
-    errors: list[str] = []
-
-    def caller(i: int) -> None:
-        row = memoryview(lat[i])
-        clock = time.perf_counter_ns
-        try:
-            barrier.wait()
-            for j in range(per):
-                s = clock()
-                fn()
-                row[j] = clock() - s
-        except Exception as exc:  # noqa: BLE001 - reported, the run is failed below
-            errors.append(f"caller {i}: {type(exc).__name__}: {exc}")
-    ts = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(callers)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        (d / "fatal.json").write_text(json.dumps({"error": errors[0]}))
-        return 3
-    np.save(d / "latency.npy", lat.ravel())
-    info = model.describe()
-    info["probe_shape"] = list(base)
-    (d / "result.json").write_text(json.dumps({"model": info, "cold_start_ns": cold,
-                                               "warmup": w.to_dict(), "notes": notes}))
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-    if len(sys.argv) == 3 and sys.argv[1] == "concurrent":
-        sys.exit(_concurrent_worker(sys.argv[2]))
-    sys.exit("usage: python -m agent.gate concurrent DIR")
+    s = copy.deepcopy(settings)
+    s.callers = callers
+    s.samples = settings.samples or P99_MIN_SAMPLES * 2
+    per = -(-s.samples // callers)
+    result, arrays = run_probe(s, [config])
+    r, a = result.runs[0], arrays[0]
+    name = f"concurrent{callers}"
+    if not r.ok or a is None:
+        raise AgentError(f"{name} scenario: {r.variant} {r.status}: {r.reason}")
+    lat = a.latency_ns
+    d = result.to_dict()
+    summary = {"model": d["model"], "settings": d["settings"], "host": d["host"],
+               "latency": summarize(lat), "scenario": name, "callers": callers,
+               "per_caller": per, "notes": list(r.notes),
+               "run": {"variant": r.variant, "config": r.config,
+                       "cold_start_ns": r.cold_start_ns, "warmup": r.warmup}}
+    return ScenarioRun(name, r.variant, lat, [r.cold_start_ns], summary)

@@ -35,6 +35,10 @@ def test_three_scenarios_run_record_and_gate(tmp_path):
         assert h.samples(runs["warm"].id).size == 1000
         conc = runs["concurrent16"]
         assert h.samples(conc.id).size == 16 * 63 and conc.summary["callers"] == 16
+        # one probe worker in its callers mode (ProbeSettings.callers): one run of 16 callers
+        assert conc.summary["per_caller"] == 63 and conc.summary["settings"]["callers"] == 16
+        assert "LiteRT interpreter shared by the callers through a lock" in conc.summary["notes"]
+        assert conc.summary["run"]["variant"] == "tflite" and conc.summary["run"]["warmup"]
         # 16 callers sharing one interpreter queue behind each other. The median can stay low
         # (an unfair lock lets the releasing thread re-take it: a convoy), but by Little's law
         # the mean latency is about the number of callers in flight times the service time.

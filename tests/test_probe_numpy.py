@@ -176,21 +176,25 @@ def test_worker_env_single_blas_thread_for_numpy_only(monkeypatch):
     assert worker_env(build()[0])["OPENBLAS_NUM_THREADS"] == "8"
 
 
-def test_gate_concurrent_worker_gets_the_probe_worker_env(monkeypatch):
-    """gate's concurrentN worker runs with the probe workers' environment (one BLAS thread
-    for the numpy model), not the caller's."""
+def test_gate_concurrent_is_the_probe_workers_callers_mode(monkeypatch):
+    """gate's concurrentN runs through the probe's runner (one worker process, its
+    environment: one BLAS thread for the numpy model) with ProbeSettings.callers = N; the
+    caller's settings are left as they were."""
     import agent.gate as gate
-    seen = {}
+    import agent.probe.runner as runner
+    seen = []
 
-    def fake_run(argv, *, env, **_kw):
-        seen.update(env)
+    def fake_run_probe(settings, configs=None, **_kw):
+        seen.append((settings, configs))
         raise RuntimeError("stop here")
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
-    monkeypatch.setattr(subprocess, "run", fake_run)  # gate imports it in the function
-    s, c = build(model="numpy")
+    monkeypatch.setattr(runner, "run_probe", fake_run_probe)
+    s, c = build(model="numpy", samples=1000)
     with pytest.raises(RuntimeError, match="stop here"):
-        gate._run_concurrent(2, s, c[0])
-    assert seen["OPENBLAS_NUM_THREADS"] == "1"
+        gate._run_concurrent(16, s, c[0])
+    ((ran, configs),) = seen
+    assert ran.callers == 16 and ran.samples == 1000 and configs == [c[0]]
+    assert s.callers == 1
+    assert not hasattr(gate, "_concurrent_worker")
 
 
 # -- without TensorFlow, end to end ----------------------------------------------------------
@@ -233,6 +237,36 @@ def test_probe_runs_closed_and_open_loop_without_tf(no_tf_env):
         assert any("not a TensorFlow one" in n and "BLAS threads 1" in n for n in r["notes"])
     assert closed["mode"] == "closed" and closed["n"] == 300
     assert opened["mode"] == "open" and opened["resp"] and opened["resp"] > 0
+
+
+def test_gate_concurrent4_without_tf(no_tf_env):
+    """``gate --model numpy --scenarios concurrent4``'s scenario: four caller threads in one
+    probe worker, their samples one run (ceil(300 / 4) = 75 each), no TensorFlow anywhere."""
+    code = (
+        "import json\n"
+        "from agent import gate\n"
+        "from agent.probe import options\n"
+        f"kw = {DEFAULTS!r}\n"
+        "kw.update(model='numpy', samples=300, warmup=20)\n"
+        "s, c = options.build(**kw)\n"
+        "sr = gate.run_scenario('concurrent4', s, c[0])\n"
+        "sm = sr.summary\n"
+        "print(json.dumps({'n': int(sr.latency_ns.size), 'variant': sr.variant,\n"
+        "                  'cold': sr.cold_start_ns, 'keys': sorted(sm), 'run': sm['run'],\n"
+        "                  'callers': sm['callers'], 'per': sm['per_caller'],\n"
+        "                  'count': sm['latency']['count'], 'notes': sm['notes'],\n"
+        "                  'settings_callers': sm['settings']['callers']}))\n")
+    p = _py(code, no_tf_env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["n"] == 300 and out["count"] == 300 and out["variant"] == "numpy"
+    assert out["callers"] == 4 and out["per"] == 75 and out["settings_callers"] == 4
+    assert out["keys"] == sorted(["model", "settings", "host", "latency", "scenario",
+                                  "callers", "per_caller", "notes", "run"])
+    assert sorted(out["run"]) == ["cold_start_ns", "config", "variant", "warmup"]
+    assert out["run"]["variant"] == "numpy" and out["cold"] == [out["run"]["cold_start_ns"]]
+    assert out["run"]["warmup"]["calls"] >= 20
+    assert any("BLAS threads 1" in n for n in out["notes"])
 
 
 def test_cli_probe_numpy_without_tf_is_recorded(no_tf_env, tmp_path):

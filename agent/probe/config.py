@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from agent.defaults import JITTER_THRESHOLD_US as DEFAULT_THRESHOLD_US  # (5 ms)
 from agent.defaults import MAX_THRESHOLD_US as MAX_THRESHOLD_US  # (1000 s)
+from agent.errors import AgentError
 from agent.probe.models import ModelSpec
 from agent.stats import P999_MIN_SAMPLES
 
@@ -26,6 +27,7 @@ MAX_THREADS = 4096            # TF thread pools; far above any machine's CPU cou
 MAX_BATCH = 65_536
 MAX_INPUT_ELEMENTS = 1 << 26  # per input: 256 MB of float32
 MAX_NPY_BYTES = 1 << 30       # --input-data / --calib files
+MAX_CALLERS = 256             # caller threads sharing one callable (gate's concurrentN)
 
 
 @dataclass
@@ -72,6 +74,23 @@ class ProbeSettings:
     agree_n: int = 64
     sweep: str | None = None
     idle_gaps_ns: list[int] | None = None  # --idle-gaps: the gap loop instead of the timed loop
+    # Caller threads sharing the one bound callable in the timed loop (closed loop; gate's
+    # concurrentN): 1 is the plain probe.
+    callers: int = 1
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse a ``callers`` outside 1..MAX_CALLERS, or several callers with a schedule of
+        its own (--rate, --idle-gaps): the callers run back to back."""
+        c = self.callers
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CALLERS:
+            raise AgentError(f"callers must be an integer in 1..{MAX_CALLERS}, got {c!r}")
+        if c > 1 and self.rate_hz:
+            raise AgentError("several callers run a closed loop: not with a --rate schedule")
+        if c > 1 and self.idle_gaps_ns:
+            raise AgentError("several callers run a closed loop: not with --idle-gaps")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -2,7 +2,8 @@
 
 Reusable on its own (``hftagent watch`` uses :func:`time_loop` for its open-loop probe):
 ``time_loop(fn, n, rate_hz=None)`` calls the zero-argument ``fn`` ``n`` times and returns a
-:class:`Samples` of raw per-sample columns. No TensorFlow here.
+:class:`Samples` of raw per-sample columns; :func:`concurrent_loop` runs the closed loop in
+several caller threads sharing ``fn`` (gate's concurrentN). No TensorFlow here.
 
 Per sample the loop records (all int64):
 
@@ -30,6 +31,7 @@ assignment), and there is no histogram or progress work inside it.
 from __future__ import annotations
 
 import resource
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -187,6 +189,50 @@ def _open(fn: Callable[[], object], n: int, deadline: int, data: np.ndarray,
         if t1 >= hard_stop:
             break
     return i, scheduled - i
+
+
+class CallerFailed(Exception):
+    """A caller thread of :func:`concurrent_loop` raised: the message names the caller."""
+
+
+def concurrent_loop(fn: Callable[[], object], callers: int, per: int, *,
+                    deadline_ns: int | None = None, buf: np.ndarray | None = None
+                    ) -> Samples:
+    """``callers`` threads, released together by a barrier, each call ``fn()`` ``per`` times
+    back to back (the closed loop of :func:`time_loop`, rusage columns per calling thread).
+
+    The callers share ``fn``: a callable that is not thread-safe must bring its own lock.
+    ``deadline_ns`` stops each caller early (at least one call each); ``buf``: preallocated
+    columns for ``callers * per`` samples. Returns one closed-loop
+    :class:`Samples`: caller 0's samples, then caller 1's, ... Raises :class:`CallerFailed`
+    with the first caller's error when any caller's ``fn`` raised."""
+    if callers < 1 or per < 1:
+        raise ValueError("callers and per must be >= 1")
+    data = buf if buf is not None else allocate(callers * per)
+    if data.shape[0] != len(COLUMNS) or data.shape[1] < callers * per:
+        raise ValueError("buffer too small")
+    deadline = _NEVER if deadline_ns is None else int(deadline_ns)
+    barrier = threading.Barrier(callers)
+    counts = [0] * callers
+    errors: list[str] = []
+
+    def caller(i: int) -> None:
+        try:
+            barrier.wait()
+            counts[i] = _closed(fn, per, deadline, data[:, i * per:(i + 1) * per])
+        except Exception as exc:  # noqa: BLE001 - reported once every caller is done
+            errors.append(f"caller {i}: {type(exc).__name__}: {exc}")
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True,
+                                name=f"probe-caller-{i}") for i in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise CallerFailed(errors[0])
+    out = np.concatenate([data[:, i * per:i * per + counts[i]] for i in range(callers)], axis=1)
+    out[0] = out[1]  # closed loop: intended start = actual start
+    return Samples(out, open_loop=False, rate_hz=None)
 
 
 def bare_loop(fn: Callable[[], object], n: int) -> np.ndarray:

@@ -37,6 +37,8 @@ Schema ``hftagent.probe`` version 1 (all durations int nanoseconds unless named 
       "timed_budget_hit": bool, "recommended": bool, "notes": [str],
       "unserved": int   # open loop: requests scheduled before the deadline but never started
                         # (offered rate above capacity): response percentiles are lower bounds
+      "callers": int    # caller threads sharing the callable in the closed timed loop (1;
+                        # gate's concurrentN: N, their samples concatenated caller by caller)
     }
 
     The headline figures of a run (table, recommendation, gate) are its ``response`` summary
@@ -82,6 +84,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     unserved: int = 0
     idle_gaps: list[dict] | None = None  # probe --idle-gaps: one row per gap (agent.probe.idle)
+    callers: int = 1  # caller threads sharing the callable in the timed loop (gate concurrentN)
 
     def to_dict(self) -> dict:
         return asdict(self)

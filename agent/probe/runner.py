@@ -51,6 +51,7 @@ def run_probe(settings: ProbeSettings, configs: list[ThreadConfig] | None = None
     Returns the summary and, parallel to ``result.runs``, the raw Samples (None where the run
     did not get to the timed loop). Raises AgentError when the model or inputs are unusable.
     """
+    settings.validate()  # callers in range, and not with --rate/--idle-gaps
     configs = configs or [ThreadConfig()]
     runs: list[RunResult] = []
     arrays: list[Samples | None] = []
@@ -125,7 +126,8 @@ def _run_worker(settings: ProbeSettings, cfg: ThreadConfig, d: Path,
             r = RunResult.from_dict(json.loads(f.read_text()))
         else:
             r = RunResult(variant=variant, batch=batch, config=cfg.to_dict(), status="failed",
-                          reason=crashed.get(i, "not run: the worker stopped early"))
+                          reason=crashed.get(i, "not run: the worker stopped early"),
+                          callers=settings.callers)
         s = None
         npy = d / f"samples-{i}.npy"
         if npy.exists():

@@ -6,6 +6,8 @@ Run as ``python -m agent.probe.worker DIR``. Reads ``DIR/config.json`` ({"settin
 when nothing can run (bad model or input). Progress events go to the original stdout as JSON
 lines; anything else printed (TF, Keras) is redirected to stderr so it cannot corrupt them.
 Tasks whose result file exists are skipped: the parent restarts a crashed worker for the rest.
+With ``settings.callers`` > 1 (``hftagent gate --scenarios concurrentN``) the timed loop of each
+task runs in that many caller threads sharing the one bound callable (:func:`run_task`).
 """
 
 from __future__ import annotations
@@ -88,10 +90,16 @@ def run_task(model, variant: str, shape: tuple[int, ...], settings: ProbeSetting
              cfg: ThreadConfig, x: np.ndarray, agree: tuple[np.ndarray, np.ndarray] | None,
              calib: np.ndarray | None, emit=lambda **_: None
              ) -> tuple[RunResult, harness.Samples | None]:
-    """Build, cold call, warm up, time and summarise one variant at one shape."""
+    """Build, cold call, warm up, time and summarise one variant at one shape.
+
+    ``settings.callers`` > 1: after the cold call and the warm-up (one thread), that many
+    caller threads share the bound callable in the timed loop (harness.concurrent_loop,
+    ceil(n / callers) calls each, closed loop); their samples form the one run."""
     from agent.probe.variants import VariantFailed, VariantUnavailable, build_callable
+    callers = settings.callers
     r = RunResult(variant=variant, batch=shape[0], config=cfg.to_dict(),
-                  mode="open" if settings.rate_hz else "closed", rate_hz=settings.rate_hz)
+                  mode="open" if settings.rate_hz else "closed", rate_hz=settings.rate_hz,
+                  callers=callers)
     emit(phase="build")
     try:
         built = build_callable(model, variant, shape, threads=cfg.intra, calib=calib)
@@ -104,6 +112,9 @@ def run_task(model, variant: str, shape: tuple[int, ...], settings: ProbeSetting
     r.build_s = built.build_s
     r.notes.extend(built.notes)
     fn = built.bind(x)
+    if callers > 1 and variant.startswith("tflite"):
+        fn = _locked(fn)
+        r.notes.append("LiteRT interpreter shared by the callers through a lock")
     emit(phase="cold")
     try:
         t0 = time.perf_counter_ns()
@@ -126,13 +137,22 @@ def run_task(model, variant: str, shape: tuple[int, ...], settings: ProbeSetting
         n_sched = int((settings.duration_s or 1e9) * settings.rate_hz) + 1
         n = min(n, n_sched) if settings.samples else n_sched
     n = min(n, 5_000_000)
+    per = -(-n // callers)
+    n = per * callers  # every caller makes the same number of calls
     buf = harness.allocate(n)
     budget_ns = int(settings.duration_s * 1e9) if settings.duration_s else None
     expected = n * (1e9 / settings.rate_hz if settings.rate_hz else per_call) / 1e9
     emit(phase="timed", n=n, expected_s=min(expected, settings.duration_s or expected))
     start = time.perf_counter_ns()
-    s = harness.time_loop(fn, n, settings.rate_hz,
-                          deadline_ns=start + budget_ns if budget_ns else None, buf=buf)
+    deadline = start + budget_ns if budget_ns else None
+    if callers == 1:
+        s = harness.time_loop(fn, n, settings.rate_hz, deadline_ns=deadline, buf=buf)
+    else:
+        try:
+            s = harness.concurrent_loop(fn, callers, per, deadline_ns=deadline, buf=buf)
+        except harness.CallerFailed as exc:
+            r.status, r.reason = "failed", f"{callers} callers: {exc}"
+            return r, None
     r.timed_budget_hit = s.count < n
     lat = s.latency_ns
     r.latency = stats.summarize(lat)
@@ -150,8 +170,12 @@ def run_task(model, variant: str, shape: tuple[int, ...], settings: ProbeSetting
         p99 = stats.percentiles(head, (99.0,))[99.0]
         r.attribution = stats.tail_attribution(head, s.column("nivcsw"), s.column("minflt"),
                                                s.column("majflt"), p99)
-        mean = float(lat.mean())
-        r.throughput_per_s = shape[0] * 1e9 / mean if mean > 0 else None
+        if callers == 1:
+            mean = float(lat.mean())
+            r.throughput_per_s = shape[0] * 1e9 / mean if mean > 0 else None
+        else:  # the callers overlap: calls completed over the timed loop's wall time
+            span = int(s.column("end_ns").max() - s.column("start_ns").min())
+            r.throughput_per_s = shape[0] * s.count * 1e9 / span if span > 0 else None
     if r.timed_budget_hit:
         r.notes.append(f"time budget {settings.duration_s:g} s reached after {s.count} of "
                        f"{n} samples")
@@ -168,6 +192,18 @@ def run_task(model, variant: str, shape: tuple[int, ...], settings: ProbeSetting
     elif shape[0] != 1:
         r.notes.append("agreement is measured at batch 1")
     return r, s
+
+
+def _locked(inner):
+    """A LiteRT interpreter must not be invoked from two threads at once: the callers share
+    it through a lock, so their latencies include the queueing a shared model causes."""
+    import threading
+    lock = threading.Lock()
+
+    def fn() -> object:
+        with lock:
+            return inner()
+    return fn
 
 
 def _idle_gaps(r: RunResult, fn, settings: ProbeSettings, per_call: int, emit
