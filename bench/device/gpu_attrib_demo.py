@@ -4,7 +4,7 @@
 collectors.gpu.GpuCollector sampled at 100 Hz in this process (the watcher), the workload
 (gpu_workload.py, a PyTorch LSTM timed per inference) in another process, and a foreign GPU
 process (8192^2 matmul loop) started mid-run. Every slow inference (> 2x the baseline median)
-is then attributed with collectors.gpu.causes_for_windows. Prints a per-second timeline, the
+is then attributed with agent.watch.attribution.gpu.causes_for_windows. Prints a per-second timeline, the
 attribution tally by phase, the collector's own cost, and writes attrib.json to OUT.
 """
 
@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from agent import stats  # noqa: E402
-from collectors.gpu import GpuCollector, Nvml, causes_for_windows  # noqa: E402
+from agent.watch.attribution.gpu import causes_for_windows  # noqa: E402
+from collectors.gpu import GpuCollector, Nvml  # noqa: E402
 from collectors.host import Host  # noqa: E402
 
 WORKLOAD = str(Path(__file__).with_name("gpu_workload.py"))
