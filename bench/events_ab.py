@@ -16,8 +16,11 @@ on within 2 % of off (a paired A/B with a CI, as bench/sampler_ab.py does). This
   sampler), the CPU of the whole watch process (wait4 rusage, start-up included), the probe
   CPU's busy share from /proc/stat over the kept window (the kernel's per-event cost is
   charged on that CPU), and with events on the events a second on the probe CPU
-  (tracefs per_cpu stats, the summary's ``events.rate_per_cpu``), the windows read and their
-  mean read time;
+  (tracefs per_cpu stats, the summary's ``events.rate_per_cpu``), the windows read, their
+  mean read time (wall, the summary's) and their CPU (``Window.cpu_ns``, the reading
+  thread's CPU time, summed by a wrapper of ``EventSource.window`` in the watch process):
+  ``event_read_cpu_share`` is that CPU over the run, ``event_read_wall_share`` windows × the
+  wall mean (what this bench reported before; on a loaded host it counts waiting as cost);
 - the probe P99 (and P50) ratio on/off of pooled samples with a 95 % paired block bootstrap
   interval (bench/abstats.py), the verdict against ``--tol`` (0.02), and the A/A control.
 
@@ -55,11 +58,42 @@ F = {n: i for i, n in enumerate(FIELDS)}
 PS = (0.5, 0.99)
 
 
-def hftagent() -> list[str]:
+# The event reads' CPU: the thread CPU time of each EventSource.window call (what
+# Window.cpu_ns holds; timed around the call here so that a tree without that field is
+# measured the same way), summed in the watch process and written to stderr at exit. The
+# summary's mean_read_us is wall time, which on a loaded host counts the time the reader
+# waited to run (and a first window's wait for the kallsyms table) as if it were CPU.
+READ_CPU_TAG = "events_ab read_cpu_ns "
+_WRAP = ("import atexit, sys, time\n"
+         "from agent.watch.events import tracefs as _t\n"
+         "_acc = [0, 0, 0]\n"
+         "_w = _t.EventSource.window\n"
+         "def _window(self, *a, **k):\n"
+         "    c, t = time.thread_time_ns(), time.perf_counter_ns()\n"
+         "    win = _w(self, *a, **k)\n"
+         "    _acc[0] += time.thread_time_ns() - c; _acc[1] += time.perf_counter_ns() - t\n"
+         "    _acc[2] += 1\n"
+         "    return win\n"
+         "_t.EventSource.window = _window\n"
+         f"atexit.register(lambda: print({READ_CPU_TAG!r} + ' '.join(map(str, _acc)), "
+         "file=sys.stderr))\n")
+
+
+def hftagent(read_cpu: bool = False) -> list[str]:
     """`hftagent` from this tree (agent.cli's entry point, run with the repository as the
-    working directory), whatever is installed."""
-    return [sys.executable, "-c", "import sys; sys.argv[0] = 'hftagent'; "
-            "from agent.cli import main; main()"]
+    working directory), whatever is installed; ``read_cpu``: with the window reads' CPU
+    time reported on stderr (READ_CPU_TAG)."""
+    return [sys.executable, "-c", (_WRAP if read_cpu else "") +
+            "import sys; sys.argv[0] = 'hftagent'; from agent.cli import main; main()"]
+
+
+def read_cpu_of(stderr: str) -> tuple[int, int, int] | None:
+    """(CPU ns, wall ns, windows) of the event reads from a watch run's stderr."""
+    for ln in stderr.splitlines():
+        if ln.startswith(READ_CPU_TAG):
+            a, b, c = (int(x) for x in ln[len(READ_CPU_TAG):].split())
+            return a, b, c
+    return None
 
 
 class CpuBusy:
@@ -103,7 +137,7 @@ class CpuBusy:
 
 
 def run_watch(args, mode: str, ring: Path, probe_cpu: int, hk: list[int], log: Path) -> dict:
-    cmd = [*hftagent(), "watch", "--ring", str(ring), "--cpus", str(probe_cpu),
+    cmd = [*hftagent(read_cpu=mode == "on"), "watch", "--ring", str(ring), "--cpus", str(probe_cpu),
            "--housekeeping", ",".join(map(str, hk)), "--duration", str(args.duration),
            "--sample-hz", str(args.hz), "--trace", args.trace_on if mode == "on" else "off",
            "--json", "--no-live", "--spike-log", str(log)]
@@ -122,7 +156,9 @@ def run_watch(args, mode: str, ring: Path, probe_cpu: int, hk: list[int], log: P
     summ = json.loads(body)
     return {"mode": mode, "t_launch_ns": t_launch, "t_exit_ns": t_exit, "summary": summ,
             "cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": (t_exit - t_launch) / 1e9,
-            "stderr": errtext.strip()}
+            "stderr": "\n".join(ln for ln in errtext.strip().splitlines()
+                                 if not ln.startswith(READ_CPU_TAG)),
+            "read_cpu": read_cpu_of(errtext)}
 
 
 def main() -> int:
@@ -207,6 +243,7 @@ def main() -> int:
         lats[r["mode"]][r["pair"]] = ln
         smp, ev = s.get("sampler", {}), s.get("events", {}) or {}
         dur = s["duration_s"] or float("nan")
+        rc = r.get("read_cpu")  # (cpu ns, wall ns, windows) of the event reads
         blk = {"pair": r["pair"], "mode": r["mode"], "n": int(len(ln)),
                "kept_s": round((t1 - t0) / 1e9, 2),
                "p50_us": round(quantile(ln, 0.5) / 1e3, 1) if len(ln) else None,
@@ -224,8 +261,11 @@ def main() -> int:
                "events_per_s": (ev.get("rate_per_cpu") or {}).get(str(probe_cpu)),
                "event_windows": ev.get("windows"), "event_mean_read_us": ev.get("mean_read_us"),
                "events_lost": ev.get("lost"),
-               "event_read_cpu_share": round(ev.get("windows", 0) * ev.get("mean_read_us", 0)
-                                             / 1e6 / dur, 5) if ev.get("windows") else 0.0}
+               "event_mean_read_cpu_us": round(rc[0] / 1e3 / rc[2], 1) if rc and rc[2] else None,
+               # CPU: the reads' thread CPU time; wall: windows × the summary's mean_read_us
+               "event_read_cpu_share": round(rc[0] / 1e9 / dur, 5) if rc else 0.0,
+               "event_read_wall_share": round(ev.get("windows", 0) * ev.get("mean_read_us", 0)
+                                              / 1e6 / dur, 5) if ev.get("windows") else 0.0}
         blocks.append(blk)
     on_arm = [b for b in blocks if b["mode"] == "on"]
     if not all(b["events_active"] for b in on_arm):
@@ -252,6 +292,7 @@ def main() -> int:
     arms = {m: {k: med(k, m) for k in ("sampler_cpu_share", "helper_cpu_share",
                                        "drain_cpu_share", "watch_process_cpu_share",
                                        "probe_cpu_busy_share", "event_read_cpu_share",
+                                       "event_read_wall_share", "event_mean_read_cpu_us",
                                        "events_per_s", "event_mean_read_us", "event_windows",
                                        "spikes", "p99_us", "p50_us")}
             for m in ("on", "off")}
@@ -298,8 +339,9 @@ def main() -> int:
     print()
     print(f"{'median per block':34} {'on':>9} {'off':>9}")
     for k in ("sampler_cpu_share", "helper_cpu_share", "drain_cpu_share",
-              "event_read_cpu_share", "watch_process_cpu_share", "probe_cpu_busy_share",
-              "events_per_s", "event_windows", "event_mean_read_us", "spikes"):
+              "event_read_cpu_share", "event_read_wall_share", "watch_process_cpu_share",
+              "probe_cpu_busy_share", "events_per_s", "event_windows", "event_mean_read_us",
+              "event_mean_read_cpu_us", "spikes"):
         a, b = arms["on"][k], arms["off"][k]
         print(f"{k:34} {'-' if a is None else f'{a:9.4g}':>9} {'-' if b is None else f'{b:9.4g}':>9}")
     print(f"sampler + event reads with events on: {on_total * 100:.2f} % of one CPU "

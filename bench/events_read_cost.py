@@ -2,6 +2,7 @@
 ``trace_pipe_raw`` pages, and decoding with this project's parser against libtraceevent.
 
     sudo .venv/bin/python bench/events_read_cost.py [--cpu 1] [--buffer-kb 8192] [--json]
+    sudo .venv/bin/python bench/events_read_cost.py --skip-ring --windows 300 --fill-s 10
 
 1. Fills a private instance's ring on ``--cpu`` with a pipe ping-pong storm until it wraps,
    stops that instance's tracing (so each reader sees the same events), then times:
@@ -9,7 +10,12 @@
    non-consuming) and of ``per_cpu/cpuN/trace`` (that CPU only); scanning that text for a
    5 ms window with agent.watch.events.parse.parse_text; and draining every page of
    ``per_cpu/cpuN/trace_pipe_raw`` (consuming) then decoding a 5 ms window from them.
-2. Decodes the captured pages of tests/fixtures/events with agent.watch.events.parse
+2. ``--windows N``: N spike-sized windows read back from a private instance on ``--cpu``
+   after ``--fill-s`` seconds of a bursty SCHED_FIFO hog there (bench/faults/kit.py
+   preempting_hog), each as watch asks for it (``window(start, end + 1 ms, margin 2 ms)``,
+   start random over the kept pages, end 0.5-8 ms later): the CPU of each read
+   (``Window.cpu_ns``, median / P90 / mean) against its wall time, and the events per window.
+3. Decodes the captured pages of tests/fixtures/events with agent.watch.events.parse
    (every field, derived fields included) and, where ``libtraceevent.so.1`` is installed
    (Debian: libtraceevent1), with libtraceevent's kbuffer + tep_read_number_field through
    ctypes (no Python binding of it is packaged in Debian or PyPI), per event.
@@ -123,6 +129,44 @@ def ring_costs(host: Host, cpu: int, buffer_kb: int) -> dict:
     return out
 
 
+def window_costs(host: Host, cpu: int, fill_s: float, n: int, seed: int) -> dict:
+    import random
+    import statistics
+
+    from bench.faults.kit import preempting_hog
+    src = EventSource.open(host, [cpu], buffer_s=10.0)
+    if not src:
+        return {"error": src.reason}
+    try:
+        hog, _ = preempting_hog(cpu)
+        with hog:
+            time.sleep(fill_s)
+            src.drain()
+        ring = src._rings[cpu]
+        if len(ring.pages) < 4:
+            return {"error": f"only {len(ring.pages)} pages after {fill_s:g} s"}
+        t0, t1 = ring.pages[0].ts_ns, ring.pages[-1].ts_ns
+        rng = random.Random(seed)
+        cpu_us, wall_us, nev = [], [], []
+        for _ in range(n):
+            a = rng.randrange(t0 + 10_000_000, t1)
+            win = src.window(a, a + rng.randrange(500_000, 8_000_000) + 1_000_000,
+                             margin_ns=2_000_000)
+            cpu_us.append(win.cpu_ns / 1e3)
+            wall_us.append(win.read_ns / 1e3)
+            nev.append(len(win.events))
+        q = lambda v, p: round(sorted(v)[min(len(v) - 1, int(p * len(v)))], 1)  # noqa: E731
+        return {"windows": n, "pages_kept": len(ring.pages), "fill_s": fill_s,
+                "events_per_s": round(src.rate().get(cpu, 0)),
+                "read_cpu_us": {"median": q(cpu_us, 0.5), "p90": q(cpu_us, 0.9),
+                                "mean": round(statistics.fmean(cpu_us), 1)},
+                "read_wall_us": {"median": q(wall_us, 0.5), "p90": q(wall_us, 0.9),
+                                 "mean": round(statistics.fmean(wall_us), 1)},
+                "events_per_window": {"median": q(nev, 0.5), "max": max(nev)}}
+    finally:
+        src.close()
+
+
 # --- decoding: ours vs libtraceevent ---------------------------------------------------------
 
 def _fixture():
@@ -218,7 +262,16 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, default=1 if (os.cpu_count() or 1) > 1 else 0)
     ap.add_argument("--buffer-kb", type=int, default=8192)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--windows", type=int, default=0,
+                    help="also read this many spike-sized windows back (0: not)")
+    ap.add_argument("--fill-s", type=float, default=10.0,
+                    help="seconds of events before the windows are read (10)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--skip-ring", action="store_true",
+                    help="skip the trace-text vs raw-drain comparison (a 3 s storm)")
     args = ap.parse_args()
+    if args.windows < 0 or args.fill_s <= 0:
+        ap.error("need --windows >= 0 and --fill-s > 0")
     result: dict = {"kernel": os.uname().release}
     result["decode_ours"] = decode_ours()
     result["decode_libtraceevent"] = decode_libtraceevent()
@@ -234,7 +287,11 @@ def main() -> int:
             tfs._mount_tracefs(mnt / "kernel" / "tracing")
             host = Host(sysfs=mnt)
         try:
-            result["ring"] = ring_costs(host, args.cpu, args.buffer_kb)
+            if not args.skip_ring:
+                result["ring"] = ring_costs(host, args.cpu, args.buffer_kb)
+            if args.windows:
+                result["windows"] = window_costs(host, args.cpu, args.fill_s, args.windows,
+                                                 args.seed)
         finally:
             if mnt is not None:
                 ctypes.CDLL(None).umount2(os.fsencode(str(mnt / "kernel" / "tracing")), 0)

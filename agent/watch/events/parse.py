@@ -115,9 +115,48 @@ class EventFormat:
     flags: dict[str, dict[int, str]] = field(default_factory=dict)
     pid_offset: int = 4  # common_pid's offset (every event starts with the common fields)
     _plan: list | None = field(default=None, repr=False)
+    # (Struct of common_pid and every field, its size, names, the non-int fields) or False
+    # where the fields overlap or come before common_pid: then the per-field plan only
+    _fast: tuple | bool | None = field(default=None, repr=False, compare=False)
+    # derived values already computed (sched_switch's prev_state letters by value)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
+    _maker: Callable | None = field(default=None, repr=False, compare=False)
+
+    def make_event(self, buf: bytes, start: int, length: int, ts: int, cpu: int,
+                   symbols: Callable[[int], str] | None = None) -> Event:
+        """The :class:`Event` of the record at ``buf[start:start+length]`` (decode, then
+        normalize): the same as ``Event(ts, cpu, name, *decode(...))`` normalized, through a
+        closure built once per format (one unpack, fixed strings decoded once per value,
+        normalize only for the events it changes)."""
+        maker = self._maker
+        if maker is None:
+            maker = self._maker = _make_maker(self)
+        return maker(buf, start, length, ts, cpu, symbols)
 
     def decode(self, buf: bytes | memoryview, start: int, length: int) -> tuple[int, dict]:
         """(common_pid, fields) of the record at ``buf[start:start+length]``."""
+        fast = self._fast
+        if fast is None:
+            fast = self._fast = _make_fast(self.fields, self.pid_offset)
+        if fast and length >= fast[1]:
+            # the whole record in one unpack_from; the same values as the per-field plan
+            vals = fast[0].unpack_from(buf, start)
+            out = dict(zip(fast[2], vals[1:]))
+            for name, kind, off, rel in fast[3]:
+                if kind == _STR:
+                    out[name] = out[name].split(b"\0", 1)[0].decode("utf-8", "replace")
+                elif kind != _BYTES:  # __data_loc / __rel_loc (see below)
+                    loc = out[name]
+                    d_off, d_len = loc & 0xFFFF, loc >> 16
+                    if rel:
+                        d_off += off + 4
+                    q = start + d_off
+                    if d_off + d_len > length:
+                        d_len = max(0, length - d_off)
+                    raw = bytes(buf[q:q + d_len])
+                    out[name] = (raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+                                 if kind == _LOC_STR else raw)
+            return vals[0], out
         plan = self._plan
         if plan is None:
             plan = self._plan = _make_plan(self.fields)
@@ -156,6 +195,85 @@ _INT_STRUCTS = {(1, False): struct.Struct("<B"), (1, True): struct.Struct("<b"),
                 (2, False): struct.Struct("<H"), (2, True): struct.Struct("<h"),
                 (4, False): struct.Struct("<I"), (4, True): struct.Struct("<i"),
                 (8, False): struct.Struct("<Q"), (8, True): struct.Struct("<q")}
+
+
+_INT_CODES = {(1, False): "B", (1, True): "b", (2, False): "H", (2, True): "h",
+              (4, False): "I", (4, True): "i", (8, False): "Q", (8, True): "q"}
+
+
+def _make_fast(fields: list[Field], pid_offset: int) -> tuple | bool:
+    """One little-endian Struct for common_pid (i32) and every field, in offset order:
+    ints by size and sign, char arrays and other fixed bytes as ``Ns``, __data_loc /
+    __rel_loc as their u32. False where fields overlap or precede common_pid's end."""
+    code, pos = ["<", "x" * pid_offset, "i"], pid_offset + 4
+    names, post = [], []
+    for f in fields:
+        if f.offset < pos:
+            return False
+        code.append("x" * (f.offset - pos))
+        if f.kind == _INT:
+            code.append(_INT_CODES[(f.size, f.signed)])
+        elif f.kind in (_STR, _BYTES):
+            code.append(f"{f.size}s")
+            post.append((f.name, f.kind, f.offset, False))
+        else:
+            if f.size != 4:
+                return False
+            code.append("I")
+            post.append((f.name, f.kind, f.offset, f.ctype.startswith("__rel_loc")))
+        names.append(f.name)
+        pos = f.offset + f.size
+    st = struct.Struct("".join(code))
+    return st, st.size, tuple(names), tuple(post)
+
+
+# the events normalize() changes (every other one's fields are returned as decoded)
+def _normalized(name: str) -> bool:
+    return name in ("sched_switch", "tlb_flush") or name.startswith(
+        ("softirq_", "workqueue_execute", "ipi_send"))
+
+
+_STR_MEMO_MAX = 4096
+
+
+def _make_maker(fmt: EventFormat) -> Callable:
+    """EventFormat.make_event's closure for ``fmt``."""
+    fast = fmt._fast
+    if fast is None:
+        fast = fmt._fast = _make_fast(fmt.fields, fmt.pid_offset)
+    name, decode = fmt.name, fmt.decode
+    norm = _normalized(name)
+
+    def slow(buf, start, length, ts, cpu, symbols):
+        pid, fields = decode(buf, start, length)
+        if norm:
+            normalize(name, fields, fmt, symbols)
+        return Event(ts, cpu, name, pid, fields)
+
+    if not fast or any(kind not in (_STR, _BYTES) for _, kind, _, _ in fast[3]):
+        return slow  # __data_loc strings: decode's own path
+    unpack, size, names = fast[0].unpack_from, fast[1], fast[2]
+    strs = tuple(n for n, kind, _, _ in fast[3] if kind == _STR)
+    memo: dict[bytes, str] = {}
+
+    def make(buf, start, length, ts, cpu, symbols):
+        if length < size:
+            return slow(buf, start, length, ts, cpu, symbols)
+        vals = unpack(buf, start)
+        fields = dict(zip(names, vals[1:]))
+        for key in strs:  # char arrays (comms): the same 16 bytes decode to the same str
+            raw = fields[key]
+            text = memo.get(raw)
+            if text is None:
+                if len(memo) >= _STR_MEMO_MAX:
+                    memo.clear()
+                text = memo[raw] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+            fields[key] = text
+        if norm:
+            normalize(name, fields, fmt, symbols)
+        return Event(ts, cpu, name, vals[0], fields)
+
+    return make
 
 
 def _make_plan(fields: list[Field]) -> list:
@@ -331,7 +449,15 @@ def normalize(name: str, fields: dict, fmt: EventFormat | None = None,
     if name == "sched_switch":
         st = fields.get("prev_state")
         if isinstance(st, int):
-            fields["prev_state"] = task_state(st, (fmt.flags.get("prev_state") if fmt else None))
+            if fmt is None:
+                fields["prev_state"] = task_state(st)
+            else:
+                letters = fmt._memo.get(st)
+                if letters is None:
+                    if len(fmt._memo) > 256:
+                        fmt._memo.clear()
+                    letters = fmt._memo[st] = task_state(st, fmt.flags.get("prev_state"))
+                fields["prev_state"] = letters
     elif name.startswith("softirq_"):
         vec = fields.get("vec")
         if isinstance(vec, int) and "action" not in fields:
@@ -416,6 +542,8 @@ class Page:
     ts_ns: int
     data: bytes
     lost: int = 0
+    # what header walks of this page found already (page_last_of), by event-id set
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def page_info(buf: bytes, layout: PageLayout = PageLayout()) -> tuple[int, int, int]:
@@ -502,8 +630,167 @@ def iter_page(buf: bytes, cpu: int, formats: dict[int, EventFormat], *,
             if unknown is not None:
                 unknown[0] += 1
             continue
-        pid, fields = fmt.decode(buf, start, length)
-        yield Event(ts, cpu, fmt.name, pid, normalize(fmt.name, fields, fmt, symbols))
+        yield fmt.make_event(buf, start, length, ts, cpu, symbols)
+
+
+def scan_page(buf: bytes, cpu: int, formats: dict[int, EventFormat], *,
+              layout: PageLayout = PageLayout(), t_from: int = 0, t_to: int = 1 << 63,
+              symbols: Callable[[int], str] | None = None, unknown: list | None = None,
+              before_ids: set[int] | None = None) -> tuple[list[Event], Event | None]:
+    """What ``list(iter_page(...))`` gives (same events, same ``unknown`` count) and, in
+    the same walk of the record headers, the last record of an id in ``before_ids`` with
+    ``ts < t_from``, decoded (None without one): the window's first page gives both the
+    window's events and who was switched in before it, without a second walk."""
+    ts, size, _lost = page_info(buf, layout)
+    pos = layout.data_offset
+    end = min(pos + size, len(buf))
+    unpack_u32 = _U32.unpack_from
+    recs: list[tuple[int, int, int]] = []
+    before = None
+    track = before_ids is not None  # until the first record at or after t_from
+    while pos + 4 <= end:
+        hdr = unpack_u32(buf, pos)[0]
+        type_len = hdr & 0x1F
+        delta = hdr >> 5
+        if type_len == _PADDING:
+            if delta == 0:
+                break
+            if pos + 8 > end:
+                break
+            pos += 4 + unpack_u32(buf, pos + 4)[0]
+            continue
+        if type_len == _TIME_EXTEND:
+            if pos + 8 > end:
+                break
+            ts += (unpack_u32(buf, pos + 4)[0] << 27) | delta
+            pos += 8
+            continue
+        if type_len == _TIME_STAMP:
+            if pos + 8 > end:
+                break
+            abs_ts = (unpack_u32(buf, pos + 4)[0] << 27) | delta
+            if ts & _TS_MSB:
+                abs_ts |= ts & _TS_MSB
+                if abs_ts < ts:
+                    abs_ts += 1 << 59
+            ts = abs_ts
+            pos += 8
+            continue
+        if type_len == 0:
+            if pos + 8 > end:
+                break
+            rlen = unpack_u32(buf, pos + 4)[0]
+            start, length = pos + 8, rlen - 4
+            nxt = pos + 4 + rlen
+            if rlen < 4:
+                break
+        else:
+            start, length = pos + 4, type_len * 4
+            nxt = start + length
+        if nxt > end:
+            break
+        ts += delta
+        pos = nxt
+        if length < 8:
+            continue
+        if ts < t_from:
+            if track and (buf[start] | (buf[start + 1] << 8)) in before_ids:
+                before = (ts, start, length)
+            continue
+        track = False
+        if ts > t_to:
+            break
+        recs.append((ts, start, length))
+    out: list[Event] = []
+    get = formats.get
+    for ts, start, length in recs:
+        fmt = get(buf[start] | (buf[start + 1] << 8))
+        if fmt is None:
+            if unknown is not None:
+                unknown[0] += 1
+            continue
+        out.append(fmt.make_event(buf, start, length, ts, cpu, symbols))
+    return out, (decode_record(buf, cpu, formats, before, symbols) if before else None)
+
+
+def decode_record(buf: bytes, cpu: int, formats: dict[int, EventFormat],
+                  rec: tuple[int, int, int],
+                  symbols: Callable[[int], str] | None = None) -> Event | None:
+    """The :class:`Event` of one record ``(ts, start, length)`` found by a header walk
+    (None where its id has no format)."""
+    ts, start, length = rec
+    fmt = formats.get(buf[start] | (buf[start + 1] << 8))
+    if fmt is None:
+        return None
+    return fmt.make_event(buf, start, length, ts, cpu, symbols)
+
+
+def page_last_of(page: Page, ids: frozenset[int], layout: PageLayout = PageLayout()
+                 ) -> tuple[tuple[int, int, int] | None, int]:
+    """(``(ts, start, length)`` of the page's last record of an id in ``ids`` or None, the
+    latest timestamp of any record in it), headers only, remembered on the page: a page is
+    immutable once drained, so the search back for the task current before a window walks
+    each kept page once."""
+    memo = page.memo
+    if ids not in memo:
+        memo[ids] = _walk_last(page.data, layout, ids)
+    return memo[ids]
+
+
+def _walk_last(buf: bytes, layout: PageLayout, ids) -> tuple[tuple | None, int]:
+    ts, size, _lost = page_info(buf, layout)
+    pos = layout.data_offset
+    end = min(pos + size, len(buf))
+    unpack_u32 = _U32.unpack_from
+    last = None
+    latest = -1
+    while pos + 4 <= end:
+        hdr = unpack_u32(buf, pos)[0]
+        type_len = hdr & 0x1F
+        delta = hdr >> 5
+        if type_len == _PADDING:
+            if delta == 0 or pos + 8 > end:
+                break
+            pos += 4 + unpack_u32(buf, pos + 4)[0]
+            continue
+        if type_len == _TIME_EXTEND:
+            if pos + 8 > end:
+                break
+            ts += (unpack_u32(buf, pos + 4)[0] << 27) | delta
+            pos += 8
+            continue
+        if type_len == _TIME_STAMP:
+            if pos + 8 > end:
+                break
+            abs_ts = (unpack_u32(buf, pos + 4)[0] << 27) | delta
+            if ts & _TS_MSB:
+                abs_ts |= ts & _TS_MSB
+                if abs_ts < ts:
+                    abs_ts += 1 << 59
+            ts = abs_ts
+            pos += 8
+            continue
+        if type_len == 0:
+            if pos + 8 > end:
+                break
+            rlen = unpack_u32(buf, pos + 4)[0]
+            start, length = pos + 8, rlen - 4
+            nxt = pos + 4 + rlen
+            if rlen < 4:
+                break
+        else:
+            start, length = pos + 4, type_len * 4
+            nxt = start + length
+        if nxt > end:
+            break
+        ts += delta
+        pos = nxt
+        if length >= 8:
+            if ts > latest:
+                latest = ts
+            if (buf[start] | (buf[start + 1] << 8)) in ids:
+                last = (ts, start, length)
+    return last, latest
 
 
 def page_last_ts(buf: bytes, layout: PageLayout = PageLayout()) -> int:

@@ -20,7 +20,11 @@ Life cycle (kernel Documentation/trace/ftrace.rst, "Instances"):
 - Reading: ``per_cpu/cpuN/trace_pipe_raw`` (binary ring-buffer pages, consuming), drained
   non-blocking only when a window is asked for; the pages drained are kept, raw, for
   ``keep_s`` seconds (``buffer_s`` by default; bounded in bytes) so that windows
-  overlapping an earlier read still find their events, and only the pages that overlap a window are decoded. The instance's
+  overlapping an earlier read still find their events, and only the pages that overlap a
+  window are decoded: the first found by bisecting the kept pages' timestamps, its one
+  header walk giving both the window's events and the last ``sched_switch`` before it;
+  further back, each page's last switch is remembered once walked (a spike window of a few
+  ms costs ~0.1 ms of CPU with ~50 events; bench/events_read_cost.py --windows). The instance's
   ``trace`` file is not used where the binary layout is readable: it formats the whole
   buffer on every read — 0.28 s of kernel time for an 8 MiB buffer (186k events) on the
   development VM against 2 ms to drain the same buffer raw (docs/events.md,
@@ -47,6 +51,7 @@ import os
 import re
 import time
 import weakref
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,12 +67,15 @@ from .parse import (
     SymbolResolver,
     TextStats,
     check_header_event,
+    decode_record,
     iter_page,
     page_info,
+    page_last_of,
     page_last_ts,
     parse_format,
     parse_header_page,
     parse_text,
+    scan_page,
 )
 
 PREFIX = "hftagent-"
@@ -119,7 +127,9 @@ class Window:
     ``complete`` is False when events of ``[t_from_ns, t_to_ns]`` may be missing (``reason``
     says which CPU, since when and why: lost in a storm, evicted, before the instance
     started, or after the read); ``lost`` counts the events the kernel reported lost before
-    pages this read touched. ``read_ns``: what the call cost (drain + decode)."""
+    pages this read touched. ``read_ns``: how long the call took (drain + decode + comms),
+    wall clock; ``cpu_ns``: the CPU time the calling thread spent in it (what the read
+    costs: on a loaded host ``read_ns`` also counts the time the thread waited to run)."""
 
     t_from_ns: int
     t_to_ns: int
@@ -131,6 +141,15 @@ class Window:
     # pid -> comm for the tasks the events do not name themselves (an event carries only
     # common_pid): read from /proc/<pid>/comm when the window was read
     comms: dict[int, str] = field(default_factory=dict)
+    cpu_ns: int = 0
+
+
+def _page_ts(page: Page) -> int:
+    return page.ts_ns
+
+
+def _event_ts(ev: Event) -> int:
+    return ev.ts_ns
 
 
 def named_pids(events: list[Event]) -> set[int]:
@@ -561,6 +580,7 @@ class EventSource:
         ns), see :class:`Window`. Drains what the kernel holds first (raw reader), so call
         it once the window has ended."""
         t_start = time.perf_counter_ns()
+        c_start = time.thread_time_ns()
         lo, hi = t_from_ns - margin_ns, t_to_ns
         if self._closed:
             return Window(t_from_ns, t_to_ns, [], False, "event source closed")
@@ -574,6 +594,7 @@ class EventSource:
         if t_to_ns > now and win.complete:
             win.complete, win.reason = False, "the window ends after the read"
         win.read_ns = time.perf_counter_ns() - t_start
+        win.cpu_ns = time.thread_time_ns() - c_start
         return win
 
     def _fill_comms(self, win: Window, limit: int = 256) -> None:
@@ -646,22 +667,34 @@ class EventSource:
         complete, reason, lost = True, None, 0
         unknown = [0]
         for ring in self._rings.values():
-            pages = list(ring.pages)
+            pages = ring.pages
+            n = len(pages)
+            # the first page that can hold an event at or after lo: the one before the
+            # first page starting at or after lo (kept pages are in time order)
+            i = max(0, bisect_left(pages, lo, key=_page_ts) - 1)
             evs: list[Event] = []
             first = None
-            for i, pg in enumerate(pages):
-                nxt = pages[i + 1].ts_ns if i + 1 < len(pages) else None
-                if nxt is not None and nxt < lo:
-                    continue
+            before = None
+            while i < n:
+                pg = pages[i]
                 if pg.ts_ns > hi:
                     break
                 if first is None:
                     first = i
                     lost += max(pg.lost, 0)
-                evs.extend(iter_page(pg.data, ring.cpu, self._formats, layout=self._layout,
-                                     t_from=lo, t_to=hi, symbols=self._symbols,
-                                     unknown=unknown))
-            prelude = self._last_switch_before(ring.cpu, pages, first, lo)
+                    got, before = scan_page(pg.data, ring.cpu, self._formats,
+                                            layout=self._layout, t_from=lo, t_to=hi,
+                                            symbols=self._symbols, unknown=unknown,
+                                            before_ids=self._switch_ids)
+                else:
+                    got, _ = scan_page(pg.data, ring.cpu, self._formats, layout=self._layout,
+                                       t_from=lo, t_to=hi, symbols=self._symbols,
+                                       unknown=unknown)
+                evs.extend(got)
+                i += 1
+            # who ran before lo: in the first page's walk, else back from the page before
+            prelude = before if before is not None else self._last_switch_before(
+                ring.cpu, pages, first, lo, skip_first=first is not None)
             if prelude is not None:
                 evs.insert(0, prelude)
             per_cpu.append(evs)
@@ -673,17 +706,31 @@ class EventSource:
                 if ring.lost and "lost" not in ring.cover_reason:
                     reason += f" ({ring.lost} events lost to ring overwrites so far)"
         events = [e for evs in per_cpu for e in evs]
-        events.sort(key=lambda e: e.ts_ns)
+        events.sort(key=_event_ts)
         return Window(t_from, hi, events, complete, reason, lost)
 
-    def _last_switch_before(self, cpu: int, pages: list[Page], first: int | None,
-                            lo: int, max_pages: int = 64) -> Event | None:
+    def _last_switch_before(self, cpu: int, pages, first: int | None, lo: int,
+                            max_pages: int = 64, *, skip_first: bool = False) -> Event | None:
         """The last sched_switch on ``cpu`` before ``lo`` in the kept pages (searching back
-        at most ``max_pages`` pages): the task current when the window opened."""
+        at most ``max_pages`` pages from the window's first page ``first``, that page
+        included; ``skip_first``: its walk found none already): the task current when the
+        window opened. A page whose records all precede ``lo`` answers from one header
+        walk remembered on it (page_last_of), as the walk below would."""
         end = len(pages) if first is None else first + 1
+        ids = frozenset(self._switch_ids)
         for i in range(end - 1, max(-1, end - 1 - max_pages), -1):
+            if skip_first and i == first:
+                continue
+            pg = pages[i]
+            rec, latest = page_last_of(pg, ids, self._layout)
+            if latest < lo:
+                if rec is None:
+                    continue
+                ev = decode_record(pg.data, cpu, self._formats, rec, self._symbols)
+                if ev is not None and ev.name == "sched_switch":
+                    return ev
             best = None
-            for ev in iter_page(pages[i].data, cpu, self._formats, layout=self._layout,
+            for ev in iter_page(pg.data, cpu, self._formats, layout=self._layout,
                                 t_to=lo - 1, symbols=self._symbols, only=self._switch_ids):
                 if ev.name == "sched_switch":
                     best = ev
