@@ -167,6 +167,28 @@ def test_spike_record_gets_the_event_breakdown_and_the_counter_moves():
     assert src.closed and not s.trace.active
 
 
+def test_events_that_show_a_softirq_correct_a_polled_contention_verdict():
+    """The polled rules said CPU contention; the probe CPU's events show NET_RX ran 1.2 ms
+    of the 1.5 ms excess: the record's cause is softirq, the polled one is kept, and the
+    summary counts softirq."""
+    flood = parse_text([
+        _sw("swapper/1", 0, "100.000900", "probe", PROBE_TID, "R"),
+        _line("probe", PROBE_TID, "100.001500", "softirq_entry: vec=3 [action=NET_RX]"),
+        _line("probe", PROBE_TID, "100.002700", "softirq_exit: vec=3 [action=NET_RX]"),
+    ])
+    src = FakeSource(lambda i: flood)
+    s, recs, spike = _session(lambda *a, **k: src)
+    s.trace.open(s.clock())
+    s.schedule.add(spike(1), s.clock())
+    s.attribute_pending(s.clock())
+    (rec,) = recs
+    assert rec["cause"] == "softirq" and rec["polled_cause"] == "cpu_contention"
+    assert rec["decided_by"] == "events"
+    assert rec["causes"][0]["evidence"]["culprit"] == "NET_RX"
+    assert s.records.cause_counts == {"softirq": 1}  # the summary's and exporter's counts
+    assert list(s.records.cause_details) == ["softirq"]
+
+
 def test_only_attributed_spikes_read_a_window_and_a_bad_window_is_a_reason():
     def events(i):
         if i == 2:

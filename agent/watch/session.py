@@ -38,7 +38,7 @@ from agent.watch import summary as summary_
 from agent.watch.attribution import Attributor, Spike
 from agent.watch.config import WatchConfig
 from agent.watch.detect import SpikeDetector
-from agent.watch.events.wiring import SpikeEvents
+from agent.watch.events.wiring import SpikeEvents, apply_verdict
 from agent.watch.flight import FlightRecorder
 from agent.watch.output import SpikeLog
 from agent.watch.records import SpikeRecords
@@ -248,14 +248,17 @@ class WatchSession:
                 :, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"]]]
         with self.sampler.lock:
             a = self.attributor.attribute(sp, self._recent)
-        body = a.to_dict()  # the polled attribution: its verdict stands
-        if self.trace.active:  # what the kernel events show ran instead (corroboration)
+        body = a.to_dict()  # the polled attribution
+        if self.trace.active:  # what the kernel events show ran instead, to the µs
             body["events"], items = self.trace.for_spike(sp)
+            # where they see the cause directly (a task, IRQ or softirq on the probe CPU for
+            # most of the excess) the events decide it; the polled verdict is kept
+            apply_verdict(body, items, sp.excess_ns)
             if items and self.metrics is not None:
                 self.metrics.spike_causes(items)
         rec = self.records.log(sp, body)
-        if a.causes and a.cause != "unexplained":
-            self.records.detail(a.cause, a.causes[0].detail)
+        if body["causes"] and body["cause"] != "unexplained":
+            self.records.detail(body["cause"], body["causes"][0]["detail"])
         return rec
 
     def log(self, sp: Spike, body: dict) -> dict:

@@ -50,7 +50,8 @@ class SpikeEvents:
         self.refit_note: str | None = None
         self.windows = 0  # windows read
         self.incomplete = 0
-        self.read_ns = 0
+        self.read_ns = 0       # wall time of the window reads
+        self.read_cpu_ns = 0   # the reading thread's CPU time in them (the cost)
         self._opened_ns = 0
         self._refitted = False
         self._ran = False
@@ -107,13 +108,15 @@ class SpikeEvents:
                     "reason": f"event window not read: {type(exc).__name__}: {exc}"}, []
         self.windows += 1
         self.read_ns += win.read_ns
+        self.read_cpu_ns += win.cpu_ns
         if not tl.complete:
             self.incomplete += 1
         out = {"timeline": tl.to_dict(),
                "breakdown": [{"what": label, "us": round(ns / 1e3, 1)} for label, ns in items],
                "summary": format_breakdown(items), "hw_noise": hw.to_dict(),
                "complete": tl.complete, "reason": tl.reason,
-               "read_us": round(win.read_ns / 1e3, 1)}
+               "read_us": round(win.read_ns / 1e3, 1),
+               "read_cpu_us": round(win.cpu_ns / 1e3, 1)}
         if win.lost:
             out["lost_events"] = win.lost
         return out, _triples(tl, items)
@@ -130,6 +133,7 @@ class SpikeEvents:
             d["refit"] = self.refit_note
         if self.windows:
             d["mean_read_us"] = round(self.read_ns / 1e3 / self.windows, 1)
+            d["mean_read_cpu_us"] = round(self.read_cpu_ns / 1e3 / self.windows, 1)
         return d
 
     def _source_info(self) -> dict:
@@ -149,6 +153,74 @@ class SpikeEvents:
                 src.close()
             except Exception:  # noqa: BLE001 - closing must finish; atexit retries
                 pass
+
+
+# What an event kind of the breakdown is, as a cause of agent/watch/causes.py. Kinds that
+# say nothing about who delayed the probe (idle: the probe waited with the CPU idle;
+# unknown) and the residuals (hw_or_hypervisor, which the polled steal rule corroborates,
+# and unexplained) decide nothing.
+EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "irq",
+               "vector": "irq", "timer": "irq", "ipi": "irq", "softirq": "softirq"}
+# The polled causes that events see directly and may correct: another task, an IRQ or a
+# softirq on the probe CPU (or nothing found). The others (page faults, migration, steal,
+# frequency, NUMA, GPU, PCIe) happen inside the probe's own time or off the CPU: the polled
+# verdict stands.
+EVENTS_MAY_CORRECT = frozenset({"cpu_contention", "irq", "softirq", "unexplained"})
+VERDICT_MIN_SHARE = 0.5   # the events' cause covers at least half the excess
+VERDICT_MIN_LEAD = 2.0    # and at least twice the next cause's time
+
+
+def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
+                  ) -> tuple[str, str, int] | None:
+    """The cause the kernel events decide, as (cause, top culprit, ns), or None when they do
+    not: the event kinds of a spike's breakdown summed per cause; the largest must cover
+    VERDICT_MIN_SHARE of the excess over P50 and VERDICT_MIN_LEAD × the next one."""
+    if excess_ns <= 0:
+        return None
+    per: dict[str, int] = {}
+    top: dict[str, tuple[str, int]] = {}
+    for kind, culprit, ns in triples:
+        cause = EVENT_CAUSE.get(kind)
+        if cause is None or ns <= 0:
+            continue
+        per[cause] = per.get(cause, 0) + ns
+        if ns > top.get(cause, ("", -1))[1]:
+            top[cause] = (culprit, ns)
+    if not per:
+        return None
+    ranked = sorted(per.items(), key=lambda kv: kv[1], reverse=True)
+    cause, ns = ranked[0]
+    runner_up = ranked[1][1] if len(ranked) > 1 else 0
+    if ns < VERDICT_MIN_SHARE * excess_ns or ns < VERDICT_MIN_LEAD * runner_up:
+        return None
+    return cause, top[cause][0], ns
+
+
+def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: int) -> None:
+    """Correct the polled verdict in a spike record's ``body`` with the kernel events where
+    they decide a cause the polled rules can get wrong (:data:`EVENTS_MAY_CORRECT`): the
+    record's ``cause`` becomes the events', the polled one is kept as ``polled_cause``, and
+    ``decided_by`` says which decided. A complete timeline only: a partial one may miss
+    what ran."""
+    polled = body.get("cause")
+    ev = body.get("events") or {}
+    body["decided_by"] = "polled"
+    if polled not in EVENTS_MAY_CORRECT or not ev.get("complete"):
+        return
+    v = event_verdict(triples, excess_ns)
+    if v is None:
+        return
+    cause, culprit, ns = v
+    body["decided_by"] = "events"
+    if cause == polled:
+        return
+    body["polled_cause"] = polled
+    body["cause"] = cause
+    body.setdefault("causes", []).insert(0, {
+        "cause": cause, "score": round(min(1.0, ns / excess_ns), 3), "strength": 1.0,
+        "detail": f"kernel events: {culprit} on the probe CPU",  # stable: the summary counts it
+        "evidence": {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
+                     "culprit": culprit}})
 
 
 def _triples(tl, items: list[tuple[str, int]]) -> list[tuple[str, str, int]]:
