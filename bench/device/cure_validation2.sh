@@ -40,9 +40,14 @@ HFT = [sys.executable, "-c", "from agent.cli import main; main()"]
 doc = {"cpu": int(cpu)}
 def gate(tag):
     t = time.monotonic()
-    r = subprocess.run(HFT + ["gate", "--model", "numpy", "--scenarios", "warm,stressed",
-                              "--cpus", cpu, "--duration", "20", "--db", db, "--json"],
-                       capture_output=True, text=True, timeout=150)
+    try:
+        r = subprocess.run(HFT + ["gate", "--model", "numpy", "--scenarios", "warm,stressed",
+                                  "--cpus", cpu, "--duration", "12", "--db", db, "--json"],
+                           capture_output=True, text=True, timeout=70)
+    except subprocess.TimeoutExpired:
+        doc[tag] = {"rc": None, "error": "timed out after 70 s"}
+        print(tag, "timed out")
+        return
     d = {"rc": r.returncode, "stderr": r.stderr.strip()[-600:], "s": round(time.monotonic() - t, 1)}
     try:
         d["result"] = json.loads(r.stdout)
@@ -69,18 +74,18 @@ finally:
 PY
 
 echo "== 2. wake-up curve (isolated CPU $cpu) $(date +%T)" >> "$log"
-timeout 150 python3 bench/tuning_effect.py --wake-only --wake-isolated --keepawake-loops pause,busy \
-  --cpu "$cpu" --rate 300 --block-s 4 --rounds 2 --json "$out/wake.json" > "$out/wake.txt" 2>> "$log"
+timeout 100 python3 bench/tuning_effect.py --wake-only --wake-isolated --keepawake-loops pause,busy \
+  --cpu "$cpu" --rate 300 --block-s 3 --rounds 2 --json "$out/wake.json" > "$out/wake.txt" 2>> "$log"
 echo "rc=$?" >> "$log"
 
 echo "== 3. attribution with events $(date +%T)" >> "$log"
 grep -q ' /sys/kernel/tracing ' /proc/mounts || mount -t tracefs nodev /sys/kernel/tracing
-timeout 120 python3 bench/attribution.py --duration 8 --settle 4 \
+timeout 90 python3 bench/attribution.py --duration 7 --settle 3 --trace mount \
   --faults none,cpu_hog_rt,softirq_flood,oversubscription --json "$out/attribution.json" \
   > "$out/attribution.txt" 2>> "$log"
 echo "rc=$?" >> "$log"
 
 echo "== 4. events on/off cost $(date +%T)" >> "$log"
-timeout 90 python3 bench/events_ab.py --pairs 4 --json "$out/events_ab.json" > "$out/events_ab.txt" 2>> "$log"
+timeout 60 python3 bench/events_ab.py --pairs 3 --duration 5 --json "$out/events_ab.json" > "$out/events_ab.txt" 2>> "$log"
 echo "rc=$?" >> "$log"
 echo "== done $(date +%T)" >> "$log"
