@@ -609,3 +609,33 @@ def test_an_irq_thread_the_partition_reset_is_restored_by_rollback(tmp_path):
     rb = rollback(ctx, _state(ctx))
     assert rb.remaining == 0
     assert _affinity(root, 911) == "0"
+
+
+@pytest.mark.parametrize("cgroup", ["v1", "v2"])
+def test_workers_join_the_isolated_cpuset_to_pin_themselves(tmp_path, cgroup):
+    """The probe's and watch's workers pin through tuning.tunables.isolate.pin_self: inside
+    the isolated cpuset when the CPUs are in it (after a cgroup v2 isolation their parent's
+    cgroup has lost those CPUs: `gate --cpus 15` was refused on a 16-CPU box), left alone
+    otherwise."""
+    from tuning.tunables.isolate import join_isolated, pin_self
+    root = iso_tree(tmp_path / "t", cgroup=cgroup)
+    ctx = _ctx(root)
+    apply_plan(ctx, make_plan(ctx, only=ONLY), _state(ctx))
+    cg = root / "sys/fs/cgroup" / ("cpuset" if cgroup == "v1" else "")
+    procs = cg / "hftagent-isolated/cgroup.procs"
+    before = procs.read_text()
+    assert join_isolated(Host(root), [0]) is None and procs.read_text() == before
+    assert join_isolated(Host(root), [0, 1]) is None  # not all inside
+    iso = join_isolated(Host(root), [1], pid=4321)
+    assert iso is not None and iso.cpus == [1]
+    assert procs.read_text().strip().endswith("4321")
+    mine = sorted(os.sched_getaffinity(0))
+    try:
+        # the real pinning is to CPUs this test already has: only the join is in the tree
+        assert pin_self(mine, Host(root)) is None
+        if 1 in mine:
+            assert pin_self([1], Host(root)) == iso.path  # joined (the tree's file), pinned
+            assert os.sched_getaffinity(0) == {1}
+            assert procs.read_text().strip().endswith(str(os.getpid()))
+    finally:
+        os.sched_setaffinity(0, mine)

@@ -287,3 +287,15 @@ def test_cli_probe_numpy_without_tf_is_recorded(no_tf_env, tmp_path):
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "TensorFlow variant" in bad.stderr
+
+
+def test_cpus_of_the_isolated_cpuset_are_accepted_though_this_cgroup_lacks_them(monkeypatch):
+    """After a cgroup v2 isolation the caller's cgroup has lost the isolated CPUs: probe and
+    gate accept them, since the worker joins the isolated cpuset to pin itself there."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    monkeypatch.setattr(options, "_can_pin", lambda c: False)
+    monkeypatch.setattr(options, "_isolated_cpus", lambda: set())
+    with pytest.raises(AgentError, match="outside this process's cpuset"):
+        options.parse_cpus(str(cpu))
+    monkeypatch.setattr(options, "_isolated_cpus", lambda: {cpu})
+    assert options.parse_cpus(str(cpu)) == [cpu]

@@ -76,13 +76,23 @@ def parse_cpus(text: str | None) -> list[int] | None:
     except TargetError as exc:
         msg = str(exc)
         raise AgentError(msg if "--cpus" in msg else f"--cpus {text!r}: {msg}") from None
-    usable = [c for c in plan.cpus if _can_pin(c)]
+    iso = _isolated_cpus()
+    usable = [c for c in plan.cpus if c in iso or _can_pin(c)]
     if text is not None and len(usable) != len(plan.cpus):
         from collectors.parsers import format_cpulist
         bad = format_cpulist(sorted(set(plan.cpus) - set(usable)))
         raise AgentError(f"--cpus {text!r}: CPU(s) {bad} are outside this process's cpuset "
                          "(the worker could not be pinned there)")
     return usable or None
+
+
+def _isolated_cpus() -> set[int]:
+    """The CPUs of the isolated cpuset `tune apply --isolate` made: the worker joins it to
+    pin itself there (tuning.tunables.isolate.pin_self), from any cgroup."""
+    from collectors.host import Host
+    from tuning.tunables.isolate import isolated_cpuset
+    iso = isolated_cpuset(Host())
+    return set(iso.cpus) if iso is not None else set()
 
 
 def _can_pin(cpu: int) -> bool:

@@ -76,7 +76,8 @@ def apply_threads(cfg: ThreadConfig) -> None:
     nothing to set (TF, imported later by the model, starts with the affinity already set),
     and the numpy model never imports it."""
     if cfg.cpus:
-        os.sched_setaffinity(0, cfg.cpus)
+        from tuning.tunables.isolate import pin_self
+        pin_self(cfg.cpus)  # (inside the isolated cpuset when the CPUs are isolated)
     if cfg.intra is None and cfg.inter is None:
         return
     import tensorflow as tf

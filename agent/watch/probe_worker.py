@@ -87,7 +87,8 @@ def auto_rate(p50_ns: int, busy: float = 0.25, cap: float = 500.0) -> float:
 def run(args: argparse.Namespace) -> int:
     cpus = [int(c) for c in args.cpus.split(",") if c != ""]
     if cpus:
-        os.sched_setaffinity(0, cpus)
+        from tuning.tunables.isolate import pin_self
+        pin_self(cpus)  # (inside the isolated cpuset when the CPUs are isolated)
     _setup_threads(len(cpus) or os.cpu_count() or 1)
     stop = {"flag": False}
 

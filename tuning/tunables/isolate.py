@@ -589,6 +589,38 @@ def isolated_cpuset(host: Host) -> IsolatedCpuset | None:
     return None
 
 
+def join_isolated(host: Host, cpus, pid: int = 0) -> IsolatedCpuset | None:
+    """Move ``pid`` (0: this process) into the isolated cpuset when ``cpus`` are all inside
+    it, as `hftagent run` does; returns the cpuset joined, or None (no isolated cpuset, or
+    the CPUs are not all in it). With a cgroup v2 partition the isolated CPUs leave every
+    other cgroup's effective cpus, so a process pins itself there only from inside (Linux
+    5.19+, cpuset.cpus.partition). Raises OSError when the write is refused."""
+    from tuning.safepath import open_real
+
+    iso = isolated_cpuset(host)
+    if iso is None or not set(cpus) <= set(iso.cpus):
+        return None
+    fd = open_real(iso.procs, os.O_WRONLY)
+    try:
+        os.write(fd, f"{pid or os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+    return iso
+
+
+def pin_self(cpus, host: Host | None = None) -> str | None:
+    """Pin this process to ``cpus``, joining the isolated cpuset first when they are all in
+    it (the probe's and watch's workers: after a cgroup v2 isolation their parent's cgroup no
+    longer has those CPUs). Returns the cpuset joined, or None. A refused join is left to the
+    pinning to report (on cgroup v1 the pinning alone may still succeed)."""
+    try:
+        iso = join_isolated(host or Host(), cpus)
+    except OSError:
+        iso = None
+    os.sched_setaffinity(0, cpus)
+    return iso.path if iso is not None else None
+
+
 def _tree_without_cgroupfs(ctx: TuneContext) -> str | None:
     if not _live_sysfs(ctx.host) and not hasattr(ctx.writer, "mkdir"):
         return ("unsupported: creating a cgroup needs the live kernel (a tree copy has no "
