@@ -9,6 +9,7 @@
 #   3. attribution with kernel events (watch --trace mount) under the faults that leave a
 #      culprit to name                                                  -> $OUT/attribution.json
 #   4. the events on/off cost A/B                                       -> $OUT/events_ab.json
+# STEPS="1 2" runs only those steps; WAKE_ROUNDS (2) and WAKE_BLOCK_S (3) size step 2.
 # Each step has its own time limit and the order is by priority: a step that runs out of
 # time leaves the others' results. The GPU is never touched. Everything started here is
 # stopped by pid; every tune apply is rolled back and checked.
@@ -32,6 +33,8 @@ db=/tmp/hft-cv2-db.sqlite
   grep -m1 'model name' /proc/cpuinfo; grep -c hypervisor /proc/cpuinfo
 } > "$out/env.txt" 2>&1
 
+want() { [[ " ${STEPS:-1 2 3 4} " == *" $1 "* ]]; }
+if want 1; then
 echo "== 1. stressed gate, CPU $cpu $(date +%T)" >> "$log"
 python3 - "$out" "$cpu" "$st" "$db" >> "$log" 2>&1 <<'PY'
 import json, subprocess, sys, time
@@ -72,20 +75,28 @@ finally:
     print("rollback rc", rb.returncode, rb.stderr.strip()[-200:])
     json.dump(doc, open(f"{out}/gate.json", "w"), indent=1)
 PY
+fi
 
+if want 2; then
 echo "== 2. wake-up curve (isolated CPU $cpu) $(date +%T)" >> "$log"
-timeout 100 python3 bench/tuning_effect.py --wake-only --wake-isolated --keepawake-loops pause,busy \
-  --cpu "$cpu" --rate 300 --block-s 3 --rounds 2 --json "$out/wake.json" > "$out/wake.txt" 2>> "$log"
+timeout 150 python3 bench/tuning_effect.py --wake-only --wake-isolated --keepawake-loops pause,busy \
+  --cpu "$cpu" --rate 300 --block-s "${WAKE_BLOCK_S:-3}" --rounds "${WAKE_ROUNDS:-2}" \
+  --json "$out/wake.json" > "$out/wake.txt" 2>> "$log"
 echo "rc=$?" >> "$log"
+fi
 
+if want 3; then
 echo "== 3. attribution with events $(date +%T)" >> "$log"
 grep -q ' /sys/kernel/tracing ' /proc/mounts || mount -t tracefs nodev /sys/kernel/tracing
 timeout 90 python3 bench/attribution.py --duration 7 --settle 3 --trace mount \
   --faults none,cpu_hog_rt,softirq_flood,oversubscription --json "$out/attribution.json" \
   > "$out/attribution.txt" 2>> "$log"
 echo "rc=$?" >> "$log"
+fi
 
+if want 4; then
 echo "== 4. events on/off cost $(date +%T)" >> "$log"
 timeout 60 python3 bench/events_ab.py --pairs 3 --duration 5 --json "$out/events_ab.json" > "$out/events_ab.txt" 2>> "$log"
 echo "rc=$?" >> "$log"
+fi
 echo "== done $(date +%T)" >> "$log"
