@@ -299,7 +299,9 @@ def audit_finding(host: Host, target_cpus: list[int], housekeeping: list[int],
         expected="no target CPU noisy (lost time over 3x the quietest and over "
                  "200 µs/s)",
         evidence=f"a pinned clock-gap loop for {duration_s:g} s on each of CPU "
-                 f"{format_cpulist(cand)}; /proc/interrupts, /proc/softirqs deltas",
+                 f"{format_cpulist(cand)}; /proc/interrupts, /proc/softirqs deltas (audit "
+                 "stays read-only: it makes no tracefs instance; `hftagent cpus --trace auto` "
+                 "attributes the gaps from kernel events)",
         fix="" if status is Status.OK else
             (f"hftagent cpus (quiet candidates here: {format_cpulist(quiet)})" if quiet
              else "hftagent cpus"),
