@@ -563,14 +563,13 @@ def page_info(buf: bytes, layout: PageLayout = PageLayout()) -> tuple[int, int, 
     return ts, size, lost
 
 
-def iter_page(buf: bytes, cpu: int, formats: dict[int, EventFormat], *,
-              layout: PageLayout = PageLayout(), t_from: int = 0, t_to: int = 1 << 63,
-              symbols: Callable[[int], str] | None = None,
-              unknown: list | None = None, only: set[int] | None = None) -> Iterator[Event]:
-    """The events of one page with ``t_from <= ts <= t_to`` (records outside are skipped
-    without decoding; ``only``: decode just these event ids). A record of an id not in ``formats`` is counted in ``unknown``
-    (``[count]``) and skipped. A record running past the page's data ends the page (a
-    truncated page, never an exception): the events before it are kept."""
+def _records(buf: bytes, layout: PageLayout) -> Iterator[tuple[int, int, int]]:
+    """Walk one page's record headers (the ring buffer's format: kernel/trace/ring_buffer.c,
+    Documentation/trace/ring-buffer-design.rst): ``(ts, start, length)`` of every data
+    record in order, and ``(ts, -1, 0)`` after each time record (TIME_EXTEND, TIME_STAMP),
+    so that the last ``ts`` yielded is the page's last timestamp. Padding is skipped; null
+    padding, a corrupt length or a record past the page's data end the walk (a truncated
+    page, never an exception). The one header walk of every reader below."""
     ts, size, _lost = page_info(buf, layout)
     pos = layout.data_offset
     end = min(pos + size, len(buf))
@@ -580,21 +579,20 @@ def iter_page(buf: bytes, cpu: int, formats: dict[int, EventFormat], *,
         type_len = hdr & 0x1F
         delta = hdr >> 5
         if type_len == _PADDING:
-            if delta == 0:
-                break  # null padding: the rest of the page is unused
-            if pos + 8 > end:
-                break
+            if delta == 0 or pos + 8 > end:
+                return  # null padding: the rest of the page is unused
             pos += 4 + unpack_u32(buf, pos + 4)[0]
             continue
         if type_len == _TIME_EXTEND:
             if pos + 8 > end:
-                break
+                return
             ts += (unpack_u32(buf, pos + 4)[0] << 27) | delta
             pos += 8
+            yield ts, -1, 0
             continue
         if type_len == _TIME_STAMP:
             if pos + 8 > end:
-                break
+                return
             abs_ts = (unpack_u32(buf, pos + 4)[0] << 27) | delta
             if ts & _TS_MSB:  # rb_fix_abs_ts: restore the dropped bits, with carry
                 abs_ts |= ts & _TS_MSB
@@ -602,22 +600,36 @@ def iter_page(buf: bytes, cpu: int, formats: dict[int, EventFormat], *,
                     abs_ts += 1 << 59
             ts = abs_ts
             pos += 8
+            yield ts, -1, 0
             continue
         if type_len == 0:
             if pos + 8 > end:
-                break
+                return
             rlen = unpack_u32(buf, pos + 4)[0]
+            if rlen < 4:
+                return  # corrupt length: stop this page rather than loop
             start, length = pos + 8, rlen - 4
             nxt = pos + 4 + rlen
-            if rlen < 4:
-                break  # corrupt length: stop this page rather than loop
         else:
             start, length = pos + 4, type_len * 4
             nxt = start + length
         if nxt > end:
-            break  # truncated record
+            return  # truncated record
         ts += delta
         pos = nxt
+        yield ts, start, length
+
+
+def iter_page(buf: bytes, cpu: int, formats: dict[int, EventFormat], *,
+              layout: PageLayout = PageLayout(), t_from: int = 0, t_to: int = 1 << 63,
+              symbols: Callable[[int], str] | None = None,
+              unknown: list | None = None, only: set[int] | None = None) -> Iterator[Event]:
+    """The events of one page with ``t_from <= ts <= t_to`` (records outside are skipped
+    without decoding; ``only``: decode just these event ids). A record of an id not in
+    ``formats`` is counted in ``unknown`` (``[count]``) and skipped. A record running past the
+    page's data ends the page (a truncated page, never an exception): the events before it
+    are kept."""
+    for ts, start, length in _records(buf, layout):
         if ts < t_from or length < 8:
             continue
         if ts > t_to:
@@ -641,56 +653,10 @@ def scan_page(buf: bytes, cpu: int, formats: dict[int, EventFormat], *,
     the same walk of the record headers, the last record of an id in ``before_ids`` with
     ``ts < t_from``, decoded (None without one): the window's first page gives both the
     window's events and who was switched in before it, without a second walk."""
-    ts, size, _lost = page_info(buf, layout)
-    pos = layout.data_offset
-    end = min(pos + size, len(buf))
-    unpack_u32 = _U32.unpack_from
     recs: list[tuple[int, int, int]] = []
     before = None
     track = before_ids is not None  # until the first record at or after t_from
-    while pos + 4 <= end:
-        hdr = unpack_u32(buf, pos)[0]
-        type_len = hdr & 0x1F
-        delta = hdr >> 5
-        if type_len == _PADDING:
-            if delta == 0:
-                break
-            if pos + 8 > end:
-                break
-            pos += 4 + unpack_u32(buf, pos + 4)[0]
-            continue
-        if type_len == _TIME_EXTEND:
-            if pos + 8 > end:
-                break
-            ts += (unpack_u32(buf, pos + 4)[0] << 27) | delta
-            pos += 8
-            continue
-        if type_len == _TIME_STAMP:
-            if pos + 8 > end:
-                break
-            abs_ts = (unpack_u32(buf, pos + 4)[0] << 27) | delta
-            if ts & _TS_MSB:
-                abs_ts |= ts & _TS_MSB
-                if abs_ts < ts:
-                    abs_ts += 1 << 59
-            ts = abs_ts
-            pos += 8
-            continue
-        if type_len == 0:
-            if pos + 8 > end:
-                break
-            rlen = unpack_u32(buf, pos + 4)[0]
-            start, length = pos + 8, rlen - 4
-            nxt = pos + 4 + rlen
-            if rlen < 4:
-                break
-        else:
-            start, length = pos + 4, type_len * 4
-            nxt = start + length
-        if nxt > end:
-            break
-        ts += delta
-        pos = nxt
+    for ts, start, length in _records(buf, layout):
         if length < 8:
             continue
         if ts < t_from:
@@ -738,53 +704,9 @@ def page_last_of(page: Page, ids: frozenset[int], layout: PageLayout = PageLayou
 
 
 def _walk_last(buf: bytes, layout: PageLayout, ids) -> tuple[tuple | None, int]:
-    ts, size, _lost = page_info(buf, layout)
-    pos = layout.data_offset
-    end = min(pos + size, len(buf))
-    unpack_u32 = _U32.unpack_from
     last = None
     latest = -1
-    while pos + 4 <= end:
-        hdr = unpack_u32(buf, pos)[0]
-        type_len = hdr & 0x1F
-        delta = hdr >> 5
-        if type_len == _PADDING:
-            if delta == 0 or pos + 8 > end:
-                break
-            pos += 4 + unpack_u32(buf, pos + 4)[0]
-            continue
-        if type_len == _TIME_EXTEND:
-            if pos + 8 > end:
-                break
-            ts += (unpack_u32(buf, pos + 4)[0] << 27) | delta
-            pos += 8
-            continue
-        if type_len == _TIME_STAMP:
-            if pos + 8 > end:
-                break
-            abs_ts = (unpack_u32(buf, pos + 4)[0] << 27) | delta
-            if ts & _TS_MSB:
-                abs_ts |= ts & _TS_MSB
-                if abs_ts < ts:
-                    abs_ts += 1 << 59
-            ts = abs_ts
-            pos += 8
-            continue
-        if type_len == 0:
-            if pos + 8 > end:
-                break
-            rlen = unpack_u32(buf, pos + 4)[0]
-            start, length = pos + 8, rlen - 4
-            nxt = pos + 4 + rlen
-            if rlen < 4:
-                break
-        else:
-            start, length = pos + 4, type_len * 4
-            nxt = start + length
-        if nxt > end:
-            break
-        ts += delta
-        pos = nxt
+    for ts, start, length in _records(buf, layout):
         if length >= 8:
             if ts > latest:
                 latest = ts
@@ -795,46 +717,10 @@ def _walk_last(buf: bytes, layout: PageLayout, ids) -> tuple[tuple | None, int]:
 
 def page_last_ts(buf: bytes, layout: PageLayout = PageLayout()) -> int:
     """The timestamp of a page's last record (headers only, nothing decoded)."""
-    ts, size, _ = page_info(buf, layout)
-    pos, end = layout.data_offset, min(layout.data_offset + size, len(buf))
-    unpack_u32 = _U32.unpack_from
-    while pos + 4 <= end:
-        hdr = unpack_u32(buf, pos)[0]
-        type_len, delta = hdr & 0x1F, hdr >> 5
-        if type_len == _PADDING:
-            if delta == 0 or pos + 8 > end:
-                break
-            pos += 4 + unpack_u32(buf, pos + 4)[0]
-        elif type_len == _TIME_EXTEND:
-            if pos + 8 > end:
-                break
-            ts += (unpack_u32(buf, pos + 4)[0] << 27) | delta
-            pos += 8
-        elif type_len == _TIME_STAMP:
-            if pos + 8 > end:
-                break
-            abs_ts = (unpack_u32(buf, pos + 4)[0] << 27) | delta
-            if ts & _TS_MSB:
-                abs_ts |= ts & _TS_MSB
-                if abs_ts < ts:
-                    abs_ts += 1 << 59
-            ts = abs_ts
-            pos += 8
-        else:
-            if type_len == 0:
-                if pos + 8 > end:
-                    break
-                rlen = unpack_u32(buf, pos + 4)[0]
-                if rlen < 4:
-                    break
-                nxt = pos + 4 + rlen
-            else:
-                nxt = pos + 4 + type_len * 4
-            if nxt > end:
-                break
-            ts += delta
-            pos = nxt
-    return ts
+    last = page_info(buf, layout)[0]
+    for ts, _start, _length in _records(buf, layout):
+        last = ts
+    return last
 
 
 # --- text (the instance's ``trace`` file) ---------------------------------------------------
