@@ -146,16 +146,8 @@ class EventFormat:
                 if kind == _STR:
                     out[name] = out[name].split(b"\0", 1)[0].decode("utf-8", "replace")
                 elif kind != _BYTES:  # __data_loc / __rel_loc (see below)
-                    loc = out[name]
-                    d_off, d_len = loc & 0xFFFF, loc >> 16
-                    if rel:
-                        d_off += off + 4
-                    q = start + d_off
-                    if d_off + d_len > length:
-                        d_len = max(0, length - d_off)
-                    raw = bytes(buf[q:q + d_len])
-                    out[name] = (raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-                                 if kind == _LOC_STR else raw)
+                    out[name] = _loc_value(buf, start, length, out[name],
+                                           off + 4 if rel else 0, kind == _LOC_STR)
             return vals[0], out
         plan = self._plan
         if plan is None:
@@ -174,17 +166,9 @@ class EventFormat:
                 out[name] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
             elif kind == _BYTES:
                 out[name] = bytes(buf[p:p + size])
-            else:  # __data_loc / __rel_loc: u32, offset in the low 16 bits, length in the high
-                loc = _U32.unpack_from(buf, p)[0]
-                d_off, d_len = loc & 0xFFFF, loc >> 16
-                if unpack is None:  # __rel_loc: relative to the end of this field (5.19+)
-                    d_off += off + 4
-                q = start + d_off
-                if d_off + d_len > length:
-                    d_len = max(0, length - d_off)
-                raw = bytes(buf[q:q + d_len])
-                out[name] = (raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-                             if kind == _LOC_STR else raw)
+            else:  # __data_loc / __rel_loc (unpack None: relative to this field's end, 5.19+)
+                out[name] = _loc_value(buf, start, length, _U32.unpack_from(buf, p)[0],
+                                       off + 4 if unpack is None else 0, kind == _LOC_STR)
         return pid, out
 
 
@@ -199,6 +183,18 @@ _INT_STRUCTS = {(1, False): struct.Struct("<B"), (1, True): struct.Struct("<b"),
 
 _INT_CODES = {(1, False): "B", (1, True): "b", (2, False): "H", (2, True): "h",
               (4, False): "I", (4, True): "i", (8, False): "Q", (8, True): "q"}
+
+
+def _loc_value(buf: bytes, start: int, length: int, loc: int, base: int, as_str: bool):
+    """A ``__data_loc`` / ``__rel_loc`` field's value: ``loc`` holds the offset in its low 16
+    bits and the length in its high 16; the offset counts from the record's start
+    (``base`` 0) or, for ``__rel_loc``, from the end of the field (``base``: its offset + 4).
+    Clipped to the record; a string ends at its first NUL."""
+    d_off, d_len = (loc & 0xFFFF) + base, loc >> 16
+    if d_off + d_len > length:
+        d_len = max(0, length - d_off)
+    raw = bytes(buf[start + d_off:start + d_off + d_len])
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace") if as_str else raw
 
 
 def _make_fast(fields: list[Field], pid_offset: int) -> tuple | bool:
