@@ -35,8 +35,8 @@ It is created under a random temporary name in the ring's directory (``O_CREAT|O
 O_NOFOLLOW``: a name planted there beforehand, a symlink included, is never opened), checked
 (a regular file of ours, mode 0600), filled with its header and renamed over the final name
 (``rename`` replaces a symlink there, it never writes through it). The temporary file is
-removed on every error; one left by a process killed in between is swept by the next
-``hftagent watch`` (:func:`sweep_stale_rings`).
+removed on every error; one left by a process killed in between, and the ring of a process
+that has exited, are swept by the next ``hftagent watch`` (:func:`sweep_stale_rings`).
 
 Writers: any number of threads of one process (slots are claimed with ``next()`` on an
 ``itertools.count``, atomic under the GIL). One ring per process.
@@ -204,6 +204,7 @@ def _pid_dead(pid: int) -> bool:
 
 
 _WATCH_RE = re.compile(r"^hftagent-watch-(\d+)\.ring$")
+_CLIENT_RE = re.compile(r"^hftagent-(\d+)\.ring$")  # default_path(): one per client process
 
 
 def sweep_stale_rings(directory: str | os.PathLike[str] | None = None) -> list[str]:
@@ -211,9 +212,11 @@ def sweep_stale_rings(directory: str | os.PathLike[str] | None = None) -> list[s
     left in ``directory`` (default :func:`ring_dir`): ``hftagent-watch-<pid>.ring`` rings
     whose watch (the pid in the name) and probe worker (the creator pid in the header) are
     both gone, and ring temporary files (``.hftagent-*.ring.<pid>.<random>.tmp``) whose
-    creator is gone. Only regular files owned by our euid with one link are removed (never
-    a symlink, never another user's file, never a live process's); a client's own
-    ``hftagent-<pid>.ring`` is left to it. Returns the names removed; errors are skipped
+    creator is gone, and a client's ``hftagent-<pid>.ring`` whose process (the pid in the
+    name and the header's creator) is gone: a client never unlinks its ring (watch may read
+    it after the client exits), so without this every process that used the client left
+    ~3.7 MB of tmpfs behind. Only regular files owned by our euid with one link are removed
+    (never a symlink, never another user's file, never a live process's). Returns the names removed; errors are skipped
     (a sweep never stops watch from starting)."""
     d = Path(directory) if directory is not None else ring_dir()
     removed: list[str] = []
@@ -225,7 +228,7 @@ def sweep_stale_rings(directory: str | os.PathLike[str] | None = None) -> list[s
         euid = os.geteuid()
         for name in os.listdir(dfd):
             m_tmp = _TMP_RE.match(name)
-            m_watch = None if m_tmp else _WATCH_RE.match(name)
+            m_watch = None if m_tmp else (_WATCH_RE.match(name) or _CLIENT_RE.match(name))
             if not (m_tmp or m_watch):
                 continue
             try:

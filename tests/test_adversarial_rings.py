@@ -227,7 +227,8 @@ def test_sweep_removes_only_dead_creators_regular_files_of_ours(shm, tmp_path):
     tmp_dead.write_bytes(b"x")                          # a killed creator's temp: swept
     tmp_live = d / f".hftagent-{live}.ring.{live}.{'b' * 16}.tmp"
     tmp_live.write_bytes(b"x")                          # being created now: kept
-    client_ring = craft(d / f"hftagent-{dead}.ring", 16, pid=dead)  # a client's: its own
+    client_dead = craft(d / f"hftagent-{dead}.ring", 16, pid=dead)  # an exited client's: swept
+    client_ring = craft(d / f"hftagent-{live}.ring", 16, pid=live)  # a running client's: kept
     link = d / f"hftagent-watch-{dead + 1}.ring"
     os.symlink(victim, link)                            # a symlink: never
     hard = d / f"hftagent-watch-{dead + 2}.ring"
@@ -237,7 +238,7 @@ def test_sweep_removes_only_dead_creators_regular_files_of_ours(shm, tmp_path):
         foreign = watch_ring(dead + 3, dead)
         os.chown(foreign, 65534, 65534)                 # another user's: never
     removed = sweep_stale_rings(d)
-    assert sorted(removed) == sorted([gone.name, tmp_dead.name])
+    assert sorted(removed) == sorted([gone.name, tmp_dead.name, client_dead.name])
     for p in (alive, worker_alive, tmp_live, client_ring, hard) + ((foreign,) if foreign else ()):
         assert p.exists(), p
     assert os.path.islink(link) and victim.read_bytes() == b"precious\n"
