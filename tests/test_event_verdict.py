@@ -74,3 +74,49 @@ def test_unexplained_becomes_the_cause_the_events_show():
     b = _body("unexplained")
     apply_verdict(b, [("irq", "nvme0q3", 800 * US)], 1_000 * US)
     assert b["cause"] == "irq" and b["polled_cause"] == "unexplained"
+
+
+def _tl(*entities) -> dict:
+    return {"cpu": 1, "entities": [{"label": lb, "kind": k, "us": us} for lb, k, us in entities]}
+
+
+def test_events_name_the_task_where_no_scan_covered_the_spike():
+    """With kernel events the records no longer wait for a task scan (wiring.py
+    reduce_for_events): a polled contention verdict without ``ran_on_cpu`` gets the tasks
+    the events saw, largest first, and the detail names the top one."""
+    from agent.watch.events.wiring import name_tasks
+    b = _body("cpu_contention")
+    b["causes"][0]["detail"] = "waited 1500 µs on the run queue"
+    b["events"]["timeline"] = _tl(("probe numpy[4242]", "probe", 300.0),
+                                  ("kworker/1:0[55]", "task", 20.0),
+                                  ("hog[777]", "task", 1200.0),
+                                  ("softirq NET_RX", "softirq", 30.0))
+    apply_verdict(b, [("task", "hog", 1_200 * US), ("task", "kworker/1:0", 20 * US)],
+                  1_300 * US)
+    assert b["decided_by"] == "events" and b["cause"] == "cpu_contention"
+    ran = b["causes"][0]["evidence"]["ran_on_cpu"]
+    assert [(r["comm"], r["tid"], r["run_us"]) for r in ran] == [("hog", 777, 1200),
+                                                                ("kworker/1:0", 55, 20)]
+    assert all(r["from"] == "kernel events" and r["cpu"] == 1 for r in ran)
+    assert b["causes"][0]["detail"].endswith("hog (pid 777) ran on CPU 1")
+    # a scan that named them already is kept as it was
+    b2 = _body("cpu_contention")
+    b2["causes"][0]["evidence"] = {"ran_on_cpu": [{"comm": "x", "pid": 1}]}
+    b2["events"]["timeline"] = b["events"]["timeline"]
+    name_tasks(b2, b2["events"])
+    assert b2["causes"][0]["evidence"]["ran_on_cpu"] == [{"comm": "x", "pid": 1}]
+    assert b2["causes"][0]["detail"] == "polled"
+    # the thread group where /proc has it
+    b3 = _body("cpu_contention")
+    b3["events"]["timeline"] = _tl(("worker[778]", "task", 900.0))
+    name_tasks(b3, b3["events"], tgid_of=lambda tid: 777)
+    assert b3["causes"][0]["evidence"]["ran_on_cpu"][0]["pid"] == 777
+
+
+def test_a_corrected_verdict_of_contention_names_the_tasks_too():
+    b = _body("softirq")
+    b["events"]["timeline"] = _tl(("hog[777]", "task", 1200.0))
+    apply_verdict(b, [("task", "hog", 1_200 * US)], 1_300 * US)
+    assert b["cause"] == "cpu_contention" and b["polled_cause"] == "softirq"
+    assert b["causes"][0]["evidence"]["ran_on_cpu"][0]["comm"] == "hog"
+    assert b["causes"][0]["detail"] == "kernel events: hog on the probe CPU"  # stable

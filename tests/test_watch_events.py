@@ -371,3 +371,85 @@ def test_cli_trace_on_without_tracefs_is_one_error_line():
     assert r.stderr.splitlines() == [
         "hftagent: error: --trace on: unsupported: tracefs not mounted at /sys/kernel/tracing "
         "(watch --trace mount mounts it)"]
+
+
+# -- item 5: what the events cover is polled less -----------------------------------------
+
+def _collector_session(opener, trace="auto"):
+    """A WatchSession over this host's /proc (read only) for this process, probe CPU 0."""
+    from agent.watch.config import WatchConfig
+    from agent.watch.session import WatchSession
+    cfg = WatchConfig(probe="numpy", pid=os.getpid(), probe_cpus=[0], housekeeping_cpus=[0],
+                      trace=trace)
+    return WatchSession(cfg, trace_opener=opener)
+
+
+def _open(s):
+    from agent.watch.sampling.python import Sampler
+    s.trace.open(s.clock())
+    cols = s.open_collectors()
+    by = {c.name: c for c in cols}
+    smp = Sampler(cols, hz=s.cfg.sample_hz)
+    periods = {e.state.name: e.period_ns for e in smp.entries}
+    return by, periods, smp
+
+
+def test_events_active_polls_irq_softirq_and_spike_scans_slower_and_the_summary_says_so():
+    from agent.watch import wiring
+    s = _collector_session(lambda *a, **k: FakeSource(lambda i: _canned()))
+    by, periods, smp = _open(s)
+    assert s.trace.active
+    try:
+        assert by["irq"].period_s == wiring.EVENTS_IRQ_PERIOD_S == 0.2
+        assert periods["irq"] == 200_000_000 and periods["softirq"] == 50_000_000
+        assert by["irq"].desc_every == 25  # device names still every 5 s
+        assert s.sched.min_scan_gap_s == wiring.EVENTS_MIN_SCAN_GAP_S
+        # what events do not cover: as before
+        assert periods["cpu"] == max(10_000_000, int(type(by["cpu"]).period_s * 1e9))
+        red = s.reduced_by_events
+        assert {k: (v["from_hz"], v["to_hz"]) for k, v in red.items()} == {
+            "irq": (20.0, 5.0), "softirq": (100.0, 20.0), "sched_scan": (10.0, 2.0)}
+        s.sampler = smp
+        s.started_ns, s.ended_ns = 1, 10**9 + 1
+        summ = s.summary()
+        assert summ["sampler"]["reduced_by_events"] == red
+        json.dumps(summ)
+    finally:
+        smp.stop()
+        s.trace.close()
+
+
+@pytest.mark.parametrize("how", ["unsupported", "off", "env"])
+def test_without_events_or_with_the_switch_off_the_rates_are_as_before(how, monkeypatch):
+    from agent.watch import wiring
+    if how == "env":
+        monkeypatch.setenv(wiring.REDUCE_ENV, "0")
+        opener = lambda *a, **k: FakeSource(lambda i: _canned())  # noqa: E731
+    else:
+        opener = lambda *a, **k: Unsupported("unsupported: no tracefs")  # noqa: E731
+    s = _collector_session(opener, trace="off" if how == "off" else "auto")
+    by, periods, smp = _open(s)
+    try:
+        assert s.trace.active == (how == "env")
+        assert periods["irq"] == 50_000_000 and periods["softirq"] == 10_000_000
+        assert by["irq"].desc_every == 100
+        assert s.sched.min_scan_gap_s == 0.1
+        assert s.reduced_by_events == {}
+        s.sampler = smp
+        s.started_ns, s.ended_ns = 1, 10**9 + 1
+        assert s.summary()["sampler"]["reduced_by_events"] == {}
+    finally:
+        smp.stop()
+        s.trace.close()
+
+
+def test_with_spike_scans_reduced_records_do_not_wait_for_a_task_scan():
+    s, recs, spike = _session(lambda *a, **k: FakeSource(lambda i: _canned()))
+    s.sched.latest_scan_ns = lambda: 0  # no scan since the spike
+    s.trace.open(s.clock())
+    s.schedule.add(spike(1), s.clock())
+    s.attribute_pending(s.clock())
+    assert recs == [] and s.pending  # waits for a scan (up to SCAN_WAIT_NS)
+    s.reduced_by_events = {"sched_scan": {"what": "x", "from_hz": 10.0, "to_hz": 2.0}}
+    s.attribute_pending(s.clock())
+    assert len(recs) == 1 and not s.pending

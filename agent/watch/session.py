@@ -91,6 +91,8 @@ class WatchSession:
         self.sched = None  # sampling.sources.sched.SchedCollector (who ran; the task scans)
         self.irq = None  # sampling.sources.irq.IrqCollector (IRQ descriptions)
         self.unavailable: dict[str, str] = {}  # collector → why it does not run
+        # what the kernel events made slower (wiring.reduce_for_events), for the summary
+        self.reduced_by_events: dict[str, dict] = {}
         self.attributor: Attributor | None = None
         self.detector = SpikeDetector(cfg.threshold_us, cfg.k_p50, cfg.min_samples,
                                       queueing=cfg.probe != "external", clock=clock)
@@ -160,9 +162,13 @@ class WatchSession:
     def open_collectors(self, host: Host | None = None) -> list:
         """The collectors that can run (:func:`agent.watch.wiring.build_collectors`), read
         through ``host`` (default: the session's); sets :attr:`sched`, :attr:`irq`,
-        :attr:`unavailable`."""
-        c = build_collectors(self.cfg, host or self.host, self.host, self._extra_collectors)
+        :attr:`unavailable`. With the event source open (:meth:`start` opens it before the
+        sampler asks for the collectors), what the events cover is polled less:
+        :attr:`reduced_by_events`."""
+        c = build_collectors(self.cfg, host or self.host, self.host, self._extra_collectors,
+                             events=self.trace.active)
         self.sched, self.irq, self.unavailable = c.sched, c.irq, c.unavailable
+        self.reduced_by_events = c.reduced_by_events
         return c.active
 
     def start(self) -> None:
@@ -239,7 +245,10 @@ class WatchSession:
         when spikes still wait for them."""
         self._recent = None
         rows_ns = self.sampler.covered_ns() - self.attributor.slack_ns
-        return self.schedule.step(now, rows_ns, self.sched.latest_scan_ns(), self)
+        # with events naming the task that ran, the spike's scans are rarer and not waited for
+        scan_ns = now if "sched_scan" in self.reduced_by_events else \
+            self.sched.latest_scan_ns()
+        return self.schedule.step(now, rows_ns, scan_ns, self)
 
     # the schedule's Sink: attribute, log with an inherited cause, drop
     def attribute(self, sp: Spike) -> dict:

@@ -5,6 +5,12 @@ The probe CPUs' cpu, sched, irq, softirq, memory, numa and pcie collectors; perf
 ``--perf``; the GPU collector where :mod:`collectors.gpu` can start (NVML); plus any the
 caller adds. A collector whose ``available()`` says no (or raises) is left out and listed in
 ``unavailable`` with its reason (the summary's "unsupported collectors").
+
+With kernel events on the probe CPUs (``--trace``, :attr:`SpikeEvents.active`: the source
+opens in ``WatchSession.start()`` before the sampler is built), what the events see directly
+is polled less (:func:`reduce_for_events`): /proc/interrupts, /proc/softirqs and the task
+scans a spike asks for. Not to zero: the polled rules still decide where a window is
+incomplete or the events decide nothing, and they need their baselines.
 """
 
 from __future__ import annotations
@@ -25,6 +31,23 @@ GPU_PERIOD_S = 0.05
 # records carry none: every round.
 SCHED_PERIOD_BUILTIN_S = 0.05
 
+# Polled less where the kernel events cover it (reduce_for_events). /proc/interrupts (the
+# costliest hot file: ~60 µs a read plus parsing on a 2-CPU VM): 20 → 5 Hz. Its rows then
+# often come after a spike is attributed (Sampler.covered_ns waits for ≤ 50 ms collectors
+# only, so records are not held back): the events name the IRQ; /proc/stat's irq time and
+# the later spikes of a burst keep the polled rule. /proc/softirqs: every round → 20 Hz,
+# still waited for (a softirq flood that loses events — ring overwritten, window
+# incomplete — keeps its polled verdict). The task scan a spike asks for: ≥ 0.1 s → ≥ 0.5 s
+# apart, and records no longer wait for one (the events name the task that ran); the
+# periodic scan (every 2 s) keeps others_share's baseline.
+EVENTS_IRQ_PERIOD_S = 0.2
+EVENTS_SOFTIRQ_PERIOD_S = 0.05
+EVENTS_MIN_SCAN_GAP_S = 0.5
+IRQ_DESC_S = 5.0  # the IRQ device names re-read this often whatever the irq rate
+# "0": poll as without events even when they run (the before/after A/B of the reduction:
+# bench/events_reduce_ab.py); anything else or unset: reduce.
+REDUCE_ENV = "HFTAGENT_EVENTS_REDUCE"
+
 
 @dataclass
 class Collectors:
@@ -35,12 +58,15 @@ class Collectors:
     sched: object
     irq: object
     unavailable: dict[str, str] = field(default_factory=dict)
+    # what the kernel events made slower: {source: {"what", "from_hz", "to_hz"}}
+    reduced_by_events: dict[str, dict] = field(default_factory=dict)
 
 
 def build_collectors(cfg: WatchConfig, host: Host, gpu_host: Host,
-                     extra: list | None = None) -> Collectors:
+                     extra: list | None = None, *, events: bool = False) -> Collectors:
     """``host``: what the collectors read through; ``gpu_host``: the GPU collector's. (The
-    native reader registers the hot sources' files itself: agent/watch/sampling/native/.)"""
+    native reader registers the hot sources' files itself: agent/watch/sampling/native/.)
+    ``events``: kernel events run on the probe CPUs (:func:`reduce_for_events`)."""
     from agent.watch.sampling.sources.cpu import CpuCollector
     from agent.watch.sampling.sources.irq import IrqCollector
     from agent.watch.sampling.sources.memory import MemoryCollector
@@ -74,6 +100,46 @@ def build_collectors(cfg: WatchConfig, host: Host, gpu_host: Host,
                 c.close()
             except Exception:  # noqa: BLE001
                 pass
+    if events:
+        out.reduced_by_events = reduce_for_events(out, cfg.sample_hz)
+    return out
+
+
+def _hz(period_s: float, sample_hz: float) -> float:
+    return round(min(sample_hz, 1.0 / period_s) if period_s > 0 else sample_hz, 2)
+
+
+def reduce_for_events(c: Collectors, sample_hz: float, env=None) -> dict[str, dict]:
+    """Poll what the kernel events cover on the probe CPUs more slowly (module constants);
+    before the sampler is built, which takes each collector's ``period_s`` then. Returns
+    what changed, for the summary's ``sampler.reduced_by_events``; nothing where
+    :data:`REDUCE_ENV` is "0" (``env``: os.environ by default)."""
+    import os
+    if (os.environ if env is None else env).get(REDUCE_ENV, "1").strip() == "0":
+        return {}
+    out: dict[str, dict] = {}
+    active = {id(x) for x in c.active}
+
+    def slower(name: str, col, what: str, period_s: float) -> None:
+        if col is None or id(col) not in active or col.period_s >= period_s:
+            return
+        out[name] = {"what": what, "from_hz": _hz(col.period_s, sample_hz),
+                     "to_hz": _hz(period_s, sample_hz)}
+        col.period_s = period_s
+
+    irq = c.irq
+    slower("irq", irq, "/proc/interrupts rows of the probe CPUs", EVENTS_IRQ_PERIOD_S)
+    if "irq" in out:
+        irq.desc_every = max(1, round(IRQ_DESC_S / EVENTS_IRQ_PERIOD_S))
+    soft = next((x for x in c.active if getattr(x, "name", "") == "softirq"), None)
+    slower("softirq", soft, "/proc/softirqs rows of the probe CPUs", EVENTS_SOFTIRQ_PERIOD_S)
+    sched = c.sched
+    if sched is not None and id(sched) in active and \
+            sched.min_scan_gap_s < EVENTS_MIN_SCAN_GAP_S:
+        out["sched_scan"] = {"what": "task scans on spikes (who ran); records do not wait "
+                             "for one", "from_hz": round(1.0 / sched.min_scan_gap_s, 2),
+                             "to_hz": round(1.0 / EVENTS_MIN_SCAN_GAP_S, 2)}
+        sched.min_scan_gap_s = EVENTS_MIN_SCAN_GAP_S
     return out
 
 

@@ -213,6 +213,8 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     cause, culprit, ns = v
     body["decided_by"] = "events"
     if cause == polled:
+        if cause == "cpu_contention":
+            name_tasks(body, ev)
         return
     body["polled_cause"] = polled
     body["cause"] = cause
@@ -221,6 +223,56 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
         "detail": f"kernel events: {culprit} on the probe CPU",  # stable: the summary counts it
         "evidence": {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
                      "culprit": culprit}})
+    if cause == "cpu_contention":
+        name_tasks(body, ev)
+
+
+TASKS_NAMED = 3  # as attribution.cpu.WHO_RAN_SHOWN
+
+
+def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None) -> None:
+    """The tasks the events saw on the probe CPU, as the contention cause's ``ran_on_cpu``
+    evidence (and "comm (pid N) ran on CPU c" in its detail) where the polled rule had no
+    task scan covering the spike to name them (with kernel events, records no longer wait
+    for one: agent/watch/wiring.py reduce_for_events). ``pid`` is the thread group of the
+    event's task where /proc still has it (``tgid_of``), else its tid."""
+    cause = next((c for c in body.get("causes") or [] if c.get("cause") == "cpu_contention"),
+                 None)
+    tl = ev.get("timeline") or {}
+    if cause is None or (cause.get("evidence") or {}).get("ran_on_cpu"):
+        return
+    runs = []
+    for e in tl.get("entities") or []:
+        if e.get("kind") != "task" or not e.get("label", "").endswith("]"):
+            continue
+        comm, _, tid = e["label"][:-1].rpartition("[")
+        if not tid.isdigit() or not int(tid):
+            continue
+        runs.append((comm, int(tid), e.get("us") or 0))
+    if not runs:
+        return
+    runs.sort(key=lambda r: -r[2])
+    tg = tgid_of or _tgid
+    cpu = tl.get("cpu")
+    named = [{"comm": comm, "pid": tg(tid), "tid": tid, "cpu": cpu, "run_us": round(us),
+              "from": "kernel events"} for comm, tid, us in runs[:TASKS_NAMED]]
+    cause.setdefault("evidence", {})["ran_on_cpu"] = named
+    if not cause.get("detail", "").startswith("kernel events:"):
+        top = named[0]
+        cause["detail"] = "; ".join(x for x in (cause.get("detail"), f"{top['comm']} (pid "
+                                                f"{top['pid']}) ran on CPU {cpu}") if x)
+
+
+def _tgid(tid: int) -> int:
+    """The thread group of ``tid`` from /proc/<tid>/status (the tid where it is gone)."""
+    try:
+        with open(f"/proc/{tid}/status", "rb") as fh:
+            for ln in fh:
+                if ln.startswith(b"Tgid:"):
+                    return int(ln.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return tid
 
 
 def _triples(tl, items: list[tuple[str, int]]) -> list[tuple[str, str, int]]:
