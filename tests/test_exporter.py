@@ -363,7 +363,16 @@ def test_503_only_when_every_slot_is_being_answered():
                 t.join(10)
         assert results == [200, 200]
         ex.registry.render = real
-        assert scrape(ex.url)[0] == 200
+        # the two slots free once their handlers return, which a loaded machine may delay
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert scrape(ex.url)[0] == 200
+                break
+            except urllib.error.HTTPError as exc:
+                if exc.code != 503 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
 
 def test_head_deadline_is_total_not_per_line():

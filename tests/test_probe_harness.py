@@ -37,7 +37,9 @@ def test_known_delay_is_measured():
     s = time_loop(spin, 50)
     p50 = int(np.median(s.latency_ns))
     assert p50 >= delay_ns                 # never under the known delay
-    assert p50 < delay_ns + 1_000_000      # generous: the median is not the tail
+    # generous, for a loaded 2-core machine (a hog on each CPU gave 3.2 ms): the median is
+    # the spin plus what the scheduler took, never orders of magnitude more
+    assert p50 < 5 * delay_ns
 
 
 def test_open_loop_schedule_and_response_time():

@@ -60,6 +60,12 @@ def _alive(pid: int) -> bool:
     return st[st.rfind(")") + 2] not in "ZX"
 
 
+# The spinner exits within a millisecond of its command on an idle CPU, but it is SCHED_IDLE:
+# with a busy task on its CPU (a loaded test machine) it runs, and so exits, only when that
+# task lets it. Generous, so the tests hold under load; the exit itself is what they check.
+GONE_S = 10.0
+
+
 def _gone_within(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -113,7 +119,7 @@ def test_keep_awake_and_pm_qos_live_exactly_as_long_as_the_command():
         out, _err = p.communicate(timeout=30)
         assert p.returncode == 0
         assert "/dev/cpu_dma_latency" in out  # the descriptor crossed exec
-        assert _gone_within(spinner, 1.0)
+        assert _gone_within(spinner, GONE_S)
         assert _effective_latency() == before  # the request ended with the command
     finally:
         p.kill()
@@ -129,7 +135,7 @@ def test_spinner_dies_when_the_command_is_killed():
         assert _alive(spinner)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
-        assert _gone_within(spinner, 1.0)
+        assert _gone_within(spinner, GONE_S)
     finally:
         p.kill()
         p.wait()
@@ -146,7 +152,7 @@ def test_a_failed_exec_kills_the_spinners_and_says_so_in_one_line(tmp_path):
     spinner = int(SPIN_RE.search(err).group(1))
     errors = [ln for ln in err.splitlines() if ln.startswith("hftagent: error:")]
     assert errors == [f"hftagent: error: cannot start {str(bad)!r}: Exec format error"]
-    assert _gone_within(spinner, 1.0)
+    assert _gone_within(spinner, GONE_S)
 
 
 def test_the_spinner_watches_its_pidfd_not_a_pid():
@@ -162,7 +168,7 @@ def test_the_spinner_watches_its_pidfd_not_a_pid():
         assert _alive(spinner)
         child.kill()
         child.wait()
-        assert _gone_within(spinner, 1.0)
+        assert _gone_within(spinner, GONE_S)
     finally:
         os.close(fd)
         child.kill()
@@ -195,7 +201,7 @@ def test_start_and_stop_spinners_from_python():
         assert len(sp) == 1 and _alive(sp[0].pid)
     finally:
         stop_spinners(sp)
-    assert _gone_within(sp[0].pid, 1.0)
+    assert _gone_within(sp[0].pid, GONE_S)
     with pytest.raises(LaunchError, match="did not start"):
         start_spinners(exe, [1000])
 
@@ -278,7 +284,7 @@ def test_the_busy_loop_spins_without_pause_and_is_named_in_the_report():
     finally:
         p.kill()
         p.wait()
-    assert _gone_within(spinner, 1.0)
+    assert _gone_within(spinner, GONE_S)
 
 
 def test_keep_awake_loop_is_checked_in_one_line():
