@@ -119,4 +119,4 @@ def test_a_corrected_verdict_of_contention_names_the_tasks_too():
     apply_verdict(b, [("task", "hog", 1_200 * US)], 1_300 * US)
     assert b["cause"] == "cpu_contention" and b["polled_cause"] == "softirq"
     assert b["causes"][0]["evidence"]["ran_on_cpu"][0]["comm"] == "hog"
-    assert b["causes"][0]["detail"] == "kernel events: hog on the probe CPU"  # stable
+    assert b["causes"][0]["detail"] == "hog ran on CPU 1 (kernel events)"  # stable

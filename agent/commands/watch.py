@@ -409,6 +409,10 @@ def _print_summary(s: dict, spike_log: str | None) -> None:
               f"{smp['cpu_us_per_round']} µs CPU/round, "
               f"{100 * (smp['cpu_share_of_one_cpu'] or 0):.2f} % of one CPU{split}"
               + (f"; {smp['note']}" if smp.get("note") else ""))
+        red = smp.get("reduced_by_events") or {}
+        if red:  # the polls kernel events cover, slowed while they run
+            print("polled less while kernel events run: " + ", ".join(
+                f"{k} {v['from_hz']:g} → {v['to_hz']:g} Hz" for k, v in red.items()))
     ev = s.get("events") or {}
     if ev.get("active"):
         rate = ", ".join(f"CPU {c} {r}/s" for c, r in ev.get("rate_per_cpu", {}).items())

@@ -220,7 +220,9 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     body["cause"] = cause
     body.setdefault("causes", []).insert(0, {
         "cause": cause, "score": round(min(1.0, ns / excess_ns), 3), "strength": 1.0,
-        "detail": f"kernel events: {culprit} on the probe CPU",  # stable: the summary counts it
+        # stable (the summary counts details), in the polled rules' words
+        "detail": f"{culprit} ran on CPU {(ev.get('timeline') or {}).get('cpu', '?')} "
+                  "(kernel events)",
         "evidence": {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
                      "culprit": culprit}})
     if cause == "cpu_contention":
@@ -257,7 +259,7 @@ def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None
     named = [{"comm": comm, "pid": tg(tid), "tid": tid, "cpu": cpu, "run_us": round(us),
               "from": "kernel events"} for comm, tid, us in runs[:TASKS_NAMED]]
     cause.setdefault("evidence", {})["ran_on_cpu"] = named
-    if not cause.get("detail", "").startswith("kernel events:"):
+    if not cause.get("detail", "").endswith("(kernel events)"):  # apply_verdict's own
         top = named[0]
         cause["detail"] = "; ".join(x for x in (cause.get("detail"), f"{top['comm']} (pid "
                                                 f"{top['pid']}) ran on CPU {cpu}") if x)
