@@ -120,3 +120,17 @@ def test_a_corrected_verdict_of_contention_names_the_tasks_too():
     assert b["cause"] == "cpu_contention" and b["polled_cause"] == "softirq"
     assert b["causes"][0]["evidence"]["ran_on_cpu"][0]["comm"] == "hog"
     assert b["causes"][0]["detail"] == "hog ran on CPU 1 (kernel events)"  # stable
+
+
+def test_watch_looks_the_thread_group_up_through_its_host():
+    """SpikeEvents.tgid (what the session gives apply_verdict) reads through the Host model
+    (collectors.tasks.find_task), never /proc directly: a thread of ours maps to our pid, a
+    task that is gone to itself."""
+    import os
+    import threading
+
+    from agent.watch.events.wiring import SpikeEvents
+    from collectors.host import Host
+    ev = SpikeEvents("off", Host(), [0])
+    assert ev.tgid(threading.get_native_id()) == os.getpid()
+    assert ev.tgid(2**22 + 12345) == 2**22 + 12345

@@ -121,6 +121,13 @@ class SpikeEvents:
             out["lost_events"] = win.lost
         return out, _triples(tl, items)
 
+    def tgid(self, tid: int) -> int:
+        """The thread group of task ``tid`` through the session's Host
+        (collectors.tasks.find_task); the tid itself where it is gone."""
+        from collectors.tasks import find_task
+        t = find_task(self.host, tid)
+        return t.pid if t is not None else tid
+
     def info(self) -> dict:
         """For the summary: the mode, whether events ran (``active``) or why not, the
         source's description, event rate and losses (as at close once closed)."""
@@ -196,7 +203,8 @@ def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
     return cause, top[cause][0], ns
 
 
-def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: int) -> None:
+def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: int,
+                  tgid_of: Callable[[int], int] | None = None) -> None:
     """Correct the polled verdict in a spike record's ``body`` with the kernel events where
     they decide a cause the polled rules can get wrong (:data:`EVENTS_MAY_CORRECT`): the
     record's ``cause`` becomes the events', the polled one is kept as ``polled_cause``, and
@@ -214,7 +222,7 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     body["decided_by"] = "events"
     if cause == polled:
         if cause == "cpu_contention":
-            name_tasks(body, ev)
+            name_tasks(body, ev, tgid_of)
         return
     body["polled_cause"] = polled
     body["cause"] = cause
@@ -226,7 +234,7 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
         "evidence": {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
                      "culprit": culprit}})
     if cause == "cpu_contention":
-        name_tasks(body, ev)
+        name_tasks(body, ev, tgid_of)
 
 
 TASKS_NAMED = 3  # as attribution.cpu.WHO_RAN_SHOWN
@@ -237,7 +245,8 @@ def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None
     evidence (and "comm (pid N) ran on CPU c" in its detail) where the polled rule had no
     task scan covering the spike to name them (with kernel events, records no longer wait
     for one: agent/watch/wiring.py reduce_for_events). ``pid`` is the thread group of the
-    event's task where /proc still has it (``tgid_of``), else its tid."""
+    event's task where /proc still has it (``tgid_of``: :meth:`SpikeEvents.tgid` in watch),
+    else its tid."""
     cause = next((c for c in body.get("causes") or [] if c.get("cause") == "cpu_contention"),
                  None)
     tl = ev.get("timeline") or {}
@@ -254,7 +263,7 @@ def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None
     if not runs:
         return
     runs.sort(key=lambda r: -r[2])
-    tg = tgid_of or _tgid
+    tg = tgid_of or (lambda tid: tid)
     cpu = tl.get("cpu")
     named = [{"comm": comm, "pid": tg(tid), "tid": tid, "cpu": cpu, "run_us": round(us),
               "from": "kernel events"} for comm, tid, us in runs[:TASKS_NAMED]]
@@ -263,18 +272,6 @@ def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None
         top = named[0]
         cause["detail"] = "; ".join(x for x in (cause.get("detail"), f"{top['comm']} (pid "
                                                 f"{top['pid']}) ran on CPU {cpu}") if x)
-
-
-def _tgid(tid: int) -> int:
-    """The thread group of ``tid`` from /proc/<tid>/status (the tid where it is gone)."""
-    try:
-        with open(f"/proc/{tid}/status", "rb") as fh:
-            for ln in fh:
-                if ln.startswith(b"Tgid:"):
-                    return int(ln.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return tid
 
 
 def _triples(tl, items: list[tuple[str, int]]) -> list[tuple[str, str, int]]:
