@@ -351,14 +351,10 @@ def exec_launch(launch: Launch, report: Callable[[str], None] | None = None) -> 
 
 
 def _join(launch: Launch) -> None:
-    from tuning.safepath import open_real
+    from tuning.tunables.isolate import move_to_cpuset
 
     try:
-        fd = open_real(launch.cpuset_procs, os.O_WRONLY)
-        try:
-            os.write(fd, f"{os.getpid()}\n".encode())
-        finally:
-            os.close(fd)
+        move_to_cpuset(launch.cpuset_procs)
     except OSError as exc:
         raise LaunchError(f"cannot join the isolated cpuset {launch.cpuset}: "
                           f"{exc.strerror or exc}") from None

@@ -595,17 +595,23 @@ def join_isolated(host: Host, cpus, pid: int = 0) -> IsolatedCpuset | None:
     the CPUs are not all in it). With a cgroup v2 partition the isolated CPUs leave every
     other cgroup's effective cpus, so a process pins itself there only from inside (Linux
     5.19+, cpuset.cpus.partition). Raises OSError when the write is refused."""
-    from tuning.safepath import open_real
-
     iso = isolated_cpuset(host)
     if iso is None or not set(cpus) <= set(iso.cpus):
         return None
-    fd = open_real(iso.procs, os.O_WRONLY)
+    move_to_cpuset(iso.procs, pid)
+    return iso
+
+
+def move_to_cpuset(procs: Path, pid: int = 0) -> None:
+    """Write ``pid`` (0: this process) into a cpuset's ``cgroup.procs`` (its real path, opened
+    without following a link out of sysfs). Raises OSError."""
+    from tuning.safepath import open_real
+
+    fd = open_real(procs, os.O_WRONLY)
     try:
         os.write(fd, f"{pid or os.getpid()}\n".encode())
     finally:
         os.close(fd)
-    return iso
 
 
 def pin_self(cpus, host: Host | None = None) -> str | None:
