@@ -294,8 +294,8 @@ def test_cpus_of_the_isolated_cpuset_are_accepted_though_this_cgroup_lacks_them(
     gate accept them, since the worker joins the isolated cpuset to pin itself there."""
     cpu = sorted(os.sched_getaffinity(0))[-1]
     monkeypatch.setattr(options, "_can_pin", lambda c: False)
-    monkeypatch.setattr(options, "_isolated_cpus", lambda: set())
+    monkeypatch.setattr(options, "_isolated_cpus", lambda host: set())
     with pytest.raises(AgentError, match="outside this process's cpuset"):
         options.parse_cpus(str(cpu))
-    monkeypatch.setattr(options, "_isolated_cpus", lambda: {cpu})
+    monkeypatch.setattr(options, "_isolated_cpus", lambda host: {cpu})
     assert options.parse_cpus(str(cpu)) == [cpu]

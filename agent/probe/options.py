@@ -72,11 +72,12 @@ def parse_cpus(text: str | None) -> list[int] | None:
     from collectors.host import Host
     from tuning.targets import TargetError, resolve
     try:
-        plan = resolve(Host(), text)
+        host = Host()
+        plan = resolve(host, text)
     except TargetError as exc:
         msg = str(exc)
         raise AgentError(msg if "--cpus" in msg else f"--cpus {text!r}: {msg}") from None
-    iso = _isolated_cpus()
+    iso = _isolated_cpus(host)
     usable = [c for c in plan.cpus if c in iso or _can_pin(c)]
     if text is not None and len(usable) != len(plan.cpus):
         from collectors.parsers import format_cpulist
@@ -86,12 +87,11 @@ def parse_cpus(text: str | None) -> list[int] | None:
     return usable or None
 
 
-def _isolated_cpus() -> set[int]:
+def _isolated_cpus(host) -> set[int]:
     """The CPUs of the isolated cpuset `tune apply --isolate` made: the worker joins it to
     pin itself there (tuning.tunables.isolate.pin_self), from any cgroup."""
-    from collectors.host import Host
     from tuning.tunables.isolate import isolated_cpuset
-    iso = isolated_cpuset(Host())
+    iso = isolated_cpuset(host)
     return set(iso.cpus) if iso is not None else set()
 
 
