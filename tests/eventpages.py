@@ -114,3 +114,17 @@ class PageWriter:
         page = struct.pack("<QQ", self.ts0, size | flags) + bytes(self.body) + tail
         assert len(page) <= self.page_size
         return page + b"\0" * (self.page_size - len(page))
+
+
+# -- the instance's ``trace`` text, as agent.watch.events.parse.parse_text reads it -----------
+
+def trace_line(comm, pid, ts, body, flags="d..2."):
+    """One line of ``trace`` on CPU 1: ``<comm>-<pid> [001] <flags> <ts>: <body>``."""
+    return f"{comm:>16}-{pid:<6} [001] {flags} {ts}: {body}"
+
+
+def trace_switch(comm, pid, ts, nxt, npid, state="R+"):
+    """A ``sched_switch`` line from ``comm[pid]`` to ``nxt[npid]``."""
+    return trace_line(comm, pid, ts, f"sched_switch: prev_comm={comm} prev_pid={pid} "
+                                     f"prev_prio=120 prev_state={state} ==> next_comm={nxt} "
+                                     f"next_pid={npid} next_prio=120")

@@ -24,6 +24,8 @@ from agent.watch.events.timeline import (
     timeline,
 )
 from tests.eventpages import FIXTURE, load_formats
+from tests.eventpages import trace_line as line
+from tests.eventpages import trace_switch as sw
 
 PROBE = 4242
 T0 = 100_001_000_000
@@ -35,16 +37,6 @@ def evs(text: str) -> list[Event]:
     out = parse_text(text.splitlines())
     assert out, "scenario text did not parse"
     return out
-
-
-def line(comm, pid, ts, body, flags="d..2."):
-    return f"{comm:>16}-{pid:<6} [001] {flags} {ts}: {body}"
-
-
-def sw(comm, pid, ts, nxt, npid, state="R+"):
-    return line(comm, pid, ts, f"sched_switch: prev_comm={comm} prev_pid={pid} prev_prio=120 "
-                               f"prev_state={state} ==> next_comm={nxt} next_pid={npid} "
-                               "next_prio=120")
 
 
 def totals_by_label(tl):

@@ -24,22 +24,14 @@ from agent.noise import events as ne
 from agent.noise import rank as rk
 from agent.watch.events.parse import parse_text
 from agent.watch.events.tracefs import Unsupported, Window
+from tests.eventpages import trace_line as line
+from tests.eventpages import trace_switch as sw
 
 REPO = Path(__file__).resolve().parents[1]
 REC = 4242
 T0 = 100_000_000_000
 T1 = 101_000_000_000
 US = 1000
-
-
-def line(comm, pid, ts, body, flags="d..2."):
-    return f"{comm:>16}-{pid:<6} [001] {flags} {ts}: {body}"
-
-
-def sw(comm, pid, ts, nxt, npid, state="R+"):
-    return line(comm, pid, ts, f"sched_switch: prev_comm={comm} prev_pid={pid} prev_prio=120 "
-                               f"prev_state={state} ==> next_comm={nxt} next_pid={npid} "
-                               "next_prio=120")
 
 
 SCENARIO = "\n".join([

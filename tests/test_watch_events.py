@@ -22,21 +22,13 @@ import pytest
 from agent.errors import AgentError
 from agent.watch.events.parse import parse_text
 from agent.watch.events.tracefs import Unsupported, Window
+from tests.eventpages import trace_line as _line
+from tests.eventpages import trace_switch as _sw
 
 PROBE_TID = 4242
 T0 = 100_001_000_000  # the spike's intended start (CLOCK_MONOTONIC ns)
 T1 = 100_003_000_000  # its end: 2 ms, P50 500 µs -> excess 1.5 ms
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _line(comm, pid, ts, body, flags="d..2."):
-    return f"{comm:>16}-{pid:<6} [001] {flags} {ts}: {body}"
-
-
-def _sw(comm, pid, ts, nxt, npid, state="R+"):
-    return _line(comm, pid, ts, f"sched_switch: prev_comm={comm} prev_pid={pid} prev_prio=120 "
-                                f"prev_state={state} ==> next_comm={nxt} next_pid={npid} "
-                                "next_prio=120")
 
 
 def _canned(hog="hog", hog_pid=777):
