@@ -171,7 +171,7 @@ def _names_culprit(fault: str, rec: dict, pids: list[int]) -> bool:
     whats = [b["what"] for b in rec["events"].get("breakdown", []) if b["what"] != "unexplained"]
     if fault in _TASK_FAULTS:
         tags = tuple(f"[{p}]" for p in pids)
-        return any(w.endswith(tags) or any(t in w for t in tags) for w in whats)
+        return any(t in w for w in whats for t in tags)
     if fault == "softirq_flood":
         return any("NET_RX" in w for w in whats)
     return False
