@@ -61,6 +61,14 @@ def watch(
                                        "error where unusable), off, or mount (mount tracefs "
                                        "at /sys/kernel/tracing first when it is not "
                                        "mounted). Needs root.")] = "auto",
+    irq_cost: Annotated[str, typer.Option(help="One interrupt's cost to the probe beyond its "
+                                          "handler (entry/exit; in a VM the exit to the "
+                                          "hypervisor): with kernel events, each interrupt "
+                                          "that hit the probe is charged this in a spike's "
+                                          "breakdown. auto (measured on the probe CPUs for "
+                                          "~25 ms before watch's own probe starts; not for "
+                                          "an external one), off, or a cost in µs.")
+                        ] = "auto",
     threshold_us: Annotated[float | None, typer.Option(help="A sample over this many µs is a "
                                                        "spike (up to 1e9); with --listen "
                                                        "also an exceedance counter.")
@@ -125,6 +133,8 @@ def watch(
         raise fail(f"--sampler must be auto, native or python, not {sampler!r}")
     if trace not in ("auto", "on", "off", "mount"):
         raise fail(f"--trace must be auto, on, off or mount, not {trace!r}")
+    from agent.watch.events.wiring import parse_irq_cost
+    parse_irq_cost(irq_cost)  # (AgentError: one line, exit 1)
     _check_tf_options(probe, model, variant)
     if listen is None:
         for name, v in (("--profile", profile), ("--p99-budget-us", p99_budget_us),
@@ -190,7 +200,7 @@ def watch(
                       sample_hz=sample_hz, threshold_us=threshold_us, k_p50=k,
                       flight_us=flight_us, flight_dir=flight_dir or "hftagent-flight",
                       spike_log=spike_log, duration_s=duration, perf=perf, sampler=sampler,
-                      trace=trace)
+                      trace=trace, irq_cost=irq_cost)
     metrics = exporter = wm = prof = None
     webcfg = None
     if listen is not None:

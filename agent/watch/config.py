@@ -44,6 +44,9 @@ class WatchConfig:
     # error), off, mount (mount tracefs when it is not mounted); the kernel ring's seconds
     trace: str = "auto"
     trace_buffer_s: float = 10.0
+    # one interrupt's cost to the probe, hidden parts included (agent/noise/irqcost.py):
+    # auto (measured before watch's own probe starts), off, or a cost in µs
+    irq_cost: str = "auto"
 
 
 def cpu_plan(online: list[int], probe_cpus: list[int] | None,

@@ -66,14 +66,16 @@ class WatchSession:
     ``collectors``: more collectors to sample; ``on_record``: given every spike-log record
     too (benchmarks keep them in memory); ``clock``: see the module docstring;
     ``trace_opener``: the event source's opener (:class:`SpikeEvents`); ``sampler_factory``:
-    :func:`agent.watch.sampling.open_sampler`'s signature (tests pass fakes)."""
+    :func:`agent.watch.sampling.open_sampler`'s signature; ``irq_coster``: the interrupt-cost
+    measurement (agent.noise.irqcost.measure; tests pass fakes)."""
 
     def __init__(self, cfg: WatchConfig, host: Host | None = None, *, metrics=None,
                  view=None, collectors: list | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
                  on_record: Callable[[dict], None] | None = None,
                  trace_opener: Callable | None = None,
-                 sampler_factory: Callable = open_sampler) -> None:
+                 sampler_factory: Callable = open_sampler,
+                 irq_coster: Callable | None = None) -> None:
         self.cfg = cfg
         self.host = host or Host()
         self.metrics = metrics
@@ -85,7 +87,8 @@ class WatchSession:
         self.source = LatencySource(cfg, self.host, self.warnings)
         # kernel events (--trace): a timeline and breakdown per attributed spike
         self.trace = SpikeEvents(cfg.trace, self.host, cfg.probe_cpus, cfg.trace_buffer_s,
-                                 opener=trace_opener)
+                                 opener=trace_opener, irq_cost=cfg.irq_cost,
+                                 housekeeping=cfg.housekeeping_cpus, irq_coster=irq_coster)
         self.sampler: Sampler | None = None
         self.sampler_note: str | None = None  # why the Python sampler runs (auto fallback)
         self.sched = None  # sampling.sources.sched.SchedCollector (who ran; the task scans)
@@ -188,6 +191,8 @@ class WatchSession:
         if cfg.probe == "external":
             self.source.attach_external()
         else:
+            # one interrupt's cost on the probe CPUs, while nothing else runs there yet
+            self.trace.measure_irq_cost()
             self.source.start_probe()
         # (a stop or an error while it starts leaves no helper and no shared file behind)
         self.sampler, self.sampler_note = self._open_sampler(

@@ -39,6 +39,8 @@ from .parse import Event
 PROBE, TASK, IDLE, IRQ, SOFTIRQ, TIMER, IPI, VECTOR, WORK, UNKNOWN = EVENT_KINDS
 
 _IPI_VECTORS = {"call_function", "call_function_single", "reschedule", "irq_work"}
+RAISE_WITHIN_NS = 2_000  # a softirq this soon after an IPI returned ran on its irq_exit
+RAISES_SHARE = 0.5
 IDLE_BEFORE_WAKE = "idle before the probe woke"
 IDLE_BLOCKED = "idle (probe blocked)"
 
@@ -119,6 +121,10 @@ class Timeline:
     blocks: int = 0  # the probe switched out to sleep
     migrations: list[tuple[int, int, int]] = field(default_factory=list)  # (ts, from, to)
     counts: dict[str, int] = field(default_factory=dict)
+    # hard interrupts (IRQ handlers, APIC vectors) that entered while the probe itself ran,
+    # per entity, inside the window: each one also cost the probe the entry and exit the
+    # events cannot time (interrupt_overhead)
+    probe_interrupts: dict[Entity, int] = field(default_factory=dict)
     anomalies: int = 0  # state the events contradicted (a lost event, nesting off)
     complete: bool = True
     reason: str | None = None
@@ -172,6 +178,8 @@ class Timeline:
             d["migrations"] = [[us(t - self.t0_ns), a, b] for t, a, b in self.migrations]
         if self.counts:
             d["counts"] = dict(self.counts)
+        if self.probe_interrupts:
+            d["probe_interrupts"] = sum(self.probe_interrupts.values())
         if self.anomalies:
             d["anomalies"] = self.anomalies
         if self.reason:
@@ -203,6 +211,8 @@ class _Walk:
         self.waking: int | None = None  # the probe's pending wake-up (not yet switched in)
         self.waking_name = ""
         self.switch_ins: list[tuple[int | None, int]] = []  # (wake-up, switch-in)
+        self.last_exit: tuple[Entity, int] | None = None  # an IPI that just returned
+        self.raised: dict[Entity, dict[str, int]] = {}  # IPI -> softirq vector -> times
 
     def task_entity(self, pid: int) -> Entity:
         if pid == 0:
@@ -275,6 +285,7 @@ class _Walk:
         # 1. the interval up to this event
         self.charge(ev.ts_ns, self._unmatched_exit(ev) or self.current(pid), pid)
         # 2. the event's own effect
+        last_exit, self.last_exit = self.last_exit, None
         if name == "sched_switch":
             if self.stack:
                 tl.anomalies += 1  # switches happen in task context: an exit was lost
@@ -303,12 +314,17 @@ class _Walk:
             if f.get("pid") in self.probe:
                 tl.migrations.append((ev.ts_ns, f.get("orig_cpu", -1), f.get("dest_cpu", -1)))
         elif name == "irq_handler_entry":
-            self.stack.append((Entity(IRQ, str(f.get("name", "?")), num=f.get("irq")),
-                               len(tl.intervals), False))
+            ent = Entity(IRQ, str(f.get("name", "?")), num=f.get("irq"))
+            self._entered(ent, ev)
+            self.stack.append((ent, len(tl.intervals), False))
         elif name == "irq_handler_exit":
             self._pop(IRQ, lambda e: e.num == f.get("irq"))
         elif name == "softirq_entry":
-            self.stack.append((Entity(SOFTIRQ, str(f.get("action"))), len(tl.intervals), False))
+            action = str(f.get("action"))
+            if last_exit is not None and ev.ts_ns - last_exit[1] <= RAISE_WITHIN_NS:
+                per = self.raised.setdefault(last_exit[0], {})
+                per[action] = per.get(action, 0) + 1
+            self.stack.append((Entity(SOFTIRQ, action), len(tl.intervals), False))
         elif name == "softirq_exit":
             self._pop(SOFTIRQ, lambda e: e.name == str(f.get("action")))
         elif name == "workqueue_execute_start":
@@ -329,16 +345,27 @@ class _Walk:
             ent = _vector_entity(base)
             if name.endswith("_entry"):
                 self._count(base)
+                self._entered(ent, ev)
                 self.stack.append((ent, len(tl.intervals), False))
             else:
                 top = self._pop(ent.kind, lambda e: e.name == ent.name)
                 if top is not None and top[2]:  # a TLB shootdown ran in this IPI: say so
                     self._relabel(top[1], top[0],
                                   Entity(top[0].kind, f"{top[0].name} (TLB shootdown)"))
+                elif ent.kind == IPI and not self.stack:
+                    self.last_exit = (ent, ev.ts_ns)
+
+    def _entered(self, ent: Entity, ev: Event) -> None:
+        """A hard interrupt entered: count it when it interrupted the probe itself."""
+        tl = self.tl
+        if not self.stack and ev.pid in self.probe and tl.t0_ns <= ev.ts_ns <= tl.t1_ns:
+            tl.probe_interrupts[ent] = tl.probe_interrupts.get(ent, 0) + 1
 
     def finish(self) -> None:
-        """Pick the switch-in that starts this sample: the last at or before t0 when the
-        probe was on the CPU at t0, else the first after it."""
+        """Name the IPIs that raise a softirq (below), then pick the switch-in that starts
+        this sample: the last at or before t0 when the probe was on the CPU at t0, else the
+        first after it."""
+        self._name_raisers()
         tl = self.tl
         before = [s for s in self.switch_ins if s[1] <= tl.t0_ns]
         after = [s for s in self.switch_ins if s[1] > tl.t0_ns]
@@ -348,6 +375,22 @@ class _Walk:
             if pick[0] is not None:
                 tl.wake_ns = pick[0]
                 tl.wake_latency_ns = pick[1] - pick[0]
+
+    def _name_raisers(self) -> None:
+        """An IPI after most of whose returns (≥ RAISES_SHARE) one softirq vector starts at
+        once, before any other event, was sent to raise it: RPS/RFS steering packets to
+        this CPU (``rps_trigger_softirq``), a remote ``raise_softirq``. Its time is that
+        softirq's: the entity becomes ``softirq <VEC> raise (IPI <vector>)``, kind softirq."""
+        tl = self.tl
+        for ent, per in self.raised.items():
+            vec, n = max(per.items(), key=lambda kv: kv[1])
+            seen = self.tl.counts.get(ent.name, 0)
+            if not seen or n < RAISES_SHARE * seen:
+                continue
+            new = Entity(SOFTIRQ, f"{vec} raise (IPI {ent.name})")
+            self._relabel(0, ent, new)
+            if ent in tl.probe_interrupts:
+                tl.probe_interrupts[new] = tl.probe_interrupts.pop(ent)
 
     def _count(self, key: str) -> None:
         self.tl.counts[key] = self.tl.counts.get(key, 0) + 1
@@ -412,10 +455,14 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
 HW, UNEXPLAINED = EVENT_RESIDUALS  # "hw_or_hypervisor", "unexplained"
 
 
+HIDDEN_IRQ = "interrupt entry/exit (hidden)"
+
+
 def breakdown(tl: Timeline, excess_ns: int, *, hw: HwNoise | None = None,
-              min_ns: int = 1_000) -> list[tuple[str, int]]:
+              irq_cost_ns: int | None = None, min_ns: int = 1_000) -> list[tuple[str, int]]:
     """The excess of a sample over P50 by what took the CPU from the probe, largest first,
-    then ``hw_or_hypervisor`` (when ``hw`` found hidden time) and ``unexplained``:
+    then ``hw_or_hypervisor`` (when ``hw`` found hidden time), the interrupts' hidden entry
+    and exit (:func:`interrupt_overhead`, with ``irq_cost_ns``) and ``unexplained``:
     ``excess - sum(items)``, never below 0. Items are real durations from the timeline
     (not scaled): they can sum to more than the excess when a typical sample also has some
     of them (a tick); the residual is then 0. Items under ``min_ns`` are left out (they
@@ -425,8 +472,30 @@ def breakdown(tl: Timeline, excess_ns: int, *, hw: HwNoise | None = None,
     if hw is not None and hw.hidden_ns:
         items.append((HW, hw.hidden_ns))
     explained = sum(ns for _, ns in items)
+    hidden = sum(interrupt_overhead(tl, irq_cost_ns, int(excess_ns) - explained).values())
+    if hidden >= min_ns:
+        items.append((HIDDEN_IRQ, hidden))
+        explained += hidden
     items.append((UNEXPLAINED, max(0, int(excess_ns) - explained)))
     return items
+
+
+def interrupt_overhead(tl: Timeline, cost_ns: int | None, residual_ns: int
+                       ) -> dict[Entity, int]:
+    """What the interrupts that entered while the probe ran cost it beyond their handlers,
+    per interrupt entity: ``tl.probe_interrupts`` × ``cost_ns``, the CPU's measured cost of
+    one interrupt to a running task (agent/noise/irqcost.py: in a VM mostly the exit to the
+    hypervisor and the entry back, which no guest event can time; on bare metal a few
+    hundred ns of entry and exit code). That time shows as the probe's own run time in the
+    timeline. Never more than ``residual_ns`` (what the timeline's items leave unexplained):
+    scaled down to it when the count says more. Empty without a cost."""
+    if not cost_ns or cost_ns <= 0 or residual_ns <= 0 or not tl.probe_interrupts:
+        return {}
+    raw = {e: n * int(cost_ns) for e, n in tl.probe_interrupts.items()}
+    total = sum(raw.values())
+    if total <= residual_ns:
+        return raw
+    return {e: ns * residual_ns // total for e, ns in raw.items()}
 
 
 def format_breakdown(items: list[tuple[str, int]]) -> str:

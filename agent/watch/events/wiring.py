@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 from agent.errors import AgentError
 
-from .timeline import HW, PROBE, UNEXPLAINED, breakdown, format_breakdown, hw_noise, timeline
+from .timeline import (HIDDEN_IRQ, HW, PROBE, UNEXPLAINED, breakdown, format_breakdown, hw_noise,
+                       interrupt_overhead, timeline)
 from .tracefs import EventSource
 
 MODES = ("auto", "on", "off", "mount")
@@ -36,9 +37,16 @@ class SpikeEvents:
     """``opener``: :meth:`EventSource.open` (tests pass a fake returning canned windows)."""
 
     def __init__(self, mode: str, host, cpus: list[int], buffer_s: float = 10.0, *,
-                 opener: Callable | None = None) -> None:
+                 opener: Callable | None = None, irq_cost: str = "off",
+                 housekeeping: list[int] | None = None,
+                 irq_coster: Callable | None = None) -> None:
         if mode not in MODES:
             raise AgentError(f"--trace must be auto, on, off or mount, not {mode!r}")
+        self.irq_cost_mode = parse_irq_cost(irq_cost)
+        self.housekeeping = [c for c in housekeeping or [] if c not in cpus]
+        self.irq_coster = irq_coster  # agent.noise.irqcost.measure (tests pass a fake)
+        self.irq_cost_ns: dict[int, int] = {}  # probe CPU -> one interrupt's cost
+        self.irq_cost_info: list[dict] = []
         self.mode = mode
         self.host = host
         self.cpus = list(cpus)
@@ -75,6 +83,32 @@ class SpikeEvents:
         self._opened_ns = now_ns
         return None
 
+    def measure_irq_cost(self) -> None:
+        """The interrupt cost per probe CPU for :func:`~.timeline.interrupt_overhead`: the
+        ``--irq-cost`` value, or (``auto``) measured now with agent/noise/irqcost.py. The
+        session calls it before its own probe starts, never under an external client (the
+        helper spins on the CPU for ~25 ms)."""
+        if self.source is None or self.irq_cost_mode == "off":
+            return
+        if isinstance(self.irq_cost_mode, int):
+            self.irq_cost_ns = {c: self.irq_cost_mode for c in self.cpus}
+            self.irq_cost_info = [{"cpu": c, "cost_us": self.irq_cost_mode / 1e3,
+                                   "note": "given (--irq-cost)"} for c in self.cpus]
+            return
+        measure = self.irq_coster
+        if measure is None:
+            from agent.noise.irqcost import measure
+        for cpu in self.cpus:
+            if not self.housekeeping:
+                self.irq_cost_info.append({"cpu": cpu, "cost_us": None,
+                                           "note": "no housekeeping CPU to send IPIs from: "
+                                                   "not measured"})
+                continue
+            r = measure(cpu, self.housekeeping[0])
+            self.irq_cost_info.append(r.to_dict())
+            if r.cost_ns is not None:
+                self.irq_cost_ns[cpu] = r.cost_ns
+
     @property
     def active(self) -> bool:
         return self.source is not None
@@ -100,7 +134,8 @@ class SpikeEvents:
             tl = timeline(win.events, cpu, {sp.tid}, sp.start_ns, sp.end_ns,
                           comms=win.comms, complete=win.complete, reason=win.reason)
             hw = hw_noise(tl, probe_cpu_ns=sp.cpu_ns if sp.cpu_ns >= 0 else None)
-            items = breakdown(tl, sp.excess_ns, hw=hw)
+            cost = self.irq_cost_ns.get(cpu)
+            items = breakdown(tl, sp.excess_ns, hw=hw, irq_cost_ns=cost)
         except Exception as exc:  # noqa: BLE001 - a bad window never ends the run
             self.windows += 1
             self.incomplete += 1
@@ -117,9 +152,11 @@ class SpikeEvents:
                "complete": tl.complete, "reason": tl.reason,
                "read_us": round(win.read_ns / 1e3, 1),
                "read_cpu_us": round(win.cpu_ns / 1e3, 1)}
+        if cost is not None:
+            out["irq_cost_us"] = round(cost / 1e3, 2)
         if win.lost:
             out["lost_events"] = win.lost
-        return out, _triples(tl, items)
+        return out, _triples(tl, items, cost)
 
     def tgid(self, tid: int) -> int:
         """The thread group of task ``tid`` through the session's Host
@@ -138,6 +175,9 @@ class SpikeEvents:
         d.update(self._source_info() if self.source is not None else self._final)
         if self.refit_note:
             d["refit"] = self.refit_note
+        if self.irq_cost_mode != "off":
+            d["irq_cost"] = self.irq_cost_info or [
+                {"note": "not measured: the probe is external (give --irq-cost US)"}]
         if self.windows:
             d["mean_read_us"] = round(self.read_ns / 1e3 / self.windows, 1)
             d["mean_read_cpu_us"] = round(self.read_cpu_ns / 1e3 / self.windows, 1)
@@ -274,15 +314,34 @@ def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None
                                                 f"{top['pid']}) ran on CPU {cpu}") if x)
 
 
-def _triples(tl, items: list[tuple[str, int]]) -> list[tuple[str, str, int]]:
+def _triples(tl, items: list[tuple[str, int]], irq_cost_ns: int | None = None
+             ) -> list[tuple[str, str, int]]:
     """The breakdown's items as (cause, culprit, ns): the entity kind and its short name
     (:attr:`~.timeline.Entity.culprit`); ``hw_or_hypervisor`` and ``unexplained`` are their
-    own cause and culprit."""
+    own cause and culprit; the interrupts' hidden entry/exit goes to the interrupts, each
+    its share (as :func:`~.timeline.interrupt_overhead` split it)."""
     by_label = {e.label: e for e, _ in tl.ranked() if e.kind != PROBE}
     out = []
     for label, ns in items:
         if label in (HW, UNEXPLAINED):
             out.append((label, label, ns))
+        elif label == HIDDEN_IRQ:
+            share = interrupt_overhead(tl, irq_cost_ns, ns)
+            out.extend((e.kind, e.culprit, n) for e, n in share.items() if n > 0)
         elif (e := by_label.get(label)) is not None:
             out.append((e.kind, e.culprit, ns))
     return out
+
+
+def parse_irq_cost(spec) -> str | int:
+    """``--irq-cost``: "auto" (measured), "off", or a cost in µs (to ns)."""
+    text = str(spec).strip()
+    if text in ("auto", "off"):
+        return text
+    try:
+        us = float(text)
+    except ValueError:
+        us = -1.0
+    if not 0 < us <= 1000:
+        raise AgentError(f"--irq-cost must be auto, off or a cost in µs (0-1000], not {spec!r}")
+    return int(round(us * 1000))

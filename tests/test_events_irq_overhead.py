@@ -1,0 +1,189 @@
+"""The interrupts' hidden cost in a spike's breakdown, and the IPIs that raise a softirq.
+
+agent/watch/events/timeline.py counts the hard interrupts that entered while the probe ran
+(``probe_interrupts``), names an IPI after whose returns a softirq starts at once as that
+softirq's raise (RPS steering), and ``breakdown(..., irq_cost_ns=)`` charges each counted
+interrupt the CPU's measured cost (agent/noise/irqcost.py), never more than the residual.
+Scenarios are ``trace`` text as in tests/test_events_timeline.py: the probe is pid 4242 on
+CPU 1, the window [100.001000, 100.003000] s.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.errors import AgentError
+from agent.noise.irqcost import IrqCost, parse_output
+from agent.watch.events.parse import parse_text
+from agent.watch.events.timeline import HIDDEN_IRQ, UNEXPLAINED, breakdown, interrupt_overhead, timeline
+from agent.watch.events.wiring import SpikeEvents, _triples, event_verdict, parse_irq_cost
+from bench.attribution import background
+from tests.eventpages import trace_line as line
+from tests.eventpages import trace_switch as sw
+
+PROBE = 4242
+T0, T1 = 100_001_000_000, 100_003_000_000
+US = 1000
+
+
+def rps_storm(n: int, *, start_us: int = 1100, every_us: int = 15) -> str:
+    """``n`` RPS rounds while the probe runs: an IPI (1 µs), then NET_RX (2 µs) 1 µs after
+    it returned (its irq_exit)."""
+    out = [sw("swapper/1", 0, "100.000900", "probe", PROBE, "R")]
+    for i in range(n):
+        t = start_us + i * every_us
+        out.append(line("probe", PROBE, _ts(t), "call_function_single_entry: vector=251",
+                        "d.h1."))
+        out.append(line("probe", PROBE, _ts(t + 1), "call_function_single_exit: vector=251",
+                        "d.h1."))
+        out.append(line("probe", PROBE, _ts(t + 2), "softirq_entry: vec=3 [action=NET_RX]",
+                        "..s1."))
+        out.append(line("probe", PROBE, _ts(t + 4), "softirq_exit: vec=3 [action=NET_RX]",
+                        "..s1."))
+    return "\n".join(out)
+
+
+def _ts(us: int) -> str:
+    """``us`` µs after 100 s, as trace prints it."""
+    return f"100.{us:06d}"
+
+
+def tl_of(text: str, t0: int = T0, t1: int = T1):
+    return timeline(parse_text(text.splitlines()), 1, {PROBE}, t0, t1)
+
+
+def test_ipis_that_raise_net_rx_are_the_softirq_s_and_are_counted_on_the_probe():
+    tl = tl_of(rps_storm(40))
+    labels = {e.label: ns for e, ns in tl.totals.items()}
+    raise_label = "softirq NET_RX raise (IPI call_function_single)"
+    assert labels[raise_label] == 40 * 1000
+    assert "IPI call_function_single" not in labels
+    assert labels["softirq NET_RX"] == 40 * 2000
+    assert sum(tl.probe_interrupts.values()) == 40
+    (ent,) = tl.probe_interrupts
+    assert ent.label == raise_label and ent.kind == "softirq"
+
+
+def test_an_ipi_without_a_softirq_after_it_stays_an_ipi():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        line("probe", PROBE, _ts(1200), "call_function_single_entry: vector=251", "d.h1."),
+        line("probe", PROBE, _ts(1201), "call_function_single_exit: vector=251", "d.h1."),
+        # a softirq long after (the tick's): not raised by the IPI
+        line("probe", PROBE, _ts(1300), "softirq_entry: vec=1 [action=TIMER]", "..s1."),
+        line("probe", PROBE, _ts(1301), "softirq_exit: vec=1 [action=TIMER]", "..s1."),
+    ])
+    tl = tl_of(text)
+    labels = {e.label for e in tl.totals}
+    assert "IPI call_function_single" in labels
+    assert {e.label for e in tl.probe_interrupts} == {"IPI call_function_single"}
+
+
+def test_interrupts_while_another_task_runs_or_outside_the_window_are_not_the_probe_s():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        line("probe", PROBE, _ts(900), "local_timer_entry: vector=236", "d.h1."),  # before t0
+        line("probe", PROBE, _ts(905), "local_timer_exit: vector=236", "d.h1."),
+        line("probe", PROBE, _ts(1200), "local_timer_entry: vector=236", "d.h1."),
+        line("probe", PROBE, _ts(1205), "local_timer_exit: vector=236", "d.h1."),
+        sw("probe", PROBE, _ts(1300), "hog", 77, "R+"),
+        line("hog", 77, _ts(1400), "local_timer_entry: vector=236", "d.h1."),  # the hog's
+        line("hog", 77, _ts(1405), "local_timer_exit: vector=236", "d.h1."),
+        sw("hog", 77, _ts(1500), "probe", PROBE, "R"),
+    ])
+    tl = tl_of(text)
+    assert sum(tl.probe_interrupts.values()) == 1
+
+
+def test_breakdown_charges_the_measured_cost_and_never_more_than_the_residual():
+    tl = tl_of(rps_storm(40))
+    visible = 40 * 1000 + 40 * 2000
+    # 40 × 6 µs hidden fits in an excess of visible + 300 µs: 240 µs charged, 60 left
+    items = dict(breakdown(tl, visible + 300 * US, irq_cost_ns=6 * US))
+    assert items[HIDDEN_IRQ] == 240 * US
+    assert items[UNEXPLAINED] == 60 * US
+    # a smaller excess caps it: nothing is explained twice
+    items = dict(breakdown(tl, visible + 100 * US, irq_cost_ns=6 * US))
+    assert items[HIDDEN_IRQ] == 100 * US and items[UNEXPLAINED] == 0
+    # no cost measured: the residual stays unexplained
+    items = dict(breakdown(tl, visible + 300 * US))
+    assert HIDDEN_IRQ not in items and items[UNEXPLAINED] == 300 * US
+    assert interrupt_overhead(tl, None, 10**9) == {}
+
+
+def test_the_flood_s_hidden_time_makes_the_events_decide_softirq_with_net_rx():
+    tl = tl_of(rps_storm(100, every_us=18))  # 1.8 ms of RPS rounds in a 2 ms sample
+    visible = 100 * 1000 + 100 * 2000
+    excess = visible + 600 * US
+    items = breakdown(tl, excess, irq_cost_ns=6 * US)
+    triples = _triples(tl, items, 6 * US)
+    assert sum(ns for k, _, ns in triples if k == "softirq") == visible + 600 * US
+    cause, culprit, _ = event_verdict(triples, excess)
+    assert cause == "softirq" and "NET_RX" in culprit
+    # without the cost the softirq alone (300 µs of 900) cannot decide
+    assert event_verdict(_triples(tl, breakdown(tl, excess)), excess) is None
+
+
+def test_irq_cost_option_and_measurement_wiring():
+    assert parse_irq_cost("auto") == "auto" and parse_irq_cost("off") == "off"
+    assert parse_irq_cost("6.5") == 6500
+    for bad in ("", "x", "0", "-1", "5000", "nan"):
+        with pytest.raises(AgentError, match="--irq-cost"):
+            parse_irq_cost(bad)
+    calls = []
+
+    def coster(cpu, sender):
+        calls.append((cpu, sender))
+        return IrqCost(cpu, 6100, "6.1 µs", 5900, 7000, 200, 200)
+
+    ev = SpikeEvents("on", None, [3], housekeeping=[0, 3], irq_cost="auto", irq_coster=coster)
+    ev.source = object()  # an open source (measure_irq_cost needs one)
+    ev.measure_irq_cost()
+    assert calls == [(3, 0)] and ev.irq_cost_ns == {3: 6100}
+    given = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="2.5")
+    given.source = object()
+    given.measure_irq_cost()
+    assert given.irq_cost_ns == {3: 2500}
+    alone = SpikeEvents("on", None, [0], housekeeping=[0], irq_cost="auto", irq_coster=coster)
+    alone.source = object()
+    alone.measure_irq_cost()
+    assert alone.irq_cost_ns == {} and "housekeeping" in alone.irq_cost_info[0]["note"]
+    off = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="off", irq_coster=coster)
+    off.source = object()
+    off.measure_irq_cost()
+    assert off.irq_cost_ns == {} and len(calls) == 1
+
+
+def test_irq_cost_helper_output_parsing():
+    ok = ("hftirqcost=1 cpu=1 sender=0 sent=200 matched=198 median_ns=6020 p10_ns=5800 "
+          "p90_ns=7100 step_ns=20 background=40.0\n")
+    r = parse_output(1, ok)
+    assert r.cost_ns == 6000 and r.matched == 198 and "6.0 µs" in r.note
+    few = ok.replace("matched=198", "matched=30")
+    assert parse_output(1, few).cost_ns is None
+    for bad in ("", "garbage", "hftirqcost=1 cpu=1 sent=x"):
+        with pytest.raises(ValueError):
+            parse_output(1, bad)
+
+
+def _rec(seq, cause, label=None, us=0.0, latency=3000.0, inherited=None):
+    r = {"seq": seq, "cause": cause, "latency_us": latency, "p50_us": 400.0}
+    if inherited is not None:
+        r["inherited_from"] = inherited
+    if label:
+        r["events"] = {"timeline": {"entities": [
+            {"label": "probe python[10]", "kind": "probe", "us": 500.0},
+            {"label": label, "kind": "task", "us": us}]}}
+    return r
+
+
+def test_bench_counts_the_box_s_own_tasks_apart_from_the_fault():
+    recs = [_rec(1, "cpu_contention", "tokio-rt-worker[76]", 2000.0),   # the box's: apart
+            _rec(2, "cpu_contention", inherited=1),                      # queued behind it
+            _rec(3, "cpu_contention", "flood[900]", 2500.0),             # the kit's own task
+            _rec(4, "cpu_contention", "kdamond.0[78]", 500.0),           # too little of it
+            _rec(5, "softirq")]
+    assert background(recs, "softirq", [900]) == {1: "tokio-rt-worker[76]",
+                                                  2: "tokio-rt-worker[76]"}
+    # for a CPU fault, contention is the fault's cause: nothing is set apart
+    assert background(recs, "cpu_contention", [900]) == {}
