@@ -134,3 +134,16 @@ def test_watch_looks_the_thread_group_up_through_its_host():
     ev = SpikeEvents("off", Host(), [0])
     assert ev.tgid(threading.get_native_id()) == os.getpid()
     assert ev.tgid(2**22 + 12345) == 2**22 + 12345
+
+
+def test_idle_before_the_probe_woke_is_a_late_wake_up_and_idle_after_it_blocked_is_nothing():
+    from agent.watch.events.timeline import IDLE_BEFORE_WAKE, IDLE_BLOCKED
+    late = [("idle", IDLE_BEFORE_WAKE, 1_200 * US), ("timer", "local_timer", 20 * US)]
+    assert event_verdict(late, 1_300 * US) == ("wakeup_latency", IDLE_BEFORE_WAKE, 1_200 * US)
+    b = _body("unexplained")
+    apply_verdict(b, late, 1_300 * US)
+    assert b["cause"] == "wakeup_latency" and b["polled_cause"] == "unexplained"
+    assert b["causes"][0]["detail"] == "CPU ? idle while the probe's wake-up came late " \
+                                       "(kernel events)"
+    # the probe's own wait (it blocked, then the CPU idled) decides nothing
+    assert event_verdict([("idle", IDLE_BLOCKED, 1_200 * US)], 1_300 * US) is None

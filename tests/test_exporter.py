@@ -644,7 +644,7 @@ def test_series_count_matches_docs_fleet_formula():
             m.set_gauge(name, 1, device=dev)
     body = render(make_registry(m))[0].decode()
     series = [ln for ln in body.splitlines() if ln and not ln.startswith("#")]
-    assert len(series) == 53 + 7 * C + 2 * K + P + 16 * G + 3 * D
+    assert len(series) == 54 + 7 * C + 2 * K + P + 16 * G + 3 * D
 
 
 def test_audit_families_are_rendered_once_per_audit_and_format():

@@ -20,6 +20,9 @@ CAUSES: dict[str, str] = {
     "gpu_throttle": "GPU clock throttle",
     "gpu_foreign_process": "foreign GPU process",
     "pcie_errors": "PCIe errors / degraded link",
+    # the kernel events only: the probe CPU idle, the probe's wake-up late (timer slack, a
+    # C-state's exit, in a VM the halted vCPU's wake-up): the cure is keep-awake / PM QoS
+    "wakeup_latency": "late wake-up of the idle probe CPU",
     "unexplained": "unexplained",
 }
 

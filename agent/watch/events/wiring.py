@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 from agent.errors import AgentError
 
-from .timeline import (HIDDEN_IRQ, HW, PROBE, UNEXPLAINED, breakdown, format_breakdown, hw_noise,
-                       interrupt_overhead, timeline)
+from .timeline import (HIDDEN_IRQ, HW, IDLE, IDLE_BEFORE_WAKE, PROBE, UNEXPLAINED, breakdown,
+                       format_breakdown, hw_noise, interrupt_overhead, timeline)
 from .tracefs import EventSource
 
 MODES = ("auto", "on", "off", "mount")
@@ -203,11 +203,20 @@ class SpikeEvents:
 
 
 # What an event kind of the breakdown is, as a cause of agent/watch/causes.py. Kinds that
-# say nothing about who delayed the probe (idle: the probe waited with the CPU idle;
+# say nothing about who delayed the probe (idle after the probe blocked: its own wait;
 # unknown) and the residuals (hw_or_hypervisor, which the polled steal rule corroborates,
 # and unexplained) decide nothing.
 EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "irq",
                "vector": "irq", "timer": "irq", "ipi": "irq", "softirq": "softirq"}
+# Idle before the probe woke (the CPU had nothing to run and the probe's wake-up came late)
+# is a cause of its own; idle after the probe blocked is the probe's own wait: none.
+WAKEUP_CAUSE = "wakeup_latency"
+
+
+def _cause_of(kind: str, culprit: str) -> str | None:
+    if kind == IDLE and culprit == IDLE_BEFORE_WAKE:
+        return WAKEUP_CAUSE
+    return EVENT_CAUSE.get(kind)
 # The polled causes that events see directly and may correct: another task, an IRQ or a
 # softirq on the probe CPU (or nothing found). The others (page faults, migration, steal,
 # frequency, NUMA, GPU, PCIe) happen inside the probe's own time or off the CPU: the polled
@@ -227,7 +236,7 @@ def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
     per: dict[str, int] = {}
     top: dict[str, tuple[str, int]] = {}
     for kind, culprit, ns in triples:
-        cause = EVENT_CAUSE.get(kind)
+        cause = _cause_of(kind, culprit)
         if cause is None or ns <= 0:
             continue
         per[cause] = per.get(cause, 0) + ns
@@ -269,12 +278,17 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     body.setdefault("causes", []).insert(0, {
         "cause": cause, "score": round(min(1.0, ns / excess_ns), 3), "strength": 1.0,
         # stable (the summary counts details), in the polled rules' words
-        "detail": f"{culprit} ran on CPU {(ev.get('timeline') or {}).get('cpu', '?')} "
-                  "(kernel events)",
+        "detail": _verdict_detail(cause, culprit, (ev.get("timeline") or {}).get("cpu", "?")),
         "evidence": {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
                      "culprit": culprit}})
     if cause == "cpu_contention":
         name_tasks(body, ev, tgid_of)
+
+
+def _verdict_detail(cause: str, culprit: str, cpu) -> str:
+    if cause == WAKEUP_CAUSE:
+        return f"CPU {cpu} idle while the probe's wake-up came late (kernel events)"
+    return f"{culprit} ran on CPU {cpu} (kernel events)"
 
 
 TASKS_NAMED = 3  # as attribution.cpu.WHO_RAN_SHOWN
