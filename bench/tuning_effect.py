@@ -487,6 +487,34 @@ def rt_permitted() -> bool:
                           timeout=30).returncode == 0
 
 
+def cpu_counters(cpu: int) -> dict[str, int]:
+    """The target CPU's steal/irq/softirq ticks (/proc/stat) and interrupts taken (the sum of
+    its /proc/interrupts column), to say per block what else the CPU saw."""
+    out = {"steal_ticks": 0, "irq_ticks": 0, "softirq_ticks": 0, "interrupts": 0}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in open("/proc/stat"):
+            if line.startswith(f"cpu{cpu} "):
+                f = [int(x) for x in line.split()[1:]]
+                out.update(irq_ticks=f[5], softirq_ticks=f[6], steal_ticks=f[7])
+                break
+        with open("/proc/interrupts") as fh:
+            cols = fh.readline().split()
+            i = cols.index(f"CPU{cpu}")
+            for line in fh:
+                parts = line.split()
+                if len(parts) > i + 1 and parts[i + 1].isdigit():
+                    out["interrupts"] += int(parts[i + 1])
+    return out
+
+
+def block_figures(lat: np.ndarray, c0: dict, c1: dict) -> dict:
+    """One block's own quantiles and the target CPU's counter deltas over it."""
+    a = np.sort(np.asarray(lat))
+    q = lambda p: int(a[min(len(a) - 1, int(np.ceil(p * len(a))) - 1)]) if len(a) else None  # noqa: E731
+    return {"n": int(len(a)), "p50_ns": q(0.5), "p99_ns": q(0.99), "max_ns": q(1.0)} | {
+        k: c1[k] - c0[k] for k in c0}
+
+
 def summary(lat: np.ndarray) -> dict:
     from agent.probe.stats import summarize
     s = summarize(lat)
@@ -726,6 +754,7 @@ def main() -> int:
     pooled: dict[str, list[np.ndarray]] = {s[0]: [] for s in scenarios}
     lags: dict[str, list[np.ndarray]] = {s[0]: [] for s in scenarios}
     walls: dict[str, list[float]] = {s[0]: [] for s in scenarios}
+    blocks: dict[str, list[dict]] = {s[0]: [] for s in scenarios}
     errors: dict[str, list[str]] = {}
     iso_log: list = []
     loads: dict[str, list] = {}
@@ -737,6 +766,7 @@ def main() -> int:
             print(f"round {rnd + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
             house = [c for c in plan.online if str(c) != cpu]
             t_block = time.monotonic()
+            c0 = cpu_counters(int(cpu))
             with neighbours(noise, n, house) as nb:
                 ctx = isolated(cpu, state_dir, iso_log) if "isolate" in lv else \
                     contextlib.nullcontext()
@@ -754,6 +784,7 @@ def main() -> int:
             else:
                 pooled[name].append(d["response_ns"])
                 lags[name].append(d["lag_ns"])
+                blocks[name].append(block_figures(d["response_ns"], c0, cpu_counters(int(cpu))))
     rows, late = {}, {}
     for name, _, _ in scenarios:
         if pooled[name]:
@@ -762,6 +793,7 @@ def main() -> int:
             rows[name]["late_share"] = late[name]
             rows[name]["blocks"] = len(pooled[name])
             rows[name]["block_wall_s"] = walls[name]
+            rows[name]["per_block"] = blocks[name]
     q = rows.get("quiet")
     for r in rows.values():
         for k in ("p50", "p99", "p999"):

@@ -198,3 +198,12 @@ def test_bad_input_is_one_line_and_exit_2(argv, msg):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0] and "Traceback" not in r.stderr
+
+
+def test_block_figures_are_the_block_s_own_nearest_rank_quantiles_and_counter_deltas():
+    from bench.tuning_effect import block_figures
+    c0 = {"steal_ticks": 5, "irq_ticks": 0, "softirq_ticks": 2, "interrupts": 100}
+    c1 = {"steal_ticks": 7, "irq_ticks": 0, "softirq_ticks": 2, "interrupts": 160}
+    f = block_figures(np.arange(1000, 0, -1), c0, c1)
+    assert f == {"n": 1000, "p50_ns": 500, "p99_ns": 990, "max_ns": 1000, "steal_ticks": 2,
+                 "irq_ticks": 0, "softirq_ticks": 0, "interrupts": 60}
