@@ -111,6 +111,27 @@ def test_real_scan_of_one_cpu(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the recorder")
+def test_scan_measures_each_cpu_s_interrupt_cost_from_the_sender(tmp_path, monkeypatch):
+    monkeypatch.setenv("HFTAGENT_CACHE", str(tmp_path / "cache"))
+    import os
+
+    from agent.noise.irqcost import IrqCost
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    calls = []
+
+    def coster(c, sender):
+        calls.append((c, sender))
+        return IrqCost(c, 6200, "6.2 µs per IPI", 6000, 7000, 200, 200)
+
+    (r,) = sc.scan(Host(), [cpu], os.cpu_count() or 1, 0.05, 1000, irq_sender=0,
+                   irq_coster=coster)
+    assert calls == [(cpu, 0)]
+    assert r.to_dict()["irq_cost"]["cost_us"] == 6.2
+    (r,) = sc.scan(Host(), [cpu], os.cpu_count() or 1, 0.05, 1000)
+    assert r.irq_cost is None
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the recorder")
 def test_recorder_that_cannot_pin_is_reported_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("HFTAGENT_CACHE", str(tmp_path / "cache"))
     (r,) = sc.scan(Host(), [1000], 2, 0.05, 1000)

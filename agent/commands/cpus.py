@@ -110,7 +110,7 @@ def cpus(
     from agent.noise.events import Tracer
     tracer = Tracer(trace, host)
     results = sc.scan(host, cand, len(online), duration, int(threshold_us * 1000),
-                      progress=progress, tracer=tracer)
+                      progress=progress, tracer=tracer, irq_sender=house[0])
     rk.judge(results)
     smt = cpuc.smt(host, cand).siblings
     nodes = numa_nodes(host)
@@ -182,6 +182,12 @@ def _render(results, choice, house, rec, commands, trace: dict) -> None:
     if not trace.get("active") and trace.get("reason"):
         con.print(f"kernel events: {trace['reason']}; attributed from /proc counters",
                   highlight=False, markup=False)
+    costs = [r.irq_cost["cost_us"] for r in results
+             if r.irq_cost and r.irq_cost.get("cost_us") is not None]
+    if costs:
+        con.print(f"one interrupt costs a running task {min(costs):.1f}-{max(costs):.1f} µs "
+                  f"here (median {sorted(costs)[len(costs) // 2]:.1f}; hftagent watch "
+                  "--irq-cost US under an external client)", highlight=False, markup=False)
     for r in results:
         if r.error:
             con.print(f"  CPU {r.cpu}: {r.error}", highlight=False, markup=False)

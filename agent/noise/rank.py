@@ -53,6 +53,7 @@ class CpuNoise:
     t1_ns: int = 0
     causes_source: str = "proc"              # "events" when kernel events attributed it
     events: dict | None = None               # agent.noise.events.CpuEvents.result()
+    irq_cost: dict | None = None             # agent.noise.irqcost.IrqCost.to_dict()
 
     def top_cause(self) -> tuple[str, float, str] | None:
         """(what, rate, unit) of the largest cause: µs/s from events, else count/s."""
@@ -90,7 +91,7 @@ class CpuNoise:
                 "threshold_ns": self.threshold_ns, "min_gap_ns": self.min_gap_ns,
                 "dropped": self.dropped, "causes": self.causes,
                 "causes_source": self.causes_source, **(self.events or {}),
-                "verdict": self.verdict, "error": self.error}
+                "irq_cost": self.irq_cost, "verdict": self.verdict, "error": self.error}
 
 
 def judge(results: Sequence[CpuNoise]) -> None:

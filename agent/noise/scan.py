@@ -147,10 +147,14 @@ def batches(cpus: list[int], online: int) -> list[list[int]]:
 
 def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_ns: int,
          exe: Path | None = None, progress: Callable[[list[int]], None] | None = None,
-         tracer: Tracer | None = None) -> list[CpuNoise]:
+         tracer: Tracer | None = None, irq_sender: int | None = None,
+         irq_coster: Callable | None = None) -> list[CpuNoise]:
     """Scan ``cpus`` (never the housekeeping ones: the caller checks), a batch at a time.
     With ``tracer`` (``--trace``), each batch's gaps are attributed from kernel events
-    where the source opens (agent.noise.events), else from /proc deltas."""
+    where the source opens (agent.noise.events), else from /proc deltas. With
+    ``irq_sender`` (a housekeeping CPU), each scanned CPU's interrupt cost is measured too
+    (agent/noise/irqcost.py, ~25 ms a CPU, one at a time after the batches): the figure
+    ``hftagent watch --irq-cost US`` takes under an external client."""
     if not 0 < duration_s <= MAX_DURATION_S:
         raise AgentError(f"--duration must be > 0 and ≤ {MAX_DURATION_S:g} s")
     exe = exe or build()
@@ -165,6 +169,12 @@ def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_
         finally:
             if src is not None:
                 src.close()
+    if irq_sender is not None:
+        if irq_coster is None:
+            from agent.noise.irqcost import measure as irq_coster
+        for r in out:
+            if r.error is None:
+                r.irq_cost = irq_coster(r.cpu, irq_sender).to_dict()
     return sorted(out, key=lambda r: r.cpu)
 
 
