@@ -49,7 +49,7 @@ Ctrl-C and SIGTERM included, stops watch (which removes its instance; the bench 
 instance a killed watch left), then the probe worker, and removes the ring.
 
     sudo .venv/bin/python bench/events_p99_ab.py --seed 17 --json events_p99_ab.json  # ~4 min
-    sudo .venv/bin/python bench/events_p99_ab.py --pairs 6 --progress               # smoke
+    sudo .venv/bin/python bench/events_p99_ab.py --pairs 8 --progress               # smoke, ~20 s
 """
 
 from __future__ import annotations
