@@ -12,9 +12,14 @@
    ``per_cpu/cpuN/trace_pipe_raw`` (consuming) then decoding a 5 ms window from them.
 2. ``--windows N``: N spike-sized windows read back from a private instance on ``--cpu``
    after ``--fill-s`` seconds of a bursty SCHED_FIFO hog there (bench/faults/kit.py
-   preempting_hog), each as watch asks for it (``window(start, end + 1 ms, margin 2 ms)``,
-   start random over the kept pages, end 0.5-8 ms later): the CPU of each read
-   (``Window.cpu_ns``, median / P90 / mean) against its wall time, and the events per window.
+   preempting_hog; ``--load flood``: the softirq flood of bench/faults/kit.py softirq_flood,
+   RPS-steered NET_RX bursts, ~25,000 events/s on the development VM), each as watch asks
+   for it (``window(start, end + 1 ms, margin 2 ms)``, start random over the kept pages, end
+   0.5-8 ms later; ``--burst K``: K consecutive windows 1-3 ms apart from each start, as a
+   burst of spikes reads them): the CPU of each read (``Window.cpu_ns``, median / P90 /
+   mean) against its wall time, the events per window, and the read's work
+   (``Window.walked`` pages walked, ``Window.decoded`` records decoded) beside the pages
+   kept: the work follows the window, not the pages kept.
 3. Decodes the captured pages of tests/fixtures/events with agent.watch.events.parse
    (every field, derived fields included) and, where ``libtraceevent.so.1`` is installed
    (Debian: libtraceevent1), with libtraceevent's kbuffer + tep_read_number_field through
@@ -129,17 +134,22 @@ def ring_costs(host: Host, cpu: int, buffer_kb: int) -> dict:
     return out
 
 
-def window_costs(host: Host, cpu: int, fill_s: float, n: int, seed: int) -> dict:
+def window_costs(host: Host, cpu: int, fill_s: float, n: int, seed: int,
+                 load: str = "hog", burst: int = 1) -> dict:
     import random
     import statistics
 
-    from bench.faults.kit import preempting_hog
+    from bench.faults import kit
     src = EventSource.open(host, [cpu], buffer_s=10.0)
     if not src:
         return {"error": src.reason}
     try:
-        hog, _ = preempting_hog(cpu)
-        with hog:
+        if load == "flood":
+            hk = min(c for c in os.sched_getaffinity(0) if c != cpu)
+            filler = kit.softirq_flood(cpu, hk)
+        else:
+            filler = kit.preempting_hog(cpu)[0]
+        with filler:
             time.sleep(fill_s)
             src.drain()
         ring = src._rings[cpu]
@@ -147,22 +157,30 @@ def window_costs(host: Host, cpu: int, fill_s: float, n: int, seed: int) -> dict
             return {"error": f"only {len(ring.pages)} pages after {fill_s:g} s"}
         t0, t1 = ring.pages[0].ts_ns, ring.pages[-1].ts_ns
         rng = random.Random(seed)
-        cpu_us, wall_us, nev = [], [], []
-        for _ in range(n):
+        cpu_us, wall_us, nev, walked, decoded = [], [], [], [], []
+        for _ in range(max(1, n // burst)):
             a = rng.randrange(t0 + 10_000_000, t1)
-            win = src.window(a, a + rng.randrange(500_000, 8_000_000) + 1_000_000,
-                             margin_ns=2_000_000)
-            cpu_us.append(win.cpu_ns / 1e3)
-            wall_us.append(win.read_ns / 1e3)
-            nev.append(len(win.events))
+            for _k in range(burst):
+                win = src.window(a, a + rng.randrange(500_000, 8_000_000) + 1_000_000,
+                                 margin_ns=2_000_000)
+                a += rng.randrange(1_000_000, 3_000_000)
+                cpu_us.append(win.cpu_ns / 1e3)
+                wall_us.append(win.read_ns / 1e3)
+                nev.append(len(win.events))
+                walked.append(win.walked)
+                decoded.append(win.decoded)
         q = lambda v, p: round(sorted(v)[min(len(v) - 1, int(p * len(v)))], 1)  # noqa: E731
-        return {"windows": n, "pages_kept": len(ring.pages), "fill_s": fill_s,
+        return {"windows": len(cpu_us), "load": load, "burst": burst,
+                "pages_kept": len(ring.pages), "fill_s": fill_s,
                 "events_per_s": round(src.rate().get(cpu, 0)),
                 "read_cpu_us": {"median": q(cpu_us, 0.5), "p90": q(cpu_us, 0.9),
                                 "mean": round(statistics.fmean(cpu_us), 1)},
                 "read_wall_us": {"median": q(wall_us, 0.5), "p90": q(wall_us, 0.9),
                                  "mean": round(statistics.fmean(wall_us), 1)},
-                "events_per_window": {"median": q(nev, 0.5), "max": max(nev)}}
+                "events_per_window": {"median": q(nev, 0.5), "max": max(nev)},
+                "pages_walked_per_window": {"median": q(walked, 0.5), "max": max(walked)},
+                "records_decoded_per_window": {"median": q(decoded, 0.5),
+                                               "mean": round(statistics.fmean(decoded), 1)}}
     finally:
         src.close()
 
@@ -182,15 +200,29 @@ def _fixture():
 
 
 def decode_ours(rounds: int = 30) -> dict:
+    """µs per event decoding the fixture's pages: each round with fresh formats
+    (``us_per_event``: the record memo starts empty, as for pages never seen, the figure to
+    set against libtraceevent's) and again with the memo warm (``us_per_event_repeat``:
+    every record decoded before, as under a flood of identical records)."""
+    import dataclasses
     fmts, _, pages = _fixture()
     n = sum(1 for pg in pages for _ in iter_page(pg, 1, fmts))
+    fresh = [{i: dataclasses.replace(f, _maker=None, _fast=None, _plan=None, _memo={})
+              for i, f in fmts.items()} for _ in range(rounds)]
+    t0 = time.perf_counter()
+    for fm in fresh:
+        for pg in pages:
+            for _ev in iter_page(pg, 1, fm):
+                pass
+    cold = (time.perf_counter() - t0) / rounds / n
     t0 = time.perf_counter()
     for _ in range(rounds):
         for pg in pages:
             for _ev in iter_page(pg, 1, fmts):
                 pass
-    per = (time.perf_counter() - t0) / rounds / n
-    return {"events": n, "us_per_event": round(per * 1e6, 2)}
+    warm = (time.perf_counter() - t0) / rounds / n
+    return {"events": n, "us_per_event": round(cold * 1e6, 2),
+            "us_per_event_repeat": round(warm * 1e6, 2)}
 
 
 def decode_libtraceevent(rounds: int = 30) -> dict:
@@ -267,11 +299,16 @@ def main() -> int:
     ap.add_argument("--fill-s", type=float, default=10.0,
                     help="seconds of events before the windows are read (10)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--load", choices=("hog", "flood"), default="hog",
+                    help="what fills the ring before the windows: a bursty SCHED_FIFO hog "
+                         "(hog) or an RPS-steered softirq flood (flood; needs RPS)")
+    ap.add_argument("--burst", type=int, default=1,
+                    help="windows read 1-3 ms apart from each random start (1)")
     ap.add_argument("--skip-ring", action="store_true",
                     help="skip the trace-text vs raw-drain comparison (a 3 s storm)")
     args = ap.parse_args()
-    if args.windows < 0 or args.fill_s <= 0:
-        ap.error("need --windows >= 0 and --fill-s > 0")
+    if args.windows < 0 or args.fill_s <= 0 or args.burst < 1:
+        ap.error("need --windows >= 0, --fill-s > 0 and --burst >= 1")
     result: dict = {"kernel": os.uname().release}
     result["decode_ours"] = decode_ours()
     result["decode_libtraceevent"] = decode_libtraceevent()
@@ -291,7 +328,7 @@ def main() -> int:
                 result["ring"] = ring_costs(host, args.cpu, args.buffer_kb)
             if args.windows:
                 result["windows"] = window_costs(host, args.cpu, args.fill_s, args.windows,
-                                                 args.seed)
+                                                 args.seed, args.load, args.burst)
         finally:
             if mnt is not None:
                 ctypes.CDLL(None).umount2(os.fsencode(str(mnt / "kernel" / "tracing")), 0)

@@ -40,7 +40,7 @@ import re
 import struct
 import threading
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -51,7 +51,11 @@ class Event:
     """One trace event: when (``ts_ns``, the instance's trace clock: ``mono`` =
     CLOCK_MONOTONIC, comparable with ``time.monotonic_ns``), where (``cpu``), what (``name``,
     e.g. ``sched_switch``), who was current on that CPU (``pid``, the event's
-    ``common_pid``; 0 = idle) and the event's own fields by their format-file names."""
+    ``common_pid``; 0 = idle) and the event's own fields by their format-file names.
+
+    Read-only: events decoded from identical records share one ``fields`` dict
+    (:meth:`EventFormat.make_event`), and a window's events may be those of an earlier
+    window over the same page (:class:`PageIndex`)."""
 
     __slots__ = ("ts_ns", "cpu", "name", "pid", "fields")
 
@@ -127,11 +131,19 @@ class EventFormat:
         """The :class:`Event` of the record at ``buf[start:start+length]`` (decode, then
         normalize): the same as ``Event(ts, cpu, name, *decode(...))`` normalized, through a
         closure built once per format (one unpack, fixed strings decoded once per value,
-        normalize only for the events it changes)."""
+        normalize only for the events it changes, identical records decoded once)."""
         maker = self._maker
         if maker is None:
             maker = self._maker = _make_maker(self)
         return maker(buf, start, length, ts, cpu, symbols)
+
+    @property
+    def maker(self) -> Callable:
+        """:meth:`make_event`'s closure itself (for loops over many records)."""
+        maker = self._maker
+        if maker is None:
+            maker = self._maker = _make_maker(self)
+        return maker
 
     def decode(self, buf: bytes | memoryview, start: int, length: int) -> tuple[int, dict]:
         """(common_pid, fields) of the record at ``buf[start:start+length]``."""
@@ -247,7 +259,7 @@ def _make_maker(fmt: EventFormat) -> Callable:
         return Event(ts, cpu, name, pid, fields)
 
     if not fast or any(kind not in (_STR, _BYTES) for _, kind, _, _ in fast[3]):
-        return slow  # __data_loc strings: decode's own path
+        return _memoized(name, slow)  # __data_loc strings: decode's own path
     unpack, size, names = fast[0].unpack_from, fast[1], fast[2]
     strs = tuple(n for n, kind, _, _ in fast[3] if kind == _STR)
     memo: dict[bytes, str] = {}
@@ -268,6 +280,48 @@ def _make_maker(fmt: EventFormat) -> Callable:
         if norm:
             normalize(name, fields, fmt, symbols)
         return Event(ts, cpu, name, vals[0], fields)
+
+    return _memoized(name, make)
+
+
+_REC_MEMO_MAX = 1024  # records per format (~0.2-0.5 KiB each with their fields)
+
+
+def _uses_symbols(name: str) -> bool:
+    """Whether normalize() resolves this event's fields through the symbol resolver."""
+    return name.startswith(("workqueue_execute", "ipi_send"))
+
+
+def _memoized(name: str, inner: Callable) -> Callable:
+    """``inner`` (a make_event closure) behind a memo of the record's bytes: a record's
+    fields are a function of its bytes (the timestamp is outside it, in the record header),
+    and under a flood most records repeat byte for byte (softirq entry/exit of one vector
+    in one task, the same IPI callback), so identical records decode once and share their
+    fields dict (read-only: :class:`Event`). Fields resolved through ``symbols`` are
+    remembered only for the resolver they were resolved with, once it has loaded
+    (:attr:`SymbolResolver.ready`; before that a lookup may answer the hex address), and
+    never for another callable. Bounded: cleared at :data:`_REC_MEMO_MAX` records."""
+    memo: dict[bytes, tuple[int, dict]] = {}
+    sym_dep = _uses_symbols(name)
+    memo_sym: list = [None]
+
+    def make(buf, start, length, ts, cpu, symbols):
+        if sym_dep and symbols is not memo_sym[0]:
+            if symbols is not None and not getattr(symbols, "ready", False):
+                return inner(buf, start, length, ts, cpu, symbols)
+            memo.clear()
+            memo_sym[0] = symbols
+        key = buf[start:start + length]
+        if type(key) is not bytes:  # a memoryview or bytearray page
+            key = bytes(key)
+        hit = memo.get(key)
+        if hit is not None:
+            return Event(ts, cpu, name, hit[0], hit[1])
+        ev = inner(buf, start, length, ts, cpu, symbols)
+        if len(memo) >= _REC_MEMO_MAX:
+            memo.clear()
+        memo[key] = (ev.pid, ev.fields)
+        return ev
 
     return make
 
@@ -385,6 +439,11 @@ class SymbolResolver:
         self._started = False
         self._lock = threading.Lock()
         self._wait_s = wait_s
+
+    @property
+    def ready(self) -> bool:
+        """Whether the table is loaded (from then on a lookup's answer never changes)."""
+        return self._done.is_set()
 
     def load_async(self) -> None:
         with self._lock:
@@ -540,6 +599,8 @@ class Page:
     lost: int = 0
     # what header walks of this page found already (page_last_of), by event-id set
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+    # its PageIndex while the page is hot (the reader bounds how many pages keep one)
+    index: PageIndex | None = field(default=None, repr=False, compare=False)
 
 
 def page_info(buf: bytes, layout: PageLayout = PageLayout()) -> tuple[int, int, int]:
@@ -687,15 +748,171 @@ def decode_record(buf: bytes, cpu: int, formats: dict[int, EventFormat],
     return fmt.make_event(buf, start, length, ts, cpu, symbols)
 
 
+_UNKNOWN = object()  # PageIndex.evs: a record whose id has no format
+
+
+class PageIndex:
+    """One header walk of a page (:func:`_records`), kept while the page is hot so that the
+    windows over it select by bisection and decode each record at most once: ``recs``
+    (``(ts, start, length)`` of every data record, in page order), ``tss`` (their
+    timestamps), ``marks`` (positions of the records of an id in ``ids``: the sched_switch
+    ids), ``ordered`` (timestamps never decrease: always so on the kernels seen; otherwise
+    :meth:`select` filters record by record as :func:`scan_page` does) and ``evs`` (the
+    events decoded so far: the run ``[da, db)``, grown to cover each selection).
+
+    :meth:`select` gives exactly :func:`scan_page`'s answer. Made by :func:`page_index`."""
+
+    __slots__ = ("ids", "recs", "tss", "marks", "ordered", "evs", "da", "db", "unknown",
+                 "formats", "cpu")
+
+    def __init__(self, buf: bytes, ids: frozenset[int], layout: PageLayout) -> None:
+        self.ids = ids
+        recs = [r for r in _records(buf, layout) if r[2] >= 8]
+        self.recs = recs
+        self.tss = tss = [r[0] for r in recs]
+        self.marks = [k for k, r in enumerate(recs)
+                      if (buf[r[1]] | (buf[r[1] + 1] << 8)) in ids]
+        self.ordered = all(a <= b for a, b in zip(tss, tss[1:]))
+        self.evs: list = [None] * len(recs)
+        self.da = self.db = 0
+        self.unknown = 0
+        self.formats: dict | None = None
+        self.cpu = -1
+
+    def last_of(self) -> tuple[tuple[int, int, int] | None, int]:
+        """What :func:`page_last_of` gives for ``ids``, from this walk."""
+        return (self.recs[self.marks[-1]] if self.marks else None,
+                max(self.tss) if self.tss else -1)
+
+    def _decode(self, a: int, b: int, buf: bytes, cpu: int, formats: dict, symbols,
+                store: bool) -> tuple[list, int, bool]:
+        """(the events of records ``[a, b)``, unknown ids as _UNKNOWN; how many records were
+        decoded for them; whether an unknown id is among them). With ``store`` they join
+        the decoded run, and only records outside it are decoded."""
+        if self.formats is not formats or self.cpu != cpu:
+            self.evs = [None] * len(self.recs)
+            self.da = self.db = self.unknown = 0
+            self.formats, self.cpu = formats, cpu
+        recs, get = self.recs, formats.get
+        unknown = 0
+        makers: dict = {}  # event id -> its format's maker (None: unknown id)
+
+        def dec(x: int, y: int) -> list:
+            nonlocal unknown
+            out = []
+            append = out.append
+            for ts, start, length in recs[x:y]:
+                ev_id = buf[start] | (buf[start + 1] << 8)
+                mk = makers.get(ev_id, _UNKNOWN)
+                if mk is _UNKNOWN:
+                    fmt = get(ev_id)
+                    mk = makers[ev_id] = fmt.maker if fmt is not None else None
+                if mk is None:
+                    unknown += 1
+                    append(_UNKNOWN)
+                else:
+                    append(mk(buf, start, length, ts, cpu, symbols))
+            return out
+
+        if not store:
+            return dec(a, b), b - a, unknown > 0
+        da, db, evs = self.da, self.db, self.evs
+        if da == db:
+            evs[a:b] = dec(a, b)
+            self.da, self.db, n = a, b, b - a
+        else:  # grow the run to cover [a, b) (what lies between is decoded too: one page)
+            n = 0
+            if a < da:
+                evs[a:da] = dec(a, da)
+                n += da - a
+                self.da = a
+            if b > db:
+                evs[db:b] = dec(db, b)
+                n += b - db
+                self.db = b
+        self.unknown += unknown
+        return evs[a:b], n, self.unknown > 0
+
+    def select(self, buf: bytes, cpu: int, formats: dict, t_from: int, t_to: int,
+               symbols: Callable[[int], str] | None = None, *, before: bool = False,
+               store: bool = True) -> tuple[list[Event], Event | None, int]:
+        """(``scan_page(buf, ..., t_from, t_to)``'s events, with ``before``: its last
+        record of ``ids`` before ``t_from`` decoded (else None), records decoded now)."""
+        tss = self.tss
+        b_at = None
+        if self.ordered:
+            i = bisect_left(tss, t_from)
+            j = bisect_right(tss, t_to, i)
+            if before and self.marks:
+                m = bisect_left(self.marks, i) - 1
+                if m >= 0:
+                    b_at = self.marks[m]
+            got, n, unk = self._decode(i, j, buf, cpu, formats, symbols, store) \
+                if j > i else ([], 0, False)
+        else:  # scan_page's record-by-record reading
+            ks: list[int] = []
+            marks = set(self.marks)
+            track = before
+            for k, ts in enumerate(tss):
+                if ts < t_from:
+                    if track and k in marks:
+                        b_at = k
+                    continue
+                track = False
+                if ts > t_to:
+                    break
+                ks.append(k)
+            got, n, unk = self._decode(ks[0], ks[-1] + 1, buf, cpu, formats, symbols,
+                                       store) if ks else ([], 0, False)
+            got = [got[k - ks[0]] for k in ks]
+        if unk:
+            got = [e for e in got if e is not _UNKNOWN]
+        prelude = decode_record(buf, cpu, formats, self.recs[b_at], symbols) \
+            if b_at is not None else None
+        return got, prelude, n + (b_at is not None)
+
+
+def page_index(page: Page, ids: frozenset[int], layout: PageLayout = PageLayout()
+               ) -> tuple[PageIndex, bool]:
+    """(the page's :class:`PageIndex` for ``ids``, whether it was made now: one header
+    walk), kept on the page (``page.index``; the caller drops it to bound memory)."""
+    idx = page.index
+    if idx is not None and idx.ids == ids:
+        return idx, False
+    idx = page.index = PageIndex(page.data, ids, layout)
+    return idx, True
+
+
+def page_may_hold(buf: bytes, ids: frozenset[int], layout: PageLayout = PageLayout()) -> bool:
+    """False when no record of the page can be of an id in ``ids``, found without walking
+    the headers: a record's id (``common_type``, u16 little-endian) is the first two bytes of
+    its data, which starts 4 or 8 bytes after its 4-aligned header, so it lies at a 4-aligned
+    offset of the data area; the bytes are searched there (``bytes.find``, C speed). True
+    where they occur so aligned (a record of that id, or other bytes that happen to match:
+    the caller walks the page then)."""
+    d0 = layout.data_offset
+    end = min(d0 + page_info(buf, layout)[1], len(buf))
+    for ev_id in ids:
+        pat = ev_id.to_bytes(2, "little")
+        at = buf.find(pat, d0, end)
+        while at >= 0:
+            if not (at - d0) & 3:
+                return True
+            at = buf.find(pat, at + 1, end)
+    return False
+
+
 def page_last_of(page: Page, ids: frozenset[int], layout: PageLayout = PageLayout()
                  ) -> tuple[tuple[int, int, int] | None, int]:
     """(``(ts, start, length)`` of the page's last record of an id in ``ids`` or None, the
     latest timestamp of any record in it), headers only, remembered on the page: a page is
     immutable once drained, so the search back for the task current before a window walks
-    each kept page once."""
+    each kept page once (not at all where its :class:`PageIndex` answers)."""
     memo = page.memo
     if ids not in memo:
-        memo[ids] = _walk_last(page.data, layout, ids)
+        idx = page.index
+        memo[ids] = idx.last_of() if idx is not None and idx.ids == ids else \
+            _walk_last(page.data, layout, ids)
     return memo[ids]
 
 

@@ -21,10 +21,16 @@ Life cycle (kernel Documentation/trace/ftrace.rst, "Instances"):
   non-blocking only when a window is asked for; the pages drained are kept, raw, for
   ``keep_s`` seconds (``buffer_s`` by default; bounded in bytes) so that windows
   overlapping an earlier read still find their events, and only the pages that overlap a
-  window are decoded: the first found by bisecting the kept pages' timestamps, its one
-  header walk giving both the window's events and the last ``sched_switch`` before it;
-  further back, each page's last switch is remembered once walked (a spike window of a few
-  ms costs ~0.1 ms of CPU with ~50 events; bench/events_read_cost.py --windows). The instance's
+  window are read: the first found by bisecting the kept pages' timestamps; each page's
+  record headers are walked once into a PageIndex (parse.py) that the next windows over it
+  bisect, and its records are decoded once each (identical records once per format:
+  EventFormat.make_event's memo), the last :data:`INDEXED_PAGES` per CPU staying indexed;
+  the last ``sched_switch`` before the window comes from the first page's index, else from
+  the pages before it back to that switch, each page's last switch remembered once walked.
+  So a read costs the window's pages and records, not the event rate or the time since the
+  last read (``Window.walked`` / ``Window.decoded`` count it; tests/test_events_window_work.py):
+  a spike window of a few ms costs ~0.1 ms of CPU with ~50 events, ~0.5-1 ms with ~800
+  under a softirq flood (bench/events_read_cost.py --windows). The instance's
   ``trace`` file is not used where the binary layout is readable: it formats the whole
   buffer on every read — 0.28 s of kernel time for an 8 MiB buffer (186k events) on the
   development VM against 2 ms to drain the same buffer raw (docs/events.md,
@@ -54,6 +60,7 @@ import weakref
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from collectors.host import Host
@@ -69,13 +76,14 @@ from .parse import (
     check_header_event,
     decode_record,
     iter_page,
+    page_index,
     page_info,
     page_last_of,
     page_last_ts,
+    page_may_hold,
     parse_format,
     parse_header_page,
     parse_text,
-    scan_page,
 )
 
 PREFIX = "hftagent-"
@@ -102,6 +110,10 @@ MAX_CPU_KB = 32 * 1024
 MAX_TOTAL_KB = 256 * 1024
 OTHER_CPU_KB = 4  # the kernel rounds up to its minimum (2 pages)
 KEEP_MAX_BYTES = 16 << 20
+# Pages per probe CPU that keep their PageIndex (header walk + the events decoded from
+# them, ~50-100 KiB each): the pages of the last few windows, so that overlapping windows
+# (a burst of spikes) decode each record once.
+INDEXED_PAGES = 32
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,11 @@ class Window:
     started, or after the read); ``lost`` counts the events the kernel reported lost before
     pages this read touched. ``read_ns``: how long the call took (drain + decode + comms),
     wall clock; ``cpu_ns``: the CPU time the calling thread spent in it (what the read
-    costs: on a loaded host ``read_ns`` also counts the time the thread waited to run)."""
+    costs: on a loaded host ``read_ns`` also counts the time the thread waited to run).
+    ``walked`` / ``decoded``: the pages whose record headers this read walked and the
+    records it decoded (raw reader; pages and records an earlier window read are not
+    counted again while their page stays indexed). The events are shared with other
+    windows: read-only."""
 
     t_from_ns: int
     t_to_ns: int
@@ -142,14 +158,15 @@ class Window:
     # common_pid): read from /proc/<pid>/comm when the window was read
     comms: dict[int, str] = field(default_factory=dict)
     cpu_ns: int = 0
+    walked: int = 0  # the read's work (see above)
+    decoded: int = 0
 
 
 def _page_ts(page: Page) -> int:
     return page.ts_ns
 
 
-def _event_ts(ev: Event) -> int:
-    return ev.ts_ns
+_event_ts = attrgetter("ts_ns")  # (the sort key of a window's events: C, not a Python call)
 
 
 def named_pids(events: list[Event]) -> set[int]:
@@ -189,6 +206,7 @@ class _CpuRing:
     cover_reason: str = "before the instance started"
     lost: int = 0  # events the kernel reported lost, in total
     evicted_pages: int = 0
+    indexed: deque = field(default_factory=deque)  # Page with an index, oldest first
 
 
 def parse_stats(text: str, cpu: int) -> CpuStats:
@@ -665,7 +683,11 @@ class EventSource:
     def _window_raw(self, t_from: int, lo: int, hi: int) -> Window:
         per_cpu: list[list[Event]] = []
         complete, reason, lost = True, None, 0
-        unknown = [0]
+        ids = frozenset(self._switch_ids)
+        # events decoded now are kept on their page's index for the next window, except
+        # while symbol names may still be hex (kallsyms not loaded yet)
+        store = self._symbols is None or self._symbols.ready
+        walked = decoded = 0
         for ring in self._rings.values():
             pages = ring.pages
             n = len(pages)
@@ -679,22 +701,26 @@ class EventSource:
                 pg = pages[i]
                 if pg.ts_ns > hi:
                     break
+                idx, made = page_index(pg, ids, self._layout)
+                if made:
+                    walked += 1
+                    self._hot(ring, pg)
+                got, b, k = idx.select(pg.data, ring.cpu, self._formats, lo, hi,
+                                       self._symbols, before=first is None, store=store)
                 if first is None:
                     first = i
                     lost += max(pg.lost, 0)
-                    got, before = scan_page(pg.data, ring.cpu, self._formats,
-                                            layout=self._layout, t_from=lo, t_to=hi,
-                                            symbols=self._symbols, unknown=unknown,
-                                            before_ids=self._switch_ids)
-                else:
-                    got, _ = scan_page(pg.data, ring.cpu, self._formats, layout=self._layout,
-                                       t_from=lo, t_to=hi, symbols=self._symbols,
-                                       unknown=unknown)
+                    before = b
+                decoded += k
                 evs.extend(got)
                 i += 1
             # who ran before lo: in the first page's walk, else back from the page before
-            prelude = before if before is not None else self._last_switch_before(
-                ring.cpu, pages, first, lo, skip_first=first is not None)
+            if before is not None:
+                prelude = before
+            else:
+                prelude, w = self._last_switch_before(ring.cpu, pages, first, lo,
+                                                      skip_first=first is not None)
+                walked += w
             if prelude is not None:
                 evs.insert(0, prelude)
             per_cpu.append(evs)
@@ -707,36 +733,56 @@ class EventSource:
                     reason += f" ({ring.lost} events lost to ring overwrites so far)"
         events = [e for evs in per_cpu for e in evs]
         events.sort(key=_event_ts)
-        return Window(t_from, hi, events, complete, reason, lost)
+        return Window(t_from, hi, events, complete, reason, lost, walked=walked,
+                      decoded=decoded)
+
+    def _hot(self, ring: _CpuRing, pg: Page) -> None:
+        """``pg`` now has an index: the newest of the ring's indexed pages; the oldest
+        beyond :data:`INDEXED_PAGES` drop theirs (memory stays bounded at any rate)."""
+        hot = ring.indexed
+        hot.append(pg)
+        while len(hot) > INDEXED_PAGES:
+            hot.popleft().index = None
 
     def _last_switch_before(self, cpu: int, pages, first: int | None, lo: int,
-                            max_pages: int = 64, *, skip_first: bool = False) -> Event | None:
-        """The last sched_switch on ``cpu`` before ``lo`` in the kept pages (searching back
-        at most ``max_pages`` pages from the window's first page ``first``, that page
-        included; ``skip_first``: its walk found none already): the task current when the
-        window opened. A page whose records all precede ``lo`` answers from one header
-        walk remembered on it (page_last_of), as the walk below would."""
+                            max_pages: int = 64, *, skip_first: bool = False
+                            ) -> tuple[Event | None, int]:
+        """(the last sched_switch on ``cpu`` before ``lo`` in the kept pages, the pages
+        whose headers were walked for it): searching back at most ``max_pages`` pages from
+        the window's first page ``first``, that page included (``skip_first``: its walk
+        found none already), and no further back than that switch: the task current when
+        the window opened. A page with no switch record at all is passed over without
+        walking it (page_may_hold: a byte search); one whose records all precede ``lo``
+        answers from one header walk remembered on it (page_last_of; its index where it has
+        one), as the walk below would. So under a flood that leaves the CPU's task running
+        (no switch for many pages) the search costs a byte search per page."""
         end = len(pages) if first is None else first + 1
         ids = frozenset(self._switch_ids)
+        walked = 0
         for i in range(end - 1, max(-1, end - 1 - max_pages), -1):
             if skip_first and i == first:
                 continue
             pg = pages[i]
+            if ids not in pg.memo and (pg.index is None or pg.index.ids != ids):
+                if not page_may_hold(pg.data, ids, self._layout):
+                    continue  # no switch in it: neither the memo nor the walk finds one
+                walked += 1
             rec, latest = page_last_of(pg, ids, self._layout)
             if latest < lo:
                 if rec is None:
                     continue
                 ev = decode_record(pg.data, cpu, self._formats, rec, self._symbols)
                 if ev is not None and ev.name == "sched_switch":
-                    return ev
+                    return ev, walked
             best = None
+            walked += 1
             for ev in iter_page(pg.data, cpu, self._formats, layout=self._layout,
                                 t_to=lo - 1, symbols=self._symbols, only=self._switch_ids):
                 if ev.name == "sched_switch":
                     best = ev
             if best is not None:
-                return best
-        return None
+                return best, walked
+        return None, walked
 
     def _window_text(self, t_from: int, lo: int, hi: int) -> Window:
         events: list[Event] = []
@@ -831,6 +877,7 @@ class EventSource:
                     pass
                 ring.fd = -1
             ring.pages.clear()
+            ring.indexed.clear()
             ring.kept_bytes = 0
         if self._creator == os.getpid() and self.path != Path() and self.name:
             try:
