@@ -15,7 +15,13 @@ import pytest
 from agent.errors import AgentError
 from agent.noise.irqcost import IrqCost, parse_output
 from agent.watch.events.parse import parse_text
-from agent.watch.events.timeline import HIDDEN_IRQ, UNEXPLAINED, breakdown, interrupt_overhead, timeline
+from agent.watch.events.timeline import (
+    HIDDEN_IRQ,
+    UNEXPLAINED,
+    breakdown,
+    interrupt_overhead,
+    timeline,
+)
 from agent.watch.events.wiring import SpikeEvents, _triples, event_verdict, parse_irq_cost
 from bench.attribution import background
 from tests.eventpages import trace_line as line

@@ -23,8 +23,19 @@ from collections.abc import Callable
 
 from agent.errors import AgentError
 
-from .timeline import (HIDDEN_IRQ, HW, IDLE, IDLE_BEFORE_WAKE, PROBE, UNEXPLAINED, breakdown,
-                       format_breakdown, hw_noise, interrupt_overhead, timeline)
+from .timeline import (
+    HIDDEN_IRQ,
+    HW,
+    IDLE,
+    IDLE_BEFORE_WAKE,
+    PROBE,
+    UNEXPLAINED,
+    breakdown,
+    format_breakdown,
+    hw_noise,
+    interrupt_overhead,
+    timeline,
+)
 from .tracefs import EventSource
 
 MODES = ("auto", "on", "off", "mount")
