@@ -31,8 +31,8 @@ sys.path.insert(0, REPO)
 
 from agent.client import FIELDS  # noqa: E402
 from agent.watch.attribution import Attribution, Attributor, CauseScore, Spike  # noqa: E402
-from agent.watch.ring import SignalRing  # noqa: E402
 from agent.watch.attribution.gpu import GpuCause  # noqa: E402
+from agent.watch.ring import SignalRing  # noqa: E402
 from collectors.sched import TaskRun  # noqa: E402
 
 # Imports of the old sources whose modules moved since (#15 item 1: NativeSampler is in
