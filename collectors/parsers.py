@@ -12,7 +12,6 @@ Numbers are ASCII only: ``str.isdigit()`` and ``int()`` also take Unicode digits
 from __future__ import annotations
 
 import itertools
-
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
