@@ -66,8 +66,9 @@ def parse_output(cpu: int, text: str) -> IrqCost:
     except (KeyError, ValueError) as exc:
         raise ValueError(f"bad interrupt-cost helper output: {exc}") from None
     if sent <= 0 or matched < MIN_MATCHED * sent:
-        return IrqCost(cpu, None, f"only {matched} of {sent} IPIs seen on CPU {cpu}: not "
-                       "measured", matched=matched, sent=sent)
+        seen = f" (median {max(0, med - step) / 1e3:.1f} µs)" if matched else ""
+        return IrqCost(cpu, None, f"only {matched} of {sent} IPIs seen on CPU {cpu}{seen}: "
+                       "not measured", matched=matched, sent=sent)
     cost = max(0, med - step)
     return IrqCost(cpu, cost, f"{cost / 1e3:.1f} µs per IPI on CPU {cpu} (median of "
                    f"{matched}, P10-P90 {p10 / 1e3:.1f}-{p90 / 1e3:.1f} µs)",

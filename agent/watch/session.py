@@ -186,13 +186,15 @@ class WatchSession:
             self.warnings.append("one CPU only: the sampler shares the probe's CPU")
         # the probe CPUs are known (cpu_plan): the kernel ring records from before the probe
         # starts; --trace on refuses here (closed by stop(), which run() always calls)
+        if cfg.probe != "external":
+            # one interrupt's cost on the probe CPUs, while nothing runs there yet and
+            # before the event source traces them
+            self.trace.measure_irq_cost()
         if (w := self.trace.open(self.clock())) is not None:
             self.warnings.append(w)
         if cfg.probe == "external":
             self.source.attach_external()
         else:
-            # one interrupt's cost on the probe CPUs, while nothing else runs there yet
-            self.trace.measure_irq_cost()
             self.source.start_probe()
         # (a stop or an error while it starts leaves no helper and no shared file behind)
         self.sampler, self.sampler_note = self._open_sampler(

@@ -97,9 +97,10 @@ class SpikeEvents:
     def measure_irq_cost(self) -> None:
         """The interrupt cost per probe CPU for :func:`~.timeline.interrupt_overhead`: the
         ``--irq-cost`` value, or (``auto``) measured now with agent/noise/irqcost.py. The
-        session calls it before its own probe starts, never under an external client (the
-        helper spins on the CPU for ~25 ms)."""
-        if self.source is None or self.irq_cost_mode == "off":
+        session calls it before it opens the source (the instance's own events on the CPU
+        would stretch the gaps) and before its own probe starts, never under an external
+        client (the helper spins on the CPU for ~25 ms). Used only where the source opens."""
+        if self.mode == "off" or self.irq_cost_mode == "off":
             return
         if isinstance(self.irq_cost_mode, int):
             self.irq_cost_ns = {c: self.irq_cost_mode for c in self.cpus}
