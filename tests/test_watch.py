@@ -450,6 +450,25 @@ def test_a_spike_storm_cannot_stretch_the_loop():
     assert dropped[0]["note"] == "not attributed: attribution backlog (spike storm)"
 
 
+def test_past_the_step_budget_a_spike_that_waited_takes_a_close_cause_instead():
+    """A storm costlier to attribute than the step budget: spikes that waited ≥ 0.1 s and lie
+    within 50 ms of the last attributed one inherit its cause in the same step (so the
+    record is not late); fresh ones still wait for their own attribution."""
+    from agent.watch.schedule import BUDGET_INHERIT_NS
+    s, recs, attr = _storm_session(100, 0.005, age_s=BUDGET_INHERIT_NS / 1e9 + 0.05)
+    s.attribute_pending(s.clock())
+    assert 3 <= attr.calls < 100 and not s.pending
+    budget = [r for r in recs if "attribution step budget" in r.get("note", "")]
+    # (the ones between the bucket's tokens inherit under the rate limit, as before)
+    assert budget and s.inherited == 100 - attr.calls and s.not_attributed == 0
+    assert all(r["cause"] == "cpu_contention" and r["inherited_from"] is not None
+               for r in budget)
+    fresh, recs2, attr2 = _storm_session(100, 0.005)  # detected now: they wait their turn
+    fresh.attribute_pending(fresh.clock())
+    assert not [r for r in recs2 if "attribution step budget" in r.get("note", "")]
+    assert len(fresh.pending) == 100 - attr2.calls - fresh.inherited > 0
+
+
 def test_summary_example_of_a_relabelled_softirq_has_balanced_parentheses():
     from agent.watch.summary import short as _short
     d = ("softirq work in ksoftirqd/1 preempted the probe (waited 900 µs on the run queue; "

@@ -19,8 +19,12 @@ passed (attributed with what there is). Then, per loop step:
 - **Step budget**: one step attributes for at most :data:`ATTR_STEP_BUDGET` of the loop
   period (checked before each attribution, so one may overrun it), so a storm cannot stretch
   the loop (the run's ``--duration``, the live view, the metrics); the rest waits for the
-  next step, and a spike still waiting after :data:`BACKLOG_DROP_S` is logged "not
-  attributed: attribution backlog (spike storm)" rather than years late.
+  next step. One that has waited :data:`BUDGET_INHERIT_NS` already takes the cause of the
+  last attributed spike when it is within :data:`INHERIT_NS` ("attribution step budget: the
+  cause of spike N"), so a storm that costs more to attribute than the budget allows stays
+  named within ~0.1 s of detection (issue #17: spike → record ≤ 200 ms); a spike still
+  waiting after :data:`BACKLOG_DROP_S` is logged "not attributed: attribution backlog (spike
+  storm)" rather than years late.
 
 The scheduler decides; a :class:`Sink` (the session) attributes, logs and drops. The clock
 (monotonic ns) is injected, so storms run on virtual time in tests.
@@ -37,6 +41,8 @@ from agent.watch.attribution import Spike
 
 ATTR_STEP_BUDGET = 0.6  # share of loop_s one step may spend attributing spikes
 BACKLOG_DROP_S = 2.0  # a spike waiting longer than this for attribution is logged unattributed
+BUDGET_INHERIT_NS = 100_000_000  # past the step budget, a spike that already waited this long
+                                 # takes a close spike's cause instead of waiting on
 INHERIT_NS = 50_000_000  # over the rate limit: a spike this close to the last attributed one
                          # (five 100 Hz sampler rows) takes its cause
 BUCKET_BANK_S = 0.1  # the token bucket holds at most this many seconds of tokens (≥ 1)
@@ -154,10 +160,14 @@ class AttributionScheduler:
         step_end = self.clock() + self.step_budget_ns
         for n, (sp, _t) in enumerate(ready):
             if self.clock() > step_end:
-                rest = ready[n:]
-                for osp, _ in (x for x in rest if now - x[1] > BACKLOG_DROP_S * 1e9):
-                    sink.drop(osp, "attribution backlog (spike storm)")
-                return [x for x in rest if now - x[1] <= BACKLOG_DROP_S * 1e9]
+                rest, keep = ready[n:], []
+                for osp, t_det in rest:
+                    if now - t_det > BACKLOG_DROP_S * 1e9:
+                        sink.drop(osp, "attribution backlog (spike storm)")
+                    elif now - t_det < BUDGET_INHERIT_NS or not self._inherit_close(
+                            osp, "budget", sink):
+                        keep.append((osp, t_det))
+                return keep
             if n % stride == 0 and self.bucket.take():
                 try:
                     rec = sink.attribute(sp)
@@ -173,14 +183,20 @@ class AttributionScheduler:
     def _inherit_or_drop(self, sp: Spike, sink: Sink) -> None:
         """Over the rate limit: a spike within INHERIT_NS of the last attributed one shares
         its sampler rows, so it takes that spike's cause; any other is not attributed."""
+        if not self._inherit_close(sp, "rate", sink):
+            sink.drop(sp, "attribution rate limit")
+
+    def _inherit_close(self, sp: Spike, why: str, sink: Sink) -> bool:
+        """``sp`` takes the cause of the last attributed spike when it is within INHERIT_NS
+        of it (the same sampler rows); False when there is none that close."""
         last = self.last_attributed
         # the gap between the two spikes' intervals (0 when they overlap), either order
         gap = max(sp.start_ns - last[0].end_ns, last[0].start_ns - sp.end_ns, 0) \
             if last is not None else None
         if gap is None or gap > INHERIT_NS:
-            sink.drop(sp, "attribution rate limit")
-            return
-        self._inherit(sp, last, "rate", sink, gap)
+            return False
+        self._inherit(sp, last, why, sink, gap)
+        return True
 
     def _inherit(self, sp: Spike, lead: tuple[Spike, dict], why: str, sink: Sink,
                  gap: int = 0) -> None:
@@ -188,9 +204,10 @@ class AttributionScheduler:
         in-process evidence. ``why``: "queued" — it waited for that slow sample —, or
         "rate" — over the rate limit, ``gap`` ns from it (the same sampler rows)."""
         lsp, lrec = lead
+        limit = "attribution rate limit" if why == "rate" else "attribution step budget"
         note = (f"queued behind spike {lsp.seq}: started "
                 f"{(lsp.end_ns - sp.start_ns) / 1e6:.1f} ms late" if why == "queued" else
-                f"attribution rate limit: the cause of spike {lsp.seq}, {gap / 1e6:.1f} ms apart")
+                f"{limit}: the cause of spike {lsp.seq}, {gap / 1e6:.1f} ms apart")
         # the same record shape as an attributed spike: the host evidence is that of the
         # spike it inherits from (its rows), the in-process evidence its own
         rec = sink.log(sp, {"cause": lrec["cause"], "unexplained": lrec.get("unexplained"),
