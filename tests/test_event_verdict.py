@@ -147,3 +147,30 @@ def test_idle_before_the_probe_woke_is_a_late_wake_up_and_idle_after_it_blocked_
                                        "(kernel events)"
     # the probe's own wait (it blocked, then the CPU idled) decides nothing
     assert event_verdict([("idle", IDLE_BLOCKED, 1_200 * US)], 1_300 * US) is None
+
+
+def test_a_probe_absent_from_its_cpu_yet_computing_ran_elsewhere_a_migration():
+    """Started and ended on CPU 1, CPU 1 idle the whole sample (the probe never ran there),
+    its CPU time a full call's: it ran on another CPU in between (an affinity flip and
+    back). Blocked throughout (no CPU time) decides nothing."""
+    from agent.watch.events.timeline import IDLE_ABSENT
+
+    def body(cpu_ns):
+        return {"cause": "unexplained", "p50_us": 400.0, "causes": [],
+                "in_process": {"cpu_start": 1, "cpu_end": 1, "cpu_ns": cpu_ns},
+                "events": {"complete": True, "timeline": {
+                    "cpu": 1, "probe_run_us": 0.0,
+                    "entities": [{"label": IDLE_ABSENT, "kind": "idle", "us": 1300.0}]}}}
+
+    b = body(410_000)
+    apply_verdict(b, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US)
+    assert b["cause"] == "migration" and b["polled_cause"] == "unexplained"
+    assert b["causes"][0]["evidence"]["probe_cpu_us"] == 410.0
+    assert "ran on another CPU" in b["causes"][0]["detail"]
+    blocked = body(5_000)
+    apply_verdict(blocked, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US)
+    assert blocked["cause"] == "unexplained"
+    moved = body(410_000)
+    moved["in_process"]["cpu_end"] = 0  # ended elsewhere: the polled rule's own case
+    apply_verdict(moved, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US)
+    assert moved["cause"] == "unexplained"

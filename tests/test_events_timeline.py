@@ -339,3 +339,15 @@ def test_any_event_soup_is_accounted_exactly_once(raw, seed):
     assert all(ns > 0 for ns in tl.totals.values())
     assert 0 <= tl.probe_run_ns <= tl.probe_current_ns <= t1 - t0
     assert breakdown(tl, 500_000)[-1][1] >= 0
+
+
+def test_a_probe_that_never_ran_in_the_window_is_not_a_late_wake_up():
+    from agent.watch.events.timeline import IDLE_ABSENT
+    text = "\n".join([
+        sw("probe", PROBE, "100.000900", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.002000", "local_timer_entry: vector=236", "d.h1."),
+        line("<idle>", 0, "100.002004", "local_timer_exit: vector=236", "d.h1."),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    labels = totals_by_label(tl)
+    assert IDLE_ABSENT in labels and IDLE_BEFORE_WAKE not in labels

@@ -7,7 +7,9 @@ events to the innermost context active in it:
 
 - a task: ``comm[pid]`` (the probe's own threads apart, as ``probe``); idle (pid 0) is
   ``idle before the probe woke`` until the probe first runs in the window (a late timer or
-  a deep C-state: the wake-up itself came late), ``idle (probe blocked)`` after;
+  a deep C-state: the wake-up itself came late), ``idle (probe blocked)`` after, ``idle
+  (probe not on this CPU)`` when the probe never ran in the window (blocked throughout, or
+  on another CPU);
 - ``IRQ <n> <name>`` (irq_handler_entry/exit), ``softirq <VEC>`` (softirq_entry/exit),
   ``local timer tick`` (local_timer_entry/exit), ``IPI <vector>`` (call_function,
   call_function_single, reschedule, irq_work; ``(TLB shootdown)`` when a ``tlb_flush`` of
@@ -45,6 +47,7 @@ RAISE_WITHIN_NS = 2_000  # a softirq this soon after an IPI returned ran on its 
 RAISES_SHARE = 0.5
 IDLE_BEFORE_WAKE = "idle before the probe woke"
 IDLE_BLOCKED = "idle (probe blocked)"
+IDLE_ABSENT = "idle (probe not on this CPU)"
 
 
 class Entity(NamedTuple):
@@ -383,6 +386,10 @@ class _Walk:
         first after it."""
         self._name_raisers()
         tl = self.tl
+        if not self.probe_ran:
+            # the probe never ran here in the whole window: the idle was not a wake-up that
+            # came late (it blocked throughout, or ran on another CPU)
+            self._relabel(0, Entity(IDLE, IDLE_BEFORE_WAKE, 0), Entity(IDLE, IDLE_ABSENT, 0))
         before = [s for s in self.switch_ins if s[1] <= tl.t0_ns]
         after = [s for s in self.switch_ins if s[1] > tl.t0_ns]
         pick = before[-1] if tl.start_delay_ns == 0 and before else (after[0] if after else None)

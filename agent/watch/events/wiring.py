@@ -276,7 +276,7 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     body["decided_by"] = "polled"
     if polled not in EVENTS_MAY_CORRECT or not ev.get("complete"):
         return
-    v = event_verdict(triples, excess_ns)
+    v = event_verdict(triples, excess_ns) or _ran_elsewhere(body, ev)
     if v is None:
         return
     cause, culprit, ns = v
@@ -291,15 +291,38 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
         "cause": cause, "score": round(min(1.0, ns / excess_ns), 3), "strength": 1.0,
         # stable (the summary counts details), in the polled rules' words
         "detail": _verdict_detail(cause, culprit, (ev.get("timeline") or {}).get("cpu", "?")),
-        "evidence": {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
+        "evidence": {"probe_cpu_us" if cause == "migration" else "events_us":
+                     round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
                      "culprit": culprit}})
     if cause == "cpu_contention":
         name_tasks(body, ev, tgid_of)
 
 
+def _ran_elsewhere(body: dict, ev: dict) -> tuple[str, str, int] | None:
+    """A migration the events show although the polled counters cannot: the probe started
+    and ended the sample on the traced CPU, never ran there in between (the CPU idle), and
+    yet its CPU time over the sample is at least half a typical call — it computed on
+    another CPU and came back (an affinity flip and back, between the in-process reads of
+    the CPU at the start and the end). A probe blocked throughout has no such CPU time."""
+    tl = ev.get("timeline") or {}
+    ip = body.get("in_process") or {}
+    cpu = tl.get("cpu")
+    p50_us = body.get("p50_us") or 0
+    ents = tl.get("entities") or []
+    if tl.get("probe_run_us") or cpu is None or not p50_us or not ents or \
+            ip.get("cpu_start") != cpu or ip.get("cpu_end") != cpu or \
+            (ip.get("cpu_ns") or 0) < 500 * p50_us or \
+            any(e.get("kind") != IDLE for e in ents):
+        return None
+    return "migration", "another CPU", int((ip.get("cpu_ns") or 0))
+
+
 def _verdict_detail(cause: str, culprit: str, cpu) -> str:
     if cause == WAKEUP_CAUSE:
         return f"CPU {cpu} idle while the probe's wake-up came late (kernel events)"
+    if cause == "migration":
+        return (f"the probe ran on another CPU: CPU {cpu}, where it started and ended, was "
+                "idle throughout (kernel events)")
     return f"{culprit} ran on CPU {cpu} (kernel events)"
 
 
