@@ -314,7 +314,7 @@ def _ran_elsewhere(body: dict, ev: dict) -> tuple[str, str, int] | None:
             (ip.get("cpu_ns") or 0) < 500 * p50_us or \
             any(e.get("kind") != IDLE for e in ents):
         return None
-    return "migration", "another CPU", int((ip.get("cpu_ns") or 0))
+    return "migration", "another CPU", int(ip.get("cpu_ns") or 0)
 
 
 def _verdict_detail(cause: str, culprit: str, cpu) -> str:
