@@ -28,7 +28,7 @@ def test_no_verdict_when_events_cover_too_little_or_two_causes_are_close():
     assert event_verdict([("task", "x", 600 * US), ("softirq", "NET_RX", 400 * US)],
                          1_000 * US) is None                                  # lead < 2×
     assert event_verdict([("idle", "idle", 900 * US), ("unknown", "?", 900 * US),
-                          ("hw_or_hypervisor", "hw_or_hypervisor", 900 * US)],
+                          ("unexplained", "unexplained", 900 * US)],
                          1_000 * US) is None                                  # decide nothing
     assert event_verdict([("task", "x", 900 * US)], 0) is None
 
@@ -174,3 +174,13 @@ def test_a_probe_absent_from_its_cpu_yet_computing_ran_elsewhere_a_migration():
     moved["in_process"]["cpu_end"] = 0  # ended elsewhere: the polled rule's own case
     apply_verdict(moved, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US)
     assert moved["cause"] == "unexplained"
+
+
+def test_hidden_time_with_the_probe_current_is_the_hypervisor_s():
+    """The probe current on its CPU with no event for most of the excess, the time missing
+    from its CPU time (hw_or_hypervisor): not the contention a run-queue wait suggested."""
+    triples = [("hw_or_hypervisor", "hw_or_hypervisor", 1_260 * US), ("irq", "virtio3-tx", 7 * US)]
+    b = _body("cpu_contention")
+    apply_verdict(b, triples, 1_300 * US)
+    assert b["cause"] == "steal" and b["polled_cause"] == "cpu_contention"
+    assert "hypervisor" in b["causes"][0]["detail"]

@@ -130,7 +130,7 @@ def test_the_flood_s_hidden_time_makes_the_events_decide_softirq_with_net_rx():
     assert event_verdict(_triples(tl, breakdown(tl, excess)), excess) is None
 
 
-def test_irq_cost_option_and_measurement_wiring():
+def test_irq_cost_option_and_measurement_wiring(tmp_path):
     assert parse_irq_cost("auto") == "auto" and parse_irq_cost("off") == "off"
     assert parse_irq_cost("6.5") == 6500
     for bad in ("", "x", "0", "-1", "5000", "nan"):
@@ -142,21 +142,31 @@ def test_irq_cost_option_and_measurement_wiring():
         calls.append((cpu, sender))
         return IrqCost(cpu, 6100, "6.1 µs", 5900, 7000, 200, 200)
 
-    ev = SpikeEvents("on", None, [3], housekeeping=[0, 3], irq_cost="auto", irq_coster=coster)
+    fake = lambda *a, **k: None  # noqa: E731 - a fake opener: the source may open
+    ev = SpikeEvents("on", None, [3], housekeeping=[0, 3], irq_cost="auto", irq_coster=coster,
+                     opener=fake)
     ev.measure_irq_cost()  # (before the source opens: the session's order)
     assert calls == [(3, 0)] and ev.irq_cost_ns == {3: 6100}
-    given = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="2.5")
+    given = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="2.5", opener=fake)
     given.source = object()
     given.measure_irq_cost()
     assert given.irq_cost_ns == {3: 2500}
-    alone = SpikeEvents("on", None, [0], housekeeping=[0], irq_cost="auto", irq_coster=coster)
+    alone = SpikeEvents("on", None, [0], housekeeping=[0], irq_cost="auto", irq_coster=coster,
+                        opener=fake)
     alone.source = object()
     alone.measure_irq_cost()
     assert alone.irq_cost_ns == {} and "housekeeping" in alone.irq_cost_info[0]["note"]
-    off = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="off", irq_coster=coster)
+    off = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="off", irq_coster=coster,
+                      opener=fake)
     off.source = object()
     off.measure_irq_cost()
     assert off.irq_cost_ns == {} and len(calls) == 1
+    # the real opener where tracefs is not there: no measurement spent
+    from collectors.host import Host
+    bare = SpikeEvents("auto", Host(sysfs=str(tmp_path)), [3], housekeeping=[0],
+                       irq_cost="auto", irq_coster=coster)
+    bare.measure_irq_cost()
+    assert len(calls) == 1 and bare.irq_cost_info == []
 
 
 def test_irq_cost_helper_output_parsing():
@@ -192,3 +202,7 @@ def test_bench_counts_the_box_s_own_tasks_apart_from_the_fault():
                                                   2: "tokio-rt-worker[76]"}
     # for a CPU fault, contention is the fault's cause: nothing is set apart
     assert background(recs, "cpu_contention", [900]) == {}
+    held = [{"seq": 7, "cause": "steal", "decided_by": "events", "latency_us": 2000.0},
+            {"seq": 8, "cause": "steal", "decided_by": "polled", "latency_us": 2000.0}]
+    assert background(held, "migration", []) == {7: "hypervisor"}
+    assert background(held, "steal", []) == {}

@@ -100,7 +100,7 @@ class SpikeEvents:
         session calls it before it opens the source (the instance's own events on the CPU
         would stretch the gaps) and before its own probe starts, never under an external
         client (the helper spins on the CPU for ~25 ms). Used only where the source opens."""
-        if self.mode == "off" or self.irq_cost_mode == "off":
+        if self.mode == "off" or self.irq_cost_mode == "off" or not self._may_open():
             return
         if isinstance(self.irq_cost_mode, int):
             self.irq_cost_ns = {c: self.irq_cost_mode for c in self.cpus}
@@ -120,6 +120,17 @@ class SpikeEvents:
             self.irq_cost_info.append(r.to_dict())
             if r.cost_ns is not None:
                 self.irq_cost_ns[cpu] = r.cost_ns
+
+    def _may_open(self) -> bool:
+        """Whether the source can open here (so a measurement is not spent where it cannot):
+        ``mount`` mode, a fake opener (tests), or tracefs mounted and usable."""
+        if self.mode == "mount" or self.opener != EventSource.open:  # (a bound classmethod)
+            return True
+        from .tracefs import find_tracefs
+        try:
+            return self.host is not None and find_tracefs(self.host) is not None
+        except Exception:  # noqa: BLE001 - refused (no permission): open says why
+            return False
 
     @property
     def active(self) -> bool:
@@ -216,8 +227,8 @@ class SpikeEvents:
 
 # What an event kind of the breakdown is, as a cause of agent/watch/causes.py. Kinds that
 # say nothing about who delayed the probe (idle after the probe blocked: its own wait;
-# unknown) and the residuals (hw_or_hypervisor, which the polled steal rule corroborates,
-# and unexplained) decide nothing.
+# unknown) and the unexplained residual decide nothing; hw_or_hypervisor is steal
+# (_cause_of).
 EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "irq",
                "vector": "irq", "timer": "irq", "ipi": "irq", "softirq": "softirq"}
 # Idle before the probe woke (the CPU had nothing to run and the probe's wake-up came late)
@@ -228,6 +239,10 @@ WAKEUP_CAUSE = "wakeup_latency"
 def _cause_of(kind: str, culprit: str) -> str | None:
     if kind == IDLE and culprit == IDLE_BEFORE_WAKE:
         return WAKEUP_CAUSE
+    if kind == HW:
+        # the probe current on its CPU, no event at all, and the time missing from its CPU
+        # time: the hypervisor held the vCPU (firmware on bare metal: the note says which)
+        return "steal"
     return EVENT_CAUSE.get(kind)
 # The polled causes that events see directly and may correct: another task, an IRQ or a
 # softirq on the probe CPU (or nothing found). The others (page faults, migration, steal,
@@ -320,6 +335,9 @@ def _ran_elsewhere(body: dict, ev: dict) -> tuple[str, str, int] | None:
 def _verdict_detail(cause: str, culprit: str, cpu) -> str:
     if cause == WAKEUP_CAUSE:
         return f"CPU {cpu} idle while the probe's wake-up came late (kernel events)"
+    if cause == "steal":
+        return (f"the probe was current on CPU {cpu} with no event, for time its CPU time does "
+                "not contain: the hypervisor (or firmware) held the CPU (kernel events)")
     if cause == "migration":
         return (f"the probe ran on another CPU: CPU {cpu}, where it started and ended, was "
                 "idle throughout (kernel events)")
