@@ -167,6 +167,12 @@ def test_irq_cost_option_and_measurement_wiring(tmp_path):
                        irq_cost="auto", irq_coster=coster)
     bare.measure_irq_cost()
     assert len(calls) == 1 and bare.irq_cost_info == []
+    assert "irq_cost" not in bare.info()  # no events ran: nothing to say about their cost
+    ev._ran = True  # (the source opened)
+    assert ev.info()["irq_cost"][0]["cost_us"] == 6.1
+    ext = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="auto", opener=fake)
+    ext._ran = True  # an external client: the session never asks for a measurement
+    assert "external" in ext.info()["irq_cost"][0]["note"]
 
 
 def test_irq_cost_helper_output_parsing():

@@ -58,6 +58,7 @@ class SpikeEvents:
         self.irq_coster = irq_coster  # agent.noise.irqcost.measure (tests pass a fake)
         self.irq_cost_ns: dict[int, int] = {}  # probe CPU -> one interrupt's cost
         self.irq_cost_info: list[dict] = []
+        self._irq_asked = False  # measure_irq_cost was called (watch's own probe)
         self.mode = mode
         self.host = host
         self.cpus = list(cpus)
@@ -100,6 +101,7 @@ class SpikeEvents:
         session calls it before it opens the source (the instance's own events on the CPU
         would stretch the gaps) and before its own probe starts, never under an external
         client (the helper spins on the CPU for ~25 ms). Used only where the source opens."""
+        self._irq_asked = True
         if self.mode == "off" or self.irq_cost_mode == "off" or not self._may_open():
             return
         if isinstance(self.irq_cost_mode, int):
@@ -198,9 +200,10 @@ class SpikeEvents:
         d.update(self._source_info() if self.source is not None else self._final)
         if self.refit_note:
             d["refit"] = self.refit_note
-        if self.irq_cost_mode != "off":
+        if self.irq_cost_mode != "off" and self._ran:
             d["irq_cost"] = self.irq_cost_info or [
-                {"note": "not measured: the probe is external (give --irq-cost US)"}]
+                {"note": "not measured: the probe is external (give --irq-cost US)"
+                 if not self._irq_asked else "not measured"}]
         if self.windows:
             d["mean_read_us"] = round(self.read_ns / 1e3 / self.windows, 1)
             d["mean_read_cpu_us"] = round(self.read_cpu_ns / 1e3 / self.windows, 1)
