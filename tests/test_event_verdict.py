@@ -155,24 +155,24 @@ def test_a_probe_absent_from_its_cpu_yet_computing_ran_elsewhere_a_migration():
     back). Blocked throughout (no CPU time) decides nothing."""
     from agent.watch.events.timeline import IDLE_ABSENT
 
-    def body(cpu_ns):
-        return {"cause": "unexplained", "p50_us": 400.0, "causes": [],
+    def body(cpu_ns):  # (as Attribution.to_dict gives it: no p50 in it yet)
+        return {"cause": "unexplained", "causes": [],
                 "in_process": {"cpu_start": 1, "cpu_end": 1, "cpu_ns": cpu_ns},
                 "events": {"complete": True, "timeline": {
                     "cpu": 1, "probe_run_us": 0.0,
                     "entities": [{"label": IDLE_ABSENT, "kind": "idle", "us": 1300.0}]}}}
 
     b = body(410_000)
-    apply_verdict(b, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US)
+    apply_verdict(b, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US, p50_ns=400 * US)
     assert b["cause"] == "migration" and b["polled_cause"] == "unexplained"
     assert b["causes"][0]["evidence"]["probe_cpu_us"] == 410.0
     assert "ran on another CPU" in b["causes"][0]["detail"]
     blocked = body(5_000)
-    apply_verdict(blocked, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US)
+    apply_verdict(blocked, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US, p50_ns=400 * US)
     assert blocked["cause"] == "unexplained"
     moved = body(410_000)
     moved["in_process"]["cpu_end"] = 0  # ended elsewhere: the polled rule's own case
-    apply_verdict(moved, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US)
+    apply_verdict(moved, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US, p50_ns=400 * US)
     assert moved["cause"] == "unexplained"
 
 
@@ -181,6 +181,10 @@ def test_hidden_time_with_the_probe_current_is_the_hypervisor_s():
     from its CPU time (hw_or_hypervisor): not the contention a run-queue wait suggested."""
     triples = [("hw_or_hypervisor", "hw_or_hypervisor", 1_260 * US), ("irq", "virtio3-tx", 7 * US)]
     b = _body("cpu_contention")
-    apply_verdict(b, triples, 1_300 * US)
+    apply_verdict(b, triples, 1_300 * US, guest=True)
     assert b["cause"] == "steal" and b["polled_cause"] == "cpu_contention"
     assert "hypervisor" in b["causes"][0]["detail"]
+    # on bare metal that time is SMI or firmware, not steal: the events decide nothing
+    metal = _body("cpu_contention")
+    apply_verdict(metal, triples, 1_300 * US, guest=False)
+    assert metal["cause"] == "cpu_contention" and metal["decided_by"] == "polled"

@@ -212,3 +212,30 @@ def test_bench_counts_the_box_s_own_tasks_apart_from_the_fault():
             {"seq": 8, "cause": "steal", "decided_by": "polled", "latency_us": 2000.0}]
     assert background(held, "migration", []) == {7: "hypervisor"}
     assert background(held, "steal", []) == {}
+
+
+def test_a_tlb_shootdown_ipi_s_hidden_cost_goes_with_its_label():
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        line("probe", PROBE, _ts(1200), "call_function_entry: vector=251", "d.h1."),
+        line("probe", PROBE, _ts(1201), "tlb_flush: pages:-1 reason:remote shootdown (1)",
+             "d.h1."),
+        line("probe", PROBE, _ts(1230), "call_function_exit: vector=251", "d.h1."),
+    ])
+    tl = tl_of(text)
+    assert {e.label: n for e, n in tl.probe_interrupts.items()} == {
+        "IPI call_function (TLB shootdown)": 1}
+
+
+def test_watch_gives_a_given_irq_cost_to_an_external_probe_and_verdicts_take_p50():
+    ev = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="4",
+                     opener=lambda *a, **k: None)
+    ev.measure_irq_cost(measure=False)  # the session's call under an external client
+    assert ev.irq_cost_ns == {3: 4000}
+    auto = SpikeEvents("on", None, [3], housekeeping=[0], irq_cost="auto",
+                       opener=lambda *a, **k: None,
+                       irq_coster=lambda *a: pytest.fail("measured under an external probe"))
+    auto.measure_irq_cost(measure=False)
+    assert auto.irq_cost_ns == {}
+    with pytest.raises(AgentError, match="--irq-cost"):
+        parse_irq_cost("1e-4")  # rounds to 0 ns

@@ -61,9 +61,10 @@ def watch(
                                        "error where unusable), off, or mount (mount tracefs "
                                        "at /sys/kernel/tracing first when it is not "
                                        "mounted). Needs root.")] = "auto",
-    irq_cost: Annotated[str, typer.Option(help="One interrupt's cost to the probe beyond its "
-                                          "handler (entry/exit; in a VM the exit to the "
-                                          "hypervisor): with kernel events, each interrupt "
+    irq_cost: Annotated[str, typer.Option(help="One interrupt's cost to the probe, its "
+                                          "sub-µs handler included (entry/exit; in a VM the "
+                                          "exit to the hypervisor): with kernel events, each "
+                                          "interrupt "
                                           "that hit the probe is charged this in a spike's "
                                           "breakdown. auto (measured on the probe CPUs for "
                                           "~25 ms before watch's own probe starts; not for "
@@ -390,7 +391,7 @@ def _print_summary(s: dict, spike_log: str | None) -> None:
           + (f", {s['queued']} of them queued behind a slow sample and given its cause"
              if s.get("queued") else "")
           + (f", {s['inherited']} inheriting the cause of a spike ms away (over the "
-             "attribution rate limit)" if s.get("inherited") else "")
+             "attribution rate limit or step budget)" if s.get("inherited") else "")
           + (f"; {s['not_attributed']} not attributed: rate limit, backlog or end of run, "
              "each logged with its reason" if s['not_attributed'] else "") + ")")
     for c, d in s["causes"].items():

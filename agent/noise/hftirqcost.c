@@ -5,7 +5,8 @@
  * A recorder thread pinned to CPU reads CLOCK_MONOTONIC in a tight loop (as hftnoise does)
  * and keeps every gap longer than max(1 us, 8 x the smallest step). The main thread, pinned
  * to SENDER_CPU, then sends COUNT IPIs to CPU with membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)
- * (Linux 4.14+: an IPI to every CPU that runs a thread of this process, here the recorder's),
+ * (Linux 4.16+, registered first: an IPI to every CPU that runs a thread of this process,
+ * here the recorder's),
  * one every SPACING_NS. The IPI arrives after the call starts, so the recorder's gap that
  * begins inside a call is that IPI: its length is the time the recorder lost to it, which is the
  * handler (an smp_mb, well under a microsecond), the kernel's entry and exit, and what the
@@ -26,6 +27,7 @@
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,8 +63,8 @@ static int pin(uint64_t cpu) {
 
 struct rec {
     uint64_t cpu;
-    volatile int ready, stop;
-    int pin_errno;
+    atomic_int ready, stop;      /* the hand-over between the two threads (C11 atomics) */
+    int pin_errno;               /* written before ready is set */
     uint64_t step;               /* the smallest step between two clock reads */
     uint64_t *gaps;              /* (start, length) pairs */
     size_t n;
@@ -72,7 +74,7 @@ static void *recorder(void *arg) {
     struct rec *r = arg;
     if (pin(r->cpu) != 0) {
         r->pin_errno = errno;
-        r->ready = 1;
+        atomic_store(&r->ready, 1);
         return NULL;
     }
     uint64_t prev = now_ns(), step = UINT64_MAX, end = prev + 5000000ull;
@@ -83,9 +85,9 @@ static void *recorder(void *arg) {
     }
     r->step = step;
     uint64_t thr = step * 8 > 1000 ? step * 8 : 1000;
-    r->ready = 1;
+    atomic_store(&r->ready, 1);
     prev = now_ns();
-    while (!r->stop) {
+    while (!atomic_load_explicit(&r->stop, memory_order_relaxed)) {
         uint64_t t = now_ns();
         if (t - prev > thr && r->n < MAX_GAPS) {
             r->gaps[2 * r->n] = prev;
@@ -133,7 +135,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cannot start the recorder thread\n");
         return 6;
     }
-    while (!r.ready) sched_yield();
+    while (!atomic_load(&r.ready)) sched_yield();
     if (r.pin_errno) {
         pthread_join(th, NULL);
         fprintf(stderr, "cannot pin to CPU %llu: %s\n", (unsigned long long)cpu,
@@ -152,7 +154,7 @@ int main(int argc, char **argv) {
         uint64_t next = a + spacing;
         while (now_ns() < next) {}
     }
-    r.stop = 1;
+    atomic_store(&r.stop, 1);
     pthread_join(th, NULL);
     /* each call's gap: the longest recorded gap that begins inside it. The IPI arrives
      * after the call starts, so its gap begins within [a, b]; it may end after b (the

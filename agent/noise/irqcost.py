@@ -10,7 +10,7 @@ it is most of what the storm costs.
 
 :func:`measure` runs agent/noise/hftirqcost.c (built on first use like the noise recorder):
 a thread spins on the CPU reading the clock while another, on a housekeeping CPU, sends it
-IPIs with ``membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`` (Linux 4.14+); the median gap an
+IPIs with ``membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`` (Linux 4.16+); the median gap an
 IPI leaves in the spinning thread is the cost. 200 IPIs, 50 µs apart: ~25 ms of one CPU.
 
 ``hftagent watch`` measures it on each probe CPU before its own probe starts (never under an
@@ -29,6 +29,7 @@ SOURCE = Path(__file__).with_name("hftirqcost.c")
 COUNT = 200
 SPACING_NS = 50_000
 TIMEOUT_S = 10.0
+_BUILD_FAILED: list[str] = []  # why the helper could not be built, once known
 MIN_MATCHED = 0.2  # fewer matched IPIs (the CPU busy with other tasks most of the time): not used
 
 
@@ -82,9 +83,12 @@ def measure(cpu: int, sender_cpu: int, *, count: int = COUNT,
     from collectors.native import NativeUnavailable, build
     if cpu == sender_cpu:
         return IrqCost(cpu, None, "no other CPU to send IPIs from: not measured")
+    if _BUILD_FAILED:  # (once per process, not once per CPU)
+        return IrqCost(cpu, None, f"not measured: {_BUILD_FAILED[0]}")
     try:
         exe = build(SOURCE, "hftirqcost", "interrupt-cost helper")
     except NativeUnavailable as exc:
+        _BUILD_FAILED.append(str(exc))
         return IrqCost(cpu, None, f"not measured: {exc}")
     try:
         r = subprocess.run([str(exe), str(cpu), str(sender_cpu), str(count), str(spacing_ns)],

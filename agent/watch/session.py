@@ -186,10 +186,9 @@ class WatchSession:
             self.warnings.append("one CPU only: the sampler shares the probe's CPU")
         # the probe CPUs are known (cpu_plan): the kernel ring records from before the probe
         # starts; --trace on refuses here (closed by stop(), which run() always calls)
-        if cfg.probe != "external":
-            # one interrupt's cost on the probe CPUs, while nothing runs there yet and
-            # before the event source traces them
-            self.trace.measure_irq_cost()
+        # one interrupt's cost on the probe CPUs, while nothing runs there yet and before
+        # the event source traces them (a given --irq-cost for an external client too)
+        self.trace.measure_irq_cost(measure=cfg.probe != "external")
         if (w := self.trace.open(self.clock())) is not None:
             self.warnings.append(w)
         if cfg.probe == "external":
@@ -269,7 +268,8 @@ class WatchSession:
             body["events"], items = self.trace.for_spike(sp)
             # where they see the cause directly (a task, IRQ or softirq on the probe CPU for
             # most of the excess) the events decide it; the polled verdict is kept
-            apply_verdict(body, items, sp.excess_ns, self.trace.tgid)
+            apply_verdict(body, items, sp.excess_ns, self.trace.tgid, p50_ns=sp.p50_ns,
+                          guest=self.trace.guest)
             if items and self.metrics is not None:
                 self.metrics.spike_causes(items)
         rec = self.records.log(sp, body)

@@ -369,8 +369,15 @@ class _Walk:
             else:
                 top = self._pop(ent.kind, lambda e: e.name == ent.name)
                 if top is not None and top[2]:  # a TLB shootdown ran in this IPI: say so
-                    self._relabel(top[1], top[0],
-                                  Entity(top[0].kind, f"{top[0].name} (TLB shootdown)"))
+                    new = Entity(top[0].kind, f"{top[0].name} (TLB shootdown)")
+                    self._relabel(top[1], top[0], new)
+                    pi = tl.probe_interrupts
+                    if not self.stack and pid in self.probe and pi.get(top[0]):
+                        # its hidden cost goes with it (one culprit label, not two)
+                        pi[top[0]] -= 1
+                        pi[new] = pi.get(new, 0) + 1
+                        if not pi[top[0]]:
+                            del pi[top[0]]
                 elif ent.kind == IPI and not self.stack:
                     self.last_exit = (ent, ev.ts_ns)
 

@@ -58,7 +58,8 @@ class SpikeEvents:
         self.irq_coster = irq_coster  # agent.noise.irqcost.measure (tests pass a fake)
         self.irq_cost_ns: dict[int, int] = {}  # probe CPU -> one interrupt's cost
         self.irq_cost_info: list[dict] = []
-        self._irq_asked = False  # measure_irq_cost was called (watch's own probe)
+        self._irq_asked = False  # measure_irq_cost was asked to measure (watch's own probe)
+        self._guest: bool | None = None
         self.mode = mode
         self.host = host
         self.cpus = list(cpus)
@@ -95,33 +96,49 @@ class SpikeEvents:
         self._opened_ns = now_ns
         return None
 
-    def measure_irq_cost(self) -> None:
+    def measure_irq_cost(self, measure: bool = True) -> None:
         """The interrupt cost per probe CPU for :func:`~.timeline.interrupt_overhead`: the
-        ``--irq-cost`` value, or (``auto``) measured now with agent/noise/irqcost.py. The
-        session calls it before it opens the source (the instance's own events on the CPU
-        would stretch the gaps) and before its own probe starts, never under an external
-        client (the helper spins on the CPU for ~25 ms). Used only where the source opens."""
-        self._irq_asked = True
-        if self.mode == "off" or self.irq_cost_mode == "off" or not self._may_open():
+        ``--irq-cost`` value, or (``auto``, with ``measure``) measured now with
+        agent/noise/irqcost.py. The session calls it before it opens the source (the
+        instance's own events on the CPU would stretch the gaps) and before its own probe
+        starts; under an external client with ``measure=False`` (the helper would spin on
+        its CPU for ~25 ms), so only a given cost applies there. Used only where the source
+        opens."""
+        if self.mode == "off" or self.irq_cost_mode == "off":
             return
-        if isinstance(self.irq_cost_mode, int):
+        if isinstance(self.irq_cost_mode, int):  # given: applies to an external probe too
             self.irq_cost_ns = {c: self.irq_cost_mode for c in self.cpus}
             self.irq_cost_info = [{"cpu": c, "cost_us": self.irq_cost_mode / 1e3,
                                    "note": "given (--irq-cost)"} for c in self.cpus]
             return
-        measure = self.irq_coster
-        if measure is None:
-            from agent.noise.irqcost import measure
+        self._irq_asked = measure
+        if not measure or not self._may_open():
+            return
+        coster = self.irq_coster
+        if coster is None:
+            from agent.noise.irqcost import measure as coster
         for cpu in self.cpus:
             if not self.housekeeping:
                 self.irq_cost_info.append({"cpu": cpu, "cost_us": None,
                                            "note": "no housekeeping CPU to send IPIs from: "
                                                    "not measured"})
                 continue
-            r = measure(cpu, self.housekeeping[0])
+            r = coster(cpu, self.housekeeping[0])
             self.irq_cost_info.append(r.to_dict())
             if r.cost_ns is not None:
                 self.irq_cost_ns[cpu] = r.cost_ns
+
+    @property
+    def guest(self) -> bool:
+        """Whether this is a virtual machine (collectors.system.virtualization; read once):
+        only there may hidden time with the probe current be called steal."""
+        if self._guest is None:
+            try:
+                from collectors.system import virtualization
+                self._guest = self.host is not None and virtualization(self.host).kind is not None
+            except Exception:  # noqa: BLE001 - unknown: never claim steal
+                self._guest = False
+        return self._guest
 
     def _may_open(self) -> bool:
         """Whether the source can open here (so a measurement is not spent where it cannot):
@@ -239,13 +256,14 @@ EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "
 WAKEUP_CAUSE = "wakeup_latency"
 
 
-def _cause_of(kind: str, culprit: str) -> str | None:
+def _cause_of(kind: str, culprit: str, guest: bool = False) -> str | None:
     if kind == IDLE and culprit == IDLE_BEFORE_WAKE:
         return WAKEUP_CAUSE
     if kind == HW:
         # the probe current on its CPU, no event at all, and the time missing from its CPU
-        # time: the hypervisor held the vCPU (firmware on bare metal: the note says which)
-        return "steal"
+        # time: in a guest, the hypervisor held the vCPU (steal); on bare metal it is SMI or
+        # firmware, which is not steal and decides nothing
+        return "steal" if guest else None
     return EVENT_CAUSE.get(kind)
 # The polled causes that events see directly and may correct: another task, an IRQ or a
 # softirq on the probe CPU (or nothing found). The others (page faults, migration, steal,
@@ -256,7 +274,7 @@ VERDICT_MIN_SHARE = 0.5   # the events' cause covers at least half the excess
 VERDICT_MIN_LEAD = 2.0    # and at least twice the next cause's time
 
 
-def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
+def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int, guest: bool = False
                   ) -> tuple[str, str, int] | None:
     """The cause the kernel events decide, as (cause, top culprit, ns), or None when they do
     not: the event kinds of a spike's breakdown summed per cause; the largest must cover
@@ -266,7 +284,7 @@ def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
     per: dict[str, int] = {}
     top: dict[str, tuple[str, int]] = {}
     for kind, culprit, ns in triples:
-        cause = _cause_of(kind, culprit)
+        cause = _cause_of(kind, culprit, guest)
         if cause is None or ns <= 0:
             continue
         per[cause] = per.get(cause, 0) + ns
@@ -283,7 +301,8 @@ def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
 
 
 def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: int,
-                  tgid_of: Callable[[int], int] | None = None) -> None:
+                  tgid_of: Callable[[int], int] | None = None, *, p50_ns: int = 0,
+                  guest: bool = False) -> None:
     """Correct the polled verdict in a spike record's ``body`` with the kernel events where
     they decide a cause the polled rules can get wrong (:data:`EVENTS_MAY_CORRECT`): the
     record's ``cause`` becomes the events', the polled one is kept as ``polled_cause``, and
@@ -294,7 +313,7 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     body["decided_by"] = "polled"
     if polled not in EVENTS_MAY_CORRECT or not ev.get("complete"):
         return
-    v = event_verdict(triples, excess_ns) or _ran_elsewhere(body, ev)
+    v = event_verdict(triples, excess_ns, guest) or _ran_elsewhere(body, ev, p50_ns)
     if v is None:
         return
     cause, culprit, ns = v
@@ -316,7 +335,7 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
         name_tasks(body, ev, tgid_of)
 
 
-def _ran_elsewhere(body: dict, ev: dict) -> tuple[str, str, int] | None:
+def _ran_elsewhere(body: dict, ev: dict, p50_ns: int = 0) -> tuple[str, str, int] | None:
     """A migration the events show although the polled counters cannot: the probe started
     and ended the sample on the traced CPU, never ran there in between (the CPU idle), and
     yet its CPU time over the sample is at least half a typical call — it computed on
@@ -325,7 +344,7 @@ def _ran_elsewhere(body: dict, ev: dict) -> tuple[str, str, int] | None:
     tl = ev.get("timeline") or {}
     ip = body.get("in_process") or {}
     cpu = tl.get("cpu")
-    p50_us = body.get("p50_us") or 0
+    p50_us = p50_ns / 1e3 if p50_ns > 0 else (body.get("p50_us") or 0)
     ents = tl.get("entities") or []
     if tl.get("probe_run_us") or cpu is None or not p50_us or not ents or \
             ip.get("cpu_start") != cpu or ip.get("cpu_end") != cpu or \
@@ -412,6 +431,7 @@ def parse_irq_cost(spec) -> str | int:
         us = float(text)
     except ValueError:
         us = -1.0
-    if not 0 < us <= 1000:
-        raise AgentError(f"--irq-cost must be auto, off or a cost in µs (0-1000], not {spec!r}")
+    if not 0 < us <= 1000 or round(us * 1000) < 1:
+        raise AgentError(f"--irq-cost must be auto, off or a cost in µs (0.001-1000), not "
+                         f"{spec!r}")
     return int(round(us * 1000))
