@@ -159,7 +159,8 @@ def test_a_probe_absent_from_its_cpu_yet_computing_ran_elsewhere_a_migration():
         return {"cause": "unexplained", "causes": [],
                 "in_process": {"cpu_start": 1, "cpu_end": 1, "cpu_ns": cpu_ns},
                 "events": {"complete": True, "timeline": {
-                    "cpu": 1, "probe_run_us": 0.0,
+                    "cpu": 1, "probe_run_us": 0.0, "wall_us": 1300.0,
+                    "events_until_us": 2100.0,
                     "entities": [{"label": IDLE_ABSENT, "kind": "idle", "us": 1300.0}]}}}
 
     b = body(410_000)
@@ -170,6 +171,10 @@ def test_a_probe_absent_from_its_cpu_yet_computing_ran_elsewhere_a_migration():
     blocked = body(5_000)
     apply_verdict(blocked, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US, p50_ns=400 * US)
     assert blocked["cause"] == "unexplained"
+    early = body(410_000)  # the read did not reach past the sample: its tail may be missing
+    early["events"]["timeline"]["events_until_us"] = 900.0
+    apply_verdict(early, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US, p50_ns=400 * US)
+    assert early["cause"] == "unexplained"
     moved = body(410_000)
     moved["in_process"]["cpu_end"] = 0  # ended elsewhere: the polled rule's own case
     apply_verdict(moved, [("idle", IDLE_ABSENT, 1_300 * US)], 900 * US, p50_ns=400 * US)
@@ -181,10 +186,17 @@ def test_hidden_time_with_the_probe_current_is_the_hypervisor_s():
     from its CPU time (hw_or_hypervisor): not the contention a run-queue wait suggested."""
     triples = [("hw_or_hypervisor", "hw_or_hypervisor", 1_260 * US), ("irq", "virtio3-tx", 7 * US)]
     b = _body("cpu_contention")
+    b["events"]["timeline"] = {"cpu": 1, "wall_us": 1800.0, "events_until_us": 2300.0}
     apply_verdict(b, triples, 1_300 * US, guest=True)
     assert b["cause"] == "steal" and b["polled_cause"] == "cpu_contention"
     assert "hypervisor" in b["causes"][0]["detail"]
     # on bare metal that time is SMI or firmware, not steal: the events decide nothing
     metal = _body("cpu_contention")
+    metal["events"]["timeline"] = dict(b["events"]["timeline"])
     apply_verdict(metal, triples, 1_300 * US, guest=False)
     assert metal["cause"] == "cpu_contention" and metal["decided_by"] == "polled"
+    # a read that did not reach past the sample's end may lack its tail: not steal either
+    short = _body("cpu_contention")
+    short["events"]["timeline"] = {"cpu": 1, "wall_us": 1800.0, "events_until_us": 1200.0}
+    apply_verdict(short, triples, 1_300 * US, guest=True)
+    assert short["cause"] == "cpu_contention"

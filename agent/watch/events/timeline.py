@@ -131,6 +131,9 @@ class Timeline:
     # events cannot time (interrupt_overhead)
     probe_interrupts: dict[Entity, int] = field(default_factory=dict)
     anomalies: int = 0  # state the events contradicted (a lost event, nesting off)
+    # the CPU's last event the window holds (after t1 when the read reached past the
+    # sample: the stretch before t1 then lacks nothing); None without events
+    seen_until_ns: int | None = None
     complete: bool = True
     reason: str | None = None
 
@@ -185,6 +188,8 @@ class Timeline:
             d["counts"] = dict(self.counts)
         if self.probe_interrupts:
             d["probe_interrupts"] = sum(self.probe_interrupts.values())
+        if self.seen_until_ns is not None:
+            d["events_until_us"] = us(self.seen_until_ns - self.t0_ns)
         if self.anomalies:
             d["anomalies"] = self.anomalies
         if self.reason:
@@ -468,6 +473,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
             names.setdefault(k, v)
     w = _Walk(cpu, probe, t0_ns, t1_ns, names)
     w.last = min(t0_ns, evs[0].ts_ns) if evs else t0_ns
+    w.tl.seen_until_ns = evs[-1].ts_ns if evs else None
     for ev in evs:
         if ev.ts_ns > t1_ns:
             break

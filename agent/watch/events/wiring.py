@@ -313,7 +313,10 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     body["decided_by"] = "polled"
     if polled not in EVENTS_MAY_CORRECT or not ev.get("complete"):
         return
-    v = event_verdict(triples, excess_ns, guest) or _ran_elsewhere(body, ev, p50_ns)
+    v = event_verdict(triples, excess_ns, guest)
+    if v is not None and v[0] == "steal" and not _read_past_end(ev):
+        v = None  # hidden time is the absence of events: a tail not read yet looks the same
+    v = v or _ran_elsewhere(body, ev, p50_ns)
     if v is None:
         return
     cause, culprit, ns = v
@@ -335,6 +338,14 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
         name_tasks(body, ev, tgid_of)
 
 
+def _read_past_end(ev: dict) -> bool:
+    """The window holds an event of the CPU at or after the sample's end, so nothing before
+    the end is missing from it (the verdicts that rest on the absence of events need it)."""
+    tl = ev.get("timeline") or {}
+    until = tl.get("events_until_us")
+    return until is not None and until >= (tl.get("wall_us") or 0)
+
+
 def _ran_elsewhere(body: dict, ev: dict, p50_ns: int = 0) -> tuple[str, str, int] | None:
     """A migration the events show although the polled counters cannot: the probe started
     and ended the sample on the traced CPU, never ran there in between (the CPU idle), and
@@ -346,6 +357,8 @@ def _ran_elsewhere(body: dict, ev: dict, p50_ns: int = 0) -> tuple[str, str, int
     cpu = tl.get("cpu")
     p50_us = p50_ns / 1e3 if p50_ns > 0 else (body.get("p50_us") or 0)
     ents = tl.get("entities") or []
+    if not _read_past_end(ev):  # a tail the read did not get yet would look like idle
+        return None
     if tl.get("probe_run_us") or cpu is None or not p50_us or not ents or \
             ip.get("cpu_start") != cpu or ip.get("cpu_end") != cpu or \
             (ip.get("cpu_ns") or 0) < 500 * p50_us or \
