@@ -223,10 +223,8 @@ def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, 
     """The spikes the box's own tasks caused, not the fault: seq → task label. A spike is
     the box's when its verdict is contention, the fault's expected cause is not, and the
     kernel events show a task outside the fault kit (not one of ``pids``) on the probe CPU
-    for at least half the excess over P50 — exact evidence, not the polled guess —, when
-    the events decided steal (the probe current with no event while its CPU time stood
-    still: the host held the vCPU; "hypervisor"), or when it inherited its cause from such
-    a spike (queued behind it). A quiet box has them too:
+    for at least half the excess over P50 — exact evidence, not the polled guess — or when
+    it inherited its cause from such a spike (queued behind it). A quiet box has them too:
     the control run counts them. Counted apart so that "right" measures the fault; the raw
     shares stay in the output."""
     out: dict[int, str] = {}
@@ -236,9 +234,6 @@ def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, 
         if src is not None:
             if src in out:
                 out[r["seq"]] = out[src]
-            continue
-        if r.get("cause") == "steal" and r.get("decided_by") == "events" and exp != "steal":
-            out[r["seq"]] = "hypervisor"  # the vCPU held by the host: no fault of the kit's
             continue
         if r.get("cause") != "cpu_contention" or exp == "cpu_contention":
             continue

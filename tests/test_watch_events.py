@@ -445,19 +445,3 @@ def test_with_spike_scans_reduced_records_do_not_wait_for_a_task_scan():
     s.reduced_by_events = {"sched_scan": {"what": "x", "from_hz": 10.0, "to_hz": 2.0}}
     s.attribute_pending(s.clock())
     assert len(recs) == 1 and not s.pending
-
-
-def test_a_probe_that_computed_elsewhere_is_a_migration_through_the_session():
-    """The session path: the polled body carries no P50 yet, so the spike's own p50_ns is
-    what the ran-elsewhere verdict compares the probe's CPU time with."""
-    idle = parse_text([_sw("probe", PROBE_TID, "100.000900", "swapper/1", 0, "S"),
-                       _line("<idle>", 0, "100.003500", "local_timer_entry: vector=236"),
-                       _line("<idle>", 0, "100.003504", "local_timer_exit: vector=236")])
-    src = FakeSource(lambda i: idle)
-    s, recs, spike = _session(lambda *a, **k: src, cpu_start=1, cpu_ns=900_000)
-    assert s.trace.open(s.clock()) is None
-    s.schedule.add(spike(1), s.clock())
-    s.attribute_pending(s.clock())
-    (rec,) = recs
-    assert rec["cause"] == "migration" and rec["decided_by"] == "events"
-    assert rec["polled_cause"] == "cpu_contention"

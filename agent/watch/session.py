@@ -268,8 +268,7 @@ class WatchSession:
             body["events"], items = self.trace.for_spike(sp)
             # where they see the cause directly (a task, IRQ or softirq on the probe CPU for
             # most of the excess) the events decide it; the polled verdict is kept
-            apply_verdict(body, items, sp.excess_ns, self.trace.tgid, p50_ns=sp.p50_ns,
-                          guest=self.trace.guest)
+            apply_verdict(body, items, sp.excess_ns, self.trace.tgid)
             if items and self.metrics is not None:
                 self.metrics.spike_causes(items)
         rec = self.records.log(sp, body)

@@ -59,7 +59,6 @@ class SpikeEvents:
         self.irq_cost_ns: dict[int, int] = {}  # probe CPU -> one interrupt's cost
         self.irq_cost_info: list[dict] = []
         self._irq_asked = False  # measure_irq_cost was asked to measure (watch's own probe)
-        self._guest: bool | None = None
         self.mode = mode
         self.host = host
         self.cpus = list(cpus)
@@ -127,18 +126,6 @@ class SpikeEvents:
             self.irq_cost_info.append(r.to_dict())
             if r.cost_ns is not None:
                 self.irq_cost_ns[cpu] = r.cost_ns
-
-    @property
-    def guest(self) -> bool:
-        """Whether this is a virtual machine (collectors.system.virtualization; read once):
-        only there may hidden time with the probe current be called steal."""
-        if self._guest is None:
-            try:
-                from collectors.system import virtualization
-                self._guest = self.host is not None and virtualization(self.host).kind is not None
-            except Exception:  # noqa: BLE001 - unknown: never claim steal
-                self._guest = False
-        return self._guest
 
     def _may_open(self) -> bool:
         """Whether the source can open here (so a measurement is not spent where it cannot):
@@ -247,8 +234,9 @@ class SpikeEvents:
 
 # What an event kind of the breakdown is, as a cause of agent/watch/causes.py. Kinds that
 # say nothing about who delayed the probe (idle after the probe blocked: its own wait;
-# unknown) and the unexplained residual decide nothing; hw_or_hypervisor is steal
-# (_cause_of).
+# unknown) and the residuals decide nothing: hw_or_hypervisor is the absence of events
+# while the probe's own counters say it did not run, which a switch the window lacks shows
+# as well as the hypervisor does (a quiet-box run showed both kinds; bench notes).
 EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "irq",
                "vector": "irq", "timer": "irq", "ipi": "irq", "softirq": "softirq"}
 # Idle before the probe woke (the CPU had nothing to run and the probe's wake-up came late)
@@ -256,14 +244,9 @@ EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "
 WAKEUP_CAUSE = "wakeup_latency"
 
 
-def _cause_of(kind: str, culprit: str, guest: bool = False) -> str | None:
+def _cause_of(kind: str, culprit: str) -> str | None:
     if kind == IDLE and culprit == IDLE_BEFORE_WAKE:
         return WAKEUP_CAUSE
-    if kind == HW:
-        # the probe current on its CPU, no event at all, and the time missing from its CPU
-        # time: in a guest, the hypervisor held the vCPU (steal); on bare metal it is SMI or
-        # firmware, which is not steal and decides nothing
-        return "steal" if guest else None
     return EVENT_CAUSE.get(kind)
 # The polled causes that events see directly and may correct: another task, an IRQ or a
 # softirq on the probe CPU (or nothing found). The others (page faults, migration, steal,
@@ -274,7 +257,7 @@ VERDICT_MIN_SHARE = 0.5   # the events' cause covers at least half the excess
 VERDICT_MIN_LEAD = 2.0    # and at least twice the next cause's time
 
 
-def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int, guest: bool = False
+def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
                   ) -> tuple[str, str, int] | None:
     """The cause the kernel events decide, as (cause, top culprit, ns), or None when they do
     not: the event kinds of a spike's breakdown summed per cause; the largest must cover
@@ -284,7 +267,7 @@ def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int, guest: bo
     per: dict[str, int] = {}
     top: dict[str, tuple[str, int]] = {}
     for kind, culprit, ns in triples:
-        cause = _cause_of(kind, culprit, guest)
+        cause = _cause_of(kind, culprit)
         if cause is None or ns <= 0:
             continue
         per[cause] = per.get(cause, 0) + ns
@@ -301,8 +284,7 @@ def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int, guest: bo
 
 
 def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: int,
-                  tgid_of: Callable[[int], int] | None = None, *, p50_ns: int = 0,
-                  guest: bool = False) -> None:
+                  tgid_of: Callable[[int], int] | None = None) -> None:
     """Correct the polled verdict in a spike record's ``body`` with the kernel events where
     they decide a cause the polled rules can get wrong (:data:`EVENTS_MAY_CORRECT`): the
     record's ``cause`` becomes the events', the polled one is kept as ``polled_cause``, and
@@ -313,10 +295,7 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     body["decided_by"] = "polled"
     if polled not in EVENTS_MAY_CORRECT or not ev.get("complete"):
         return
-    v = event_verdict(triples, excess_ns, guest)
-    if v is not None and v[0] == "steal" and not _read_past_end(ev):
-        v = None  # hidden time is the absence of events: a tail not read yet looks the same
-    v = v or _ran_elsewhere(body, ev, p50_ns)
+    v = event_verdict(triples, excess_ns)
     if v is None:
         return
     cause, culprit, ns = v
@@ -331,51 +310,15 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
         "cause": cause, "score": round(min(1.0, ns / excess_ns), 3), "strength": 1.0,
         # stable (the summary counts details), in the polled rules' words
         "detail": _verdict_detail(cause, culprit, (ev.get("timeline") or {}).get("cpu", "?")),
-        "evidence": {"probe_cpu_us" if cause == "migration" else "events_us":
-                     round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
+        "evidence": {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
                      "culprit": culprit}})
     if cause == "cpu_contention":
         name_tasks(body, ev, tgid_of)
 
 
-def _read_past_end(ev: dict) -> bool:
-    """The window holds an event of the CPU at or after the sample's end, so nothing before
-    the end is missing from it (the verdicts that rest on the absence of events need it)."""
-    tl = ev.get("timeline") or {}
-    until = tl.get("events_until_us")
-    return until is not None and until >= (tl.get("wall_us") or 0)
-
-
-def _ran_elsewhere(body: dict, ev: dict, p50_ns: int = 0) -> tuple[str, str, int] | None:
-    """A migration the events show although the polled counters cannot: the probe started
-    and ended the sample on the traced CPU, never ran there in between (the CPU idle), and
-    yet its CPU time over the sample is at least half a typical call — it computed on
-    another CPU and came back (an affinity flip and back, between the in-process reads of
-    the CPU at the start and the end). A probe blocked throughout has no such CPU time."""
-    tl = ev.get("timeline") or {}
-    ip = body.get("in_process") or {}
-    cpu = tl.get("cpu")
-    p50_us = p50_ns / 1e3 if p50_ns > 0 else (body.get("p50_us") or 0)
-    ents = tl.get("entities") or []
-    if not _read_past_end(ev):  # a tail the read did not get yet would look like idle
-        return None
-    if tl.get("probe_run_us") or cpu is None or not p50_us or not ents or \
-            ip.get("cpu_start") != cpu or ip.get("cpu_end") != cpu or \
-            (ip.get("cpu_ns") or 0) < 500 * p50_us or \
-            any(e.get("kind") != IDLE for e in ents):
-        return None
-    return "migration", "another CPU", int(ip.get("cpu_ns") or 0)
-
-
 def _verdict_detail(cause: str, culprit: str, cpu) -> str:
     if cause == WAKEUP_CAUSE:
         return f"CPU {cpu} idle while the probe's wake-up came late (kernel events)"
-    if cause == "steal":
-        return (f"the probe was current on CPU {cpu} with no event, for time its CPU time does "
-                "not contain: the hypervisor (or firmware) held the CPU (kernel events)")
-    if cause == "migration":
-        return (f"the probe ran on another CPU: CPU {cpu}, where it started and ended, was "
-                "idle throughout (kernel events)")
     return f"{culprit} ran on CPU {cpu} (kernel events)"
 
 
