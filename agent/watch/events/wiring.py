@@ -233,10 +233,10 @@ class SpikeEvents:
 
 
 # What an event kind of the breakdown is, as a cause of agent/watch/causes.py. Kinds that
-# say nothing about who delayed the probe (idle after the probe blocked: its own wait;
-# unknown) and the residuals decide nothing: hw_or_hypervisor is the absence of events
-# while the probe's own counters say it did not run, which a switch the window lacks shows
-# as well as the hypervisor does (a quiet-box run showed both kinds; bench notes).
+# say nothing about who delayed the probe (idle after the probe blocked: its own wait; idle
+# with the probe never on the CPU; unknown) and the residuals decide nothing:
+# hw_or_hypervisor is the absence of events while the probe's own counters say it did not
+# run, which a switch the window lacks shows as well as the hypervisor does (docs/events.md).
 EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "irq",
                "vector": "irq", "timer": "irq", "ipi": "irq", "softirq": "softirq"}
 # Idle before the probe woke (the CPU had nothing to run and the probe's wake-up came late)
