@@ -351,3 +351,19 @@ def test_a_probe_that_never_ran_in_the_window_is_not_a_late_wake_up():
     tl = timeline(evs(text), 1, {PROBE}, T0, T1)
     labels = totals_by_label(tl)
     assert IDLE_ABSENT in labels and IDLE_BEFORE_WAKE not in labels
+
+
+def test_a_switch_in_the_kernel_did_not_record_is_inferred_from_the_next_event():
+    """Kernel 6.18 (the dev VM, the GPU box) records no sched_switch from idle: the probe's
+    switch-in is missing, its switch-out after the window says it was current at the end."""
+    text = "\n".join([
+        sw("probe", PROBE, "100.000900", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.001100", "local_timer_entry: vector=236", "d.h1."),
+        line("<idle>", 0, "100.001104", "local_timer_exit: vector=236", "d.h1."),
+        # (swapper/1 -> probe at ~100.0016 not recorded)
+        sw("probe", PROBE, "100.003500", "swapper/1", 0, "S"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    t = totals_by_label(tl)
+    assert t["probe probe[4242]"] == 1896 * US  # from the tick's exit to the window's end
+    assert tl.probe_run_ns == 1896 * US

@@ -474,12 +474,21 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     w = _Walk(cpu, probe, t0_ns, t1_ns, names)
     w.last = min(t0_ns, evs[0].ts_ns) if evs else t0_ns
     w.tl.seen_until_ns = evs[-1].ts_ns if evs else None
+    after = None
     for ev in evs:
         if ev.ts_ns > t1_ns:
+            after = ev
             break
         w.step(ev)
-    # the rest of the window: whoever is current after the last event
-    w.charge(t1_ns, w.current(w.task), w.task)
+    # the rest of the window: whoever the first event after it says was current (its
+    # common_pid; a switch's prev), as every interval before an event is charged; without
+    # one, whoever is current after the last event. The kernel does not always record the
+    # switch in (on 6.18 the dev VM and the GPU box record no sched_switch from idle at
+    # all), so the task after the last event can be stale where the next one is not.
+    if after is not None:
+        w.charge(t1_ns, w._unmatched_exit(after) or w.current(after.pid), after.pid)
+    else:
+        w.charge(t1_ns, w.current(w.task), w.task)
     w.finish()
     tl = w.tl
     tl.complete = complete
