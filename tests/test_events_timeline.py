@@ -354,7 +354,7 @@ def test_a_probe_that_never_ran_in_the_window_is_not_a_late_wake_up():
 
 
 def test_a_switch_in_the_kernel_did_not_record_is_inferred_from_the_next_event():
-    """Kernel 6.18 (the dev VM, the GPU box) records no sched_switch from idle: the probe's
+    """The dev VM's kernel (6.18) records no sched_switch from idle: the probe's
     switch-in is missing, its switch-out after the window says it was current at the end."""
     text = "\n".join([
         sw("probe", PROBE, "100.000900", "swapper/1", 0, "S"),

@@ -483,8 +483,8 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     # the rest of the window: whoever the first event after it says was current (its
     # common_pid; a switch's prev), as every interval before an event is charged; without
     # one, whoever is current after the last event. The kernel does not always record the
-    # switch in (on 6.18 the dev VM and the GPU box record no sched_switch from idle at
-    # all), so the task after the last event can be stale where the next one is not.
+    # switch in (the dev VM's 6.18 guest kernel records no sched_switch from idle at all),
+    # so the task after the last event can be stale where the next one is not.
     if after is not None:
         w.charge(t1_ns, w._unmatched_exit(after) or w.current(after.pid), after.pid)
     else:
