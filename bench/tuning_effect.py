@@ -487,31 +487,31 @@ def rt_permitted() -> bool:
                           timeout=30).returncode == 0
 
 
-def cpu_counters(cpu: int) -> dict[str, int]:
+def cpu_counters(cpu: int, host=None) -> dict[str, int]:
     """The target CPU's steal/irq/softirq ticks (/proc/stat) and interrupts taken (the sum of
     its /proc/interrupts column), to say per block what else the CPU saw."""
+    from collectors.host import Host
+    from collectors.parsers import parse_interrupts, parse_proc_stat
+    host = host or Host()
     out = {"steal_ticks": 0, "irq_ticks": 0, "softirq_ticks": 0, "interrupts": 0}
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in open("/proc/stat"):
-            if line.startswith(f"cpu{cpu} "):
-                f = [int(x) for x in line.split()[1:]]
-                out.update(irq_ticks=f[5], softirq_ticks=f[6], steal_ticks=f[7])
-                break
-        with open("/proc/interrupts") as fh:
-            cols = fh.readline().split()
-            i = cols.index(f"CPU{cpu}")
-            for line in fh:
-                parts = line.split()
-                if len(parts) > i + 1 and parts[i + 1].isdigit():
-                    out["interrupts"] += int(parts[i + 1])
+    st = host.read(host.proc("stat")).map(parse_proc_stat)  # (a parse error: not ok)
+    if st.ok and cpu in st.value.cpus:
+        t = st.value.cpus[cpu]
+        out.update(irq_ticks=t.get("irq", 0), softirq_ticks=t.get("softirq", 0),
+                   steal_ticks=t.get("steal", 0))
+    irqs = host.read(host.proc("interrupts")).map(parse_interrupts)
+    if irqs.ok and cpu in irqs.value[0]:
+        i = irqs.value[0].index(cpu)
+        out["interrupts"] = sum(r.counts[i] for r in irqs.value[1] if len(r.counts) > i)
     return out
 
 
 def block_figures(lat: np.ndarray, c0: dict, c1: dict) -> dict:
-    """One block's own quantiles and the target CPU's counter deltas over it."""
+    """One block's own nearest-rank quantiles (agent.stats) and the target CPU's counter
+    deltas over it."""
     a = np.sort(np.asarray(lat))
-    q = lambda p: int(a[min(len(a) - 1, int(np.ceil(p * len(a))) - 1)]) if len(a) else None  # noqa: E731
-    return {"n": int(len(a)), "p50_ns": q(0.5), "p99_ns": q(0.99), "max_ns": q(1.0)} | {
+    q = (lambda p: int(stats.quantile_sorted(a, p))) if len(a) else (lambda p: None)
+    return {"n": int(len(a)), "p50_ns": q(50.0), "p99_ns": q(99.0), "max_ns": q(100.0)} | {
         k: c1[k] - c0[k] for k in c0}
 
 
