@@ -38,6 +38,24 @@ while True:
 """
 
 
+def steal_ticks(cpu: int) -> int:
+    """The ``steal`` column of ``cpuN`` in /proc/stat (USER_HZ ticks; 0 where not reported)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            fields = line.split()
+            if fields[0] == f"cpu{cpu}":
+                return int(fields[8]) if len(fields) > 8 else 0
+    return 0
+
+
+def disturbed(slow_share_ivcsw: float | None, steal: int, p50_ratio: float) -> bool:
+    """Evidence that a failed clean run was really slower, not a false alarm of the gate: its
+    slow samples were mostly preempted, the hypervisor stole ≥ 2 ticks of the probe CPU while
+    it ran, or its median moved by ≥ 15 % (the whole run, not only its tail)."""
+    return ((slow_share_ivcsw or 0.0) >= 0.5 or steal >= 2
+            or not (1 / 1.15 < p50_ratio < 1.15))
+
+
 def start_hog(cpu: int) -> subprocess.Popen:
     """A periodic CPU hog on ``cpu``: 2 ms busy every ~10 ms, SCHED_FIFO when permitted.
 
@@ -71,12 +89,18 @@ def test_gate_passes_two_runs_and_fails_a_hogged_one(tmp_path):
     # evidence (214 → 256 µs, interval [+14 %, +24 %]) - run-to-run variance that a
     # within-run bootstrap cannot see. The 10 % figures are proven on synthetic samples
     # (test_gate_stats.py).
-    # This VM is shared: another process pinned to our CPU can genuinely degrade a "clean"
-    # run, and then the gate is right to fail it. Such a failure is accepted (and the run
-    # re-measured) only when the probe's own evidence shows it: its slow samples were
-    # preempted (involuntary context switches). An unexplained failure is a false alarm.
+    # This VM is shared: another process pinned to our CPU, or the hypervisor, can genuinely
+    # degrade a "clean" run, and then the gate is right to fail it. Such a failure is accepted
+    # (and the run re-measured) only when evidence shows it: the probe's slow samples were
+    # preempted (involuntary context switches), the hypervisor stole time from the probe's CPU
+    # during the run, or the whole run moved (its median too, not only the tail: the host got
+    # slower, as in one CI run here, P99 232 → 408 µs with no context switch). An unexplained
+    # failure is a false alarm.
+    base_p50 = result.runs[0].latency["p50_ns"]
     for _attempt in range(3):
+        steal0 = steal_ticks(cpu)
         result, arrays = run_probe(settings, [cfg])
+        stolen = steal_ticks(cpu) - steal0
         assert result.runs[0].ok, result.runs[0].reason
         (rid,) = record_probe(result, arrays, command="probe", db=db)
         ok = hftagent("gate", "--run", "latest", "--json", "--seed", "1", "--max-jitter-rate",
@@ -84,9 +108,11 @@ def test_gate_passes_two_runs_and_fails_a_hogged_one(tmp_path):
         if ok.returncode == 0:
             break
         att = result.runs[0].attribution
-        assert ok.returncode == 1 and att["slow_share_ivcsw"] >= 0.5, ok.stdout + ok.stderr
+        moved = result.runs[0].latency["p50_ns"] / base_p50
+        assert ok.returncode == 1 and disturbed(att["slow_share_ivcsw"], stolen, moved), (
+            f"steal ticks {stolen}, P50 ratio {moved:.2f}\n" + ok.stdout + ok.stderr)
     else:
-        pytest.fail("three clean runs in a row were preempted by other processes")
+        pytest.fail("three clean runs in a row were disturbed (preempted, stolen or slowed)")
     doc = json.loads(ok.stdout)
     (v,) = doc["verdicts"]
     assert v["current"] == f"run {rid}" and v["baseline"] == "run 1" and v["status"] == "pass"
