@@ -327,6 +327,27 @@ def test_refit_resizes_from_the_measured_rate(host):
         src.close()
 
 
+def test_grow_doubles_the_rings_within_the_bound(host):
+    src = _open(host, buffer_s=1, rate_hint=1_000)  # the minimum
+    try:
+        kb = src.buffer_kb
+        line = src.grow()
+        assert line is not None and "doubled after" in line
+        got = (src.path / "per_cpu" / f"cpu{CPU}" / "buffer_size_kb").read_text().split()[0]
+        # what the kernel made of it (it rounds up to whole pages)
+        assert src.buffer_kb == int(got) and 2 * kb <= int(got) <= 2 * kb + 8
+        assert src.sizing == line
+        for _ in range(12):  # up to the bound, never past it
+            if src.grow() is None:
+                break
+            assert src.buffer_kb <= tfs.MAX_CPU_KB + 8
+        assert src.grow() is None and src.buffer_kb >= tfs.MAX_CPU_KB // 2
+        assert src.keep_bytes <= tfs.KEEP_MAX_BYTES
+    finally:
+        src.close()
+    assert src.grow() is None  # closed
+
+
 def test_bad_cpus_and_reader_are_one_line(host):
     got = EventSource.open(host, [4096])
     assert not got and "not online" in got.reason

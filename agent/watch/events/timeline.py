@@ -502,26 +502,32 @@ HW, UNEXPLAINED = EVENT_RESIDUALS  # "hw_or_hypervisor", "unexplained"
 
 
 HIDDEN_IRQ = "interrupt entry/exit (hidden)"
+SLOWED = "probe slowed after interrupts (est.)"
 
 
 def breakdown(tl: Timeline, excess_ns: int, *, hw: HwNoise | None = None,
-              irq_cost_ns: int | None = None, min_ns: int = 1_000) -> list[tuple[str, int]]:
+              irq_cost_ns: int | None = None, slowdown_ns: int | None = None,
+              min_ns: int = 1_000) -> list[tuple[str, int]]:
     """The excess of a sample over P50 by what took the CPU from the probe, largest first,
     then ``hw_or_hypervisor`` (when ``hw`` found hidden time), the interrupts' hidden entry
-    and exit (:func:`interrupt_overhead`, with ``irq_cost_ns``) and ``unexplained``:
-    ``excess - sum(items)``, never below 0. Items are real durations from the timeline
-    (not scaled): they can sum to more than the excess when a typical sample also has some
-    of them (a tick); the residual is then 0. Items under ``min_ns`` are left out (they
+    and exit (:func:`interrupt_overhead`, with ``irq_cost_ns``), the probe's own slowdown
+    after them (``slowdown_ns`` per interrupt: the in-situ estimate of
+    agent/watch/events/wiring.py :class:`SlowdownEstimate`, from earlier spikes) and
+    ``unexplained``: ``excess - sum(items)``, never below 0. Items are real durations from
+    the timeline (not scaled): they can sum to more than the excess when a typical sample
+    also has some of them (a tick); the residual is then 0. The two per-interrupt items are
+    capped at what the items before them leave. Items under ``min_ns`` are left out (they
     stay in ``tl.totals``). An incomplete timeline names only what its events show: what it
     cannot see is in the residual."""
     items = [(e.label, ns) for e, ns in tl.ranked() if e.kind != PROBE and ns >= min_ns]
     if hw is not None and hw.hidden_ns:
         items.append((HW, hw.hidden_ns))
     explained = sum(ns for _, ns in items)
-    hidden = sum(interrupt_overhead(tl, irq_cost_ns, int(excess_ns) - explained).values())
-    if hidden >= min_ns:
-        items.append((HIDDEN_IRQ, hidden))
-        explained += hidden
+    for label, per in ((HIDDEN_IRQ, irq_cost_ns), (SLOWED, slowdown_ns)):
+        ns = sum(interrupt_overhead(tl, per, int(excess_ns) - explained).values())
+        if ns >= min_ns:
+            items.append((label, ns))
+            explained += ns
     items.append((UNEXPLAINED, max(0, int(excess_ns) - explained)))
     return items
 

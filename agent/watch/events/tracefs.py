@@ -853,6 +853,29 @@ class EventSource:
         self.sizing = why + " (measured)"
         return self.sizing
 
+    def grow(self) -> str | None:
+        """Double the probe CPUs' rings after events were lost (a storm beyond the rate the
+        ring was sized for: :meth:`refit` measures the rate once, after warm-up), within
+        MAX_CPU_KB and MAX_TOTAL_KB: memory stays bounded whatever the rate, and what was
+        lost stays counted. Content is kept (the kernel resizes in place). Returns the new
+        sizing line; None at the bound or closed."""
+        if self._closed:
+            return None
+        kb = min(MAX_CPU_KB, MAX_TOTAL_KB // max(1, len(self.cpus)), self.buffer_kb * 2)
+        if kb <= self.buffer_kb:
+            return None
+        try:
+            for c in self.cpus:
+                _write(self.path / "per_cpu" / f"cpu{c}" / "buffer_size_kb", str(kb))
+            got = _read(self.path / "per_cpu" / f"cpu{self.cpus[0]}" / "buffer_size_kb").split()
+        except OSError as exc:
+            return f"resize refused: {exc.strerror or exc}"
+        kb = int(got[0]) if got and got[0].isdigit() else kb  # (the kernel rounds to pages)
+        self.buffer_kb = kb
+        self.keep_bytes = min(KEEP_MAX_BYTES, kb * 1024)
+        self.sizing = f"{kb} KiB per probe CPU (doubled after {self.lost():,} events were lost)"
+        return self.sizing
+
     def describe(self) -> dict:
         """What the source is, for the run header / --json."""
         return {"instance": self.host.display(self.path) if self.host else str(self.path),

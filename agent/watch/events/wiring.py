@@ -19,6 +19,8 @@ error of the run.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable
 
 from agent.errors import AgentError
@@ -29,6 +31,7 @@ from .timeline import (
     IDLE,
     IDLE_BEFORE_WAKE,
     PROBE,
+    SLOWED,
     UNEXPLAINED,
     breakdown,
     format_breakdown,
@@ -42,6 +45,54 @@ MODES = ("auto", "on", "off", "mount")
 MARGIN_BEFORE_NS = 2_000_000  # events before the intended start: who was on the CPU then
 MARGIN_AFTER_NS = 1_000_000
 REFIT_AFTER_S = 2.0  # the rate measured over at least this long before refit()
+GROW_EVERY_NS = 1_000_000_000  # after lost events the rings double, at most once a second
+SLOWDOWN_MIN_INTERRUPTS = 20  # a spike interrupted this often measures the probe's slowdown
+SLOWDOWN_MIN_SPIKES = 5       # earlier such spikes before the estimate is used
+SLOWDOWN_KEPT = 64            # the latest ones per probe CPU
+SLOWDOWN_MAX_SPREAD = 0.5     # their interquartile range at most this share of the median
+
+
+class SlowdownEstimate:
+    """What each interrupt costs the probe's own code beyond its measured entry and exit,
+    measured in situ from earlier spikes on the same CPU.
+
+    An interrupt evicts part of the probe's cache and TLB working set (a NET_RX softirq
+    touches socket buffers, skbs and its own code), so the probe runs longer after it: that
+    time shows as the probe's own run time in the timeline and as the residual of the
+    breakdown. agent/noise/irqcost.py measures the entry and exit with an empty handler and
+    a spinner's tiny working set, so it cannot see this part; the probe's own spikes can.
+    Each complete timeline with at least :data:`SLOWDOWN_MIN_INTERRUPTS` interrupts of the
+    probe gives one observation: the probe's run time over the sample's P50 (less the hidden
+    time hw_noise found and the measured entry/exit), per interrupt. The estimate for the
+    next spike is the median of the last :data:`SLOWDOWN_KEPT` observations once there are
+    :data:`SLOWDOWN_MIN_SPIKES`, and only while they agree (interquartile range within
+    :data:`SLOWDOWN_MAX_SPREAD` of the median); a spike never uses its own observation.
+    Measured on the development VM and the GPU machine under the kit's softirq flood
+    (docs/benchmarks.md): 2-4 µs per interrupt beyond 1.3-5.5 µs of entry and exit."""
+
+    def __init__(self) -> None:
+        self._obs: dict[int, deque[float]] = {}
+
+    def observe(self, cpu: int, tl, p50_ns: int, cost_ns: int | None,
+                hidden_ns: int | None = None) -> None:
+        n = sum(tl.probe_interrupts.values())
+        if n < SLOWDOWN_MIN_INTERRUPTS or not tl.complete or tl.probe_run_ns <= 0 or p50_ns <= 0:
+            return
+        surplus = tl.probe_run_ns - p50_ns - (hidden_ns or 0)
+        self._obs.setdefault(cpu, deque(maxlen=SLOWDOWN_KEPT)).append(
+            surplus / n - (cost_ns or 0))
+
+    def per_interrupt(self, cpu: int) -> tuple[int | None, int]:
+        """(ns per interrupt or None, the observations it rests on)."""
+        xs = sorted(self._obs.get(cpu, ()))
+        n = len(xs)
+        if n < SLOWDOWN_MIN_SPIKES:
+            return None, n
+        med = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+        iqr = xs[(3 * n) // 4] - xs[n // 4]
+        if med <= 0 or iqr > SLOWDOWN_MAX_SPREAD * med:
+            return None, n
+        return int(med), n
 
 
 class SpikeEvents:
@@ -58,6 +109,7 @@ class SpikeEvents:
         self.irq_coster = irq_coster  # agent.noise.irqcost.measure (tests pass a fake)
         self.irq_cost_ns: dict[int, int] = {}  # probe CPU -> one interrupt's cost
         self.irq_cost_info: list[dict] = []
+        self.slowdown = SlowdownEstimate()
         self._irq_asked = False  # measure_irq_cost was asked to measure (watch's own probe)
         self.mode = mode
         self.host = host
@@ -74,6 +126,9 @@ class SpikeEvents:
         self.read_cpu_ns = 0   # the reading thread's CPU time in them (the cost)
         self._opened_ns = 0
         self._refitted = False
+        self._lost_seen = 0
+        self._grown_ns: int | None = None
+        self.grow_notes: list[str] = []  # each time the rings doubled after lost events
         self._ran = False
         self._final: dict = {}  # the source's description, rate and losses at close
 
@@ -153,6 +208,25 @@ class SpikeEvents:
         except Exception as exc:  # noqa: BLE001 - a resize is best effort
             self.refit_note = f"refit failed: {type(exc).__name__}: {exc}"
 
+    def maybe_grow(self, now_ns: int) -> None:
+        """Double the rings when events were lost since the last look (the refit rate was a
+        quiet one and a storm came), at most once per GROW_EVERY_NS, up to the source's
+        bound (:meth:`EventSource.grow`)."""
+        if self.source is None or (self._grown_ns is not None and
+                                   now_ns - self._grown_ns < GROW_EVERY_NS):
+            return
+        try:
+            lost = self.source.lost()
+            if lost <= self._lost_seen:
+                return
+            self._lost_seen = lost
+            self._grown_ns = now_ns
+            note = self.source.grow()
+        except Exception as exc:  # noqa: BLE001 - a resize is best effort
+            note = f"grow failed: {type(exc).__name__}: {exc}"
+        if note and len(self.grow_notes) < 8:
+            self.grow_notes.append(note)
+
     def for_spike(self, sp) -> tuple[dict, list[tuple[str, str, int]]]:
         """The spike record's ``events`` part and the breakdown as (cause, culprit, ns)
         triples for the metrics (empty when the window could not be read)."""
@@ -164,13 +238,16 @@ class SpikeEvents:
                           comms=win.comms, complete=win.complete, reason=win.reason)
             hw = hw_noise(tl, probe_cpu_ns=sp.cpu_ns if sp.cpu_ns >= 0 else None)
             cost = self.irq_cost_ns.get(cpu)
-            items = breakdown(tl, sp.excess_ns, hw=hw, irq_cost_ns=cost)
+            slow, slow_n = self.slowdown.per_interrupt(cpu)
+            items = breakdown(tl, sp.excess_ns, hw=hw, irq_cost_ns=cost, slowdown_ns=slow)
+            self.slowdown.observe(cpu, tl, sp.p50_ns, cost, hw.hidden_ns)
         except Exception as exc:  # noqa: BLE001 - a bad window never ends the run
             self.windows += 1
             self.incomplete += 1
             return {"complete": False,
                     "reason": f"event window not read: {type(exc).__name__}: {exc}"}, []
         self.windows += 1
+        self.maybe_grow(time.monotonic_ns())  # (the read drained the kernel's pages)
         self.read_ns += win.read_ns
         self.read_cpu_ns += win.cpu_ns
         if not tl.complete:
@@ -183,6 +260,9 @@ class SpikeEvents:
                "read_cpu_us": round(win.cpu_ns / 1e3, 1)}
         if cost is not None:
             out["irq_cost_us"] = round(cost / 1e3, 2)
+        if slow is not None:
+            out["slowdown_us_per_irq"] = round(slow / 1e3, 2)
+            out["slowdown_from_spikes"] = slow_n
         if win.lost:
             out["lost_events"] = win.lost
         return out, _triples(tl, items, cost)
@@ -204,6 +284,8 @@ class SpikeEvents:
         d.update(self._source_info() if self.source is not None else self._final)
         if self.refit_note:
             d["refit"] = self.refit_note
+        if self.grow_notes:
+            d["grown"] = list(self.grow_notes)
         if self.irq_cost_mode != "off" and self._ran:
             d["irq_cost"] = self.irq_cost_info or [
                 {"note": "not measured: the probe is external (give --irq-cost US)"
@@ -363,15 +445,16 @@ def _triples(tl, items: list[tuple[str, int]], irq_cost_ns: int | None = None
              ) -> list[tuple[str, str, int]]:
     """The breakdown's items as (cause, culprit, ns): the entity kind and its short name
     (:attr:`~.timeline.Entity.culprit`); ``hw_or_hypervisor`` and ``unexplained`` are their
-    own cause and culprit; the interrupts' hidden entry/exit goes to the interrupts, each
-    its share (as :func:`~.timeline.interrupt_overhead` split it)."""
+    own cause and culprit; the interrupts' hidden entry/exit and the probe's slowdown after
+    them go to the interrupts, each its share of the count (as
+    :func:`~.timeline.interrupt_overhead` splits them)."""
     by_label = {e.label: e for e, _ in tl.ranked() if e.kind != PROBE}
     out = []
     for label, ns in items:
         if label in (HW, UNEXPLAINED):
             out.append((label, label, ns))
-        elif label == HIDDEN_IRQ:
-            share = interrupt_overhead(tl, irq_cost_ns, ns)
+        elif label in (HIDDEN_IRQ, SLOWED):  # each interrupt its share, as counted
+            share = interrupt_overhead(tl, irq_cost_ns or 1, ns)
             out.extend((e.kind, e.culprit, n) for e, n in share.items() if n > 0)
         elif (e := by_label.get(label)) is not None:
             out.append((e.kind, e.culprit, ns))
