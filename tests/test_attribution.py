@@ -480,3 +480,30 @@ def test_others_share_is_the_scans_cpu_time_over_their_span():
     assert s.others_share(int(7e9), int(7.1e9), [1]) == 0.5  # 2 s of a sustained 50 %: used
     s.scans.append(Scan(14 * 10**9, 10 * 10**9, [TaskRun(9, 9, "hog", 1, 3 * 10**9, "R")]))
     assert s.others_share(int(12e9), int(12.1e9), [1]) is None  # over 4 s: never
+
+
+def test_a_slow_call_right_after_the_probe_s_page_ins_is_page_faults(rng):
+    """The GPU machine's memory_pressure: after the first page-out wave, calls with no fault
+    of their own ran 4 ms on the CPU (usual 1 ms) and no event showed anything else. With
+    major faults among the probe's recent samples that is the page-ins' after-effect; the
+    same slow call without them, or a call at its usual CPU time, is not."""
+    n = 500
+    cpu = rng.normal(1.0 * MS, 0.02 * MS, n)
+    faulted = np.column_stack([np.zeros(n), np.r_[np.zeros(n - 40), np.full(40, 3)],
+                               np.zeros(n), np.zeros(n), cpu])
+    slow = spike(cpu_ns=4 * MS, minflt=0, majflt=0)
+    a = Attributor(quiet_rings(rng), [1]).attribute(slow, faulted)
+    assert a.cause == "page_faults", [(c.cause, c.strength, c.detail) for c in a.causes]
+    ev = a.causes[0].evidence["after_faults"]
+    assert ev["recent_majflt"] == 120 and 950 <= ev["cpu_median_us"] <= 1050
+    assert "no major fault of its own" in a.causes[0].detail
+    clean = faulted.copy()
+    clean[:, 1] = 0
+    b = Attributor(quiet_rings(rng), [1]).attribute(slow, clean)
+    assert b.cause != "page_faults"
+    usual = spike(cpu_ns=int(1.2 * MS), minflt=0, majflt=0)
+    c = Attributor(quiet_rings(rng), [1]).attribute(usual, faulted)
+    assert c.cause != "page_faults"
+    # a baseline without the CPU column (an external source's): the rule says nothing
+    d = Attributor(quiet_rings(rng), [1]).attribute(slow, faulted[:, :4])
+    assert d.cause != "page_faults"
