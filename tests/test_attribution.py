@@ -495,7 +495,8 @@ def test_a_slow_call_right_after_the_probe_s_page_ins_is_page_faults(rng):
     a = Attributor(quiet_rings(rng), [1]).attribute(slow, faulted)
     assert a.cause == "page_faults", [(c.cause, c.strength, c.detail) for c in a.causes]
     ev = a.causes[0].evidence["after_faults"]
-    assert ev["recent_majflt"] == 120 and 950 <= ev["cpu_median_us"] <= 1050
+    assert ev["recent_majflt"] == 120 and ev["recent_paged_samples"] == 40
+    assert 950 <= ev["cpu_median_us"] <= 1050
     assert "no major fault of its own" in a.causes[0].detail
     clean = faulted.copy()
     clean[:, 1] = 0
@@ -507,3 +508,9 @@ def test_a_slow_call_right_after_the_probe_s_page_ins_is_page_faults(rng):
     # a baseline without the CPU column (an external source's): the rule says nothing
     d = Attributor(quiet_rings(rng), [1]).attribute(slow, faulted[:, :4])
     assert d.cause != "page_faults"
+    # swap-ins that were swap-cache hits (minor faults only) count as page-ins too
+    minor = clean.copy()
+    minor[-30:, 0] = 17
+    e = Attributor(quiet_rings(rng), [1]).attribute(slow, minor)
+    assert e.cause == "page_faults"
+    assert e.causes[0].evidence["after_faults"]["recent_paged_samples"] == 30

@@ -21,7 +21,7 @@ HOST_Z_MIN = 3
 HOST_BONUS, HOST_MAX = 0.05, 0.95  # host-wide reclaim next to the sample's own faults
 HOST_ONLY = 0.3  # host-wide reclaim/compaction, not seen in-process
 PSI_BASE, PSI_MAX = 0.3, 0.8  # PSI_BASE + the stall's share of the excess, at most PSI_MAX
-# After-effect: the probe's pages came back (major faults among its recent samples) and this
+# After-effect: the probe's pages came back (page-ins among its recent samples) and this
 # call, with no fault of its own, ran AFTER_CPU_RATIO × its usual CPU time or more. Reclaimed
 # memory comes back cold in the caches and TLB, and a reclaimed huge page comes back as
 # small pages, so the call is slower with nothing else to see: on the GPU machine, 20
@@ -68,8 +68,8 @@ def page_faults(ctx: Context) -> CauseScore | None:
             ev["after_faults"] = after
             details.append(
                 f"ran {sp.cpu_ns / 1e6:.1f} ms on the CPU (usual {after['cpu_median_us'] / 1e3:.1f}"
-                f" ms) with no major fault of its own, after {after['recent_majflt']} major fault(s) "
-                f"of the probe in its last {after['recent_samples']} samples: its memory came "
+                f" ms) with no major fault of its own, after {after['recent_paged_samples']} of "
+                f"the probe's last {after['recent_samples']} samples paged in: its memory came "
                 "back slower (cold caches and TLB, huge pages split by reclaim)")
     v = views.get("sched")
     if v is not None and sp.minflt < 0:
@@ -99,15 +99,20 @@ def page_faults(ctx: Context) -> CauseScore | None:
 
 
 def _after_faults(ctx: Context) -> tuple[float, dict | None]:
-    """(AFTER, evidence) when the call ran far over its usual CPU time with no fault of its
-    own while the probe's recent samples had major faults; (0, None) otherwise."""
+    """(AFTER, evidence) when the call ran far over its usual CPU time with no major fault
+    of its own while some of the probe's recent samples paged in (a major fault, or minor
+    faults MINOR_EXCESS_MIN over the usual: swap-cache hits after readahead are minor);
+    (0, None) otherwise."""
     sp, recent = ctx.spike, ctx.recent
     if sp.cpu_ns <= 0 or sp.majflt != 0 or recent is None or recent.ndim != 2 or \
             recent.shape[1] <= RECENT_CPU_COL or not len(recent):
         return 0.0, None
-    majflt = int(recent[:, 1].sum())
+    minflt_med, _ = ctx.recent_stat(0)
+    paged = (recent[:, 1] > 0) | (recent[:, 0] >= minflt_med + MINOR_EXCESS_MIN)
+    n_paged = int(paged.sum())
     cpu_med, _ = ctx.recent_stat(RECENT_CPU_COL)
-    if majflt <= 0 or cpu_med <= 0 or sp.cpu_ns < AFTER_CPU_RATIO * cpu_med:
+    if n_paged <= 0 or cpu_med <= 0 or sp.cpu_ns < AFTER_CPU_RATIO * cpu_med:
         return 0.0, None
     return AFTER, {"cpu_us": round(sp.cpu_ns / 1e3, 1), "cpu_median_us": round(cpu_med / 1e3, 1),
-                   "recent_majflt": majflt, "recent_samples": int(len(recent))}
+                   "recent_paged_samples": n_paged, "recent_majflt": int(recent[:, 1].sum()),
+                   "recent_samples": int(len(recent))}

@@ -48,8 +48,7 @@ REFIT_AFTER_S = 2.0  # the rate measured over at least this long before refit()
 GROW_EVERY_NS = 1_000_000_000  # after lost events the rings double, at most once a second
 SLOWDOWN_MIN_INTERRUPTS = 20  # a spike interrupted this often measures the probe's slowdown
 SLOWDOWN_MIN_SPIKES = 5       # earlier such spikes before the estimate is used
-SLOWDOWN_KEPT = 64            # the latest ones per probe CPU
-SLOWDOWN_MAX_SPREAD = 0.5     # their interquartile range at most this share of the median
+SLOWDOWN_KEPT = 16            # the latest ones per probe CPU (the slowdown drifts: see below)
 
 
 class SlowdownEstimate:
@@ -65,10 +64,14 @@ class SlowdownEstimate:
     probe gives one observation: the probe's run time over the sample's P50 (less the hidden
     time hw_noise found and the measured entry/exit), per interrupt. The estimate for the
     next spike is the median of the last :data:`SLOWDOWN_KEPT` observations once there are
-    :data:`SLOWDOWN_MIN_SPIKES`, and only while they agree (interquartile range within
-    :data:`SLOWDOWN_MAX_SPREAD` of the median); a spike never uses its own observation.
-    Measured on the development VM and the GPU machine under the kit's softirq flood
-    (docs/benchmarks.md): 2-4 µs per interrupt beyond 1.3-5.5 µs of entry and exit."""
+    :data:`SLOWDOWN_MIN_SPIKES`, and only while their lower quartile is above 0 (three in
+    four show a slowdown: it is real, not noise around none); a spike never uses its own
+    observation. How tight they are is not asked: the slowdown follows how densely the
+    interrupts come, 0.4-3.4 µs per interrupt within one run on the GPU machine, so the
+    recent ones are kept, and each spike's charge is capped at its own residual
+    (:func:`~.timeline.breakdown`). Measured under the kit's softirq flood
+    (docs/benchmarks.md): a median of ~1.3 µs per interrupt beyond the measured entry and
+    exit (1.3 µs on the GPU machine, 5.5-6.8 µs on the development VM)."""
 
     def __init__(self) -> None:
         self._obs: dict[int, deque[float]] = {}
@@ -89,8 +92,7 @@ class SlowdownEstimate:
         if n < SLOWDOWN_MIN_SPIKES:
             return None, n
         med = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-        iqr = xs[(3 * n) // 4] - xs[n // 4]
-        if med <= 0 or iqr > SLOWDOWN_MAX_SPREAD * med:
+        if med <= 0 or xs[n // 4] <= 0:
             return None, n
         return int(med), n
 
