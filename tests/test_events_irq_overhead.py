@@ -236,3 +236,33 @@ def test_watch_gives_a_given_irq_cost_to_an_external_probe_and_verdicts_take_p50
     assert auto.irq_cost_ns == {}
     with pytest.raises(AgentError, match="--irq-cost"):
         parse_irq_cost("1e-4")  # rounds to 0 ns
+
+
+def test_tlb_shootdowns_of_the_probe_s_pages_decide_page_faults_not_irq():
+    """memory_pressure on the GPU machine: reclaim unmapping the probe's pages sent it ~600
+    shootdown IPIs in a 4 ms call; the events named them as an IPI and the record said irq.
+    A shootdown while the probe runs flushes the probe's own address space: memory."""
+    from agent.watch.events.wiring import apply_verdict
+    out = [sw("swapper/1", 0, "100.000900", "probe", PROBE, "R")]
+    for i in range(60):
+        t = 1100 + i * 25
+        out += [line("probe", PROBE, _ts(t), "call_function_single_entry: vector=251", "d.h1."),
+                line("probe", PROBE, _ts(t + 1), "tlb_flush: pages:1 reason:remote shootdown (1)",
+                     "d.h1."),
+                line("probe", PROBE, _ts(t + 10), "call_function_single_exit: vector=251",
+                     "d.h1.")]
+    tl = tl_of("\n".join(out))
+    excess = 60 * 10 * US + 200 * US
+    items = breakdown(tl, excess, irq_cost_ns=3 * US)
+    triples = _triples(tl, items, 3 * US)
+    cause, culprit, _ = event_verdict(triples, excess)
+    assert cause == "page_faults" and culprit.endswith("(TLB shootdown)")
+    body = {"cause": "softirq", "causes": [], "events": {"complete": True,
+                                                          "timeline": {"cpu": 1}}}
+    apply_verdict(body, triples, excess)
+    assert body["cause"] == "page_faults" and body["polled_cause"] == "softirq"
+    assert "page tables were changed" in body["causes"][0]["detail"]
+    # the polled page_faults verdict stands as it was
+    kept = {"cause": "page_faults", "causes": [], "events": {"complete": True}}
+    apply_verdict(kept, triples, excess)
+    assert kept["cause"] == "page_faults" and "polled_cause" not in kept

@@ -328,9 +328,20 @@ EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "
 WAKEUP_CAUSE = "wakeup_latency"
 
 
+# An IPI in which a remote TLB shootdown ran (tlb_flush reason "remote shootdown"), while
+# the probe was the CPU's task, flushed the probe's own address space: another CPU changed
+# its page tables (reclaim unmapping its pages, compaction or NUMA migration moving them, a
+# munmap or mprotect of its own threads). That is the memory family's cause, not an
+# interrupt's: agent/watch/causes.py page_faults ("page faults, reclaim and compaction").
+SHOOTDOWN = "(TLB shootdown)"
+SHOOTDOWN_CAUSE = "page_faults"
+
+
 def _cause_of(kind: str, culprit: str) -> str | None:
     if kind == IDLE and culprit == IDLE_BEFORE_WAKE:
         return WAKEUP_CAUSE
+    if culprit.endswith(SHOOTDOWN):
+        return SHOOTDOWN_CAUSE
     return EVENT_CAUSE.get(kind)
 # The polled causes that events see directly and may correct: another task, an IRQ or a
 # softirq on the probe CPU (or nothing found). The others (page faults, migration, steal,
@@ -403,6 +414,10 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
 def _verdict_detail(cause: str, culprit: str, cpu) -> str:
     if cause == WAKEUP_CAUSE:
         return f"CPU {cpu} idle while the probe's wake-up came late (kernel events)"
+    if cause == SHOOTDOWN_CAUSE:
+        return (f"TLB shootdowns of the probe's pages on CPU {cpu} ({culprit}): its page "
+                "tables were changed from another CPU (reclaim, migration, unmapping; kernel "
+                "events)")
     return f"{culprit} ran on CPU {cpu} (kernel events)"
 
 
