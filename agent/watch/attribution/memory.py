@@ -1,6 +1,9 @@
 """Page faults, reclaim and compaction: the sample's own faults (getrusage, in-process) and
-whether it slept on them; for external sources the thread's faults in the sched rows; the
-host's reclaim, compaction and THP fallbacks (/proc/vmstat) and memory PSI."""
+whether it slept on them; a call far over its usual CPU time right after the probe's pages
+came back (the page-ins' after-effect, see AFTER); for external sources the thread's faults
+in the sched rows; the host's reclaim, compaction and THP fallbacks (/proc/vmstat) and
+memory PSI. (A TLB shootdown of the probe's pages, which the kernel events see, is this
+family's cause too: agent/watch/events/wiring.py.)"""
 
 from __future__ import annotations
 
