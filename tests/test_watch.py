@@ -469,6 +469,47 @@ def test_past_the_step_budget_a_spike_that_waited_takes_a_close_cause_instead():
     assert len(fresh.pending) == 100 - attr2.calls - fresh.inherited > 0
 
 
+def test_past_the_step_budget_a_spike_with_no_close_cause_is_attributed_without_events():
+    """Spikes 60 ms apart (none can take a close one's cause) that waited ≥ 0.1 s while the
+    step's budget went on event windows: the next ones are attributed from the polled rules
+    only, within the extra LIGHT_STEP_BUDGET, instead of waiting another step; fresh ones
+    still wait for their own full attribution."""
+    from agent.watch.attribution import Spike
+    from agent.watch.schedule import BUDGET_INHERIT_NS, AttributionScheduler
+
+    clock = VirtualClock()
+    calls: list[tuple[int, bool]] = []
+
+    class Sink:
+        def attribute(self, sp, *, events=True):
+            calls.append((sp.seq, events))
+            clock.advance(0.012 if events else 0.001)  # a flood window read vs polled only
+            return {"cause": "softirq"}
+
+        def log(self, sp, body):
+            return body
+
+        def drop(self, sp, why):
+            calls.append((sp.seq, why))
+
+    sch = AttributionScheduler(max_per_s=200, loop_s=0.05, clock=clock)
+    now = clock()
+    old = now - BUDGET_INHERIT_NS - 10_000_000
+    for i in range(12):  # 60 ms apart, older than the 50 ms INHERIT_NS from each other
+        end = now - 5_000_000 - i * 60_000_000
+        sch.add(Spike(i, end - 2_000_000, end, 1, 1, 500_000), old)
+    fresh_end = now - 1_000_000
+    sch.add(Spike(99, fresh_end - 2_000_000, fresh_end, 1, 1, 500_000), now)
+    t = clock()
+    sch.step(now, now + 10**9, now + 10**9, Sink())
+    full = [seq for seq, ev in calls if ev is True]
+    light = [seq for seq, ev in calls if ev is False]
+    assert 2 <= len(full) <= 4 and light and sch.light == len(light)
+    assert (clock() - t) / 1e9 <= 0.05 * (0.6 + 0.2) + 0.012 + 0.001  # budget + light + one
+    assert 99 not in light and 99 in {sp.seq for sp, _ in sch.pending}
+    assert not sch.inherited
+
+
 def test_summary_example_of_a_relabelled_softirq_has_balanced_parentheses():
     from agent.watch.summary import short as _short
     d = ("softirq work in ksoftirqd/1 preempted the probe (waited 900 µs on the run queue; "

@@ -445,3 +445,15 @@ def test_with_spike_scans_reduced_records_do_not_wait_for_a_task_scan():
     s.reduced_by_events = {"sched_scan": {"what": "x", "from_hz": 10.0, "to_hz": 2.0}}
     s.attribute_pending(s.clock())
     assert len(recs) == 1 and not s.pending
+
+
+def test_a_spike_attributed_past_the_step_budget_reads_no_window_and_says_so():
+    src = FakeSource(lambda i: _canned())
+    s, recs, spike = _session(lambda *a, **k: src)
+    assert s.trace.open(s.clock()) is None and s.trace.active
+    rec = s.attribute(spike(1), events=False)
+    assert src.windows == []  # nothing read
+    assert rec["cause"] == "cpu_contention" and rec["decided_by"] == "polled"
+    assert rec["events"]["complete"] is False
+    assert rec["events"]["reason"].startswith("not read: attribution step budget")
+    s.trace.close()

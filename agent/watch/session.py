@@ -125,6 +125,7 @@ class WatchSession:
     pending = property(lambda self: self.schedule.pending)
     inherited = property(lambda self: self.schedule.inherited)
     queued = property(lambda self: self.schedule.queued)
+    without_events = property(lambda self: self.schedule.light)
     flight_files = property(lambda self: self.flight.files)
     output_error = property(lambda self: self.spike_log.error)
     attributed = property(lambda self: self.records.attributed)
@@ -257,14 +258,18 @@ class WatchSession:
         return self.schedule.step(now, rows_ns, scan_ns, self)
 
     # the schedule's Sink: attribute, log with an inherited cause, drop
-    def attribute(self, sp: Spike) -> dict:
+    def attribute(self, sp: Spike, *, events: bool = True) -> dict:
         if self._recent is None:  # one in-process baseline for the step's spikes
             self._recent = self.lat.last(RECENT_EVIDENCE)[
                 :, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"], F["cpu_ns"]]]
         with self.sampler.lock:
             a = self.attributor.attribute(sp, self._recent)
         body = a.to_dict()  # the polled attribution
-        if self.trace.active:  # what the kernel events show ran instead, to the µs
+        if self.trace.active and not events:  # past the step budget (schedule.py)
+            body["events"] = {"complete": False, "reason": "not read: attribution step "
+                              "budget (spike storm): the polled rules only"}
+            body["decided_by"] = "polled"
+        elif self.trace.active:  # what the kernel events show ran instead, to the µs
             body["events"], items = self.trace.for_spike(sp)
             # where they see the cause directly (a task, IRQ or softirq on the probe CPU for
             # most of the excess) the events decide it; the polled verdict is kept
