@@ -22,12 +22,14 @@ passed (attributed with what there is). Then, per loop step:
   next step. One that has waited :data:`BUDGET_INHERIT_NS` already takes the cause of the
   last attributed spike when it is within :data:`INHERIT_NS` ("attribution step budget: the
   cause of spike N"), so a storm that costs more to attribute than the budget allows stays
-  named within ~0.1 s of detection (issue #17: spike → record ≤ 200 ms). One that waited as
-  long with no attributed spike that close is attributed without its kernel-event window
-  (the polled rules only, its record's ``events`` says "not read: attribution step budget"),
-  within :data:`LIGHT_STEP_BUDGET` more of the loop period and the rate limit's tokens: the
-  window read and walk are what a storm's spikes cost (7-13 ms each under the GPU
-  machine's softirq flood, against ~1 ms for the polled rules). A spike still waiting after
+  named within ~0.1 s of detection (issue #17: spike → record ≤ 200 ms). The wait is one
+  loop period, 50 ms: under the GPU machine's flood a window read and walk took 20-25 ms,
+  so at 0.1 s a burst's leaders, 2-3 ms apart, took a step each and the last waited 220
+  ms. One that waited as long with no attributed spike that close is attributed without
+  its kernel-event window (the polled rules only; its record's ``events`` says "not read:
+  attribution step budget"), within :data:`LIGHT_STEP_BUDGET` more of the loop period and
+  the rate limit's tokens: the window is what a storm's spikes cost (7-13 ms of read under
+  the GPU machine's flood, against ~1 ms for the polled rules). A spike still waiting after
   :data:`BACKLOG_DROP_S` is logged "not attributed: attribution backlog (spike storm)"
   rather than years late.
 
@@ -47,7 +49,7 @@ from agent.watch.attribution import Spike
 ATTR_STEP_BUDGET = 0.6  # share of loop_s one step may spend attributing spikes
 LIGHT_STEP_BUDGET = 0.2  # and past it, attributing waiting ones without their event windows
 BACKLOG_DROP_S = 2.0  # a spike waiting longer than this for attribution is logged unattributed
-BUDGET_INHERIT_NS = 100_000_000  # past the step budget, a spike that already waited this long
+BUDGET_INHERIT_NS = 50_000_000  # past the step budget, a spike that already waited this long
                                  # takes a close spike's cause instead of waiting on
 INHERIT_NS = 50_000_000  # over the rate limit: a spike this close to the last attributed one
                          # (five 100 Hz sampler rows) takes its cause
