@@ -514,3 +514,25 @@ def test_a_slow_call_right_after_the_probe_s_page_ins_is_page_faults(rng):
     e = Attributor(quiet_rings(rng), [1]).attribute(slow, minor)
     assert e.cause == "page_faults"
     assert e.causes[0].evidence["after_faults"]["recent_paged_samples"] == 30
+
+
+def test_block_softirq_beside_page_ins_that_did_not_sleep_is_their_io(rng):
+    """GPU machine, memory_pressure: a call with 18 minor faults (swap-cache hits after
+    readahead) that never slept, BLOCK softirqs on its CPU completing that readahead: the
+    softirq rule (0.62) beat the faults' (0.36). Page-ins make the BLOCK softirq theirs; a
+    NET_RX softirq beside the same faults is not demoted."""
+    def rings_with(vec):
+        r = quiet_rings(rng, **{f"softirq__softirq.1.{vec}": at_spike(lambda i, g: 0.0, 40.0)})
+        r["cpu"] = cpu_time_ring(rng, soft_at_spike=1.0, irq_at_spike=0.0)
+        return r
+    recent = np.column_stack([np.zeros(500), np.zeros(500), np.zeros(500), np.zeros(500)])
+    sp = spike(nvcsw=0, minflt=18, majflt=0)
+    a = Attributor(rings_with("BLOCK"), [1]).attribute(sp, recent)
+    assert a.cause == "page_faults", [(c.cause, c.strength, c.detail) for c in a.causes]
+    soft = next(c for c in a.causes if c.cause == "softirq")
+    assert "page-in I/O" in soft.detail
+    b = Attributor(rings_with("NET_RX"), [1]).attribute(sp, recent)
+    assert b.cause == "softirq" and "page-in" not in b.causes[0].detail
+    # no faults in the call: the BLOCK softirq is the cause
+    c = Attributor(rings_with("BLOCK"), [1]).attribute(spike(), recent)
+    assert c.cause == "softirq"
