@@ -118,7 +118,7 @@ def test_watch_uses_earlier_spikes_only_and_says_what_the_estimate_rests_on():
     assert "probe slowed after interrupts (est.)" in last["summary"]
 
 
-def test_lost_events_double_the_rings_at_most_once_a_second():
+def test_lost_events_grow_the_rings_at_most_once_a_second():
     from agent.watch.events.wiring import GROW_EVERY_NS, SpikeEvents
 
     class Src:

@@ -869,3 +869,40 @@ def test_the_python_sampler_stamps_its_rows_with_the_injected_clock():
     s.round()
     assert s.latest_ns() == s.ring("c").latest_t1 == 5 * 10**9 + 10_000_000
     assert s.covered_ns() == clock()
+
+
+def test_after_a_step_that_ran_out_a_waiting_close_spike_inherits_at_once():
+    """GPU machine, softirq flood: a burst's leaders 2-3 ms apart; one step's budget went on
+    the first, and the next step began with a full 20 ms attribution of the second, which
+    had waited 60 ms already. After a step that ran out, such a spike takes the close cause
+    at the start of the next one."""
+    from agent.watch.attribution import Spike
+    from agent.watch.schedule import BUDGET_INHERIT_NS, AttributionScheduler
+
+    assert BUDGET_INHERIT_NS <= 70_000_000  # (the second step: they waited 20 + 85 ms)
+    clock = VirtualClock()
+    full: list[int] = []
+
+    class Sink:
+        def attribute(self, sp, *, events=True):
+            full.append(sp.seq)
+            clock.advance(0.035)  # one flood window: past the 30 ms step budget alone
+            return {"cause": "softirq"}
+
+        def log(self, sp, body):
+            return body
+
+        def drop(self, sp, why):
+            raise AssertionError(why)
+
+    sch = AttributionScheduler(max_per_s=200, loop_s=0.05, clock=clock)
+    now = clock()
+    for i in range(3):  # 3 ms apart
+        end = now - 10_000_000 + i * 3_000_000
+        sch.add(Spike(i, end - 2_000_000, end, 1, 1, 500_000), now - 20_000_000)
+    sch.step(now, now + 10**9, now + 10**9, Sink())
+    assert full == [0] and len(sch.pending) == 2  # waited 20 ms only: they wait on
+    clock.advance(0.05)
+    now = clock()
+    sch.step(now, now + 10**9, now + 10**9, Sink())
+    assert full == [0] and not sch.pending and sch.inherited == 2

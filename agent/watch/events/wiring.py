@@ -45,7 +45,7 @@ MODES = ("auto", "on", "off", "mount")
 MARGIN_BEFORE_NS = 2_000_000  # events before the intended start: who was on the CPU then
 MARGIN_AFTER_NS = 1_000_000
 REFIT_AFTER_S = 2.0  # the rate measured over at least this long before refit()
-GROW_EVERY_NS = 1_000_000_000  # after lost events the rings double, at most once a second
+GROW_EVERY_NS = 1_000_000_000  # after lost events the rings grow (×4), at most once a second
 SLOWDOWN_MIN_INTERRUPTS = 20  # a spike interrupted this often measures the probe's slowdown
 SLOWDOWN_MIN_SPIKES = 5       # earlier such spikes before the estimate is used
 SLOWDOWN_KEPT = 16            # the latest ones per probe CPU (the slowdown drifts: see below)
@@ -130,7 +130,7 @@ class SpikeEvents:
         self._refitted = False
         self._lost_seen = 0
         self._grown_ns: int | None = None
-        self.grow_notes: list[str] = []  # each time the rings doubled after lost events
+        self.grow_notes: list[str] = []  # each time the rings grew after lost events
         self._ran = False
         self._final: dict = {}  # the source's description, rate and losses at close
 
@@ -211,7 +211,7 @@ class SpikeEvents:
             self.refit_note = f"refit failed: {type(exc).__name__}: {exc}"
 
     def maybe_grow(self, now_ns: int) -> None:
-        """Double the rings when events were lost since the last look (the refit rate was a
+        """Grow the rings when events were lost since the last look (the refit rate was a
         quiet one and a storm came), at most once per GROW_EVERY_NS, up to the source's
         bound (:meth:`EventSource.grow`)."""
         if self.source is None or (self._grown_ns is not None and
