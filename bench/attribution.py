@@ -36,7 +36,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     cfg = WatchConfig(probe=args.probe, probe_cpus=[probe_cpu], housekeeping_cpus=[hk_cpu],
                       duration_s=None, rate_hz=args.rate, k_p50=args.k,
                       spike_log=None, baseline_s=10.0, sampler=args.sampler,
-                      trace=args.trace)
+                      trace=args.trace, nice=args.watch_nice)
     records: list[dict] = []  # the records in memory (the same dicts as the JSONL log)
     s = WatchSession(cfg, on_record=records.append)
     s.start()
@@ -94,6 +94,12 @@ def helper_cpu(probe_cpu: int, hk_cpu: int) -> int:
 
 
 def _start_in_thread(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, errors) -> None:
+    # this thread was started from watch's (reniced with --watch-nice): the fault's helpers
+    # it starts must not inherit that
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 0)
+    except OSError:
+        pass
     try:
         _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params)
     except (RuntimeError, OSError) as exc:
@@ -339,6 +345,8 @@ def main() -> int:
     ap.add_argument("--trace", default="auto", choices=("auto", "on", "off", "mount"),
                     help="watch's kernel events (agent/watch/events): the culprit and "
                     "unexplained-time figures need them")
+    ap.add_argument("--watch-nice", type=int, default=0,
+                    help="watch --nice: its own threads' and helper's nice value (0: as is)")
     ap.add_argument("--json")
     ap.add_argument("--log-dir", help="write each fault's spike records (JSONL) here")
     args = ap.parse_args()

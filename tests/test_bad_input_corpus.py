@@ -417,6 +417,7 @@ float_family(W, "--flight-us", ["0", "-1"])
 float_family(W, "--k", ["1", "0.5", "0", "-1"])
 float_family(["watch", "--probe", "numpy"], "--duration", ["0", "-1"])
 int_family(W, "--p99-budget-us", ["0", "-1"])
+int_family(W, "--nice", ["-21", "20", "1e3"])
 for v in ["", "abc", ":", "127.0.0.1:99999", "127.0.0.1:-1", "127.0.0.1:", "host name:80",
           "[::1", "127.0.0.1:٣"]:
     add(*W, "--listen", v, expect="--listen")

@@ -70,6 +70,12 @@ def watch(
                                           "~25 ms before watch's own probe starts; not for "
                                           "an external one), off, or a cost in µs.")
                         ] = "auto",
+    nice: Annotated[str, typer.Option(help="watch's own priority on the housekeeping CPUs: "
+                                      "this nice value for its threads and its sampler's "
+                                      "helper, never for the probe (-20 to 19; 0 leaves "
+                                      "it). Where the housekeeping CPUs run other busy "
+                                      "work, -10 keeps spike records timely; negative "
+                                      "values need root (CAP_SYS_NICE).")] = "0",
     threshold_us: Annotated[float | None, typer.Option(help="A sample over this many µs is a "
                                                        "spike (up to 1e9); with --listen "
                                                        "also an exceedance counter.")
@@ -136,6 +142,8 @@ def watch(
         raise fail(f"--trace must be auto, on, off or mount, not {trace!r}")
     from agent.watch.events.wiring import parse_irq_cost
     parse_irq_cost(irq_cost)  # (AgentError: one line, exit 1)
+    from agent.watch.priority import parse_nice
+    nice_n = parse_nice(nice)
     _check_tf_options(probe, model, variant)
     if listen is None:
         for name, v in (("--profile", profile), ("--p99-budget-us", p99_budget_us),
@@ -201,7 +209,7 @@ def watch(
                       sample_hz=sample_hz, threshold_us=threshold_us, k_p50=k,
                       flight_us=flight_us, flight_dir=flight_dir or "hftagent-flight",
                       spike_log=spike_log, duration_s=duration, perf=perf, sampler=sampler,
-                      trace=trace, irq_cost=irq_cost)
+                      trace=trace, irq_cost=irq_cost, nice=nice_n)
     metrics = exporter = wm = prof = None
     webcfg = None
     if listen is not None:

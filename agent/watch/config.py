@@ -47,6 +47,8 @@ class WatchConfig:
     # one interrupt's cost to the probe, hidden parts included (agent/noise/irqcost.py):
     # auto (measured before watch's own probe starts), off, or a cost in µs
     irq_cost: str = "auto"
+    # watch's own threads and sampler helper (agent/watch/priority.py): 0 leaves them as is
+    nice: int = 0
 
 
 def cpu_plan(online: list[int], probe_cpus: list[int] | None,

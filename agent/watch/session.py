@@ -41,6 +41,7 @@ from agent.watch.detect import SpikeDetector
 from agent.watch.events.wiring import SpikeEvents, apply_verdict
 from agent.watch.flight import FlightRecorder
 from agent.watch.output import SpikeLog
+from agent.watch.priority import own_threads, renice
 from agent.watch.records import SpikeRecords
 from agent.watch.ring import LatencyRing
 from agent.watch.sampling import open_sampler
@@ -203,7 +204,18 @@ class WatchSession:
             on_result=self.metrics.set_collector_result if self.metrics is not None else None)
         self.attributor = attributor_for(cfg, self.sampler, self.sched, self.irq)
         self.sampler.start()  # a NativeSampler's helper is already running
+        self.renice_own()
         self.started_ns = self.clock()
+
+    def renice_own(self) -> None:
+        """``--nice``: watch's threads and its sampler's helper, once they run — never the
+        probe, started before (agent/watch/priority.py); a refusal is one warning."""
+        if not self.cfg.nice:
+            return
+        helper = getattr(getattr(self.sampler, "feed", None), "proc", None)
+        w = renice(self.cfg.nice, own_threads(), [helper.pid] if helper is not None else [])
+        if w:
+            self.warnings.append(w)
 
     # -- the loop ----------------------------------------------------------------------------
     def step(self) -> None:

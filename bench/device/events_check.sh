@@ -11,6 +11,7 @@
 #      fault of the kit), each fault's spike records kept whole, in one tarball (the device
 #      tool brings back 8 files at most)              -> $OUT/attribution.{json,txt},
 #                                                        $OUT/attribution-logs.tar.gz
+#      WATCH_NICE=-10: watch's own threads and helper at that nice value (watch --nice)
 # The global tracing state is never touched: the instance is removed on every path.
 set -u
 out=${OUT:-/tmp/out}
@@ -48,6 +49,7 @@ echo "== 2. attribution with events $(date +%T)" >> "$log"
 rm -rf /tmp/attribution-logs
 timeout 240 python3 bench/attribution.py --duration 7 --settle 3 --trace mount \
   --faults "${FAULTS:-none,cpu_hog,cpu_hog_rt,softirq_flood,memory_pressure,oversubscription,migration}" \
+  ${WATCH_NICE:+--watch-nice "$WATCH_NICE"} \
   --json "$out/attribution.json" --log-dir /tmp/attribution-logs \
   > "$out/attribution.txt" 2>> "$log"
 echo "rc=$?" >> "$log"

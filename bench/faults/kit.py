@@ -70,7 +70,7 @@ EXPECTED = {"cpu_hog": "cpu_contention", "cpu_hog_rt": "cpu_contention",
             "migration": "migration"}
 
 _HOG = "import os,sys\nif sys.argv[1]: os.sched_setaffinity(0,[int(c) for c in " \
-       "sys.argv[1].split(',')])\nos.nice(int(sys.argv[2]))\nx=0\nwhile True:\n    x+=1\n"
+       "sys.argv[1].split(',')])\nos.setpriority(os.PRIO_PROCESS,0,int(sys.argv[2]))\nx=0\nwhile True:\n    x+=1\n"
 # Busy ``busy_ms`` of every ``period_ms``: a freshly woken task that EEVDF lets preempt the
 # probe (a hog that never sleeps has no lag credit left and rarely wins against it).
 # The sleep between bursts is jittered ±20 % so the bursts never lock in phase with the
@@ -79,7 +79,7 @@ _HOG = "import os,sys\nif sys.argv[1]: os.sched_setaffinity(0,[int(c) for c in "
 # once if it is mid-call (a real-time periodic task — an RT daemon, a threaded IRQ handler —
 # on the probe CPU), instead of depending on EEVDF's wake-up placement.
 _BURST_HOG = "import os,sys,time\nos.sched_setaffinity(0,[int(c) for c in sys.argv[1].split(',')])" \
-    "\nos.nice(int(sys.argv[2]))\nb,p=float(sys.argv[3])/1e3,float(sys.argv[4])/1e3\n" \
+    "\nos.setpriority(os.PRIO_PROCESS,0,int(sys.argv[2]))\nb,p=float(sys.argv[3])/1e3,float(sys.argv[4])/1e3\n" \
     "rt=int(sys.argv[5]) if len(sys.argv)>5 else 0\n" \
     "if rt: os.sched_setscheduler(0,os.SCHED_FIFO,os.sched_param(rt))\n" \
     "import random\nc=time.monotonic\nwhile True:\n    e=c()+b\n    while c()<e: pass\n" \
