@@ -195,9 +195,15 @@ _TASK_FAULTS = ("cpu_hog", "cpu_hog_rt", "oversubscription")
 EVENT_VISIBLE = ("cpu_contention", "irq", "softirq", "unexplained")
 
 
-def _names_culprit(fault: str, rec: dict, pids: list[int]) -> bool:
+def _names_culprit(fault: str, rec: dict, pids: list[int] | None) -> bool:
+    """Whether the breakdown names the fault's culprit: a task of the kit (``pids``; None:
+    any task with a pid, e.g. the box's own that ran there instead) or NET_RX."""
     whats = [b["what"] for b in rec["events"].get("breakdown", []) if b["what"] != "unexplained"]
     if fault in _TASK_FAULTS:
+        if pids is None:
+            ents = rec["events"].get("timeline", {}).get("entities", [])
+            return any(e.get("kind") == "task" and e.get("label", "").endswith("]")
+                       for e in ents)
         tags = tuple(f"[{p}]" for p in pids)
         return any(t in w for w in whats for t in tags)
     if fault == "softirq_flood":
@@ -240,8 +246,11 @@ def event_figures(fault: str | None, exp: str | None, recs: list[dict], pids: li
     if fault in _TASK_FAULTS or fault == "softirq_flood":
         right = [r for r in timed if r["cause"] == exp]
         named = sum(1 for r in right if _names_culprit(fault, r, pids))
+        # any task named (the box's own that ran instead of the kit's counts here)
+        anyone = sum(1 for r in right if _names_culprit(fault, r, None))
         out.update(right_timed=len(right), culprit_named=named,
-                   culprit_named_share=round(named / len(right), 3) if right else None)
+                   culprit_named_share=round(named / len(right), 3) if right else None,
+                   culprit_named_any_share=round(anyone / len(right), 3) if right else None)
     return out
 
 
@@ -381,6 +390,8 @@ def main() -> int:
         e = r["events"]
         cn = "-" if e.get("culprit_named_share") is None else \
             f"{100 * e['culprit_named_share']:.0f}%"
+        if e.get("culprit_named_any_share") is not None and r["fault"] in _TASK_FAULTS:
+            cn += f" ({100 * e['culprit_named_any_share']:.0f}% any)"
         un = "-" if e["unexplained_share"] is None else f"{100 * e['unexplained_share']:.1f}%"
         ur = "-" if e["unexplained_share_of_record"] is None else \
             f"{100 * e['unexplained_share_of_record']:.1f}%"

@@ -266,3 +266,19 @@ def test_tlb_shootdowns_of_the_probe_s_pages_decide_page_faults_not_irq():
     kept = {"cause": "page_faults", "causes": [], "events": {"complete": True}}
     apply_verdict(kept, triples, excess)
     assert kept["cause"] == "page_faults" and "polled_cause" not in kept
+
+
+def test_bench_culprit_named_by_the_kit_s_pid_or_by_any_task():
+    from bench.attribution import _names_culprit
+    rec = _rec(1, "cpu_contention", "cuda00001800007[825]", 800.0)
+    rec["events"]["breakdown"] = [{"what": "cuda00001800007[825]", "us": 800.0},
+                                  {"what": "unexplained", "us": 10.0}]
+    assert not _names_culprit("oversubscription", rec, [900, 901])  # not the kit's
+    assert _names_culprit("oversubscription", rec, None)           # but a task is named
+    rec["events"]["breakdown"][0]["what"] = "python3[901]"
+    assert _names_culprit("oversubscription", rec, [900, 901])
+    quiet = _rec(2, "cpu_contention")
+    quiet["events"] = {"timeline": {"entities": [{"label": "probe python[10]",
+                                                  "kind": "probe", "us": 9.0}]},
+                       "breakdown": []}
+    assert not _names_culprit("oversubscription", quiet, None)
