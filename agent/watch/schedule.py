@@ -23,13 +23,13 @@ passed (attributed with what there is). Then, per loop step:
   last attributed spike when it is within :data:`INHERIT_NS` ("attribution step budget: the
   cause of spike N"), in that step or, after a step that ran out, at the start of the next
   (not its first full attribution), so a storm that costs more to attribute than the
-  budget allows stays named within ~0.1 s of detection (issue #17: spike → record ≤ 200 ms). The wait is one
-  loop period, 50 ms: under the GPU machine's flood a window read and walk took 20-25 ms,
-  so at 0.1 s a burst's leaders, 2-3 ms apart, took a step each and the last waited 220
-  ms. One that waited as long with no attributed spike that close is attributed without
-  its kernel-event window (the polled rules only; its record's ``events`` says "not read:
-  attribution step budget"), within :data:`LIGHT_STEP_BUDGET` more of the loop period and
-  the rate limit's tokens: the window is what a storm's spikes cost (7-13 ms of read under
+  budget allows stays named within ~0.1 s of detection (issue #17: spike → record ≤ 200
+  ms). The wait is one loop period, 50 ms: under the GPU machine's flood a window read and
+  walk took 20-25 ms, so at 0.1 s a burst's leaders, 2-3 ms apart, took a step each and the
+  last waited 220 ms. One that waited as long with no attributed spike that close is
+  attributed without its kernel-event window (the polled rules only; its record's
+  ``events`` says "not read: attribution step budget"), within :data:`LIGHT_STEP_BUDGET`
+  more of the loop period and the rate limit's tokens: the window is what a storm's spikes cost (7-13 ms of read under
   the GPU machine's flood, against ~1 ms for the polled rules). A spike still waiting after
   :data:`BACKLOG_DROP_S` is logged "not attributed: attribution backlog (spike storm)"
   rather than years late.

@@ -857,10 +857,10 @@ class EventSource:
         return self.sizing
 
     def grow(self) -> str | None:
-        """Grow the probe CPUs' rings GROW_FACTOR-fold after events were lost (a storm beyond the rate the
-        ring was sized for: :meth:`refit` measures the rate once, after warm-up), within
-        MAX_CPU_KB and MAX_TOTAL_KB: memory stays bounded whatever the rate, and what was
-        lost stays counted. Content is kept (the kernel resizes in place). Returns the new
+        """Grow the probe CPUs' rings GROW_FACTOR-fold after events were lost (a storm beyond
+        the rate the ring was sized for: :meth:`refit` measures the rate once, after warm-up),
+        within MAX_CPU_KB and MAX_TOTAL_KB: memory stays bounded whatever the rate, and what
+        was lost stays counted. Content is kept (the kernel resizes in place). Returns the new
         sizing line; None at the bound or closed."""
         if self._closed:
             return None
