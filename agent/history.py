@@ -33,6 +33,7 @@ import re
 import sqlite3
 import stat
 import sys
+import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -314,6 +315,25 @@ def _json_or(text: str | None, default: Any) -> Any:
         return default
 
 
+def _while_locked(fn, timeout_s: float | None = None):
+    """``fn()``, again while SQLite says the database is locked, for up to ``timeout_s``
+    (BUSY_TIMEOUT_S). The busy timeout does not cover every lock: switching a new database
+    to WAL needs it exclusively, and SQLite answers "database is locked" at once, without
+    waiting, where waiting could deadlock (several processes creating the same history at
+    once: tests/test_history.py test_concurrent_writers failed so in one CI run). The schema
+    step is idempotent (it re-reads the version inside its transaction)."""
+    deadline = time.monotonic() + (BUSY_TIMEOUT_S if timeout_s is None else timeout_s)
+    delay = 0.005
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(0.1, delay * 2)
+
+
 class History:
     """An open history database. Use as a context manager; every write is its own short
     ``BEGIN IMMEDIATE`` transaction."""
@@ -331,7 +351,7 @@ class History:
         try:
             self._check_sqlite()
             self.con.execute("PRAGMA foreign_keys = ON")
-            self._ensure_schema()
+            _while_locked(self._ensure_schema)
         except sqlite3.DatabaseError as exc:
             self.con.close()
             raise self._corrupt(exc) from None

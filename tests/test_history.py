@@ -397,3 +397,30 @@ def test_check_writable(tmp_path):
         hs.check_writable(notdb / "under-a-file.sqlite")
     record_run("probe", {}, lat(10), command="probe", fingerprint=FP, db=new)
     assert hs.check_writable(new) == new
+
+
+def test_a_database_locked_while_another_process_creates_it_is_waited_for(tmp_path,
+                                                                          monkeypatch):
+    """Switching a new database to WAL answers "database is locked" at once while another
+    process holds it (no busy wait): opening retries within the busy timeout, and says so
+    in one line when it runs out."""
+    import agent.history as hist
+    calls = {"n": 0}
+    real = hist.History._wal
+
+    def flaky(self):
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise sqlite3.OperationalError("database is locked")
+        return real(self)
+    monkeypatch.setattr(hist.History, "_wal", flaky)
+    with History(tmp_path / "h.sqlite") as h:
+        assert h.runs(limit=None) == []
+    assert calls["n"] >= 3
+
+    def locked(self):
+        raise sqlite3.OperationalError("database is locked")
+    monkeypatch.setattr(hist.History, "_wal", locked)
+    monkeypatch.setattr(hist, "BUSY_TIMEOUT_S", 0.05)
+    with pytest.raises(hist.HistoryError, match="database is locked"):
+        History(tmp_path / "other.sqlite")

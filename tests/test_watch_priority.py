@@ -15,7 +15,7 @@ from agent.watch.priority import own_threads, parse_nice, renice
 
 def test_parse_nice_bounds_and_garbage():
     assert parse_nice("-10") == -10 and parse_nice(" 0 ") == 0 and parse_nice(19) == 19
-    for bad in ("", "x", "-21", "20", "1.5", "nan"):
+    for bad in ("", "x", "-21", "20", "1.5", "nan", "\u0663", "1_0", "+"):
         with pytest.raises(AgentError, match="--nice must be an integer from -20 to 19"):
             parse_nice(bad)
 

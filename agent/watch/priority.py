@@ -15,6 +15,7 @@ needs CAP_SYS_NICE: without it, one warning and watch runs as it was.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 
 from agent.errors import AgentError
@@ -24,10 +25,9 @@ NICE_MIN, NICE_MAX = -20, 19
 
 def parse_nice(value) -> int:
     """``--nice``: an integer in [-20, 19] (0 leaves the priority as it is)."""
-    try:
-        n = int(str(value).strip())
-    except ValueError:
-        n = None
+    text = str(value).strip()
+    # ASCII digits only: int() also takes "٣" and "1_0"
+    n = int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else None
     if n is None or not NICE_MIN <= n <= NICE_MAX:
         raise AgentError(f"--nice must be an integer from {NICE_MIN} to {NICE_MAX}, not "
                          f"{value!r}")
