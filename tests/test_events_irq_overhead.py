@@ -282,3 +282,11 @@ def test_bench_culprit_named_by_the_kit_s_pid_or_by_any_task():
                                                   "kind": "probe", "us": 9.0}]},
                        "breakdown": []}
     assert not _names_culprit("oversubscription", quiet, None)
+
+
+def test_bench_flood_helpers_run_on_a_third_cpu_where_there_is_one(monkeypatch):
+    import bench.attribution as ba
+    monkeypatch.setattr(ba.os, "sched_getaffinity", lambda pid: {0, 1, 2, 15})
+    assert ba.helper_cpu(15, 0) == 1   # neither the probe's nor watch's
+    monkeypatch.setattr(ba.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert ba.helper_cpu(1, 0) == 0    # a 2-CPU VM: watch's housekeeping CPU
