@@ -146,3 +146,65 @@ def test_lost_events_grow_the_rings_at_most_once_a_second():
     assert src.grown == 2
     ev._ran = True
     assert ev.info()["grown"] == ["grown 1", "grown 2"]
+
+
+def test_whether_cpu_time_includes_interrupts_is_voted_by_the_spikes():
+    from agent.watch.events.wiring import IRQ_IN_CPU_VOTES, IrqInCpuTime
+    tl = tl_of(rps_storm(40))  # 120 µs of interrupts on top of the probe
+    assert tl.probe_current_ns - tl.probe_run_ns == 120 * US
+    v = IrqInCpuTime()
+    for _ in range(IRQ_IN_CPU_VOTES - 1):
+        v.vote(tl, tl.probe_current_ns - 5 * US)  # a kernel without IRQ_TIME_ACCOUNTING
+    assert v.includes is None
+    v.vote(tl, tl.probe_run_ns + 3 * US)  # one pulled down (steal)
+    assert v.includes is True
+    w = IrqInCpuTime()
+    for _ in range(IRQ_IN_CPU_VOTES):
+        w.vote(tl, tl.probe_run_ns)  # with it: the probe's own time only
+    assert w.includes is False
+    few = tl_of(rps_storm(10))  # 30 µs of interrupts: says nothing
+    x = IrqInCpuTime()
+    for _ in range(10):
+        x.vote(few, few.probe_current_ns)
+        x.vote(tl, -1)  # no CPU time
+    assert x.includes is None
+
+
+def test_watch_compares_cpu_time_with_what_the_kernel_charges_once_voted():
+    """Once the spikes say the CPU time includes interrupts, time the probe was current but
+    not on the CPU by its own clock is hidden (stolen) time, under the interrupts too: a
+    sample whose CPU time is 10 µs under the probe's own run time (nothing, compared with
+    that) lacks 131 µs against the time it was current."""
+    from agent.watch.attribution import Spike
+    from agent.watch.events.parse import parse_text
+    from agent.watch.events.wiring import IRQ_IN_CPU_VOTES, SpikeEvents
+    from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line
+    from tests.test_watch_events import FakeSource
+
+    # the RPS storm, a tick, then 300 µs with no event at all while the probe is current
+    text = "\n".join([rps_storm(40),
+                      line("probe", PROBE, _ts(2700), "local_timer_entry: vector=236", "d.h1."),
+                      line("probe", PROBE, _ts(2701), "local_timer_exit: vector=236", "d.h1.")])
+    events = parse_text(text.splitlines())
+    tl = tl_of(text)
+    run, current = tl.probe_run_ns, tl.probe_current_ns
+    assert current - run == 121 * US
+
+    def spikes_events():
+        ev = SpikeEvents("on", None, [1], opener=lambda *a, **k: FakeSource(lambda i: events))
+        assert ev.open(0) is None
+        return ev
+
+    def sp(i, cpu_ns):
+        return Spike(i, T0, T1, 99, PROBE, 1_000_000, cpu_ns=cpu_ns, cpu_end=1)
+    stolen = sp(99, run - 10 * US)
+    fresh = spikes_events()
+    assert fresh.for_spike(stolen)[0]["hw_noise"]["hidden_us"] == 0.0  # (the default)
+    ev = spikes_events()
+    for i in range(IRQ_IN_CPU_VOTES):
+        ev.for_spike(sp(i, current))  # CPU time = current: interrupts included
+    assert ev.irq_in_cpu.includes is True
+    out = ev.for_spike(stolen)[0]
+    assert out["hw_noise"]["hidden_us"] == 131.0
+    ev._ran = True
+    assert ev.info()["cpu_time_includes_irq"] is True
