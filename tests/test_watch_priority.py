@@ -11,6 +11,7 @@ import pytest
 
 from agent.errors import AgentError
 from agent.watch.priority import own_threads, parse_nice, renice
+from collectors.host import Host
 
 
 def test_parse_nice_bounds_and_garbage():
@@ -41,17 +42,17 @@ def test_renice_without_permission_is_one_warning_and_gone_threads_are_skipped()
     assert renice(-5, [11, 12], setpriority=gone) is None
 
 
-def test_own_threads_lists_this_process_s_threads():
+def test_own_threads_lists_this_process_s_threads(tmp_path):
     ev = threading.Event()
     t = threading.Thread(target=ev.wait, daemon=True)
     t.start()
     try:
-        tids = own_threads()
+        tids = own_threads(Host())
         assert threading.get_native_id() in tids and t.native_id in tids
     finally:
         ev.set()
         t.join()
-    assert own_threads("/nonexistent") == []
+    assert own_threads(Host(procfs=str(tmp_path))) == []  # no self/task there
 
 
 def test_watch_renices_its_own_threads_and_helper_not_the_probe(monkeypatch):

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from agent.errors import AgentError
+from collectors.host import Host
 
 NICE_MIN, NICE_MAX = -20, 19
 
@@ -34,12 +35,9 @@ def parse_nice(value) -> int:
     return n
 
 
-def own_threads(task_dir: str = "/proc/self/task") -> list[int]:
-    """The thread ids of this process."""
-    try:
-        return sorted(int(t) for t in os.listdir(task_dir) if t.isdigit())
-    except OSError:
-        return []
+def own_threads(host: Host) -> list[int]:
+    """The thread ids of this process (``host``'s /proc/self/task)."""
+    return sorted(int(t) for t in host.listdir(host.proc("self", "task")) if t.isdigit())
 
 
 def renice(nice: int, threads: Iterable[int], processes: Iterable[int] = (), *,

@@ -213,7 +213,8 @@ class WatchSession:
         if not self.cfg.nice:
             return
         helper = getattr(getattr(self.sampler, "feed", None), "proc", None)
-        w = renice(self.cfg.nice, own_threads(), [helper.pid] if helper is not None else [])
+        w = renice(self.cfg.nice, own_threads(self.host),
+                   [helper.pid] if helper is not None else [])
         if w:
             self.warnings.append(w)
 
