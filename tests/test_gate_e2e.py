@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from agent.history import History, record_probe
+from collectors.host import Host
+from collectors.parsers import parse_proc_stat
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
@@ -39,13 +41,11 @@ while True:
 
 
 def steal_ticks(cpu: int) -> int:
-    """The ``steal`` column of ``cpuN`` in /proc/stat (USER_HZ ticks; 0 where not reported)."""
-    with open("/proc/stat") as f:
-        for line in f:
-            fields = line.split()
-            if fields[0] == f"cpu{cpu}":
-                return int(fields[8]) if len(fields) > 8 else 0
-    return 0
+    """The ``steal`` time of ``cpuN`` in /proc/stat (USER_HZ ticks; 0 where not reported),
+    through the Host and collectors.parsers."""
+    host = Host()
+    times = parse_proc_stat(host.read(host.proc("stat")).value or "").cpus.get(cpu, {})
+    return times.get("steal", 0)
 
 
 def disturbed(slow_share_ivcsw: float | None, steal: int, p50_ratio: float) -> bool:
