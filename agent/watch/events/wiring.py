@@ -19,6 +19,7 @@ error of the run.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -91,7 +92,7 @@ class SlowdownEstimate:
         n = len(xs)
         if n < SLOWDOWN_MIN_SPIKES:
             return None, n
-        med = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+        med = statistics.median(xs)
         if med <= 0 or xs[n // 4] <= 0:
             return None, n
         return int(med), n
