@@ -846,13 +846,9 @@ class EventSource:
         kb, why = size_ring_kb(self.buffer_s, len(self.cpus), max(rate, 1.0), ebytes)
         if self.buffer_kb // 2 <= kb <= self.buffer_kb * 2:
             return None
-        try:
-            for c in self.cpus:
-                _write(self.path / "per_cpu" / f"cpu{c}" / "buffer_size_kb", str(kb))
-        except OSError as exc:
-            return f"resize refused: {exc.strerror or exc}"
-        self.buffer_kb = kb
-        self.keep_bytes = min(KEEP_MAX_BYTES, kb * 1024)
+        refused = self._resize(kb)
+        if refused:
+            return refused
         self.sizing = why + " (measured)"
         return self.sizing
 
@@ -868,18 +864,27 @@ class EventSource:
                  self.buffer_kb * GROW_FACTOR)
         if kb <= self.buffer_kb:
             return None
+        refused = self._resize(kb)
+        if refused:
+            return refused
+        self.sizing = (f"{self.buffer_kb} KiB per probe CPU (grown ×{GROW_FACTOR} after "
+                       f"{self.lost():,} events were lost)")
+        return self.sizing
+
+    def _resize(self, kb: int) -> str | None:
+        """Give the probe CPUs' rings ``kb`` KiB each (the kernel resizes in place, content
+        kept) and take the size it made of it (it rounds up to whole pages) as
+        ``buffer_kb``, with the kept pages' bound; the "resize refused" line if it refused."""
+        pc = self.path / "per_cpu"
         try:
             for c in self.cpus:
-                _write(self.path / "per_cpu" / f"cpu{c}" / "buffer_size_kb", str(kb))
-            got = _read(self.path / "per_cpu" / f"cpu{self.cpus[0]}" / "buffer_size_kb").split()
+                _write(pc / f"cpu{c}" / "buffer_size_kb", str(kb))
+            got = _read(pc / f"cpu{self.cpus[0]}" / "buffer_size_kb").split()
         except OSError as exc:
             return f"resize refused: {exc.strerror or exc}"
-        kb = int(got[0]) if got and got[0].isdigit() else kb  # (the kernel rounds to pages)
-        self.buffer_kb = kb
-        self.keep_bytes = min(KEEP_MAX_BYTES, kb * 1024)
-        self.sizing = (f"{kb} KiB per probe CPU (grown ×{GROW_FACTOR} after {self.lost():,} "
-                       "events were lost)")
-        return self.sizing
+        self.buffer_kb = int(got[0]) if got and got[0].isdigit() else kb
+        self.keep_bytes = min(KEEP_MAX_BYTES, self.buffer_kb * 1024)
+        return None
 
     def describe(self) -> dict:
         """What the source is, for the run header / --json."""
