@@ -4,7 +4,9 @@ Runs a watch session (built-in probe on the probe CPU, sampler on the housekeepi
 fault, then under each fault, and reports per fault: spikes, share attributed to the injected
 cause ("right"), share attributed to another named cause ("wrong"), share left unexplained,
 and the spike → attributed-record delay. Spikes that the kernel events show were the box's
-own tasks (:func:`background`) are counted apart, with right/wrong over the rest. The
+own tasks or the host (hidden time, a late wake-up of an idle CPU: :func:`background`) are
+counted apart, with right/wrong and culprit naming over the rest. ``--rescore`` scores the
+spike logs of an earlier run (``--log-dir``) again without running anything. The
 softirq flood's sender and receiver run on a third CPU where the host has one
 (:func:`helper_cpu`; on a 2-CPU VM they share watch's). Needs root for softirq_flood (RPS) and
 memory_pressure (process_madvise, and swapon of a temporary swap file when there is none).
@@ -25,7 +27,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.watch.events.timeline import SLOWED  # noqa: E402
+from agent.watch.events.timeline import HW, IDLE_BEFORE_WAKE, SLOWED  # noqa: E402
 from agent.watch.probe_worker import auto_rate  # noqa: E402
 from agent.watch.session import WatchConfig, WatchSession  # noqa: E402
 from bench.faults import kit  # noqa: E402
@@ -142,7 +144,22 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
         with open(os.path.join(args.log_dir, f"{fault or 'none'}.jsonl"), "w") as fh:
             for r in records[spikes_before:]:
                 fh.write(json.dumps(r) + "\n")
-    recs = [r for r in records[spikes_before:] if "cause" in r and r.get("cause")]
+    summ = s.summary()
+    out = {"fault": fault or "none", "samples": summ["samples"],
+           "p50_us": summ["p50_us"], "p99_us": summ["p99_us"]}
+    out.update(score(fault, records[spikes_before:], params))
+    out.update({"sampler": summ["sampler"].get("mode"),
+                "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
+                "source_error": summ["source_error"], "rc": rc,
+                "trace": s.trace.info(),
+                "fault_check": check, "fault_params": params, "fault_error": fault_error})
+    return out
+
+
+def score(fault: str | None, records: list[dict], params: dict) -> dict:
+    """The figures of one fault from its spike records (what watch wrote, or a log of it:
+    ``--rescore``)."""
+    recs = [r for r in records if "cause" in r and r.get("cause")]
     n = len(recs)
     causes = Counter(r["cause"] for r in recs)
     exp = kit.EXPECTED.get(fault) if fault else None
@@ -151,6 +168,9 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
     wrong = n - right - unexpl
     bg = background(recs, exp, params.get("pids") or [])
     fault_n = n - len(bg)
+    bg_causes = Counter(r["cause"] for r in recs if r["seq"] in bg)
+    right_fault = right - (bg_causes.get(exp, 0) if exp else 0)
+    wrong_fault = wrong - sum(v for c, v in bg_causes.items() if c not in (exp, "unexplained"))
     delays = sorted(r["attributed_after_ms"] for r in recs)
     # Unexplained spikes of their own: the time the thread lost neither on the CPU (as the
     # guest counts it) nor waiting on its run queue — IRQ time or the hypervisor's (steal).
@@ -158,31 +178,23 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
                    - max(0, r["in_process"]["rq_delay_ns"]) / 1e3) / 1e3
                   for r in recs if r["cause"] == "unexplained" and r.get("inherited_from") is None
                   and r.get("in_process"))
-    summ = s.summary()
-    ev = event_figures(fault, exp, recs, params.get("pids") or [])
-    return {"fault": fault or "none", "expected": exp, "samples": summ["samples"],
-            "p50_us": summ["p50_us"], "p99_us": summ["p99_us"], "spikes": n,
+    return {"expected": exp, "spikes": n,
             "right": right, "wrong": wrong, "unexplained": unexpl,
             "inherited": sum(1 for r in recs if r.get("inherited_from") is not None),
-            "not_attributed": sum(1 for r in records[spikes_before:]
-                                  if "cause" in r and r["cause"] is None),
+            "not_attributed": sum(1 for r in records if "cause" in r and r["cause"] is None),
             "queued": sum(1 for r in recs if r.get("note", "").startswith("queued behind")),
             "right_share": round(right / n, 3) if n and exp else None,
             "wrong_share": round(wrong / n, 3) if n else None,
-            # the box's own tasks, which the events saw take the probe CPU (see background)
+            # the box's own tasks and the host, as the events saw them (see background)
             "background": len(bg), "background_tasks": dict(Counter(bg.values()).most_common(5)),
-            "right_share_of_fault": round(right / fault_n, 3) if fault_n and exp else None,
-            "wrong_share_of_fault": round((wrong - len(bg)) / fault_n, 3) if fault_n else None,
+            "right_share_of_fault": round(right_fault / fault_n, 3) if fault_n and exp else None,
+            "wrong_share_of_fault": round(wrong_fault / fault_n, 3) if fault_n else None,
             "causes": dict(causes.most_common()),
             "delay_ms_p50": delays[len(delays) // 2] if delays else None,
             "delay_ms_max": delays[-1] if delays else None,
             "unexplained_own": len(gaps),
             "unexplained_lost_ms_p50": round(gaps[len(gaps) // 2], 2) if gaps else None,
-            "sampler": summ["sampler"].get("mode"),
-            "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
-            "source_error": summ["source_error"], "rc": rc,
-            "events": ev, "trace": s.trace.info(),
-            "fault_check": check, "fault_params": params, "fault_error": fault_error}
+            "events": event_figures(fault, exp, recs, params.get("pids") or [], set(bg))}
 
 
 # What names each fault's culprit in a spike's kernel-event breakdown (agent/watch/events):
@@ -211,10 +223,11 @@ def _names_culprit(fault: str, rec: dict, pids: list[int] | None) -> bool:
     return False
 
 
-def event_figures(fault: str | None, exp: str | None, recs: list[dict], pids: list[int]
-                  ) -> dict:
+def event_figures(fault: str | None, exp: str | None, recs: list[dict], pids: list[int],
+                  box: set[int] = frozenset()) -> dict:
     """Per fault, over the spikes attributed directly (not inherited) that carry a kernel-
-    event timeline: how many, the share of the right ones whose breakdown names the culprit,
+    event timeline: how many, the share of the right ones whose breakdown names the culprit
+    (over the right ones that are not the box's or the host's, ``box``: :func:`background`),
     the unexplained time as a share of the summed excess over P50, and (for the quiet run)
     how many spikes blame a task of the fault kit."""
     timed = [r for r in recs if r.get("inherited_from") is None
@@ -244,7 +257,7 @@ def event_figures(fault: str | None, exp: str | None, recs: list[dict], pids: li
                round(unexpl_measured / excess, 4) if excess else None,
            "unexplained_share_of_record": round(unexpl_rec / excess, 4) if excess else None}
     if fault in _TASK_FAULTS or fault == "softirq_flood":
-        right = [r for r in timed if r["cause"] == exp]
+        right = [r for r in timed if r["cause"] == exp and r["seq"] not in box]
         named = sum(1 for r in right if _names_culprit(fault, r, pids))
         # any task named (the box's own that ran instead of the kit's counts here)
         anyone = sum(1 for r in right if _names_culprit(fault, r, None))
@@ -254,14 +267,24 @@ def event_figures(fault: str | None, exp: str | None, recs: list[dict], pids: li
     return out
 
 
+# What the host did, not the fault: time the probe was on its CPU while the guest did not
+# run it (hidden time: steal), or its CPU idle while its wake-up came late (the host ran
+# the halted vCPU late). Both are measured per spike by the kernel events (timeline.py).
+HOST_ITEMS = {HW: "host: hidden time (steal)", IDLE_BEFORE_WAKE: "host: late wake-up"}
+
+
 def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, str]:
-    """The spikes the box's own tasks caused, not the fault: seq → task label. A spike is
-    the box's when its verdict is contention, the fault's expected cause is not, and the
-    kernel events show a task outside the fault kit (not one of ``pids``) on the probe CPU
-    for at least half the excess over P50 — exact evidence, not the polled guess — or when
-    it inherited its cause from such a spike (queued behind it). A quiet box has them too:
-    the control run counts them. Counted apart so that "right" measures the fault; the raw
-    shares stay in the output."""
+    """The spikes the box's own tasks or the host caused, not the fault: seq → label.
+
+    A box task: the verdict is contention and the kernel events show a task outside the
+    fault kit (not one of ``pids``) on the probe CPU for at least half the excess over P50
+    and for longer than the kit's own tasks together (so a CPU fault's spike in which the
+    box's kdamond ran instead of the kit's hogs is the box's). The host: the verdict is not
+    the fault's and the events' breakdown puts at least half the excess in
+    :data:`HOST_ITEMS`. Exact evidence, not the polled guess; a spike that inherited its
+    cause from such a spike (queued behind it) follows it. A quiet box has them too: the
+    control run counts them. Counted apart so that "right" and "culprit named" measure
+    the fault; the raw shares stay in the output."""
     out: dict[int, str] = {}
     kit_tags = tuple(f"[{p}]" for p in pids)
     for r in recs:
@@ -270,16 +293,34 @@ def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, 
             if src in out:
                 out[r["seq"]] = out[src]
             continue
-        if r.get("cause") != "cpu_contention" or exp == "cpu_contention":
-            continue
         excess = r["latency_us"] - (r.get("p50_us") or 0.0)
-        ents = ((r.get("events") or {}).get("timeline") or {}).get("entities") or []
-        tasks = [e for e in ents if e.get("kind") == "task"
-                 and not e.get("label", "").endswith(kit_tags)]
-        top = max(tasks, key=lambda e: e["us"], default=None)
-        if top is not None and excess > 0 and top["us"] >= 0.5 * excess:
-            out[r["seq"]] = top["label"]
+        if excess <= 0:
+            continue
+        label = _box_task(r, excess, kit_tags) or (
+            _host(r, excess) if r.get("cause") != exp else None)
+        if label is not None:
+            out[r["seq"]] = label
     return out
+
+
+def _box_task(r: dict, excess: float, kit_tags: tuple[str, ...]) -> str | None:
+    if r.get("cause") != "cpu_contention":
+        return None
+    ents = ((r.get("events") or {}).get("timeline") or {}).get("entities") or []
+    tasks = [e for e in ents if e.get("kind") == "task"]
+    kit_us = sum(e["us"] for e in tasks if kit_tags and e.get("label", "").endswith(kit_tags))
+    top = max((e for e in tasks if not (kit_tags and e.get("label", "").endswith(kit_tags))),
+              key=lambda e: e["us"], default=None)
+    if top is not None and top["us"] >= 0.5 * excess and top["us"] > kit_us:
+        return top["label"]
+    return None
+
+
+def _host(r: dict, excess: float) -> str | None:
+    for b in (r.get("events") or {}).get("breakdown") or []:
+        if b["what"] in HOST_ITEMS and b["us"] >= 0.5 * excess:
+            return HOST_ITEMS[b["what"]]
+    return None
 
 
 def fault_check(pid: int) -> dict:
@@ -358,7 +399,23 @@ def main() -> int:
                     help="watch --nice: its own threads' and helper's nice value (0: as is)")
     ap.add_argument("--json")
     ap.add_argument("--log-dir", help="write each fault's spike records (JSONL) here")
+    ap.add_argument("--rescore", metavar="JSON",
+                    help="run nothing: score again the spike logs in --log-dir of the run "
+                    "that wrote JSON (its faults and their parameters), and print the tables")
     args = ap.parse_args()
+    if args.rescore:
+        if not args.log_dir:
+            ap.error("--rescore needs the --log-dir that run wrote")
+        try:
+            out = rescore(args.rescore, args.log_dir)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"attribution: cannot rescore: {e}", file=sys.stderr)
+            return 2
+        report(out)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"rescored": args.rescore, "results": out}, fh, indent=1)
+        return 0
     online = sorted(os.sched_getaffinity(0))
     probe_cpu, hk_cpu = online[-1], online[0]
     if args.rate == "auto":
@@ -374,9 +431,32 @@ def main() -> int:
         res = run_one(None if f == "none" else f, args, probe_cpu, hk_cpu)
         out.append(res)
         print(json.dumps(res), flush=True)
+    report(out)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args), "results": out,
+                       "loadavg": open("/proc/loadavg").read().split()[:3]}, fh, indent=1)
+    return 0
+
+
+def rescore(path: str, log_dir: str) -> list[dict]:
+    """Each fault of the run that wrote ``path``, scored again from its log in ``log_dir``
+    (the run's own figures that are not spike scores are kept)."""
+    with open(path) as fh:
+        results = json.load(fh)["results"]
+    out = []
+    for res in results:
+        with open(os.path.join(log_dir, f"{res['fault']}.jsonl")) as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+        fault = None if res["fault"] == "none" else res["fault"]
+        out.append({**res, **score(fault, records, res.get("fault_params") or {})})
+    return out
+
+
+def report(out: list[dict]) -> None:
     pct = lambda v: "-" if v is None else f"{100 * v:.0f}%"  # noqa: E731
     print(f"\n{'fault':<18}{'spikes':>7}{'right':>8}{'wrong':>8}{'unexpl':>8}  "
-          f"{'P50 µs':>8}{'P99 µs':>9}  delay P50/max ms   box tasks  right/wrong of the rest")
+          f"{'P50 µs':>8}{'P99 µs':>9}  delay P50/max ms    box/host  right/wrong of the rest")
     for r in out:
         us = f"{100 * r['unexplained'] / r['spikes']:.0f}%" if r["spikes"] else "-"
         print(f"{r['fault']:<18}{r['spikes']:>7}{pct(r['right_share']):>8}"
@@ -384,7 +464,7 @@ def main() -> int:
               f"{r['p99_us']:>9}  {str(r['delay_ms_p50']) + '/' + str(r['delay_ms_max']):<18}"
               f"{r['background']:>9}  {pct(r['right_share_of_fault'])}/"
               f"{pct(r['wrong_share_of_fault'])}")
-    print(f"\n{'fault':<18}{'timed':>7}{'culprit named':>15}{'unexpl time':>13}"
+    print(f"\n{'fault':<18}{'timed':>7}{'culprit named':>20}{'unexpl time':>13}"
           f"{'of record':>11}{'no est.':>9}  top tasks (kernel events)")
     for r in out:
         e = r["events"]
@@ -397,16 +477,11 @@ def main() -> int:
             f"{100 * e['unexplained_share_of_record']:.1f}%"
         um = "-" if e.get("unexplained_share_measured_only") is None else \
             f"{100 * e['unexplained_share_measured_only']:.1f}%"
-        print(f"{r['fault']:<18}{e['timed']:>7}{cn:>15}{un:>13}{ur:>11}{um:>9}  "
+        print(f"{r['fault']:<18}{e['timed']:>7}{cn:>20}{un:>13}{ur:>11}{um:>9}  "
               f"{e['top_tasks']}")
     for r in out:
         if r.get("fault_error"):
             print(f"{r['fault']}: the fault did not run: {r['fault_error']}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "results": out,
-                       "loadavg": open("/proc/loadavg").read().split()[:3]}, fh, indent=1)
-    return 0
 
 
 if __name__ == "__main__":
