@@ -8,9 +8,11 @@
 #      counts switches to and from pid 0 in the instance's own trace file
 #                                                              -> $OUT/idle_switch.txt
 #   2. attribution with kernel events (watch --trace mount) under FAULTS (default: every
-#      fault of the kit), each fault's spike records kept whole, in one tarball (the device
-#      tool brings back 8 files at most)              -> $OUT/attribution.{json,txt},
-#                                                        $OUT/attribution-logs.tar.gz
+#      fault of the kit), or one run per word of RUNS (e.g. RUNS="all softirq_flood"),
+#      each fault's spike records kept whole, all runs in one tarball (the device tool
+#      brings back 8 files at most)    -> $OUT/attribution.txt (the tables of every run),
+#                                         $OUT/attribution-runs.tar.gz (runN/attribution.
+#                                         {json,txt}, runN/attribution-logs/FAULT.jsonl)
 #      WATCH_NICE=-10: watch's own threads and helper at that nice value (watch --nice)
 # The global tracing state is never touched: the instance is removed on every path.
 set -u
@@ -45,14 +47,23 @@ cat "$out/idle_switch.txt" | head -3 >> "$log"
 fi
 
 if want 2; then
-echo "== 2. attribution with events $(date +%T)" >> "$log"
-rm -rf /tmp/attribution-logs
-timeout 240 python3 bench/attribution.py --duration 7 --settle 3 --trace mount \
-  --faults "${FAULTS:-none,cpu_hog,cpu_hog_rt,softirq_flood,memory_pressure,oversubscription,migration}" \
-  ${WATCH_NICE:+--watch-nice "$WATCH_NICE"} \
-  --json "$out/attribution.json" --log-dir /tmp/attribution-logs \
-  > "$out/attribution.txt" 2>> "$log"
-echo "rc=$?" >> "$log"
-tar -C /tmp -czf "$out/attribution-logs.tar.gz" attribution-logs
+# RUNS: one attribution run per word, each a comma-separated fault list ("all": every
+# fault); default one run of FAULTS. Every run's JSON, table and spike logs go into one
+# tarball, the tables also into attribution.txt.
+all=none,cpu_hog,cpu_hog_rt,softirq_flood,memory_pressure,oversubscription,migration
+rm -rf /tmp/attribution-runs; mkdir -p /tmp/attribution-runs
+i=0
+for faults in ${RUNS:-${FAULTS:-all}}; do
+  i=$((i + 1)); d=/tmp/attribution-runs/run$i; mkdir -p "$d"
+  [ "$faults" = all ] && faults=$all
+  echo "== 2.$i attribution with events: $faults $(date +%T)" >> "$log"
+  timeout 300 python3 bench/attribution.py --duration 7 --settle 3 --trace mount \
+    --faults "$faults" ${WATCH_NICE:+--watch-nice "$WATCH_NICE"} \
+    --json "$d/attribution.json" --log-dir "$d/attribution-logs" \
+    > "$d/attribution.txt" 2>> "$log"
+  echo "rc=$?" >> "$log"
+  { echo "== run$i: $faults"; sed -n '/^$/,$p' "$d/attribution.txt"; } >> "$out/attribution.txt"
+done
+tar -C /tmp -czf "$out/attribution-runs.tar.gz" attribution-runs
 fi
 echo "== done $(date +%T)" >> "$log"
