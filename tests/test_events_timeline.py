@@ -339,6 +339,16 @@ def test_any_event_soup_is_accounted_exactly_once(raw, seed):
     assert all(ns > 0 for ns in tl.totals.values())
     assert 0 <= tl.probe_run_ns <= tl.probe_current_ns <= t1 - t0
     assert breakdown(tl, 500_000)[-1][1] >= 0
+    # the spans a record shows: a prefix of all of them, counted without making them
+    spans = tl.spans()
+    assert tl.span_count() == len(spans)
+    assert sum(s.ns for s in spans) == t1 - t0
+    for keep in (0, 1, 3):
+        assert [(s.start_ns, s.end_ns, s.entity) for s in tl.spans(keep)] == \
+            [(s.start_ns, s.end_ns, s.entity) for s in spans[:keep]]
+    d = tl.to_dict(max_spans=3)
+    assert len(d["spans"]) == min(3, len(spans))
+    assert d.get("spans_left_out", 0) == max(0, len(spans) - 3)
 
 
 def test_a_probe_that_never_ran_in_the_window_is_not_a_late_wake_up():

@@ -88,7 +88,7 @@ class Entity(NamedTuple):
         return self.name
 
 
-@dataclass
+@dataclass(slots=True)
 class Interval:
     start_ns: int
     end_ns: int
@@ -148,15 +148,30 @@ class Timeline:
         """Time on the CPU that was not the probe's own."""
         return sum(ns for e, ns in self.totals.items() if e.kind != PROBE)
 
-    def spans(self) -> list[Interval]:
-        """The intervals with neighbours of the same entity merged (for display)."""
+    def spans(self, keep: int | None = None) -> list[Interval]:
+        """The intervals with neighbours of the same entity merged (for display); ``keep``:
+        the first ``keep`` of them only (:meth:`span_count` counts them all)."""
         out: list[Interval] = []
+        prev: Interval | None = None
         for iv in self.intervals:
-            if out and out[-1].entity == iv.entity and out[-1].end_ns == iv.start_ns:
-                out[-1] = Interval(out[-1].start_ns, iv.end_ns, iv.entity)
+            if prev is not None and prev.entity == iv.entity and prev.end_ns == iv.start_ns:
+                out[-1].end_ns = iv.end_ns
+            elif keep is not None and len(out) >= keep:
+                break
             else:
                 out.append(Interval(iv.start_ns, iv.end_ns, iv.entity))
+            prev = iv
         return out
+
+    def span_count(self) -> int:
+        """How many :meth:`spans` there are (without making them)."""
+        n = 0
+        prev: Interval | None = None
+        for iv in self.intervals:
+            if prev is None or prev.entity != iv.entity or prev.end_ns != iv.start_ns:
+                n += 1
+            prev = iv
+        return n
 
     def quiet_probe_gaps(self) -> list[Interval]:
         """Stretches the probe ran with no event at all (where only hardware or the
@@ -166,7 +181,7 @@ class Timeline:
     def to_dict(self, max_spans: int = 64) -> dict:
         """JSON for a spike record: µs per entity, wake-up, counts, the first spans."""
         us = lambda ns: round(ns / 1e3, 1)  # noqa: E731
-        spans = self.spans()
+        spans = self.spans(keep=max_spans)
         d = {
             "cpu": self.cpu, "wall_us": us(self.wall_ns), "complete": self.complete,
             "entities": [{"label": e.label, "kind": e.kind, "us": us(ns)}
@@ -176,8 +191,8 @@ class Timeline:
             "spans": [[us(s.start_ns - self.t0_ns), us(s.ns), s.entity.label]
                       for s in spans[:max_spans]],
         }
-        if len(spans) > max_spans:
-            d["spans_left_out"] = len(spans) - max_spans
+        if len(spans) == max_spans and (n_spans := self.span_count()) > max_spans:
+            d["spans_left_out"] = n_spans - max_spans
         if self.wake_latency_ns is not None:
             d["wake_latency_us"] = us(self.wake_latency_ns)
         if self.start_delay_ns is not None:
@@ -266,125 +281,172 @@ class _Walk:
             return Entity(UNKNOWN, "no events (task unknown)")
         return self.task_entity(pid)
 
-    def _pop(self, kind: str, match) -> tuple[Entity, int, bool] | None:
-        for i in range(len(self.stack) - 1, -1, -1):
-            ent = self.stack[i][0]
-            if ent.kind == kind and match(ent):
-                top = self.stack[i]
-                if i != len(self.stack) - 1:
-                    self.tl.anomalies += 1  # an inner exit was lost
-                del self.stack[i:]
-                return top
-        return None
+    def _find(self, op: int, ev: Event, vent: Entity | None) -> int:
+        """The stack index of the context exit ``ev`` (of kind ``op``) closes, innermost
+        first; -1 when its entry is not on the stack (before the window, or lost)."""
+        stack = self.stack
+        if op == _IRQ_OUT:
+            irq = ev.fields.get("irq")
+            for i in range(len(stack) - 1, -1, -1):
+                e = stack[i][0]
+                if e.kind == IRQ and e.num == irq:
+                    return i
+        elif op == _SOFT_OUT:
+            action = str(ev.fields.get("action"))
+            for i in range(len(stack) - 1, -1, -1):
+                e = stack[i][0]
+                if e.kind == SOFTIRQ and e.name == action:
+                    return i
+        else:  # an APIC vector's exit
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0] == vent:
+                    return i
+        return -1
+
+    def _pop_at(self, i: int) -> tuple[Entity, int, bool] | None:
+        if i < 0:
+            return None
+        top = self.stack[i]
+        if i != len(self.stack) - 1:
+            self.tl.anomalies += 1  # an inner exit was lost
+        del self.stack[i:]
+        return top
+
+    def _unmatched(self, op: int, ev: Event, vent: Entity | None, at: int) -> Entity | None:
+        """The context an exit closes when its entry is not on the stack (``at`` < 0): the
+        interval up to the exit was spent in it."""
+        if op == _WQ_OUT:
+            if ev.pid not in self.work and not self.stack:
+                return Entity(WORK, f"{self.comms.get(ev.pid, '?')} "
+                                    f"({ev.fields.get('function')})", ev.pid)
+            return None
+        if at >= 0:
+            return None
+        if op == _IRQ_OUT:
+            return Entity(IRQ, "?", num=ev.fields.get("irq"))
+        if op == _SOFT_OUT:
+            return _softirq_entity(str(ev.fields.get("action")))
+        return vent
 
     def _unmatched_exit(self, ev: Event) -> Entity | None:
-        """The context an exit closes when its entry is not on the stack (before the
-        window, or lost): the interval up to the exit was spent in it."""
-        name, f = ev.name, ev.fields
-        if not name.endswith(("_exit", "_end")):
-            return None
-        if name == "irq_handler_exit":
-            if not any(e.kind == IRQ and e.num == f.get("irq") for e, _, _ in self.stack):
-                return Entity(IRQ, "?", num=f.get("irq"))
-        elif name == "softirq_exit":
-            if not any(e.kind == SOFTIRQ and e.name == f.get("action") for e, _, _ in self.stack):
-                return Entity(SOFTIRQ, str(f.get("action")))
-        elif name == "workqueue_execute_end":
-            if ev.pid not in self.work and not self.stack:
-                return Entity(WORK, f"{self.comms.get(ev.pid, '?')} ({f.get('function')})",
-                              ev.pid)
-        elif name.endswith("_exit") and _is_vector(name):
-            ent = _vector_entity(name[:-5])
-            if not any(e == ent for e, _, _ in self.stack):
-                return ent
-        return None
+        """:meth:`_unmatched` for one event (the interval after the window's last one)."""
+        op, vent = _op(ev.name)
+        at = self._find(op, ev, vent) if op in _EXITS and op != _WQ_OUT else -1
+        return self._unmatched(op, ev, vent, at) if op in _EXITS else None
 
     def step(self, ev: Event) -> None:
-        tl, f, name, pid = self.tl, ev.fields, ev.name, ev.pid
-        if self.task is not None and pid != self.task and not self.stack:
+        tl, name, pid, ts = self.tl, ev.name, ev.pid, ev.ts_ns
+        stack = self.stack
+        if self.task is not None and pid != self.task and not stack:
             tl.anomalies += 1  # a switch we did not see: trust common_pid
-        # 1. the interval up to this event
-        self.charge(ev.ts_ns, self._unmatched_exit(ev) or self.current(pid), pid)
+        op, vent = _op(name)
+        # 1. the interval up to this event: the innermost context, or the one an exit
+        # whose entry the stack lacks closes
+        at = -1
+        who = None
+        if op in _EXITS:
+            if op != _WQ_OUT:
+                at = self._find(op, ev, vent)
+            who = self._unmatched(op, ev, vent, at)
+        if who is None:
+            who = stack[-1][0] if stack else self.task_entity(pid)
+        # (charge, inlined: once per event)
+        last, t0, t1 = self.last, tl.t0_ns, tl.t1_ns
+        a = last if last > t0 else t0
+        b = ts if ts < t1 else t1
+        if b > a:
+            tl.intervals.append(Interval(a, b, who))
+            totals = tl.totals
+            totals[who] = totals.get(who, 0) + (b - a)
+            if who.kind == PROBE:
+                tl.probe_run_ns += b - a
+                if tl.start_delay_ns is None:
+                    tl.start_delay_ns = a - t0
+                self.probe_ran = True
+            if pid in self.probe:
+                tl.probe_current_ns += b - a
+        if ts > last:
+            self.last = ts
         # 2. the event's own effect
         last_exit, self.last_exit = self.last_exit, None
-        if name == "sched_switch":
-            if self.stack:
-                tl.anomalies += 1  # switches happen in task context: an exit was lost
-                self.stack.clear()
-            prev, nxt = f.get("prev_pid"), f.get("next_pid")
-            if f.get("next_comm") and self.comms.get(nxt) != f["next_comm"]:
-                self.comms[nxt] = f["next_comm"]
-                self._tasks.pop(nxt, None)
-            if prev in self.probe and ev.ts_ns >= tl.t0_ns:
-                if str(f.get("prev_state", "")).startswith("R"):
-                    tl.preemptions += 1
-                else:
-                    tl.blocks += 1
-            if nxt in self.probe:
-                self.switch_ins.append((self.waking, ev.ts_ns))
-                self.waking = None
-            self.task = nxt
+        if op == _SWITCH:
+            self._switch(ev)
             return
         self.task = pid
-        if name in ("sched_waking", "sched_wakeup"):
+        f = ev.fields
+        if op == _VEC_IN:
+            self._count(vent.name)
+            self._entered(vent, ev)
+            stack.append((vent, len(tl.intervals), False))
+        elif op == _VEC_OUT:
+            top = self._pop_at(at)
+            if top is not None and top[2]:  # a TLB shootdown ran in this IPI: say so
+                new = Entity(top[0].kind, f"{top[0].name} (TLB shootdown)")
+                self._relabel(top[1], top[0], new)
+                pi = tl.probe_interrupts
+                if not stack and pid in self.probe and pi.get(top[0]):
+                    # its hidden cost goes with it (one culprit label, not two)
+                    pi[top[0]] -= 1
+                    pi[new] = pi.get(new, 0) + 1
+                    if not pi[top[0]]:
+                        del pi[top[0]]
+            elif vent.kind == IPI and not stack:
+                self.last_exit = (vent, ts)
+        elif op == _SOFT_IN:
+            action = str(f.get("action"))
+            if last_exit is not None and ts - last_exit[1] <= RAISE_WITHIN_NS:
+                per = self.raised.setdefault(last_exit[0], {})
+                per[action] = per.get(action, 0) + 1
+            stack.append((_softirq_entity(action), len(tl.intervals), False))
+        elif op == _SOFT_OUT or op == _IRQ_OUT:
+            self._pop_at(at)
+        elif op == _IRQ_IN:
+            ent = Entity(IRQ, str(f.get("name", "?")), num=f.get("irq"))
+            self._entered(ent, ev)
+            stack.append((ent, len(tl.intervals), False))
+        elif op == _WAKE:
             if f.get("pid") in self.probe:
                 # sched_waking comes first where both are enabled: keep the earlier of a pair
                 if self.waking is None or name == "sched_waking" and \
                         self.waking_name == "sched_wakeup":
-                    self.waking, self.waking_name = ev.ts_ns, name
-        elif name == "sched_migrate_task":
+                    self.waking, self.waking_name = ts, name
+        elif op == _MIGRATE:
             if f.get("pid") in self.probe:
-                tl.migrations.append((ev.ts_ns, f.get("orig_cpu", -1), f.get("dest_cpu", -1)))
-        elif name == "irq_handler_entry":
-            ent = Entity(IRQ, str(f.get("name", "?")), num=f.get("irq"))
-            self._entered(ent, ev)
-            self.stack.append((ent, len(tl.intervals), False))
-        elif name == "irq_handler_exit":
-            self._pop(IRQ, lambda e: e.num == f.get("irq"))
-        elif name == "softirq_entry":
-            action = str(f.get("action"))
-            if last_exit is not None and ev.ts_ns - last_exit[1] <= RAISE_WITHIN_NS:
-                per = self.raised.setdefault(last_exit[0], {})
-                per[action] = per.get(action, 0) + 1
-            self.stack.append((Entity(SOFTIRQ, action), len(tl.intervals), False))
-        elif name == "softirq_exit":
-            self._pop(SOFTIRQ, lambda e: e.name == str(f.get("action")))
-        elif name == "workqueue_execute_start":
+                tl.migrations.append((ts, f.get("orig_cpu", -1), f.get("dest_cpu", -1)))
+        elif op == _WQ_IN:
             self.work[pid] = str(f.get("function"))
             self._tasks.pop(pid, None)
-        elif name == "workqueue_execute_end":
+        elif op == _WQ_OUT:
             self.work.pop(pid, None)
             self._tasks.pop(pid, None)
-        elif name == "tlb_flush":
+        elif op == _TLB:
             self._count("tlb_flush")
             if f.get("reason") == 1 or "remote shootdown" in str(f.get("reason_str", "")):
                 self._count("tlb_shootdown")
-                if self.stack and self.stack[-1][0].kind == IPI:
-                    ent, idx, _ = self.stack[-1]
-                    self.stack[-1] = (ent, idx, True)
-        elif name.startswith("ipi_send"):
+                if stack and stack[-1][0].kind == IPI:
+                    ent, idx, _ = stack[-1]
+                    stack[-1] = (ent, idx, True)
+        elif op == _IPI_SENT:
             self._count("ipi_sent")
-        elif _is_vector(name):
-            base = name.rsplit("_", 1)[0]
-            ent = _vector_entity(base)
-            if name.endswith("_entry"):
-                self._count(base)
-                self._entered(ent, ev)
-                self.stack.append((ent, len(tl.intervals), False))
+
+    def _switch(self, ev: Event) -> None:
+        tl, f = self.tl, ev.fields
+        if self.stack:
+            tl.anomalies += 1  # switches happen in task context: an exit was lost
+            self.stack.clear()
+        prev, nxt = f.get("prev_pid"), f.get("next_pid")
+        if f.get("next_comm") and self.comms.get(nxt) != f["next_comm"]:
+            self.comms[nxt] = f["next_comm"]
+            self._tasks.pop(nxt, None)
+        if prev in self.probe and ev.ts_ns >= tl.t0_ns:
+            if str(f.get("prev_state", "")).startswith("R"):
+                tl.preemptions += 1
             else:
-                top = self._pop(ent.kind, lambda e: e.name == ent.name)
-                if top is not None and top[2]:  # a TLB shootdown ran in this IPI: say so
-                    new = Entity(top[0].kind, f"{top[0].name} (TLB shootdown)")
-                    self._relabel(top[1], top[0], new)
-                    pi = tl.probe_interrupts
-                    if not self.stack and pid in self.probe and pi.get(top[0]):
-                        # its hidden cost goes with it (one culprit label, not two)
-                        pi[top[0]] -= 1
-                        pi[new] = pi.get(new, 0) + 1
-                        if not pi[top[0]]:
-                            del pi[top[0]]
-                elif ent.kind == IPI and not self.stack:
-                    self.last_exit = (ent, ev.ts_ns)
+                tl.blocks += 1
+        if nxt in self.probe:
+            self.switch_ins.append((self.waking, ev.ts_ns))
+            self.waking = None
+        self.task = nxt
 
     def _entered(self, ent: Entity, ev: Event) -> None:
         """A hard interrupt entered: count it when it interrupted the probe itself."""
@@ -448,6 +510,36 @@ def _is_vector(name: str) -> bool:
         return False
     return not name.startswith(("irq_handler", "softirq", "tasklet", "workqueue", "sched",
                                 "hrtimer", "timer_", "vector_"))
+
+
+# What each event name does in the walk, decided once per name (:func:`_op`).
+(_OTHER, _SWITCH, _WAKE, _MIGRATE, _IRQ_IN, _IRQ_OUT, _SOFT_IN, _SOFT_OUT, _WQ_IN, _WQ_OUT,
+ _TLB, _IPI_SENT, _VEC_IN, _VEC_OUT) = range(14)
+_EXITS = frozenset({_IRQ_OUT, _SOFT_OUT, _WQ_OUT, _VEC_OUT})
+_OPS = {"sched_switch": _SWITCH, "sched_waking": _WAKE, "sched_wakeup": _WAKE,
+        "sched_migrate_task": _MIGRATE, "irq_handler_entry": _IRQ_IN,
+        "irq_handler_exit": _IRQ_OUT, "softirq_entry": _SOFT_IN, "softirq_exit": _SOFT_OUT,
+        "workqueue_execute_start": _WQ_IN, "workqueue_execute_end": _WQ_OUT,
+        "tlb_flush": _TLB}
+
+
+@lru_cache(maxsize=1024)
+def _op(name: str) -> tuple[int, Entity | None]:
+    """(what ``name`` does, the APIC vector's entity for a vector's entry or exit)."""
+    op = _OPS.get(name)
+    if op is not None:
+        return op, None
+    if name.startswith("ipi_send"):
+        return _IPI_SENT, None
+    if _is_vector(name):
+        base = name.rsplit("_", 1)[0]
+        return (_VEC_IN if name.endswith("_entry") else _VEC_OUT), _vector_entity(base)
+    return _OTHER, None
+
+
+@lru_cache(maxsize=256)
+def _softirq_entity(action: str) -> Entity:
+    return Entity(SOFTIRQ, action)
 
 
 def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns: int,
