@@ -165,6 +165,11 @@ def test_text_reader_reads_the_same_kind_of_window(host):
         assert any(e.name == "sched_switch" and e.fields["prev_pid"] == child.pid
                    for e in win.events)
         assert all(e.ts_ns % 1000 == 0 for e in win.events)  # µs text timestamps
+        # after_ns: the same events up to the end, then one per CPU at most past it
+        mid = (t0 + t1) // 2
+        w2 = src.window(t0, mid, after_ns=t1 - mid)
+        assert [e for e in w2.events if e.ts_ns <= mid] == src.window(t0, mid).events
+        assert len([e for e in w2.events if e.ts_ns > mid]) <= len(src.cpus)
     finally:
         src.close()
 

@@ -179,3 +179,22 @@ def test_window_reports_its_cpu_time_apart_from_its_wall_time():
     src.host = None
     win = src.window(0, 1 << 62)
     assert win.events and win.read_ns > 0 and win.cpu_ns > 0
+
+
+def test_window_with_after_adds_only_the_first_event_past_its_end():
+    """``after_ns``: the window's events as without it, then the CPU's first event in
+    (hi, hi + after] and nothing more, found on the window's last page or a later one
+    (the walk needs who was current at its end, not the events after it)."""
+    for pages, seed in ((fixture_pages(), 5), (sparse_ring(n_pages=40), 6)):
+        src = source_over(pages, 1)
+        every = [e for pg in pages for e in iter_page(pg.data, 1, BY_ID)]
+        checked = found = 0
+        for lo, hi in windows_over(pages, 120, seed=seed):
+            for after in (1, 20_000, 1_000_000):
+                got = src._window_raw(lo, lo, hi, after).events
+                want, _lost, _unknown = reference_window(pages, 1, lo, hi)
+                nxt = [e for e in every if hi < e.ts_ns <= hi + after][:1]
+                assert same(got, want + nxt), (lo, hi, after)
+                checked += 1
+                found += bool(nxt)
+        assert checked > 300 and found > 30

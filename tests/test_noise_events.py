@@ -83,7 +83,7 @@ class FakeSource:
     def __bool__(self):
         return True
 
-    def window(self, t_from, t_to, *, margin_ns=2_000_000):
+    def window(self, t_from, t_to, *, margin_ns=2_000_000, after_ns=0):
         self.windows.append((t_from, t_to))
         evs = [e for e in self.events if t_from - margin_ns <= e.ts_ns <= t_to]
         before = [e for e in self.events if e.ts_ns < t_from - margin_ns

@@ -48,7 +48,7 @@ class FakeSource:
 
     def __init__(self, events_for):
         self.events_for = events_for
-        self.windows: list[tuple[int, int, int]] = []
+        self.windows: list[tuple[int, int, int, int]] = []
         self.refits = 0
         self.closed = False
         self.sizing = "fake"
@@ -56,8 +56,8 @@ class FakeSource:
     def __bool__(self):
         return True
 
-    def window(self, t_from, t_to, *, margin_ns=2_000_000):
-        self.windows.append((t_from, t_to, margin_ns))
+    def window(self, t_from, t_to, *, margin_ns=2_000_000, after_ns=0):
+        self.windows.append((t_from, t_to, margin_ns, after_ns))
         return Window(t_from, t_to, self.events_for(len(self.windows)), read_ns=5_000)
 
     def refit(self):
@@ -135,7 +135,8 @@ def test_spike_record_gets_the_event_breakdown_and_the_counter_moves():
     assert ev["summary"] == "1.2 ms hog[777], 0.1 ms softirq NET_RX, 0.2 ms unexplained"
     assert "hidden_us" in ev["hw_noise"]
     # the window asked for: from the intended start (2 ms margin before) to end + 1 ms
-    assert src.windows == [(T0, T1 + 1_000_000, 2_000_000)]
+    # 1 ms before the intended start, and the first event in the 1 ms after the end
+    assert src.windows == [(T0, T1, 1_000_000, 1_000_000)]
     snap = m.snapshot()
     assert snap.cause_seconds[("task", "hog")] == pytest.approx(1.2e-3)
     assert snap.cause_seconds[("softirq", "NET_RX")] == pytest.approx(1e-4)

@@ -833,6 +833,23 @@ class PageIndex:
         self.unknown += unknown
         return evs[a:b], n, self.unknown > 0
 
+    def first_after(self, buf: bytes, cpu: int, formats: dict, t: int, t_max: int,
+                    symbols: Callable[[int], str] | None = None) -> Event | None:
+        """The first event of the page with ``t < ts <= t_max`` (records of ids without a
+        format passed over), decoded alone; None without one."""
+        tss, recs = self.tss, self.recs
+        ks = range(bisect_right(tss, t), len(tss)) if self.ordered else \
+            sorted((k for k, ts in enumerate(tss) if ts > t), key=tss.__getitem__)
+        for k in ks:
+            if tss[k] > t_max:
+                if self.ordered:
+                    break
+                continue
+            ev = decode_record(buf, cpu, formats, recs[k], symbols)
+            if ev is not None:
+                return ev
+        return None
+
     def select(self, buf: bytes, cpu: int, formats: dict, t_from: int, t_to: int,
                symbols: Callable[[int], str] | None = None, *, before: bool = False,
                store: bool = True) -> tuple[list[Event], Event | None, int]:

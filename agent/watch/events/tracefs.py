@@ -57,7 +57,7 @@ import os
 import re
 import time
 import weakref
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -137,7 +137,8 @@ class _Refused(Exception):
 class Window:
     """The events of the probe CPUs between ``t_from_ns - margin`` and ``t_to_ns``, sorted
     by time (plus, per CPU, the last ``sched_switch`` before that where the kept pages have
-    one: who was running when the window opened).
+    one: who was running when the window opened; and, when the read asked for it, the first
+    event after ``t_to_ns``: who was running when it closed).
 
     ``complete`` is False when events of ``[t_from_ns, t_to_ns]`` may be missing (``reason``
     says which CPU, since when and why: lost in a storm, evicted, before the instance
@@ -596,23 +597,27 @@ class EventSource:
                 self._switch_ids = {fmt.id}
 
     # -- reading ---------------------------------------------------------------------------
-    def window(self, t_from_ns: int, t_to_ns: int, *, margin_ns: int = 2_000_000) -> Window:
+    def window(self, t_from_ns: int, t_to_ns: int, *, margin_ns: int = 2_000_000,
+               after_ns: int = 0) -> Window:
         """The events of the probe CPUs in ``[t_from_ns - margin_ns, t_to_ns]`` (CLOCK_MONOTONIC
-        ns), see :class:`Window`. Drains what the kernel holds first (raw reader), so call
-        it once the window has ended."""
+        ns), see :class:`Window`; with ``after_ns``, also each CPU's first event in
+        ``(t_to_ns, t_to_ns + after_ns]`` (who was current at ``t_to_ns``: the timeline
+        needs that one event, not the rest, and under a flood the rest cost as much to
+        decode as the window). Drains what the kernel holds first (raw reader), so call it
+        once the window has ended."""
         t_start = time.perf_counter_ns()
         c_start = time.thread_time_ns()
         lo, hi = t_from_ns - margin_ns, t_to_ns
         if self._closed:
             return Window(t_from_ns, t_to_ns, [], False, "event source closed")
         if self.reader == "text":
-            win = self._window_text(t_from_ns, lo, hi)
+            win = self._window_text(t_from_ns, lo, hi, after_ns)
         else:
             self.drain()
-            win = self._window_raw(t_from_ns, lo, hi)
+            win = self._window_raw(t_from_ns, lo, hi, after_ns)
         self._fill_comms(win)
         now = time.monotonic_ns()
-        if t_to_ns > now and win.complete:
+        if t_to_ns + after_ns > now and win.complete:
             win.complete, win.reason = False, "the window ends after the read"
         win.read_ns = time.perf_counter_ns() - t_start
         win.cpu_ns = time.thread_time_ns() - c_start
@@ -683,7 +688,7 @@ class EventSource:
                     ring.cover_from_ns = mark
                     ring.cover_reason = "older events no longer kept"
 
-    def _window_raw(self, t_from: int, lo: int, hi: int) -> Window:
+    def _window_raw(self, t_from: int, lo: int, hi: int, after_ns: int = 0) -> Window:
         per_cpu: list[list[Event]] = []
         complete, reason, lost = True, None, 0
         ids = frozenset(self._switch_ids)
@@ -717,6 +722,10 @@ class EventSource:
                 decoded += k
                 evs.extend(got)
                 i += 1
+            if after_ns > 0:
+                nxt = self._first_after(ring, max(i - 1, 0), hi, hi + after_ns, ids)
+                if nxt is not None:
+                    evs.append(nxt)
             # who ran before lo: in the first page's walk, else back from the page before
             if before is not None:
                 prelude = before
@@ -738,6 +747,24 @@ class EventSource:
         events.sort(key=_event_ts)
         return Window(t_from, hi, events, complete, reason, lost, walked=walked,
                       decoded=decoded)
+
+    def _first_after(self, ring: _CpuRing, i: int, t: int, t_max: int,
+                     ids: frozenset[int]) -> Event | None:
+        """The ring's first event with ``t < ts <= t_max``, from its kept page ``i`` on (the
+        window's last page: the one that may hold records past ``t``)."""
+        pages = ring.pages
+        while i < len(pages):
+            pg = pages[i]
+            if pg.ts_ns > t_max:
+                return None
+            idx, made = page_index(pg, ids, self._layout)
+            if made:
+                self._hot(ring, pg)
+            ev = idx.first_after(pg.data, ring.cpu, self._formats, t, t_max, self._symbols)
+            if ev is not None:
+                return ev
+            i += 1
+        return None
 
     def _hot(self, ring: _CpuRing, pg: Page) -> None:
         """``pg`` now has an index: the newest of the ring's indexed pages; the oldest
@@ -787,7 +814,7 @@ class EventSource:
                 return best, walked
         return None, walked
 
-    def _window_text(self, t_from: int, lo: int, hi: int) -> Window:
+    def _window_text(self, t_from: int, lo: int, hi: int, after_ns: int = 0) -> Window:
         events: list[Event] = []
         complete, reason, lost = True, None, 0
         for c in self.cpus:
@@ -795,7 +822,10 @@ class EventSource:
             pdir = self.path / "per_cpu" / f"cpu{c}"
             try:
                 with open(pdir / "trace", encoding="utf-8", errors="replace") as fh:
-                    events.extend(parse_text(fh, self._names, t_from=lo, t_to=hi, stats=st))
+                    got = parse_text(fh, self._names, t_from=lo, t_to=hi + after_ns, stats=st)
+                    got = sorted(got, key=_event_ts)
+                    k = bisect_right(got, hi, key=_event_ts)
+                    events.extend(got[:k + 1] if after_ns > 0 else got[:k])
             except OSError as exc:
                 return Window(t_from, hi, [], False, f"cannot read {pdir}/trace: {exc}")
             lost += sum(st.lost.values())

@@ -43,7 +43,12 @@ from .timeline import (
 from .tracefs import EventSource
 
 MODES = ("auto", "on", "off", "mount")
-MARGIN_BEFORE_NS = 2_000_000  # events before the intended start: who was on the CPU then
+# The window read around a spike: events from MARGIN_BEFORE_NS before its intended start
+# (the probe wakes ~0.2 ms before it and spins: its wake-up and whatever held the CPU then)
+# to its end, and the first event in the MARGIN_AFTER_NS after it (who was current at the
+# end). Under the GPU machine's flood every ms of window is ~1,500 events to decode and
+# walk: 2 ms before and all of 1 ms after made a 3.5 ms spike's window 6.5 ms long.
+MARGIN_BEFORE_NS = 1_000_000
 MARGIN_AFTER_NS = 1_000_000
 REFIT_AFTER_S = 2.0  # the rate measured over at least this long before refit()
 GROW_EVERY_NS = 1_000_000_000  # after lost events the rings grow (×4), at most once a second
@@ -275,8 +280,8 @@ class SpikeEvents:
         triples for the metrics (empty when the window could not be read)."""
         cpu = sp.cpu_end if sp.cpu_end >= 0 and sp.cpu_end in self.cpus else self.cpus[0]
         try:
-            win = self.source.window(sp.start_ns, sp.end_ns + MARGIN_AFTER_NS,
-                                     margin_ns=MARGIN_BEFORE_NS)
+            win = self.source.window(sp.start_ns, sp.end_ns, margin_ns=MARGIN_BEFORE_NS,
+                                     after_ns=MARGIN_AFTER_NS)
             tl = timeline(win.events, cpu, {sp.tid}, sp.start_ns, sp.end_ns,
                           comms=win.comms, complete=win.complete, reason=win.reason)
             self.irq_in_cpu.vote(tl, sp.cpu_ns)
