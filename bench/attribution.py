@@ -215,7 +215,7 @@ def _names_culprit(fault: str, rec: dict, pids: list[int] | None) -> bool:
         if pids is None:
             ents = rec["events"].get("timeline", {}).get("entities", [])
             return any(e.get("kind") == "task" and e.get("label", "").endswith("]")
-                       for e in ents)
+                       or e.get("kind") == "workqueue" for e in ents)
         tags = tuple(f"[{p}]" for p in pids)
         return any(t in w for w in whats for t in tags)
     if fault == "softirq_flood":
@@ -276,8 +276,9 @@ HOST_ITEMS = {HW: "host: hidden time (steal)", IDLE_BEFORE_WAKE: "host: late wak
 def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, str]:
     """The spikes the box's own tasks or the host caused, not the fault: seq → label.
 
-    A box task: the verdict is contention and the kernel events show a task outside the
-    fault kit (not one of ``pids``) on the probe CPU for at least half the excess over P50
+    A box task: the verdict is contention and the kernel events show a task (or a kworker's
+    work item) outside the fault kit (not one of ``pids``) on the probe CPU for at least
+    half the excess over P50
     and for longer than the kit's own tasks together (so a CPU fault's spike in which the
     box's kdamond ran instead of the kit's hogs is the box's). The host: the verdict is not
     the fault's and the events' breakdown puts at least half the excess in
@@ -307,7 +308,7 @@ def _box_task(r: dict, excess: float, kit_tags: tuple[str, ...]) -> str | None:
     if r.get("cause") != "cpu_contention":
         return None
     ents = ((r.get("events") or {}).get("timeline") or {}).get("entities") or []
-    tasks = [e for e in ents if e.get("kind") == "task"]
+    tasks = [e for e in ents if e.get("kind") in ("task", "workqueue")]  # kworkers' items too
     kit_us = sum(e["us"] for e in tasks if kit_tags and e.get("label", "").endswith(kit_tags))
     top = max((e for e in tasks if not (kit_tags and e.get("label", "").endswith(kit_tags))),
               key=lambda e: e["us"], default=None)

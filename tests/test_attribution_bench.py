@@ -37,9 +37,14 @@ def test_box_task_in_a_cpu_fault_is_counted_apart():
             rec(3, "cpu_contention", tasks=[("python[102]", 600.0), ("kdamond.0[78]", 550.0)]),
             # the box's task ran, but for less than half the excess
             rec(4, "cpu_contention", tasks=[("kdamond.0[78]", 300.0)]),
-            rec(5, "cpu_contention", inherited=1)]
+            rec(5, "cpu_contention", inherited=1),
+            rec(6, "cpu_contention")]
+    # a kworker's work item (the entity kind "workqueue") is the box's too
+    recs[5]["events"]["timeline"]["entities"].append(
+        {"label": "kworker/1:2 (gc_worker)", "kind": "workqueue", "us": 900.0})
     assert background(recs, "cpu_contention", KIT) == {1: "kdamond.0[78]",
-                                                       5: "kdamond.0[78]"}
+                                                       5: "kdamond.0[78]",
+                                                       6: "kworker/1:2 (gc_worker)"}
 
 
 def test_host_time_is_counted_apart_unless_it_is_the_expected_cause():

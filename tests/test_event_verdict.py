@@ -64,6 +64,21 @@ def test_polled_causes_events_cannot_see_stand():
         assert b["cause"] == polled and b["decided_by"] == "polled"
 
 
+def test_steal_stands_unless_the_sample_hid_no_time():
+    """A polled steal verdict (a steal tick in the rows around the spike) is corrected by
+    the events only where hw_noise measured the probe's CPU time equal to its time on the
+    CPU: nothing was stolen inside the sample."""
+    for hidden, corrected in ((0.0, True), (0, True), (450.0, False), (None, False)):
+        b = _body("steal")
+        b["events"]["hw_noise"] = {"hidden_us": hidden}
+        apply_verdict(b, [("task", "hog", 1_200 * US)], 1_300 * US)
+        assert (b["cause"] == "cpu_contention") is corrected, hidden
+        assert (b.get("polled_cause") == "steal") is corrected
+    b = _body("steal")  # no hw_noise at all: it stands
+    apply_verdict(b, [("task", "hog", 1_200 * US)], 1_300 * US)
+    assert b["cause"] == "steal"
+
+
 def test_an_incomplete_timeline_never_decides():
     b = _body("cpu_contention", complete=False)
     apply_verdict(b, [("softirq", "NET_RX", 1_200 * US)], 1_300 * US)

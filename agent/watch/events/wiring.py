@@ -395,9 +395,9 @@ def _cause_of(kind: str, culprit: str) -> str | None:
         return SHOOTDOWN_CAUSE
     return EVENT_CAUSE.get(kind)
 # The polled causes that events see directly and may correct: another task, an IRQ or a
-# softirq on the probe CPU (or nothing found). The others (page faults, migration, steal,
-# frequency, NUMA, GPU, PCIe) happen inside the probe's own time or off the CPU: the polled
-# verdict stands.
+# softirq on the probe CPU (or nothing found), and steal where none was hidden inside the
+# sample (_no_hidden_time). The others (page faults, migration, frequency, NUMA, GPU,
+# PCIe) happen inside the probe's own time or off the CPU: the polled verdict stands.
 EVENTS_MAY_CORRECT = frozenset({"cpu_contention", "irq", "softirq", "unexplained"})
 VERDICT_MIN_SHARE = 0.5   # the events' cause covers at least half the excess
 VERDICT_MIN_LEAD = 2.0    # and at least twice the next cause's time
@@ -439,7 +439,8 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     polled = body.get("cause")
     ev = body.get("events") or {}
     body["decided_by"] = "polled"
-    if polled not in EVENTS_MAY_CORRECT or not ev.get("complete"):
+    if not ev.get("complete") or not (polled in EVENTS_MAY_CORRECT
+                                      or polled == "steal" and _no_hidden_time(ev)):
         return
     v = event_verdict(triples, excess_ns)
     if v is None:
@@ -460,6 +461,17 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
                      "culprit": culprit}})
     if cause == "cpu_contention":
         name_tasks(body, ev, tgid_of)
+
+
+def _no_hidden_time(ev: dict) -> bool:
+    """The probe's CPU time matched its time on the CPU (hw_noise measured 0 hidden): the
+    host stole nothing while the probe was current. A polled steal verdict rests on a steal
+    tick somewhere in the sampler's rows around the spike (10 ms each at 100 Hz); with none
+    inside the sample, what the events saw run instead of the probe decides. On the
+    development VM a spike in which the kit's hog ran for all 1.8 ms of its excess said
+    steal from one tick."""
+    hidden = (ev.get("hw_noise") or {}).get("hidden_us")
+    return hidden is not None and hidden == 0
 
 
 def _verdict_detail(cause: str, culprit: str, cpu) -> str:
