@@ -516,6 +516,33 @@ def test_a_slow_call_right_after_the_probe_s_page_ins_is_page_faults(rng):
     assert e.causes[0].evidence["after_faults"]["recent_paged_samples"] == 30
 
 
+def test_a_slow_call_on_the_cpu_the_probe_just_came_back_to_is_migration(rng):
+    """The GPU machine's migration fault (affinity flipped between CPU 0 and 15): calls that
+    stayed on CPU 15 but ran 1.5-1.8 ms of CPU (usual 0.6-0.9) with nothing else on it,
+    while the probe's recent samples had ended on CPU 0. A probe that stays on its CPU, a
+    call at its usual CPU time, a call that moved in itself (its own rule) or a baseline
+    without the CPU column say nothing of it."""
+    n = 500
+    cpu = rng.normal(0.7 * MS, 0.02 * MS, n)
+    ends = np.where(np.arange(n) % 3 == 0, 0.0, 1.0)  # a third ended on CPU 0
+    recent = np.column_stack([np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), cpu, ends])
+    slow = spike(cpu_ns=int(1.7 * MS), cpu_start=1, cpu_end=1)
+    a = Attributor(quiet_rings(rng), [1]).attribute(slow, recent)
+    assert a.cause == "migration", [(c.cause, c.strength, c.detail) for c in a.causes]
+    ev = a.causes[0].evidence["after_move"]
+    assert ev["recent_elsewhere"] == 167 and ev["recent_samples"] == 500
+    assert "cold caches" in a.causes[0].detail
+    pinned = recent.copy()
+    pinned[:, 5] = 1.0
+    assert Attributor(quiet_rings(rng), [1]).attribute(slow, pinned).cause != "migration"
+    usual = spike(cpu_ns=int(0.9 * MS), cpu_start=1, cpu_end=1)
+    assert Attributor(quiet_rings(rng), [1]).attribute(usual, recent).cause != "migration"
+    assert Attributor(quiet_rings(rng), [1]).attribute(slow, recent[:, :5]).cause != "migration"
+    moved = Attributor(quiet_rings(rng), [1, 0]).attribute(
+        spike(cpu_ns=int(1.7 * MS), cpu_start=0, cpu_end=1), recent)
+    assert moved.cause == "migration" and "after_move" not in moved.causes[0].evidence
+
+
 def test_block_softirq_beside_page_ins_that_did_not_sleep_is_their_io(rng):
     """GPU machine, memory_pressure: a call with 18 minor faults (swap-cache hits after
     readahead) that never slept, BLOCK softirqs on its CPU completing that readahead: the

@@ -274,7 +274,8 @@ class WatchSession:
     def attribute(self, sp: Spike, *, events: bool = True) -> dict:
         if self._recent is None:  # one in-process baseline for the step's spikes
             self._recent = self.lat.last(RECENT_EVIDENCE)[
-                :, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"], F["cpu_ns"]]]
+                :, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"], F["cpu_ns"],
+                    F["cpu_end"]]]
         with self.sampler.lock:
             a = self.attributor.attribute(sp, self._recent)
         body = a.to_dict()  # the polled attribution

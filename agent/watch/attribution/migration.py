@@ -1,6 +1,8 @@
 """Migration: the sample moved between CPUs during the call, ran outside the probe's CPUs,
 or (external sources) its thread was seen on several CPUs in the window; perf's
-cpu-migrations where ``--perf`` runs."""
+cpu-migrations where ``--perf`` runs; or the call ran far over its usual CPU time on one
+CPU while the probe's recent samples ran on another (the move's after-effect: a core whose
+caches and TLB hold none of the probe's working set)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ MOVED_IN_CALL = 0.85  # started and ended on different CPUs (in-process)
 OUTSIDE_PROBE_CPUS = 0.8  # ran (partly) outside the CPUs the probe is placed on
 THREAD_CPUS_IN_WINDOW = 0.6  # the sched rows saw the thread on more than one CPU
 PERF_MIGRATIONS, PERF_Z_MIN = 0.5, 3  # perf cpu-migrations in the window, z ≥ PERF_Z_MIN
+AFTER_MOVE = 0.6  # no move in the call, but far over its usual CPU time after recent moves
+AFTER_MOVE_CPU_RATIO = 2.0  # ... this many times the recent samples' median CPU time
+RECENT_CPU_END_COL = 5  # the CPU a call ended on, in the in-process baseline (session.py)
 
 
 def migration(ctx: Context) -> CauseScore | None:
@@ -43,6 +48,15 @@ def migration(ctx: Context) -> CauseScore | None:
                 s = max(s, THREAD_CPUS_IN_WINDOW)
                 ev["thread_cpus_in_window"] = sorted(seen)
                 details.append(f"thread ran on CPUs {sorted(seen)} in the window")
+    if s == 0:
+        s, after = _after_move(ctx)
+        if after:
+            ev["after_move"] = after
+            details.append(
+                f"ran {sp.cpu_ns / 1e6:.1f} ms on the CPU (usual "
+                f"{after['cpu_median_us'] / 1e3:.1f} ms) on CPU {sp.cpu_start}, after "
+                f"{after['recent_elsewhere']} of the probe's last {after['recent_samples']} "
+                "samples ran on other CPUs: it came to a core with cold caches")
     p = views.get("perf")
     if p is not None:
         w = p.counter(f"perf.{sp.pid}.cpu_migrations_total")
@@ -51,3 +65,26 @@ def migration(ctx: Context) -> CauseScore | None:
             s = max(s, PERF_MIGRATIONS)
             details.append(f"perf: {w.window:.0f} cpu-migrations in the window")
     return CauseScore("migration", s, detail="; ".join(details), evidence=ev) if s else None
+
+
+def _after_move(ctx: Context) -> tuple[float, dict | None]:
+    """(AFTER_MOVE, evidence) when the call stayed on one CPU, ran AFTER_MOVE_CPU_RATIO×
+    the recent samples' median CPU time or more, and some of the probe's recent samples
+    ended on another CPU; (0, None) otherwise (a probe that stays on its CPU, a baseline
+    without the CPU column). Seen on the GPU machine under the kit's affinity flips: calls
+    that ran 1.5-1.8 ms of CPU (usual 0.6-0.9) with nothing else on the CPU, on the CPU the
+    probe had just come back to."""
+    from agent.watch.attribution.memory import RECENT_CPU_COL
+    sp, recent = ctx.spike, ctx.recent
+    if sp.cpu_ns <= 0 or sp.cpu_start < 0 or sp.cpu_end != sp.cpu_start or recent is None \
+            or recent.ndim != 2 or recent.shape[1] <= RECENT_CPU_END_COL or not len(recent):
+        return 0.0, None
+    ends = recent[:, RECENT_CPU_END_COL]
+    ends = ends[~np.isnan(ends) & (ends >= 0)]
+    elsewhere = int((ends != sp.cpu_start).sum())
+    cpu_med, _ = ctx.recent_stat(RECENT_CPU_COL)
+    if elsewhere <= 0 or cpu_med <= 0 or sp.cpu_ns < AFTER_MOVE_CPU_RATIO * cpu_med:
+        return 0.0, None
+    return AFTER_MOVE, {"cpu_us": round(sp.cpu_ns / 1e3, 1),
+                        "cpu_median_us": round(cpu_med / 1e3, 1),
+                        "recent_elsewhere": elsewhere, "recent_samples": int(len(ends))}
