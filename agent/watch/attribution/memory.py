@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from agent.watch.attribution.spike import CauseScore, Context
+from agent.watch.attribution.spike import CauseScore, Context, slow_own_call
 
 MAJOR = 0.9  # a major fault in the call
 BLOCKED = 0.9  # slept in the call while faulting: waited for its pages
@@ -31,7 +31,6 @@ PSI_BASE, PSI_MAX = 0.3, 0.8  # PSI_BASE + the stall's share of the excess, at m
 # consecutive calls of 4.0 ms CPU each (median 1.0 ms) right after the kit's first page-out
 # wave, no event on the probe CPU but a tick (docs/benchmarks.md).
 AFTER, AFTER_CPU_RATIO = 0.6, 2.0
-RECENT_CPU_COL = 4  # the CPU time column of the in-process baseline (session.RECENT_EVIDENCE)
 HOST_COUNTERS = ("pgmajfault", "pgscan_direct", "allocstall_normal", "allocstall_movable",
                  "compact_stall", "thp_fault_fallback")
 
@@ -107,14 +106,13 @@ def _after_faults(ctx: Context) -> tuple[float, dict | None]:
     faults MINOR_EXCESS_MIN over the usual: swap-cache hits after readahead are minor);
     (0, None) otherwise."""
     sp, recent = ctx.spike, ctx.recent
-    if sp.cpu_ns <= 0 or sp.majflt != 0 or recent is None or recent.ndim != 2 or \
-            recent.shape[1] <= RECENT_CPU_COL or not len(recent):
+    cpu_med = slow_own_call(ctx, AFTER_CPU_RATIO) if sp.majflt == 0 else None
+    if cpu_med is None:
         return 0.0, None
     minflt_med, _ = ctx.recent_stat(0)
     paged = (recent[:, 1] > 0) | (recent[:, 0] >= minflt_med + MINOR_EXCESS_MIN)
     n_paged = int(paged.sum())
-    cpu_med, _ = ctx.recent_stat(RECENT_CPU_COL)
-    if n_paged <= 0 or cpu_med <= 0 or sp.cpu_ns < AFTER_CPU_RATIO * cpu_med:
+    if n_paged <= 0:
         return 0.0, None
     return AFTER, {"cpu_us": round(sp.cpu_ns / 1e3, 1), "cpu_median_us": round(cpu_med / 1e3, 1),
                    "recent_paged_samples": n_paged, "recent_majflt": int(recent[:, 1].sum()),

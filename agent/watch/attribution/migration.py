@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.watch.attribution.spike import CauseScore, Context
+from agent.watch.attribution.spike import RECENT_CPU_END_COL, CauseScore, Context, slow_own_call
 
 MOVED_IN_CALL = 0.85  # started and ended on different CPUs (in-process)
 OUTSIDE_PROBE_CPUS = 0.8  # ran (partly) outside the CPUs the probe is placed on
@@ -16,7 +16,6 @@ THREAD_CPUS_IN_WINDOW = 0.6  # the sched rows saw the thread on more than one CP
 PERF_MIGRATIONS, PERF_Z_MIN = 0.5, 3  # perf cpu-migrations in the window, z ≥ PERF_Z_MIN
 AFTER_MOVE = 0.6  # no move in the call, but far over its usual CPU time after recent moves
 AFTER_MOVE_CPU_RATIO = 2.0  # ... this many times the recent samples' median CPU time
-RECENT_CPU_END_COL = 5  # the CPU a call ended on, in the in-process baseline (session.py)
 
 
 def migration(ctx: Context) -> CauseScore | None:
@@ -71,19 +70,19 @@ def _after_move(ctx: Context) -> tuple[float, dict | None]:
     """(AFTER_MOVE, evidence) when the call stayed on one CPU, ran AFTER_MOVE_CPU_RATIO×
     the recent samples' median CPU time or more, and some of the probe's recent samples
     ended on another CPU; (0, None) otherwise (a probe that stays on its CPU, a baseline
-    without the CPU column). Seen on the GPU machine under the kit's affinity flips: calls
+    without the CPU columns). Seen on the GPU machine under the kit's affinity flips: calls
     that ran 1.5-1.8 ms of CPU (usual 0.6-0.9) with nothing else on the CPU, on the CPU the
     probe had just come back to."""
-    from agent.watch.attribution.memory import RECENT_CPU_COL
     sp, recent = ctx.spike, ctx.recent
-    if sp.cpu_ns <= 0 or sp.cpu_start < 0 or sp.cpu_end != sp.cpu_start or recent is None \
-            or recent.ndim != 2 or recent.shape[1] <= RECENT_CPU_END_COL or not len(recent):
+    if sp.cpu_start < 0 or sp.cpu_end != sp.cpu_start:
+        return 0.0, None
+    cpu_med = slow_own_call(ctx, AFTER_MOVE_CPU_RATIO)
+    if cpu_med is None or recent.shape[1] <= RECENT_CPU_END_COL:
         return 0.0, None
     ends = recent[:, RECENT_CPU_END_COL]
     ends = ends[~np.isnan(ends) & (ends >= 0)]
     elsewhere = int((ends != sp.cpu_start).sum())
-    cpu_med, _ = ctx.recent_stat(RECENT_CPU_COL)
-    if elsewhere <= 0 or cpu_med <= 0 or sp.cpu_ns < AFTER_MOVE_CPU_RATIO * cpu_med:
+    if elsewhere <= 0:
         return 0.0, None
     return AFTER_MOVE, {"cpu_us": round(sp.cpu_ns / 1e3, 1),
                         "cpu_median_us": round(cpu_med / 1e3, 1),

@@ -120,3 +120,21 @@ class Context:
     irq_desc: Callable | None = None  # IRQ row → /proc/interrupts text after the counts
     gpu_detail: Callable | None = None  # GpuCollector.causes(t0, t1)
     slack_ns: int = 0  # the window is [start − slack, end + slack]
+
+
+# The in-process baseline's columns (agent/watch/session.py RECENT_EVIDENCE): minor and major
+# faults, involuntary and voluntary switches, the call's CPU time, the CPU it ended on.
+RECENT_CPU_COL, RECENT_CPU_END_COL = 4, 5
+
+
+def slow_own_call(ctx: Context, ratio: float) -> float | None:
+    """The recent samples' median CPU time where the spike's call ran ``ratio`` × it or more,
+    else None (and None without a CPU column: an external source's baseline). The first test
+    of the after-effect rules (memory.py after page-ins, migration.py after a move)."""
+    sp, recent = ctx.spike, ctx.recent
+    if sp.cpu_ns <= 0 or recent is None or recent.ndim != 2 or \
+            recent.shape[1] <= RECENT_CPU_COL or not len(recent):
+        return None
+    med, _ = ctx.recent_stat(RECENT_CPU_COL)
+    return med if med > 0 and sp.cpu_ns >= ratio * med else None
+
