@@ -146,6 +146,23 @@ def test_tlb_shootdown_ipi_is_named_and_counted():
     assert tl.counts["call_function"] == 1 and tl.counts["reschedule"] == 1
 
 
+def test_counts_are_the_samples_own_not_the_margins():
+    """Events read before the intended start set the walk's state only: a tick, a TLB flush
+    and an IPI there are not counted as the sample's (its record shows them as such)."""
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000500", "probe", PROBE, "R"),
+        line("probe", PROBE, "100.000600", "local_timer_entry: vector=236", "d.h1."),
+        line("probe", PROBE, "100.000605", "local_timer_exit: vector=236", "d.h1."),
+        line("probe", PROBE, "100.000700", "tlb_flush: pages:12 reason:local MM shootdown (3)"),
+        line("probe", PROBE, "100.000800", "ipi_send_cpu: cpu=0 callsite=x+0x1/0x2 callback=0x0"),
+        line("probe", PROBE, "100.001100", "local_timer_entry: vector=236", "d.h1."),
+        line("probe", PROBE, "100.001105", "local_timer_exit: vector=236", "d.h1."),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    assert tl.counts == {"local_timer": 1}
+    assert sum(tl.probe_interrupts.values()) == 1
+
+
 def test_exit_whose_entry_is_before_the_window_charges_the_time_before_it():
     text = "\n".join([
         line("probe", PROBE, "100.001050", "softirq_exit: vec=1 [action=TIMER]", "..s1."),

@@ -375,7 +375,7 @@ class _Walk:
         self.task = pid
         f = ev.fields
         if op == _VEC_IN:
-            self._count(vent.name)
+            self._count(vent.name, ts)
             self._entered(vent, ev)
             stack.append((vent, len(tl.intervals), False))
         elif op == _VEC_OUT:
@@ -394,7 +394,8 @@ class _Walk:
                 self.last_exit = (vent, ts)
         elif op == _SOFT_IN:
             action = str(f.get("action"))
-            if last_exit is not None and ts - last_exit[1] <= RAISE_WITHIN_NS:
+            if last_exit is not None and ts - last_exit[1] <= RAISE_WITHIN_NS and \
+                    ts >= tl.t0_ns:  # (as the IPIs it is compared with: the sample's own)
                 per = self.raised.setdefault(last_exit[0], {})
                 per[action] = per.get(action, 0) + 1
             stack.append((_softirq_entity(action), len(tl.intervals), False))
@@ -420,14 +421,14 @@ class _Walk:
             self.work.pop(pid, None)
             self._tasks.pop(pid, None)
         elif op == _TLB:
-            self._count("tlb_flush")
+            self._count("tlb_flush", ts)
             if f.get("reason") == 1 or "remote shootdown" in str(f.get("reason_str", "")):
-                self._count("tlb_shootdown")
+                self._count("tlb_shootdown", ts)
                 if stack and stack[-1][0].kind == IPI:
                     ent, idx, _ = stack[-1]
                     stack[-1] = (ent, idx, True)
         elif op == _IPI_SENT:
-            self._count("ipi_sent")
+            self._count("ipi_sent", ts)
 
     def _switch(self, ev: Event) -> None:
         tl, f = self.tl, ev.fields
@@ -489,8 +490,12 @@ class _Walk:
             if ent in tl.probe_interrupts:
                 tl.probe_interrupts[new] = tl.probe_interrupts.pop(ent)
 
-    def _count(self, key: str) -> None:
-        self.tl.counts[key] = self.tl.counts.get(key, 0) + 1
+    def _count(self, key: str, ts: int) -> None:
+        """Count an event of the sample itself (``[t0, t1]``: not the margin read before it,
+        which sets state only)."""
+        tl = self.tl
+        if tl.t0_ns <= ts <= tl.t1_ns:
+            tl.counts[key] = tl.counts.get(key, 0) + 1
 
     def _relabel(self, from_idx: int, old: Entity, new: Entity) -> None:
         tl = self.tl
