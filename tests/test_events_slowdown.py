@@ -221,8 +221,8 @@ def test_a_timeline_without_the_probe_that_ran_there_is_not_exact():
     from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line
     from tests.test_watch_events import FakeSource
 
-    events = parse_text([line("swapper/1", 0, _ts(-500), "local_timer_entry: vector=236"),
-                         line("swapper/1", 0, _ts(-495), "local_timer_exit: vector=236")])
+    events = parse_text([line("swapper/1", 0, _ts(500), "local_timer_entry: vector=236"),
+                         line("swapper/1", 0, _ts(505), "local_timer_exit: vector=236")])
     ev = SpikeEvents("on", None, [1], opener=lambda *a, **k: FakeSource(lambda i: events))
     assert ev.open(0) is None
     ran_here = Spike(1, T0, T1, 99, PROBE, 1_000_000, cpu_ns=900_000, cpu_start=1, cpu_end=1)
@@ -232,3 +232,33 @@ def test_a_timeline_without_the_probe_that_ran_there_is_not_exact():
                   Spike(3, T0, T1, 99, PROBE, 1_000_000, cpu_ns=900_000, cpu_start=0,
                         cpu_end=0)):
         assert ev.for_spike(other)[0]["complete"] is True
+
+
+def test_a_timeline_without_the_switches_the_probe_counted_is_not_exact():
+    """The probe's counters say it was preempted in the call; the window shows it running
+    throughout with nothing else on the CPU: incomplete. With the switch in the window
+    (another task ran), or no switch counted, it stands."""
+    from agent.watch.attribution import Spike
+    from agent.watch.events.parse import parse_text
+    from agent.watch.events.wiring import SpikeEvents
+    from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line, sw
+    from tests.test_watch_events import FakeSource
+
+    # (T0 is 1,000 µs after 100 s: _ts counts from there)
+    alone = parse_text([sw("swapper/1", 0, _ts(500), "probe", PROBE, "R"),
+                        line("probe", PROBE, _ts(1300), "local_timer_entry: vector=236"),
+                        line("probe", PROBE, _ts(1305), "local_timer_exit: vector=236")])
+    hog = parse_text([sw("swapper/1", 0, _ts(500), "probe", PROBE, "R"),
+                      sw("probe", PROBE, _ts(1200), "hog", 777, "R+"),
+                      sw("hog", 777, _ts(1900), "probe", PROBE, "R")])
+
+    def read(events, **kw):
+        ev = SpikeEvents("on", None, [1], opener=lambda *a, **k: FakeSource(lambda i: events))
+        assert ev.open(0) is None
+        sp = Spike(1, T0, T1, 99, PROBE, 1_000_000, cpu_ns=900_000, cpu_start=1, cpu_end=1,
+                   **kw)
+        return ev.for_spike(sp)[0]
+    out = read(alone, nivcsw=1, nvcsw=0)
+    assert out["complete"] is False and "switched out 1 time(s)" in out["reason"]
+    assert read(alone, nivcsw=0, nvcsw=0)["complete"] is True
+    assert read(hog, nivcsw=1, nvcsw=0)["complete"] is True
