@@ -146,6 +146,25 @@ def test_tlb_shootdown_ipi_is_named_and_counted():
     assert tl.counts["call_function"] == 1 and tl.counts["reschedule"] == 1
 
 
+def test_the_switchs_own_tlb_flush_does_not_give_the_cpu_back_to_the_old_task():
+    """The GPU machine's kernel (6.18): switch_mm flushes the TLB on every switch between
+    processes, and its tlb_flush event ("flush on task switch (0)") carries the task being
+    switched out. After an RT hog hands the CPU back to the probe with nothing else firing
+    until the sample ends, the probe's run is the probe's, not the hog's."""
+    text = "\n".join([
+        sw("probe", PROBE, "100.000100", "hog", 540, "R+"),
+        sw("hog", 540, "100.002800", "probe", PROBE, "S"),
+        line("hog", 540, "100.002801", "tlb_flush: pages:-1 reason:flush on task switch (0)"),
+    ])
+    tl = timeline(evs(text), 1, {PROBE}, T0, T1)
+    t = totals_by_label(tl)
+    assert t["hog[540]"] == 1_800 * US and t[f"probe probe[{PROBE}]"] == 200 * US
+    assert tl.probe_run_ns == 200 * US and tl.anomalies == 0
+    # a flush for another reason still says who is current (common_pid)
+    other = text.replace("flush on task switch (0)", "local MM shootdown (3)")
+    assert totals_by_label(timeline(evs(other), 1, {PROBE}, T0, T1))["hog[540]"] == 2_000 * US
+
+
 def test_counts_are_the_samples_own_not_the_margins():
     """Events read before the intended start set the walk's state only: a tick, a TLB flush
     and an IPI there are not counted as the sample's (its record shows them as such)."""
@@ -191,7 +210,7 @@ def test_a_lost_switch_is_corrected_by_common_pid():
     text = "\n".join([
         sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
         # the switch probe -> stress[99] was lost; stress's own events show it ran
-        line("stress", 99, "100.001500", "tlb_flush: pages:0 reason:flush on task switch (0)"),
+        line("stress", 99, "100.001500", "tlb_flush: pages:0 reason:local MM shootdown (3)"),
         line("stress", 99, "100.002500", "local_timer_entry: vector=236", "d.h1."),
         line("stress", 99, "100.002510", "local_timer_exit: vector=236", "d.h1."),
     ])

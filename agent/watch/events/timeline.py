@@ -337,9 +337,16 @@ class _Walk:
     def step(self, ev: Event) -> None:
         tl, name, pid, ts = self.tl, ev.name, ev.pid, ev.ts_ns
         stack = self.stack
+        op, vent = _op(name)
+        if op == _TLB and self.task is not None and _on_switch(ev.fields):
+            # The switch's own TLB flush (switch_mm, before ``current`` changes): it carries
+            # the previous task's pid, right after the sched_switch that left it. Trusting
+            # that pid charged the switched-in task's whole run to the one it replaced (on
+            # the GPU machine's kernel every switch between processes flushes so: under an
+            # RT hog a third of the windows showed the hog through the probe's own run).
+            pid = self.task
         if self.task is not None and pid != self.task and not stack:
             tl.anomalies += 1  # a switch we did not see: trust common_pid
-        op, vent = _op(name)
         # 1. the interval up to this event: the innermost context, or the one an exit
         # whose entry the stack lacks closes
         at = -1
@@ -542,6 +549,11 @@ def _op(name: str) -> tuple[int, Entity | None]:
     return _OTHER, None
 
 
+def _on_switch(f: dict) -> bool:
+    """A tlb_flush of reason TLB_FLUSH_ON_TASK_SWITCH (0, "flush on task switch")."""
+    return f.get("reason") == 0 or "task switch" in str(f.get("reason_str", ""))
+
+
 @lru_cache(maxsize=256)
 def _softirq_entity(action: str) -> Entity:
     return Entity(SOFTIRQ, action)
@@ -582,7 +594,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     # one, whoever is current after the last event. The kernel does not always record the
     # switch in (the dev VM's 6.18 guest kernel records no sched_switch from idle at all),
     # so the task after the last event can be stale where the next one is not.
-    if after is not None:
+    if after is not None and not (after.name == "tlb_flush" and _on_switch(after.fields)):
         w.charge(t1_ns, w._unmatched_exit(after) or w.current(after.pid), after.pid)
     else:
         w.charge(t1_ns, w.current(w.task), w.task)
