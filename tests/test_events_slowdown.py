@@ -210,30 +210,6 @@ def test_watch_compares_cpu_time_with_what_the_kernel_charges_once_voted():
     assert ev.info()["cpu_time_includes_irq"] is True
 
 
-def test_a_timeline_without_the_probe_that_ran_there_is_not_exact():
-    """The probe's counters say it ran on CPU 1 in the sample; the window shows only idle
-    (its switch in was not recorded, nothing fired while it ran): incomplete, with why, so
-    the events decide nothing; where the probe did not run there (no CPU time, or another
-    CPU), the same window stands."""
-    from agent.watch.attribution import Spike
-    from agent.watch.events.parse import parse_text
-    from agent.watch.events.wiring import SpikeEvents
-    from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line
-    from tests.test_watch_events import FakeSource
-
-    events = parse_text([line("swapper/1", 0, _ts(500), "local_timer_entry: vector=236"),
-                         line("swapper/1", 0, _ts(505), "local_timer_exit: vector=236")])
-    ev = SpikeEvents("on", None, [1], opener=lambda *a, **k: FakeSource(lambda i: events))
-    assert ev.open(0) is None
-    ran_here = Spike(1, T0, T1, 99, PROBE, 1_000_000, cpu_ns=900_000, cpu_start=1, cpu_end=1)
-    out = ev.for_spike(ran_here)[0]
-    assert out["complete"] is False and "no event in the window shows it" in out["reason"]
-    for other in (Spike(2, T0, T1, 99, PROBE, 1_000_000, cpu_ns=0, cpu_start=1, cpu_end=1),
-                  Spike(3, T0, T1, 99, PROBE, 1_000_000, cpu_ns=900_000, cpu_start=0,
-                        cpu_end=0)):
-        assert ev.for_spike(other)[0]["complete"] is True
-
-
 def test_a_timeline_without_the_switches_the_probe_counted_is_not_exact():
     """The probe's counters say it was preempted in the call; the window shows it running
     throughout with nothing else on the CPU: incomplete. With the switch in the window
