@@ -151,6 +151,13 @@ def test_watch_unit_is_hardened_pinned_and_restarts():
     assert u["KillSignal"] == ["SIGTERM"]
     assert "watch" in u["ExecStart"][0] and "--listen" in u["ExecStart"][0]
     assert "127.0.0.1:9877" in (UNITS / "hftagent.default").read_text()
+    # the agent's own threads at nice -10 through watch (never the probe): no Nice= (it
+    # would renice the probe worker too), and the capability that allows it
+    argv = shlex.split(u["ExecStart"][0])
+    assert argv[argv.index("--nice") + 1] == "-10"
+    assert "Nice" not in u
+    for key in ("CapabilityBoundingSet", "AmbientCapabilities"):
+        assert "CAP_SYS_NICE" in u[key][0].split()
 
 
 def test_tune_unit_is_oneshot_with_rollback():
