@@ -236,5 +236,11 @@ def test_a_timeline_without_the_switches_the_probe_counted_is_not_exact():
         return ev.for_spike(sp)[0]
     out = read(alone, nivcsw=1, nvcsw=0)
     assert out["complete"] is False and "switched out 1 time(s)" in out["reason"]
+    # the switch lay in the margin before the start (the spin): the window has it
+    early = parse_text([sw("probe", PROBE, _ts(600), "hog", 777, "R+"),
+                        sw("hog", 777, _ts(800), "probe", PROBE, "R"),
+                        line("probe", PROBE, _ts(1300), "local_timer_entry: vector=236"),
+                        line("probe", PROBE, _ts(1305), "local_timer_exit: vector=236")])
+    assert read(early, nivcsw=1, nvcsw=0)["complete"] is True
     assert read(alone, nivcsw=0, nvcsw=0)["complete"] is True
     assert read(hog, nivcsw=1, nvcsw=0)["complete"] is True

@@ -124,6 +124,9 @@ class Timeline:
     start_delay_ns: int | None = None
     preemptions: int = 0  # the probe switched out while runnable (prev_state R)
     blocks: int = 0  # the probe switched out to sleep
+    # the probe switched out in the margin read before t0 (its call's counters, read from
+    # before the spin up to the start, count those too)
+    switched_out_before: int = 0
     migrations: list[tuple[int, int, int]] = field(default_factory=list)  # (ts, from, to)
     counts: dict[str, int] = field(default_factory=dict)
     # hard interrupts (IRQ handlers, APIC vectors) that entered while the probe itself ran,
@@ -451,6 +454,8 @@ class _Walk:
                 tl.preemptions += 1
             else:
                 tl.blocks += 1
+        elif prev in self.probe:
+            tl.switched_out_before += 1
         if nxt in self.probe:
             self.switch_ins.append((self.waking, ev.ts_ns))
             self.waking = None

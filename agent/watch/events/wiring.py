@@ -147,8 +147,9 @@ class IrqInCpuTime:
 def _check_probe_seen(tl, sp, cpu: int) -> None:
     """A timeline that contradicts the probe's own counters lacks events, and is not exact:
     marked incomplete (with why), so that it decides nothing and feeds no estimate. The
-    probe was switched out during the call (its context switches) on this CPU, but the
-    timeline shows no switch of it and nothing else on the CPU: 3 of ~5,400 timed spikes on
+    probe was switched out during the call (its context switches, counted from before its
+    spin up to the start: a switch in the margin before the window counts) on this CPU, but
+    the window shows no switch of it and nothing else on the CPU: 3 of ~5,400 timed spikes on
     the GPU machine, one of which showed the probe running through a 4 ms run-queue wait
     (as hidden time).
 
@@ -162,6 +163,7 @@ def _check_probe_seen(tl, sp, cpu: int) -> None:
         return
     switched = max(sp.nivcsw, 0) + max(sp.nvcsw, 0)
     if switched > 0 and tl.probe_run_ns > 0 and tl.preemptions == 0 and tl.blocks == 0 \
+            and tl.switched_out_before == 0 \
             and not any(e.kind in (TASK, IDLE, WORK) for e in tl.totals):
         tl.complete = False
         tl.reason = (f"the probe was switched out {switched} time(s) in this sample, but the "
