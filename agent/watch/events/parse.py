@@ -838,13 +838,9 @@ class PageIndex:
         """The first event of the page with ``t < ts <= t_max`` (records of ids without a
         format passed over), decoded alone; None without one."""
         tss, recs = self.tss, self.recs
-        ks = range(bisect_right(tss, t), len(tss)) if self.ordered else \
-            sorted((k for k, ts in enumerate(tss) if ts > t), key=tss.__getitem__)
+        ks = range(bisect_right(tss, t), bisect_right(tss, t_max)) if self.ordered else \
+            sorted((k for k, ts in enumerate(tss) if t < ts <= t_max), key=tss.__getitem__)
         for k in ks:
-            if tss[k] > t_max:
-                if self.ordered:
-                    break
-                continue
             ev = decode_record(buf, cpu, formats, recs[k], symbols)
             if ev is not None:
                 return ev

@@ -263,6 +263,8 @@ class _Walk:
         return Entity(TASK, comm, pid)
 
     def charge(self, until: int, who: Entity, current_pid: int | None) -> None:
+        """Charge the time from the last event to ``until`` to ``who``. :meth:`step` does
+        the same inline (once per event: a call each cost the flood's walk 22 %)."""
         tl = self.tl
         a, b = max(self.last, tl.t0_ns), min(until, tl.t1_ns)
         if b > a:
@@ -331,33 +333,36 @@ class _Walk:
             return _softirq_entity(str(ev.fields.get("action")))
         return vent
 
-    def _unmatched_exit(self, ev: Event) -> Entity | None:
-        """:meth:`_unmatched` for one event (the interval after the window's last one)."""
-        op, vent = _op(ev.name)
-        at = self._find(op, ev, vent) if op in _EXITS and op != _WQ_OUT else -1
-        return self._unmatched(op, ev, vent, at) if op in _EXITS else None
+    def _exit_context(self, op: int, ev: Event, vent: Entity | None
+                      ) -> tuple[int, Entity | None]:
+        """For an exit: (the stack index of the context it closes, -1 when its entry is not
+        on the stack; that context when it is not, else None). (-1, None) for the rest."""
+        if op not in _EXITS:
+            return -1, None
+        at = -1 if op == _WQ_OUT else self._find(op, ev, vent)
+        return at, self._unmatched(op, ev, vent, at)
+
+    def pid_of(self, ev: Event) -> int:
+        """Who was current when ``ev`` fired: its ``common_pid``, except for the switch's
+        own TLB flush (switch_mm, before ``current`` changes), which carries the task just
+        switched out, right after the sched_switch that left it. Trusting that pid charged
+        the switched-in task's run to the one it replaced (on the GPU machine's kernel every
+        switch between processes flushes so: under an RT hog a third of the windows showed
+        the hog through the probe's own run)."""
+        if ev.name == "tlb_flush" and self.task is not None and _on_switch(ev.fields):
+            return self.task
+        return ev.pid
 
     def step(self, ev: Event) -> None:
-        tl, name, pid, ts = self.tl, ev.name, ev.pid, ev.ts_ns
+        tl, name, ts = self.tl, ev.name, ev.ts_ns
         stack = self.stack
         op, vent = _op(name)
-        if op == _TLB and self.task is not None and _on_switch(ev.fields):
-            # The switch's own TLB flush (switch_mm, before ``current`` changes): it carries
-            # the previous task's pid, right after the sched_switch that left it. Trusting
-            # that pid charged the switched-in task's whole run to the one it replaced (on
-            # the GPU machine's kernel every switch between processes flushes so: under an
-            # RT hog a third of the windows showed the hog through the probe's own run).
-            pid = self.task
+        pid = self.pid_of(ev) if op == _TLB else ev.pid
         if self.task is not None and pid != self.task and not stack:
             tl.anomalies += 1  # a switch we did not see: trust common_pid
         # 1. the interval up to this event: the innermost context, or the one an exit
         # whose entry the stack lacks closes
-        at = -1
-        who = None
-        if op in _EXITS:
-            if op != _WQ_OUT:
-                at = self._find(op, ev, vent)
-            who = self._unmatched(op, ev, vent, at)
+        at, who = self._exit_context(op, ev, vent)
         if who is None:
             who = stack[-1][0] if stack else self.task_entity(pid)
         # (charge, inlined: once per event)
@@ -599,8 +604,10 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     # one, whoever is current after the last event. The kernel does not always record the
     # switch in (the dev VM's 6.18 guest kernel records no sched_switch from idle at all),
     # so the task after the last event can be stale where the next one is not.
-    if after is not None and not (after.name == "tlb_flush" and _on_switch(after.fields)):
-        w.charge(t1_ns, w._unmatched_exit(after) or w.current(after.pid), after.pid)
+    if after is not None:
+        op, vent = _op(after.name)
+        pid = w.pid_of(after)
+        w.charge(t1_ns, w._exit_context(op, after, vent)[1] or w.current(pid), pid)
     else:
         w.charge(t1_ns, w.current(w.task), w.task)
     w.finish()
