@@ -36,6 +36,7 @@ import numpy as np
 from agent.client import FIELDS, RingError
 from agent.watch import summary as summary_
 from agent.watch.attribution import Attributor, Spike
+from agent.watch.attribution.spike import RECENT_FIELDS
 from agent.watch.config import WatchConfig
 from agent.watch.detect import SpikeDetector
 from agent.watch.events.wiring import SpikeEvents, apply_verdict
@@ -273,9 +274,7 @@ class WatchSession:
     # the schedule's Sink: attribute, log with an inherited cause, drop
     def attribute(self, sp: Spike, *, events: bool = True) -> dict:
         if self._recent is None:  # one in-process baseline for the step's spikes
-            self._recent = self.lat.last(RECENT_EVIDENCE)[
-                :, [F["minflt"], F["majflt"], F["nivcsw"], F["nvcsw"], F["cpu_ns"],
-                    F["cpu_end"]]]
+            self._recent = self.lat.last(RECENT_EVIDENCE)[:, [F[k] for k in RECENT_FIELDS]]
         with self.sampler.lock:
             a = self.attributor.attribute(sp, self._recent)
         body = a.to_dict()  # the polled attribution

@@ -122,9 +122,12 @@ class Context:
     slack_ns: int = 0  # the window is [start − slack, end + slack]
 
 
-# The in-process baseline's columns (agent/watch/session.py RECENT_EVIDENCE): minor and major
-# faults, involuntary and voluntary switches, the call's CPU time, the CPU it ended on.
-RECENT_CPU_COL, RECENT_CPU_END_COL = 4, 5
+# The in-process baseline's columns, in order (agent/watch/session.py builds it from these
+# fields of the latest RECENT_EVIDENCE samples): minor and major faults, involuntary and
+# voluntary switches, the call's CPU time, the CPU it ended on.
+RECENT_FIELDS = ("minflt", "majflt", "nivcsw", "nvcsw", "cpu_ns", "cpu_end")
+RECENT_CPU_COL = RECENT_FIELDS.index("cpu_ns")
+RECENT_CPU_END_COL = RECENT_FIELDS.index("cpu_end")
 
 
 def slow_own_call(ctx: Context, ratio: float) -> float | None:
@@ -137,4 +140,3 @@ def slow_own_call(ctx: Context, ratio: float) -> float | None:
         return None
     med, _ = ctx.recent_stat(RECENT_CPU_COL)
     return med if med > 0 and sp.cpu_ns >= ratio * med else None
-
