@@ -279,15 +279,15 @@ def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, 
 
     A box task: the verdict is contention and the kernel events show a task (or a kworker's
     work item) outside the fault kit (not one of ``pids``) on the probe CPU for at least
-    half the excess over P50
-    and for longer than the kit's own tasks together (so a CPU fault's spike in which the
-    box's kdamond ran instead of the kit's hogs is the box's). The host: the events'
-    breakdown puts at least half the excess in :data:`HOST_ITEMS` (whatever the verdict:
-    a contention verdict for a sample the host stole 1.9 of 2.3 ms from is not the CPU
-    fault's doing), unless the fault injects that very cause. Exact evidence, not the polled guess; a spike that inherited its
-    cause from such a spike (queued behind it) follows it. A quiet box has them too: the
-    control run counts them. Counted apart so that "right" and "culprit named" measure
-    the fault; the raw shares stay in the output."""
+    half the excess over P50 and for longer than the kit's own tasks together (so a CPU
+    fault's spike in which the box's kdamond ran instead of the kit's hogs is the box's).
+    The host: the events' breakdown puts at least half the excess in :data:`HOST_ITEMS`
+    (whatever the verdict: a contention verdict for a sample the host stole 1.9 of 2.3 ms
+    from is not the CPU fault's doing), unless the fault injects that very cause. Exact
+    evidence, not the polled guess; a spike that inherited its cause from such a spike
+    (queued behind it) follows it. A quiet box has them too: the control run counts them.
+    Counted apart so that "right" and "culprit named" measure the fault; the raw shares
+    stay in the output."""
     out: dict[int, str] = {}
     kit_tags = tuple(f"[{p}]" for p in pids)
     for r in recs:
@@ -309,10 +309,15 @@ def _box_task(r: dict, excess: float, kit_tags: tuple[str, ...]) -> str | None:
     if r.get("cause") != "cpu_contention":
         return None
     ents = ((r.get("events") or {}).get("timeline") or {}).get("entities") or []
-    tasks = [e for e in ents if e.get("kind") in ("task", "workqueue")]  # kworkers' items too
-    kit_us = sum(e["us"] for e in tasks if kit_tags and e.get("label", "").endswith(kit_tags))
-    top = max((e for e in tasks if not (kit_tags and e.get("label", "").endswith(kit_tags))),
-              key=lambda e: e["us"], default=None)
+    kit_us, others = 0.0, []
+    for e in ents:
+        if e.get("kind") not in ("task", "workqueue"):  # (kworkers' work items too)
+            continue
+        if kit_tags and e.get("label", "").endswith(kit_tags):
+            kit_us += e["us"]
+        else:
+            others.append(e)
+    top = max(others, key=lambda e: e["us"], default=None)
     if top is not None and top["us"] >= 0.5 * excess and top["us"] > kit_us:
         return top["label"]
     return None

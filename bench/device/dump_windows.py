@@ -25,12 +25,13 @@ def spy(events, cpu, probe, t0, t1, **kw):
 
 
 wiring.timeline = spy
+outdir = sys.argv[1]
 sys.argv = ["attribution.py", "--duration", "5", "--settle", "3", "--trace", "mount",
             "--faults", "cpu_hog_rt", "--watch-nice", "-10", "--json",
-            os.path.join(sys.argv[1], "attr.json")]
+            os.path.join(outdir, "attr.json")]
 import bench.attribution as ba  # noqa: E402
 
 ba.main()
-with open(os.path.join(sys.argv[-1].rsplit("/", 1)[0], "windows.json"), "w") as fh:
+with open(os.path.join(outdir, "windows.json"), "w") as fh:
     json.dump(dumps, fh, indent=0)
 print("dumped", len(dumps))
