@@ -37,12 +37,15 @@ run: $(STAMP)
 test: $(STAMP) apt-deps
 	$(BIN)/python -m pytest -q
 
-# The benchmarks behind docs/benchmarks.md (several minutes; run on a quiet machine).
+# The benchmarks behind docs/benchmarks.md that need no root and no tracefs (several minutes;
+# run on a quiet machine). bench/README.md lists the others and their commands.
 bench: $(STAMP)
 	$(BIN)/python bench/audit_bench.py
 	$(BIN)/python bench/probe_bench.py
 	$(BIN)/python bench/scrape_bench.py
 	$(BIN)/python bench/nvml_cost.py --fake
+	$(BIN)/python bench/gate_bench.py
+	$(BIN)/python bench/journal_bench.py --runs 3
 
 lint: $(STAMP)
 	$(BIN)/ruff check agent collectors tuning tests bench

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The one validation script for the lent GPU machine (a disposable VM, root, no TensorFlow),
+# run from the repo root through the device tool. STEPS names what runs, in this order:
+#
+#     STEPS="irqcost attribution" bash bench/device/validate.sh
+#
+#   env          (always) kernel, CPUs, cpuidle, cgroups, tracefs          -> $OUT/env.txt
+#   capture      the /proc and /sys files the audit reads (bench/device/capture.sh)
+#   irqcost      one interrupt's cost to a running task on three CPUs     -> irqcost.json
+#   idle_switch  does this kernel record the switch from idle?            -> idle_switch.txt
+#   attribution  bench/attribution.py with kernel events, one run per word of RUNS (a
+#                comma-separated fault list; "all" = every fault); WATCH_NICE=-10 runs watch's
+#                own threads at that nice value                  -> attribution.txt, -runs.tar.gz
+#   events_cost  bench/events_ab.py, 3 pairs                                -> events_ab.json
+#   collectors   bench/collector_cost.py --seconds 8                   -> collector_cost.json
+#   cpus         hftagent cpus quiet, then with a bursty task pinned to CPU $NOISY  -> cpus.txt
+#   isolate      bench/isolate_roundtrip.py on the upper half of the CPUs   -> isolate.json
+#   gate         the stressed gate untuned, then tuned (rolled back after)      -> gate.json
+#   wake         the wake-up ratio on the isolated last CPU                        -> wake.json
+#   tuning       bench/tuning_effect.py, P99.9-sufficient, with the keep-awake arms
+#                                                                        -> tuning_effect.json
+#   roundtrip    bench/device/tuning_roundtrip.sh: every tunable applied and rolled back
+#   gpu          bench/device/gpu_validation.sh (read-only NVML and nsight checks)
+#   gpu_watch    bench/device/gpu_watch.sh (a foreign GPU process named by watch)
+# (bench/device/multi_gpu.sh needs the two-GPU kind and stays a call of its own.)
+#
+# Each step has its own time limit, so a step that runs out leaves the others' results. The
+# GPU's settings are never changed. Everything started here is stopped by pid; every tune
+# apply is rolled back by the step that made it. The device tool brings back 8 files at most:
+# ask for few steps per call.
+set -u
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+export PYTHONPATH=$PWD
+HFT=(python3 -c 'from agent.cli import main; main()')  # an array: `timeout` cannot run a function
+log="$out/log.txt"
+n=$(nproc --all)
+cpu=$((n - 1))
+NOISY=${NOISY:-5}
+want() { [[ " ${STEPS:-} " == *" $1 "* ]]; }
+step() { echo "== $1 $(date +%T)" >> "$log"; }
+rc() { echo "rc=$?" >> "$log"; }
+tracefs() { grep -q ' /sys/kernel/tracing ' /proc/mounts || mount -t tracefs nodev /sys/kernel/tracing; }
+
+{
+  echo "== env"; nproc --all; uname -r; python3 --version
+  python3 -c 'import numpy; print("numpy", numpy.__version__)'
+  for f in /sys/devices/system/cpu/cpuidle/current_driver /sys/devices/system/cpu/isolated \
+           /sys/module/kvm_intel/parameters/ple_gap /sys/devices/virtual/workqueue/cpumask; do
+    [ -e "$f" ] && echo "$f: $(cat "$f")"
+  done
+  grep -m1 'model name' /proc/cpuinfo; cat /proc/loadavg; cat /proc/cmdline
+  mount | grep -E 'cgroup|tracefs'
+} > "$out/env.txt" 2>&1
+
+if want capture; then step capture; bash bench/device/capture.sh >> "$log" 2>&1; rc; fi
+
+if want irqcost; then
+step "irqcost (CPUs $cpu, $((cpu / 2)), 1)"
+timeout 60 python3 - "$out" "$cpu" >> "$log" 2>&1 <<'PY'
+import json, sys
+from agent.noise.irqcost import measure
+out, cpu = sys.argv[1], int(sys.argv[2])
+res = [measure(c, 0).to_dict() for c in (cpu, cpu // 2, 1) for _ in range(2)]
+for r in res:
+    print(r["note"])
+json.dump(res, open(f"{out}/irqcost.json", "w"), indent=1)
+PY
+rc
+fi
+
+if want idle_switch; then
+step "idle_switch (CPU $cpu)"
+tracefs
+inst=/sys/kernel/tracing/instances/hftcheck-$$-$RANDOM
+mkdir "$inst" && trap 'echo 0 > "$inst/events/sched/sched_switch/enable"; rmdir "$inst"' EXIT
+printf '%x' $((1 << cpu)) > "$inst/tracing_cpumask"
+echo 4096 > "$inst/buffer_size_kb"
+echo 1 > "$inst/events/sched/sched_switch/enable"
+taskset -c "$cpu" python3 -c 'import time
+for _ in range(500): time.sleep(0.001)'
+echo 0 > "$inst/events/sched/sched_switch/enable"
+{
+  echo "switches: $(grep -c sched_switch "$inst/trace")"
+  echo "to idle (next_pid=0): $(grep -c 'next_pid=0 ' "$inst/trace")"
+  echo "from idle (prev_pid=0): $(grep -c 'prev_pid=0 ' "$inst/trace")"
+} > "$out/idle_switch.txt" 2>&1
+rmdir "$inst"; trap - EXIT
+fi
+
+if want attribution; then
+tracefs
+all=none,cpu_hog,cpu_hog_rt,softirq_flood,memory_pressure,oversubscription,migration
+rm -rf /tmp/attribution-runs; mkdir -p /tmp/attribution-runs
+i=0
+for faults in ${RUNS:-all}; do
+  i=$((i + 1)); d=/tmp/attribution-runs/run$i; mkdir -p "$d"
+  [ "$faults" = all ] && faults=$all
+  step "attribution run$i: $faults"
+  timeout 300 python3 bench/attribution.py --duration "${DURATION:-7}" --settle 3 --trace mount \
+    --faults "$faults" ${WATCH_NICE:+--watch-nice "$WATCH_NICE"} \
+    --json "$d/attribution.json" --log-dir "$d/attribution-logs" \
+    > "$d/attribution.txt" 2>> "$log"
+  rc
+  { echo "== run$i: $faults"; sed -n '/^$/,$p' "$d/attribution.txt"; } >> "$out/attribution.txt"
+done
+tar -C /tmp -czf "$out/attribution-runs.tar.gz" attribution-runs
+fi
+
+if want events_cost; then
+step events_cost; tracefs
+timeout 200 python3 bench/events_ab.py --pairs 3 --duration 5 --trace-on mount \
+  --json "$out/events_ab.json" > "$out/events_ab.txt" 2>> "$log"
+rc
+fi
+
+if want collectors; then
+step collectors
+timeout 120 python3 bench/collector_cost.py --seconds 8 --json "$out/collector_cost.json" \
+  > "$out/collector_cost.txt" 2>> "$log"
+rc
+fi
+
+if want cpus; then
+step "cpus quiet, then CPU $NOISY loaded"
+{ timeout 180 "${HFT[@]}" cpus --duration 1; echo "rc=$?"; } > "$out/cpus.txt" 2>&1
+NOISY=$NOISY python3 -c '
+import os, random, time
+os.sched_setaffinity(0, [int(os.environ["NOISY"])])
+c = time.monotonic
+while True:
+    e = c() + random.uniform(0.0005, 0.003)
+    while c() < e: pass
+    time.sleep(random.uniform(0.001, 0.004))
+' & hog=$!
+sleep 0.5
+{ echo "== CPU $NOISY loaded"; timeout 180 "${HFT[@]}" cpus --duration 1; echo "rc=$?"; } >> "$out/cpus.txt" 2>&1
+kill "$hog"; wait "$hog" 2>/dev/null
+fi
+
+if want isolate; then
+step isolate
+timeout 180 python3 bench/isolate_roundtrip.py --cpus "$((n / 2))-$((n - 1))" \
+  --state-dir /tmp/iso-rt --json "$out/isolate.json" >> "$log" 2>&1
+rc
+fi
+
+if want gate; then
+step "gate, CPU $cpu"
+st=/tmp/hft-validate-state; db=/tmp/hft-validate-db.sqlite
+g() { timeout 70 "${HFT[@]}" gate --model numpy --scenarios warm,stressed --cpus "$cpu" \
+        --duration 12 --db "$db" --json > "$out/gate-$1.json" 2>> "$log"; echo "gate $1 rc=$?" >> "$log"; }
+g untuned
+timeout 120 "${HFT[@]}" tune apply --isolate --only isolate --cpus "$cpu" --state-dir "$st" >> "$log" 2>&1
+g tuned
+timeout 120 "${HFT[@]}" tune rollback --state-dir "$st" >> "$log" 2>&1; rc
+fi
+
+if want wake; then
+step "wake (isolated CPU $cpu)"
+timeout 170 python3 bench/tuning_effect.py --cpu "$cpu" --wake-only --wake-isolated \
+  --keepawake-loops pause,busy --json "$out/wake.json" > "$out/wake.txt" 2>> "$log"
+rc
+fi
+
+if want tuning; then
+step "tuning effect, CPU $cpu"
+timeout 540 python3 bench/tuning_effect.py --cpu "$cpu" \
+  --scenarios "${SCENARIOS:-quiet,noisy,bursty,noisy+isolate,noisy+keep-awake,noisy+isolate+keep-awake,noisy+all,bursty+all}" \
+  --min-samples "${MIN_SAMPLES:-6636}" --rounds "${ROUNDS:-2}" --budget-s "${BUDGET_S:-500}" \
+  --no-wake --json "$out/tuning_effect.json" > "$out/tuning_effect.txt" 2>> "$log"
+rc
+fi
+
+if want roundtrip; then step roundtrip; bash bench/device/tuning_roundtrip.sh >> "$log" 2>&1; rc; fi
+if want gpu; then step gpu; bash bench/device/gpu_validation.sh >> "$log" 2>&1; rc; fi
+if want gpu_watch; then step gpu_watch; bash bench/device/gpu_watch.sh >> "$log" 2>&1; rc; fi
+echo "== done $(date +%T)" >> "$log"
