@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from collectors.cpu import cpuinfo_flags
-from collectors.host import Host, Reading
+from collectors.host import PERMISSION, Host, Reading
 from collectors.parsers import (
     format_cpulist,
     parse_cpulist,
@@ -232,13 +232,13 @@ def process_info(host: Host, pid: int) -> ProcessInfo | None:
     if not st.ok:
         return None
     kv = parse_kv(st.value, ":")
-    try:
-        env_bytes = host.proc(pid, "environ").read_bytes()
-        env, env_reason = parse_environ(env_bytes), None
-    except PermissionError:
+    envr = host.read_bytes(host.proc(pid, "environ"))  # bounded: a tree's file may be 2 GiB
+    if envr.value is not None:
+        env, env_reason = parse_environ(envr.value), None
+    elif envr.reason == PERMISSION:
         env, env_reason = None, "permission (retry as root or as the process owner)"
-    except OSError as exc:
-        env, env_reason = None, f"unreadable: {exc.strerror}"
+    else:
+        env, env_reason = None, f"unreadable: {envr.reason}"
 
     def cl(key: str) -> list[int] | None:
         try:

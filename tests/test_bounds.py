@@ -1,0 +1,121 @@
+"""Bounds on what others can hand us (issue #30 item 8): files in a --root tree, profile
+strings, web config nesting, a basic-auth flood. Each test reproduces a reported hang,
+blow-up or starvation and checks the one clear line that replaces it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collectors import system
+from collectors.host import LARGE_READ_LIMIT, READ_LIMIT, Host, HotFile, read_bounded
+
+HFTAGENT = Path(sys.executable).with_name("hftagent")
+
+
+def hftagent(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HFTAGENT), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200",
+                                                "HFTAGENT_DB": os.devnull})
+
+
+# ---- --root file reads ----------------------------------------------------------------------
+
+def test_sparse_cmdline_is_refused_before_a_byte_is_read(tree_copy):
+    root = tree_copy("vm-dev")
+    with open(root / "proc/cmdline", "r+b") as fh:
+        fh.truncate(2 << 30)  # sparse: no disk, but 2 GiB to read whole (was > 300 s)
+    r = Host(root).read(Host(root).proc("cmdline"))
+    assert r.value is None and r.path == "/proc/cmdline"
+    assert r.reason == f"error: too large (2,147,483,648 bytes > {READ_LIMIT:,})"
+
+
+def test_read_at_the_limit_and_one_over(tree_copy, tmp_path):
+    h = Host(tree_copy("vm-dev"))
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 100)
+    assert h.read(p, limit=100).value == "x" * 100
+    r = h.read(p, limit=99)
+    assert r.value is None and r.reason == "error: too large (100 bytes > 99)"
+
+
+def test_read_bounded_stops_at_the_limit_when_the_size_is_unknown():
+    # a pipe has no size, as a /proc seq_file says 0: the bound comes from reading
+    r, w = os.pipe()
+    try:
+        os.write(w, b"y" * 300)
+        os.close(w)
+        w = -1
+        assert read_bounded(r, 299) is None
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    r, w = os.pipe()
+    os.write(w, b"z" * 300)
+    os.close(w)
+    assert read_bounded(r, 300) == b"z" * 300
+    os.close(r)
+
+
+def test_files_that_grow_with_cpus_and_irqs_get_the_large_bound(tree_copy):
+    root = tree_copy("synthetic-2socket")
+    h = Host(root)
+    for rel in ("interrupts", "cpuinfo", "stat", "softirqs", "640/environ"):
+        assert h.limit_for(h.proc(rel)) == LARGE_READ_LIMIT, rel
+    for p in (h.proc("cmdline"), h.proc("640/status"), h.sys("devices/system/cpu/online"),
+              h.proc("sys/kernel/osrelease"), h.etc("os-release")):
+        assert h.limit_for(p) == READ_LIMIT, p
+    # a real 256-CPU, 1,000-IRQ /proc/interrupts (~2.8 MB) is read whole
+    head = "     " + "".join(f"CPU{c:<7}" for c in range(256)) + "\n"
+    line = "".join(f"{'0':>11}" for _ in range(256))
+    text = head + "".join(f"{i:>4}:{line}  IR-PCI-MSI  eth0-{i}\n" for i in range(1000))
+    assert len(text) > 2_500_000
+    (root / "proc/interrupts").write_text(text)
+    assert h.read(h.proc("interrupts")).value == text.rstrip("\n")
+
+
+def test_process_environ_in_a_tree_is_bounded(tree_copy):
+    root = tree_copy("synthetic-2socket")
+    with open(root / "proc/640/environ", "wb") as fh:
+        fh.truncate(LARGE_READ_LIMIT + 1)
+    info = system.process_info(Host(root), 640)
+    assert info is not None and info.environ is None
+    assert info.environ_reason.startswith("unreadable: error: too large (")
+
+
+def test_hot_file_is_bounded_and_never_blocks_on_a_fifo(tmp_path):
+    p = tmp_path / "big"
+    p.write_bytes(b"1 " * 10_000)
+    hf = HotFile(str(p), size=4096, limit=8192)
+    with pytest.raises(OSError) as ei:
+        hf.read()
+    assert ei.value.errno == errno.EFBIG and "too large" in str(ei.value)
+    hf.close()
+    small = HotFile(str(p), limit=20_000)
+    assert small.read() == b"1 " * 10_000
+    small.close()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    hf = HotFile(str(fifo))  # O_NONBLOCK: the open returns although no writer exists
+    with pytest.raises(OSError):
+        hf.read()
+    hf.close()
+
+
+def test_audit_of_a_tree_with_a_huge_cmdline_is_one_error_finding(tree_copy):
+    root = tree_copy("vm-dev")
+    with open(root / "proc/cmdline", "r+b") as fh:
+        fh.truncate(2 << 30)
+    p = hftagent("audit", "--root", str(root), "--json")
+    assert p.returncode in (1, 2), p.stderr
+    assert "Traceback" not in p.stderr and "internal error" not in p.stderr
+    import json
+    f = {x["id"]: x for x in json.loads(p.stdout)["findings"]}["isolation.cmdline"]
+    assert f["status"] == "error" and "too large (2,147,483,648 bytes" in f["current"]
+    assert f["evidence"] == "/proc/cmdline"
