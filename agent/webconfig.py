@@ -61,7 +61,14 @@ from typing import Any
 
 from agent.errors import AgentError
 
-MAX_FILE_BYTES = 1 << 20  # a web config, a certificate chain or a key is far smaller
+MAX_FILE_BYTES = 1 << 20  # a certificate chain or a key is far smaller
+# The web config itself: a few users and file names (the shipped example is 1.4 KB), 64 KiB
+# leaves room for an inline client_ca bundle. PyYAML's pure-Python loader took 8-15 s and
+# 400 MB on a 1 MiB file; 64 KiB of the worst shape loads in about a second.
+MAX_CONFIG_BYTES = 64 << 10
+# The deepest the format goes is 3 (tls_server_config.client_allowed_sans: [...]); PyYAML's
+# composer recurses per level, and 10,000 levels raised RecursionError.
+MAX_DEPTH = 32
 RELOAD_CHECK_S = 5.0
 
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
@@ -143,7 +150,21 @@ def _strict_loader() -> type:
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
-        """SafeLoader that refuses a key given twice (PyYAML keeps the last one silently)."""
+        """SafeLoader that refuses a key given twice (PyYAML keeps the last one silently) and
+        nesting deeper than :data:`MAX_DEPTH` (before the recursion it would cost)."""
+
+        _depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self._depth >= MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_DEPTH} levels deep",
+                    self.peek_event().start_mark)
+            self._depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
 
     def mapping(loader: Any, node: Any, deep: bool = False) -> dict:
         seen: set = set()
@@ -175,6 +196,8 @@ def _parse_yaml(text: bytes, path: str) -> Any:
         raise _err(path, f"bad YAML at {where}{what}") from None
     except yaml.YAMLError as exc:
         raise _err(path, "bad YAML: " + " ".join(str(exc).split())) from None
+    except RecursionError:  # not reached with MAX_DEPTH; a last guard, never a traceback
+        raise _err(path, "bad YAML: nested too deeply") from None
 
 
 # ---- the config ---------------------------------------------------------------------------
@@ -581,7 +604,7 @@ def _users(m: dict, path: str) -> dict[str, bytes]:
 def load_web_config(path: str) -> WebConfig:
     """Read, validate and prepare ``path`` (TLS context built, certificates loaded).
     AgentError with one line naming the file and the problem."""
-    text = read_regular(path, "--web.config.file")
+    text = read_regular(path, "--web.config.file", MAX_CONFIG_BYTES)
     doc = _parse_yaml(text, path)
     top = _mapping(doc, "the file", path)
     _unknown(top, ("tls_server_config", "http_server_config", "basic_auth_users",

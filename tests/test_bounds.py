@@ -119,3 +119,54 @@ def test_audit_of_a_tree_with_a_huge_cmdline_is_one_error_finding(tree_copy):
     f = {x["id"]: x for x in json.loads(p.stdout)["findings"]}["isolation.cmdline"]
     assert f["status"] == "error" and "too large (2,147,483,648 bytes" in f["current"]
     assert f["evidence"] == "/proc/cmdline"
+
+
+# ---- web config ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "[" * 10_000 + "]" * 10_000,                                   # flow sequences
+    "basic_auth_users: " + "{a: " * 10_000 + "1" + "}" * 10_000,   # flow mappings
+    "".join(" " * i + f"k{i}:\n" for i in range(300)),             # block mappings
+])
+def test_web_config_nesting_is_bounded(tmp_path, text):
+    from agent.errors import AgentError
+    from agent.webconfig import MAX_DEPTH, load_web_config
+
+    p = tmp_path / "deep.yml"
+    p.write_text(text)
+    with pytest.raises(AgentError) as ei:  # was: internal error: RecursionError
+        load_web_config(str(p))
+    assert f"nested more than {MAX_DEPTH} levels deep" in str(ei.value)
+    assert str(p) in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_web_config_depth_limit_admits_the_real_format(tmp_path):
+    from agent.webconfig import MAX_DEPTH, _parse_yaml
+
+    ok = "a: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)  # the mapping is level 1
+    v = _parse_yaml(ok.encode(), "x")["a"]
+    for _ in range(MAX_DEPTH - 2):
+        assert isinstance(v, list) and len(v) == 1
+        v = v[0]
+    assert v == []
+
+
+def test_web_config_size_is_bounded_before_parsing(tmp_path):
+    from agent.errors import AgentError
+    from agent.webconfig import MAX_CONFIG_BYTES, load_web_config
+
+    p = tmp_path / "big.yml"
+    p.write_text("a: [" + "1," * MAX_CONFIG_BYTES + "1]\n")  # 1 MiB of this took 15 s, 400 MB
+    with pytest.raises(AgentError, match=f"larger than {MAX_CONFIG_BYTES} bytes"):
+        load_web_config(str(p))
+
+
+def test_watch_with_a_deep_web_config_is_one_line(tmp_path):
+    p = tmp_path / "deep.yml"
+    p.write_text("[" * 10_000 + "]" * 10_000)
+    r = hftagent("watch", "--listen", "127.0.0.1:0", "--web.config.file", str(p),
+                 "--duration", "1")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hftagent: error: --web.config.file ")
+    assert "nested more than" in lines[0]
