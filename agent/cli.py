@@ -26,6 +26,7 @@ COMMANDS = (
     "agent.commands.gate",
     "agent.commands.watch",
     "agent.commands.cpus",
+    "agent.commands.deploy",
 )
 
 app = typer.Typer(
@@ -37,8 +38,22 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("hftagent")
+        except PackageNotFoundError:
+            v = "unknown (not installed as a package)"
+        print(f"hftagent {v}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                      help="Print the version and exit."),
+) -> None:
     """Host tuning and tail-latency attribution for low-latency TensorFlow inference.
 
     Start with `hftagent audit` (read-only), then `hftagent probe`.
@@ -80,8 +95,13 @@ def _usage_error_line(exc: typer.TyperException) -> str:
 
 def main() -> None:
     """Console entry point: bad usage is one line on stderr and exit 1, never a traceback."""
+    stdout_was = _fd_identity(1)
     try:
         rc = get_command()(standalone_mode=False)
+    except SystemExit as exc:
+        # rich's Console answers a closed stdout by pointing it at /dev/null and exiting 1
+        # (Console.on_broken_pipe); a reader that stopped early is no failure of ours
+        rc = 0 if _stdout_broken(stdout_was) else exc.code
     except typer.Exit as exc:
         rc = exc.exit_code
     except typer.Abort:
@@ -100,13 +120,51 @@ def main() -> None:
             rc = 1
     except KeyboardInterrupt:
         rc = 130
+    except BrokenPipeError:
+        # The reader stopped early (`hftagent audit | head -1`): quiet, as `head` users
+        # expect, and stdout pointed at /dev/null so that the interpreter's final flush does
+        # not complain either.
+        _quiet_stdout()
+        rc = 0
     except Exception as exc:  # noqa: BLE001 - a bug must still not spill a traceback on users
         if os.environ.get("HFTAGENT_DEBUG"):
             raise
         print(f"hftagent: internal error: {type(exc).__name__}: {exc} "
               "(HFTAGENT_DEBUG=1 shows the traceback)", file=sys.stderr)
         rc = 1
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+        rc = 0
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _fd_identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _stdout_broken(before: tuple[int, int] | None) -> bool:
+    """Whether stdout was replaced by /dev/null during the command (rich does that on EPIPE)."""
+    now = _fd_identity(1)
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return now != before and now == (null.st_dev, null.st_ino)
+
+
+def _quiet_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # python -m agent.cli

@@ -1,0 +1,77 @@
+"""The package as installed: `--version`, `hftagent deploy --out DIR` (the deployment files
+shipped as package data), and a reader that closes stdout early. The non-editable wheel
+itself is built, installed and smoke-tested from / by .ci/smoke-wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
+
+
+def hft(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60,
+                          cwd=str(REPO), **kw)
+
+
+def test_version():
+    r = hft("--version")
+    assert r.returncode == 0 and r.stdout.startswith("hftagent ") and not r.stderr
+
+
+def test_deploy_writes_every_shipped_file(tmp_path):
+    out = tmp_path / "d"
+    r = hft("deploy", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    want = sorted(str(p.relative_to(REPO / "deploy")) for p in (REPO / "deploy").rglob("*")
+                  if p.is_file())
+    got = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert got == want and len(want) >= 9
+    for rel in want:
+        assert (out / rel).read_bytes() == (REPO / "deploy" / rel).read_bytes()
+
+
+def test_deploy_refuses_existing_files_and_writes_nothing(tmp_path):
+    out = tmp_path / "d"
+    (out / "systemd").mkdir(parents=True)
+    (out / "systemd" / "hftagent-watch.service").write_text("mine\n")
+    r = hft("deploy", "--out", str(out))
+    assert r.returncode == 1 and "already exists" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert (out / "systemd" / "hftagent-watch.service").read_text() == "mine\n"
+    assert [p.name for p in out.rglob("*") if p.is_file()] == ["hftagent-watch.service"]
+
+
+def test_deploy_never_writes_through_a_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    r = hft("deploy", "--out", str(link))
+    assert r.returncode == 1 and "not a directory" in r.stderr
+    sub = tmp_path / "out"
+    sub.mkdir()
+    (sub / "systemd").symlink_to(victim)   # a planted link one level down
+    r = hft("deploy", "--out", str(sub))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert list(victim.iterdir()) == []
+
+
+def test_deploy_bad_parent_is_one_line(tmp_path):
+    r = hft("deploy", "--out", str(tmp_path / "missing" / "d"))
+    assert r.returncode == 1 and "parent directory does not exist" in r.stderr
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_reader_that_stops_early_is_not_an_error():
+    # `hftagent deploy --help | head -1`: the pipe closes under the writer
+    p = subprocess.Popen([*CLI, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=str(REPO), env=dict(os.environ, COLUMNS="80"))
+    p.stdout.read(10)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and "Broken pipe" not in err and "Traceback" not in err
