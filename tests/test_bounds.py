@@ -170,3 +170,59 @@ def test_watch_with_a_deep_web_config_is_one_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hftagent: error: --web.config.file ")
     assert "nested more than" in lines[0]
+
+
+# ---- profile strings ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body,msg", [
+    ('name = "{A}"\n', "name is 1,000,000 characters long, more than 100"),
+    ('description = "{A}"\n', "description is 1,000,000 characters long, more than 1,000"),
+    ('[settings.swappiness]\nexpected = 1\nwhy = "{A}"\n',
+     "settings.swappiness.why is 1,000,000 characters long, more than 1,000"),
+    ('name = "a\\u001b[2Jb"\n', "name contains a control character"),
+    ('name = "two\\nlines"\n', "name contains a control character"),
+    ('[settings.swappiness]\nexpected = 1\nwhy = "x\\u0085"\n', "why contains a control"),
+    ('name = 5\n', "name must be a string"),
+    ('[settings.swappiness]\nexpected = 1\nwhy = ["x"]\n', "why must be a string"),
+    ('extends = "{A}"\n', "is not a built-in profile"),
+    ('[settings.{A}]\nexpected = 1\n', "unknown setting"),
+    ('[settings.turbo]\nexpected = "{A}"\n', "is not one of"),
+    ('{A} = 1\n', "unknown top-level key"),
+])
+def test_profile_strings_are_bounded_one_line_errors(tmp_path, body, msg):
+    from tuning.profiles import ProfileError, load_profile
+
+    p = tmp_path / "p.toml"
+    p.write_text(body.replace("{A}", "a" * 1_000_000))
+    with pytest.raises(ProfileError, match=msg) as ei:
+        load_profile(str(p))
+    assert len(str(ei.value)) < 400 and "\n" not in str(ei.value)
+
+
+def test_profile_strings_at_their_limits_load(tmp_path):
+    from tuning.profiles import MAX_NAME_CHARS, MAX_TEXT_CHARS, load_profile
+
+    p = tmp_path / "p.toml"
+    p.write_text(f'extends = "hft-cpu"\nname = "{"n" * MAX_NAME_CHARS}"\n'
+                 f'description = "Ünïcode — fine"\n[settings.swappiness]\nexpected = 1\n'
+                 f'why = "{"w" * MAX_TEXT_CHARS}"\n')
+    prof = load_profile(str(p))
+    assert prof.name == "n" * MAX_NAME_CHARS and prof.description == "Ünïcode — fine"
+    assert prof.get("swappiness").why == "w" * MAX_TEXT_CHARS
+    q = tmp_path / "no-name.toml"
+    q.write_text('extends = "hft-cpu"\n')
+    assert load_profile(str(q)).name == "no-name"
+    r = tmp_path / "bad\x1bname.toml"
+    r.write_text('extends = "hft-cpu"\n')
+    with pytest.raises(Exception, match="file name .* contains a control character"):
+        load_profile(str(r))
+
+
+def test_audit_with_a_million_character_profile_name_is_one_line(tree_copy, tmp_path):
+    p = tmp_path / "long.toml"
+    p.write_text('extends = "hft-cpu"\nname = "' + "a." * 500_000 + '"\n')
+    r = hftagent("audit", "--root", str(tree_copy("vm-dev")), "--profile", str(p))
+    assert r.returncode == 1  # was: a hang in rich's highlighter (100 k characters: 81 s)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hftagent: error: ")
+    assert "name is 1,000,000 characters long" in lines[0]

@@ -74,19 +74,49 @@ class Profile:
         return default if s is None else s.expected
 
 
+# Profile strings reach terminals, JSON, the history DB and rich (whose highlighter is
+# quadratic: a 100,000-character name took 81 s). The shipped ones: names 7, descriptions
+# 153, whys 167 characters.
+MAX_NAME_CHARS = 100
+MAX_TEXT_CHARS = 1000
+
+
+def _brief(v: Any, limit: int = 60) -> str:
+    """``repr(v)``, cut to ``limit`` characters: an error line quotes a value, never a whole
+    megabyte of it."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "…"
+
+
+def _text(v: Any, where: str, source: str, limit: int) -> str:
+    """A string field of the profile: a string, at most ``limit`` characters, one line
+    without control characters (it is printed on one line, on a terminal)."""
+    if not isinstance(v, str):
+        raise ProfileError(f"{source}: {where} must be a string, not {_brief(v)}")
+    if len(v) > limit:
+        raise ProfileError(f"{source}: {where} is {len(v):,} characters long, more than "
+                           f"{limit:,}")
+    bad = next((c for c in v if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0), None)
+    if bad is not None:
+        raise ProfileError(f"{source}: {where} contains a control character "
+                           f"({_brief(bad)}): one line of plain text")
+    return v
+
+
 def _parse(data: dict, source: str, base: Profile | None) -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: not a table")
     unknown_top = set(data) - {"name", "description", "extends", "settings"}
     if unknown_top:
-        raise ProfileError(f"{source}: unknown top-level key(s) {sorted(unknown_top)}")
+        raise ProfileError(f"{source}: unknown top-level key(s) "
+                           f"{_brief(sorted(unknown_top), 200)}")
     settings = dict(base.settings) if base else {}
     raw = data.get("settings", {})
     if not isinstance(raw, dict):
         raise ProfileError(f"{source}: [settings] must be a table")
     for key, entry in raw.items():
         if key not in SETTING_TYPES:
-            raise ProfileError(f"{source}: unknown setting {key!r}")
+            raise ProfileError(f"{source}: unknown setting {_brief(key)}")
         if not isinstance(entry, dict) or "expected" not in entry:
             raise ProfileError(f"{source}: settings.{key} needs an 'expected' value")
         exp = entry["expected"]
@@ -94,18 +124,26 @@ def _parse(data: dict, source: str, base: Profile | None) -> Profile:
         # bool is an int subclass in Python: keep "expected = true" out of integer settings
         if not isinstance(exp, types) or (isinstance(exp, bool) and bool not in types):
             names = "/".join(t.__name__ for t in types)
-            raise ProfileError(f"{source}: settings.{key}.expected must be {names}, got {exp!r}")
+            raise ProfileError(f"{source}: settings.{key}.expected must be {names}, got "
+                               f"{_brief(exp)}")
         if key in CHOICES and exp not in CHOICES[key]:
-            raise ProfileError(f"{source}: settings.{key}.expected {exp!r} is not one of "
+            raise ProfileError(f"{source}: settings.{key}.expected {_brief(exp)} is not one of "
                                f"{', '.join(CHOICES[key])}")
         sev_s = entry.get("severity", base.settings[key].severity.value
                           if base and key in base.settings else "warn")
         if sev_s not in ("fail", "warn"):
             raise ProfileError(f"{source}: settings.{key}.severity must be 'fail' or 'warn'")
-        why = entry.get("why", base.settings[key].why if base and key in base.settings else "")
-        settings[key] = Setting(key, exp, Status(sev_s), str(why))
-    name = data.get("name") or (Path(source).stem if source else "custom")
-    return Profile(str(name), str(data.get("description", "")), settings, source)
+        if "why" in entry:
+            why = _text(entry["why"], f"settings.{key}.why", source, MAX_TEXT_CHARS)
+        else:
+            why = base.settings[key].why if base and key in base.settings else ""
+        settings[key] = Setting(key, exp, Status(sev_s), why)
+    name = _text(data.get("name", ""), "name", source, MAX_NAME_CHARS)
+    if not name:  # the file's stem: a file name, at most 255 bytes (NAME_MAX) and no "/"
+        name = _text(Path(source).stem, "the file name (the name of a profile without one)",
+                     source, 255) if source else "custom"
+    description = _text(data.get("description", ""), "description", source, MAX_TEXT_CHARS)
+    return Profile(name, description, settings, source)
 
 
 MAX_PROFILE_BYTES = 1 << 20  # the built-in profiles are ~4 KB
@@ -159,7 +197,7 @@ def load_profile(name_or_path: str) -> Profile:
     base = None
     if "extends" in data:
         if data["extends"] not in BUILTIN:
-            raise ProfileError(f"{name_or_path}: extends {data['extends']!r} is not a built-in "
-                               "profile")
+            raise ProfileError(f"{_shown(name_or_path)}: extends {_brief(data['extends'])} is "
+                               "not a built-in profile")
         base = load_profile(data["extends"])
     return _parse(data, str(path), base)
