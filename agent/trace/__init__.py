@@ -1,0 +1,1 @@
+"""Kernel tracing shared by watch, cpus and attach."""

@@ -1,0 +1,220 @@
+"""uprobe events of our own: defined in tracefs's ``uprobe_events``, enabled only in watch's
+private instance, removed on every exit path.
+
+Kernel interface (Documentation/trace/uprobetracer.rst, ``CONFIG_UPROBE_EVENTS``)::
+
+    p:GROUP/NAME PATH:0xOFFSET          # entry
+    r:GROUP/NAME PATH:0xOFFSET          # return (uretprobe)
+    -:GROUP/NAME                        # remove (EBUSY while enabled anywhere: disable first)
+
+``uprobe_events`` is global: it is only ever opened ``O_WRONLY|O_APPEND`` (a plain open for
+writing truncates it, which removes *every* uprobe event on the box, other tools' too;
+Python's ``open(..., "a")`` seeks and gets EINVAL). Our group is ``hftagent_<pid>`` (watch's
+pid): the next start removes the groups whose process is gone (:func:`remove_stale`), and only
+those; an event of another tool is never touched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import re
+from pathlib import Path
+
+from collectors.host import Host
+
+PREFIX = "hftagent_"
+MAX_FILTER_TIDS = 64    # beyond this many threads, record every hit and pair by tid set
+_GROUP_RE = re.compile(r"^[pr]:(hftagent_(\d+))/(\S+)\s")
+
+
+class UprobeError(Exception):
+    """The kernel refused a uprobe, or has none (message for the user)."""
+
+
+def group_name(pid: int | None = None) -> str:
+    return f"{PREFIX}{os.getpid() if pid is None else pid}"
+
+
+def _append(path: Path, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _kernel_says(tracefs: Path) -> str:
+    """The last line of tracefs's error_log (Linux 5.4+): why the kernel refused a definition."""
+    try:
+        lines = (tracefs / "error_log").read_text().strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-2].strip() if len(lines) >= 2 else (lines[-1].strip() if lines else "")
+
+
+def available(tracefs: Path) -> str | None:
+    """None when uprobe events can be defined here, else ``unsupported: <reason>``."""
+    p = tracefs / "uprobe_events"
+    if not p.exists():
+        return ("unsupported: this kernel has no uprobe events (CONFIG_UPROBE_EVENTS=n: "
+                f"{p} is missing)")
+    if not os.access(p, os.W_OK):
+        return f"unsupported: cannot write {p} (needs root)"
+    return None
+
+
+class Uprobes:
+    """The events of one attach: ``call<i>`` (entry) and ``ret<i>`` (return) per target, in
+    group ``hftagent_<our pid>``. Use :meth:`define`, :meth:`enable` in an instance,
+    :meth:`remove` (also at exit)."""
+
+    def __init__(self, tracefs: Path, targets) -> None:
+        self.tracefs = tracefs
+        self.group = group_name()
+        self.targets = list(targets)
+        self.names: list[str] = []          # defined, in order
+        self.instances: list[Path] = []     # where enabled
+        self.returns: set[str] = set()      # names of return events
+        self._removed = False
+
+    def define(self) -> None:
+        """Define every target's events; on any refusal remove what was defined and raise
+        :class:`UprobeError` with the kernel's reason."""
+        why = available(self.tracefs)
+        if why:
+            raise UprobeError(why)
+        _AT_EXIT.add(self)
+        try:
+            for i, t in enumerate(self.targets):
+                path = t.map_files
+                for kind, name in (("p", f"call{i}"), ("r", f"ret{i}")):
+                    if kind == "r" and not t.returns:
+                        continue
+                    try:
+                        _append(self.tracefs / "uprobe_events",
+                                f"{kind}:{self.group}/{name} {path}:0x{t.offset:x}")
+                    except OSError as exc:
+                        said = _kernel_says(self.tracefs)
+                        raise UprobeError(
+                            f"the kernel refused the uprobe on {t.library}:0x{t.offset:x}: "
+                            f"{exc.strerror or exc}" + (f" ({said})" if said else "")) from None
+                    self.names.append(name)
+                    if kind == "r":
+                        self.returns.add(name)
+        except BaseException:
+            self.remove()
+            raise
+
+    def enable(self, instance: Path, tids: list[int] | None) -> None:
+        """Enable every event in tracefs instance ``instance``, filtered to ``tids``."""
+        self.instances.append(instance)
+        self.set_filter(instance, tids)
+        for name in self.names:
+            (instance / "events" / self.group / name / "enable").write_text("1")
+
+    def set_filter(self, instance: Path, tids: list[int] | None) -> None:
+        """The events' filter: ``common_pid == a || ...`` for up to :data:`MAX_FILTER_TIDS`
+        threads (refreshed as threads come and go); beyond that, none (the pairing keeps
+        only the process's threads)."""
+        expr = "0"   # writing 0 to an event's filter file clears the filter
+        if tids and len(tids) <= MAX_FILTER_TIDS:
+            expr = " || ".join(f"common_pid == {t}" for t in sorted(set(tids)))
+        for name in self.names:
+            (instance / "events" / self.group / name / "filter").write_text(expr)
+
+    def remove(self) -> list[str]:
+        """Disable the events in every instance and remove their definitions; returns what
+        could not be removed (empty when all went). Safe to call twice."""
+        if self._removed:
+            return []
+        left: list[str] = []
+        for inst in self.instances:
+            for name in self.names:
+                try:
+                    (inst / "events" / self.group / name / "enable").write_text("0")
+                except OSError:
+                    pass   # the instance is already gone: nothing is enabled there
+        for name in reversed(self.names):
+            try:
+                _append(self.tracefs / "uprobe_events", f"-:{self.group}/{name}")
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    left.append(f"{self.group}/{name}: {exc.strerror or exc}")
+        self._removed = not left
+        _AT_EXIT.discard(self)
+        return left
+
+
+def remove_stale(host: Host, tracefs: Path, alive=None) -> list[str]:
+    """Remove the uprobe groups ``hftagent_<pid>`` whose process is gone (a watch killed by
+    SIGKILL); never another tool's event, never a live watch's. ``alive(pid) -> bool``
+    decides (default: /proc/PID exists and is not a zombie). Returns notes for the user."""
+    p = tracefs / "uprobe_events"
+    try:
+        text = p.read_text()
+    except OSError:
+        return []
+    alive = alive or (lambda pid: _alive(host, pid))
+    stale: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _GROUP_RE.match(line + " ")
+        if m and int(m.group(2)) != os.getpid() and not alive(int(m.group(2))):
+            stale.setdefault(m.group(1), []).append(m.group(3))
+    notes = []
+    for group, names in stale.items():
+        # disabled wherever it is still enabled (an instance a killed watch left)
+        inst_root = tracefs / "instances"
+        for inst in [tracefs] + sorted(inst_root.iterdir() if inst_root.is_dir() else []):
+            for name in names:
+                en = inst / "events" / group / name / "enable"
+                try:
+                    if en.read_text().strip() != "0":
+                        en.write_text("0")
+                except OSError:
+                    pass
+        failed = []
+        for name in names:
+            try:
+                _append(p, f"-:{group}/{name}")
+            except OSError as exc:
+                failed.append(f"{name}: {exc.strerror or exc}")
+        notes.append(f"removed stale uprobe events {group} ({len(names) - len(failed)} of "
+                     f"{len(names)})" + (f"; left: {', '.join(failed)}" if failed else ""))
+    return notes
+
+
+def _alive(host: Host, pid: int) -> bool:
+    st = host.read(host.proc(pid, "stat"))
+    if not st.ok:
+        return False
+    try:
+        return st.value[st.value.rindex(")") + 2] not in "ZX"
+    except (ValueError, IndexError):
+        return True
+
+
+class _AtExit:
+    """The Uprobes this process holds, removed at interpreter exit (watch's SIGTERM and
+    SIGINT handlers end through a normal exit)."""
+
+    def __init__(self) -> None:
+        self.held: set[Uprobes] = set()
+        self.registered = False
+
+    def add(self, u: Uprobes) -> None:
+        if not self.registered:
+            atexit.register(self.run)
+            self.registered = True
+        self.held.add(u)
+
+    def discard(self, u: Uprobes) -> None:
+        self.held.discard(u)
+
+    def run(self) -> None:
+        for u in list(self.held):
+            u.remove()
+
+
+_AT_EXIT = _AtExit()
