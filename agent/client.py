@@ -29,14 +29,32 @@ Ring layout (little-endian int64 words):
   shows as a mismatch and is retried on the next read). Evidence fields are -1 when not
   measured.
 
+Where the ring is, and how watch finds it: ``/dev/shm/hftagent-<pid>-<16 random hex>.ring``
+(:func:`default_ring_path`; ``$HFTAGENT_RING`` names another path). The random part
+(``secrets.token_hex``) means no other user can block the name beforehand (a directory or a
+file planted at every name a pid-only scheme would use). The process reports its ring by
+mapping it: ``hftagent watch --pid PID`` reads ``/proc/PID/maps`` (through the Host model),
+takes the shared writable file mappings, and keeps the one that is a latency ring created by
+PID whose device and inode are those of the mapping. No environment variable is set for it:
+``/proc/PID/environ`` shows only the environment the process was started with (the kernel
+reads the block between ``env_start`` and ``env_end`` set at exec; a later ``putenv`` is not
+there), and a variable would be inherited by the process's children, who would then share
+one name. A process in another mount namespace (a container) is watched with ``--ring``.
+
 The ring file is mode 0600, owned by the process that created it: ``hftagent watch`` reads it
-as the same user or as root (root reads any user's ring), never as another unprivileged user.
-It is created under a random temporary name in the ring's directory (``O_CREAT|O_EXCL|
-O_NOFOLLOW``: a name planted there beforehand, a symlink included, is never opened), checked
-(a regular file of ours, mode 0600), filled with its header and renamed over the final name
-(``rename`` replaces a symlink there, it never writes through it). The temporary file is
-removed on every error; one left by a process killed in between, and the ring of a process
-that has exited, are swept by the next ``hftagent watch`` (:func:`sweep_stale_rings`).
+as the same user or as root, and root reads a process's ring only when the file's owner is
+that process's effective uid (a ring planted by another user, whatever creator pid its
+header claims, is refused with one line). It is created under a random temporary name in the
+ring's directory (``O_CREAT|O_EXCL|O_NOFOLLOW``: a name planted there beforehand, a symlink
+included, is never opened), checked (a regular file of ours, mode 0600), filled with its
+header and renamed over the final name (``rename`` replaces a symlink there, it never writes
+through it). The temporary file is removed on every error; one left by a process killed in
+between, and the ring of a process that has exited, are swept by the next ``hftagent watch``
+(:func:`sweep_stale_rings`).
+
+The client never raises into the application: when the ring cannot be created (no room in
+/dev/shm, ``$HFTAGENT_RING`` unusable), :func:`timed`, :func:`end` and :func:`ring` go on as
+no-ops and one line saying why goes to stderr, once per process.
 
 Writers: any number of threads of one process (slots are claimed with ``next()`` on an
 ``itertools.count``, atomic under the GIL). One ring per process.
@@ -55,6 +73,7 @@ import re
 import secrets
 import stat
 import struct
+import sys
 import threading
 import time
 from pathlib import Path
@@ -88,6 +107,11 @@ MAX_CPU = 1 << 16
 MAX_EVIDENCE = 1 << 50
 MAX_SEQ = 1 << 62  # a sequence number this large was never written by a client
 CLOCK_SLACK_NS = 10**9  # a record ending later than the reader's clock + this is garbage
+# What one RingReader.read() pass reads at most (slots and the lap search together): twice a
+# default ring (3.7 MiB), so a reader that fell a whole default ring behind catches up in one
+# pass; a ring of 2**24 records (1.9 GiB, real or a sparse forgery) is read across passes,
+# never whole into memory. 8 MiB of pread from tmpfs and its checks take a few ms.
+READ_LIMIT_BYTES = 8 << 20
 
 
 def ring_dir() -> Path:
@@ -98,14 +122,25 @@ def ring_dir() -> Path:
     return base
 
 
-def default_ring_path(pid: int | None = None) -> Path:
-    """/dev/shm/hftagent-<pid>.ring, or $HFTAGENT_RING for this process when set."""
-    if pid is None:
-        env = os.environ.get("HFTAGENT_RING")
-        if env:
-            return Path(env)
-        pid = os.getpid()
-    return ring_dir() / f"hftagent-{pid}.ring"
+def ring_name(prefix: str = "hftagent", pid: int | None = None) -> str:
+    """``<prefix>-<pid>-<16 random hex>.ring`` (pid: ours by default). The pid lets
+    :func:`sweep_stale_rings` tell a dead creator's ring; the 64 random bits make the name
+    unpredictable, so it cannot be taken beforehand."""
+    return f"{prefix}-{os.getpid() if pid is None else pid}-{secrets.token_hex(8)}.ring"
+
+
+def default_ring_path() -> Path:
+    """$HFTAGENT_RING when set, else a new :func:`ring_name` in :func:`ring_dir`."""
+    env = os.environ.get("HFTAGENT_RING")
+    if env:
+        return Path(env)
+    return ring_dir() / ring_name()
+
+
+def ring_size_ok(size: int) -> bool:
+    """Whether a file of ``size`` bytes can be a ring (a header and 16..2**24 records)."""
+    n, rem = divmod(size - HEADER_BYTES, RECORD_BYTES)
+    return rem == 0 and MIN_CAPACITY <= n <= MAX_CAPACITY
 
 
 class RingError(Exception):
@@ -203,21 +238,23 @@ def _pid_dead(pid: int) -> bool:
     return False
 
 
-_WATCH_RE = re.compile(r"^hftagent-watch-(\d+)\.ring$")
-_CLIENT_RE = re.compile(r"^hftagent-(\d+)\.ring$")  # default_path(): one per client process
+# ring_name()'s, and the pid-only names of versions before the random part
+_WATCH_RE = re.compile(r"^hftagent-watch-(\d+)(?:-[0-9a-f]{16})?\.ring$")
+_CLIENT_RE = re.compile(r"^hftagent-(\d+)(?:-[0-9a-f]{16})?\.ring$")  # one per client process
 
 
 def sweep_stale_rings(directory: str | os.PathLike[str] | None = None) -> list[str]:
     """Remove what a killed ``hftagent watch`` (or a client killed while creating its ring)
-    left in ``directory`` (default :func:`ring_dir`): ``hftagent-watch-<pid>.ring`` rings
-    whose watch (the pid in the name) and probe worker (the creator pid in the header) are
-    both gone, and ring temporary files (``.hftagent-*.ring.<pid>.<random>.tmp``) whose
-    creator is gone, and a client's ``hftagent-<pid>.ring`` whose process (the pid in the
-    name and the header's creator) is gone: a client never unlinks its ring (watch may read
-    it after the client exits), so without this every process that used the client left
-    ~3.7 MB of tmpfs behind. Only regular files owned by our euid with one link are removed
-    (never a symlink, never another user's file, never a live process's). Returns the names removed; errors are skipped
-    (a sweep never stops watch from starting)."""
+    left in ``directory`` (default :func:`ring_dir`): ``hftagent-watch-<pid>-<random>.ring``
+    rings whose watch (the pid in the name) and probe worker (the creator pid in the header)
+    are both gone, and ring temporary files (``.hftagent-*.ring.<pid>.<random>.tmp``) whose
+    creator is gone, and a client's ``hftagent-<pid>-<random>.ring`` whose process (the pid
+    in the name and the header's creator) is gone: a client never unlinks its ring (watch may
+    read it after the client exits), so without this every process that used the client left
+    ~3.7 MB of tmpfs behind. The pid-only names of older versions are swept the same way.
+    Only regular files owned by our euid with one link are removed (never a symlink, never
+    another user's file, never a live process's). Returns the names removed; errors are
+    skipped (a sweep never stops watch from starting)."""
     d = Path(directory) if directory is not None else ring_dir()
     removed: list[str] = []
     try:
@@ -351,7 +388,7 @@ class _Timed:
 
     __slots__ = ("_ring", "_t0")
 
-    def __init__(self, ring: LatencyRing) -> None:
+    def __init__(self, ring: LatencyRing | NullRing) -> None:
         self._ring = ring
 
     def __enter__(self) -> _Timed:
@@ -365,17 +402,50 @@ class _Timed:
 _monotonic_ns = time.monotonic_ns
 
 
-_default: LatencyRing | None = None
+class NullRing:
+    """What :func:`ring` hands out when this process's ring cannot be created: the same
+    calls, recording nothing (``reason`` says why; ``path`` is None)."""
+
+    path = None
+    capacity = 0
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def record(self, *args: object, **kw: object) -> None:
+        pass
+
+    def end(self, start_ns: int) -> None:
+        pass
+
+    def close(self, unlink: bool = False) -> None:
+        pass
+
+
+_default: LatencyRing | NullRing | None = None
 _lock = threading.Lock()
 
 
-def ring() -> LatencyRing:
-    """This process's ring, created on first use."""
+def ring() -> LatencyRing | NullRing:
+    """This process's ring, created on first use. Never raises: a ring that cannot be
+    created (any error, :class:`RingError` or other) makes a :class:`NullRing`, said once on
+    stderr, and the application goes on unmeasured."""
     global _default
     if _default is None:
         with _lock:
             if _default is None:
-                _default = LatencyRing()
+                try:
+                    _default = LatencyRing()
+                except Exception as exc:  # noqa: BLE001 - never into the application
+                    msg = str(exc) if isinstance(exc, RingError) else \
+                        f"cannot create latency ring: {type(exc).__name__}: {exc}"
+                    _default = NullRing(msg)
+                    try:
+                        sys.stderr.write(f"hftagent client: {msg}; latencies are not "
+                                         "recorded in this process\n")
+                        sys.stderr.flush()
+                    except Exception:  # noqa: BLE001 - a closed stderr: stay quiet
+                        pass
     return _default
 
 
@@ -407,17 +477,24 @@ class RingReader:
 
     The ring is untrusted input (watch runs as root; the ring may be another user's): it is
     opened ``O_RDONLY|O_NONBLOCK|O_NOFOLLOW`` (a symlink, a FIFO, a directory or a device is
-    refused at once with a :class:`RingError`, never waited on), its header is checked
-    (magic, version, record width, capacity in ``MIN_CAPACITY..MAX_CAPACITY``, the file size
-    that capacity implies, a plausible creator pid), and it is read with ``pread``, not
-    mapped: a ring truncated under the reader is a :class:`RingError` at the next read, never
-    a SIGBUS. ``expect_uid`` / ``expect_pid``: refuse a ring not owned by that user / not
-    created by that process (watch's own probe ring; ``--pid``'s default ring).
+    refused at once with a :class:`RingError`, never waited on), checked through the open
+    descriptor (``fstat``: owner, device and inode), its header is checked (magic, version,
+    record width, capacity in ``MIN_CAPACITY..MAX_CAPACITY`` and equal to what the file's
+    size holds, a plausible creator pid), and it is read with ``pread``, not mapped: a ring
+    truncated under the reader is a :class:`RingError` at the next read, never a SIGBUS.
+    ``expect_uid`` / ``expect_pid`` / ``expect_file``: refuse a ring not owned by that user /
+    not created by that process / not that ``(st_dev, st_ino)`` (watch's own probe ring;
+    ``--pid``'s ring, the file the process maps). ``read_limit_bytes`` bounds one
+    :meth:`read` pass (``bytes_read`` counts every byte read from the ring).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, expect_uid: int | None = None,
-                 expect_pid: int | None = None) -> None:
+                 expect_pid: int | None = None, expect_file: tuple[int, int] | None = None,
+                 read_limit_bytes: int = READ_LIMIT_BYTES) -> None:
         self.path = Path(path)
+        self.read_limit_bytes = max(int(read_limit_bytes), RECORD_BYTES)
+        self.bytes_read = 0
+        self._left = self.read_limit_bytes  # of the current pass
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -428,7 +505,7 @@ class RingReader:
                                 "ring's own path") from None
             raise RingError(f"cannot open latency ring {self.path}: {exc.strerror}") from None
         try:
-            self._check(fd, expect_uid, expect_pid)
+            self._check(fd, expect_uid, expect_pid, expect_file)
         except BaseException:
             os.close(fd)
             raise
@@ -437,7 +514,8 @@ class RingReader:
         self.lost = 0
         self.invalid = 0
 
-    def _check(self, fd: int, expect_uid: int | None, expect_pid: int | None) -> None:
+    def _check(self, fd: int, expect_uid: int | None, expect_pid: int | None,
+               expect_file: tuple[int, int] | None) -> None:
         p = self.path
         try:
             st = os.fstat(fd)
@@ -449,6 +527,9 @@ class RingReader:
                     "a FIFO" if stat.S_ISFIFO(st.st_mode) else
                     "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
             raise RingError(f"{p} is {kind}, not a latency ring (a regular file)")
+        if expect_file is not None and (st.st_dev, st.st_ino) != tuple(expect_file):
+            raise RingError(f"latency ring {p} is not the file the process maps (replaced "
+                            "since)")
         if expect_uid is not None and st.st_uid != expect_uid:
             raise RingError(f"latency ring {p} is owned by uid {st.st_uid}, not {expect_uid}")
         if len(hdr) < HEADER_BYTES:
@@ -459,6 +540,8 @@ class RingReader:
         if not MIN_CAPACITY <= cap <= MAX_CAPACITY:
             raise RingError(f"{p}: bad ring header: capacity {cap} (a ring holds "
                             f"{MIN_CAPACITY}..{MAX_CAPACITY} records)")
+        # the header's capacity must be what the file holds: it never sends a read past the
+        # file's end, and a lie about it is a bad ring (reads stay bounded per pass anyway)
         size = HEADER_BYTES + cap * RECORD_BYTES
         if st.st_size != size:
             raise RingError(f"{p}: {'truncated' if st.st_size < size else 'bad'} ring: "
@@ -470,27 +553,41 @@ class RingReader:
                             "(a stale or planted ring)")
         self.capacity = int(cap)
         self.creator_pid = int(pid)
+        self.owner_uid = int(st.st_uid)
 
     def _slots(self, start: int, n: int) -> np.ndarray:
-        """Slots ``start .. start + n - 1`` (one ``pread``); a short read is a truncated ring."""
+        """Slots ``start .. start + n - 1`` (one ``pread``); a short read is a truncated ring.
+        Counted against the pass's limit (callers never ask for more than is left)."""
         out = np.empty((n, RECORD_WORDS), dtype="<i8")
         try:
             got = os.preadv(self._fd, [out], HEADER_BYTES + start * RECORD_BYTES)
         except OSError as exc:
             raise RingError(f"cannot read latency ring {self.path}: {exc.strerror}") from None
+        self.bytes_read += got
+        self._left -= out.nbytes
         if got != out.nbytes:
             raise RingError(f"latency ring {self.path} was truncated while being read "
                             f"(now {HEADER_BYTES + start * RECORD_BYTES + got} bytes or less)")
         return out
 
-    def _head(self) -> int:
-        """The highest sequence number a well-formed slot holds (the lapped case: one read of
-        the whole ring, only when the writer lapped us)."""
-        a = self._slots(0, self.capacity)
-        s = a[:, 0]
-        ok = (s == a[:, -1]) & (s > 0) & (s < MAX_SEQ) & \
-            ((s - 1) % self.capacity == np.arange(self.capacity))
-        return int(s[ok].max()) if ok.any() else 0
+    def _head(self, seq: int) -> int:
+        """The newest sequence number written, from a well-formed slot holding ``seq`` (a lap
+        ahead of the reader): the writer fills slots in order, so the slots after ``seq``'s
+        hold ``seq + 1, seq + 2 ...`` up to the head and an older lap after it. Bisected on
+        that, one slot per step: at most log2(capacity) + 1 slots (25 for a ring of 2**24),
+        never the whole ring (a forged ring only makes the answer wrong, which the read's
+        sequence checks then catch)."""
+        cap = self.capacity
+        first = (seq - 1) % cap
+        lo, hi = 0, cap  # slot first + lo holds seq + lo; first + hi does not (or unknown)
+        while hi - lo > 1 and self._left >= RECORD_BYTES:
+            mid = (lo + hi) // 2
+            r = self._slots((first + mid) % cap, 1)[0]
+            if r[0] == r[-1] == seq + mid:
+                lo = mid
+            else:
+                hi = mid
+        return seq + lo
 
     def read(self, max_records: int | None = None) -> np.ndarray:
         """Records written since the last read, in sequence order.
@@ -500,7 +597,8 @@ class RingReader:
         sequence number: not written yet (stop), torn (stop; re-read next time) or already
         overwritten by a writer that lapped us (skip to the oldest record still there and
         count the rest as lost). Every call ends after at most ``capacity`` (or
-        ``max_records``) slots and two lapped skips, whatever the ring holds.
+        ``max_records``) slots, two lapped skips and ``read_limit_bytes`` read, whatever the
+        ring holds; what is left is read by the next call.
 
         Validation: a slot whose two sequence copies agree but name a record that cannot be
         in that slot (``(seq - 1) % capacity`` is another slot, or ``seq`` is absurd) is
@@ -511,6 +609,7 @@ class RingReader:
         ``1..PID_MAX_LIMIT - 1``, evidence -1 or non-negative, CPUs -1 or below 65536."""
         cap = self.capacity
         limit = cap if max_records is None else max(1, min(cap, max_records))
+        self._left = self.read_limit_bytes
         now = time.monotonic_ns()
         out: list[np.ndarray] = []
         budget = limit
@@ -518,7 +617,9 @@ class RingReader:
         block = 64  # records a read finds at 500 Hz every 50 ms: 25; doubled as they come
         while budget > 0:
             start = self.pos % cap
-            n = min(block, cap - start, budget)
+            n = min(block, cap - start, budget, self._left // RECORD_BYTES)
+            if n <= 0:
+                break  # this pass's bytes are spent: the rest is the next read's
             blk = self._slots(start, n)
             s, s2 = blk[:, 0], blk[:, -1]
             if s[0] <= self.pos:
@@ -556,7 +657,7 @@ class RingReader:
                 # head - cap + 1. Resume a little after it, so the writer does not lap us
                 # again while we read; head >= s[k] >= pos + 1 + cap, so pos moves on.
                 jumps += 1
-                new_pos = max(self.pos + 1, self._head() - cap + min(block, cap // 4))
+                new_pos = max(self.pos + 1, self._head(int(s[k])) - cap + min(block, cap // 4))
                 self.lost += new_pos - self.pos
                 self.pos = new_pos
                 continue

@@ -229,6 +229,10 @@ def test_sweep_removes_only_dead_creators_regular_files_of_ours(shm, tmp_path):
     tmp_live.write_bytes(b"x")                          # being created now: kept
     client_dead = craft(d / f"hftagent-{dead}.ring", 16, pid=dead)  # an exited client's: swept
     client_ring = craft(d / f"hftagent-{live}.ring", 16, pid=live)  # a running client's: kept
+    # the names with a random part (ring_name()), the same way
+    gone_r = craft(d / client.ring_name("hftagent-watch", dead), 16, pid=dead)
+    client_dead_r = craft(d / client.ring_name("hftagent", dead), 16, pid=dead)
+    client_ring_r = craft(d / client.ring_name("hftagent", live), 16, pid=live)
     link = d / f"hftagent-watch-{dead + 1}.ring"
     os.symlink(victim, link)                            # a symlink: never
     hard = d / f"hftagent-watch-{dead + 2}.ring"
@@ -238,31 +242,46 @@ def test_sweep_removes_only_dead_creators_regular_files_of_ours(shm, tmp_path):
         foreign = watch_ring(dead + 3, dead)
         os.chown(foreign, 65534, 65534)                 # another user's: never
     removed = sweep_stale_rings(d)
-    assert sorted(removed) == sorted([gone.name, tmp_dead.name, client_dead.name])
-    for p in (alive, worker_alive, tmp_live, client_ring, hard) + ((foreign,) if foreign else ()):
+    assert sorted(removed) == sorted([gone.name, tmp_dead.name, client_dead.name, gone_r.name,
+                                      client_dead_r.name])
+    for p in (alive, worker_alive, tmp_live, client_ring, client_ring_r, hard) + \
+            ((foreign,) if foreign else ()):
         assert p.exists(), p
     assert os.path.islink(link) and victim.read_bytes() == b"precious\n"
     assert sweep_stale_rings(d / "nope") == []  # a missing directory: nothing, no error
 
 
+def _plant_old_names(d: Path, prefix: str, n: int = 4000) -> None:
+    """Directories at the pid-only names (``<prefix>-<pid>.ring``) of our pid and the next
+    ``n``: what blocked every ring name before the names had a random part (#30 item 4)."""
+    for pid in range(os.getpid(), os.getpid() + n):
+        if not os.path.lexists(d / f"{prefix}-{pid}.ring"):
+            os.mkdir(d / f"{prefix}-{pid}.ring")
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 1, reason="needs a CPU")
-def test_watch_probe_ring_goes_through_a_planted_symlink_never(shm):
-    """Watch's own probe ring (hftagent-watch-<pid>.ring): a symlink planted at that name
-    is replaced by the worker's ring, what a killed watch left is swept first, and the
-    reader accepts the ring only as ours and the worker's."""
-    from agent.errors import AgentError  # noqa: F401 - (the session raises it)
+def test_watch_probe_ring_has_a_random_name_that_planted_names_do_not_block(shm):
+    """Watch's own probe ring (hftagent-watch-<pid>-<random>.ring): directories planted at
+    the old predictable names of the next 4,000 pids made `watch --probe numpy` exit 1; a
+    symlink there is never followed; what a killed watch left is swept first; the reader
+    accepts the ring only as ours and the worker's."""
+    import re
+
     from agent.watch.session import WatchConfig, WatchSession
     d, victim = shm
     dead = _dead_pid()
     stale = craft(d / f"hftagent-watch-{dead}.ring", 16, pid=dead)
-    final = d / f"hftagent-watch-{os.getpid()}.ring"
-    os.symlink(victim, final)
+    os.symlink(victim, d / f"hftagent-watch-{os.getpid()}.ring")
+    _plant_old_names(d, "hftagent-watch", 4000)
     cpu = sorted(os.sched_getaffinity(0))[-1]
     s = WatchSession(WatchConfig(probe="numpy", ring_dir=str(d), probe_cpus=[cpu],
                                  housekeeping_cpus=[cpu], warmup=20, rate_hz=100))
     try:
         s.source.start_probe()
         assert s.reader.creator_pid == s.cfg.pid == s.proc.pid
+        final = s.reader.path
+        assert final.parent == d
+        assert re.fullmatch(rf"hftagent-watch-{os.getpid()}-[0-9a-f]{{16}}\.ring", final.name)
         assert victim.read_bytes() == b"precious\n"
         st = os.lstat(final)
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
@@ -275,24 +294,117 @@ def test_watch_probe_ring_goes_through_a_planted_symlink_never(shm):
     assert not final.exists()  # removed with the worker
 
 
-def test_default_ring_of_pid_must_be_that_process(shm, monkeypatch):
-    """--pid P reads ring_dir()/hftagent-P.ring only when P created it: a ring planted
-    under P's name (or left by a dead process that had the pid) is refused at once."""
+def test_client_ring_has_a_random_name_that_planted_names_do_not_block(shm, monkeypatch):
+    """Directories at hftagent-<pid>.ring for the next 4,000 pids made agent.client.timed()
+    raise RingError inside the application; the name now has 64 random bits."""
+    import re
+    d, _ = shm
+    _plant_old_names(d, "hftagent", 4000)
+    monkeypatch.setattr(client, "ring_dir", lambda: d)
+    monkeypatch.delenv("HFTAGENT_RING", raising=False)
+    monkeypatch.setattr(client, "_default", None)
+    try:
+        with client.timed():
+            pass
+        w = client._default
+        assert isinstance(w, LatencyRing)
+        assert re.fullmatch(rf"hftagent-{os.getpid()}-[0-9a-f]{{16}}\.ring", w.path.name)
+        r = RingReader(w.path, expect_uid=os.geteuid(), expect_pid=os.getpid())
+        assert len(r.read()) == 1
+        r.close()
+        assert client.default_ring_path().name != client.default_ring_path().name
+    finally:
+        if client._default is not None:
+            client._default.close(unlink=True)
+        monkeypatch.setattr(client, "_default", None)
+
+
+# A process that maps a ring file shared and writable, as the client does, but one it did
+# not create (argv[1]): what --pid must refuse.
+MAPPER = """
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+m = mmap.mmap(fd, os.fstat(fd).st_size)
+print("ok", flush=True)
+time.sleep(60)
+"""
+
+
+def _mapper(path: Path) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", MAPPER, str(path)], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "ok"
+    return p
+
+
+def test_pid_ring_must_be_created_by_that_process(shm, monkeypatch):
+    """--pid P reads only a ring P maps and created: a ring planted under P's old name is
+    never looked at (P maps nothing: waited for, then one error), and a ring P maps but did
+    not create (its header names another creator) is refused at once."""
     from agent.errors import AgentError
+    from agent.watch import source
     from agent.watch.session import WatchConfig, WatchSession
     d, _ = shm
-    monkeypatch.setattr(client, "ring_dir", lambda: d)
+    monkeypatch.setattr(source, "EXTERNAL_WAIT_S", 0.3)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        craft(d / f"hftagent-{other.pid}.ring", 16, pid=os.getpid())  # not made by P
+        craft(d / f"hftagent-{other.pid}.ring", 16, pid=other.pid)  # planted, not mapped
+        monkeypatch.setattr(client, "ring_dir", lambda: d)
         s = WatchSession(WatchConfig(probe="external", pid=other.pid))
-        t = time.monotonic()
-        with pytest.raises(AgentError, match=f"created by pid {os.getpid()}, not {other.pid}"):
+        with pytest.raises(AgentError, match=f"pid {other.pid} maps no latency ring yet"):
             s.source.attach_external()
-        assert time.monotonic() - t < 1  # no 5 s wait for a ring that is there but wrong
     finally:
         other.kill()
         other.wait()
+    ring = craft(d / "foreign.ring", 16, pid=os.getpid())  # created by us, mapped by m
+    m = _mapper(ring)
+    try:
+        s = WatchSession(WatchConfig(probe="external", pid=m.pid))
+        t = time.monotonic()
+        with pytest.raises(AgentError, match=f"pid {os.getpid()}'s, not its own"):
+            s.source.attach_external()
+        assert time.monotonic() - t < 0.3  # refused at once, not waited for
+    finally:
+        m.kill()
+        m.wait()
+
+
+@pytest.mark.skipif(not is_root, reason="needs root to plant another user's ring")
+def test_a_ring_planted_by_another_user_is_refused(shm, monkeypatch):
+    """#30 item 3: the header's creator pid is the planter's to write, so the file's owner
+    decides. A ring owned by uid 65534 naming our (root's) process as its creator: refused as
+    --ring alone, as --ring with --pid, and as the ring the process maps; through the CLI, one
+    line and exit 1."""
+    from agent.errors import AgentError
+    from agent.watch.session import WatchConfig, WatchSession
+    d, _ = shm
+    now = time.monotonic_ns()
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        planted = craft(d / "planted.ring", 64, pid=victim.pid,
+                        slots={i: rec(i + 1, now - 50_000_000, now, pid=victim.pid)
+                               for i in range(10)})
+        os.chown(planted, 65534, 65534)
+        for cfg, msg in (
+                (WatchConfig(probe="external", ring_path=str(planted)),
+                 f"owned by uid 65534, but its creator pid {victim.pid} runs as uid 0"),
+                (WatchConfig(probe="external", ring_path=str(planted), pid=victim.pid),
+                 "owned by uid 65534, not 0")):
+            with pytest.raises(AgentError, match=msg):
+                WatchSession(cfg).source.attach_external()
+        r = _hftagent("watch", "--ring", str(planted), "--duration", "1", "--no-live",
+                      "--json", "--sampler", "python", "--trace", "off")
+        _one_line_error(r, "owned by uid 65534")
+    finally:
+        victim.kill()
+        victim.wait()
+    m = _mapper(planted)  # root's process maps the other user's file
+    try:
+        with pytest.raises(AgentError, match="owned by uid 65534, not the process's uid 0"):
+            WatchSession(WatchConfig(probe="external", pid=m.pid)).source.attach_external()
+    finally:
+        m.kill()
+        m.wait()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,6 +451,56 @@ def test_a_real_lap_still_skips_forward_and_counts_lost(tmp_path):
     assert len(got) and np.all(np.diff(seq) == 1) and seq[-1] == 200
     assert r.lost + len(got) == 200 and r.invalid == 0
     w.close()
+
+
+def _sparse_ring(path: Path, cap: int, slots: dict[int, list[int]]) -> Path:
+    """A ring of ``cap`` records as a sparse file: only the header and ``slots`` written
+    (a ring of 2**24 records is 1.9 GiB of size and a few KiB of disk)."""
+    with open(path, "wb") as f:
+        f.truncate((HEADER_WORDS + cap * RECORD_WORDS) * 8)
+        f.write(struct.pack("<8q", MAGIC, VERSION, cap, RECORD_WORDS, os.getpid(), 0, 0, 0))
+        for i, r in slots.items():
+            f.seek((HEADER_WORDS + i * RECORD_WORDS) * 8)
+            f.write(struct.pack(f"<{RECORD_WORDS}q", *r))
+    return path
+
+
+def test_a_sparse_huge_ring_a_lap_ahead_is_not_read_whole(tmp_path):
+    """#30 item 3: capacity 16,777,216 and one record a lap ahead in slot 0 made the reader
+    read the whole ring (1.9 GiB: watch's RSS 2.19 GB) to find the newest record. The newest
+    is now bisected (one slot a step) and every pass stops at its byte limit."""
+    cap = client.MAX_CAPACITY
+    now = time.monotonic_ns()
+    p = _sparse_ring(tmp_path / "huge", cap, {0: rec(cap + 1, now - 1000, now)})
+    r = RingReader(p)  # the default limit
+    got = r.read()
+    assert len(got) == 0
+    assert r.bytes_read <= 64 * 1024  # a block of 64 slots and ~25 bisection steps
+    assert r.pos > 0 and r.lost == r.pos  # skipped forward past the lapped slot
+    for limit in (client.RECORD_BYTES, 4096, 1 << 20):
+        r = RingReader(p, read_limit_bytes=limit)
+        for _ in range(3):
+            before = r.bytes_read
+            r.read()
+            assert r.bytes_read - before <= limit
+
+
+def test_every_read_pass_stops_at_its_byte_limit_and_the_next_goes_on(tmp_path):
+    """A ring full of good records, read with a 64 KiB limit: each pass reads at most that,
+    and the passes together return every record once, in order."""
+    cap = 1 << 12
+    now = time.monotonic_ns()
+    p = craft(tmp_path / "r", cap, slots={i: rec(i + 1, now - 10_000, now) for i in range(cap)})
+    limit = 64 << 10
+    r = RingReader(p, read_limit_bytes=limit)
+    seqs: list[int] = []
+    for _ in range(cap * client.RECORD_BYTES // limit + 2):
+        before = r.bytes_read
+        got = r.read()
+        assert r.bytes_read - before <= limit
+        assert len(got) <= limit // client.RECORD_BYTES
+        seqs += got[:, 0].tolist()
+    assert seqs == list(range(1, cap + 1)) and r.lost == 0 and r.invalid == 0
 
 
 @pytest.mark.parametrize("kw,msg", [

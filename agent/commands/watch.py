@@ -43,8 +43,10 @@ def watch(
                                                      "itself (default: the housekeeping "
                                                      "CPUs, else all but the probe's).")
                         ] = None,
-    pid: Annotated[int | None, typer.Option(help="External process to attribute (its ring is "
-                                            "/dev/shm/hftagent-PID.ring).")] = None,
+    pid: Annotated[int | None, typer.Option(help="External process to attribute (using "
+                                            "agent.client: its ring is found in "
+                                            "/proc/PID/maps, and must be owned by its "
+                                            "user).")] = None,
     ring: Annotated[str | None, typer.Option(help="External latency ring path (a regular "
                                              "file; a symlink is refused).")] = None,
     sample_hz: Annotated[float, typer.Option(help="Collector rounds per second "

@@ -2,20 +2,28 @@
 worker (:mod:`agent.watch.probe_worker`, its own process on the probe CPUs) or an external
 process that records its own calls through :mod:`agent.client`.
 
-Watch's own probe ring is ``hftagent-watch-<pid>.ring`` in :func:`agent.client.ring_dir`
-(``WatchConfig.ring_dir`` overrides it), created by the worker as
+Watch's own probe ring is ``hftagent-watch-<pid>-<random>.ring`` in
+:func:`agent.client.ring_dir` (``WatchConfig.ring_dir`` overrides it; the random part means
+no other user can block the name beforehand), created by the worker as
 :class:`agent.client.LatencyRing` does and read only when it is ours (our euid, created by the
 worker); what a killed watch left there is swept first (:func:`agent.client.sweep_stale_rings`).
-An external ring (``--pid``'s default, or ``--ring``) is waited for up to
-:data:`EXTERNAL_WAIT_S` when it is not there yet; one that is there but wrong is refused at
-once. A source that dies is reported by :meth:`LatencySource.check` (the session ends the run
-with exit code 3).
+
+``--pid PID`` finds the process's ring in ``/proc/PID/maps`` (:func:`find_ring`): the client
+maps its ring shared and writable, so among those mappings the ring is the one that is a
+latency ring created by PID, the same file (device and inode) as the mapping, and owned by
+PID's effective uid — root reads a process's ring only when the process's own user owns it, so
+a ring another user planted (its header's creator pid is theirs to write) is refused. ``--ring``
+names a ring itself; its owner must still be the effective uid of ``--pid`` (or of the
+header's creator, when it runs). A ring not there yet is waited for up to
+:data:`EXTERNAL_WAIT_S`; one that is there but wrong is refused at once. A source that dies is
+reported by :meth:`LatencySource.check` (the session ends the run with exit code 3).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -25,8 +33,9 @@ from agent.client import (
     RingError,
     RingMissing,
     RingReader,
-    default_ring_path,
     ring_dir,
+    ring_name,
+    ring_size_ok,
     sweep_stale_rings,
 )
 from agent.errors import AgentError
@@ -60,7 +69,7 @@ class LatencySource:
         if swept:
             self.warnings.append(f"removed {len(swept)} ring file(s) left in {d} by a watch "
                                  "that is gone: " + ", ".join(sorted(swept)[:4]))
-        path = str(d / f"hftagent-watch-{os.getpid()}.ring")
+        path = str(d / ring_name("hftagent-watch"))
         self._own_ring = path  # the worker creates it; we remove it when we stop the worker
         cmd = [sys.executable, "-m", "agent.watch.probe_worker", "--ring", path,
                "--rate", str(cfg.rate_hz), "--cpus", ",".join(map(str, cfg.probe_cpus)),
@@ -94,32 +103,48 @@ class LatencySource:
             raise AgentError(str(exc)) from None
 
     def attach_external(self) -> None:
-        """Open an external process's ring (``--ring``, or ``--pid``'s default ring)."""
+        """Open an external process's ring: ``--ring``, or the ring ``--pid`` maps."""
         cfg = self.cfg
-        path = Path(cfg.ring_path) if cfg.ring_path else default_ring_path(cfg.pid)
-        # --pid's default ring must be that process's (a stale ring of a dead process that
-        # had the pid, or one planted under its name, is refused); --ring names its own.
-        expect_pid = cfg.pid if not cfg.ring_path else None
         deadline = time.monotonic() + EXTERNAL_WAIT_S
         while True:
             try:
-                self.reader = RingReader(path, expect_pid=expect_pid)
+                if cfg.ring_path:
+                    self.reader = self._open_named(Path(cfg.ring_path))
+                else:
+                    self.reader = find_ring(self.host, cfg.pid)
                 break
             except RingMissing as exc:  # not created yet: wait a little for it
                 if time.monotonic() > deadline:
-                    raise AgentError(f"{exc} (is the process using agent.client, and is "
-                                     "HFTAGENT_RING the same path?)") from None
+                    hint = ("is the process using agent.client, and is HFTAGENT_RING the same "
+                            "path?" if cfg.ring_path else "it appears at the process's first "
+                            "timed() or end()")
+                    raise AgentError(f"{exc} ({hint})") from None
                 time.sleep(0.1)
             except RingError as exc:  # a ring that is there but wrong: at once
                 raise AgentError(str(exc)) from None
         if cfg.pid is None:
             cfg.pid = self.reader.creator_pid
-        self.info = {"pid": cfg.pid, "probe": f"external process {cfg.pid} ({path})"}
+        self.info = {"pid": cfg.pid, "probe": f"external process {cfg.pid} "
+                                              f"({self.reader.path})"}
         if not cfg.probe_cpus:
             try:
                 cfg.probe_cpus = sorted(os.sched_getaffinity(cfg.pid))
             except OSError:
                 pass
+
+    def _open_named(self, path: Path) -> RingReader:
+        """``--ring PATH``: owned by ``--pid``'s effective uid, else by its creator's when
+        that process runs (a ring naming another user's process as its creator is refused)."""
+        pid = self.cfg.pid
+        uid = proc_euid(self.host, pid) if pid is not None else None
+        r = RingReader(path, expect_uid=uid)
+        if pid is None:
+            uid = proc_euid(self.host, r.creator_pid)
+            if uid is not None and r.owner_uid != uid:
+                r.close()
+                raise RingError(f"latency ring {path} is owned by uid {r.owner_uid}, but its "
+                                f"creator pid {r.creator_pid} runs as uid {uid}: refused")
+        return r
 
     def check(self) -> str | None:
         """Why the source is gone (the worker exited, the external process exited or is a
@@ -172,3 +197,98 @@ class LatencySource:
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+
+
+def proc_euid(host: Host, pid: int) -> int | None:
+    """The effective uid of process ``pid`` (``/proc/PID/status``'s ``Uid:`` line, its second
+    field), or None when the process is gone or the line cannot be read."""
+    st = host.read(host.proc(pid, "status")).value
+    for line in (st or "").splitlines():
+        if line.startswith("Uid:"):
+            f = line.split()
+            try:
+                return int(f[2])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def shared_file_mappings(maps: str) -> list[tuple[str, int, int, int]]:
+    """``(path, major, minor, inode)`` of each shared writable file mapping at offset 0 in
+    ``/proc/PID/maps`` text (``start-end rw-s offset major:minor inode path``), in order,
+    each file once. A deleted file (``path (deleted)``), an anonymous or a private mapping
+    is left out."""
+    out: list[tuple[str, int, int, int]] = []
+    seen: set[tuple[int, int, int]] = set()
+    for line in maps.splitlines():
+        f = line.split(None, 5)
+        if len(f) < 6 or f[1][:2] != "rw" or f[1][3:4] != "s":
+            continue
+        _, _, off, dev, ino, path = f
+        if not path.startswith("/") or path.endswith(" (deleted)"):
+            continue
+        try:
+            major, _, minor = dev.partition(":")
+            key = (int(major, 16), int(minor, 16), int(ino))
+            if int(off, 16) != 0 or key[2] == 0:
+                continue
+        except ValueError:
+            continue
+        if key not in seen:
+            seen.add(key)
+            out.append((path, *key))
+    return out
+
+
+def find_ring(host: Host, pid: int) -> RingReader:
+    """The latency ring process ``pid`` maps (module docstring): among its shared writable
+    file mappings, the regular files that are latency rings created by ``pid``, the very file
+    mapped (device and inode, checked again through the open descriptor) and owned by
+    ``pid``'s effective uid. Raises :class:`RingMissing` when it maps none yet,
+    :class:`RingError` when its maps cannot be read, when the only rings there are refused
+    (saying why), or when it maps more than one."""
+    shown = host.display(host.proc(pid, "maps"))
+    maps = host.read(host.proc(pid, "maps"))
+    uid = proc_euid(host, pid)
+    if maps.value is None or uid is None:
+        if maps.reason == "absent" or (maps.value is not None and uid is None):
+            raise RingError(f"--pid {pid}: no such process")
+        raise RingError(f"cannot read {shown} to find the latency ring of pid {pid}: "
+                        f"{maps.reason} (run watch as that process's user or as root)")
+    found: list[RingReader] = []
+    refused: list[str] = []
+    pseudo = (str(host.procfs).rstrip("/") + "/", str(host.sysfs).rstrip("/") + "/")
+    for path, major, minor, ino in shared_file_mappings(maps.value):
+        if path.startswith(pseudo):
+            continue  # a PCI BAR's resource file (a user-space driver): reading has effects
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        # only the mapped regular file, of a size a ring has, is opened: never a device
+        if not stat.S_ISREG(st.st_mode) or (os.major(st.st_dev), os.minor(st.st_dev),
+                                            st.st_ino) != (major, minor, ino) \
+                or not ring_size_ok(st.st_size):
+            continue
+        try:
+            r = RingReader(path, expect_file=(st.st_dev, st.st_ino))
+        except RingError:
+            continue  # another shared file of the process (not a latency ring)
+        if r.creator_pid != pid or r.owner_uid != uid:
+            refused.append(f"latency ring {path} mapped by pid {pid} is "
+                           + (f"owned by uid {r.owner_uid}, not the process's uid {uid}"
+                              if r.owner_uid != uid else f"pid {r.creator_pid}'s, not its own")
+                           + ": refused")
+            r.close()
+            continue
+        found.append(r)
+    if len(found) == 1:
+        return found[0]
+    for r in found:
+        r.close()
+    if found:
+        raise RingError(f"pid {pid} maps {len(found)} latency rings ("
+                        + ", ".join(str(r.path) for r in found) + "): give one with --ring")
+    if refused:
+        raise RingError(refused[0])
+    raise RingMissing(f"pid {pid} maps no latency ring yet")
