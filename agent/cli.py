@@ -26,6 +26,7 @@ COMMANDS = (
     "agent.commands.gate",
     "agent.commands.watch",
     "agent.commands.cpus",
+    "agent.commands.attach",
     "agent.commands.deploy",
 )
 

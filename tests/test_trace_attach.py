@@ -169,3 +169,15 @@ def test_a_killed_runs_group_is_removed_and_another_tools_is_not(child, lib):
         assert f"othertool_{dead.pid}/call0" in text
     finally:
         uprobe._append(ev, f"-:othertool_{dead.pid}/call0")
+
+
+def test_attach_check_command(child, lib):
+    cli = [sys.executable, "-c", "from agent.cli import main; main()"]
+    r = subprocess.run([*cli, "attach", str(child.pid), "--check", "--attach-symbol",
+                        f"{lib.name}:hft_infer"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "hft_infer" in r.stdout and "offset    0x" in r.stdout and "entry only" in r.stdout
+    r = subprocess.run([*cli, "attach", str(child.pid), "--check"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "known inference runtime" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -219,7 +219,7 @@ def _add(host: Host, p: Plan, m: Mapping, names: list[str], runtime: str, shown:
     when the runtime has none of them (or an AttachError when ``required``)."""
     path, mf = _readable(host, p.pid, m)
     try:
-        info, found = elf.resolve(path, names, progress)
+        info, found = elf.resolve(path, names, progress, m.name)
     except elf.ElfError as exc:
         if required:
             raise AttachError(str(exc)) from None

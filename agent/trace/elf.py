@@ -190,11 +190,12 @@ def _find(elf: _Elf, tables, name: str) -> Symbol | None:
     return None
 
 
-def resolve(path: str, names: list[str], progress=None) -> tuple[ElfInfo, dict[str, Symbol | None]]:
+def resolve(path: str, names: list[str], progress=None, shown: str | None = None
+            ) -> tuple[ElfInfo, dict[str, Symbol | None]]:
     """(what the file is, {name: Symbol or None}) for the function ``names`` in ``path``.
 
     ``progress(str)``, when given, is told when a big file (> 100 MB) is being read, so a
-    command can say it is working. Raises :class:`ElfError` for a file that is not a
+    command can say it is working (naming it ``shown``, default the path's basename). Raises :class:`ElfError` for a file that is not a
     64-bit little-endian ELF."""
     try:
         st = os.stat(path)
@@ -206,7 +207,7 @@ def resolve(path: str, names: list[str], progress=None) -> tuple[ElfInfo, dict[s
     if info is not None and not missing:
         return info, {n: known[n] for n in names}
     if progress and st.st_size > 100 << 20:
-        progress(f"reading the symbols of {os.path.basename(path)} "
+        progress(f"reading the symbols of {shown or os.path.basename(path)} "
                  f"({st.st_size / 1e6:.0f} MB)")
     elf = _Elf(path)
     try:

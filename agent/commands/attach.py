@@ -1,0 +1,49 @@
+"""`hftagent attach --check PID`: what `watch --attach PID` would time in that process."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.commands.common import JsonOpt, cli_errors, fail
+
+HELP = """Show what can be attached in a running process, read-only.
+
+For process PID: the inference runtime found in its mapped libraries (LiteRT from Python,
+the LiteRT, TFLite and TF C APIs, TF2 from Python), the library, the function that runs once
+per inference call, its file offset, the instruction at its entry, what a uprobe there costs
+per call, and why not where it cannot be attached. `hftagent watch --attach PID` then times
+every call and explains each slow one. Nothing is written and no probe is placed."""
+
+
+def attach(
+    pid: Annotated[int, typer.Argument(help="The process to look at.")],
+    check: Annotated[bool, typer.Option("--check", help="Report only (the one mode: "
+                                        "watch --attach does the attaching).")] = True,
+    runtime: Annotated[str, typer.Option("--attach-runtime", help="auto, litert, litert-c, "
+                                         "tflite-c, tf-c or tf-python.")] = "auto",
+    symbol: Annotated[str | None, typer.Option("--attach-symbol", help="LIB:SYMBOL: any "
+                                               "other function (entry-only timing).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    from agent.trace.attach import AttachError, check_text, plan
+    from collectors.host import Host
+
+    if pid <= 0:
+        raise fail(f"PID must be a positive process id, not {pid}")
+    try:
+        p = plan(Host(), pid, runtime, symbol,
+                 progress=lambda msg: print(msg + " ...", file=sys.stderr, flush=True))
+    except AttachError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(p.to_dict(), indent=2))
+    else:
+        print("\n".join(check_text(p)))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("attach", help=HELP)(cli_errors(attach))
