@@ -22,9 +22,15 @@ from agent.commands.common import (
 
 HELP = """Report every host setting that hurts tail latency, with evidence and the exact fix.
 
-Read-only: nothing on the host is written. Exit status: 0 nothing fails; 2 a check failed or
-needs a reboot (--fail-on warn: warnings too); 1 the audit could not run, or some check could
-not read what it needs (status "error") and nothing failed."""
+Read-only: nothing on the host is written. On a terminal of 120 columns or more the findings
+are a table; narrower or piped, a list (one line per finding, details indented). Fix commands
+are printed whole, one a line, never with a reboot in them: the boot arguments come last, as
+one GRUB recipe, then "then reboot". --fix-script FILE writes them as a shell script to
+review and run.
+
+Exit status: 0 nothing fails; 2 a check failed or needs a reboot (--fail-on warn: warnings
+too); 1 the audit could not run, or some check could not read what it needs (status "error")
+and nothing failed."""
 
 
 def audit(
@@ -47,6 +53,11 @@ def audit(
                                                 "for S seconds with a pinned clock-gap loop "
                                                 "(hftagent cpus) and report a noisy one. "
                                                 "Live host only.", metavar="S")] = None,
+    fix_script: Annotated[str | None, typer.Option(
+        "--fix-script", metavar="FILE",
+        help="Also write the fixes as an executable shell script (#!/bin/sh, set -e, one "
+             "comment per finding, the boot arguments last, never a reboot). FILE must not "
+             "exist: it is created, mode 0700, never overwritten.")] = None,
     db: DbOpt = None,
     no_history: NoHistoryOpt = False,
     root: RootOpt = "/",
@@ -63,6 +74,12 @@ def audit(
         raise fail("--steal-window must be between 0 and 10 seconds")
     if noise is not None and not 0 < noise <= 60:
         raise fail("--noise must be > 0 and <= 60 seconds")
+    if fix_script is not None:
+        from agent.fixscript import FixScriptError, check_path
+        try:
+            check_path(fix_script)  # before any work: a typo costs nothing
+        except FixScriptError as exc:
+            raise fail(str(exc)) from None
     host = make_host(root, procfs, sysfs)
     if noise is not None and not host.live:
         raise fail("--noise measures this host: not with --root/--procfs/--sysfs")
@@ -85,30 +102,60 @@ def audit(
             write_textfile(report.findings, textfile)
         except OSError as exc:
             raise fail(f"cannot write textfile in {textfile!r}: {exc.strerror or exc}") from None
+    if fix_script is not None:
+        _write_fix_script(fix_script, report)
     if json_out:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         from rich.console import Console
 
         from agent.render import render_findings
-        from collectors.parsers import format_cpulist
 
         console = Console()
-        h = report.host
-        console.print(f"[bold]hftagent audit[/bold]  profile [cyan]{report.profile}[/cyan]  "
-                      f"target CPUs [cyan]{format_cpulist(report.target_cpus)}[/cyan]  "
-                      f"kernel {h['kernel']}  virt {h['virtualization']}  "
-                      f"online {h['online_cpus']}"
-                      f"{' (derived: see cpu.online)' if h.get('online_cpus_derived') else ''}"
-                      f"  NUMA nodes {h['numa_nodes']}")
-        if h["cpu_model"]:
-            console.print(f"cpu: {h['cpu_model']}", style="dim")
+        for line in _header(host, report):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
+        console.print()
         render_findings(console, report.findings, verbose)
     if host.live and not no_history:  # a captured tree (--root) is not a run of this host
         from agent.history import record_run
 
         record_run("audit", report.to_dict(), None, command="audit", db=db, warn=True)
     raise typer.Exit(exit_code(report.findings, Status.WARN if fail_on == "warn" else Status.FAIL))
+
+
+def _kernel(host, report) -> str:
+    """The kernel release, or "unknown (why)" when it could not be read."""
+    if report.host.get("kernel"):
+        return report.host["kernel"]
+    from tuning.checks.base import why
+    r = host.read(host.proc("sys/kernel/osrelease"))
+    return f"unknown ({r.path} {why(host, r.reason, r.path)})"
+
+
+def _header(host, report) -> list[str]:
+    """The lines above the findings: what was audited, then the host, then the CPU model."""
+    from collectors.parsers import format_cpulist
+    h = report.host
+    derived = " (derived: see cpu.online)" if h.get("online_cpus_derived") else ""
+    lines = [f"hftagent audit  profile {report.profile}  target CPUs "
+             f"{format_cpulist(report.target_cpus)}",
+             f"kernel {_kernel(host, report)}  virt {h['virtualization']}  "
+             f"online {h['online_cpus']}{derived}  NUMA nodes {h['numa_nodes']}"]
+    if h.get("cpu_model"):
+        lines.append(f"cpu: {h['cpu_model']}")
+    return lines
+
+
+def _write_fix_script(path: str, report) -> None:
+    from agent.fixscript import FixScriptError, script_text, write_exclusive
+    from collectors.parsers import format_cpulist
+    header = [f"hftagent audit --fix-script: profile {report.profile}, target CPUs "
+              f"{format_cpulist(report.target_cpus)}, "
+              f"kernel {report.host.get('kernel') or 'unknown'}"]
+    try:
+        write_exclusive(path, script_text(report.findings, header))
+    except FixScriptError as exc:
+        raise fail(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collectors import cpu as cpuc
 from collectors import kernel, system
+from collectors.host import ABSENT, UNSUPPORTED
 from collectors.parsers import format_cpulist, isolation_cpus, parse_cpulist
 from tuning.checks.base import AuditContext, unsupported, why
 from tuning.findings import Finding, Status
@@ -37,17 +38,33 @@ def no_housekeeping(ctx: AuditContext, id_: str, family: str, title: str,
                    evidence=evidence)
 
 
-def grubby(args: str) -> str:
-    """The one GRUB recipe (tuning/tunables/boot.py's grub_commands) for one argument."""
+def boot_arg_dict(args: list[str]) -> dict[str, str]:
+    """``["isolcpus=managed_irq,domain,2-3", "skew_tick=1"]`` as ``{key: value}`` (each
+    argument split at its first '=': values hold ',' and '-', never '=')."""
+    out: dict[str, str] = {}
+    for a in args:
+        key, _, value = a.partition("=")
+        out[key] = value
+    return out
+
+
+def grubby(args: dict[str, str]) -> str:
+    """The one GRUB recipe (tuning/tunables/boot.py's grub_commands) for ``args``, one command
+    a line."""
     from tuning.tunables.boot import grub_commands
-    key, _, value = args.partition("=")
-    return "; ".join(grub_commands({key: value}))
+    return "\n".join(grub_commands(args))
 
 
 def check(ctx: AuditContext) -> list[Finding]:
     host = ctx.host
     cl = kernel.cmdline(host)
     if not cl.ok:
+        # the whole source absent (or a kernel that does not offer it): unsupported, as for
+        # every check (tuning/checks/base.py); unreadable or unparsable: error
+        if cl.reason == ABSENT or (cl.reason or "").startswith(UNSUPPORTED):
+            return [unsupported("isolation.cmdline", FAMILY, "Kernel command line",
+                                why(host, cl.reason, cl.path).removeprefix("unsupported: "),
+                                cl.path)]
         return [Finding("isolation.cmdline", FAMILY, "Kernel command line", Status.ERROR,
                         current=f"unreadable: {why(host, cl.reason, cl.path)}", evidence=cl.path)]
     args = cl.value
@@ -68,7 +85,8 @@ def check(ctx: AuditContext) -> list[Finding]:
         st = status or (Status.OK if ok or not want else Status.PENDING_REBOOT)
         out.append(ctx.finding("isolation", id_, FAMILY, title, ok, current=current or cur,
                                expected=arg, evidence=evidence or f"{cl.path}",
-                               fix="" if st is Status.ERROR else grubby(arg), status=st,
+                               fix="" if st is Status.ERROR else grubby(boot_arg_dict([arg])),
+                               status=st,
                                data={"kernel_arg": arg}))
 
     def cpus_of(key: str, title: str, raw: str, arg: str) -> list[int] | None:

@@ -8,6 +8,7 @@ and a reboot is needed anyway), so these are reported ``pending-reboot`` with th
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from collectors.kernel import cmdline
@@ -24,25 +25,93 @@ def boot_args(cpus: list[int], online: list[int]) -> dict[str, str]:
             "irqaffinity": house, "skew_tick": "1"}
 
 
-def grub_commands(args: dict[str, str]) -> list[str]:
+GRUB_FILE = "/etc/default/grub"
+
+# What grub_commands puts into a shell word and a sed script: kernel parameter names
+# (kernel-parameters.txt: letters, digits, '_', '-', '.' as in "rcutree.kthread_prio") and values
+# made of CPU lists, flags and numbers. Nothing else can reach a command line.
+_KEY = re.compile(r"[a-z][a-z0-9_.-]*")
+_VALUE = re.compile(r"[A-Za-z0-9_.,:-]*")
+
+
+def _checked(args: dict[str, str]) -> dict[str, str]:
+    if not args:
+        raise ValueError("no boot arguments")
+    for k, v in args.items():
+        if not _KEY.fullmatch(k) or not _VALUE.fullmatch(v):
+            raise ValueError(f"not a boot argument a GRUB command can carry: {k}={v}")
+    return args
+
+
+def _grubby(args: dict[str, str]) -> str:
+    words = " ".join(f"{k}={v}" for k, v in args.items())
+    return (f"grubby --update-kernel=ALL --remove-args={shlex.quote(' '.join(args))} "
+            f"--args={shlex.quote(words)}")
+
+
+def _grub_guard(grub_file: str) -> str:
+    """The test the sed script relies on: GRUB_CMDLINE_LINUX_DEFAULT is one double-quoted
+    value (Debian's and Ubuntu's form). Anything else (single quotes, a value continued on
+    the next line, no such line) is left to a person rather than edited half-right."""
+    return (f"grep -Eq '^GRUB_CMDLINE_LINUX_DEFAULT=\"[^\"]*\"[[:space:]]*$' "
+            f"{shlex.quote(grub_file)}")
+
+
+def _grub_sed(args: dict[str, str], grub_file: str) -> str:
+    """sed -i that removes every earlier ``key=value`` of ``args`` from GRUB_CMDLINE_LINUX and
+    GRUB_CMDLINE_LINUX_DEFAULT and appends ``args`` once to GRUB_CMDLINE_LINUX_DEFAULT.
+
+    Both lines lose the keys: grub-mkconfig puts GRUB_CMDLINE_LINUX first on the kernel
+    command line, and a second ``nohz_full=``/``isolcpus=`` with another mask is ignored by
+    the kernel ("Housekeeping: nohz_full= must match isolcpus=", kernel/sched/isolation.c since
+    v5.6), so an old value left there would win. A key is matched only after a space or the
+    opening quote and before '=', so ``rcu_nocbs`` never touches ``rcu_nocb_poll``."""
+    keys = "|".join(re.escape(k) for k in args)
+    words = " ".join(f"{k}={v}" for k, v in args.items())
+    edit = (f'/^GRUB_CMDLINE_LINUX(_DEFAULT)?=/{{s/([ "])({keys})=[^ "]*/\\1/g; '
+            f's/  +/ /g; s/=" +/="/; s/ +"([[:space:]]*)$/"\\1/}}; '
+            f'/^GRUB_CMDLINE_LINUX_DEFAULT=/{{s/"([[:space:]]*)$/ {words}"\\1/; s/=" /="/}}')
+    return f"sed -i -E '{edit}' {shlex.quote(grub_file)}"
+
+
+def grub_commands(args: dict[str, str], grub_file: str = GRUB_FILE) -> list[str]:
     """The one GRUB recipe (audit's fixes and tune's pending-reboot changes both print it):
-    exact commands an operator runs to set ``args`` on every installed kernel.
+    exact commands an operator runs to set ``args`` on every installed kernel, one line each
+    for pasting, the first for RHEL/Fedora, the second for Debian/Ubuntu. Neither reboots:
+    the caller says "then reboot" in words.
 
     RHEL/Fedora: grubby, removing any earlier value of each argument first. Debian/Ubuntu:
     GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub (the normal boot entries; the recovery
     entry stays plain, which is what one wants when a box will not come up with nohz_full),
-    earlier values of each argument removed first so the command can be run twice, then
-    update-grub. The values are CPU lists and flags (digits, ',', '-'), safe inside the
+    earlier values of each argument removed first (from GRUB_CMDLINE_LINUX too) so the
+    command can be run twice, then update-grub; a file not in that form is reported and left
+    alone. Both are idempotent: each key ends up on the line exactly once. The arguments are
+    checked (:data:`_KEY`, :data:`_VALUE`): CPU lists and flags, safe inside the
     single-quoted sed script."""
-    words = " ".join(f"{k}={v}" for k, v in args.items())
-    removed = " ".join(args)
-    keys = "|".join(args)
+    args = _checked(dict(args))
+    debian = (f"if {_grub_guard(grub_file)}; then {_grub_sed(args, grub_file)} && update-grub; "
+              f"else echo {shlex.quote(_grub_form(grub_file))} >&2; false; fi")
+    return [_grubby(args), debian]
+
+
+def _grub_form(grub_file: str) -> str:
+    return (f"hftagent: GRUB_CMDLINE_LINUX_DEFAULT in {grub_file} is not one double-quoted "
+            "line: set the boot arguments by hand")
+
+
+def grub_script(args: dict[str, str], grub_file: str = GRUB_FILE) -> list[str]:
+    """The same recipe as :func:`grub_commands` for a ``set -e`` script (``audit
+    --fix-script``): grubby where it is installed, else /etc/default/grub and update-grub,
+    each step its own command so that any failure stops the script."""
+    args = _checked(dict(args))
     return [
-        f"grubby --update-kernel=ALL --remove-args={shlex.quote(removed)} "
-        f"--args={shlex.quote(words)}",
-        f"sed -i -E '/^GRUB_CMDLINE_LINUX_DEFAULT=/{{s/ ?\\b({keys})=[^ \"]*//g; "
-        f"s/\"$/ {words}\"/}}' /etc/default/grub && update-grub",
-        "reboot",
+        "if command -v grubby >/dev/null 2>&1; then",
+        f"    {_grubby(args)}",
+        "else",
+        f"    {_grub_guard(grub_file)} || {{ echo {shlex.quote(_grub_form(grub_file))} >&2; exit 1; }}",
+        f"    {_grub_sed(args, grub_file)}",
+        "    update-grub",
+        "fi",
     ]
 
 
@@ -102,7 +171,7 @@ class BootIsolation(Tunable):
         if not missing:
             return []
         cmds = grub_commands({t.partition(":")[2]: v for t, v in desired.items()})
-        return [Change(self.id, t, current.get(t), v, PENDING_REBOOT, detail="; ".join(cmds))
+        return [Change(self.id, t, current.get(t), v, PENDING_REBOOT, detail="\n".join(cmds))
                 for t, v in missing.items()]
 
     def verify(self, ctx: TuneContext, desired: dict[str, str]) -> Finding:
