@@ -1,8 +1,11 @@
 """matplotlib for the commands that draw (probe --idle-gaps, cpus --plot, history plot): the
-headless backend, one message when it is not installed, one when the file cannot be written.
+headless backend, one message when it is not installed, one when the file cannot be written
+(agent/outfile.py: every plot goes through the one output opener).
 matplotlib is an optional extra (``pip install 'hftagent[plot]'``), imported only here."""
 
 from __future__ import annotations
+
+import os
 
 from agent.errors import AgentError
 
@@ -28,12 +31,19 @@ def available(what: str = "--plot") -> None:
         raise AgentError(f"{what} {MISSING}") from None
 
 
-def save(fig, path: str) -> None:
-    """Write the figure and close it; AgentError (one line) when the file cannot be written."""
+def save(fig, path: str, what: str = "--plot", *, dpi: float | None = 110) -> None:
+    """Write the figure to ``path`` through agent/outfile.py (no symlink followed, only a new
+    file or a regular file of ours replaced, written whole or not at all) and close it. The
+    format is the file's suffix (.png unless .svg/.pdf...). OutputError (one line) when the
+    file cannot be written."""
     import matplotlib.pyplot as plt
+
+    from agent.outfile import open_output
+    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
     try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise AgentError(f"cannot write the plot {path}: {exc.strerror or exc}") from None
+        with open_output(path, what, binary=True) as out:
+            fig.savefig(out.file, dpi="figure" if dpi is None else dpi, format=fmt)
+    except ValueError as exc:  # a format matplotlib does not write
+        raise AgentError(f"cannot write {what} {path}: {exc}") from None
     finally:
         plt.close(fig)

@@ -23,6 +23,11 @@ out as the live tree is, symlinks included, so that a capture audits as the box 
 - From the root's /etc: tuned's active profile and irqbalance's environment files; of the
   systemd units audit looks for (``multi-user.target.wants/*.service``, links into
   /lib/systemd), a small file naming the link's target stands in for each enabled unit.
+
+Everything is written below a descriptor of the capture directory (:class:`_Out`), each
+component opened with ``O_NOFOLLOW``: a capture run as root into a directory whose path
+another user can change (a home that sudo kept, a shared results directory) writes nothing
+outside it, and never through a link, the capture's own links included (made last).
 """
 
 from __future__ import annotations
@@ -70,6 +75,105 @@ SYSTEMD_WANTS = "systemd/system/multi-user.target.wants"
 SYSTEMD_UNITS = ("cpupower.service", "tuned.service", "irqbalance.service")
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Out:
+    """The capture directory, written through its descriptor only: directories below it are
+    created (0755) and opened one component at a time with ``O_NOFOLLOW`` (descriptors kept
+    per directory), files written ``O_NOFOLLOW``. Paths are given as the capture names them
+    (under ``base``). At most MAX_OPEN directories are kept open (a 128-CPU sysfs has
+    thousands): the walk is depth-first, so the ones in use are found again at once."""
+
+    MAX_OPEN = 64
+
+    def __init__(self, base: Path, dfd: int) -> None:
+        self.base = base
+        self.dirs: dict[tuple[str, ...], int] = {(): dfd}
+
+    def _rel(self, path: Path) -> tuple[str, ...]:
+        return path.relative_to(self.base).parts
+
+    def _dir(self, parts: tuple[str, ...], create: bool) -> int | None:
+        fd = self.dirs.get(parts)
+        if fd is not None:
+            return fd
+        parent = self._dir(parts[:-1], create)
+        if parent is None:
+            return None
+        name = parts[-1]
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                return None
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            except FileExistsError:
+                pass
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and not create:
+                return None  # a link (made by the capture) or a file: not a directory here
+            raise
+        if len(self.dirs) > self.MAX_OPEN:
+            self.close()
+        self.dirs[parts] = fd
+        return fd
+
+    def mkdirs(self, path: Path) -> None:
+        self._dir(self._rel(path), True)
+
+    def write(self, path: Path, data: bytes) -> None:
+        parts = self._rel(path)
+        dfd = self._dir(parts[:-1], True)
+        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+    def lexists(self, path: Path) -> bool:
+        """Whether ``path`` is there, reached through directories (no link) only."""
+        parts = self._rel(path)
+        if not parts:
+            return True
+        dfd = self._dir(parts[:-1], False)
+        if dfd is None:
+            return False
+        try:
+            os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def symlink(self, text: str, path: Path) -> None:
+        parts = self._rel(path)
+        os.symlink(text, parts[-1], dir_fd=self._dir(parts[:-1], True))
+
+    def close(self) -> None:
+        for parts, fd in self.dirs.items():
+            if parts:  # the top one is the caller's
+                os.close(fd)
+        self.dirs = {(): self.dirs[()]}
+
+
+def write_new(dfd: int, name: str, data: bytes) -> None:
+    """Write ``data`` as the new file ``name`` of directory ``dfd`` (``O_EXCL|O_NOFOLLOW``,
+    mode 0644)."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644, dir_fd=dfd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 def _inside(path: str, base: str) -> bool:
     return path == base or path.startswith(base.rstrip("/") + "/")
 
@@ -91,9 +195,10 @@ class CaptureResult:
 
 
 class _Capturer:
-    def __init__(self, host: Host, out: Path) -> None:
+    def __init__(self, host: Host, out: Path, sink: _Out) -> None:
         self.host = host
         self.out = out
+        self.sink = sink
         self.result = CaptureResult()
         # (link path in the capture, its target there, the link's text); made at the end,
         # once it is known whether the target was captured
@@ -153,8 +258,7 @@ class _Capturer:
                 self.skip(tree, src, "not readable" if exc.errno == errno.EACCES
                           else exc.strerror or str(exc))
             return
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(data)
+        self.sink.write(dst, data)
         self.result.files += 1
 
     # -- directories -------------------------------------------------------------------------
@@ -185,7 +289,7 @@ class _Capturer:
         except OSError as exc:
             self.skip(tree, src, exc.strerror or str(exc))
             return
-        dst.mkdir(parents=True, exist_ok=True)
+        self.sink.mkdirs(dst)
         for n in names:
             if n in SKIP_NAMES:
                 continue
@@ -228,7 +332,7 @@ class _Capturer:
                 self.skip(tree, base, exc.strerror or str(exc))
             return
         out_base = tree.dst / "bus/pci/devices"
-        out_base.mkdir(parents=True, exist_ok=True)
+        self.sink.mkdirs(out_base)
         for n in names:
             entry = base / n
             real = os.path.realpath(entry)
@@ -245,7 +349,7 @@ class _Capturer:
     def attrs(self, tree: _Tree, src: Path, dst: Path) -> None:
         """The PCI_ATTRS files of one device directory (its child devices are not entered:
         each is captured through its own bus/pci/devices entry)."""
-        dst.mkdir(parents=True, exist_ok=True)
+        self.sink.mkdirs(dst)
         for a in sorted(PCI_ATTRS):
             p = src / a
             if os.path.lexists(p):
@@ -253,10 +357,9 @@ class _Capturer:
 
     def make_links(self) -> None:
         for link, target, text in self.links:
-            if os.path.lexists(link) or not os.path.lexists(target):
+            if self.sink.lexists(link) or not self.sink.lexists(target):
                 continue  # already there, or the target was not captured (depth, skipped)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(text, link)
+            self.sink.symlink(text, link)
 
     # -- the rest ----------------------------------------------------------------------------
     def processes(self) -> None:
@@ -277,29 +380,38 @@ class _Capturer:
                 # the unit file itself lives outside /etc: record that it is enabled
                 text = os.readlink(src) if src.is_symlink() else "regular file"
                 dst = self.etc.dst / SYSTEMD_WANTS / unit
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_text(f"enabled (link to {text})\n")
+                self.sink.write(dst, f"enabled (link to {text})\n".encode())
                 self.result.files += 1
 
 
-def capture_result(host: Host, out: Path) -> CaptureResult:
+def capture_result(host: Host, out: Path, dir_fd: int | None = None) -> CaptureResult:
     """Copy the host's relevant files under ``out/proc``, ``out/sys`` and ``out/etc``; write
-    ``out/CAPTURE-SKIPPED``. ``out`` must be a new, empty directory."""
-    c = _Capturer(host, out)
-    for rel, _depth in SYS_ITEMS:
-        real = os.path.realpath(c.sys.src / rel)
-        if _inside(real, c.sys.real):
-            c.areas.append(real)
-    for rel, depth in PROC_ITEMS:
-        c.item(c.proc, rel, depth)
-    for rel, depth in SYS_ITEMS:
-        c.item(c.sys, rel, depth)
-    c.pci()
-    c.processes()
-    c.etc_files()
-    c.make_links()  # last: nothing is written through a link the capture made
-    skipped = c.result.skipped
-    (out / "CAPTURE-SKIPPED").write_text("\n".join(skipped) + ("\n" if skipped else ""))
+    ``out/CAPTURE-SKIPPED``. ``out`` must be a new, empty directory; ``dir_fd``: a descriptor
+    of it (``hftagent capture`` creates it exclusively), else it is opened here with
+    ``O_NOFOLLOW``. Everything is written below that descriptor (:class:`_Out`)."""
+    dfd = os.open(out, _DIR_FLAGS) if dir_fd is None else dir_fd
+    sink = _Out(out, dfd)
+    try:
+        c = _Capturer(host, out, sink)
+        for rel, _depth in SYS_ITEMS:
+            real = os.path.realpath(c.sys.src / rel)
+            if _inside(real, c.sys.real):
+                c.areas.append(real)
+        for rel, depth in PROC_ITEMS:
+            c.item(c.proc, rel, depth)
+        for rel, depth in SYS_ITEMS:
+            c.item(c.sys, rel, depth)
+        c.pci()
+        c.processes()
+        c.etc_files()
+        c.make_links()  # last: nothing is written through a link the capture made
+        skipped = c.result.skipped
+        sink.write(out / "CAPTURE-SKIPPED",
+                   ("\n".join(skipped) + ("\n" if skipped else "")).encode())
+    finally:
+        sink.close()
+        if dir_fd is None:
+            os.close(dfd)
     return c.result
 
 

@@ -88,7 +88,7 @@ def test_summary_ratios_and_headline(tmp_path):
 
 def test_plot_unwritable_path_is_a_clean_error(tmp_path):
     rows = idle.summarize({0: np.array([[0], [0], [1000]]), 10**6: np.array([[10**6], [0], [2000]])})
-    with pytest.raises(AgentError, match="cannot write the plot"):
+    with pytest.raises(AgentError, match="--plot .*missing-dir does not exist"):
         idle.plot(rows, str(tmp_path / "missing-dir" / "x.png"), "t")
 
 

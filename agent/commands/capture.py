@@ -23,26 +23,35 @@ def capture(
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
 ) -> None:
+    import os
+
+    from agent.outfile import OutputError, create_dir, show
     from collectors.capture import capture_result
 
-    if out.exists() or out.is_symlink():
-        raise fail(f"--out {str(out)!r} already exists; give a new directory")
+    if not str(out).strip():
+        raise fail("--out is empty: give a new directory")
+    if os.path.lexists(out):
+        raise fail(f"--out {show(out)} already exists; give a new directory")
     host = make_host(root, procfs, sysfs)
+    # Created exclusively, and written only through its descriptor, with O_NOFOLLOW below it
+    # (agent/outfile.py, collectors/capture.py): nothing another user plants on the way is
+    # followed.
+    dfd = create_dir(out, "--out", parents=True)
     try:
-        out.mkdir(parents=True)
+        res = capture_result(host, out, dir_fd=dfd)
+        if host.live:
+            _cpu_identity(dfd)
     except OSError as exc:
-        raise fail(f"--out {str(out)!r}: cannot create it: {exc.strerror or exc}") from None
-    try:
-        res = capture_result(host, out)
-    except OSError as exc:
-        raise fail(f"--out {str(out)!r}: cannot write in it: {exc.strerror or exc}") from None
-    if host.live:
-        _cpu_identity(out)
+        raise fail(f"--out {show(out)}: cannot write in it: {exc.strerror or exc}") from None
+    except OutputError as exc:
+        raise fail(str(exc)) from None
+    finally:
+        os.close(dfd)
     print(f"captured {res.files} files into {out} ({len(res.skipped)} skipped, listed in "
           f"{out / 'CAPTURE-SKIPPED'})")
 
 
-def _cpu_identity(out: Path) -> None:
+def _cpu_identity(dfd: int) -> None:
     """DIR/CPU-IDENTITY.json: the CPU as py-cpuinfo names it (brand, family/model/stepping,
     cache sizes, advertised clock, flags), which /proc/cpuinfo alone does not give on every
     architecture; for telling captured boxes apart. Live host only (CPUID, not the tree);
@@ -57,7 +66,8 @@ def _cpu_identity(out: Path) -> None:
             "stepping", "hz_advertised_friendly", "l1_data_cache_size", "l2_cache_size",
             "l3_cache_size", "flags", "cpuinfo_version_string", "error")
     doc = {k: info[k] for k in keep if k in info}
-    (out / "CPU-IDENTITY.json").write_text(json.dumps(doc, indent=2) + "\n")
+    from collectors.capture import write_new
+    write_new(dfd, "CPU-IDENTITY.json", (json.dumps(doc, indent=2) + "\n").encode())
 
 
 def register(app: typer.Typer) -> None:

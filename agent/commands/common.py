@@ -65,24 +65,32 @@ def cli_errors(fn: F) -> F:
 
 
 def check_output_file(path: str, opt: str = "--out") -> None:
-    """An output file option: a regular file or a new one in an existing directory. A FIFO
-    would block the open until a reader comes; a device or a directory is never an output.
-    Checked before any work, so a typo does not cost a scan or a probe run."""
-    import os
-    import stat
-    if not path.strip():
-        raise fail(f"{opt} is empty: give a file")
+    """An output file option, checked before any work so that a typo does not cost a scan or
+    a probe run: agent/outfile.py's rules (no symlink followed, an existing file only when it
+    is a regular file we own, the directory must exist). Raises its one-line OutputError."""
+    from agent.outfile import check_output
+    check_output(path, opt)
+
+
+def check_history_db(db: str | None, no_history: bool) -> bool:
+    """The history database, checked before the command's work (issue #28 item 4): whether
+    the run is to be recorded. ``--db`` that cannot be used (not ours, not writable, its
+    directory missing: never created) is an error, one line, exit 1; the default database
+    ($HFTAGENT_DB, else the state directory) only warns, once, and the run is not recorded."""
+    if no_history:
+        if db is not None:
+            raise fail("--db and --no-history contradict each other: give one")
+        return False
+    from agent.history import HistoryError, check_writable
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        parent = os.path.dirname(path) or "."
-        if not os.path.isdir(parent):
-            raise fail(f"{opt} {path!r}: directory {parent!r} does not exist") from None
-        return
-    except OSError as exc:
-        raise fail(f"cannot write {opt} {path!r}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise fail(f"{opt} {path!r} is not a regular file")
+        check_writable(db)
+    except HistoryError as exc:
+        if db is not None:
+            raise fail(str(exc)) from None
+        print(f"hftagent: warning: run will not be recorded in history: {exc}",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def check_output_dir(path: str, opt: str) -> None:

@@ -89,8 +89,8 @@ def probe(
     no_history: NoHistoryOpt = False,
 ) -> None:
     import os
-    import stat
 
+    from agent.commands.common import check_history_db, check_output_file
     from agent.probe import options
     from agent.probe.progress import progress_hook
     from agent.probe.runner import run_probe
@@ -106,54 +106,28 @@ def probe(
     if plot is not None:
         if idle_gaps is None:
             raise fail("--plot draws the --idle-gaps curve: give --idle-gaps")
-        from agent.commands.common import check_output_file
         check_output_file(plot, "--plot")
         from agent.plot import available
         available("--plot")  # before the run, used after it
-    if not no_history:
-        # Checked now: a --db that cannot be written must not cost a finished probe (the
-        # recording after the run only warns). The default database only warns, as before.
-        from agent.history import HistoryError, check_writable
-        try:
-            check_writable(db)
-        except HistoryError as exc:
-            if db is not None:
-                raise
-            print(f"hftagent: warning: run will not be recorded in history: {exc}",
-                  file=sys.stderr)
-            no_history = True
+    # Checked now: a --db that cannot be used must not cost a finished probe (the recording
+    # after the run only warns). The default database only warns, as before.
+    no_history = not check_history_db(db, no_history)
     csv_file = None
-    if csv_path is not None:  # opened before the run: a bad path must not cost a finished probe
-        if not csv_path.strip():
-            raise fail("--csv is empty: give a file")
-        try:
-            st = os.stat(csv_path)
-        except FileNotFoundError:
-            st = None
-        except OSError as exc:
-            raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            # a FIFO would block the open until a reader comes; a device is never a CSV file
-            raise fail(f"--csv {csv_path!r} is not a regular file")
-        try:
-            csv_file = open(csv_path, "w", newline="")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
+    if csv_path is not None:
+        # opened before the run (a bad path must not cost a finished probe): a temporary file
+        # beside it, renamed over it once written whole (agent/outfile.py)
+        from agent.outfile import open_output
+        csv_file = open_output(csv_path, "--csv")
     try:
         with progress_hook(enabled=sys.stderr.isatty()) as hook:
             result, arrays = run_probe(settings, configs, on_event=hook)
         if csv_file is not None:
             from agent.probe.report import write_csv
-            try:
+            with csv_file:
                 write_csv(csv_file, result, arrays)
-            except OSError as exc:
-                raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
     finally:
         if csv_file is not None:
-            try:
-                csv_file.close()  # a full disk (ENOSPC) shows here, on the last flush
-            except OSError as exc:
-                raise fail(f"cannot write --csv {csv_path!r}: {exc.strerror or exc}") from None
+            csv_file.discard()  # not written (the probe failed, Ctrl-C): nothing left behind
     if plot is not None:
         from agent.probe.idle import plot as draw
         for r in result.runs:

@@ -18,8 +18,9 @@ Give the number of inferences CMD runs (--inferences) and the uninstrumented wal
 inference (--wall-us, e.g. the probe's P50): ncu serialises kernels, so wall time under ncu is
 meaningless. ncu runs with --clock-control none (GPU clocks are never touched).
 
-Every option is checked before ncu starts: --ncu must be an executable, --keep-csv a new or
-regular file in an existing directory, --timeout at most a day.
+Every option is checked before ncu starts: --ncu must be an executable, --keep-csv a new file
+or a regular file of ours in an existing directory (never a symlink: ncu writes its log in a
+private directory, copied there at the end), --timeout at most a day.
 
 Example: hftagent profile --nsight --inferences 200 --wall-us 296 -- python3 infer.py"""
 
@@ -69,16 +70,44 @@ def profile(
         raise fail(f"--ncu {ncu!r}: not found or not executable: install Nsight Compute (ncu) "
                    "or pass --ncu PATH")
     try:
-        rep = run_profile(cmd, inferences=inferences,
-                          wall_ns_per_inference=None if wall_us is None else wall_us * 1e3,
-                          ncu=ncu, launch_skip=launch_skip, launch_count=launch_count, top=top,
-                          timeout_s=timeout_s, keep_csv=keep_csv)
+        if keep_csv is None:
+            rep = run_profile(cmd, inferences=inferences,
+                              wall_ns_per_inference=None if wall_us is None else wall_us * 1e3,
+                              ncu=ncu, launch_skip=launch_skip, launch_count=launch_count,
+                              top=top, timeout_s=timeout_s)
+        else:
+            rep = _profile_keeping_csv(cmd, keep_csv, inferences=inferences,
+                                       wall_ns_per_inference=None if wall_us is None
+                                       else wall_us * 1e3, ncu=ncu, launch_skip=launch_skip,
+                                       launch_count=launch_count, top=top, timeout_s=timeout_s)
     except NsightError as exc:
         raise fail(str(exc)) from None
     print(json.dumps(rep.to_dict(), indent=2) if json_out else rep.render())
     if rep.returncode:
         print(f"hftagent: note: the profiled command exited {rep.returncode}",
               file=sys.stderr)
+
+
+def _profile_keeping_csv(cmd: list[str], keep_csv: str, **kw):
+    """collectors.nsight.profile with ncu's log kept at ``keep_csv``. ncu writes it in a
+    private temporary directory (ncu opens its log by path and would follow a link planted
+    at ``keep_csv``); it is then copied there through agent/outfile.py, also when ncu found no
+    kernels (the log says why)."""
+    import os
+    import tempfile
+
+    from agent.outfile import open_output
+    from collectors.nsight import profile as run_profile
+    with tempfile.TemporaryDirectory(prefix="hftagent-ncu-keep-") as tmp:
+        log = os.path.join(tmp, "ncu.csv")
+        try:
+            return run_profile(cmd, keep_csv=log, **kw)
+        finally:
+            if os.path.exists(log):
+                with open(log, "rb") as src, open_output(keep_csv, "--keep-csv",
+                                                         binary=True) as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
 
 
 def register(app: typer.Typer) -> None:
