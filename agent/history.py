@@ -11,16 +11,31 @@ place, inside one transaction, so a crash mid-migration leaves the old version i
          sample_count, p50_ns, p99_ns, p999_ns, cold_start_ns)
     samples(run_id → runs.id, codec, count, data BLOB, sha256)   raw per-sample latency ns
     gate_results(id, run_id, baseline_id, scenario, status, created_utc, verdict JSON)  (v2)
+    hftagent(key, value)   the marker: ('format', 'hftagent.history')  (v3)
 
 v1 (the first release) had no ``scenario``/``host_digest`` columns, stored samples as raw
 int64 bytes without a codec and had no gate results. v2 compresses samples
 (``zlib-i64le``: zlib over little-endian int64, ~3-4× smaller on probe latencies) and keeps
-v1 blobs readable as ``raw-i64le``.
+v1 blobs readable as ``raw-i64le``. v3 marks the file as ours: the ``hftagent`` table and
+``PRAGMA application_id`` = :data:`APPLICATION_ID`.
+
+Ours or not (issue #30 item 5): a database is opened only when it is ours — our
+application_id, or our marker table, or (v1/v2, before the marker) our user_version with our
+tables, which is then stamped. Any other SQLite file (another application's id, or none of
+our tables: an empty file included) is refused with one line before anything is written to it
+(no table added, no switch to WAL). A new database is built complete under a temporary name in
+its directory and linked into place (``link``: never over an existing file), so that the path
+never holds a database without its marker, even while several processes create it at once.
+The path is checked by the output opener's rules first (agent/outfile.py): never a symlink,
+a regular file we own, in a directory nobody else can change; its directory is never
+created, except the default one in the state directory (0700).
 
 Concurrency: WAL journal, a 30 s busy timeout and ``BEGIN IMMEDIATE`` for every write, so
 several processes (probe runs in parallel CI jobs, watch) can record at once. A file that is
 not SQLite, or is damaged, raises :class:`HistoryError` with one line and is never modified or
-replaced; a damaged sample blob fails only that run's samples (checked with its SHA-256).
+replaced; a damaged sample blob fails only that run's samples (checked with its SHA-256). A
+row with a value of the wrong type (a BLOB, a NULL, text that is not UTF-8 where hftagent
+stores none) is skipped and counted (:attr:`History.skipped`), never an error.
 """
 
 from __future__ import annotations
@@ -44,8 +59,13 @@ if TYPE_CHECKING:  # numpy is imported where samples are handled: audit runs car
     import numpy as np
 
 from agent.errors import AgentError
+from agent.outfile import OutputError, Target, locate
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# PRAGMA application_id of our databases ("HFTA"), in the SQLite header as file(1) reads it:
+# a database another application made carries its own id, or 0 and none of our tables.
+APPLICATION_ID = 0x48465441
+MARKER_TABLE = "hftagent"
 KINDS = ("probe", "watch", "audit", "gate", "cpus")  # cpus: a noise scan (hftagent cpus)
 BUSY_TIMEOUT_S = 30.0
 MAX_RUN_ID = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY is a signed 64-bit integer
@@ -76,43 +96,63 @@ def resolve_db(db: str | os.PathLike | None = None) -> Path:
     return Path(env) if env else default_db_path()
 
 
+WHAT = "history database"
+
+
+def _is_default(db: str | os.PathLike | None) -> bool:
+    """Whether the database is the state directory's (neither --db nor $HFTAGENT_DB): the
+    only one whose missing directories are created (mode 0700, tuning/safepath.py)."""
+    return db is None and not os.environ.get("HFTAGENT_DB")
+
+
+def _locate(path: Path) -> Target:
+    """The database's :class:`agent.outfile.Target`, by the output opener's rules (no symlink
+    of another user followed, the file itself never a symlink, its directory never created),
+    and refused unless it is nothing yet or a regular file we own in a directory nobody else
+    can change under us (SQLite opens it by path, after this check). HistoryError."""
+    try:
+        t = locate(path, WHAT)
+    except OutputError as exc:
+        raise HistoryError(str(exc)) from None
+    try:
+        t.check_replaceable()
+        t.check_private_dir()
+    except OutputError as exc:
+        t.close()
+        raise HistoryError(str(exc)) from None
+    return t
+
+
 def db_exists(db: str | os.PathLike | None = None) -> bool:
     """Whether the history database exists (False only when nothing is at its path). Anything
-    there that cannot be a database (a directory, a FIFO, a device, a symlink loop) raises
-    HistoryError, so that a listing never reports "no runs yet" for a path that is wrong."""
+    there that cannot be our database (a directory, a FIFO, a device, a symlink, another
+    user's file) raises HistoryError, so that a listing never reports "no runs yet" for a
+    path that is wrong."""
     path = resolve_db(db)
     try:
-        st = os.stat(path)
+        os.lstat(path)
     except FileNotFoundError:
         return False
     except OSError as exc:
-        raise HistoryError(f"cannot use history database path {path}: "
-                           f"{exc.strerror or exc}") from None
-    _check_regular(path, st)
-    return True
-
-
-def _check_regular(path: Path, st: os.stat_result) -> None:
-    if stat.S_ISDIR(st.st_mode):
-        raise HistoryError(f"history database path {path} is a directory")
-    if not stat.S_ISREG(st.st_mode):
-        # a FIFO would block the open forever; a device (/dev/zero) is never a database
-        raise HistoryError(f"history database path {path} is not a regular file")
+        raise HistoryError(f"cannot use {WHAT} path {path}: {exc.strerror or exc}") from None
+    with _locate(path) as t:
+        return t.st is not None
 
 
 SQLITE_MAGIC = b"SQLite format 3\0"
 
 
 def _header(path: Path) -> bytes | None:
-    """The first 16 bytes of ``path`` (None if it cannot be opened). O_NONBLOCK and fstat: a
-    FIFO swapped in after a stat() must neither block the open nor be read."""
+    """The first 16 bytes of ``path`` (None if it cannot be opened). O_NOFOLLOW, O_NONBLOCK
+    and fstat: a symlink or a FIFO swapped in after the check is neither followed, nor
+    blocks the open, nor is read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise HistoryError(f"history database path {path} is not a regular file")
+            raise HistoryError(f"{WHAT} path {path} is not a regular file")
         return os.read(fd, 16)
     finally:
         os.close(fd)
@@ -120,23 +160,34 @@ def _header(path: Path) -> bytes | None:
 
 def check_writable(db: str | os.PathLike | None = None) -> Path:
     """Refuse now a database that a run could not be recorded in, before the run (the
-    recording itself only warns, after the result is out): not a regular file, not SQLite,
-    not writable, or no writable directory to create it in. Returns the path."""
+    recording itself only warns, after the result is out): anything the opener refuses
+    (agent/outfile.py), not SQLite, another application's database, not writable, or no
+    writable directory to create it in (a missing directory is an error, never created,
+    except the default one in the state directory). Nothing is created; an old hftagent
+    database is stamped as ours. Returns the path."""
     path = resolve_db(db)
-    if db_exists(path):
+    if _is_default(db) and not os.path.lexists(path.parent):
+        parent = path.parent
+        while not os.path.lexists(parent) and parent != parent.parent:
+            parent = parent.parent  # History() creates the missing directories (0700)
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise HistoryError(f"cannot create {WHAT} {path}: {parent} is not a writable "
+                               "directory")
+        return path
+    with _locate(path) as t:
+        exists = t.st is not None
+        if not os.access(t.directory, os.W_OK | os.X_OK):
+            # SQLite writes its -wal and -shm files beside the database
+            raise HistoryError(f"cannot {'write' if exists else 'create'} {WHAT} {path}: "
+                               f"{t.directory} is not a writable directory")
+    if exists:
         head = _header(path)
         if head and head != SQLITE_MAGIC:
-            raise HistoryError(f"history database {path} is not an SQLite database; it was "
-                               "left untouched: move it aside or use --db for a new one")
+            raise HistoryError(f"{WHAT} {path} is not an SQLite database; it was left "
+                               "untouched: move it aside or use --db for a new one")
         if not os.access(path, os.R_OK | os.W_OK):
-            raise HistoryError(f"history database {path} is not writable")
-        return path
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # History() creates the missing directories
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise HistoryError(f"cannot create history database {path}: {parent} is not a "
-                           "writable directory")
+            raise HistoryError(f"{WHAT} {path} is not writable")
+        History(path, create=False).close()  # not SQLite, not ours, newer: refused here
     return path
 
 
@@ -213,8 +264,16 @@ def _migrate_1_to_2(con: sqlite3.Connection) -> None:
     con.execute("CREATE INDEX runs_scenario ON runs(model_key, variant, scenario, id)")
 
 
+def _migrate_2_to_3(con: sqlite3.Connection) -> None:
+    """The marker: our table and our application_id, so that a database is known as ours
+    (or not) before anything is written to it."""
+    con.execute(f"CREATE TABLE {MARKER_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    con.execute(f"INSERT INTO {MARKER_TABLE} (key, value) VALUES ('format', 'hftagent.history')")
+    con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
 # MIGRATIONS[v] upgrades a database at version v to v + 1.
-MIGRATIONS = {1: _migrate_1_to_2}
+MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 
 
 def _now() -> str:
@@ -306,6 +365,21 @@ _RUN_COLS = ("id, created_utc, kind, command, scenario, model_path, model_key, m
              "p99_ns, p999_ns, cold_start_ns")
 
 
+def _opt(v: Any, typ: type) -> bool:
+    """``v`` is None or of type ``typ``."""
+    return v is None or isinstance(v, typ)
+
+
+def _run_row_ok(t: tuple) -> bool:
+    """Whether a ``runs`` row (:data:`_RUN_COLS`) holds the types hftagent stores: text where
+    text is stored (created_utc, kind, command and summary never NULL), integers where
+    integers are. A BLOB, a NULL where none is stored, or text that is not UTF-8 (read as
+    :data:`_UNDECODABLE`) makes the row one to skip."""
+    return (isinstance(t[0], int) and all(isinstance(t[i], str) for i in (1, 2, 3, 12))
+            and all(_opt(t[i], str) for i in range(4, 12))
+            and all(_opt(t[i], int) for i in range(13, 18)))
+
+
 def _json_or(text: str | None, default: Any) -> Any:
     if text is None:
         return default
@@ -334,65 +408,215 @@ def _while_locked(fn, timeout_s: float | None = None):
         delay = min(0.1, delay * 2)
 
 
+def _make_default_dir(path: Path) -> None:
+    """The state directory of the default database, created (0700) when missing, resolved as
+    tuning/safepath.py's open_dir does: only symlinks of root or ours followed, and refused
+    unless it is ours (or root's) and nobody else may write in it."""
+    from tuning.safepath import UnsafePath, open_dir
+    try:
+        fd = open_dir(path.parent, create=True)
+    except UnsafePath as exc:
+        raise HistoryError(f"{WHAT} {path}: {exc}") from None
+    except OSError as exc:
+        raise HistoryError(f"cannot create {WHAT} {path}: {exc.strerror or exc}") from None
+    if fd is not None:
+        os.close(fd)
+
+
+def _create_schema(con: sqlite3.Connection) -> None:
+    """The whole current schema on a new, empty database (inside the caller's transaction):
+    v1, then every migration, so that a new file and a migrated one are alike."""
+    for stmt in SCHEMA_V1.split(";"):
+        if stmt.strip():
+            con.execute(stmt)
+    for ver in range(1, SCHEMA_VERSION):
+        MIGRATIONS[ver](con)
+    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _create(t: Target) -> None:
+    """Make a new database at ``t`` (module docstring): built complete under an unpredictable
+    name in its directory (``O_CREAT|O_EXCL|O_NOFOLLOW``), then linked to its name, which
+    fails if anything is there by then (another process creating the same database: theirs is
+    used, ours removed)."""
+    import errno
+    import secrets
+    tmp = f".hftagent-{secrets.token_hex(8)}.sqlite-new"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644, dir_fd=t.dfd)
+    os.close(fd)
+    try:
+        con = sqlite3.connect(t.directory / tmp, isolation_level=None)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                _create_schema(con)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        finally:
+            con.close()
+        try:
+            os.link(tmp, t.name, src_dir_fd=t.dfd, dst_dir_fd=t.dfd, follow_symlinks=False)
+        except FileExistsError:
+            pass  # created by another process meanwhile: that one is opened (and checked)
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            # a filesystem without hard links (vfat, some FUSE): a rename, when still free
+            if not os.path.lexists(t.real):
+                os.rename(tmp, t.name, src_dir_fd=t.dfd, dst_dir_fd=t.dfd)
+    finally:
+        for name in (tmp, f"{tmp}-journal"):
+            try:
+                os.unlink(name, dir_fd=t.dfd)
+            except OSError:
+                pass
+
+
+class _Undecodable:
+    """What a TEXT value that is not UTF-8 reads as (sqlite3's text_factory): a value no row
+    check accepts, so that the row is skipped instead of the whole query failing."""
+
+    def __repr__(self) -> str:
+        return "<text that is not UTF-8>"
+
+
+_UNDECODABLE = _Undecodable()
+
+
+def _text(b: bytes) -> str | _Undecodable:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return _UNDECODABLE
+
+
 class History:
     """An open history database. Use as a context manager; every write is its own short
-    ``BEGIN IMMEDIATE`` transaction."""
+    ``BEGIN IMMEDIATE`` transaction. ``create``: make the database when nothing is at its
+    path (else HistoryError "no history database"). Only our databases are opened (module
+    docstring). :attr:`skipped`: rows skipped so far for values of the wrong type."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True) -> None:
         self.path = resolve_db(path)
-        if not db_exists(self.path) and not create:
-            raise HistoryError(f"no history database at {self.path}")
+        self._bad_runs: set[int] = set()
+        self._bad_gates: set[int] = set()
+        if create and _is_default(path):
+            _make_default_dir(self.path)
+        elif not create and not os.path.lexists(self.path):
+            raise HistoryError(f"no {WHAT} at {self.path}")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S,
-                                       isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise HistoryError(f"cannot open history database {self.path}: {exc}") from None
+            with _locate(self.path) as t:
+                if t.st is None:
+                    if not create:
+                        raise HistoryError(f"no {WHAT} at {self.path}")
+                    _create(t)
+                    t.restat()
+                    t.check_replaceable()
+                if t.st is None:
+                    raise HistoryError(f"{WHAT} {self.path} was removed while it was opened")
+                real, ident = t.real, (t.st.st_dev, t.st.st_ino)
+        except OutputError as exc:
+            raise HistoryError(str(exc)) from None
+        except OSError as exc:
+            raise HistoryError(f"cannot create {WHAT} {self.path}: {exc.strerror or exc}"
+                               ) from None
+        except sqlite3.Error as exc:
+            raise HistoryError(f"cannot create {WHAT} {self.path}: {exc}") from None
+        self._real = real
         try:
             self._check_sqlite()
-            self.con.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(exc) from None
+        try:
+            self.con = sqlite3.connect(real, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise HistoryError(f"cannot open {WHAT} {self.path}: {exc}") from None
+        try:
+            st = os.stat(real, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) != ident:  # swapped between the check and the open
+                raise HistoryError(f"{WHAT} {self.path} changed while it was opened: refused")
+            self.con.text_factory = _text
             _while_locked(self._ensure_schema)
+            self.con.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as exc:
             self.con.close()
             raise self._corrupt(exc) from None
+        except OSError as exc:
+            self.con.close()
+            raise HistoryError(f"cannot open {WHAT} {self.path}: {exc.strerror or exc}"
+                               ) from None
         except HistoryError:
             self.con.close()
             raise
 
+    @property
+    def skipped(self) -> int:
+        """Rows (runs and gate results) skipped so far: a value of the wrong type."""
+        return len(self._bad_runs) + len(self._bad_gates)
+
+    def skipped_note(self) -> str | None:
+        """One warning line about the skipped rows, or None when there are none."""
+        if not self.skipped:
+            return None
+        parts = [f"{n} {what}" for n, what in ((len(self._bad_runs), "run(s)"),
+                                                (len(self._bad_gates), "gate result(s)")) if n]
+        return (f"hftagent: warning: {' and '.join(parts)} in {self.path} skipped: values of "
+                "the wrong type (a BLOB, a NULL, or text that is not UTF-8)")
+
     def _corrupt(self, exc: Exception) -> HistoryError:
-        return HistoryError(f"history database {self.path} is unreadable ({exc}); it was left "
+        return HistoryError(f"{WHAT} {self.path} is unreadable ({exc}); it was left "
                             "untouched: move it aside or use --db for a new one")
 
     def _check_sqlite(self) -> None:
         # Read the header ourselves: sqlite only notices a foreign file on first access, and
         # journal_mode=WAL must never be attempted on something that is not ours.
-        head = _header(self.path)  # None: sqlite3 creates it (or says why it cannot)
+        head = _header(self._real)
         if head and head != SQLITE_MAGIC:
             raise sqlite3.DatabaseError("file is not a database")
 
+    def _foreign(self, why: str) -> HistoryError:
+        return HistoryError(f"{self.path} is not an hftagent {WHAT} ({why}); it was left "
+                            "untouched: give --db a file of its own")
+
+    def _identify(self) -> int:
+        """The schema version of our database; HistoryError for one that is not ours or is
+        newer than this hftagent. Reads only: nothing is written before this says ours."""
+        con = self.con
+        app = con.execute("PRAGMA application_id").fetchone()[0]
+        ver = con.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = "
+                                            "'table'")}
+        if app not in (0, APPLICATION_ID):
+            raise self._foreign(f"another application's SQLite database: application_id "
+                                f"{app:#010x}")
+        if app == 0 and MARKER_TABLE not in tables:
+            # v1/v2, before the marker: our version and our tables, which the stamp adds to
+            need = {"runs", "samples"} | ({"gate_results"} if ver == 2 else set())
+            if ver not in (1, 2) or not need <= tables:
+                raise self._foreign(f"no '{MARKER_TABLE}' table" if tables else
+                                    "an empty SQLite database")
+            cols = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+            if not {"created_utc", "kind", "command", "summary", "p99_ns"} <= cols:
+                raise self._foreign("its 'runs' table is not ours")
+        if ver > SCHEMA_VERSION:
+            raise HistoryError(f"{WHAT} {self.path} has schema v{ver}, newer than "
+                               f"this hftagent (v{SCHEMA_VERSION}): upgrade hftagent")
+        if ver < 1:
+            raise self._corrupt(ValueError("no schema version"))
+        return ver
+
     def _ensure_schema(self) -> None:
         con = self.con
-        ver = con.execute("PRAGMA user_version").fetchone()[0]
-        if ver == SCHEMA_VERSION:
-            self._wal()
-            return
-        if ver > SCHEMA_VERSION:
-            raise HistoryError(f"history database {self.path} has schema v{ver}, newer than "
-                               f"this hftagent (v{SCHEMA_VERSION}): upgrade hftagent")
+        ver = self._identify()
         self._wal()
+        if ver == SCHEMA_VERSION:
+            return
         con.execute("BEGIN IMMEDIATE")
         try:
             ver = con.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
-            if ver == 0:
-                has_tables = con.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE name = 'runs'").fetchone()[0]
-                if has_tables:
-                    raise HistoryError(f"{self.path} has a 'runs' table but no schema version: "
-                                       "not an hftagent history database")
-                for stmt in SCHEMA_V1.split(";"):
-                    if stmt.strip():
-                        con.execute(stmt)
-                ver = 1
             while ver < SCHEMA_VERSION:
                 MIGRATIONS[ver](con)
                 ver += 1
@@ -494,12 +718,35 @@ class History:
         return int(cur.lastrowid)
 
     # -- reads
-    def _row(self, t: tuple) -> Run:
-        r = Run(*t[:11], _json_or(t[11], None), _json_or(t[12], {}), *t[13:18])
+    def _row(self, t: tuple) -> Run | None:
+        """The Run of a ``runs`` row (:data:`_RUN_COLS`), or None (counted in
+        :attr:`skipped`) when a value has a type hftagent never stores there."""
+        if not _run_row_ok(t):
+            self._bad_runs.add(t[0] if isinstance(t[0], int) else -1 - len(self._bad_runs))
+            return None
+        fp = _json_or(t[11], None)
+        summary = _json_or(t[12], {})
+        r = Run(*t[:11], fp if isinstance(fp, dict) else None,
+                summary if isinstance(summary, dict) else {}, *t[13:18])
         g = self._q("SELECT status FROM gate_results WHERE run_id = ? ORDER BY id DESC LIMIT 1",
                     (r.id,))
-        r.gate_status = g[0][0] if g else None
+        r.gate_status = g[0][0] if g and isinstance(g[0][0], str) else None
         return r
+
+    def _rows(self, sql: str, args: Iterable = (), limit: int | None = None) -> list[Run]:
+        """The good runs of a query, at most ``limit``, skipping (and counting) bad rows."""
+        out: list[Run] = []
+        try:
+            cur = self.con.execute(sql, tuple(args))
+            for t in cur:
+                r = self._row(t)
+                if r is not None:
+                    out.append(r)
+                    if limit is not None and len(out) >= limit:
+                        break
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(exc) from None
+        return out
 
     def runs(self, *, model: str | None = None, kind: str | None = None,
              scenario: str | None = None, variant: str | None = None,
@@ -521,16 +768,18 @@ class History:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        return [self._row(t) for t in self._q(sql, args)]
+        return self._rows(sql, args, limit)
 
     def get(self, run_id: int) -> Run:
         rows = (self._q(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", (int(run_id),))
                 if 0 <= int(run_id) <= MAX_RUN_ID else [])  # sqlite3: OverflowError beyond
         if not rows:
             raise HistoryError(f"unknown run id {run_id} in {self.path}")
-        return self._row(rows[0])
+        r = self._row(rows[0])
+        if r is None:
+            raise HistoryError(f"run {run_id} in {self.path} has values of the wrong type (a "
+                               "BLOB, a NULL, or text that is not UTF-8): skipped")
+        return r
 
     def latest_id(self, kind: str | None = None) -> int:
         rows = self.runs(kind=kind, limit=1)
@@ -546,6 +795,11 @@ class History:
         if not rows:
             return None
         codec, count, data, sha = rows[0]
+        if not (isinstance(codec, str) and isinstance(data, bytes)
+                and (count is None or isinstance(count, int))
+                and (sha is None or isinstance(sha, str))):
+            raise HistoryError(f"run {run_id}: stored samples are damaged (values of the "
+                               "wrong type)")
         try:
             return decode_samples(codec, data, count, sha)
         except (ValueError, zlib.error) as exc:
@@ -557,11 +811,10 @@ class History:
         gate verdict passed; if none passed, the newest earlier run never gated (bootstrap:
         the first gate compares with the previous probe run). A failed run is never a
         baseline."""
-        cands = self._q(
+        runs = self._rows(
             f"SELECT {_RUN_COLS} FROM runs WHERE id < ? AND kind IN ('probe', 'gate') "
             "AND model_key IS ? AND variant IS ? AND scenario IS ? ORDER BY id DESC",
             (before, model_key_, variant, scenario))
-        runs = [self._row(t) for t in cands]
         for r in runs:
             if r.gate_status == "pass":
                 return r
@@ -572,18 +825,24 @@ class History:
         """Up to ``limit`` earlier runs of the same model key, variant and scenario that did
         not fail a gate (passed, or never gated), newest first: the runs whose spread tells
         how much P99 moves from one run to the next on this host."""
-        cands = self._q(
+        runs = self._rows(
             f"SELECT {_RUN_COLS} FROM runs WHERE id < ? AND kind IN ('probe', 'gate') "
             "AND model_key IS ? AND variant IS ? AND scenario IS ? ORDER BY id DESC",
             (before, model_key_, variant, scenario))
-        runs = [self._row(t) for t in cands]
         return [r for r in runs if r.gate_status in (None, "pass") and r.p99_ns][:limit]
 
     def gate_results(self, run_id: int) -> list[dict]:
         rows = self._q("SELECT id, baseline_id, scenario, status, created_utc, verdict FROM "
                        "gate_results WHERE run_id = ? ORDER BY id", (int(run_id),))
-        return [{"id": r[0], "baseline_id": r[1], "scenario": r[2], "status": r[3],
-                 "created_utc": r[4], "verdict": _json_or(r[5], None)} for r in rows]
+        out = []
+        for r in rows:
+            if not (isinstance(r[0], int) and _opt(r[1], int) and _opt(r[2], str)
+                    and isinstance(r[3], str) and isinstance(r[4], str) and _opt(r[5], str)):
+                self._bad_gates.add(r[0] if isinstance(r[0], int) else -1 - len(self._bad_gates))
+                continue
+            out.append({"id": r[0], "baseline_id": r[1], "scenario": r[2], "status": r[3],
+                        "created_utc": r[4], "verdict": _json_or(r[5], None)})
+        return out
 
     def schema_version(self) -> int:
         return int(self._q("PRAGMA user_version")[0][0])

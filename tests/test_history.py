@@ -151,7 +151,7 @@ def test_migrates_v1_to_v2_keeping_every_run(tmp_path):
     db = tmp_path / "old.sqlite"
     a, b = make_v1(db)
     with History(db) as h:
-        assert h.schema_version() == 2
+        assert h.schema_version() == hs.SCHEMA_VERSION
         runs = h.runs(limit=None)
         assert [r.id for r in runs] == [3, 2, 1]
         assert [r.scenario for r in runs] == [None, "warm", "warm"]
@@ -182,12 +182,13 @@ def test_migration_is_atomic(tmp_path, monkeypatch):
     con.close()
     monkeypatch.undo()
     with History(db) as h:
-        assert h.schema_version() == 2 and len(h.runs(limit=None)) == 3
+        assert h.schema_version() == hs.SCHEMA_VERSION and len(h.runs(limit=None)) == 3
 
 
 def test_newer_schema_is_refused(tmp_path):
     db = tmp_path / "new.sqlite"
     con = sqlite3.connect(db)
+    con.execute(f"PRAGMA application_id = {hs.APPLICATION_ID}")  # ours, from a later release
     con.execute("PRAGMA user_version = 99")
     con.close()
     with pytest.raises(HistoryError, match="newer than this hftagent"):
@@ -369,7 +370,7 @@ def test_paths_that_cannot_be_a_database_fail_at_once(tmp_path):
     signal.alarm(10)
     try:
         for path, msg in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
-                          (tmp_path, "is a directory"), (loop, "symbolic links")):
+                          (tmp_path, "is a directory"), (loop, "symbolic link")):
             for create in (True, False):
                 with pytest.raises(HistoryError, match=msg):
                     History(path, create=create)
@@ -386,14 +387,20 @@ def test_paths_that_cannot_be_a_database_fail_at_once(tmp_path):
 
 
 def test_check_writable(tmp_path):
-    new = tmp_path / "a" / "b" / "h.sqlite"
+    missing = tmp_path / "a" / "b" / "h.sqlite"
+    with pytest.raises(HistoryError, match="directory .*/a/b does not exist"):
+        hs.check_writable(missing)  # a missing directory is an error, never created (#28.4)
+    with pytest.raises(HistoryError, match="does not exist"):
+        record_run("probe", {}, lat(10), command="probe", fingerprint=FP, db=missing)
+    assert not (tmp_path / "a").exists()
+    new = tmp_path / "h.sqlite"
     assert hs.check_writable(new) == new and not new.exists()  # nothing is created
     notdb = tmp_path / "notdb.sqlite"
     notdb.write_text("hello")
     with pytest.raises(HistoryError, match="not an SQLite database"):
         hs.check_writable(notdb)
     assert notdb.read_text() == "hello"
-    with pytest.raises(HistoryError, match="Not a directory|not a writable directory"):
+    with pytest.raises(HistoryError, match="Not a directory|not a writable directory|is not a directory"):
         hs.check_writable(notdb / "under-a-file.sqlite")
     record_run("probe", {}, lat(10), command="probe", fingerprint=FP, db=new)
     assert hs.check_writable(new) == new

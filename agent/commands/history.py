@@ -91,6 +91,7 @@ def history_list(ctx: typer.Context, model: ModelOpt = None, limit: LimitOpt = 2
     with History(db) as h:
         runs = h.runs(model=model, kind=kind, limit=limit)
         path = h.path
+        _note_skipped(h)
     if json_out:
         print(json.dumps([_row(r) for r in runs], indent=2))
         return
@@ -107,6 +108,13 @@ def history_list(ctx: typer.Context, model: ModelOpt = None, limit: LimitOpt = 2
                   str(r.sample_count or ""), _us(r.p50_ns), _us(r.p99_ns), _us(r.p999_ns),
                   r.gate_status or "")
     Console().print(t)
+
+
+def _note_skipped(h) -> None:
+    """One warning line on stderr when rows were skipped for values of the wrong type."""
+    note = h.skipped_note()
+    if note:
+        print(note, file=sys.stderr)
 
 
 def _row(r) -> dict:
@@ -136,6 +144,7 @@ def show(ctx: typer.Context,
     with History(db, create=False) as h:
         r = h.get(h.latest_id() if rid is None else rid)
         doc = export_doc(h, r, samples and json_out)
+        _note_skipped(h)
     if json_out:
         print(json.dumps(doc))
         return
@@ -158,7 +167,8 @@ def show(ctx: typer.Context,
 
 
 def _check_out(out: str) -> None:
-    """``--out``: a regular file or a new one (agent.commands.common.check_output_file)."""
+    """``--out``, checked before any work (agent/outfile.py's rules, via
+    agent.commands.common.check_output_file)."""
     from agent.commands.common import check_output_file
     check_output_file(out, "--out")
 
@@ -182,30 +192,33 @@ def export(ctx: typer.Context, fmt: Annotated[str, typer.Option("--format", help
     with History(db, create=False) as h:
         runs = h.runs(model=model, kind=kind, limit=limit)
         docs = [export_doc(h, r, samples) for r in runs] if fmt == "json" else None
-    try:
-        f = open(out, "w", newline="", encoding="utf-8") if out is not None else sys.stdout
-    except OSError as exc:
-        raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
-    try:
-        if fmt == "csv":
-            w = csv.writer(f)
-            w.writerow(CSV_COLUMNS)
-            for r in runs:
-                row = _row(r)
-                w.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])
-        else:
-            json.dump({"schema": "hftagent.runs", "schema_version": 1, "runs": docs}, f)
-            f.write("\n")
-        if out is not None:
-            f.close()  # a full disk (ENOSPC) shows here, on the last flush
-    except OSError as exc:
-        raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
-    finally:
-        if out is not None and not f.closed:
-            try:
-                f.close()
-            except OSError:
-                pass  # already reported above
+        _note_skipped(h)
+    if out is None:
+        try:
+            _write_export(sys.stdout, fmt, runs, docs)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise  # a reader that stopped early: agent/cli.py ends quietly
+        except OSError as exc:
+            raise fail(f"cannot write to stdout: {exc.strerror or exc}") from None
+        return
+    from agent.outfile import open_output
+    # a temporary file renamed over --out once complete: never half-written, never written
+    # through a link planted at the path (agent/outfile.py)
+    with open_output(out, "--out") as f:
+        _write_export(f, fmt, runs, docs)
+
+
+def _write_export(f, fmt: str, runs: list, docs: list | None) -> None:
+    if fmt == "csv":
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for r in runs:
+            row = _row(r)
+            w.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])
+    else:
+        json.dump({"schema": "hftagent.runs", "schema_version": 1, "runs": docs}, f)
+        f.write("\n")
 
 
 def plot(ctx: typer.Context,
@@ -240,6 +253,7 @@ def plot(ctx: typer.Context,
         same = [r for r in runs if (r.model_key, r.variant, r.scenario) ==
                 (latest.model_key, latest.variant, latest.scenario)][:limit][::-1]
         lat = h.samples(latest.id)
+        _note_skipped(h)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     ids = [r.id for r in same]
     for attr, label in (("p50_ns", "P50"), ("p99_ns", "P99"), ("p999_ns", "P99.9")):
@@ -278,12 +292,8 @@ def plot(ctx: typer.Context,
     ax2.set_ylabel("samples")
     ax2.set_title(f"run {latest.id}: {latest.sample_count or 0} samples")
     fig.tight_layout()
-    try:
-        fig.savefig(out)
-    except OSError as exc:
-        raise fail(f"cannot write --out {out!r}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    from agent.plot import save
+    save(fig, out, "--out", dpi=None)  # agent/outfile.py: a new file, or a regular one of ours
     print(f"wrote {out} ({len(same)} runs)", file=sys.stderr)
 
 
