@@ -29,6 +29,7 @@ from tuning.journal import (
     FORMAT,
     FORMAT_V1,
     MAX_BYTES,
+    MAX_RECORD_BYTES,
     VERSION,
     Journal,
     JournalError,
@@ -197,10 +198,12 @@ def test_kill_at_every_rollback_step_then_rollback_again(tmp_path):
         assert not (root / "run/hftagent/journal.json").exists()
 
 
-def test_torn_append_at_any_byte_is_ignored_and_rollback_restores(tmp_path):
+def test_torn_append_at_any_byte_is_reported_and_rollback_keeps_the_file(tmp_path):
     """A kill in the middle of an append leaves a partial last line. Its targets were not
-    written (writes wait for the fsync), so it is ignored; the next save rewrites the file
-    before appending anything to it."""
+    written (writes wait for the fsync), but a file cut short by something else looks the
+    same, so a torn file is never taken as whole: status says so, rollback restores every
+    complete record's target and keeps the file byte for byte (exit non-zero), apply refuses
+    to build on it. A cut at a line end is an earlier, whole journal: rolled back as such."""
     pristine = snapshot(make_synthetic(tmp_path / "proto", ncpus=2))
     steps = _count_steps(make_synthetic(tmp_path / "count", ncpus=2), _apply)
     at = [i for i, s in enumerate(steps, 1) if s == "journaled"][3]
@@ -235,22 +238,104 @@ def test_torn_append_at_any_byte_is_ignored_and_rollback_restores(tmp_path):
     assert len(last) >= 2  # several records in that append
     cuts = sorted({c for e in [len(prefix), *last] for c in (e - 30, e - 1, e, e + 1)
                    if len(prefix) <= c <= len(data)})
+    torn_cuts = 0
     for cut in cuts:
         t = tmp_path / f"cut{cut}"
         shutil.copytree(root, t, symlinks=True)
         # the copy's journal names the copy's mounts (the header line), then the cut records
         head = data[:ends[0]].replace(str(root.resolve()).encode(), str(t.resolve()).encode())
-        (t / "run/hftagent/journal.json").write_bytes(head + data[ends[0]:cut])
+        jt = t / "run/hftagent/journal.json"
+        jt.write_bytes(head + data[ends[0]:cut])
         ctx = _ctx(t, flaky=True)
         sd = ctx.host.run_dir("hftagent")
-        assert load(sd) is not None
+        loaded = load(sd)
+        assert loaded is not None
         st = status(ctx, sd)
         assert st.exists and not st.stale
-        # apply on top of the torn file: it is rewritten whole, never appended to
-        apply_plan(ctx, make_plan(ctx), sd)
-        _replay(sd / "journal.json")  # every line complete and valid again
-        assert rollback(ctx, sd).remaining == 0
+        if cut in ends:  # a whole (earlier) journal: apply on top appends, rollback as ever
+            assert not loaded.torn and not st.torn
+            apply_plan(ctx, make_plan(ctx), sd)
+            _replay(sd / "journal.json")
+            assert rollback(ctx, sd).remaining == 0
+            assert diff(pristine, snapshot(t)) == [], f"cut at byte {cut} of {len(data)}"
+            continue
+        torn_cuts += 1
+        assert loaded.torn and st.torn and not st.all_hold and "torn record" in st.torn
+        kept = jt.read_bytes()
+        with pytest.raises(JournalError, match="torn record.*apply refuses"):
+            apply_plan(ctx, make_plan(ctx), sd)
+        rb = rollback(ctx, sd)
+        assert rb.torn and not rb.ok and rb.remaining >= 1 and "kept as it was" in rb.note
+        assert jt.read_bytes() == kept, f"cut at byte {cut}: the torn journal was rewritten"
+        # a real tear: every target written is in a complete record, so all is restored
         assert diff(pristine, snapshot(t)) == [], f"cut at byte {cut} of {len(data)}"
+        jt.unlink()  # the person looked: apply works again
+        apply_plan(ctx, make_plan(ctx), sd)
+        assert rollback(ctx, sd).remaining == 0
+        assert diff(pristine, snapshot(t)) == []
+    assert torn_cuts >= 6
+
+
+def test_truncated_journal_is_not_taken_as_whole(tmp_path):
+    """Issue #30: a journal cut in half was read as a torn append without a word; rollback
+    restored the half it could read, said "0 journal entries left", exited 0 and deleted the
+    journal while the targets listed in the lost half stayed modified."""
+    root, sd, _ = _applied(tmp_path)
+    jf = sd / "journal.json"
+    text = jf.read_text()
+    named = len(load(sd).entries)
+    cut = len(text) // 2
+    if text[cut - 1] == "\n":
+        cut += 5  # mid-line, as `truncate -s 50%` mostly leaves it
+    jf.write_text(text[:cut])
+    cut_bytes = jf.read_bytes()
+    j = load(sd)
+    assert j.torn and len(j.entries) < named
+    assert f"at byte {text.rfind(chr(10), 0, cut) + 1:,}" in j.torn_note()
+    ctx = _ctx(root, "hft-cpu")
+    st = status(ctx, sd)
+    assert not st.all_hold and "cut short" in st.torn
+    rb = rollback(ctx, sd)
+    assert not rb.ok and rb.torn and rb.remaining >= 1
+    assert jf.read_bytes() == cut_bytes  # kept, byte for byte
+    assert "0 journal" not in rb.note
+    # again: nothing left to restore, still not whole, still kept
+    rb = rollback(ctx, sd)
+    assert not rb.ok and jf.read_bytes() == cut_bytes
+
+
+def test_a_torn_record_that_shows_its_target_is_named(tmp_path):
+    root, sd, _ = _applied(tmp_path)
+    jf = sd / "journal.json"
+    lines = jf.read_text().split("\n")
+    rec = json.loads(lines[-2])
+    jf.write_text("\n".join(lines[:-2]) + "\n" + lines[-2][: lines[-2].index('"original"')])
+    j = load(sd)
+    assert j.torn_target == rec["target"] and f"naming {rec['target']!r}" in j.torn_note()
+    jf.write_text("\n".join(lines[:-2]) + "\n" + '{"op":"ad')
+    j = load(sd)
+    assert j.torn == '{"op":"ad' and j.torn_target is None
+    assert "too short to name its target" in j.torn_note()
+    jf.write_text("\n".join(lines[:-2]) + "\n" + "{")  # one byte of a record
+    assert load(sd).torn == "{"
+
+
+def test_bytes_that_are_not_one_torn_record_are_corrupt_and_say_what_was_read(tmp_path):
+    root, sd, _ = _applied(tmp_path)
+    jf = sd / "journal.json"
+    text = jf.read_text()
+    records = len(text.split("\n")) - 2
+    jf.write_text(text + text.split("\n")[1] + text.split("\n")[2])  # two records, no newline
+    before = snapshot(root, exclude=())
+    with pytest.raises(JournalError) as ei:
+        load(sd)
+    msg = str(ei.value)
+    assert f"read the header and {records:,} complete record(s)" in msg
+    assert f"bytes {len(text):,}-" in msg and "more than one record" in msg
+    assert "file is kept" in msg and "\n" not in msg
+    with pytest.raises(JournalError, match="not one torn record"):
+        rollback(_ctx(root, "hft-cpu"), sd)
+    assert snapshot(root, exclude=()) == before
 
 
 # ----------------------------------------------------------------------------------------------
@@ -444,6 +529,11 @@ CORRUPT = {
     "nested-header": _edit_lines(lambda ls: ['{"a":' * 100_000 + "1" + "}" * 100_000]
                                  + ls[1:]),
     "v1-truncated": _v1(lambda t: t[: len(t) // 2]),
+    # bytes after the last newline that cannot be the start of one record (issue #30)
+    "tail-two-records": lambda t: t + t.split("\n")[1] + t.split("\n")[1],
+    "tail-not-a-record": lambda t: t + "rm -rf / #",
+    "tail-nul-padding": lambda t: t + '{"op":"add"' + "\x00" * 4096,
+    "tail-too-long": lambda t: t + '{"op":"add","detail":"' + "x" * MAX_RECORD_BYTES,
     "v1-entries-not-list": _v1(lambda t: json.dumps({**json.loads(t), "entries": {}})),
     "v1-off-allowlist": _v1(lambda t: t.replace("/proc/sys/vm/swappiness", "/etc/shadow")),
     "v1-nested": _v1(lambda t: t.rstrip()[:-1] + ', "y": ' + DEEP + "}\n"),

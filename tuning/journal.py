@@ -22,8 +22,15 @@ Rules:
   touched target in the journal. That is one fsync per tunable, not two rewrites of the whole
   file per target: the cost is linear in the number of targets (bench/journal_bench.py);
 - only lines that end with a newline count. A crash in the middle of an append leaves an
-  unterminated last line: it is ignored (the targets it names were not written yet, since
-  writes wait for the fsync) and the file is rewritten before anything is appended to it;
+  unterminated last line (a write cut short by SIGKILL at a page boundary, or by a power loss
+  before the fsync). It is accepted as *torn* only when every line before it parses and the
+  torn bytes can be the start of one record (a ``{"op":"`` prefix, ASCII, no second record,
+  at most :data:`MAX_RECORD_BYTES`); anything else is corrupt. A file cut short by something
+  else (``truncate``, a copy that stopped) looks the same, and the record it cut may name a
+  target apply had written, so a torn journal is never treated as whole: status and rollback
+  say so and name the target when the torn bytes show it, rollback restores what the
+  complete records list but keeps the file as it is and exits non-zero, and apply refuses
+  it (tuning/apply.py). Only the person looking at the box can tell a crash from a cut;
 - a ``written`` record after a failed or normalised write is fsynced at once (a lost one
   would turn into false drift); ``drop`` records wait for the next fsync — a lost drop only
   makes the next rollback find that target already at its original;
@@ -56,6 +63,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -76,6 +84,11 @@ MAX_BYTES = 128 << 20
 MAX_ENTRIES = 1_000_000
 MAX_VALUE = 16384       # original / written / detail / time
 MAX_KEY = 512           # tunable / target
+# The longest line one record can be: every string field at its bound, each character written
+# as a JSON escape (ensure_ascii: up to 12 bytes for a character outside the BMP), plus the
+# keys and punctuation. Torn bytes longer than this are more than one record.
+MAX_RECORD_BYTES = 12 * (5 * MAX_VALUE + 2 * MAX_KEY) + 256
+RECORD_START = '{"op":"'
 
 Checkpoint = Callable[[str], None]
 
@@ -141,6 +154,24 @@ class Journal:
         self._rewrite = True        # the next save rewrites the whole file
         self._records = 0           # records in the file (header excluded)
         self._size = 0
+        # The unterminated last line of a torn file (see the module docstring), its byte offset
+        # and the target it names when its bytes show one; "" when the file is whole.
+        self.torn = ""
+        self.torn_at = 0
+        self.torn_target: str | None = None
+
+    def torn_note(self) -> str:
+        """One line on the torn last record ("" when the file is whole)."""
+        if not self.torn:
+            return ""
+        what = (f"naming {self.torn_target!r}" if self.torn_target is not None
+                else "too short to name its target")
+        return (f"journal {self.path} ends in a torn record ({len(self.torn.encode()):,} bytes "
+                f"at byte {self.torn_at:,}, {what}) after {self._records:,} complete "
+                f"record(s): a crash during an append leaves one (its target was never "
+                "written: apply writes a target only once its record is on disk), and so does "
+                "a file cut short, which loses every record after the cut: then targets apply "
+                "wrote (that one and any listed after it) may still hold its values")
 
     # -- lookup --------------------------------------------------------------------------------
     @property
@@ -401,7 +432,33 @@ def _short(v: object, limit: int = 64) -> str:
     return s if len(s) <= limit else s[:limit] + "…"
 
 
-def _parse_v2(lines: list[str], torn: bool, path: Path) -> Journal:
+def _torn_target(tail: str) -> str | None:
+    """The target a torn record names, when its bytes hold the whole ``"target"`` string."""
+    m = re.search(r'"target":("(?:[^"\\]|\\.)*")', tail)
+    if m is None:
+        return None
+    try:
+        v = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return v if isinstance(v, str) else None
+
+
+def _not_one_record(tail: str) -> str | None:
+    """Why the bytes after the last newline cannot be the start of one record, or None."""
+    n = len(tail.encode())
+    if n > MAX_RECORD_BYTES:
+        return f"{n:,} bytes, more than one record can be ({MAX_RECORD_BYTES:,})"
+    if not (tail.startswith(RECORD_START) or RECORD_START.startswith(tail)):
+        return f"they do not start like a record ({_short(tail, 24)!r})"
+    if not (tail.isascii() and tail.isprintable()):
+        return "they hold bytes a record never has (non-ASCII or control characters)"
+    if tail.find('{"op":', 1) != -1:
+        return "they hold more than one record"
+    return None
+
+
+def _parse_v2(lines: list[str], tail: str, path: Path) -> Journal:
     where = str(path)
     head = _loads(lines[0], where, "the header line")
     if not isinstance(head, dict):
@@ -444,7 +501,20 @@ def _parse_v2(lines: list[str], torn: bool, path: Path) -> Journal:
     j.updated = last_time
     j._on_disk = True
     j._records = len(lines) - 1
-    j._rewrite = torn  # never append after a torn line
+    if tail:
+        why = _not_one_record(tail)
+        if why is not None:
+            at = sum(len(ln.encode()) + 1 for ln in lines)
+            raise JournalError(
+                f"journal {where} is corrupt: read the header and {len(lines) - 1:,} complete "
+                f"record(s) listing {len(by_target):,} target(s), then bytes {at:,}-"
+                f"{at + len(tail.encode()):,} without a newline that "
+                f"are not one torn record ({why}); nothing was changed and the file is kept. "
+                "Inspect it, restore the values it lists by hand if needed, then delete it")
+        j.torn = tail
+        j.torn_at = sum(len(ln.encode()) + 1 for ln in lines)
+        j.torn_target = _torn_target(tail)
+    j._rewrite = bool(tail)  # never append after a torn line
     return j
 
 
@@ -491,7 +561,7 @@ def parse(text: str, path: Path) -> Journal:
             raise JournalError(f"journal {where} has format version {_short(version)!r}, "
                                f"which this hftagent does not know (it reads {VERSION} and "
                                "1; written by a newer release?); nothing was changed")
-        return _parse_v2(lines, tail != "", path)
+        return _parse_v2(lines, tail, path)
     if not text.strip():
         raise _corrupt(where, "empty")
     if not lines:
