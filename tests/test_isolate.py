@@ -47,11 +47,17 @@ from tuning.tunables.isolate import (
 
 runner = CliRunner()
 ONLY = ["isolate"]
+# pinned[907] is a user task pinned to CPU 1 (the target) on purpose: kept unless
+# --include-pinned (issue #25: `tune apply` moved the inference service off its CPU)
+PINNED = "pinned[907]"
+MOVED = tuple(n for n in MOVABLE if n != PINNED)
 
 
-def _ctx(root: Path, cpus: str = "1", writer=None, procfs: str | None = None, **sim):
+def _ctx(root: Path, cpus: str = "1", writer=None, procfs: str | None = None,
+         include_pinned: bool = False, **sim):
     host = Host(root, procfs=procfs) if procfs else Host(root)
-    ctx = build_context(host, with_isolation(load_profile("bench")), cpus)
+    ctx = build_context(host, with_isolation(load_profile("bench"),
+                                             include_pinned=include_pinned), cpus)
     ctx.writer = writer or IsoSim(**sim)
     return ctx
 
@@ -105,9 +111,12 @@ def test_plan_moves_movable_tasks_and_lists_what_stays_by_name(tmp_path):
     assert diff(before, snapshot(root)) == []  # planning writes nothing
     t = next(it for it in plan.items if it.tunable.id == "isolate.tasks")
     names = {f"{x.comm}[{x.tid}]" for x, _ in t.tunable.survey.moves}
-    assert names == set(MOVABLE)  # zombie, housekeeper, cpuset member, kthreads bound: not
+    # zombie, housekeeper, cpuset member, kthreads bound, a user task pinned to CPU 1: not
+    assert names == set(MOVED)
     moves = {c.target: c.desired for c in t.changes if c.kind == "write"}
-    assert moves[task_key(900, 1900)] == "0" and moves[task_key(907, 1907)] == "0"
+    assert moves[task_key(900, 1900)] == "0" and task_key(907, 1907) not in moves
+    assert t.note.startswith(f"{len(MOVED)} task(s) will move off CPU 1; kept: pinned inside "
+                             "the target CPUs: pinned[907] (CPU 1) (--include-pinned moves")
     manual = [c for c in t.changes if c.kind == MANUAL]
     assert len(manual) == 1
     for name in PER_CPU + ("kworker/u4:0[905]", "irq/25-ACPI:Ged[906]"):
@@ -184,8 +193,8 @@ def test_isolating_every_online_cpu_is_refused_in_one_line(tmp_path, cpus):
     root = iso_tree(tmp_path / "t")
     with pytest.raises(TuneError, match="covers every online CPU .*housekeeping CPU"):
         make_plan(_ctx(root, cpus), only=ONLY)
-    res = runner.invoke(get_app(), ["tune", "plan", "--isolate", "--cpus", cpus,
-                                    "--root", str(root)])
+    res = runner.invoke(get_app(), ["tune", "plan", "--isolate", "--only", "isolate", "--cpus",
+                                    cpus, "--root", str(root)])
     assert res.exit_code == 1
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hftagent: error: ") and "housekeeping" in err[0]
@@ -225,11 +234,14 @@ def test_roundtrip_restores_every_file_byte_for_byte(tmp_path, cgroup):
     assert all(f.status == Status.OK for f in rep.findings), [f.to_dict() for f in rep.findings]
     tf = next(f for f in rep.findings if f.id == "isolate.tasks")
     assert tf.data["after"]["movable_on_targets"] == 0
-    assert tf.data["before"]["movable_on_targets"] == len(MOVABLE)
-    assert tf.current.startswith(f"0 movable task(s) allowed on CPU 1 (before: {len(MOVABLE)})")
-    for tid in (900, 901, 902, 907):
+    assert tf.data["before"]["movable_on_targets"] == len(MOVED)
+    assert tf.current.startswith(f"0 movable task(s) allowed on CPU 1 (before: {len(MOVED)}); "
+                                 "kept: pinned inside the target CPUs: pinned[907] (CPU 1)")
+    assert tf.data["after"]["pinned_kept"] == [PINNED]
+    for tid in (900, 901, 902):
         assert _affinity(root, tid) == "0"
     assert _affinity(root, 903) == "1" and _affinity(root, 909) == "1"
+    assert _affinity(root, 907) == "1"  # pinned there on purpose: kept
     cg = root / "sys/fs/cgroup" / ("cpuset" if cgroup == "v1" else "")
     iso_dir = cg / "hftagent-isolated"
     assert (iso_dir / "cpuset.cpus").read_text() == "1\n"
@@ -267,7 +279,7 @@ def test_a_task_the_kernel_refuses_is_unchangeable_not_fatal(tmp_path):
     root = iso_tree(tmp_path / "t")
     before = snapshot(root)
     refused = "proc/907/task/907/status"
-    ctx = _ctx(root, fail={refused: errno.EINVAL})
+    ctx = _ctx(root, include_pinned=True, fail={refused: errno.EINVAL})
     rep = apply_plan(ctx, make_plan(ctx, only=ONLY), _state(ctx))
     by = {o.change.target: o for o in rep.outcomes}
     assert by[task_key(907, 1907)].result == UNCHANGEABLE
@@ -286,7 +298,7 @@ def test_a_task_that_appears_after_the_plan_is_named_with_the_command_that_moves
     add_tasks(root, ((960, "latecomer", 0x400100, "0-1", (960,), "S", "/"),))
     f = t.verify(ctx, {c.target: c.desired for c in plan.changes if c.kind == "write"})
     assert f.status == Status.WARN and "new since planning: latecomer[960]" in f.current
-    assert f.fix == "hftagent tune apply --isolate --cpus 1"
+    assert f.fix == "hftagent tune apply --isolate --only isolate --cpus 1"
     res = runner.invoke(get_app(), f.fix.split()[1:] + ["--root", str(root), "--dry-run"])
     assert res.exit_code == 2, res.output  # accepted; changes pending
 
@@ -512,14 +524,16 @@ def test_cli_plan_apply_rollback_with_isolate_on_a_tree(tmp_path, monkeypatch):
     root = iso_tree(tmp_path / "t")
     before = snapshot(root)
     monkeypatch.setattr("tuning.tunables.base.default_writer", IsoSim)
-    res = runner.invoke(get_app(), ["tune", "plan", "--isolate", "--cpus", "1", "--root",
-                                    str(root)], env={"COLUMNS": "200"})
+    res = runner.invoke(get_app(), ["tune", "plan", "--isolate", "--only", "isolate", "--cpus",
+                                    "1", "--root", str(root)], env={"COLUMNS": "200"})
     assert res.exit_code == 2, res.output
     assert "isolate.tasks" in res.stdout and "manual: isolate.tasks" in res.stdout
     assert "ksoftirqd/1[903]" in res.stdout and "cgroup v1 cpuset" in res.stdout
-    assert "swappiness" not in res.stdout  # --isolate: only isolation
-    res = runner.invoke(get_app(), ["tune", "apply", "--isolate", "--cpus", "1", "--root",
-                                    str(root), "--json"])
+    assert "swappiness" not in res.stdout  # --only isolate: only isolation
+    assert (f"isolate.tasks: {len(MOVED)} task(s) will move off CPU 1; kept: pinned inside the "
+            "target CPUs: pinned[907] (CPU 1)") in res.stdout
+    res = runner.invoke(get_app(), ["tune", "apply", "--isolate", "--only", "isolate", "--cpus",
+                                    "1", "--root", str(root), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert {f["id"] for f in out["findings"]} == {"isolate.tasks", "isolate.workqueue",
@@ -561,7 +575,7 @@ def test_spinner_and_signal_free_helpers_are_not_moved_by_name(tmp_path):
     """The survey never needs a process name to decide: flags and affinity do (a user task
     called "ksoftirqd/1" is moved like any other)."""
     from tests.isotree import NOAFF
-    fake = ((950, "ksoftirqd/1", 0x400100, "1", (950,), "S", "/"),
+    fake = ((950, "ksoftirqd/1", 0x400100, "0-1", (950,), "S", "/"),
             (951, "kworker/1:9", NOAFF, "1", (951,), "I", "/"))
     root = iso_tree(tmp_path / "t", tasks=fake)
     t = IsolateTasks()
@@ -639,3 +653,156 @@ def test_workers_join_the_isolated_cpuset_to_pin_themselves(tmp_path, cgroup):
             assert procs.read_text().strip().endswith(str(os.getpid()))
     finally:
         os.sched_setaffinity(0, mine)
+
+
+# ----------------------------------------------------------------------------------------------
+# the user's own pinned work (issue #25): kept unless --include-pinned; --isolate adds
+# ----------------------------------------------------------------------------------------------
+
+
+def _plan_states(*args: str) -> dict[str, dict]:
+    res = runner.invoke(get_app(), ["tune", "plan", *args, "--json"])
+    assert res.exit_code == 2, res.output
+    return {i["id"]: i for i in json.loads(res.stdout)["items"]}
+
+
+def test_isolate_adds_to_the_profile_and_only_isolate_narrows(tmp_path):
+    """`--isolate` used to narrow the plan to isolation; it adds isolation to the profile's
+    plan (the bench profile does not ask for it), and `--only isolate` narrows."""
+    root = iso_tree(tmp_path / "t")
+    tree = ("--cpus", "1", "--root", str(root))
+    items = _plan_states("--profile", "bench", "--isolate", *tree)
+    assert items["isolate.tasks"]["state"] == "planned"
+    assert items["memory.swappiness"]["state"] == "planned"
+    items = _plan_states("--profile", "bench", *tree)
+    assert items["isolate.tasks"]["state"] == "not-asked"
+    items = _plan_states(*tree)  # hft-cpu asks for isolation itself
+    assert items["isolate.tasks"]["state"] == "planned"
+    assert items["memory.swappiness"]["state"] == "planned"
+    items = _plan_states("--only", "isolate", *tree)
+    assert items["isolate.tasks"]["state"] == "planned"
+    assert items["memory.swappiness"]["state"] == "skipped"
+    assert items["isolate.tasks"]["note"].startswith(f"{len(MOVED)} task(s) will move off CPU 1")
+
+
+def test_include_pinned_moves_them_too_and_rollback_restores(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    before = snapshot(root)
+    ctx = _ctx(root, include_pinned=True)
+    plan = make_plan(ctx, only=ONLY)
+    t = next(it for it in plan.items if it.tunable.id == "isolate.tasks")
+    assert {f"{x.comm}[{x.tid}]" for x, _ in t.tunable.survey.moves} == set(MOVABLE)
+    assert "pinned by their own choice, moved anyway (--include-pinned): pinned[907] " \
+           "(CPU 1 → 0)" in t.note and "kept" not in t.note
+    rep = apply_plan(ctx, plan, _state(ctx))
+    assert rep.ok and all(f.status == Status.OK for f in rep.findings)
+    assert _affinity(root, 907) == "0"
+    assert rollback(_ctx(root), _state(ctx)).remaining == 0
+    assert diff(before, snapshot(root)) == []
+
+
+def test_plan_names_tasks_pinned_by_their_own_choice(tmp_path):
+    """On four CPUs with targets 2-3: a task pinned to 2-3 stays, one pinned to 1-2 is moved
+    to CPU 1 and named, one allowed everywhere moves without a word; kernel threads are not
+    the user's work and move whatever their mask."""
+    from tests.isotree import KT, add_tasks
+    from tests.treecopy import make_synthetic
+    root = make_synthetic(tmp_path / "syn")
+    add_tasks(root, ((970, "svc", 0x400100, "1-2", (970,), "S", "/"),
+                     (971, "infer", 0x400100, "2-3", (971, 972), "S", "/"),
+                     (973, "shell", 0x400100, "0-3", (973,), "S", "/"),
+                     (974, "kbound", KT, "2-3", (974,), "S", "/")))
+    items = _plan_states("--only", "isolate", "--cpus", "2-3", "--root", str(root))
+    note = items["isolate.tasks"]["note"]
+    assert note == ("3 task(s) will move off CPU 2-3; kept: pinned inside the target CPUs: "
+                    "infer[971] (CPU 2-3), infer[972] (CPU 2-3) (--include-pinned moves them "
+                    "too); pinned by their own choice to CPUs that include the targets, moved "
+                    "to the rest of them: svc[970] (CPU 1-2 → 1)"), note
+    moves = {c["target"]: c["desired"] for c in items["isolate.tasks"]["changes"]
+             if c["kind"] == "write"}
+    assert moves == {task_key(970, 1970): "1", task_key(973, 1973): "0-1",
+                     task_key(974, 1974): "0-1"}
+    res = runner.invoke(get_app(), ["tune", "plan", "--only", "isolate", "--cpus", "2-3",
+                                    "--root", str(root)], env={"COLUMNS": "80"})
+    assert "kept: pinned inside the target CPUs" in " ".join(res.stdout.split())
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("`tune apply` on the live procfs needs root")
+
+
+def _live_tasks_cli(cmd: str, root: Path, state: Path, *extra: str):
+    """`tune CMD` with the tasks of the live /proc (isolate.task_filter keeps only the test's
+    own children) and every file from the tree copy; `--only isolate` so that nothing but
+    task affinities can reach the live kernel (the tree has no cpuset or workqueue files)."""
+    args = ["tune", cmd, "--root", str(root), "--procfs", "/proc", "--state-dir", str(state),
+            "--json", *extra]
+    if cmd == "apply":
+        args += ["--only", "isolate", "--cpus", "1"]
+    return runner.invoke(get_app(), args)
+
+
+def test_real_child_pinned_to_the_target_cpu_stays_and_rollback_restores(tmp_path, children,
+                                                                         monkeypatch):
+    """Issue #25: plain `tune apply` (hft-cpu asks for runtime isolation) moved a worker
+    started with `--cpus 1` onto the housekeeping CPU. A real round trip on this host's
+    kernel, moving only children of this test: the one pinned to CPU 1 stays there, the
+    others move to CPU 0, rollback puts them back."""
+    _need_root()
+    monkeypatch.setattr("tuning.tunables.base.default_writer", IsoSim)
+    pinned, *others = children
+    os.sched_setaffinity(pinned.pid, {1})
+    root = iso_tree(tmp_path / "t", cgroup="none", workqueue=False)
+    state = tmp_path / "state"
+    res = _live_tasks_cli("apply", root, state)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    item = next(i for i in out["items"] if i["id"] == "isolate.tasks")
+    assert item["note"].startswith(f"{len(others)} task(s) will move off CPU 1; kept: pinned "
+                                   f"inside the target CPUs: sleep[{pinned.pid}] (CPU 1)")
+    moved = {o["target"] for o in out["outcomes"] if o["result"] == APPLIED}
+    assert len(moved) == len(others) and not any(f":{pinned.pid}:" in t for t in moved)
+    assert os.sched_getaffinity(pinned.pid) == {1}
+    assert all(os.sched_getaffinity(p.pid) == {0} for p in others)
+    f = next(f for f in out["findings"] if f["id"] == "isolate.tasks")
+    assert f["status"] == "ok" and f["data"]["after"]["pinned_kept"] == [f"sleep[{pinned.pid}]"]
+    res = _live_tasks_cli("rollback", root, state)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["remaining"] == 0
+    assert os.sched_getaffinity(pinned.pid) == {1}
+    assert all(os.sched_getaffinity(p.pid) == {0, 1} for p in others)
+
+
+def test_a_task_gone_between_survey_and_save_is_gone_not_an_error(tmp_path, children,
+                                                                  monkeypatch):
+    """Issue #30: under process churn `tune apply --isolate` exited 1 ("unreadable: original
+    cannot be saved") for a task that exited between the survey and the read of its original.
+    Here one child is killed right after apply's own survey (the plan's survey saw it too)."""
+    _need_root()
+    monkeypatch.setattr("tuning.tunables.base.default_writer", IsoSim)
+    real_survey = iso.survey_tasks
+    calls = []
+
+    def survey_then_exit(*a, **kw):
+        s = real_survey(*a, **kw)
+        calls.append(len(s.moves))
+        if len(calls) == 2:  # apply's survey (the 1st is the plan's): the task exits now
+            children[0].kill()
+            children[0].wait()
+        return s
+
+    monkeypatch.setattr(iso, "survey_tasks", survey_then_exit)
+    root = iso_tree(tmp_path / "t", cgroup="none", workqueue=False)
+    state = tmp_path / "state"
+    res = _live_tasks_cli("apply", root, state)
+    assert res.exit_code == 0, (res.output, res.stderr)
+    assert calls[:2] == [3, 3]
+    out = json.loads(res.stdout)
+    by = {o["target"].split(":")[1]: o for o in out["outcomes"] if o["kind"] == "write"}
+    assert by[str(children[0].pid)]["result"] == "gone"
+    assert "exited before its original could be read" in by[str(children[0].pid)]["message"]
+    assert all(by[str(p.pid)]["result"] == APPLIED for p in children[1:])
+    res = _live_tasks_cli("rollback", root, state)
+    assert res.exit_code == 0 and json.loads(res.stdout)["remaining"] == 0
+    assert all(os.sched_getaffinity(p.pid) == {0, 1} for p in children[1:])

@@ -600,3 +600,67 @@ def test_a_failed_write_under_json_still_says_why_on_stderr(syn, monkeypatch):
     assert lines[0].startswith("hftagent: error: tune apply: /proc/sys/vm/swappiness: ")
     assert "Invalid argument" in lines[0] and "tune rollback" in lines[0]
     assert tune("rollback", "--root", str(syn)).exit_code == 0
+
+
+# -- issue #25: the GRUB recipe whole, --include-pinned; issue #30: a truncated journal --------
+
+
+@pytest.mark.parametrize("cmd", ["plan", "apply"])
+def test_grub_recipe_one_whole_command_a_line_and_reboot_in_words(syn, cmd):
+    """The recipe used to be split on "; ", which also occurs inside the sed script: pasted
+    line by line, half a sed command ran. Each command is printed whole on its own line (no
+    wrap at 80 columns or on a pipe, which CliRunner is), then "then reboot" once."""
+    res = tune("plan", "--root", str(syn), "--cpus", "2-3", "--json")
+    boot = [c for i in json.loads(res.stdout)["items"] for c in i["changes"]
+            if c["kind"] == "pending-reboot"]
+    recipe = boot[0]["detail"].splitlines()
+    assert recipe and all(len(c) > 80 for c in recipe)  # long enough to wrap if it could
+    res = runner.invoke(get_app(), ["tune", cmd, "--root", str(syn), "--cpus", "2-3"],
+                        env={"COLUMNS": "80"})
+    assert res.exit_code == 2, res.output
+    lines = res.stdout.splitlines()
+    for c in recipe:
+        assert "    " + c in lines, c
+    assert lines.count("then reboot") == 1
+    assert not [ln for ln in lines if ln.strip() == "reboot" or ln.strip().endswith("; reboot")]
+
+
+def test_include_pinned_without_isolation_is_one_line(syn):
+    before = snapshot(syn, exclude=())
+    for cmd in ("plan", "apply"):
+        _one_line_error(tune(cmd, "--root", str(syn), "--cpus", "2-3", "--profile", "bench",
+                             "--include-pinned"),
+                        "--include-pinned only changes what runtime isolation moves, and "
+                        "profile bench does not ask for runtime_isolation")
+        _one_line_error(tune(cmd, "--root", str(syn), "--cpus", "2-3", "--only", "memory",
+                             "--include-pinned"), "runtime isolation is not selected")
+        _one_line_error(tune(cmd, "--root", str(syn), "--cpus", "2-3", "--isolate", "--skip",
+                             "isolate", "--include-pinned"), "not selected")
+    assert snapshot(syn, exclude=()) == before
+    res = tune("plan", "--root", str(syn), "--cpus", "2-3", "--profile", "bench", "--isolate",
+               "--include-pinned")
+    assert res.exit_code == 2, res.output
+
+
+def test_truncated_journal_rollback_keeps_it_and_exits_non_zero(syn):
+    """Issue #30: a journal cut in half was taken as a torn append without a word: rollback
+    restored the half it read, said "0 journal entries left", exited 0 and deleted the
+    journal while the targets of the other half stayed modified."""
+    tune("apply", "--root", str(syn), "--cpus", "2-3")
+    j = syn / "run/hftagent/journal.json"
+    text = j.read_text()
+    cut = len(text) // 2
+    cut += 5 if text[cut - 1] == "\n" else 0
+    j.write_text(text[:cut])
+    cut_bytes = j.read_bytes()
+    st = tune("status", "--root", str(syn))
+    assert st.exit_code == 2 and "torn record" in " ".join(st.stdout.split())
+    rb = tune("rollback", "--root", str(syn))
+    assert rb.exit_code == 2, rb.output
+    out = " ".join(rb.stdout.split())
+    assert "torn record" in out and "journal kept" in out and "0 journal entries" not in out
+    assert j.read_bytes() == cut_bytes
+    rb = tune("rollback", "--root", str(syn), "--json")
+    assert rb.exit_code == 2 and json.loads(rb.stdout)["torn"] is True
+    _one_line_error(tune("apply", "--root", str(syn), "--cpus", "2-3"), "apply refuses")
+    assert j.read_bytes() == cut_bytes

@@ -65,10 +65,14 @@ class PlanItem:
     desired: dict[str, str] = field(default_factory=dict)
     current: dict[str, str | None] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
+    # what the plan does in words, when the tunable says more than its changes (isolate.tasks:
+    # how many tasks move, which pinned ones stay)
+    note: str = ""
 
     def to_dict(self) -> dict:
         return {"id": self.tunable.id, "title": self.tunable.title, "state": self.state,
-                "reason": self.reason, "changes": [c.to_dict() for c in self.changes]}
+                "reason": self.reason, "note": self.note,
+                "changes": [c.to_dict() for c in self.changes]}
 
 
 @dataclass
@@ -172,6 +176,8 @@ def _diff(ctx: TuneContext, it: PlanItem) -> None:
                             "was written)")
     it.desired, it.current, it.changes = desired, current, changes
     it.state = PLANNED if changes else IN_PLACE
+    note = getattr(t, "plan_note", None)  # only some tunables have one (isolate.tasks)
+    it.note = note(ctx) if callable(note) else ""
 
 
 def _with_detail(t: Tunable, ctx: TuneContext, c: Change) -> Change:
@@ -297,9 +303,19 @@ def _check_tree(j: Journal, host: Host) -> None:
                            "changed. Pass the --root (or --procfs/--sysfs) it was written with")
 
 
+def _refuse_torn(j: Journal) -> None:
+    """apply never builds on a torn journal: rewriting it would drop the torn record, and with
+    it the only sign that the file may have lost entries (tuning/journal.py)."""
+    if j.torn:
+        raise JournalError(f"{j.torn_note()}. apply refuses to build on it: run `hftagent tune "
+                           "rollback` (it restores what the journal lists and keeps the file), "
+                           "check the target(s), then delete the file; nothing was changed")
+
+
 def _open_journal(ctx: TuneContext, state_dir: Path, profile: str, dfd: int) -> Journal:
     j = load(state_dir, dir_fd=dfd)
     if j is not None:
+        _refuse_torn(j)
         _check_tree(j, ctx.host)
         _check_known(j)
         _check_contained(j, ctx.host)
@@ -333,6 +349,7 @@ def _check_state_read_only(ctx: TuneContext, state_dir: Path) -> None:
             raise JournalError(f"state directory {state_dir} cannot be created ({probe} is "
                                "not a writable directory)")
         return
+    _refuse_torn(j)
     _check_tree(j, ctx.host)
     _check_known(j)
     _check_contained(j, ctx.host)
@@ -403,6 +420,10 @@ def _apply_item(ctx: TuneContext, it: PlanItem, j: Journal, cp: Callable[[str], 
             outcomes.append(Outcome(ch, ALREADY, "already in place", cur))
             continue
         if cur is None:
+            if t.gone(ctx, ch.target):  # a task that exited since the survey: nothing to move
+                outcomes.append(Outcome(ch, GONE, "exited before its original could be read: "
+                                        "nothing to move"))
+                continue
             outcomes.append(Outcome(ch, FAILED, "unreadable: original cannot be saved, so "
                                     "it is not written"))
             continue
@@ -518,12 +539,13 @@ class RollbackItem:
 class RollbackReport:
     items: list[RollbackItem]
     journal: str
-    remaining: int
+    remaining: int          # entries the journal still names (a torn record counts as one)
     note: str = ""
+    torn: bool = False      # the journal ends in a torn record: kept as it was, never deleted
 
     @property
     def ok(self) -> bool:
-        return self.remaining == 0
+        return self.remaining == 0 and not self.torn
 
 
 def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
@@ -534,7 +556,11 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
     belongs to, containment of every target): a bad entry anywhere stops it before the first
     write. Entries restored are dropped from the journal in one append at the end (or the file
     is deleted): a rollback killed half-way leaves them listed, and the next one finds them
-    at their original value."""
+    at their original value.
+
+    A journal that ends in a torn record (tuning/journal.py) named one entry more than can be
+    read, so this rollback restored fewer than it names: whatever it restores, the file is
+    kept exactly as it was (never rewritten, never deleted) and the report is not ``ok``."""
     cp = checkpoint or (lambda _step: None)
     jpath = journal_path(state_dir)
     beneath = state_beneath(ctx.host, state_dir)
@@ -599,6 +625,10 @@ def rollback(ctx: TuneContext, state_dir: Path, *, force: bool = False,
         # refuses a non-performance EPP with EBUSY until the governor is back).
         for t, e, cur in retry:
             items.append(_restore(ctx, t, j, e, cur, cp))
+        if j.torn:  # keep the file as it is: the torn record is the only trace of what it lost
+            return RollbackReport(items, str(jpath), len(j.entries) + 1,
+                                  f"{j.torn_note()}. The file is kept as it was: check, then "
+                                  "delete it", torn=True)
         j.save(cp)
     return RollbackReport(items, str(jpath), len(j.entries))
 
@@ -639,10 +669,11 @@ class StatusReport:
     boot_id: str | None = None
     profile: str = ""
     cpus: str = ""
+    torn: str = ""  # the journal's torn-record note ("" when the file is whole)
 
     @property
     def all_hold(self) -> bool:
-        return all(i.result in (HOLDS, GONE) for i in self.items)
+        return not self.torn and all(i.result in (HOLDS, GONE) for i in self.items)
 
 
 def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
@@ -672,7 +703,8 @@ def status(ctx: TuneContext, state_dir: Path) -> StatusReport:
         else:
             res = DRIFT
         items.append(RollbackItem(e.tunable, e.target, e.original, e.written, cur, res))
-    return StatusReport(items, str(jpath), True, False, j.boot_id, j.profile, j.cpus)
+    return StatusReport(items, str(jpath), True, False, j.boot_id, j.profile, j.cpus,
+                        j.torn_note())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,15 +34,22 @@ StateOpt = Annotated[str | None, typer.Option("--state-dir", help="Journal direc
                                               "by others; only symlinks owned by root or you "
                                               "are followed to it.")]
 OnlyOpt = Annotated[list[str] | None, typer.Option("--only", help="Only these tunables or "
-                                                   "families (repeatable): cpu, irq.affinity...")]
+                                                   "families (repeatable): cpu, irq.affinity, "
+                                                   "isolate...")]
 SkipOpt = Annotated[list[str] | None, typer.Option("--skip", help="Skip these tunables or "
                                                    "families (repeatable), e.g. --skip gpu.")]
-IsolateOpt = Annotated[bool, typer.Option("--isolate", help="Runtime isolation of --cpus: move "
-                                          "tasks, kernel threads and unbound workqueues off "
-                                          "them and build a cpuset (journalled; rollback "
-                                          "restores each task's affinity). Only that unless "
-                                          "--only names more; asked for whatever the profile "
-                                          "says.")]
+IsolateOpt = Annotated[bool, typer.Option("--isolate", help="Runtime isolation of --cpus on top "
+                                          "of the profile, whatever it says (hft-cpu and hft-gpu "
+                                          "ask for it already): move tasks, kernel threads and "
+                                          "unbound workqueues off them and build a cpuset "
+                                          "(journalled; rollback restores each task's "
+                                          "affinity). User tasks pinned inside --cpus stay. "
+                                          "--only isolate: isolation alone.")]
+IncludePinnedOpt = Annotated[bool, typer.Option("--include-pinned", help="Runtime isolation "
+                                                "moves user tasks pinned inside --cpus too "
+                                                "(by default they are kept where they are and "
+                                                "listed: that is usually the inference service "
+                                                "itself).")]
 
 
 def _state_dir(host, state_dir: str | None) -> Path:
@@ -54,15 +61,30 @@ def _state_dir(host, state_dir: str | None) -> Path:
     return Path(state_dir)
 
 
-def _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir, isolate=False):
-    from tuning.apply import build_context, wants_gpu
+def _selection(only: list[str] | None, isolate: bool) -> list[str] | None:
+    """``--isolate`` adds isolation to what is selected: to the profile's whole plan (no
+    ``--only``), or to the families ``--only`` names."""
+    return [*only, "isolate"] if isolate and only else only
+
+
+def _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir, isolate=False,
+           include_pinned=False):
+    from tuning.apply import build_context, check_selection, selected, wants_gpu
     from tuning.profiles import load_profile
-    from tuning.tunables.isolate import with_isolation
+    from tuning.tunables.isolate import asks_isolation, with_isolation
 
     host = make_host(root, procfs, sysfs)
     sd = _state_dir(host, state_dir)
     prof = load_profile(profile)
-    prof = with_isolation(prof) if isolate else prof
+    if include_pinned:
+        check_selection(only, skip)
+        if not (isolate or asks_isolation(prof)) or not selected("isolate.tasks", only, skip):
+            why = ("runtime isolation is not selected (--only/--skip)" if isolate or
+                   asks_isolation(prof) else f"profile {prof.name} does not ask for "
+                   "runtime_isolation and --isolate is not given")
+            raise fail(f"--include-pinned only changes what runtime isolation moves, and {why}")
+    if isolate or include_pinned:
+        prof = with_isolation(prof, include_pinned=include_pinned)
     ctx = build_context(host, prof, cpus, want_gpu=wants_gpu(prof, only, skip))
     return host, prof, ctx, sd
 
@@ -127,11 +149,10 @@ def _render_plan(plan, prof, ctx, title: str) -> None:
         con.print(t)
     else:
         con.print("[green]nothing to change at runtime[/green]")
+    _render_notes(con, plan)
     boot = [c for c in plan.changes if c.kind == PENDING_REBOOT]
     if boot:
-        con.print("[magenta]pending-reboot[/magenta] (never applied; run these yourself):")
-        for cmd in boot[0].detail.split("; "):
-            con.print(Text("    " + cmd))
+        _render_recipe(con, boot[0].detail)
     for c in plan.changes:
         if c.kind not in (WRITE, PENDING_REBOOT):
             con.print(Text(f"manual: {c.tunable}: {c.detail}", style="yellow"))
@@ -139,6 +160,29 @@ def _render_plan(plan, prof, ctx, title: str) -> None:
     if na:
         con.print(Text("not tunable here: " + "; ".join(f"{it.tunable.id} ({it.reason})"
                                                          for it in na), style="dim"))
+
+
+def _render_notes(con, plan) -> None:
+    """What a tunable's plan does in words (isolate.tasks: how many tasks move, which pinned
+    ones stay)."""
+    from rich.text import Text
+
+    for it in plan.items:
+        if it.note:
+            con.print(Text(f"{it.tunable.id}: {it.note}"), highlight=False)
+
+
+def _render_recipe(con, recipe: str) -> None:
+    """The boot-argument recipe, one whole command per line (tuning/tunables/boot.py joins
+    them with newlines): never wrapped, at any width or on a pipe, so each line pastes as the
+    command it is. The reboot is said in words, once, never printed as a command."""
+    from rich.text import Text
+
+    con.print("[magenta]pending-reboot[/magenta] (never applied; run these yourself):")
+    for cmd in recipe.splitlines():
+        if cmd.strip():
+            con.print(Text("    " + cmd), soft_wrap=True, highlight=False)
+    con.print("then reboot")
 
 
 def _plan_json(plan, prof, ctx) -> dict:
@@ -174,14 +218,17 @@ def _render_rows(title: str, rows: list[dict], result_key: str, extra: str) -> N
 
 
 def plan_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOpt = None,
-             skip: SkipOpt = None, isolate: IsolateOpt = False, json_out: JsonOpt = False,
+             skip: SkipOpt = None, isolate: IsolateOpt = False,
+             include_pinned: IncludePinnedOpt = False, json_out: JsonOpt = False,
              root: RootOpt = "/", procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
-    """The diff current → desired per tunable and target. Nothing is written.
+    """The diff current → desired per tunable and target, and how many tasks isolation moves
+    (naming pinned ones). Nothing is written.
     Exit 0: nothing to change; 2: changes (or reboot-only arguments) pending."""
     from tuning.apply import make_plan
 
-    only = [*(only or []), "isolate"] if isolate else only
-    _host, prof, ctx, _sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, None, isolate)
+    only = _selection(only, isolate)
+    _host, prof, ctx, _sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, None, isolate,
+                                   include_pinned)
     plan = make_plan(ctx, only, skip)
     if json_out:
         print(json.dumps(_plan_json(plan, prof, ctx), indent=2))
@@ -192,6 +239,7 @@ def plan_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOp
 
 def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyOpt = None,
               skip: SkipOpt = None, isolate: IsolateOpt = False,
+              include_pinned: IncludePinnedOpt = False,
               dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what apply would "
                                                     "write; write nothing.")] = False,
               state_dir: StateOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
@@ -202,9 +250,9 @@ def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyO
     from tuning.apply import FAILED, apply_plan, make_plan, require_privilege
     from tuning.findings import exit_code
 
-    only = [*(only or []), "isolate"] if isolate else only
+    only = _selection(only, isolate)
     host, prof, ctx, sd = _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir,
-                                 isolate)
+                                 isolate, include_pinned)
     if not dry_run:
         require_privilege(host)
     plan = make_plan(ctx, only, skip)
@@ -224,10 +272,9 @@ def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyO
                      rows, "result", "value")
         boot = [o for o in report.outcomes if o.result == "pending-reboot"]
         con = _console()
+        _render_notes(con, plan)
         if boot:
-            con.print("[magenta]pending-reboot[/magenta] (never applied; run these yourself):")
-            for cmd in boot[0].message.split("; "):
-                con.print("    " + cmd, markup=False, highlight=False)
+            _render_recipe(con, boot[0].message)
         if report.findings:
             con.print(findings_table(report.findings, title="verify"))
     if dry_run:
@@ -254,7 +301,8 @@ def rollback_cmd(force: Annotated[bool, typer.Option("--force", help="Restore or
                  state_dir: StateOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
                  procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
     """Restore journalled originals in reverse order. Idempotent. Exit 0: everything restored
-    (or nothing to do); 2: entries left (drift, unreadable); 1: an error."""
+    (or nothing to do); 2: entries left (drift, unreadable, or a journal that ends in a torn
+    record: kept as it was); 1: an error."""
     from tuning.apply import FAILED, require_privilege, rollback
     from tuning.profiles import load_profile
     from tuning.tunables import TuneContext
@@ -269,14 +317,19 @@ def rollback_cmd(force: Annotated[bool, typer.Option("--force", help="Restore or
     rep = rollback(ctx, sd, force=force, discard_stale=discard_stale)
     if json_out:
         print(json.dumps({"journal": rep.journal, "remaining": rep.remaining, "note": rep.note,
-                          "items": [i.to_dict() for i in rep.items]}, indent=2))
+                          "torn": rep.torn, "items": [i.to_dict() for i in rep.items]},
+                         indent=2))
     else:
+        from rich.text import Text
+
         rows = [{**i.to_dict(), "_val": i.current} for i in rep.items]
         _render_rows(f"hftagent tune rollback  journal {rep.journal}", rows, "result", "now")
         con = _console()
         if rep.note:
-            con.print(rep.note)
-        con.print(f"{rep.remaining} journal entr{'y' if rep.remaining == 1 else 'ies'} left")
+            con.print(Text(rep.note, style="yellow" if rep.torn else ""), highlight=False)
+        left = f"{rep.remaining} journal entr{'y' if rep.remaining == 1 else 'ies'} left"
+        con.print(left + (f" (one of them the torn record); journal kept: {rep.journal}"
+                          if rep.torn else ""), highlight=False)
     if any(i.result == FAILED for i in rep.items):
         raise typer.Exit(1)
     raise typer.Exit(0 if rep.ok else 2)
@@ -296,8 +349,8 @@ def _journal_has_gpu(host, sd: Path) -> bool:
 def status_cmd(state_dir: StateOpt = None, json_out: JsonOpt = False, root: RootOpt = "/",
                procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
     """What tune apply changed (from the journal) and whether each value still holds.
-    Exit 0: all hold (or nothing applied); 2: drift, restored by someone else, unreadable, or a
-    journal from an earlier boot."""
+    Exit 0: all hold (or nothing applied); 2: drift, restored by someone else, unreadable, a
+    journal from an earlier boot, or one that ends in a torn record."""
     from tuning.apply import build_context, status
     from tuning.profiles import load_profile
 
@@ -309,7 +362,7 @@ def status_cmd(state_dir: StateOpt = None, json_out: JsonOpt = False, root: Root
     if json_out:
         print(json.dumps({"journal": rep.journal, "exists": rep.exists, "stale": rep.stale,
                           "boot_id": rep.boot_id, "profile": rep.profile, "cpus": rep.cpus,
-                          "all_hold": rep.all_hold,
+                          "all_hold": rep.all_hold, "torn": rep.torn,
                           "items": [i.to_dict() for i in rep.items]}, indent=2))
     else:
         con = _console()
@@ -324,6 +377,9 @@ def status_cmd(state_dir: StateOpt = None, json_out: JsonOpt = False, root: Root
             _render_rows(f"hftagent tune status  profile {rep.profile}  target CPUs "
                          f"{rep.cpus or 'none'}  journal {rep.journal}", rows, "result",
                          "applied (original)")
+            if rep.torn:
+                from rich.text import Text
+                con.print(Text(rep.torn, style="yellow"), highlight=False)
     raise typer.Exit(2 if rep.stale or not rep.all_hold else 0)
 
 

@@ -2,7 +2,8 @@
 around) the target CPUs — what ``isolcpus=`` does at boot, done and undone at runtime.
 
 Four tunables, one profile key (``runtime_isolation = "on"``), one family (``isolate``;
-``tune apply --isolate`` asks for it whatever the profile says):
+``tune apply --isolate`` asks for it whatever the profile says, on top of the rest of the
+profile; ``--only isolate`` narrows a run to it):
 
 - :class:`IsolateTasks` moves every movable task (each thread: affinity is per thread) and
   kernel thread off the target CPUs, like ``taskset -pc HOUSEKEEPING TID`` for each;
@@ -17,7 +18,13 @@ cpuhp/N, migration/N, ksoftirqd/N, kworker/N:M — only ``isolcpus``/``nohz_full
 them quiet), workqueue workers (they follow the workqueue cpumask), IRQ threads (they follow
 their IRQ's affinity, irq.affinity). A task the kernel refuses to move (EINVAL: its own cpuset
 allows only target CPUs; EPERM) is reported "unchangeable", not a failure. Tasks already in the
-isolated cpuset were put there by ``hftagent run --cpus`` and stay.
+isolated cpuset were put there by ``hftagent run --cpus`` and stay. So do user tasks whose
+affinity is already inside the target CPUs: someone pinned them there on purpose (``taskset -c``,
+``hftagent run --cpus``, a service's CPUAffinity=) — on a trading box that is the inference
+service itself. They are listed ("kept: pinned inside the target CPUs") and move only with
+``--include-pinned``. User tasks pinned by their own choice to CPUs that include some targets
+are moved to the rest of their CPUs and named in the plan. Kernel threads are not "the user's
+own work" and move whatever their mask.
 
 Rollback restores each task's original affinity where the task still exists: a task is named
 ``task:TID:STARTTIME`` (collectors/tasks.py), so a TID the kernel has reused for a new task is
@@ -116,14 +123,36 @@ def _no_targets(ctx: TuneContext) -> str | None:
     return None
 
 
-def with_isolation(profile: Profile) -> Profile:
-    """``profile`` asking for runtime isolation (``tune --isolate``), whatever it says."""
+@dataclass(frozen=True)
+class IsolatingProfile(Profile):
+    """A profile as ``tune --isolate``/``--include-pinned`` asks it: runtime isolation on, and
+    whether user tasks pinned inside the target CPUs move too (the profile's own files never
+    say that: it is the operator's call for one run)."""
+
+    include_pinned: bool = False
+
+
+def with_isolation(profile: Profile, *, include_pinned: bool = False) -> Profile:
+    """``profile`` asking for runtime isolation (``tune --isolate``), whatever it says; with
+    ``include_pinned`` (``--include-pinned``) tasks pinned inside the target CPUs move too."""
     s = profile.get(KEY)
     why = s.why if s and s.why else ("tasks, kernel threads and unbound work on the "
                                      "inference CPUs preempt the inference thread")
     settings = {**profile.settings, KEY: Setting(KEY, "on", s.severity if s else Status.WARN,
                                                    why)}
-    return Profile(profile.name, profile.description, settings, profile.source)
+    return IsolatingProfile(profile.name, profile.description, settings, profile.source,
+                            include_pinned)
+
+
+def asks_isolation(profile: Profile) -> bool:
+    """Whether ``profile`` asks for runtime isolation (its own ``runtime_isolation = "on"``,
+    or :func:`with_isolation`)."""
+    return profile.expected(KEY) not in (None, "any")
+
+
+def moves_pinned(ctx: TuneContext) -> bool:
+    """Whether this run moves user tasks pinned inside the target CPUs (``--include-pinned``)."""
+    return isinstance(ctx.profile, IsolatingProfile) and ctx.profile.include_pinned
 
 
 def _live_procfs(host: Host) -> bool:
@@ -150,6 +179,11 @@ class TaskSurvey:
     irq_threads: list[Task] = field(default_factory=list)  # follow their IRQ's affinity
     fixed: list[Task] = field(default_factory=list)      # other PF_NO_SETAFFINITY tasks
     in_cpuset: list[Task] = field(default_factory=list)  # in the isolated cpuset: stay
+    # user tasks whose affinity is already inside the target CPUs: pinned there on purpose,
+    # kept (unless include_pinned: then they are in ``moves`` as well, and listed here)
+    pinned: list[Task] = field(default_factory=list)
+    include_pinned: bool = False
+    online: frozenset[int] = frozenset()
     exiting: int = 0                                      # zombies: nothing to move
     total: int = 0                                        # tasks looked at
     # every pinned IRQ thread, target CPUs or not: journalled at its own value, because a
@@ -162,8 +196,22 @@ class TaskSurvey:
     def stay(self) -> list[Task]:
         return self.per_cpu + self.workers + self.irq_threads + self.fixed
 
+    @property
+    def kept(self) -> list[Task]:
+        """Pinned inside the target CPUs and left there."""
+        return [] if self.include_pinned else self.pinned
+
+    @property
+    def narrowed(self) -> list[tuple[Task, list[int]]]:
+        """User tasks that move although pinned by their own choice (a mask that is not every
+        online CPU): to the rest of their CPUs, or (``include_pinned``) to housekeeping."""
+        return [(t, new) for t, new in self.moves
+                if not t.kthread and t.affinity and set(t.affinity) != self.online]
+
     def summary(self) -> dict:
         return {"movable_on_targets": len(self.moves),
+                "pinned_kept": [t.name for t in self.kept],
+                "pinned_moved": [t.name for t, _ in self.narrowed],
                 "per_cpu_kthreads": [t.name for t in self.per_cpu],
                 "workqueue_workers": [t.name for t in self.workers],
                 "irq_threads": [t.name for t in self.irq_threads],
@@ -178,10 +226,12 @@ def _in_isolated_cpuset(host: Host, t: Task) -> bool:
 
 
 def survey_tasks(host: Host, cpus: list[int], house: list[int],
-                 only: Callable[[Task], bool] | None = None) -> TaskSurvey:
-    """Classify every task allowed on ``cpus`` (or those ``only`` accepts)."""
+                 only: Callable[[Task], bool] | None = None, *,
+                 include_pinned: bool = False) -> TaskSurvey:
+    """Classify every task allowed on ``cpus`` (or those ``only`` accepts). A user task whose
+    affinity is inside ``cpus`` is kept (``pinned``) unless ``include_pinned``."""
     targets = set(cpus)
-    s = TaskSurvey()
+    s = TaskSurvey(include_pinned=include_pinned, online=frozenset(targets | set(house)))
     for t in tasks(host):
         if only is not None and not only(t):
             continue
@@ -210,6 +260,10 @@ def survey_tasks(host: Host, cpus: list[int], house: list[int],
         if _in_isolated_cpuset(host, t):
             s.in_cpuset.append(t)
             continue
+        if not t.kthread and set(t.affinity) <= targets:
+            s.pinned.append(t)  # put there on purpose: the inference service, typically
+            if not include_pinned:
+                continue
         s.moves.append((t, sorted(set(t.affinity) - targets) or house))
     return s
 
@@ -224,6 +278,16 @@ def _names(ts: list[Task], limit: int = 24) -> str:
         k = re.sub(r"\d+", "N", t.comm).split("-")[0]
         groups[k] = groups.get(k, 0) + 1
     return ", ".join(f"{k} x{n}" for k, n in sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def _pinned(ts: list[Task], new: list[list[int]] | None = None, limit: int = 12) -> str:
+    """Pinned tasks by name with their CPUs ("inference[4242] (CPU 1)"; with ``new``:
+    "(CPU 0-1 → 0)"), the first ``limit`` of them."""
+    out = []
+    for i, t in enumerate(ts[:limit]):
+        cpus = format_cpulist(t.affinity or [])
+        out.append(f"{t.name} (CPU {cpus}" + (f" → {format_cpulist(new[i])})" if new else ")"))
+    return ", ".join(out) + (f" and {len(ts) - limit} more" if len(ts) > limit else "")
 
 
 def _mask_like(cpus: list[int], like: str) -> str:
@@ -270,7 +334,8 @@ class IsolateTasks(Tunable):
 
     def desired(self, ctx: TuneContext) -> dict[str, str]:
         house = housekeeping(ctx)
-        self.survey = survey_tasks(ctx.host, ctx.cpus, house, task_filter)
+        self.survey = survey_tasks(ctx.host, ctx.cpus, house, task_filter,
+                                   include_pinned=moves_pinned(ctx))
         keep = {t.key: format_cpulist(t.affinity) for t in self.survey.irq_keep
                 if t.affinity and set(t.affinity) != set(ctx.online)}
         return keep | {t.key: format_cpulist(new) for t, new in self.survey.moves}
@@ -303,6 +368,26 @@ class IsolateTasks(Tunable):
             out.append(Change(self.id, self.MANUAL_TARGET, None, "stay", MANUAL,
                               detail="; ".join(parts)))
         return out
+
+    def plan_note(self, ctx: TuneContext) -> str:
+        """The plan in words: how many tasks move, which pinned ones stay where they are, and
+        which move although pinned by their own choice (the survey of the last desired())."""
+        s = self.survey
+        if s is None:
+            return ""
+        cpus = format_cpulist(ctx.cpus)
+        parts = [f"{len(s.moves)} task(s) will move off CPU {cpus}"]
+        if s.kept:
+            parts.append(f"kept: pinned inside the target CPUs: {_pinned(s.kept)} "
+                         "(--include-pinned moves them too)")
+        if s.narrowed:
+            how = ("pinned by their own choice, moved anyway (--include-pinned)"
+                   if s.include_pinned else
+                   "pinned by their own choice to CPUs that include the targets, moved to the "
+                   "rest of them")
+            parts.append(f"{how}: " + _pinned([t for t, _ in s.narrowed],
+                                              [n for _, n in s.narrowed]))
+        return "; ".join(parts)
 
     def read_target(self, ctx: TuneContext, target: str) -> str | None:
         k = parse_task_key(target)
@@ -372,7 +457,8 @@ class IsolateTasks(Tunable):
             else:
                 bad[tgt] = cur
         house = sorted(set(ctx.online) - set(ctx.cpus)) or ctx.online
-        after = survey_tasks(ctx.host, ctx.cpus, house, task_filter)
+        after = survey_tasks(ctx.host, ctx.cpus, house, task_filter,
+                             include_pinned=moves_pinned(ctx))
         planned = {t.key for t, _ in before.moves} if before else set(desired)
         refused = [t for t, _ in after.moves if t.key in planned and t.key not in desired]
         left = [t for t, _ in after.moves if t.key not in planned]  # new since the plan
@@ -382,6 +468,8 @@ class IsolateTasks(Tunable):
                    f"(before: {n_before})")
         if refused:
             current += f"; {len(refused)} refused to move (unchangeable): {_names(refused, 8)}"
+        if after.kept:
+            current += f"; kept: pinned inside the target CPUs: {_pinned(after.kept, limit=8)}"
         if after.stay:
             current += (f"; staying: {len(after.per_cpu)} per-CPU kernel thread(s), "
                         f"{len(after.workers)} workqueue worker(s), "
@@ -398,7 +486,8 @@ class IsolateTasks(Tunable):
             status=Status.OK if ok else (setting.severity if setting else Status.WARN),
             current=current, expected=f"no movable task allowed on CPU {cpus}",
             evidence="/proc/*/task/*/status (Cpus_allowed_list), /proc/*/task/*/stat (flags)",
-            fix="" if ok else f"hftagent tune apply --isolate --cpus {cpus}",
+            fix="" if ok else (f"hftagent tune apply --isolate --only isolate --cpus {cpus}"
+                               + (" --include-pinned" if moves_pinned(ctx) else "")),
             why=setting.why if setting else "",
             data={"before": before.summary() if before else {}, "after": after.summary(),
                   "moved": len(desired) - len(gone) - len(bad), "exited": sorted(gone),
