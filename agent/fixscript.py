@@ -2,7 +2,8 @@
 and runs (as root).
 
 The script is ``#!/bin/sh`` with ``set -e`` (the first command that fails stops it), one
-comment line per finding naming it, then that finding's commands. Advice that is not a
+comment line per finding naming it, then that finding's commands, in the audit's order (the
+order tune applies them in). Advice that is not a
 command, alternatives and launch templates (``hftagent run ... -- CMD``) are comments. The
 boot arguments come last, as tuning/tunables/boot.py's recipe in its script form (grubby where
 installed, else /etc/default/grub and update-grub). The script never reboots.
@@ -33,7 +34,10 @@ def script_text(findings: list[Finding], header: list[str]) -> str:
            "# Review it, then run it as root. Runtime settings last until the next boot;",
            "# the boot arguments (last) take effect after you reboot: this script never does.",
            "set -e", ""]
-    todo = to_fix(findings)
+    # the audit's own order, not most-severe-first: the checks are ordered as tune applies
+    # them (irqbalance stopped before IRQs are moved, the governor before turbo)
+    act = {id(f) for f in to_fix(findings)}
+    todo = [f for f in findings if id(f) in act]
     for f in todo:
         if is_boot_arg(f):
             continue

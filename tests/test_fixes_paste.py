@@ -312,6 +312,9 @@ def test_fix_script_is_an_executable_commented_script(tmp_path):
     assert "sysctl -w kernel.numa_balancing=0  # persist in /etc/sysctl.d/" in commands
     assert not any(re.search(r"\breboot\b", c) for c in commands)
     assert lines[-1] == "# then reboot"
+    # in the audit's (tune's) order: irqbalance stopped before the IRQs are moved
+    assert commands.index("systemctl disable --now irqbalance") < \
+        next(i for i, c in enumerate(commands) if "smp_affinity_list" in c)
     # advice and the alternative are comments, never run
     assert any(ln.startswith("#   advice: include SMT siblings") for ln in lines)
     assert any(ln.startswith("#   or, instead: hftagent tune apply") for ln in lines)
@@ -382,15 +385,39 @@ def test_fix_script_refuses_a_missing_directory(tmp_path):
     _bad(tmp_path, "")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a mode 0500 directory")
 def test_fix_script_refuses_an_unwritable_directory(tmp_path):
-    d = tmp_path / "ro"
-    d.mkdir(mode=0o500)
+    """A directory the user may not write in: one line, exit 1, nothing created. Root writes
+    anywhere, so as root the command runs as nobody (setpriv) on a 0555 directory."""
+    import shutil
+    import sys
+    import tempfile
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir(mode=0o500)
+        try:
+            _bad(tmp_path, str(d / "fix.sh"))
+            assert list(d.iterdir()) == []
+        finally:
+            d.chmod(0o700)
+        return
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv to drop to another user")
+    d = Path(tempfile.mkdtemp(prefix="hftagent-ro-"))
     try:
-        _bad(tmp_path, str(d / "fix.sh"))
-        assert list(d.iterdir()) == []
+        d.chmod(0o555)
+        res = subprocess.run(
+            [setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+             "-m", "agent.cli", "audit", "--root", str(FIXTURES / "vm-dev"), "--steal-window",
+             "0", "--fix-script", str(d / "fix.sh")],
+            capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+        assert res.returncode == 1, res.stderr
+        assert res.stderr.splitlines() == [f"hftagent: error: --fix-script '{d}/fix.sh': "
+                                           f"cannot write in '{d}': permission denied"]
+        assert res.stdout == "" and list(d.iterdir()) == []
     finally:
         d.chmod(0o700)
+        d.rmdir()
 
 
 def test_exclusive_create_leaves_nothing_on_failure(tmp_path, monkeypatch):
