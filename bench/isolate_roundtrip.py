@@ -1,4 +1,5 @@
-"""Real round trip of runtime isolation on this host: tune plan/apply/status/rollback --isolate.
+"""Real round trip of runtime isolation on this host: tune plan/apply --isolate --only isolate,
+status, rollback.
 
     sudo .venv/bin/python bench/isolate_roundtrip.py --cpus 1 --state-dir /tmp/iso-rt [--json OUT]
 
@@ -86,15 +87,15 @@ def main() -> int:
     house = sorted(set(online) - set(cpus))
     res: dict = {"cpus": a.cpus, "kernel": host.read(host.proc("sys/kernel/osrelease")).value}
 
-    rc, plan, dt = cli("tune", "plan", "--isolate", "--cpus", a.cpus)
+    rc, plan, dt = cli("tune", "plan", "--isolate", "--only", "isolate", "--cpus", a.cpus)
     res["plan"] = {"rc": rc, "s": round(dt, 2), "changes": sum(
         len(i["changes"]) for i in plan.get("items", [])),
         "unavailable": {i["id"]: i["reason"] for i in plan.get("items", [])
                         if i["state"] == "unavailable"}}
     aff0, files0 = affinities(host), files(host)
     before = survey_tasks(host, cpus, house)
-    rc, applied, dt = cli("tune", "apply", "--isolate", "--cpus", a.cpus, "--state-dir",
-                          a.state_dir)
+    rc, applied, dt = cli("tune", "apply", "--isolate", "--only", "isolate", "--cpus", a.cpus,
+                          "--state-dir", a.state_dir)
     after = survey_tasks(host, cpus, house)
     files1 = files(host)
     res["apply"] = {"rc": rc, "s": round(dt, 2), "results": {}}

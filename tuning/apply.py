@@ -14,7 +14,10 @@ Safety model (docs/tuning.md has the long form):
   entry once restored; drift (a value changed since we wrote it) is reported and left unless
   ``force``; entries that fail (e.g. EBUSY from ordering) get one more try at the end. The
   whole journal — format, allowlist, owners, values, containment — is validated before the
-  first rollback write.
+  first rollback write;
+- a journal that ends in a torn record (tuning/journal.py) may have lost entries: rollback
+  restores what it lists but keeps the file as it was and is not ok, status says so, apply
+  refuses to build on it.
 """
 
 from __future__ import annotations
