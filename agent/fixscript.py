@@ -3,27 +3,24 @@ and runs (as root).
 
 The script is ``#!/bin/sh`` with ``set -e`` (the first command that fails stops it), one
 comment line per finding naming it, then that finding's commands, in the audit's order (the
-order tune applies them in). Advice that is not a
-command, alternatives and launch templates (``hftagent run ... -- CMD``) are comments. The
-boot arguments come last, as tuning/tunables/boot.py's recipe in its script form (grubby where
-installed, else /etc/default/grub and update-grub). The script never reboots.
+order tune applies them in). Advice that is not a command, alternatives and launch templates
+(``hftagent run ... -- CMD``) are comments. The boot arguments come last, as
+tuning/tunables/boot.py's recipe in its script form (grubby where installed, else
+/etc/default/grub and update-grub). The script never reboots.
 
-The file is created exclusively (``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0700): an existing file,
-a symlink (even a dangling one) or a directory is never written through or replaced.
+The file is created exclusively through agent/outfile.py (``O_CREAT|O_EXCL|O_NOFOLLOW`` at the
+path itself, mode 0700, in a directory nobody else can change under us): an existing file, a
+symlink (even a dangling one) or a directory is never written through or replaced.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 
 from agent.render import boot_args, command_line, is_boot_arg, to_fix
 from tuning.findings import Finding, fix_steps
 
-
-class FixScriptError(Exception):
-    """The script file cannot be created; the message is one line for the user."""
+OPT = "--fix-script"
 
 
 def script_text(findings: list[Finding], header: list[str]) -> str:
@@ -68,50 +65,17 @@ def script_text(findings: list[Finding], header: list[str]) -> str:
 
 
 def check_path(path: str) -> None:
-    """Refuse before any work: an empty name, an existing file, symlink or directory, a
-    missing or unwritable directory (:class:`FixScriptError`)."""
-    if not path.strip():
-        raise FixScriptError("--fix-script is empty: give a new file name")
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise FixScriptError(f"--fix-script {path!r}: {exc.strerror or exc}") from None
-    else:
-        what = ("a directory" if stat.S_ISDIR(st.st_mode) else
-                "a symlink" if stat.S_ISLNK(st.st_mode) else "an existing file")
-        raise FixScriptError(f"--fix-script {path!r} is {what}: give a new file name "
-                             "(it is never overwritten)")
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise FixScriptError(f"--fix-script {path!r}: directory {parent!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise FixScriptError(f"--fix-script {path!r}: cannot write in {parent!r}: "
-                             "permission denied")
+    """Refuse before any work what :func:`write_script` would refuse (agent/outfile.py's
+    exclusive rules): an empty name, anything already at the path (a file, a symlink, even a
+    dangling one, a directory), a missing or unwritable directory. Raises OutputError."""
+    from agent.outfile import check_output
+    check_output(path, OPT, exclusive=True)
 
 
-def write_exclusive(path: str, text: str, mode: int = 0o700) -> None:
-    """Create ``path`` (never an existing one, never through a symlink) with ``text`` and
-    exactly ``mode``; on any failure nothing is left behind."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     mode)
-    except OSError as exc:
-        if exc.errno in (errno.EEXIST, errno.ELOOP):
-            raise FixScriptError(f"--fix-script {path!r} exists: give a new file name "
-                                 "(it is never overwritten)") from None
-        raise FixScriptError(f"cannot create --fix-script {path!r}: "
-                             f"{exc.strerror or exc}") from None
-    try:
-        os.fchmod(fd, mode)  # the umask narrowed the mode given to open
-        data = text.encode()
-        while data:
-            data = data[os.write(fd, data):]
-        os.fsync(fd)
-    except OSError as exc:
-        os.close(fd)
-        os.unlink(path)
-        raise FixScriptError(f"cannot write --fix-script {path!r}: "
-                             f"{exc.strerror or exc}") from None
-    os.close(fd)
+def write_script(path: str, text: str) -> None:
+    """Create ``path`` exclusively (``O_CREAT|O_EXCL|O_NOFOLLOW``, agent/outfile.py) with
+    ``text``, mode exactly 0700; on any failure nothing is left behind (OutputError)."""
+    from agent.outfile import open_output
+    with open_output(path, OPT, mode=0o700, exclusive=True) as out:
+        os.fchmod(out.fileno(), 0o700)  # the umask narrowed the mode given to open
+        out.write(text)

@@ -412,8 +412,8 @@ def test_fix_script_refuses_an_unwritable_directory(tmp_path):
              "0", "--fix-script", str(d / "fix.sh")],
             capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
         assert res.returncode == 1, res.stderr
-        assert res.stderr.splitlines() == [f"hftagent: error: --fix-script '{d}/fix.sh': "
-                                           f"cannot write in '{d}': permission denied"]
+        assert res.stderr.splitlines() == [f"hftagent: error: --fix-script {d}/fix.sh: "
+                                           f"cannot write in {d}: permission denied"]
         assert res.stdout == "" and list(d.iterdir()) == []
     finally:
         d.chmod(0o700)
@@ -421,25 +421,26 @@ def test_fix_script_refuses_an_unwritable_directory(tmp_path):
 
 
 def test_exclusive_create_leaves_nothing_on_failure(tmp_path, monkeypatch):
-    """A write that fails (ENOSPC) removes the half-written file; an existing one and a
-    path that cannot be created are one FixScriptError."""
+    """A write that fails (ENOSPC at the fsync) removes the half-written script; an existing
+    file is refused and left as it was (agent/outfile.py, exclusive)."""
     import errno as errno_
 
     from agent import fixscript
+    from agent.outfile import OutputError
 
     path = tmp_path / "fix.sh"
 
-    def full(fd, data):
+    def full(fd):
         raise OSError(errno_.ENOSPC, os.strerror(errno_.ENOSPC))
 
-    monkeypatch.setattr(fixscript.os, "write", full)
-    with pytest.raises(fixscript.FixScriptError, match="No space left"):
-        fixscript.write_exclusive(str(path), "#!/bin/sh\n")
-    assert not path.exists()
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OutputError, match="No space left"):
+        fixscript.write_script(str(path), "#!/bin/sh\n")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
     monkeypatch.undo()
     path.write_text("x")
-    with pytest.raises(fixscript.FixScriptError, match="never overwritten"):
-        fixscript.write_exclusive(str(path), "#!/bin/sh\n")
-    (tmp_path / "file").write_text("")
-    with pytest.raises(fixscript.FixScriptError, match="cannot create"):
-        fixscript.write_exclusive(str(tmp_path / "file" / "fix.sh"), "")
+    with pytest.raises(OutputError, match="already exists"):
+        fixscript.write_script(str(path), "#!/bin/sh\n")
+    assert path.read_text() == "x"
+    fixscript.write_script(str(tmp_path / "new.sh"), "#!/bin/sh\n")
+    assert stat.S_IMODE((tmp_path / "new.sh").stat().st_mode) == 0o700

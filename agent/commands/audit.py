@@ -75,11 +75,8 @@ def audit(
     if noise is not None and not 0 < noise <= 60:
         raise fail("--noise must be > 0 and <= 60 seconds")
     if fix_script is not None:
-        from agent.fixscript import FixScriptError, check_path
-        try:
-            check_path(fix_script)  # before any work: a typo costs nothing
-        except FixScriptError as exc:
-            raise fail(str(exc)) from None
+        from agent.fixscript import check_path
+        check_path(fix_script)  # before any work: a typo costs nothing (OutputError: one line)
     host = make_host(root, procfs, sysfs)
     if noise is not None and not host.live:
         raise fail("--noise measures this host: not with --root/--procfs/--sysfs")
@@ -147,15 +144,12 @@ def _header(host, report) -> list[str]:
 
 
 def _write_fix_script(path: str, report) -> None:
-    from agent.fixscript import FixScriptError, script_text, write_exclusive
+    from agent.fixscript import script_text, write_script
     from collectors.parsers import format_cpulist
     header = [f"hftagent audit --fix-script: profile {report.profile}, target CPUs "
               f"{format_cpulist(report.target_cpus)}, "
               f"kernel {report.host.get('kernel') or 'unknown'}"]
-    try:
-        write_exclusive(path, script_text(report.findings, header))
-    except FixScriptError as exc:
-        raise fail(str(exc)) from None
+    write_script(path, script_text(report.findings, header))
 
 
 def register(app: typer.Typer) -> None:
