@@ -3,8 +3,10 @@
 Files:
 - /sys/devices/system/cpu/cpuidle/{current_driver,current_governor} (``current_governor_ro``
   on kernels without a writable governor): ``none`` or no directory means no cpuidle driver —
-  the architecture's default idle (HLT/MWAIT C1 on x86), which in a VM is a halt the
-  hypervisor must wake;
+  the architecture's default idle (:data:`DEFAULT_IDLE`: HLT/MWAIT C1 on x86, WFI on arm64
+  and RISC-V, ...), which in a VM is a halt the hypervisor must wake;
+- /proc/sys/kernel/arch (``uname -m``, Linux >= 6.0), else /proc/cpuinfo's keys: which
+  architecture's idle that is (:func:`arch`);
 - /sys/module/haltpoll/parameters/guest_halt_poll_ns: how long the ``haltpoll`` cpuidle
   driver (KVM guests, Linux ≥ 5.4) polls before it halts; 0 = halt at once;
 - /sys/devices/system/cpu/cpuN/power/pm_qos_resume_latency_us: the per-CPU PM QoS limit,
@@ -32,6 +34,80 @@ PM_QOS_DEVICE = "cpu_dma_latency"
 NO_REQUEST_US = 2_000_000_000  # PM_QOS_CPU_LATENCY_DEFAULT_VALUE: nobody asked for anything
 SPINNER_COMM = "hftkeepawake"  # tuning/keepawake.c, started by `hftagent run --keep-awake`
 MAX_FDS = 100_000  # descriptors looked at for holders: bounded, a report says when it stopped
+
+
+# What an idle CPU with no cpuidle driver runs (the architecture's arch_cpu_idle()), by
+# architecture family, for a person: x86 default_idle/mwait_idle; arm64 cpu_do_idle; RISC-V
+# wait_for_interrupt; POWER ppc_md.power_save (an LPAR cedes the CPU to the hypervisor,
+# pseries_lpar_idle); s390 an enabled wait PSW (arch/s390/kernel/idle.c).
+DEFAULT_IDLE = {
+    "x86": "HLT/MWAIT",
+    "arm": "WFI",
+    "riscv": "WFI",
+    "powerpc": "the platform's power_save: snooze/stop, or an LPAR's cede to the hypervisor",
+    "s390": "an enabled wait PSW, which gives the CPU back to LPAR or z/VM",
+    "loongarch": "IDLE",
+}
+UNKNOWN_IDLE = "the architecture's default idle"
+
+# ``uname -m`` values, first match by prefix, to a family of DEFAULT_IDLE
+_MACHINES = (("x86_64", "x86"), ("i386", "x86"), ("i486", "x86"), ("i586", "x86"),
+             ("i686", "x86"), ("aarch64", "arm"), ("arm", "arm"), ("riscv", "riscv"),
+             ("ppc", "powerpc"), ("s390", "s390"), ("loongarch", "loongarch"))
+
+
+def arch_from_machine(machine: str) -> str | None:
+    """``uname -m`` ("x86_64", "aarch64", "ppc64le", "s390x", "riscv64") to its family."""
+    m = machine.strip().lower()
+    return next((fam for pre, fam in _MACHINES if m.startswith(pre)), None)
+
+
+def arch_from_cpuinfo(text: str) -> str | None:
+    """The family from /proc/cpuinfo's keys, which each architecture spells its own way
+    (arch/*/kernel/cpuinfo.c, setup.c): x86 "flags" + "vendor_id"; arm/arm64 "CPU
+    implementer"; RISC-V "isa"; POWER "cpu" + "timebase"; s390 "vendor_id : IBM/S390". None
+    when it says nothing known."""
+    keys: dict[str, str] = {}
+    for ln in text.splitlines():
+        k, sep, v = ln.partition(":")
+        if sep:
+            keys.setdefault(k.strip().lower(), v.strip())
+    if keys.get("vendor_id", "").upper().startswith("IBM/S390"):
+        return "s390"
+    if "flags" in keys and "vendor_id" in keys:
+        return "x86"
+    if "cpu implementer" in keys:
+        return "arm"
+    if "isa" in keys and keys["isa"].lower().startswith("rv"):
+        return "riscv"
+    if "timebase" in keys and "cpu" in keys:
+        return "powerpc"
+    return None
+
+
+def arch(host: Host) -> Reading[str]:
+    """The host's architecture family (a key of :data:`DEFAULT_IDLE`, or None with a reason):
+    kernel.arch, else /proc/cpuinfo; the live host without either, ``uname -m``."""
+    r = host.read(host.proc("sys/kernel/arch"))
+    fam = arch_from_machine(r.value) if r.ok else None
+    if fam is not None:
+        return Reading(fam, r.path)
+    ci = host.read(host.proc("cpuinfo"))
+    fam = arch_from_cpuinfo(ci.value) if ci.ok else None
+    if fam is not None:
+        return Reading(fam, ci.path)
+    if host.live:
+        fam = arch_from_machine(os.uname().machine)
+        if fam is not None:
+            return Reading(fam, "uname -m")
+    return Reading(None, ci.path, "unsupported: neither kernel.arch nor cpuinfo names a known "
+                   "architecture")
+
+
+def default_idle(host: Host) -> str:
+    """What an idle CPU of this host runs without a cpuidle driver, in words."""
+    r = arch(host)
+    return DEFAULT_IDLE.get(r.value, UNKNOWN_IDLE) if r.ok else UNKNOWN_IDLE
 
 
 def cpuidle_dir(host: Host):

@@ -115,16 +115,21 @@ def test_rollback_validates_journalled_latency_values(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_vm_dev_haltpoll_without_polling_warns_with_a_run_fix(tmp_path):
+def test_vm_dev_haltpoll_without_polling_warns_and_isolates_before_keeping_awake(tmp_path):
+    """CPU 1 not isolated: keep-awake is not recommended there (the call waits behind the
+    CPU's other tasks whatever keeps it awake), the isolation is, and the finding says why."""
     root = iso_tree(tmp_path / "t")  # vm-dev capture: haltpoll, guest_halt_poll_ns 0
     f = _findings(root)
     c = f["wakeup.cpuidle"]
     assert c.status == Status.WARN
     assert "driver haltpoll, governor haltpoll" in c.current and "halts at once" in c.current
-    assert c.fix == "hftagent run --cpus 1 --keep-awake -- CMD"
+    assert c.fix == "hftagent tune apply --isolate --only isolate --cpus 1"
+    assert ("keep-awake not recommended yet: CPU 1 is not isolated (on a CPU other tasks may "
+            "use, the call waits behind them whatever keeps it awake") in c.current
+    assert c.current.endswith("isolate it first, then hftagent run --keep-awake")
     hp = f["wakeup.guest_halt_poll"]
     assert hp.status == Status.WARN and hp.current.startswith("guest_halt_poll_ns 0")
-    assert hp.fix.startswith("echo 200000 > /sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    assert hp.fix == "echo 200000 > /sys/module/haltpoll/parameters/guest_halt_poll_ns"
     assert f["wakeup.pm_qos"].status == Status.UNSUPPORTED  # a tree has no processes
     r = f["wakeup.pm_qos_resume_latency"]
     assert r.status == Status.WARN and r.current == "1=0 (no constraint)"
@@ -148,8 +153,36 @@ def test_the_suggested_tune_command_is_accepted_and_then_the_audit_passes(tmp_pa
     assert res.exit_code == 0 and diff(before, snapshot(root)) == []
 
 
+def test_the_isolation_fix_is_accepted_and_then_keep_awake_is_recommended(tmp_path,
+                                                                          monkeypatch):
+    root = iso_tree(tmp_path / "t")
+    before = snapshot(root)
+    monkeypatch.setattr("tuning.tunables.base.default_writer", IsoSim)
+    argv = shlex.split(_findings(root)["wakeup.cpuidle"].fix)
+    res = runner.invoke(get_app(), argv[1:] + ["--root", str(root)])
+    assert res.exit_code == 0, res.output
+    c = _findings(root)["wakeup.cpuidle"]
+    assert c.status == Status.WARN
+    assert c.fix == "hftagent run --cpus 1 --keep-awake -- CMD"
+    assert "CPU 1 isolated by the isolated cpuset /sys/fs/cgroup/cpuset/hftagent-isolated" \
+        in c.current
+    res = runner.invoke(get_app(), ["tune", "rollback", "--root", str(root)])
+    assert res.exit_code == 0 and diff(before, snapshot(root)) == []
+
+
+def test_isolcpus_counts_as_isolated_for_keep_awake(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    (root / "sys/devices/system/cpu/isolated").write_text("1\n")
+    f = _findings(root)
+    assert f["wakeup.cpuidle"].fix == "hftagent run --cpus 1 --keep-awake -- CMD"
+    assert "CPU 1 isolated by isolcpus" in f["wakeup.cpuidle"].current
+    assert f["wakeup.guest_halt_poll"].fix.endswith(
+        "(or: hftagent run --cpus 1 --keep-awake -- CMD)")
+
+
 def test_the_suggested_run_commands_are_accepted(tmp_path):
     root = iso_tree(tmp_path / "t")
+    (root / "sys/devices/system/cpu/isolated").write_text("1\n")
     f = _findings(root)
     for fid in ("wakeup.cpuidle", "wakeup.guest_halt_poll"):
         line = f[fid].fix.split("(or: ")[-1].rstrip(")")
@@ -268,3 +301,70 @@ def test_halt_poll_from_the_command_line_when_the_module_file_is_absent(tmp_path
     c = _findings(root)["wakeup.cpuidle"]
     assert c.status == Status.ERROR and "unknown" in c.current  # never "ok" unread
     assert _findings(root, "bench")["wakeup.cpuidle"].status == Status.ERROR  # even "any"
+
+
+# ----------------------------------------------------------------------------------------------
+# the default idle, named for the tree's architecture (not HLT/MWAIT everywhere)
+# ----------------------------------------------------------------------------------------------
+
+CPUINFO = {  # abridged from each architecture's /proc/cpuinfo (arch/*/kernel/ cpuinfo/setup)
+    "arm": "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 "
+           "sha2 crc32 atomics cpuid asimdrdm lrcpc dcpop asimddp ssbs\nCPU implementer\t: "
+           "0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: "
+           "1\n",
+    "riscv": "processor\t: 0\nhart\t\t: 0\nisa\t\t: rv64imafdc_zicntr_zicsr_zifencei_zihpm\n"
+             "mmu\t\t: sv39\nuarch\t\t: sifive,u74-mc\n",
+    "powerpc": "processor\t: 0\ncpu\t\t: POWER9 (architected), altivec supported\nclock\t\t: "
+               "2200.000000MHz\nrevision\t: 2.2 (pvr 004e 1202)\n\ntimebase\t: 512000000\n"
+               "platform\t: pSeries\nmodel\t\t: IBM,9009-22A\nmachine\t\t: CHRP IBM,9009-22A\n",
+    "s390": "vendor_id       : IBM/S390\n# processors    : 2\nbogomips per cpu: 3241.00\n"
+            "features\t: esan3 zarch stfle msa ldisp eimm dfp edat etf3eh highgprs te vx sie\n"
+            "processor 0: version = FF,  identification = 0133E8,  machine = 8561\n",
+}
+MACHINE = {"arm": "aarch64", "riscv": "riscv64", "powerpc": "ppc64le", "s390": "s390x"}
+
+
+def _arch_tree(tmp_path: Path, fam: str, with_sysctl: bool) -> Path:
+    """The vm-dev copy made to look like another architecture: its cpuinfo, kernel.arch (or
+    none: cpuinfo alone decides), and no cpuidle driver (the default idle)."""
+    root = iso_tree(tmp_path / "t")
+    (root / "proc/cpuinfo").write_text(CPUINFO[fam])
+    sysctl = root / "proc/sys/kernel/arch"
+    if with_sysctl:
+        sysctl.write_text(MACHINE[fam] + "\n")
+    elif sysctl.exists():
+        sysctl.unlink()
+    (root / "sys/devices/system/cpu/cpuidle/current_driver").write_text("none\n")
+    return root
+
+
+@pytest.mark.parametrize("with_sysctl", [True, False])
+@pytest.mark.parametrize("fam", sorted(CPUINFO))
+def test_the_default_idle_is_named_for_a_non_x86_tree(tmp_path, fam, with_sysctl):
+    root = _arch_tree(tmp_path, fam, with_sysctl)
+    assert wk.arch(Host(root)).value == fam
+    c = _findings(root)["wakeup.cpuidle"]
+    assert wk.DEFAULT_IDLE[fam] in c.current, c.current
+    assert "HLT" not in c.current and "MWAIT" not in c.current
+
+
+def test_x86_trees_keep_hlt_mwait_and_an_unknown_arch_says_so(tmp_path):
+    root = iso_tree(tmp_path / "t")
+    (root / "sys/devices/system/cpu/cpuidle/current_driver").write_text("none\n")
+    assert wk.arch(Host(root)).value == "x86"
+    assert "HLT/MWAIT" in _findings(root)["wakeup.cpuidle"].current
+    (root / "proc/cpuinfo").write_text("processor\t: 0\nsomething\t: else\n")
+    (root / "proc/sys/kernel/arch").write_text("sparc64\n")
+    r = wk.arch(Host(root))
+    assert r.value is None and r.reason.startswith("unsupported")
+    c = _findings(root)["wakeup.cpuidle"].current
+    assert wk.UNKNOWN_IDLE in c and "HLT" not in c
+
+
+@pytest.mark.parametrize("machine,fam", [("x86_64", "x86"), ("i686", "x86"),
+                                         ("aarch64", "arm"), ("armv7l", "arm"),
+                                         ("ppc64le", "powerpc"), ("ppc64", "powerpc"),
+                                         ("s390x", "s390"), ("riscv64", "riscv"),
+                                         ("loongarch64", "loongarch"), ("mips64", None)])
+def test_arch_from_machine(machine, fam):
+    assert wk.arch_from_machine(machine) == fam

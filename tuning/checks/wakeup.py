@@ -5,11 +5,16 @@ metal, a halt and the hypervisor's wake-up in a VM (hundreds of µs measured in 
 whose cpuidle driver halted at once). Findings, each with the exact `tune`/`run` command:
 
 - ``wakeup.cpuidle``: the cpuidle driver and governor. ``idle=poll`` never idles; no driver
-  (``none``) halts in the architecture's default idle, ``haltpoll`` polls for
-  guest_halt_poll_ns first, ``intel_idle``/``acpi_idle`` pick C-states (their depth is
-  cpu.cstates' and wakeup.pm_qos_resume_latency's business). A halting CPU in a VM is a
-  warning unless `hftagent run --keep-awake` spinners hold every target CPU (profile key
-  ``keep_awake``);
+  (``none``) halts in the architecture's default idle (named per architecture:
+  collectors.wakeup.default_idle), ``haltpoll`` polls for guest_halt_poll_ns first,
+  ``intel_idle``/``acpi_idle`` pick C-states (their depth is cpu.cstates' and
+  wakeup.pm_qos_resume_latency's business). A halting CPU in a VM is a warning unless
+  `hftagent run --keep-awake` spinners hold every target CPU (profile key ``keep_awake``).
+  Its fix is ``run --keep-awake`` only where the target CPUs are isolated (``isolcpus=``, or
+  the cpuset of ``tune apply --isolate``); elsewhere it is the isolation, and the finding says
+  why: a CPU that other tasks may run on is seldom idle, the call then waits behind them
+  whatever keeps the vCPU awake, and since Linux 5.4 (sched_idle_cpu) the kernel counts a CPU
+  running only the SCHED_IDLE spinner as idle when it places waking tasks;
 - ``wakeup.guest_halt_poll`` (only where the haltpoll module is loaded): 0 means halt at once;
 - ``wakeup.pm_qos``: the effective /dev/cpu_dma_latency limit and who holds it (live host,
   root), against ``cpu_dma_latency_us``; not needed when no enabled idle state of the target
@@ -57,6 +62,34 @@ def _spinning(ctx: AuditContext) -> dict[int, list[int]]:
     return ctx.cache["wakeup.spinners"]
 
 
+def _isolated_by(ctx: AuditContext) -> str | None:
+    """What keeps other runnable work off every target CPU (``isolcpus=``, the cpuset of
+    `tune apply --isolate`), or None: keep-awake is recommended only then."""
+    from tuning.tunables.isolate import isolated_cpuset
+
+    cpus = set(ctx.cpus)
+    if cpus <= set(cpuc.isolated_cpus(ctx.host)):
+        return "isolcpus"
+    iso = isolated_cpuset(ctx.host)
+    if iso is not None and cpus <= set(iso.cpus):
+        return f"the isolated cpuset {iso.path}"
+    return None
+
+
+def _keep_awake_fix(ctx: AuditContext) -> tuple[str, str]:
+    """(fix, why it is that fix): ``run --keep-awake`` on isolated CPUs, else the isolation
+    first (module docstring)."""
+    by = _isolated_by(ctx)
+    if by is not None:
+        return _run_fix(ctx, keep_awake=True), f"CPU {format_cpulist(ctx.cpus)} isolated by {by}"
+    cpus = format_cpulist(ctx.cpus)
+    return (f"hftagent tune apply --isolate --only isolate --cpus {cpus}",
+            f"keep-awake not recommended yet: CPU {cpus} is not isolated (on a CPU other tasks "
+            "may use, the call waits behind them whatever keeps it awake, and since Linux 5.4 "
+            "a CPU running only the SCHED_IDLE spinner counts as idle where the kernel places "
+            "waking tasks); isolate it first, then hftagent run --keep-awake")
+
+
 def _cpuidle(ctx: AuditContext) -> Finding:
     host = ctx.host
     d = wk.cpuidle_dir(host)
@@ -86,7 +119,7 @@ def _cpuidle(ctx: AuditContext) -> Finding:
                            expected="CPUs that do not halt")
     virt = _virt_kind(ctx)
     want = ctx.profile.expected("keep_awake", "any")
-    fix = _run_fix(ctx, keep_awake=True)
+    fix, fix_why = _keep_awake_fix(ctx)
     poll_ns, poll_ev = _halt_poll_value(ctx) if driver == "haltpoll" else (None, "")
     if driver == "haltpoll" and poll_ns is None:
         return ctx.finding("keep_awake", "wakeup.cpuidle", FAMILY, title, False,
@@ -96,14 +129,16 @@ def _cpuidle(ctx: AuditContext) -> Finding:
     halts = driver == "none" or (driver == "haltpoll" and poll_ns == 0)
     if driver == "haltpoll":
         ev += f"; {poll_ev}"
+    idle = wk.default_idle(host)
     if halts and virt:
         what = ("halts at once (haltpoll with guest_halt_poll_ns 0)" if driver == "haltpoll"
-                else "halts in the default idle (no cpuidle driver)")
+                else f"waits in the default idle ({idle}; no cpuidle driver)")
         return ctx.finding("keep_awake", "wakeup.cpuidle", FAMILY, title, want == "any",
                            current=f"{cur}: an idle vCPU {what}; its wake-up is a {virt} "
-                           "hypervisor round trip", evidence=ev,
+                           f"hypervisor round trip; {fix_why}", evidence=ev,
                            expected="target CPUs kept awake (or halt-polling)", fix=fix)
-    note = {"none": "default idle (HLT/MWAIT C1: microseconds on bare metal)",
+    note = {"none": f"default idle ({idle}): shallow, left in microseconds without a "
+                    "hypervisor",
             "haltpoll": f"polls up to {(poll_ns or 0) / 1000:.0f} µs before it halts"}.get(
                 driver, "idle-state depth: cpu.cstates, wakeup.pm_qos_resume_latency")
     return ctx.finding("keep_awake", "wakeup.cpuidle", FAMILY, title, True,
@@ -148,10 +183,12 @@ def _halt_poll(ctx: AuditContext) -> Finding | None:
                                               f": polls up to {r.value / 1000:.0f} µs")
     if kept and r.value == 0:
         cur += "; target CPUs kept awake by hftagent run"
+    fix = f"echo 200000 > {shown}"
+    if _isolated_by(ctx) is not None:  # keep-awake only where it helps (_keep_awake_fix)
+        fix += f"  (or: {_run_fix(ctx, keep_awake=True)})"
     return ctx.finding("keep_awake", "wakeup.guest_halt_poll", FAMILY, title, ok, current=cur,
                        expected="> 0 (poll before halting), or target CPUs kept awake",
-                       evidence=shown,
-                       fix=f"echo 200000 > {shown}  (or: {_run_fix(ctx, keep_awake=True)})")
+                       evidence=shown, fix=fix)
 
 
 def _deep_states(ctx: AuditContext, limit_us: int) -> dict[int, list[str]] | None:
