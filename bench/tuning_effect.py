@@ -7,18 +7,26 @@ round with a fixed seed), so that the host's drift is shared by all scenarios:
 - ``noisy``: ``--neighbours`` busy processes, unpinned (as a box's other work is);
 - ``bursty``: the same number of neighbours busy in 1-5 ms bursts (the tick-sized preemptions
   that hurt a tail more than a steady hog, which CFS shares out evenly);
-- ``noisy+LEVER`` for each lever alone: ``isolate`` (``hftagent tune apply --isolate``: tasks,
-  kthreads, workqueues and the cpuset moved off the target CPU, rolled back after the block),
-  ``fifo`` (``hftagent run --sched fifo:10``), ``keep-awake`` (``run --keep-awake``),
-  ``pm-qos`` (``run --pm-qos 0``);
-- ``noisy+all`` and ``bursty+all``: every lever together (the profiles' full set);
+- ``KIND+LEVER`` for each lever alone under each of ``quiet``, ``noisy`` and ``bursty``:
+  ``isolate`` (``hftagent tune apply --isolate --only isolate``: tasks, kthreads, workqueues
+  and the cpuset moved off the target CPU, rolled back after the block), ``fifo`` (``hftagent
+  run --sched fifo:10``), ``keep-awake`` (``run --keep-awake``), ``pm-qos`` (``run --pm-qos
+  0``);
+- ``KIND+COMBO`` for each combination the audit or a profile recommends (:data:`COMBOS`):
+  ``isolate+keep-awake`` (the audit's wakeup.cpuidle fix once the CPU is isolated),
+  ``isolate+pm-qos`` and ``isolate+keep-awake+pm-qos`` (hft-cpu's and hft-gpu's runtime set);
+- ``KIND+all``: every lever together (fifo too, which nothing recommends);
 - ``stressed`` and ``stressed+all``: agent/stress.py's standard load (CPU/cache, loopback UDP,
   fsync'd writes, alloc/free) pinned to the housekeeping CPUs, as the gate's ``stressed``
   scenario runs it (which needs TensorFlow; this bench runs where TF is not installed).
 
 ``--scenarios LIST`` runs only those (``quiet`` always: the ratios are to it), e.g. the five of
 the target "under noisy neighbours the full tuned set keeps P99.9 ≤ 1.3× quiet":
-``quiet,noisy,bursty,noisy+all,bursty+all``.
+``quiet,noisy,bursty,noisy+all,bursty+all``; or issue #25's check that keep-awake on an
+isolated CPU keeps P50 within 2× of the isolation alone under busy neighbours:
+``quiet,noisy+isolate,noisy+isolate+keep-awake,bursty+isolate,bursty+isolate+keep-awake``.
+A keep-awake spinner that stops itself (its guard saw the probe wait behind it: keepawake.c)
+is counted per scenario (``keepawake_stopped``, JSON and table).
 
 The probe is a child launched through ``hftagent run --cpus CPU [lever flags] --`` (the real
 product path), running the numpy LSTM-shaped probe of watch (agent/watch/probe_worker.py: no
@@ -84,7 +92,7 @@ scenarios, no idle-gap curve, no rate calibration); ``--no-wake`` runs the scena
 Output: a table with n, late share, P50/P99/P99.9 and each as a ratio to quiet, the wake-up
 table, and ``--json FILE`` (written after the scenarios and again at the end).
 
-    sudo .venv/bin/python bench/tuning_effect.py --json /tmp/tuning_effect.json   # ~5 min
+    sudo .venv/bin/python bench/tuning_effect.py --json /tmp/tuning_effect.json   # 29 scenarios
     # the P99.9 target with sufficient samples (GPU box, ~125 calls/s: ~330 s)
     sudo python3 bench/tuning_effect.py --scenarios quiet,noisy,bursty,noisy+all,bursty+all \\
         --min-samples 6636 --rounds 3 --budget-s 400 --no-wake --json /tmp/te-p999.json
@@ -118,6 +126,12 @@ sys.path.insert(0, str(ROOT))
 from agent import stats  # noqa: E402
 
 LEVERS = ("isolate", "fifo", "keep-awake", "pm-qos")
+# The lever combinations the audit or a profile recommends (fifo: none does): the audit's
+# keep-awake fix on isolated CPUs, and the runtime sets of hft-cpu/hft-gpu (runtime_isolation,
+# keep_awake, cpu_dma_latency_us) with and without keep-awake.
+COMBOS = (("isolate", "keep-awake"), ("isolate", "pm-qos"), ("isolate", "keep-awake", "pm-qos"))
+KINDS = ("quiet", "noisy", "bursty")  # neighbour kinds every lever and combination runs under
+STOPPED = "keep-awake spinner on CPU"  # ... "stopped:": the spinner's guard line (keepawake.c)
 RUN_FLAGS = {"fifo": ["--sched", "fifo:10"], "keep-awake": ["--keep-awake"],
              "keep-awake-busy": ["--keep-awake", "--keep-awake-loop", "busy"],
              "pm-qos": ["--pm-qos", "0"]}
@@ -146,14 +160,40 @@ def fail(msg: str) -> SystemExit:
 
 # -- pure logic (tests/test_tuning_effect_bench.py) ---------------------------------------------
 def scenario_table(levers: list[str]) -> list[tuple[str, str | None, frozenset[str]]]:
-    """Every scenario: (name, neighbour kind, levers)."""
+    """Every scenario: (name, neighbour kind, levers): the three kinds bare, each lever alone
+    under each kind, each of :data:`COMBOS` made only of ``levers``, every lever, then the
+    stressed pair."""
     lv = frozenset(levers)
-    out = [("quiet", None, frozenset()), ("noisy", "noisy", frozenset()),
-           ("bursty", "bursty", frozenset())]
-    out += [(f"noisy+{x}", "noisy", frozenset({x})) for x in levers]
-    out += [("noisy+all", "noisy", lv), ("bursty+all", "bursty", lv),
-            ("stressed", "stress", frozenset()), ("stressed+all", "stress", lv)]
+    noise = {"quiet": None, "noisy": "noisy", "bursty": "bursty"}
+    combos = [c for c in COMBOS if set(c) <= lv and frozenset(c) != lv]
+    out = [(k, noise[k], frozenset()) for k in KINDS]
+    out += [(f"{k}+{x}", noise[k], frozenset({x})) for k in KINDS for x in levers]
+    out += [(f"{k}+{'+'.join(c)}", noise[k], frozenset(c)) for k in KINDS for c in combos]
+    out += [(f"{k}+all", noise[k], lv) for k in KINDS]
+    out += [("stressed", "stress", frozenset()), ("stressed+all", "stress", lv)]
     return out
+
+
+def without_lever(scenarios: list, lever: str) -> list:
+    """The scenarios with ``lever`` taken out of each (it cannot run here), dropping those
+    that become a repeat of an earlier one (``noisy+fifo`` is ``noisy`` then); a ``+all``
+    that repeats a combination takes its place, keeping the name the targets use."""
+    out: list = []
+    at: dict = {}
+    for name, noise, lv in scenarios:
+        lv = lv - {lever}
+        i = at.get((noise, lv))
+        if i is None:
+            at[(noise, lv)] = len(out)
+            out.append((name, noise, lv))
+        elif name.endswith("+all"):
+            out[i] = (name, noise, lv)
+    return out
+
+
+def spinner_stopped(stderr: str) -> list[str]:
+    """The lines of a `run --keep-awake` child's stderr in which a spinner stopped itself."""
+    return [ln for ln in stderr.splitlines() if STOPPED in ln and " stopped: " in ln]
 
 
 def select_scenarios(table: list, spec: str | None) -> list:
@@ -464,9 +504,12 @@ def run_block(args, cpu: str, levers: set[str], seconds: float, mode: str, tmp: 
               "--plan", json.dumps(plan or []))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * seconds + 120,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    stopped = spinner_stopped(r.stderr)
     if r.returncode != 0:
-        return {"error": (r.stderr.strip().splitlines() or [f"rc {r.returncode}"])[-1]}
+        return {"error": (r.stderr.strip().splitlines() or [f"rc {r.returncode}"])[-1],
+                "keepawake_stopped": stopped}
     d = json.loads(out.read_text())
+    d["keepawake_stopped"] = stopped
     if mode == "rate":
         with np.load(str(out) + ".npz") as z:
             d["response_ns"], d["lag_ns"] = z["resp"], z["lag"]
@@ -703,7 +746,7 @@ def main() -> int:
         levers.remove("fifo")
         unavailable["fifo"] = ("SCHED_FIFO refused here (no CAP_SYS_NICE or no RT runtime "
                                "in this cgroup): left out of every scenario")
-        scenarios = [(nm, nz, lv - {"fifo"}) for nm, nz, lv in scenarios if nm != "noisy+fifo"]
+        scenarios = without_lever(scenarios, "fifo")
     tmp0 = Path(tempfile.mkdtemp(prefix="hftagent-tuning-effect-cal-"))
     overhead_s = 1.5  # per-block start-up estimate until the calibration measures it
     if args.rate == "auto" and not args.wake_only:
@@ -756,6 +799,7 @@ def main() -> int:
     walls: dict[str, list[float]] = {s[0]: [] for s in scenarios}
     blocks: dict[str, list[dict]] = {s[0]: [] for s in scenarios}
     errors: dict[str, list[str]] = {}
+    stops: dict[str, list[str]] = {}  # scenario: the spinner guard's line, one per block
     iso_log: list = []
     loads: dict[str, list] = {}
     t_start = time.time()
@@ -777,6 +821,7 @@ def main() -> int:
                 except RuntimeError as exc:
                     d = {"error": str(exc)}
             walls[name].append(round(time.monotonic() - t_block, 2))
+            stops.setdefault(name, []).extend(d.get("keepawake_stopped") or [])
             if noise == "stress":
                 loads.setdefault(name, []).append(nb.to_dict())
             if "error" in d:
@@ -794,6 +839,7 @@ def main() -> int:
             rows[name]["blocks"] = len(pooled[name])
             rows[name]["block_wall_s"] = walls[name]
             rows[name]["per_block"] = blocks[name]
+            rows[name]["keepawake_stopped"] = len(stops.get(name, []))
     q = rows.get("quiet")
     for r in rows.values():
         for k in ("p50", "p99", "p999"):
@@ -840,6 +886,9 @@ def main() -> int:
         if isinstance(g, list):
             print(f"idle gaps {key}: " + ", ".join(
                 f"{r['gap_ns'] / 1e6:g} ms {r['p50_ns'] / 1e3:.0f}µs" for r in g))
+    for name, lines in stops.items():
+        if lines:
+            print(f"keep-awake stopped itself in {len(lines)} block(s) of {name}: {lines[0]}")
     for lv, why in unavailable.items():
         print(f"lever {lv}: {why}")
     for name, errs in errors.items():

@@ -17,6 +17,7 @@ import pytest
 
 from agent.probe.harness import time_loop
 from bench.tuning_effect import (
+    COMBOS,
     FAST,
     FIRST,
     ISOLATE_S,
@@ -31,8 +32,10 @@ from bench.tuning_effect import (
     mixed_loop,
     scenario_table,
     select_scenarios,
+    spinner_stopped,
     wake_plan,
     wake_summary,
+    without_lever,
 )
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "tuning_effect.py"
@@ -46,6 +49,48 @@ def test_select_scenarios_keeps_table_order_and_always_quiet():
     assert dict((s[0], s[2]) for s in got)["noisy+all"] == frozenset(LEVERS)
     assert [s[0] for s in select_scenarios(table, None)] == [s[0] for s in table]
     assert select_scenarios(table, "all") == table
+
+
+def test_every_lever_and_recommended_combination_runs_under_each_kind():
+    """Issue #25: each lever alone and each combination the audit or a profile recommends,
+    quiet, noisy and bursty; isolation + keep-awake among them (the audit's fix on an
+    isolated CPU)."""
+    table = {name: (noise, lv) for name, noise, lv in scenario_table(list(LEVERS))}
+    noise = {"quiet": None, "noisy": "noisy", "bursty": "bursty"}
+    for kind, nz in noise.items():
+        assert table[kind] == (nz, frozenset())
+        for x in LEVERS:
+            assert table[f"{kind}+{x}"] == (nz, frozenset({x}))
+        for c in COMBOS:
+            assert table[f"{kind}+{'+'.join(c)}"] == (nz, frozenset(c))
+        assert table[f"{kind}+all"] == (nz, frozenset(LEVERS))
+    assert ("isolate", "keep-awake") in COMBOS
+    assert table["noisy+isolate+keep-awake"] == ("noisy", frozenset({"isolate", "keep-awake"}))
+    assert len(table) == 3 * (1 + len(LEVERS) + len(COMBOS) + 1) + 2
+    # a combination needs all its levers; one equal to the full set is "all"
+    names = [s[0] for s in scenario_table(["isolate", "keep-awake"])]
+    assert "noisy+isolate+keep-awake" not in names and "noisy+all" in names
+    assert not any("pm-qos" in n for n in names)
+
+
+def test_without_lever_drops_what_becomes_a_repeat():
+    table = without_lever(scenario_table(list(LEVERS)), "fifo")
+    names = [s[0] for s in table]
+    assert "noisy+fifo" not in names and "quiet+fifo" not in names and "noisy" in names
+    assert dict((s[0], s[2]) for s in table)["noisy+all"] == frozenset(LEVERS) - {"fifo"}
+    assert "noisy+isolate+keep-awake+pm-qos" not in names  # the same set as noisy+all now
+    assert len({(nz, lv) for _, nz, lv in table}) == len(table)
+
+
+def test_spinner_stopped_finds_the_guard_line_only():
+    err = ("hftagent run: keep-awake spinner pid 7 on CPU 1 (SCHED_IDLE, pause loop; exits "
+           "with the command, or stops with a line here if the command waits for the CPU "
+           "behind it)\nhftagent run: keep-awake spinner on CPU 1 stopped: thread 9 (python) "
+           "of the command was waiting for CPU 1 in 90 of 100 samples while ...\n")
+    got = spinner_stopped(err)
+    assert len(got) == 1 and got[0].startswith("hftagent run: keep-awake spinner on CPU 1 "
+                                               "stopped: thread 9")
+    assert spinner_stopped("") == []
 
 
 def test_select_scenarios_names_the_unknown_ones():
