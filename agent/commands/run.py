@@ -47,7 +47,9 @@ def run_cmd(
     keep_awake: Annotated[bool, typer.Option("--keep-awake", help="One SCHED_IDLE spinner per "
                                              "CPU (C, `pause` in the loop) so the CPUs never "
                                              "idle: no idle-state exit, no halt in a VM. They "
-                                             "run only while CMD runs.")] = False,
+                                             "run only while CMD runs, and stop (one line on "
+                                             "stderr) if CMD waits for the CPU behind them. "
+                                             "For isolated CPUs.")] = False,
     keep_awake_loop: Annotated[str, typer.Option(
         "--keep-awake-loop", help="The spinner's loop: pause (default; the pause hint leaves an "
         "SMT sibling the core) or busy (no pause: in a KVM guest, pause-loop exiting can hand a "
