@@ -222,8 +222,8 @@ static void guard_add_threads(struct guard *g, int pid)
 	while ((e = readdir(d)) != NULL && g->n < GUARD_MAX_TASKS) {
 		int tid, fd;
 
-		if (parse_int(e->d_name, 1, 1 << 30, &tid))
-			continue;
+		if (parse_int(e->d_name, 1, 1 << 30, &tid) || tid == (int)getpid())
+			continue; /* never itself: a subreaper command would have it as a child */
 		snprintf(path, sizeof(path), "%d/task/%d/stat", pid, tid);
 		fd = openat(g->procfd, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 		if (fd < 0)
