@@ -753,7 +753,12 @@ def test_real_child_pinned_to_the_target_cpu_stays_and_rollback_restores(tmp_pat
     monkeypatch.setattr("tuning.tunables.base.default_writer", IsoSim)
     pinned, *others = children
     os.sched_setaffinity(pinned.pid, {1})
-    root = iso_tree(tmp_path / "t", cgroup="none", workqueue=False)
+    # the cpuset method follows this host's mount table (read-only): the tree copy gets the
+    # files of that method, so the cgroups and workqueue masks round-trip there too
+    live = cpuset_layout(Host())
+    flavour = "none" if isinstance(live, str) else {V1: "v1", V2: "v2"}[live.method]
+    root = iso_tree(tmp_path / "t", cgroup=flavour)
+    before = snapshot(root)
     state = tmp_path / "state"
     res = _live_tasks_cli("apply", root, state)
     assert res.exit_code == 0, res.output
@@ -761,17 +766,21 @@ def test_real_child_pinned_to_the_target_cpu_stays_and_rollback_restores(tmp_pat
     item = next(i for i in out["items"] if i["id"] == "isolate.tasks")
     assert item["note"].startswith(f"{len(others)} task(s) will move off CPU 1; kept: pinned "
                                    f"inside the target CPUs: sleep[{pinned.pid}] (CPU 1)")
-    moved = {o["target"] for o in out["outcomes"] if o["result"] == APPLIED}
+    moved = {o["target"] for o in out["outcomes"]
+             if o["result"] == APPLIED and o["tunable"] == "isolate.tasks"}
     assert len(moved) == len(others) and not any(f":{pinned.pid}:" in t for t in moved)
     assert os.sched_getaffinity(pinned.pid) == {1}
     assert all(os.sched_getaffinity(p.pid) == {0} for p in others)
     f = next(f for f in out["findings"] if f["id"] == "isolate.tasks")
     assert f["status"] == "ok" and f["data"]["after"]["pinned_kept"] == [f"sleep[{pinned.pid}]"]
+    if flavour != "none":
+        assert isolated_cpuset(Host(root)) is not None  # made in the tree copy
     res = _live_tasks_cli("rollback", root, state)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["remaining"] == 0
     assert os.sched_getaffinity(pinned.pid) == {1}
     assert all(os.sched_getaffinity(p.pid) == {0, 1} for p in others)
+    assert diff(before, snapshot(root)) == []
 
 
 def test_a_task_gone_between_survey_and_save_is_gone_not_an_error(tmp_path, children,
