@@ -45,7 +45,8 @@ def test_plan_writes_nothing_and_exits_2(syn):
 def test_plan_human_groups_cpus(syn):
     res = tune("plan", "--root", str(syn), "--cpus", "2-3")
     assert res.exit_code == 2
-    assert "cpu 0-3" in res.stdout and "irq 24-27" in res.stdout
+    assert "cpu 0-3" in res.stdout and "irq 24-26" in res.stdout
+    assert "irq 27" in res.stdout  # nvme0q1: a managed queue, the kernel will likely refuse
     assert "grubby --update-kernel=ALL" in res.stdout
 
 

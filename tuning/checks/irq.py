@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collectors import irq as irqc
-from collectors import system
+from collectors import kernel, system
 from collectors.host import ABSENT
-from collectors.parsers import format_cpulist, format_cpumask
+from collectors.irq import IrqAffinity
+from collectors.parsers import format_cpulist, format_cpumask, isolation_cpus
 from tuning.checks.base import AuditContext, in_tree, unsupported, why
 from tuning.checks.isolation import housekeeping_and_isolated, no_housekeeping
 from tuning.findings import Finding, Status
 
 FAMILY = "irq"
+MANAGED_IRQ_KERNEL = "5.6"  # isolcpus=managed_irq (commit 11ea68f553e2)
 
 
 def _irqbalance_banned(ctx: AuditContext) -> list[int] | None:
@@ -40,14 +42,28 @@ def check(ctx: AuditContext) -> list[Finding]:
     target = set(ctx.cpus)
 
     # -- irqbalance --------------------------------------------------------------------------
-    procs = ctx.cache.setdefault("procs", system.process_names(host))
-    running = sorted(p for p, n in procs.items() if n == "irqbalance")
+    # Found by name in the process table; without one (a tree captured without processes)
+    # "not running" is not known: unsupported. A partial one (no PID 1) cannot say "not
+    # running" either: error.
+    table = ctx.cache.setdefault("process_table", system.process_table(host))
     want = ctx.profile.expected("irqbalance", "off")
     banned = _irqbalance_banned(ctx)
-    if not running:
-        out.append(ctx.finding("irqbalance", "irq.irqbalance", FAMILY, "irqbalance daemon", True,
-                               current="not running", evidence=host.display(host.procfs) + "/*/comm"))
+    comm_ev = table.path
+    if not table.ok:
+        out.append(unsupported("irq.irqbalance", FAMILY, "irqbalance daemon",
+                               f"no process table: {table.reason}"
+                               + (" in this tree" if in_tree(host, comm_ev) else ""), comm_ev))
+        running = []
     else:
+        running = sorted(p for p, n in table.value.names.items() if n == "irqbalance")
+    if table.ok and not running:
+        partial = table.value.partial
+        out.append(ctx.finding("irqbalance", "irq.irqbalance", FAMILY, "irqbalance daemon", True,
+                               current="not running" if not partial else
+                               f"not among the {len(table.value.names)} processes shown; "
+                               f"the process table is partial: {partial}",
+                               evidence=comm_ev, status=Status.ERROR if partial else None))
+    elif running:
         ok = want == "any" or (want == "banned" and banned is not None and target <= set(banned))
         cur = f"running (pid {', '.join(map(str, running))})"
         if banned is not None:
@@ -57,7 +73,7 @@ def check(ctx: AuditContext) -> list[Finding]:
                '(or /etc/sysconfig/irqbalance); systemctl restart irqbalance')
         out.append(ctx.finding("irqbalance", "irq.irqbalance", FAMILY, "irqbalance daemon", ok,
                                current=cur,
-                               evidence=f"{host.display(host.procfs)}/*/comm, "
+                               evidence=f"{comm_ev}, "
                                         f"{host.display(host.etc('default', 'irqbalance'))}",
                                fix=fix))
 
@@ -90,10 +106,19 @@ def check(ctx: AuditContext) -> list[Finding]:
         hits = []
         active = []
         unreadable = [a for a in affs if a.affinity is None]
+        steer = _managed_irq_cpus(ctx)
+        kept: list[str] = []  # managed, held off the targets by isolcpus=managed_irq
+        stuck: list[IrqAffinity] = []  # the kernel will not move them, and they may run here
         for a in affs:
             if a.affinity is None or not (set(a.affinity) & target):
                 continue
             label = f"{a.irq}" + (f" ({a.name})" if a.name else "")
+            if a.immovable:
+                if a.managed and _steered_off(a, target, steer):
+                    kept.append(label)
+                else:
+                    stuck.append(a)
+                continue
             hits.append(label)
             c = counts.get(str(a.irq))
             if c and any(c[i] for i, cpu in enumerate(cols) if cpu in target and i < len(c)):
@@ -105,6 +130,10 @@ def check(ctx: AuditContext) -> list[Finding]:
         cur = (f"{len(hits)} of {len(affs)} IRQs may run on {format_cpulist(ctx.cpus)}"
                f" ({len(active)} fired there){note}") if hits else \
             f"none of {len(affs)} IRQs may run on {format_cpulist(ctx.cpus)}"
+        more = ([f"{len(stuck)} more the kernel will not move (irq.managed)"] if stuck else []) \
+            + ([f"{len(kept)} managed held off them by isolcpus=managed_irq"] if kept else [])
+        if more:
+            cur += "; " + "; ".join(more)
         if unreadable:
             reasons = sorted({why(host, a.reason, a.path) for a in unreadable})
             cur += (f"; {len(unreadable)} unreadable ({', '.join(reasons)}: IRQ "
@@ -121,7 +150,10 @@ def check(ctx: AuditContext) -> list[Finding]:
                                evidence=f"{host.display(host.proc('irq'))}/*/smp_affinity_list, "
                                         f"{host.display(host.proc('interrupts'))}",
                                fix="" if status else fix, status=status,
-                               data={"irqs": hits, "active": active}))
+                               data={"irqs": hits, "active": active}
+                               | ({"kept_by_managed_irq": kept} if kept else {})))
+        if stuck:
+            out.append(_immovable_finding(ctx, stuck, steer))
 
     # -- default_smp_affinity ----------------------------------------------------------------
     d = irqc.default_affinity(host)
@@ -144,3 +176,87 @@ def check(ctx: AuditContext) -> list[Finding]:
                                expected=f"housekeeping CPUs only ({house_s})", evidence=d.path,
                                fix=f"echo {format_cpumask(house)} > /proc/irq/default_smp_affinity"))
     return out
+
+
+# -- IRQs the kernel will not move -----------------------------------------------------------
+
+
+def _managed_irq_cpus(ctx: AuditContext) -> set[int]:
+    """The CPUs ``isolcpus=managed_irq,...`` isolates from managed IRQs; {} without the
+    flag or when /proc/cmdline cannot be read or parsed (then nothing is steered: the
+    IRQs count as where their mask lets them run)."""
+    cl = ctx.cache.setdefault("cmdline", kernel.cmdline(ctx.host))
+    raw = cl.value.get("isolcpus") if cl.ok else None
+    if "managed_irq" not in irqc.isolcpus_flags(raw):
+        return set()
+    try:
+        return set(isolation_cpus(raw, system.nr_cpu_ids(ctx.host, ctx.online)))
+    except ValueError:
+        return set()
+
+
+def _steered_off(a: IrqAffinity, target: set[int], steer: set[int]) -> bool:
+    """Whether ``isolcpus=managed_irq`` keeps managed IRQ ``a`` off the targets: every
+    target CPU of its mask is isolated and the mask has another CPU (the kernel then picks
+    its effective CPU among those, kernel/irq/manage.c irq_do_set_affinity), and where the
+    kernel shows its effective affinity, that holds no target CPU."""
+    mask = set(a.affinity or ())
+    if not steer or not (mask & target) <= steer or not mask - steer:
+        return False
+    return a.effective is None or not set(a.effective) & target
+
+
+def _immovable_finding(ctx: AuditContext, stuck: list[IrqAffinity], steer: set[int]) -> Finding:
+    """``irq.managed``: IRQs that may run on the target CPUs and that the kernel refuses to
+    move (a write to their smp_affinity_list fails with EIO: kernel/irq/proc.c
+    write_irq_affinity), so no runtime command can fix them and the audit does not pretend
+    one can.
+
+    Which IRQs those are is decided by collectors/irq.py :func:`~collectors.irq.immovable`
+    (the kernel's IRQD_* state in debugfs where it can be read, else the queue names of the
+    drivers that allocate managed vectors, on an MSI chip). For a managed IRQ whose mask
+    also holds a housekeeping CPU, the kernel argument ``isolcpus=managed_irq,domain,<targets>``
+    (Linux 5.6+) makes the kernel run it on that CPU; one whose mask holds only target CPUs
+    stays there whatever the arguments (blk-mq maps a queue to the CPUs of its mask, so it
+    serves I/O submitted from them); per-CPU and unbalanceable IRQs have no argument either.
+    ``unsupported``: it cannot be fixed at runtime; it does not fail the audit.
+    """
+    target = set(ctx.cpus)
+    tgt = format_cpulist(ctx.cpus)
+    arg = f"isolcpus=managed_irq,domain,{tgt}"
+    helped = [a for a in stuck if a.managed and set(a.affinity or ()) - target]
+    alone = [a for a in stuck if a.managed and a not in helped]
+    other = [a for a in stuck if not a.managed]
+
+    def names(group: list[IrqAffinity]) -> str:
+        return ", ".join(f"{a.irq}" + (f" ({a.name})" if a.name else "") for a in group[:8]) \
+            + (f" and {len(group) - 8} more" if len(group) > 8 else "")
+
+    parts = []
+    if helped:
+        how = (f"boot with {arg} (Linux {MANAGED_IRQ_KERNEL}+): the kernel then runs managed "
+               "IRQs on the housekeeping CPUs of their mask")
+        if steer:
+            how = (f"isolcpus=managed_irq is set but leaves target CPUs "
+                   f"{format_cpulist(sorted(target - steer))} out: boot with {arg}")
+        parts.append(f"IRQ {names(helped)}: managed, with housekeeping CPUs in the mask; {how}")
+    if alone:
+        parts.append(f"IRQ {names(alone)}: managed, only target CPUs in the mask: no boot "
+                     "argument moves it (a queue serves I/O submitted from the CPUs of its "
+                     "mask)")
+    if other:
+        parts.append(f"IRQ {names(other)}: "
+                     + ", ".join(sorted({a.immovable or "" for a in other})))
+    evidence = sorted({a.immovable_evidence for a in stuck})
+    return Finding(
+        "irq.managed", FAMILY, "IRQs the kernel will not move", Status.UNSUPPORTED,
+        current=f"unsupported: {len(stuck)} IRQ{'s' if len(stuck) > 1 else ''} may run on "
+                f"{tgt} and the kernel refuses to move {'them' if len(stuck) > 1 else 'it'} "
+                "(a write to smp_affinity_list fails with EIO): " + "; ".join(parts),
+        expected=f"none on {tgt}, or managed IRQs steered off by isolcpus=managed_irq",
+        evidence="; ".join(evidence[:4]) + (f" (+{len(evidence) - 4} more)"
+                                            if len(evidence) > 4 else ""),
+        why="A managed queue IRQ (NVMe, virtio-blk/scsi) fires on the CPU its queue is "
+            "mapped to; only the boot argument keeps it off isolated CPUs.",
+        data={"irqs": [f"{a.irq}" + (f" ({a.name})" if a.name else "") for a in stuck]}
+        | ({"kernel_arg": arg} if helped else {}))

@@ -77,13 +77,20 @@ class IrqAffinity(FileTunable):
     Files: /proc/irq/N/smp_affinity_list (CPU list). New affinity = current minus the target
     CPUs, or the housekeeping CPUs when nothing would be left. IRQs that already avoid the
     targets are not touched. A write refused with EIO or EPERM (managed IRQs of nvme/virtio
-    queues, per-CPU and chained interrupts) means the kernel will not move that IRQ: it is
-    reported "unchangeable", not a failure — the same call TuneD makes.
+    queues, per-CPU and chained interrupts: kernel/irq/proc.c write_irq_affinity) means the
+    kernel will not move that IRQ: it is reported "unchangeable", not a failure — the same
+    call TuneD makes. The IRQs the host already shows to be such
+    (collectors.irq.immovable: debugfs IRQD_* state, managed queue names) are still tried,
+    the kernel's answer deciding, and the plan says which they are and that only the boot
+    argument ``isolcpus=managed_irq,...`` helps (the audit's ``irq.managed``).
     Equivalent: ``echo 0-1 > /proc/irq/N/smp_affinity_list``.
     """
 
     id, family, title, key, scope = "irq.affinity", "irq", "IRQ affinity", "irq_affinity", "irq"
     patterns = ("/proc/irq/[0-9]*/smp_affinity_list",)
+
+    def __init__(self) -> None:
+        self._immovable: dict[str, str] = {}  # target -> evidence, from the last desired()
 
     def valid(self, value: str) -> bool:
         try:
@@ -107,12 +114,28 @@ class IrqAffinity(FileTunable):
         house = _housekeeping(ctx)
         targets = set(ctx.cpus)
         out = {}
+        self._immovable = {}
         for a in irq_affinities(ctx.host):
             if a.affinity is None:
                 continue
             new = sorted(set(a.affinity) - targets) or house
             out[a.path] = format_cpulist(new)
+            if a.immovable and set(a.affinity) & targets:
+                self._immovable[a.path] = a.immovable_evidence
         return out
+
+    def detail(self, ctx: TuneContext, target: str) -> str:
+        why = self._immovable.get(target)
+        return f"the kernel will likely refuse (EIO): {why}" if why else ""
+
+    def plan_note(self, ctx: TuneContext) -> str:
+        if not self._immovable:
+            return ""
+        n = len(self._immovable)
+        return (f"{n} IRQ{'s' if n > 1 else ''} the kernel will likely refuse to move "
+                "(managed or per-CPU, audit: irq.managed): boot with "
+                f"isolcpus=managed_irq,domain,{format_cpulist(ctx.cpus)} to keep managed "
+                "ones off the targets")
 
     def unchangeable(self, exc: OSError) -> bool:
         return exc.errno in (errno.EIO, errno.EPERM)
