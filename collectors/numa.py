@@ -13,7 +13,7 @@ from pathlib import Path
 
 from collectors.host import Host
 from collectors.layout import LayoutBuilder, TokenLayout, parser_text
-from collectors.parsers import ParseError, parse_cpulist, parse_uint
+from collectors.parsers import ParseError, parse_uint
 
 
 def files(host: Host, nodes: list[int]) -> dict[str, Path]:
@@ -68,13 +68,8 @@ def layout(key: str, data: bytes) -> TokenLayout | None:
 
 
 def nodes_of_cpus(host: Host, cpus: list[int]) -> list[int]:
-    """NUMA nodes holding ``cpus`` (from nodeN/cpulist); [] when there is no node directory."""
-    base = host.sys("devices/system/node")
-    out = []
-    for name, d in host.glob_dirs(base, "node"):
-        if not name[4:].isdigit():
-            continue
-        r = host.read(d / "cpulist").map(parse_cpulist)
-        if r.ok and (not cpus or set(r.value) & set(cpus)):
-            out.append(int(name[4:]))
-    return sorted(out)
+    """NUMA nodes holding ``cpus`` (from nodeN/cpulist, else nodeN/cpumap:
+    collectors.system.node_cpus); [] when there is no node directory."""
+    from collectors.system import numa_node_cpulists  # (collectors.system imports cpu, not us)
+    return sorted(n for n, r in numa_node_cpulists(host).items()
+                  if r.ok and (not cpus or set(r.value) & set(cpus)))

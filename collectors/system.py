@@ -1,10 +1,10 @@
 """Whole-system facts: NUMA nodes, virtualization, processes (other tuners), a target PID.
 
 Sources:
-- /sys/devices/system/node/nodeN/cpulist                    [numactl --hardware]
+- /sys/devices/system/node/nodeN/cpulist (else cpumap)      [numactl --hardware]
 - /sys/devices/system/cpu/{online,present,possible}, cpuN/online  [lscpu]
-- /sys/hypervisor/type, /sys/class/dmi/id/{sys_vendor,product_name}, cpuinfo "hypervisor" flag
-                                                            [systemd-detect-virt]
+- virtualization: collectors/virt.py (CPUID flags, DMI, /sys/hypervisor, /proc/sysinfo,
+  device tree, lparcfg, PCI vendor IDs)                     [systemd-detect-virt]
 - /proc/stat steal ticks over a short window               [vmstat 1, column st]
 - /proc/<pid>/{comm,status,environ}                          [ps, cat]
 - /etc/tuned/active_profile                                  [tuned-adm active]
@@ -15,11 +15,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from collectors.cpu import cpuinfo_flags
-from collectors.host import PERMISSION, Host, Reading
+from collectors import virt
+from collectors.host import ABSENT, PERMISSION, Host, Reading
 from collectors.parsers import (
     format_cpulist,
     parse_cpulist,
+    parse_cpumask,
     parse_environ,
     parse_kv,
     parse_proc_stat,
@@ -30,14 +31,26 @@ from collectors.parsers import (
 # --------------------------------------------------------------------------------------------
 
 
+def node_cpus(host: Host, node_dir) -> Reading[list[int]]:
+    """The CPUs of one nodeN directory: its ``cpulist``, else (a capture that kept only the
+    mask, a common dump format) its ``cpumap``, the same set as a hex mask of comma-separated
+    32-bit words (drivers/base/node.c node_read_cpumap). The reading of cpulist when neither
+    can be read."""
+    r = host.read(node_dir / "cpulist").map(parse_cpulist)
+    if r.ok or r.reason != ABSENT:
+        return r
+    m = host.read(node_dir / "cpumap").map(parse_cpumask)
+    return m if m.reason != ABSENT else r
+
+
 def numa_node_cpulists(host: Host) -> dict[int, Reading[list[int]]]:
-    """{node id: its cpulist reading} for every nodeN directory. Node ids are whatever the
-    kernel was given (ACPI SRAT proximity domains, the device tree): they need not start at
-    0 nor be contiguous. {} on a kernel without NUMA sysfs."""
+    """{node id: its CPUs' reading} for every nodeN directory (:func:`node_cpus`). Node ids
+    are whatever the kernel was given (ACPI SRAT proximity domains, the device tree): they
+    need not start at 0 nor be contiguous. {} on a kernel without NUMA sysfs."""
     out = {}
     for name, d in host.glob_dirs(host.sys("devices/system/node"), "node"):
         if name[4:].isdigit():
-            out[int(name[4:])] = host.read(d / "cpulist").map(parse_cpulist)
+            out[int(name[4:])] = node_cpus(host, d)
     return out
 
 
@@ -71,9 +84,9 @@ class OnlineCpus:
 
 def online_cpus(host: Host) -> Reading[OnlineCpus]:
     """/sys/devices/system/cpu/online [lscpu]; where it is missing or unreadable (seen in
-    captures), derived from ``present`` (else ``possible``) and the cpuN directories, each
-    CPU online unless its own cpuN/online says 0 (x86's CPU 0 has no such file: it cannot go
-    offline). None when none of these can be read."""
+    captures), derived from ``present`` (else ``possible``) and the cpuN directories, less
+    the CPUs cpu/offline lists and those whose own cpuN/online says 0 (x86's CPU 0 has no
+    such file: it cannot go offline). None when none of these can be read."""
     base = host.sys("devices/system/cpu")
     r = host.read(base / "online").map(parse_cpulist)
     if r.ok and r.value:
@@ -94,15 +107,24 @@ def online_cpus(host: Host) -> Reading[OnlineCpus]:
         sources.append(f"CPUs from the cpuN directories of {host.display(base)}")
     if not cpus:
         return Reading(None, r.path, r.reason or "empty")
-    off = []
+    # the kernel's list of offline CPUs (possible but not online, drivers/base/cpu.c
+    # print_cpus_offline) is taken out as well as each cpuN/online = 0: a capture may hold
+    # one without the other, and an offline CPU keeps its cpuN directory
+    listed = host.read(base / "offline").map(
+        lambda s: parse_cpulist(s) if s.strip() else [])
+    off = set(listed.value or [])
+    per_cpu = []
     for c in cpus:
         o = host.read_int(base / f"cpu{c}" / "online")
         if o.value == 0:
-            off.append(c)
+            per_cpu.append(c)
+    off |= set(per_cpu)
     cpus = [c for c in cpus if c not in off]
-    if off:
-        sources.append(f"less cpuN/online = 0 ({format_cpulist(off)})")
-    else:
+    if listed.value:
+        sources.append(f"less {listed.path} ({format_cpulist(listed.value)})")
+    if per_cpu:
+        sources.append(f"less cpuN/online = 0 ({format_cpulist(per_cpu)})")
+    if not off:
         sources.append("each online unless its cpuN/online says 0")
     if not cpus:
         return Reading(None, r.path, "every CPU offline")
@@ -122,42 +144,10 @@ def nr_cpu_ids(host: Host, online: list[int] | None = None) -> int | None:
 # Virtualization
 # --------------------------------------------------------------------------------------------
 
-_DMI_HINTS = {
-    "qemu": "kvm", "kvm": "kvm", "vmware": "vmware", "virtualbox": "virtualbox",
-    "microsoft corporation": "hyperv", "xen": "xen", "amazon ec2": "kvm",
-    "google compute engine": "kvm", "firecracker": "firecracker",
-}
-
-
-@dataclass(frozen=True)
-class Virt:
-    """``kind`` is None on bare metal; evidence says what revealed it."""
-
-    kind: str | None
-    evidence: str
-    known: bool = True  # False: the evidence could not be read
-
-
-def virtualization(host: Host) -> Virt:
-    hv = host.read(host.sys("hypervisor/type"))
-    if hv.ok and hv.value:
-        return Virt(hv.value.strip(), hv.path)
-    for f in ("sys_vendor", "product_name", "board_vendor"):
-        r = host.read(host.sys("class/dmi/id", f))
-        if r.ok:
-            low = r.value.lower()
-            for hint, kind in _DMI_HINTS.items():
-                if hint in low:
-                    return Virt(kind, f"{r.path}={r.value.strip()}")
-    cpuinfo = host.read(host.proc("cpuinfo"))
-    if not cpuinfo.ok:  # without the flags we cannot tell: unknown, never "bare metal"
-        return Virt(None, f"{cpuinfo.path} unreadable ({cpuinfo.reason}) and no other evidence",
-                    known=False)
-    if "hypervisor" in cpuinfo_flags(host):
-        cmd = host.read(host.proc("cmdline")).value or ""
-        kind = "firecracker" if "firecracker" in cmd else "unknown-hypervisor"
-        return Virt(kind, f"{cpuinfo.path} flags: hypervisor")
-    return Virt(None, "no hypervisor flag in /proc/cpuinfo, no /sys/hypervisor, no VM DMI vendor")
+# collectors/virt.py reads every source that can show a hypervisor (this module's callers
+# keep importing it from here)
+Virt = virt.Virt
+virtualization = virt.virtualization
 
 
 def steal_share(host: Host, cpus: list[int], window_s: float = 0.2) -> Reading[dict[int, float]]:
@@ -201,6 +191,32 @@ def process_names(host: Host) -> dict[int, str]:
         if r.ok:
             out[pid] = r.value.strip()
     return out
+
+
+@dataclass(frozen=True)
+class ProcessTable:
+    """{pid: comm} and whether it is the whole table. ``partial`` says why not: PID 1 (init,
+    in every PID namespace) is missing, as under ``hidepid=`` for another user or in a
+    capture that took only some processes."""
+
+    names: dict[int, str]
+    partial: str | None = None
+
+
+def process_table(host: Host) -> Reading[ProcessTable]:
+    """The processes under procfs by name, for checks that look for a daemon (irqbalance,
+    tuned...) [ps -e]. None, with the reason, when no /proc/<pid>/comm can be read at all
+    (a tree captured without processes): "not running" could not be told from "not shown".
+    """
+    shown = host.display(host.procfs) + "/*/comm"
+    pids = host.pids()
+    if not pids:
+        return Reading(None, shown, "no /proc/<pid> directories")
+    names = process_names(host)
+    if not names:
+        return Reading(None, shown, f"none of {len(pids)} /proc/<pid>/comm readable")
+    partial = None if 1 in names else "PID 1 is not in it (hidepid=, or a partial capture)"
+    return Reading(ProcessTable(names, partial), shown)
 
 
 def find_processes(host: Host, names: set[str]) -> dict[str, list[int]]:

@@ -7,6 +7,7 @@ from collectors.host import ABSENT
 from collectors.parsers import format_cpulist, group_by_value
 from tuning.checks.base import AuditContext, in_tree, unsupported, why
 from tuning.findings import Finding, Status
+from tuning.targets import housekeeping_core
 
 # ------------------------------------------------------------------------------------------
 # virtualization
@@ -14,17 +15,33 @@ from tuning.findings import Finding, Status
 
 
 def check_virt(ctx: AuditContext) -> list[Finding]:
+    """``virt.hypervisor``: a guest, from every source collectors/virt.py reads (x86 CPUID
+    flags, DMI, /sys/hypervisor, /proc/sysinfo, device tree, lparcfg, PCI IDs of virtual
+    devices); ``unsupported`` when none of them can tell, never "bare metal" for want of
+    evidence (``error`` when one of them is there but unreadable). A partition whose CPUs
+    are its own (s390 LPAR or PowerVM in dedicated mode) is ``ok``: no hypervisor
+    time-shares them. ``virt.steal``: the steal column of /proc/stat
+    on the target CPUs (``unsupported`` without /proc/stat; ``error`` when a target CPU has
+    no line in it)."""
     v = ctx.cache.get("virt") or system.virtualization(ctx.host)
     out = []
-    if not v.known:
+    if not v.known and v.unreadable:  # a source is there but could not be read
         out.append(Finding("virt.hypervisor", "virt", "Virtualization", Status.ERROR,
                            current=f"unknown: {v.evidence}", expected="bare metal",
-                           evidence=v.evidence))
+                           evidence=", ".join(v.unreadable)))
+    elif not v.known:
+        out.append(unsupported("virt.hypervisor", "virt", "Virtualization", v.evidence,
+                               v.evidence))
+    elif v.kind and v.dedicated:
+        out.append(Finding("virt.hypervisor", "virt", "Virtualization", Status.OK,
+                           current=f"{v.kind} partition with dedicated CPUs",
+                           expected="bare metal or dedicated CPUs", evidence=v.evidence))
     elif v.kind:
         out.append(Finding(
             "virt.hypervisor", "virt", "Virtualization", Status.WARN, current=v.kind,
             expected="bare metal", evidence=v.evidence,
-            fix="run latency-critical inference on bare metal or dedicated/pinned vCPUs",
+            fix="run latency-critical inference on bare metal or dedicated/pinned vCPUs"
+                + (" (a partition with dedicated CPUs)" if v.dedicated is False else ""),
             why="A guest does not control frequency, C-states or SMT, and its vCPUs can be "
                 "descheduled by the host at any time."))
     else:
@@ -32,19 +49,30 @@ def check_virt(ctx: AuditContext) -> list[Finding]:
                            current="bare metal", expected="bare metal", evidence=v.evidence))
     st = system.steal_share(ctx.host, ctx.cpus, ctx.steal_window_s)
     if not st.ok:
-        out.append(Finding("virt.steal", "virt", "CPU steal", Status.ERROR,
-                           current=f"unreadable: {st.reason}", evidence=st.path))
+        if st.reason == ABSENT:
+            out.append(unsupported("virt.steal", "virt", "CPU steal",
+                                   f"{st.path} {why(ctx.host, st.reason, st.path)}", st.path))
+        else:
+            out.append(Finding("virt.steal", "virt", "CPU steal", Status.ERROR,
+                               current=f"unreadable: {why(ctx.host, st.reason, st.path)}",
+                               evidence=st.path))
         return out
     limit = float(ctx.profile.expected("steal_max_pct", 1.0))
     pct = {c: round(100 * s, 2) for c, s in st.value.items()}
     worst = max(pct.values(), default=0.0)
     window = (f"over {ctx.steal_window_s:.1f} s" if ctx.host.live and ctx.steal_window_s > 0
               else "since boot")
+    missing = [c for c in ctx.cpus if c not in pct]
+    unknown = bool(missing) and worst <= limit  # what was read passes; the rest is unknown
+    cur = (f"max {worst:.2f}% {window} "
+           f"({group_by_value({c: f'{p:.2f}%' for c, p in pct.items()})})") if pct else "none"
+    if missing:  # /proc/stat prints every online CPU: a target without its line is unknown
+        cur += f"; CPU {format_cpulist(missing)} not in {st.path}"
     out.append(ctx.finding(
         "steal_max_pct", "virt.steal", "virt", "CPU steal (hypervisor)", worst <= limit,
-        current=f"max {worst:.2f}% {window} ({group_by_value({c: f'{p:.2f}%' for c, p in pct.items()})})",
-        expected=f"<= {limit}%", evidence=f"{st.path} (steal column)",
-        fix="ask the host for dedicated (pinned, not overcommitted) vCPUs",
+        current=cur, expected=f"<= {limit}%", evidence=f"{st.path} (steal column)",
+        fix="" if unknown else "ask the host for dedicated (pinned, not overcommitted) vCPUs",
+        status=Status.ERROR if unknown else None,
         data={"steal_pct": pct}))
     return out
 
@@ -81,14 +109,33 @@ def check_numa(ctx: AuditContext) -> list[Finding]:
     status = None
     if len(used) <= 1 and nowhere:
         status = Status.ERROR  # one node among what was read: the rest is unknown
-    node = min(used) if used else min(nodes) if nodes else None
-    fix = "" if node is None else (
-        f"choose --cpus within one node, e.g. {format_cpulist(nodes[node])}; "
-        f"launch with numactl --physcpubind=<cpus> --membind={node}")
+    pick = _node_choice(ctx, nodes, used)
+    fix = "" if pick is None else (
+        f"choose --cpus within one node, e.g. {format_cpulist(pick[1])}; launch with "
+        f"numactl --physcpubind={format_cpulist(pick[1])} --membind={pick[0]} CMD")
     return [ctx.finding(
         "numa_single_node", "numa.target_nodes", "numa", "Target CPUs on one NUMA node",
         len(used) <= 1 and not nowhere, current=cur, expected="one node", evidence=ev,
         fix="" if status else fix, status=status)]
+
+
+def _node_choice(ctx: AuditContext, nodes: dict[int, list[int]],
+                 prefer: set[int] | None = None) -> tuple[int, list[int]] | None:
+    """(node, CPUs to propose as --cpus) for a fix that asks for one node: the node holding
+    the most target CPUs (among ``prefer``, when given and any qualifies), its online CPUs
+    less the housekeeping core (tuning/targets.py: the lowest online CPU and its SMT
+    siblings, which takes the kernel's unbound work). Following the fix must never put
+    inference on CPU 0. None when no node has a CPU left."""
+    house = set(housekeeping_core(ctx.host, ctx.online)) if ctx.online else set()
+    online = set(ctx.online)
+    left = {n: [c for c in cl if c in online and c not in house] for n, cl in nodes.items()}
+    left = {n: cl for n, cl in left.items() if cl}
+    if not left:
+        return None
+    pool = [n for n in left if prefer and n in prefer] or list(left)
+    target = set(ctx.cpus)
+    node = min(pool, key=lambda n: (-len(target & set(left[n])), n))
+    return node, left[node]
 
 
 def check_process(ctx: AuditContext) -> list[Finding]:
@@ -238,9 +285,18 @@ def check_pcie(ctx: AuditContext) -> list[Finding]:
             expected=f"node(s) {','.join(map(str, sorted(target_nodes))) or 'n/a'}",
             evidence=f"{ev}/*/numa_node",
             fix="pin inference to the CPUs of the device's node: "
-                + "; ".join(f"{d.address}: --cpus {format_cpulist(nodes.get(d.numa_node, []))}"
-                            for d in far)))
+                + "; ".join(f"{d.address}: --cpus {cpus}" for d in far
+                            if (cpus := _device_node_cpus(ctx, nodes, d)))))
     return out
+
+
+def _device_node_cpus(ctx: AuditContext, nodes: dict[int, list[int]],
+                      d: pcie.PciDevice) -> str:
+    """The --cpus a fix proposes for a device's node (:func:`_node_choice`: never the
+    housekeeping core); "" when that leaves none."""
+    pick = _node_choice(ctx, {d.numa_node: nodes.get(d.numa_node, [])}) \
+        if d.numa_node is not None else None
+    return format_cpulist(pick[1]) if pick else ""
 
 
 # ------------------------------------------------------------------------------------------
@@ -252,9 +308,14 @@ TUNER_PROCS = {"tuned": "tuned", "irqbalance": "irqbalance",
 
 
 def check_tuners(ctx: AuditContext) -> list[Finding]:
+    """Daemons that set CPU, IRQ or power settings behind our back: running (by name in the
+    process table), enabled as systemd units, or tuned's active profile. Without a process
+    table (a tree captured without processes) and nothing else found: ``unsupported``, not
+    "none found"; a partial table (no PID 1) that shows none: ``error``."""
     host = ctx.host
-    procs = ctx.cache.setdefault("procs", system.process_names(host))
-    found = sorted({n for n in procs.values() if n in TUNER_PROCS})
+    table = ctx.cache.setdefault("process_table", system.process_table(host))
+    names = table.value.names if table.ok else {}
+    found = sorted({n for n in names.values() if n in TUNER_PROCS})
     prof = system.tuned_profile(host)
     units = []
     for unit in ("cpupower.service", "tuned.service", "irqbalance.service"):
@@ -269,9 +330,25 @@ def check_tuners(ctx: AuditContext) -> list[Finding]:
         parts.append("enabled units: " + ", ".join(units))
     want = ctx.profile.expected("other_tuners", "none")
     ok = want == "any" or not (found or units)
+    wants = host.display(host.etc("systemd/system")) + "/*.wants"
+    evidence = (f"{table.path}, {host.display(host.etc('tuned', 'active_profile'))}, {wants}")
+    status = None
+    unknown = ""
+    if not table.ok:
+        unknown = f"running daemons unknown: no process table ({table.reason})"
+    elif table.value.partial:
+        unknown = f"running daemons unknown: the process table is partial ({table.value.partial})"
+    if unknown:
+        parts.append(unknown)
+        if ok and want != "any":
+            if not table.ok:
+                return [unsupported("tuners.others", "tuners",
+                                    "Other tuners that may override settings",
+                                    "; ".join(parts), evidence)]
+            status = Status.ERROR
     return [ctx.finding(
         "other_tuners", "tuners.others", "tuners", "Other tuners that may override settings", ok,
-        current="; ".join(parts) or "none found", expected="none",
-        evidence="/proc/*/comm, /etc/tuned/active_profile, /etc/systemd/system/*.wants",
+        current="; ".join(parts) or "none found", expected="none", evidence=evidence,
+        status=status,
         fix="systemctl disable --now " + " ".join(sorted(set(
             [f"{n}.service" for n in found] + units))) + "  (or make their profile agree)")]
