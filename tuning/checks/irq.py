@@ -1,4 +1,12 @@
-"""IRQ family: irqbalance, IRQs allowed on the target CPUs, default_smp_affinity."""
+"""IRQ family: irqbalance, IRQs allowed on the target CPUs, default_smp_affinity.
+
+``irq.affinity`` judges the IRQs user space can move; those the kernel refuses to move
+(EIO from kernel/irq/proc.c write_irq_affinity: managed queue vectors, per-CPU and
+unbalanceable IRQs, told apart by collectors.irq.immovable from the kernel's debugfs state or
+the managed queue names on an MSI chip) are ``irq.managed``, ``unsupported`` with the boot
+argument that helps (``isolcpus=managed_irq,domain,<targets>``, Linux 5.6+), and a managed IRQ
+that argument already holds off the targets (its effective_affinity_list) counts as off.
+"""
 
 from __future__ import annotations
 
