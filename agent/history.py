@@ -130,11 +130,14 @@ def db_exists(db: str | os.PathLike | None = None) -> bool:
     path that is wrong."""
     path = resolve_db(db)
     try:
-        os.lstat(path)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise HistoryError(f"cannot use {WHAT} path {path}: {exc.strerror or exc}") from None
+        t = locate(path, WHAT)
+    except OutputError as exc:
+        if exc.missing:
+            return False
+        raise HistoryError(str(exc)) from None
+    with t:
+        if t.st is None:
+            return False
     with _locate(path) as t:
         return t.st is not None
 
@@ -158,13 +161,37 @@ def _header(path: Path) -> bytes | None:
         os.close(fd)
 
 
+def _try_write(t: Target, exists: bool) -> None:
+    """Whether a run can be recorded at ``t``, tried rather than guessed from mode bits (root
+    passes every access() check, yet not a read-only mount or an immutable directory): a file
+    created and removed in its directory (SQLite puts its -wal and -shm files there), and the
+    database itself opened for writing (not written)."""
+    import secrets
+    probe = f".hftagent-{secrets.token_hex(8)}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=t.dfd))
+        os.unlink(probe, dir_fd=t.dfd)
+    except OSError as exc:
+        raise HistoryError(f"cannot {'write' if exists else 'create'} {WHAT} {t.shown}: "
+                           f"{t.directory} is not a writable directory ({exc.strerror})"
+                           ) from None
+    if exists:
+        try:
+            os.close(os.open(t.name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                             dir_fd=t.dfd))
+        except OSError as exc:
+            raise HistoryError(f"{WHAT} {t.shown} is not writable ({exc.strerror})") from None
+
+
 def check_writable(db: str | os.PathLike | None = None) -> Path:
     """Refuse now a database that a run could not be recorded in, before the run (the
     recording itself only warns, after the result is out): anything the opener refuses
     (agent/outfile.py), not SQLite, another application's database, not writable, or no
     writable directory to create it in (a missing directory is an error, never created,
-    except the default one in the state directory). Nothing is created; an old hftagent
-    database is stamped as ours. Returns the path."""
+    except the default one in the state directory). Nothing is left behind (a write is tried
+    with a file removed at once); an old hftagent database is stamped as ours. Returns the
+    path."""
     path = resolve_db(db)
     if _is_default(db) and not os.path.lexists(path.parent):
         parent = path.parent
@@ -176,17 +203,12 @@ def check_writable(db: str | os.PathLike | None = None) -> Path:
         return path
     with _locate(path) as t:
         exists = t.st is not None
-        if not os.access(t.directory, os.W_OK | os.X_OK):
-            # SQLite writes its -wal and -shm files beside the database
-            raise HistoryError(f"cannot {'write' if exists else 'create'} {WHAT} {path}: "
-                               f"{t.directory} is not a writable directory")
+        _try_write(t, exists)
     if exists:
         head = _header(path)
         if head and head != SQLITE_MAGIC:
             raise HistoryError(f"{WHAT} {path} is not an SQLite database; it was left "
                                "untouched: move it aside or use --db for a new one")
-        if not os.access(path, os.R_OK | os.W_OK):
-            raise HistoryError(f"{WHAT} {path} is not writable")
         History(path, create=False).close()  # not SQLite, not ours, newer: refused here
     return path
 

@@ -49,7 +49,12 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class OutputError(AgentError):
-    """An output path refused or not writable (the message names the option and the path)."""
+    """An output path refused or not writable (the message names the option and the path).
+    ``missing``: refused because a directory on the way does not exist."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 def show(path: str | os.PathLike[str]) -> str:
@@ -155,7 +160,7 @@ def _open_parent(parent: str, opt: str, shown: str) -> tuple[Path, int]:
         raise OutputError(f"{opt} {shown}: {exc}") from None
     except FileNotFoundError:
         raise OutputError(f"{opt} {shown}: directory {where} does not exist (create it "
-                          "first)") from None
+                          "first)", missing=True) from None
     except NotADirectoryError:
         raise OutputError(f"{opt} {shown}: {where} is not a directory") from None
     except OSError as exc:

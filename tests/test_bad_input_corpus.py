@@ -447,6 +447,35 @@ path_family(["cpus"], "--textfile", values=["{FILE}", "{MISSING}", "/dev/full", 
             expect="textfile")
 
 # ==============================================================================================
+# outputs another user prepared (issue #30 items 2, 4, 8; #28 item 4): a symlink to a root-only
+# file ({LINK}; a database path to an empty one, {LINKDB}), another user's file ({OTHERS}: uid
+# 65534 when root, else a root-owned file), another user's directory link on the way
+# ({EVILDIR}, root only), another application's database, an empty file, a row of the wrong
+# type. Refused before any work, one line (tests/test_output_paths.py checks they stay
+# untouched).
+# ==============================================================================================
+ROOT = os.geteuid() == 0
+OUT_PLANTED = ["{LINK}", "{OTHERS}"] + (["{EVILDIR}/out"] if ROOT else [])
+PNG_PLANTED = ["{LINK_PNG}", "{OTHERS_PNG}"] + (["{EVILDIR}/out.png"] if ROOT else [])
+DB_PLANTED = ["{LINKDB}", "{OTHERSDB}", "{APPIDDB}", "{EMPTYFILEDB}"] + (
+    ["{EVILDIR}/h.sqlite"] if ROOT else [])
+path_family(PR, "--csv", values=OUT_PLANTED)
+path_family([*PR, "--idle-gaps", "0,1ms"], "--plot", values=PNG_PLANTED)
+path_family(PF, "--keep-csv", values=OUT_PLANTED, suffix=CMD)
+path_family(H + ["export"], "--out", values=OUT_PLANTED)
+path_family(H + ["plot"], "--out", values=PNG_PLANTED)
+path_family(["cpus"], "--plot", values=PNG_PLANTED)
+path_family(["capture", "--root", "{TREE}"], "--out",
+            values=["{LINK}"] + (["{EVILDIR}/cap"] if ROOT else []))
+for cmd in (["probe"], ["cpus"], ["gate", "--run", "1"], ["history"], ["history", "export"]):
+    path_family(cmd, "--db", values=DB_PLANTED, expect="database")
+    if cmd != ["history"]:  # (listing a database that is not there says "no runs yet")
+        # a missing directory is an error, never created: before the probe or the scan
+        add(*cmd, "--db", "{MISSING}", expect=("does not exist", "{MISSING}"))
+add("history", "--db", "{BADROWSDB}", "show", "2", expect="wrong type")
+add("gate", "--db", "{BADROWSDB}", "--run", "2", expect="wrong type")
+
+# ==============================================================================================
 # the CLI itself
 # ==============================================================================================
 add("bogus-command", expect="bogus-command")
@@ -563,6 +592,48 @@ def build_world(t: Path) -> dict[str, str]:
     foreign = place("FOREIGNDB", t / "foreign.sqlite")
     con = sqlite3.connect(foreign)
     con.execute("CREATE TABLE runs (x)")
+    con.close()
+    # outputs another user prepared (the section above)
+    root = os.geteuid() == 0
+    secret = place("SECRET", t / "secret")
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    empty_secret = t / "empty-secret"
+    empty_secret.write_bytes(b"")
+    empty_secret.chmod(0o600)
+    for name, fname, target in (("LINK", "link-out", secret), ("LINK_PNG", "link.png", secret),
+                                ("LINKDB", "link.sqlite", empty_secret)):
+        os.symlink(target, place(name, t / fname))
+        if root:
+            os.lchown(t / fname, 65534, 65534)
+    for name, fname in (("OTHERS", "others.csv"), ("OTHERS_PNG", "others.png"),
+                        ("OTHERSDB", "others.sqlite")):
+        p = place(name, t / fname)
+        if root:
+            if name == "OTHERSDB":
+                _make_db(p, 1)
+            else:
+                p.write_text("someone else's\n")
+            os.chown(p, 65534, 65534)
+        else:
+            w[name] = "/etc/passwd"  # root's: never ours to replace
+    evil_real = t / "evil-real"
+    evil_real.mkdir()
+    os.symlink(evil_real, place("EVILDIR", t / "evil"))
+    if root:
+        os.lchown(t / "evil", 65534, 65534)
+    appid = place("APPIDDB", t / "other-app.sqlite")
+    con = sqlite3.connect(appid)
+    con.execute("PRAGMA application_id = 1196444237")
+    con.execute("CREATE TABLE features (x)")
+    con.commit()
+    con.close()
+    place("EMPTYFILEDB", t / "empty-file.sqlite").write_bytes(b"")
+    bad = place("BADROWSDB", t / "bad-rows.sqlite")
+    _make_db(bad, 2)
+    con = sqlite3.connect(bad)
+    con.execute("UPDATE runs SET created_utc = x'00ff' WHERE id = 2")
+    con.commit()
     con.close()
     return w
 

@@ -431,3 +431,170 @@ def test_a_database_locked_while_another_process_creates_it_is_waited_for(tmp_pa
     monkeypatch.setattr(hist, "BUSY_TIMEOUT_S", 0.05)
     with pytest.raises(hist.HistoryError, match="database is locked"):
         History(tmp_path / "other.sqlite")
+
+
+# -- ours or not (issue #30 items 5, 8) ----------------------------------------------------------
+def _file_state(p: Path) -> tuple:
+    """The bytes of ``p`` and which of its sidecar files exist."""
+    return (p.read_bytes(), sorted(q.name for q in p.parent.iterdir()))
+
+
+def _foreign_dbs(tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    p = out["app_id"] = tmp_path / "other-app.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("PRAGMA application_id = 1196444237")  # another application's id ('GPKG')
+    con.execute("CREATE TABLE features (id INTEGER PRIMARY KEY, name TEXT)")
+    con.execute("INSERT INTO features (name) VALUES ('x')")
+    con.commit()
+    con.close()
+    p = out["no_marker"] = tmp_path / "notes.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE notes (t TEXT)")
+    con.commit()
+    con.close()
+    p = out["runs_v1_lookalike"] = tmp_path / "lookalike.sqlite"  # user_version 1, not our runs
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE runs (x)")
+    con.execute("CREATE TABLE samples (y)")
+    con.execute("PRAGMA user_version = 1")
+    con.commit()
+    con.close()
+    out["empty_file"] = tmp_path / "empty.sqlite"
+    out["empty_file"].write_bytes(b"")
+    return out
+
+
+@pytest.mark.parametrize("which", ["app_id", "no_marker", "runs_v1_lookalike", "empty_file"])
+def test_a_database_that_is_not_ours_is_refused_and_never_modified(which, tmp_path, capsys):
+    """A read command once added our tables to another application's database and switched
+    it to WAL (user_version 0 -> 2). Every way in refuses it and leaves it as it was."""
+    db = _foreign_dbs(tmp_path)[which]
+    before = _file_state(db)
+    for create in (True, False):
+        with pytest.raises(HistoryError, match="not an hftagent history database.*left "
+                                               "untouched"):
+            History(db, create=create)
+    with pytest.raises(HistoryError, match="not an hftagent history database"):
+        hs.check_writable(db)
+    assert record_run("audit", {}, None, command="audit", db=db, fingerprint=FP,
+                      warn=True) is None
+    assert "not an hftagent history database" in capsys.readouterr().err
+    from typer.testing import CliRunner
+
+    from agent.cli import get_app
+    for argv in (["history", "--db", str(db)], ["history", "--db", str(db), "show", "1"],
+                 ["history", "--db", str(db), "export"]):
+        r = CliRunner().invoke(get_app(), argv)
+        assert r.exit_code == 1 and "not an hftagent history database" in r.output, r.output
+    assert _file_state(db) == before
+    if which != "empty_file":
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        con.close()
+
+
+def test_ours_carry_the_marker_and_old_ones_are_stamped(tmp_path):
+    new = tmp_path / "new.sqlite"
+    History(new).close()
+    head = new.read_bytes()[:100]
+    assert int.from_bytes(head[68:72], "big") == hs.APPLICATION_ID  # as file(1) reads it
+    con = sqlite3.connect(new)
+    assert con.execute("SELECT value FROM hftagent WHERE key = 'format'").fetchone() == \
+        ("hftagent.history",)
+    con.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.sqlite"]  # no temporary left
+    # v1 and v2 databases of earlier releases: known by version and tables, then stamped
+    old = tmp_path / "old.sqlite"
+    a, _b = make_v1(old)
+    with History(old) as h:
+        np.testing.assert_array_equal(h.samples(1), a)
+    con = sqlite3.connect(old)
+    assert con.execute("PRAGMA application_id").fetchone()[0] == hs.APPLICATION_ID
+    assert con.execute("SELECT count(*) FROM hftagent").fetchone()[0] == 1
+    con.close()
+
+
+# -- rows of the wrong type (issue #30 item 8) -------------------------------------------------
+def _bad_rows_db(tmp_path: Path) -> Path:
+    """Runs 1-7 of one model; 2-5 and 7 damaged: a BLOB where text is stored, text that is
+    not UTF-8, a BLOB in an integer column, a NULL where none is stored (the table rebuilt
+    without its NOT NULL, as a hand-made database has it), a JSON summary that is a list; and
+    run 6's gate verdict and samples of the wrong type."""
+    db = tmp_path / "bad.sqlite"
+    for i in range(7):
+        rid = record_run("probe", {"latency": {"p50_ns": 1000, "p99_ns": 2000 + i,
+                                               "p999_ns": 3000}}, lat(50, i),
+                         command="probe", builtin="lstm", variant="tflite", fingerprint=FP,
+                         db=db)
+        with History(db) as h:
+            h.add_gate_result(rid, None, "warm", "pass", {"ok": True})
+    con = sqlite3.connect(db)
+    con.execute("UPDATE runs SET created_utc = x'00ff' WHERE id = 2")
+    con.execute("UPDATE runs SET summary = CAST(x'ff7b7d' AS TEXT) WHERE id = 3")
+    con.execute("UPDATE runs SET p99_ns = x'01' WHERE id = 4")
+    con.execute("UPDATE gate_results SET verdict = x'ff' WHERE run_id = 6")
+    con.execute("UPDATE samples SET data = 'text, not a blob' WHERE run_id = 6")
+    con.execute("UPDATE runs SET summary = '[1, 2]', fingerprint = '\"x\"' WHERE id = 7")
+    info = list(con.execute("PRAGMA table_info(runs)"))
+    cols = ", ".join(r[1] for r in info)
+    decl = ", ".join("id INTEGER PRIMARY KEY AUTOINCREMENT" if r[1] == "id" else
+                     f"{r[1]} {r[2]}" for r in info)  # no NOT NULL
+    con.executescript(f"""
+        PRAGMA foreign_keys = OFF;
+        CREATE TABLE runs_loose ({decl});
+        INSERT INTO runs_loose ({cols}) SELECT {cols} FROM runs;
+        DROP TABLE runs;
+        ALTER TABLE runs_loose RENAME TO runs;
+        UPDATE runs SET kind = NULL WHERE id = 5;
+    """)
+    con.commit()
+    con.close()
+    return db
+
+
+def test_rows_of_the_wrong_type_are_skipped_and_counted(tmp_path):
+    db = _bad_rows_db(tmp_path)
+    with History(db) as h:
+        runs = h.runs(limit=None)
+        assert [r.id for r in runs] == [7, 6, 1]
+        assert runs[0].summary == {} and runs[0].fingerprint is None  # JSON of the wrong shape
+        assert h.runs(limit=2)[-1].id == 6  # the limit counts good rows
+        assert h.gate_results(6) == [] and h.gate_results(1)[0]["status"] == "pass"
+        assert h.skipped == 5
+        assert "4 run(s) and 1 gate result(s)" in h.skipped_note()
+        with pytest.raises(HistoryError, match="run 3 .* wrong type"):
+            h.get(3)
+        with pytest.raises(HistoryError, match="run 6: stored samples are damaged"):
+            h.samples(6)
+        assert h.latest_id() == 7
+        assert h.last_pass(model_key_="builtin:lstm", variant="tflite", scenario="warm",
+                           before=7).id == 6
+    assert record_run("probe", {}, lat(10), command="probe", fingerprint=FP, db=db) == 8
+
+
+def test_history_commands_on_rows_of_the_wrong_type(tmp_path):
+    """42 "internal error"s over 18 such databases: every command now skips the bad rows
+    with one warning, or refuses the one run asked for with one line."""
+    from typer.testing import CliRunner
+
+    from agent.cli import get_app
+    db = str(_bad_rows_db(tmp_path))
+    runner = CliRunner()
+    for argv, code in ((["history", "--db", db], 0), (["history", "--db", db, "--json"], 0),
+                       (["history", "--db", db, "show", "1"], 0),
+                       (["history", "--db", db, "show", "latest", "--json"], 0),
+                       (["history", "--db", db, "export"], 0),
+                       (["history", "--db", db, "export", "--format", "json", "--samples"], 1),
+                       (["history", "--db", db, "export", "--format", "json"], 0),
+                       (["history", "--db", db, "plot", "--out", str(tmp_path / "p.png")], 0),
+                       (["history", "--db", db, "show", "2"], 1),
+                       (["gate", "--db", db, "--run", "7"], None)):
+        r = runner.invoke(get_app(), argv)
+        assert "internal error" not in r.output and r.exception is None or \
+            isinstance(r.exception, SystemExit), (argv, r.output)
+        if code is not None:
+            assert r.exit_code == code, (argv, r.output)
+        assert "Traceback" not in r.output
+    r = runner.invoke(get_app(), ["history", "--db", db])
+    assert "skipped: values of the wrong type" in r.output

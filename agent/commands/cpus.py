@@ -76,6 +76,8 @@ def cpus(
     if textfile is not None:
         from agent.commands.common import check_output_dir
         check_output_dir(textfile, "--textfile")
+    from agent.commands.common import check_history_db
+    no_history = not check_history_db(db, no_history)  # --db checked before the scan (#28.4)
     host = make_host()
     try:
         online, _ = online_cpus(host)
