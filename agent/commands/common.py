@@ -25,7 +25,10 @@ ProfileOpt = Annotated[str, typer.Option("--profile", help="hft-cpu | hft-gpu | 
                                          "a profile .toml")]
 DbOpt = Annotated[str | None, typer.Option("--db", help="History database (default "
                                            "$HFTAGENT_DB, else the user's state dir: "
-                                           "~/.local/state/hftagent/history.sqlite).")]
+                                           "~/.local/state/hftagent/history.sqlite). Its "
+                                           "directory must exist; checked before any work; "
+                                           "never a symlink or another application's "
+                                           "database.")]
 NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this run in "
                                             "the history database.")]
 

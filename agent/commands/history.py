@@ -15,7 +15,13 @@ HELP = """Runs recorded by probe, watch, audit and gate (SQLite; --db, else $HFT
 else $XDG_STATE_HOME/hftagent/history.sqlite). Without a subcommand: list the newest runs.
 
 Options given before a subcommand apply to it: `history --db X show 3` reads X. One the
-subcommand does not take (`history --limit 5 show 3`) is an error, never ignored."""
+subcommand does not take (`history --limit 5 show 3`) is an error, never ignored.
+
+Only hftagent's own databases are opened (PRAGMA application_id "HFTA", an `hftagent` table;
+older ones are recognised and stamped): another SQLite file is refused and left untouched.
+A row with a value of the wrong type (a BLOB, a NULL, text that is not UTF-8) is skipped with
+one warning that counts them. --out is never followed through a symlink, replaces only a
+regular file of ours, and is written whole (a temporary file renamed into place)."""
 
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Only runs whose model path, "
                                               "key (builtin:NAME) or hash contains this.")]
