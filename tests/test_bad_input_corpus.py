@@ -472,6 +472,8 @@ for cmd in (["probe"], ["cpus"], ["gate", "--run", "1"], ["history"], ["history"
     if cmd != ["history"]:  # (listing a database that is not there says "no runs yet")
         # a missing directory is an error, never created: before the probe or the scan
         add(*cmd, "--db", "{MISSING}", expect=("does not exist", "{MISSING}"))
+add("audit", "--steal-window", "0", "--db", "{MISSING}", expect=("does not exist", "{MISSING}"))
+add("audit", "--steal-window", "0", "--db", "{APPIDDB}", expect="database")
 add("history", "--db", "{BADROWSDB}", "show", "2", expect="wrong type")
 add("gate", "--db", "{BADROWSDB}", "--run", "2", expect="wrong type")
 

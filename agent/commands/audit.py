@@ -81,6 +81,9 @@ def audit(
     if noise is not None and not host.live:
         raise fail("--noise measures this host: not with --root/--procfs/--sysfs")
     prof = load_profile(profile)
+    if host.live and not no_history:  # --db checked before the checks run (#28.4)
+        from agent.commands.common import check_history_db
+        no_history = not check_history_db(db, False)
     try:
         report = run_audit(host, prof, cpus=cpus, pid=pid, steal_window_s=steal_window)
     except AuditInputError as exc:
