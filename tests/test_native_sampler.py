@@ -38,7 +38,7 @@ FIX = Path(__file__).parent / "fixtures" / "vm-dev"
 
 
 @pytest.fixture(scope="module")
-def helper(tmp_path_factory) -> Path:
+def helper(tmp_path_factory):
     try:
         return build_helper(out_dir=tmp_path_factory.mktemp("hftcache"))
     except NativeUnavailable as exc:
@@ -71,9 +71,10 @@ def test_build_is_cached_and_a_missing_compiler_or_broken_source_is_one_reason(t
     exe = build_helper(out_dir=d) if shutil.which("cc") or shutil.which("gcc") else None
     if exe is None:
         pytest.skip("no C compiler")
-    assert os.access(exe, os.X_OK) and exe.parent == d
-    mtime = exe.stat().st_mtime_ns
-    assert build_helper(out_dir=d) == exe and exe.stat().st_mtime_ns == mtime  # cached
+    assert os.access(exe.path, os.X_OK) and exe.path.parent == d
+    mtime = exe.path.stat().st_mtime_ns
+    again = build_helper(out_dir=d)
+    assert again.path == exe.path and exe.path.stat().st_mtime_ns == mtime  # cached
     bad = tmp_path / "bad.c"
     bad.write_text("int main(void) { return oops; }\n")
     with pytest.raises(NativeUnavailable, match="building the native sampler failed: .*oops"):
@@ -162,7 +163,8 @@ def test_helper_exits_with_its_parent(helper, tmp_path):
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             "from pathlib import Path\n"
             "from agent.watch.sampling.native.feed import Feed\n"
-            f"f = Feed(10_000_000, helper=Path({str(helper)!r}), shm_dir={str(tmp_path)!r})\n"
+            f"f = Feed(10_000_000, helper=Path({str(helper.path)!r}), "
+            f"shm_dir={str(tmp_path)!r})\n"
             "f.start(); print(f.proc.pid, flush=True)\n"
             "import os; os._exit(0)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -400,7 +402,7 @@ def test_a_stalled_helper_hands_over_and_the_scans_come_back(helper, tmp_path):
 def test_the_helper_exits_at_once_when_its_named_parent_is_not_its_parent(helper, tmp_path):
     feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
     try:
-        r = subprocess.run([str(helper), feed.path, "-", "1"], timeout=10)
+        r = subprocess.run([str(helper.path), feed.path, "-", "1"], timeout=10)
         assert r.returncode == 0 and feed.state() == 0  # never ran a round
     finally:
         feed.close()
@@ -412,17 +414,21 @@ def test_an_untrusted_cache_directory_or_binary_is_not_run(tmp_path):
     d = tmp_path / "open"
     d.mkdir(mode=0o700)
     os.chmod(d, 0o777)  # anyone could plant a binary here
-    with pytest.raises(NativeUnavailable, match="writable only by you"):
+    with pytest.raises(NativeUnavailable, match="writable by group or others"):
         build_helper(out_dir=d)
     good = tmp_path / "good"
-    exe = build_helper(out_dir=good)
+    exe = build_helper(out_dir=good).path
     os.chmod(exe, 0o777)  # the cached binary itself made writable by others
     with pytest.raises(NativeUnavailable, match="writable only by you"):
         build_helper(out_dir=good)
+    os.chmod(exe, 0o755)
     link = tmp_path / "link"
     link.symlink_to(good)
-    with pytest.raises(NativeUnavailable, match="not a directory"):
-        build_helper(out_dir=link)
+    assert build_helper(out_dir=link).path == exe  # our own link is followed
+    if os.geteuid() == 0:
+        os.lchown(link, 65534, 65534)  # another user's link is not
+        with pytest.raises(NativeUnavailable, match="symlink owned by uid 65534"):
+            build_helper(out_dir=link)
 
 
 def _c_compiler() -> str | None:

@@ -247,6 +247,7 @@ class Spinner:
 def start_spinners(exe: Path, cpus: Sequence[int], loop: str = "pause") -> list[Spinner]:
     """One spinner per CPU, each watching this process through an inherited pidfd. Raises
     LaunchError (and leaves none running) when one cannot start."""
+    from collectors.native import command
     try:
         me = os.pidfd_open(os.getpid())
     except (AttributeError, OSError) as exc:
@@ -255,8 +256,11 @@ def start_spinners(exe: Path, cpus: Sequence[int], loop: str = "pause") -> list[
     out: list[Spinner] = []
     try:
         for c in cpus:
+            # through its checked cache directory (collectors/native.py); no lifeline: the
+            # spinner watches the pidfd, which outlives our exec
+            argv, fds = command(exe, str(c), str(me), loop, lifeline=False)
             try:
-                r = subprocess.run([str(exe), str(c), str(me), loop], pass_fds=(me,),
+                r = subprocess.run(argv, pass_fds=(me, *fds),
                                    stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                    timeout=10)
             except (OSError, subprocess.TimeoutExpired) as exc:

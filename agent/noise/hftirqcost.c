@@ -1,6 +1,6 @@
 /* hftirqcost: what one interrupt costs a task running on a CPU, hidden parts included.
  *
- * Usage: hftirqcost CPU SENDER_CPU COUNT SPACING_NS
+ * Usage: hftirqcost CPU SENDER_CPU COUNT SPACING_NS [PARENT_PID WATCH_FD]
  *
  * A recorder thread pinned to CPU reads CLOCK_MONOTONIC in a tight loop (as hftnoise does)
  * and keeps every gap longer than max(1 us, 8 x the smallest step). The main thread, pinned
@@ -20,21 +20,32 @@
  * stdout: one line of key=value words: hftirqcost=1 cpu sender sent matched median_ns p10_ns
  * p90_ns step_ns background (gaps per second with no call).
  * Exit status: 0 ok, 2 bad arguments, 3 cannot pin, 4 out of memory, 5 no membarrier,
- * 6 thread failed.
+ * 6 thread failed, 7 parent gone.
+ *
+ * With PARENT_PID WATCH_FD it dies with hftagent, as hftnoise.c does (collectors/native.py,
+ * "lifeline"): PR_SET_PDEATHSIG, a getppid() check, and a thread blocked in read(WATCH_FD)
+ * that exits the process at EOF. That thread never runs while the IPIs are sent, so
+ * membarrier never targets its CPU.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
+#include <limits.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#define EXIT_PARENT_GONE 7
 
 #define MAX_GAPS 65536
 
@@ -104,13 +115,36 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static void *watch_parent(void *arg) {
+    char c;
+    while (read((int)(intptr_t)arg, &c, 1) < 0 && errno == EINTR) {}
+    _exit(EXIT_PARENT_GONE); /* EOF: no process holds the write end any more */
+}
+
+/* PARENT_PID WATCH_FD: die with the parent (see the top). -1 on bad arguments. */
+static int lifeline(const char *ppid_s, const char *fd_s) {
+    uint64_t ppid, fd;
+    struct stat st;
+    if (parse_u64(ppid_s, &ppid) || parse_u64(fd_s, &fd) || ppid > INT_MAX || fd > INT_MAX ||
+        fstat((int)fd, &st) != 0 || !S_ISFIFO(st.st_mode))
+        return -1;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != (pid_t)ppid) _exit(EXIT_PARENT_GONE); /* gone before the line above */
+    pthread_t th;
+    if (pthread_create(&th, NULL, watch_parent, (void *)(intptr_t)fd) != 0) return -1;
+    pthread_detach(th);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     uint64_t cpu, sender, count, spacing;
-    if (argc != 5 || parse_u64(argv[1], &cpu) || parse_u64(argv[2], &sender) ||
+    if ((argc != 5 && argc != 7) || parse_u64(argv[1], &cpu) || parse_u64(argv[2], &sender) ||
         parse_u64(argv[3], &count) || parse_u64(argv[4], &spacing) || cpu >= CPU_SETSIZE ||
         sender >= CPU_SETSIZE || cpu == sender || count == 0 || count > 100000 ||
-        spacing < 1000 || spacing > 100000000ull) {
-        fprintf(stderr, "usage: hftirqcost CPU SENDER_CPU COUNT SPACING_NS\n");
+        spacing < 1000 || spacing > 100000000ull ||
+        (argc == 7 && lifeline(argv[5], argv[6]) != 0)) {
+        fprintf(stderr, "usage: hftirqcost CPU SENDER_CPU COUNT SPACING_NS "
+                "[PARENT_PID WATCH_FD]\n");
         return 2;
     }
     if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0) {

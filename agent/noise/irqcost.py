@@ -80,7 +80,7 @@ def measure(cpu: int, sender_cpu: int, *, count: int = COUNT,
             spacing_ns: int = SPACING_NS) -> IrqCost:
     """Measure the interrupt cost on ``cpu``, IPIs sent from ``sender_cpu``; never raises:
     a helper that cannot be built or run gives ``cost_ns`` None and the reason."""
-    from collectors.native import NativeUnavailable, build
+    from collectors.native import NativeUnavailable, build, command
     if cpu == sender_cpu:
         return IrqCost(cpu, None, "no other CPU to send IPIs from: not measured")
     if _BUILD_FAILED:  # (once per process, not once per CPU)
@@ -90,9 +90,13 @@ def measure(cpu: int, sender_cpu: int, *, count: int = COUNT,
     except NativeUnavailable as exc:
         _BUILD_FAILED.append(str(exc))
         return IrqCost(cpu, None, f"not measured: {exc}")
+    # argv ends with PARENT_PID WATCH_FD: the helper dies with us (hftirqcost.c); an
+    # exception here (a stop) kills it (subprocess.run)
+    argv, fds = command(exe, str(cpu), str(sender_cpu), str(count), str(spacing_ns))
     try:
-        r = subprocess.run([str(exe), str(cpu), str(sender_cpu), str(count), str(spacing_ns)],
-                           capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        with exe:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S,
+                               check=False, pass_fds=fds)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return IrqCost(cpu, None, f"not measured: {type(exc).__name__}: {exc}")
     if r.returncode != 0:

@@ -1,8 +1,10 @@
 """Run the clock-gap recorder on candidate CPUs and attribute what it saw from /proc deltas.
 
 The recorder (agent/noise/hftnoise.c, compiled on first use into the cache directory by the
-same trusted builder as watch's native reader, collectors/native.py) is pinned to one CPU and spins for the scan's
-duration. A few CPUs are scanned at a time — at most a quarter of the online CPUs, never the
+same trusted builder as watch's native reader, collectors/native.py) is pinned to one CPU and
+spins for the scan's duration. It never outlives us: the scan kills its recorders on any
+exception, and a recorder whose hftagent died (SIGKILL included) exits at once (its lifeline,
+collectors/native.py). A few CPUs are scanned at a time — at most a quarter of the online CPUs, never the
 housekeeping ones — so that the scan itself does not crowd the machine.
 
 Around each batch the per-CPU columns of /proc/interrupts, /proc/softirqs and /proc/stat are
@@ -33,6 +35,7 @@ from agent.noise.rank import CpuNoise
 
 if TYPE_CHECKING:
     from agent.noise.events import Tracer
+    from collectors.native import Helper
 from collectors.host import Host
 from collectors.parsers import parse_interrupts, parse_proc_stat, parse_softirqs
 
@@ -41,8 +44,9 @@ MAX_GAPS = 200_000          # kept per CPU (3.2 MB); past that only counted
 MAX_DURATION_S = 60.0
 
 
-def build() -> Path:
-    """The compiled recorder (cached). Raises AgentError naming why it cannot be built."""
+def build() -> Helper:
+    """The compiled recorder (cached; started through collectors.native.command). Raises
+    AgentError naming why it cannot be built."""
     from collectors.native import NativeUnavailable
     from collectors.native import build as build_native
     try:
@@ -146,7 +150,7 @@ def batches(cpus: list[int], online: int) -> list[list[int]]:
 
 
 def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_ns: int,
-         exe: Path | None = None, progress: Callable[[list[int]], None] | None = None,
+         exe: Helper | Path | None = None, progress: Callable[[list[int]], None] | None = None,
          tracer: Tracer | None = None, irq_sender: int | None = None,
          irq_coster: Callable | None = None) -> list[CpuNoise]:
     """Scan ``cpus`` (never the housekeeping ones: the caller checks), a batch at a time.
@@ -157,18 +161,24 @@ def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_
     ``hftagent watch --irq-cost US`` takes under an external client."""
     if not 0 < duration_s <= MAX_DURATION_S:
         raise AgentError(f"--duration must be > 0 and ≤ {MAX_DURATION_S:g} s")
+    own = exe is None
     exe = exe or build()
     out: list[CpuNoise] = []
-    for group in batches(cpus, online):
-        if progress:
-            progress(group)
-        # opened before the recorders start: the ring holds each one's switch-in
-        src = tracer.open(group, duration_s) if tracer is not None else None
-        try:
-            out.extend(_scan_batch(host, group, duration_s, threshold_ns, exe, src, tracer))
-        finally:
-            if src is not None:
-                src.close()
+    try:
+        for group in batches(cpus, online):
+            if progress:
+                progress(group)
+            # opened before the recorders start: the ring holds each one's switch-in
+            src = tracer.open(group, duration_s) if tracer is not None else None
+            try:
+                out.extend(_scan_batch(host, group, duration_s, threshold_ns, exe, src,
+                                       tracer))
+            finally:
+                if src is not None:
+                    src.close()
+    finally:
+        if own:
+            exe.close()
     if irq_sender is not None:
         if irq_coster is None:
             from agent.noise.irqcost import measure as irq_coster
@@ -179,16 +189,36 @@ def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_
 
 
 def _scan_batch(host: Host, group: list[int], duration_s: float, threshold_ns: int,
-                exe: Path, src, tracer: Tracer | None) -> list[CpuNoise]:
+                exe: Helper | Path, src, tracer: Tracer | None) -> list[CpuNoise]:
+    procs: dict[int, subprocess.Popen] = {}
+    try:
+        return _run_batch(host, group, duration_s, threshold_ns, exe, src, tracer, procs)
+    finally:
+        # an exception (a stop: SIGTERM/SIGINT in agent/commands/cpus.py) leaves no recorder
+        # spinning; a dead hftagent's die by their lifeline (collectors/native.py)
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
+
+
+def _run_batch(host: Host, group: list[int], duration_s: float, threshold_ns: int,
+               exe: Helper | Path, src, tracer: Tracer | None,
+               procs: dict[int, subprocess.Popen]) -> list[CpuNoise]:
+    from collectors.native import command
     out: list[CpuNoise] = []
     before = read_counters(host)
-    procs = {}
     for c in group:
+        # argv ends with PARENT_PID WATCH_FD: hftnoise dies with us (hftnoise.c)
+        argv, fds = command(exe, str(c), str(int(duration_s * 1e9)), str(threshold_ns),
+                            str(MAX_GAPS))
         try:
-            procs[c] = subprocess.Popen(
-                [str(exe), str(c), str(int(duration_s * 1e9)), str(threshold_ns),
-                 str(MAX_GAPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                stdin=subprocess.DEVNULL, close_fds=True)
+            procs[c] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        stdin=subprocess.DEVNULL, close_fds=True,
+                                        pass_fds=fds)
         except OSError as exc:
             out.append(_failed(c, duration_s, f"cannot start the recorder: {exc.strerror}"))
     results = {}

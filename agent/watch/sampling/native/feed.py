@@ -37,7 +37,12 @@ import time
 from pathlib import Path
 
 from collectors.layout import TokenLayout
-from collectors.native import NativeUnavailable, build  # NativeUnavailable: watch catches it
+from collectors.native import (
+    Helper,
+    NativeUnavailable,  # watch catches it
+    build,
+    command,
+)
 
 MAGIC = 0x31534648
 VERSION = 4
@@ -113,9 +118,9 @@ _S = SLOT.off
 SOURCE = Path(__file__).with_name("hftsampler.c")
 
 
-def build_helper(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
-    """Path of the compiled helper for ``source`` (collectors/native.py builds and caches it).
-    Raises :class:`NativeUnavailable` (not x86-64, no compiler, failed build, a cache
+def build_helper(source: Path = SOURCE, out_dir: Path | None = None) -> Helper:
+    """The compiled helper for ``source`` (collectors/native.py builds and caches it, and
+    starts it through its checked cache directory: :func:`collectors.native.command`). Raises :class:`NativeUnavailable` (not x86-64, no compiler, failed build, a cache
     directory or cached binary that someone else could have written)."""
     # The reader's side of the shared ring relies on x86-64's ordered loads and stores
     # (Python has no fences).
@@ -127,8 +132,9 @@ class Feed:
     """The shared file, its slot table and the ring reader; starts and stops the helper."""
 
     def __init__(self, period_ns: int, capacity: int = DEFAULT_CAPACITY,
-                 helper: Path | None = None, shm_dir: str | None = None) -> None:
-        self.helper = helper or build_helper()
+                 helper: Helper | Path | None = None, shm_dir: str | None = None) -> None:
+        self._own_helper = helper is None
+        self.helper = helper or build_helper()  # a Path: a test's stand-in, run as it is
         self.capacity = min(1 << 30, max(1 << 16, capacity)) & ~7  # record lengths are u32
         d = shm_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         fd, path = tempfile.mkstemp(prefix=f"hftagent-feed-{os.getpid()}-", dir=d)
@@ -287,14 +293,16 @@ class Feed:
         """Start the helper and wait until it runs; then remove the shared file's name (both
         sides have it mapped: nothing is left in /dev/shm whatever happens next). Call it from
         the thread that stays alive for the run (PR_SET_PDEATHSIG follows the forking
-        thread). Its own session: a terminal's Ctrl-C or a service stop reaches watch, which
-        stops it through the stop flag."""
+        thread; the lifeline pipe covers the rest: collectors/native.py). Its own session: a
+        terminal's Ctrl-C or a service stop reaches watch, which stops it through the stop
+        flag."""
         arg = ",".join(str(c) for c in cpus) if cpus else "-"
         try:
-            self.proc = subprocess.Popen([str(self.helper), self.path, arg, str(os.getpid())],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, close_fds=True,
-                                         start_new_session=True)
+            # argv ends with PARENT_PID WATCH_FD (hftsampler.c's usage)
+            argv, fds = command(self.helper, self.path, arg)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         close_fds=True, pass_fds=fds, start_new_session=True)
         except OSError as exc:
             raise NativeUnavailable(f"cannot start the native sampler: {exc.strerror}") \
                 from None
@@ -394,6 +402,8 @@ class Feed:
             self.mm.close()
             self.mm = None
         self._unlink()
+        if getattr(self, "_own_helper", False) and isinstance(self.helper, Helper):
+            self.helper.close()
 
     # -- reading rounds ----------------------------------------------------------------------
     def read_rounds(self) -> tuple[bytes, list[tuple[int, int, dict]]]:

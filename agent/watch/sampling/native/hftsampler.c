@@ -19,9 +19,12 @@
  * more than the reads themselves (measured on a 2-CPU KVM guest: 5 % of one CPU for the Python
  * sampler at 100 Hz, 1.3 % for this loop doing the same reads, docs/benchmarks.md).
  *
- * Usage: hftsampler SHM_FILE CPU,CPU,...|- PARENT_PID
+ * Usage: hftsampler SHM_FILE CPU,CPU,...|- PARENT_PID [WATCH_FD]
  *        (pins itself to the CPUs, "-" = do not pin; exits when PARENT_PID is no longer its
- *        parent — checked against the pid given, so it also works under a PID-1 parent)
+ *        parent — checked against the pid given, so it also works under a PID-1 parent;
+ *        WATCH_FD: the read end of a pipe whose write end only the parent holds, which a
+ *        thread blocked in read() sees reach EOF when the parent is gone however it ended,
+ *        even where PR_SET_PDEATHSIG does not fire: collectors/native.py, "lifeline")
  * Layout of SHM_FILE: struct header (4 KiB), NSLOTS struct slot, NSLOTS token layouts
  * (LAYOUT_BYTES each), then the data ring. Every
  * field the other side reads is written with a release store after the data it publishes.
@@ -31,6 +34,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -299,9 +304,24 @@ static int reserve(size_t need) {
     return 0;
 }
 
+static void *watch_parent(void *arg) {
+    char c;
+    while (read((int)(intptr_t)arg, &c, 1) < 0 && errno == EINTR) {}
+    _exit(7); /* EOF: no process holds the write end any more (the parent is gone) */
+}
+
 int main(int argc, char **argv) {
-    if (argc < 4) {
-        fprintf(stderr, "usage: hftsampler SHM_FILE CPU,CPU,...|- PARENT_PID\n");
+    int watch_fd = -1;
+    if (argc == 5) {
+        char *end;
+        long v = strtol(argv[4], &end, 10);
+        struct stat wst;
+        if (end != argv[4] && !*end && v >= 0 && v <= INT_MAX && fstat((int)v, &wst) == 0 &&
+            S_ISFIFO(wst.st_mode))
+            watch_fd = (int)v;
+    }
+    if (argc < 4 || argc > 5 || (argc == 5 && watch_fd < 0)) {
+        fprintf(stderr, "usage: hftsampler SHM_FILE CPU,CPU,...|- PARENT_PID [WATCH_FD]\n");
         return 2;
     }
     pid_t parent = (pid_t)strtol(argv[3], NULL, 10);
@@ -336,6 +356,20 @@ int main(int argc, char **argv) {
     /* Never outlive watch: SIGTERM when the parent dies (and it may already have). */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) return 0; /* the parent died before the line above */
+    if (watch_fd >= 0) {
+        /* the thread blocks every signal: SIGTERM/SIGINT are the main loop's to see */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);
+        pthread_t th;
+        int rc = pthread_create(&th, NULL, watch_parent, (void *)(intptr_t)watch_fd);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc != 0) {
+            errno = rc;
+            return fail("pthread_create");
+        }
+        pthread_detach(th);
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
