@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -21,7 +24,10 @@ CPUs other processes are pinned to. It prints the --cpus to use and the exact tu
 commands. With kernel events (--trace; root) each CPU's lost time is attributed exactly:
 µs per second per IRQ, softirq, tick, work item and task, and the gaps no event explains
 as hw_or_hypervisor; without them, from /proc counter deltas. Read-only: nothing on the
-host is changed (--trace uses a private tracefs instance, removed after each batch)."""
+host is changed (--trace uses a private tracefs instance, removed after each batch).
+SIGTERM or SIGINT (Ctrl-C) during the scan stops it: the recorders are killed and the
+instance removed, nothing is recorded, exit status 128 + the signal's number (143, 130); a
+recorder whose hftagent was killed (kill -9 included) exits at once."""
 
 
 def cpus(
@@ -111,8 +117,14 @@ def cpus(
 
     from agent.noise.events import Tracer
     tracer = Tracer(trace, host)
-    results = sc.scan(host, cand, len(online), duration, int(threshold_us * 1000),
-                      progress=progress, tracer=tracer, irq_sender=house[0])
+    try:
+        with _stop_on_signals():
+            results = sc.scan(host, cand, len(online), duration, int(threshold_us * 1000),
+                              progress=progress, tracer=tracer, irq_sender=house[0])
+    except _Stopped as stop:
+        print(f"hftagent: cpus stopped by {stop.name} during the scan: recorders killed, "
+              "nothing recorded", file=sys.stderr)
+        raise typer.Exit(128 + stop.signum) from None
     rk.judge(results)
     smt = cpuc.smt(host, cand).siblings
     nodes = numa_nodes(host)
@@ -149,6 +161,44 @@ def cpus(
         record_run("cpus", doc, None, command="cpus", db=db, warn=True)
     if not choice.recommended:
         raise typer.Exit(2)
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGINT during the scan. A BaseException (as KeyboardInterrupt), so that no
+    ``except Exception`` on the way swallows it: it unwinds the scan through its ``finally``
+    blocks, which kill the recorders (agent/noise/scan.py) and close the tracefs instance."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGTERM/SIGINT raise :class:`_Stopped` in the main thread while the block runs; after
+    the first, both are ignored until the block is left, so a second Ctrl-C cannot cut the
+    clean-up short. The previous handlers come back on the way out. Outside the main thread
+    (library use) nothing is installed."""
+
+    def stop(signum: int, _frame) -> None:
+        for s in _STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise _Stopped(signum)
+
+    try:
+        old = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def device_nodes(host) -> list[int]:

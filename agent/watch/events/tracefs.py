@@ -8,6 +8,10 @@ Life cycle (kernel Documentation/trace/ftrace.rst, "Instances"):
   outside that directory is ever written: not the top-level ``tracing_on``,
   ``current_tracer`` or events, not another instance — except removing an instance named
   ``hftagent-<pid>`` whose creator is dead (a SIGKILLed watch), at the next start.
+  Removed by :meth:`EventSource.close`, at exit (atexit, KeyboardInterrupt included), and on
+  SIGTERM where nobody else handles it: the first open installs a handler (main thread,
+  default disposition only) that removes every instance held, then dies of SIGTERM as it
+  would have. Commands that handle SIGTERM themselves (watch, cpus) unwind to ``close``.
 - In it: ``tracing_on`` 0 while it is set up; ``trace_clock`` ``mono`` (CLOCK_MONOTONIC:
   the probe's ``time.monotonic_ns`` and ``perf_counter_ns`` read the same clock on Linux, so
   a sample's intended start and end select events directly); ``options/overwrite`` 1 (the
@@ -55,6 +59,8 @@ import ctypes
 import errno
 import os
 import re
+import signal
+import threading
 import time
 import weakref
 from bisect import bisect_left, bisect_right
@@ -278,6 +284,28 @@ def _close_all_at_exit() -> None:
             src.close()
 
 
+def _close_all_then_die(signum: int, _frame) -> None:
+    """SIGTERM with no handler of the command's: remove the instances, then die of the
+    signal with its default action (the exit status says SIGTERM, as it would have)."""
+    signal.signal(signum, signal.SIG_DFL)
+    try:
+        _close_all_at_exit()
+    finally:
+        os.kill(os.getpid(), signum)
+
+
+def _at_exit_and_term() -> None:
+    """Once per process, on the first open: atexit, and SIGTERM where its disposition is
+    still the default and this is the main thread (only it may set handlers)."""
+    if _AT_EXIT:
+        return
+    _AT_EXIT.append(True)
+    atexit.register(_close_all_at_exit)
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _close_all_then_die)
+
+
 def _proc_is_dead_or_reused(host: Host, pid: int, created_wall: float) -> bool:
     """Whether the creator of an ``hftagent-<pid>`` instance is gone: no such process, a
     zombie, or a process started after the instance was made (the pid was reused)."""
@@ -414,6 +442,9 @@ class EventSource:
             return Unsupported(f"unsupported: tracefs instance set-up failed: "
                                f"{exc.strerror or exc}"
                                + (f" ({exc.filename})" if exc.filename else ""))
+        except BaseException:  # a stop (SIGTERM/SIGINT raised in a handler) mid-set-up
+            src._teardown()
+            raise
         return src
 
     def _open(self, host: Host, cpus: list[int], buffer_s: float, mount: bool,
@@ -460,9 +491,7 @@ class EventSource:
         self._creator = os.getpid()
         self._closed = False
         _HELD[str(self.path)] = weakref.ref(self)
-        if not _AT_EXIT:
-            atexit.register(_close_all_at_exit)
-            _AT_EXIT.append(True)
+        _at_exit_and_term()
         p = self.path
         online = self._online_cpus(host)
         bad = [c for c in cpus if c not in online]
