@@ -411,15 +411,20 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.server.auth
         path = self.path.split("?", 1)[0]
         extra: tuple[tuple[str, str], ...] = ()
+        retry = "1"
         try:
-            allowed = auth is None or auth.check(self.headers.get("Authorization"))
-        except AuthBusy:  # too many unverified passwords queued for bcrypt: come back later
-            self.server.count("refused")
-            allowed, code = False, 503
+            allowed = auth is None or auth.check(self.headers.get("Authorization"),
+                                                 self.client_address[0])
+        except AuthBusy as busy:  # not checked now (queue full, or this peer over its
+            # failure budget: 429): come back later, without holding this worker
+            self.server.count("refused" if busy.status == 503 else "throttled")
+            allowed, code = False, busy.status
+            retry = str(busy.retry_after_s)
         else:
             code = 401
-        if not allowed and code == 503:
-            body, ctype, extra = b"busy\n", "text/plain", (("Retry-After", "1"),)
+        if not allowed and code in (429, 503):
+            body = b"busy\n" if code == 503 else b"too many failed logins\n"
+            ctype, extra = "text/plain", (("Retry-After", retry),)
         elif not allowed:
             self.server.count("unauthorized")
             body, ctype = b"Unauthorized\n", "text/plain"
@@ -494,7 +499,8 @@ class _Server:
         self.idle_timeout_s = idle_timeout_s
         self.write_timeout_s = write_timeout_s
         self.counts = dict.fromkeys(("errors", "refused", "evicted", "timed_out",
-                                     "tls_failed", "unauthorized", "too_large"), 0)
+                                     "tls_failed", "unauthorized", "throttled", "too_large"),
+                                    0)
         self._count_lock = threading.Lock()
         self.conns: dict[int, _Conn] = {}               # by id(); accept order = age order
         self.by_ip: dict[str, dict[int, _Conn]] = {}
@@ -881,8 +887,9 @@ class Exporter:
     @property
     def stats(self) -> dict[str, int]:
         """Counters since start: errors, refused (503), evicted (dropped for a newcomer),
-        timed_out (head, idle or write deadline), tls_failed, unauthorized, too_large, and
-        the connections open now."""
+        timed_out (head, idle or write deadline), tls_failed, unauthorized (401), throttled
+        (429: a peer over its failed-login budget), too_large, and the connections open
+        now."""
         s = self._server
         if s is None:
             return dict(self._last_counts) or {"errors": 0, "refused": 0}

@@ -14,7 +14,7 @@ configuration format of the Prometheus exporter toolkit (the file node_exporter 
 
     cfg = load_web_config("/etc/hftagent/web-config.yml")   # AgentError: one line
     cfg.tls.context()          # ssl.SSLContext for new connections (None: plain HTTP)
-    cfg.auth.check(header)     # the Authorization header's value -> bool (None: no auth)
+    cfg.auth.check(header, peer)   # Authorization value, client address -> bool (None: no auth)
 
 The file is read once, at start; a bad file is an error then, never at the first scrape.
 What the toolkit does per connection we do as well where it matters: the certificate, key
@@ -36,8 +36,10 @@ at cost 10, so each verified (user, hash, password) is remembered — under an H
 per-process random key, never the password itself — and later scrapes cost a dictionary
 lookup. An unknown user is checked against a dummy hash of the same cost, so the answer's
 timing does not say which users exist; checks run one at a time (at most one CPU spent on
-bcrypt however many wrong guesses arrive); only successes are remembered, so guesses cannot
-push the scraper's entry out.
+bcrypt however many wrong guesses arrive), a wrong password is remembered apart from the
+right ones (guesses cannot push the scraper's entry out), and a flood of guesses neither
+waits ahead of a scraper from another address nor gets checked past a per-address budget
+(:class:`BasicAuth`).
 """
 
 from __future__ import annotations
@@ -350,26 +352,101 @@ class TLSServer:
 
 
 class AuthBusy(Exception):
-    """More unverified passwords are waiting for bcrypt than :attr:`BasicAuth.QUEUE`: the
-    request is answered 503 at once instead of holding a worker thread (a scraper whose
-    password was verified once never waits: it is served from the cache)."""
+    """An unverified password that is not checked now: answered ``status`` (503: the bcrypt
+    queue is full or this peer has a check in flight; 429: this peer failed too often
+    lately) with ``Retry-After: retry_after_s``, at once, instead of holding a worker
+    thread. A scraper whose password was verified once never gets it: it is served from
+    the cache."""
+
+    def __init__(self, status: int = 503, retry_after_s: int = 1) -> None:
+        super().__init__(status, retry_after_s)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+def peer_key(addr: str | None) -> str | None:
+    """The unit a peer's failures are counted in: an IPv4 address, an IPv6 /64 (what one
+    host or customer gets: counting single addresses would let it rotate through 2^64)."""
+    if not addr:
+        return None
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return addr
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class _Peer:
+    __slots__ = ("tokens", "stamp", "busy", "throttled")
+
+    def __init__(self, tokens: float, stamp: float) -> None:
+        self.tokens, self.stamp, self.busy = tokens, stamp, False
+        self.throttled = False  # spent its budget; cleared when the budget is whole again
+
+
+class _Waiter:
+    __slots__ = ("prio", "seq", "bumped")
+
+    def __init__(self, prio: float, seq: int) -> None:
+        self.prio, self.seq, self.bumped = prio, seq, False
 
 
 class BasicAuth:
-    """``basic_auth_users`` checks (see the module docstring)."""
+    """``basic_auth_users`` checks (see the module docstring).
+
+    bcrypt is slow on purpose (60-100 ms at cost 10), so a flood of wrong passwords must
+    not decide when a good one is checked. In the order :meth:`check` applies them:
+
+    1. A verified (user, hash, password) is remembered (HMAC under a per-process key, the
+       last :attr:`CACHE`): a dictionary lookup, whatever else is going on.
+    2. A password that failed is remembered too (the last :attr:`BAD_CACHE`): a client
+       repeating it (a scraper with a stale password, a dumb flood) costs a lookup and gets
+       401 again, no bcrypt.
+    3. Each peer (:func:`peer_key`) has a budget of failed checks: :attr:`FAIL_BURST`,
+       refilled at :attr:`FAIL_PER_S`; a scraper with a wrong password (one try per scrape
+       interval) never spends it. Once a peer has spent it, and until it is whole again,
+       its unverified passwords get 429 without bcrypt, and a token that comes back goes
+       only to a password refused so before (a client retrying the same credential), never
+       to a new guess: a flood of fresh guesses from the scraper's own address keeps the
+       scraper out for one token's refill (5 s), not for as long as the flood lasts.
+    4. One unverified check per peer at a time (a second one gets 503), one bcrypt at a
+       time in all (at most one CPU), at most :attr:`QUEUE` waiting. Waiters are served by
+       their peer's recent failures, then in arrival order; a newcomer with fewer failures
+       than the worst waiter takes that one's place (it gets 503). So a scraper from an
+       address that has not been failing waits for the check in progress at most, however
+       many wrong guesses come from elsewhere.
+
+    A flood from the scraper's own address that repeats its guesses cannot be told from a
+    scraper retrying: there a fresh scraper competes for that address's tokens (its cached
+    credential never does); firewall the port (docs/fleet.md)."""
 
     CACHE = 64
+    BAD_CACHE = 4096
+    DEFERRED = 1024
     QUEUE = 2
+    FAIL_BURST = 8.0
+    FAIL_PER_S = 0.2
+    PEERS = 4096
+    WAIT_S = 10.0
 
-    def __init__(self, users: dict[str, bytes]) -> None:
+    def __init__(self, users: dict[str, bytes], clock: Any = time.monotonic) -> None:
         self.users = users
         self._cost = max(int(h[4:6]) for h in users.values())
         self._dummy: bytes | None = None
         self._key = os.urandom(32)
+        self._clock = clock
         self._ok: OrderedDict[bytes, None] = OrderedDict()
-        self._bcrypt = threading.Lock()  # one check at a time
-        self._cache_lock = threading.Lock()
-        self._waiting = 0
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
+        self._deferred: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._peers: OrderedDict[str, _Peer] = OrderedDict()
+        self._cond = threading.Condition(threading.Lock())
+        self._running = False
+        self._queue: list[_Waiter] = []
+        self._seq = 0
         self.checks = 0   # bcrypt computations done (the cache's hit rate, for tests/bench)
 
     @staticmethod
@@ -396,42 +473,133 @@ class BasicAuth:
         msg = b"".join(len(x).to_bytes(4, "big") + x for x in (u, hashed, password))
         return hmac.new(self._key, msg, hashlib.sha256).digest()
 
-    def check(self, header: str | None) -> bool:
+    def _peer(self, key: str, now: float) -> _Peer:
+        """The peer's record with its tokens refilled to ``now`` (lock held)."""
+        p = self._peers.get(key)
+        if p is None:
+            p = self._peers[key] = _Peer(self.FAIL_BURST, now)
+            while len(self._peers) > self.PEERS:
+                old = next(iter(self._peers))
+                if self._peers[old].busy:  # in flight: keep it, drop the next oldest
+                    self._peers.move_to_end(old)
+                    continue
+                del self._peers[old]
+        else:
+            p.tokens = min(self.FAIL_BURST, p.tokens + (now - p.stamp) * self.FAIL_PER_S)
+            p.stamp = now
+            if p.tokens >= self.FAIL_BURST:
+                p.throttled = False
+            self._peers.move_to_end(key)
+        return p
+
+    def _remember(self, cache: OrderedDict, key: Any, bound: int) -> None:
+        cache[key] = None
+        cache.move_to_end(key)
+        while len(cache) > bound:
+            cache.popitem(last=False)
+
+    def check(self, header: str | None, peer: str | None = None) -> bool:
+        """Whether ``header`` (an Authorization value) names a user and its password.
+        ``peer``: the client's address (None: no per-peer accounting). Raises
+        :class:`AuthBusy` for a password that is not checked now."""
         creds = self.parse(header)
         if creds is None:
             return False
         user, password = creds
         hashed = self.users.get(user)
         known = hashed is not None
-        if known:
-            key = self._digest(user, hashed, password)
-            with self._cache_lock:
-                if key in self._ok:
-                    self._ok.move_to_end(key)
-                    return True
         if len(password) > 72:
             return False  # bcrypt uses 72 bytes at most; the bcrypt package refuses more
-        import bcrypt
-        with self._cache_lock:
-            if self._waiting >= self.QUEUE + 1:
-                raise AuthBusy
-            self._waiting += 1
+        key = self._digest(user, hashed or b"", password)
+        with self._cond:
+            if known and key in self._ok:
+                self._ok.move_to_end(key)
+                return True
+            if key in self._bad:
+                self._bad.move_to_end(key)
+                return False
+            pkey = peer_key(peer)
+            p = self._peer(pkey, self._clock()) if pkey is not None else None
+            if p is not None:
+                if p.throttled:
+                    dkey = (pkey, key)
+                    if dkey not in self._deferred or p.tokens < 1.0:
+                        self._remember(self._deferred, dkey, self.DEFERRED)
+                        raise AuthBusy(429, max(1, int((1.0 - p.tokens) / self.FAIL_PER_S)
+                                                + 1))
+                    del self._deferred[dkey]
+                if p.busy:
+                    raise AuthBusy(503, 1)
+            self._seq += 1
+            me = _Waiter(self.FAIL_BURST - p.tokens if p is not None else 0.0, self._seq)
+            if self._running or self._queue:
+                self._enqueue(me)
+                if p is not None:
+                    p.busy = True
+                try:
+                    self._wait_turn(me)
+                except AuthBusy:
+                    if p is not None:
+                        p.busy = False
+                    raise
+            elif p is not None:
+                p.busy = True
+            self._running = True
+        ok: bool | None = None
         try:
-            with self._bcrypt:
-                if not known and self._dummy is None:
-                    self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(self._cost))
-                self.checks += 1
-                ok = bcrypt.checkpw(password, hashed if known else self._dummy)
+            ok = self._bcrypt(password, hashed if known else None)
         finally:
-            with self._cache_lock:
-                self._waiting -= 1
-        if not (ok and known):
-            return False
-        with self._cache_lock:
-            self._ok[key] = None
-            while len(self._ok) > self.CACHE:
-                self._ok.popitem(last=False)
-        return True
+            with self._cond:
+                self._running = False
+                if p is not None:
+                    p.busy = False
+                    if ok is False:  # a failure spends one of the peer's tokens
+                        p.tokens = max(0.0, p.tokens - 1.0)
+                        p.throttled = p.throttled or p.tokens < 1.0
+                if ok and known:
+                    self._remember(self._ok, key, self.CACHE)
+                elif ok is not None:
+                    self._remember(self._bad, key, self.BAD_CACHE)
+                self._cond.notify_all()
+        return bool(ok and known)
+
+    def _enqueue(self, me: _Waiter) -> None:
+        """Join the queue, taking the place of a worse waiter when it is full (lock held)."""
+        if len(self._queue) >= self.QUEUE:
+            worst = max(self._queue, key=lambda w: (w.prio, w.seq))
+            if me.prio >= worst.prio:
+                raise AuthBusy(503, 1)
+            worst.bumped = True
+            self._queue.remove(worst)
+            self._cond.notify_all()
+        self._queue.append(me)
+
+    def _wait_turn(self, me: _Waiter) -> None:
+        """Wait until ``me`` is first in the queue and bcrypt is free (lock held)."""
+        deadline = time.monotonic() + self.WAIT_S
+        while True:
+            if me.bumped:
+                raise AuthBusy(503, 1)
+            if not self._running and min(self._queue, key=lambda w: (w.prio, w.seq)) is me:
+                self._queue.remove(me)
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:  # a check that never ends: give the worker back
+                self._queue.remove(me)
+                self._cond.notify_all()
+                raise AuthBusy(503, 1)
+            self._cond.wait(left)
+
+    def _bcrypt(self, password: bytes, hashed: bytes | None) -> bool:
+        """One bcrypt check (the caller holds the single slot); an unknown user is checked
+        against a dummy hash of the same cost."""
+        import bcrypt
+        if hashed is None:
+            if self._dummy is None:
+                self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(self._cost))
+            hashed = self._dummy
+        self.checks += 1
+        return bcrypt.checkpw(password, hashed)
 
 
 @dataclass

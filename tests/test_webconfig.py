@@ -216,11 +216,13 @@ def test_basic_auth_caches_verified_credentials_only(monkeypatch):
     assert auth.checks == 1  # served from the cache
     assert not auth.check(basic("prom", "wrong")["Authorization"])
     assert not auth.check(basic("prom", "wrong")["Authorization"])
-    assert auth.checks == 3  # a failure is checked again every time, never cached
+    assert auth.checks == 2  # a failure is remembered too (apart: it never evicts a success)
+    assert not auth.check(basic("prom", "wrong2")["Authorization"]) and auth.checks == 3
     # an unknown user still costs a bcrypt check (timing does not reveal who exists)
     assert not auth.check(basic("nobody", "right")["Authorization"]) and auth.checks == 4
+    assert len(auth._ok) == 1 and len(auth._bad) == 3
     # no credential is kept in the clear
-    assert all(b"right" not in k for k in auth._ok)
+    assert all(b"right" not in k and b"wrong" not in k for k in [*auth._ok, *auth._bad])
     for bad in (None, "", "Bearer x", "Basic !!!", "Basic " + base64.b64encode(b"nocolon")
                 .decode(), "Basic " + base64.b64encode(b"prom:" + b"x" * 100).decode()):
         assert not auth.check(bad)
@@ -243,7 +245,8 @@ def test_basic_auth_refuses_a_guess_queue_instead_of_holding_workers(monkeypatch
     for t in ts:
         t.start()
     deadline = time.monotonic() + 5
-    while auth._waiting < BasicAuth.QUEUE + 1 and time.monotonic() < deadline:
+    while not (auth._running and len(auth._queue) == BasicAuth.QUEUE) and \
+            time.monotonic() < deadline:
         time.sleep(0.01)
     with pytest.raises(AuthBusy):
         auth.check(basic("prom", "another")["Authorization"])
