@@ -432,6 +432,15 @@ for v in ["", "bogus"]:
 path_family(["watch", "--probe", "numpy", "--duration", "1"], "--root",
             values=["{MISSING}", "{FILE}", "{LOOP}"], expect="root")
 add("watch", "--probe", "external", expect="--pid")
+# bounds (issue #30 item 8): a web config nested 10,000 deep (was internal error:
+# RecursionError) or over its size; profile strings a megabyte long (a hang in rich's
+# highlighter) or with a terminal escape in them
+add(*W, "--listen", "127.0.0.1:0", "--web.config.file", "{DEEPWEB}", expect="nested more than")
+add(*W, "--listen", "127.0.0.1:0", "--web.config.file", "{BIGWEB}", expect="larger than")
+add(*AUD, "--profile", "{LONGNAME}", expect="name is 1,000,000 characters")
+add(*AUD, "--profile", "{LONGWHY}", expect="why is 1,000,000 characters")
+add(*AUD, "--profile", "{ESCNAME}", expect="control character")
+add("tune", "plan", "--root", "{TREE}", "--profile", "{LONGNAME}", expect="name is")
 
 # ==============================================================================================
 # cpus (the noise scan is fenced)
@@ -550,6 +559,13 @@ def build_world(t: Path) -> dict[str, str]:
     np.save(place("SCALAR_NPY", t / "scalar.npy"), np.float32(1.0))
     place("BADTOML", t / "bad.toml").write_text("extends = = 'hft-cpu'\n")
     place("BADTOML_EXT", t / "bad-ext.toml").write_text("extends = 'no-such-profile'\n")
+    place("DEEPWEB", t / "deep-web.yml").write_text("[" * 10_000 + "]" * 10_000)
+    place("BIGWEB", t / "big-web.yml").write_text("a: [" + "1," * 100_000 + "1]\n")
+    place("LONGNAME", t / "long-name.toml").write_text(
+        'extends = "hft-cpu"\nname = "' + "a." * 500_000 + '"\n')
+    place("LONGWHY", t / "long-why.toml").write_text(
+        '[settings.swappiness]\nexpected = 1\nwhy = "' + "w" * 1_000_000 + '"\n')
+    place("ESCNAME", t / "esc-name.toml").write_text('name = "a\\u001b[2Jb"\n')
     place("BADJSON", t / "bad.json").write_text("{\"schema\": ")
     place("WRONGJSON", t / "wrong.json").write_text('{"schema": "something.else"}\n')
     place("NESTED", t / "nested.json").write_text("[" * 200_000 + "]" * 200_000)
