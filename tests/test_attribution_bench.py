@@ -6,9 +6,14 @@ is written outside tmp)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from bench.attribution import background, score
 
@@ -108,3 +113,138 @@ def test_rescore_without_its_log_is_one_line(tmp_path):
                        timeout=120)
     assert p.returncode == 2
     assert p.stderr.startswith("attribution: cannot rescore:") and p.stderr.count("\n") == 1
+
+
+# -- the not-runnable faults' mechanisms, on bench/service.py, without watch ---------------------
+# Each fault runs ~2 s against one service (100 calls a second, 10 ms apart) with stalls of
+# 30 ms, 5 a second; what is asserted is a count of calls that carry the stall's own mark,
+# relative to the stalls injected (what the service's switch or the kit's helper counted):
+# never a wall time. Noise on a busy machine makes calls slow too, but it leaves other marks
+# (involuntary switches, run-queue delay), which is why the marks, not slowness alone, are
+# counted.
+
+HOLD_MS, PER_S, RATE = 30.0, 5.0, 100.0
+
+
+@pytest.fixture(scope="module")
+def service():
+    from bench.service import Service
+    online = sorted(os.sched_getaffinity(0))
+    with Service(cpu=online[-1], rate=RATE, seconds=120) as svc:
+        yield svc
+
+
+def _cpu_ticks(cpu: int) -> tuple[int, int]:
+    """(idle, all) USER_HZ ticks of ``cpu`` so far (/proc/stat, through the Host)."""
+    from collectors.host import Host
+    from collectors.parsers import parse_proc_stat
+    host = Host()
+    t = parse_proc_stat(host.read(host.proc("stat")).value).cpus[cpu]
+    return t.get("idle", 0) + t.get("iowait", 0), sum(t.values())
+
+
+def _records_during(svc, fault) -> tuple[np.ndarray, dict]:
+    """The service's calls while ``fault`` ran (2 s), and the fault's info (plus
+    ``idle_share``: how much of that time the service's CPU was idle)."""
+    from agent.client import RingReader
+    reader = RingReader(svc.ring)
+    reader.read()  # what came before the fault
+    idle0, all0 = _cpu_ticks(svc.info["cpu"])
+    with fault as inj:
+        time.sleep(2.0)
+    idle1, all1 = _cpu_ticks(svc.info["cpu"])
+    recs = reader.read()
+    reader.close()
+    return recs, {**inj.info, "idle_share": (idle1 - idle0) / max(1, all1 - all0)}
+
+
+def _col(recs: np.ndarray, name: str) -> np.ndarray:
+    from agent.client import FIELDS
+    return recs[:, FIELDS.index(name)]
+
+
+def _blocked_calls(recs: np.ndarray, min_ms: float) -> int:
+    """Calls that lasted ``min_ms`` and left the CPU of their own accord (a voluntary
+    switch: blocked or stopped; a preempted call has involuntary ones)."""
+    lat_ms = (_col(recs, "end_ns") - _col(recs, "start_ns")) / 1e6
+    return int(((lat_ms >= min_ms) & (_col(recs, "nvcsw") >= 1)).sum())
+
+
+def _late_idle_starts(recs: np.ndarray, min_ms: float) -> int:
+    """Calls ``min_ms`` late neither queued behind the previous call (it had ended before
+    this one's intended start) nor waiting for a CPU (run-queue delay under half of it)."""
+    lat = _col(recs, "end_ns") - _col(recs, "start_ns")
+    prev_end = np.r_[0, _col(recs, "end_ns")[:-1]]
+    own = _col(recs, "start_ns") >= prev_end
+    return int((own & (lat >= min_ms * 1e6) & (_col(recs, "rq_delay_ns") < lat / 2)).sum())
+
+
+@pytest.mark.slow
+def test_sleep_in_call_blocks_the_calls_it_picks(service):
+    from bench.faults import kit
+    recs, info = _records_during(service, kit.sleep_in_call(service, HOLD_MS, PER_S))
+    assert info["injected"] >= 3
+    # each picked call sleeps 30 ms in its own path: at least that long, voluntarily off-CPU
+    assert _blocked_calls(recs, HOLD_MS) >= info["injected"] - 1
+
+
+@pytest.mark.slow
+def test_lock_holder_is_a_thread_of_the_service(service):
+    from bench.faults import kit
+    from collectors.host import Host
+    with kit.lock_holder(service, HOLD_MS, PER_S) as inj:
+        host = Host()
+        tids = {int(t) for t in host.listdir(host.proc(service.pid, "task"))}
+        assert inj.info["holder_tid"] in tids and inj.info["holder_tid"] != service.tid
+        time.sleep(0.2)
+    recs, info = _records_during(service, kit.lock_holder(service, HOLD_MS, PER_S))
+    assert info["injected"] >= 3
+    # a hold that begins while the call thread sleeps between calls (10 ms) still blocks
+    # its next call for at least 20 of its 30 ms
+    assert _blocked_calls(recs, HOLD_MS / 2) >= 0.6 * info["injected"]
+    # the holder is gone with the switch (its Python side is joined; the kernel thread
+    # ends a moment later)
+    for _ in range(50):
+        if info["holder_tid"] not in {int(t) for t in host.listdir(host.proc(service.pid,
+                                                                              "task"))}:
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError(f"holder thread {info['holder_tid']} still there")
+
+
+@pytest.mark.slow
+def test_pipe_late_blocks_on_the_helpers_late_answer(service):
+    from bench.faults import kit
+    recs, info = _records_during(service, kit.pipe_late(service, HOLD_MS, PER_S))
+    assert info["injected"] >= 3 and info["answered"] == info["injected"]
+    assert _blocked_calls(recs, HOLD_MS) >= info["injected"] - 1
+    # the helper is gone and the service carries on without it
+    assert service.command("stats")["pipe_broken"] == 0
+
+
+@pytest.mark.slow
+def test_sigstop_from_another_process_stalls_the_service(service):
+    from bench.faults import kit
+    fault = kit.sigstop(service.pid, HOLD_MS, PER_S)
+    recs, info = _records_during(service, fault)
+    assert info["injected"] >= 3
+    # a stop during a call is a voluntary switch in it; one while it slept between calls
+    # delays the next call's start by 20 ms or more of the 30 (not waiting for a CPU)
+    marked = _blocked_calls(recs, HOLD_MS / 2) + _late_idle_starts(recs, HOLD_MS / 2)
+    assert marked >= 0.6 * info["injected"]
+    assert service.command("stats")["ok"]  # continued: it answers
+
+
+@pytest.mark.slow
+def test_idle_wakeup_starts_calls_late_by_the_slack(service):
+    from bench.faults import kit
+    recs, info = _records_during(service, kit.idle_wakeup(service, HOLD_MS * 1e3, PER_S))
+    assert info["injected"] >= 3
+    # The slack delays a wake-up only while the CPU idles (a busy CPU's tick expires the
+    # timer early, within 1/HZ): on a loaded machine fewer calls show it.
+    late = _late_idle_starts(recs, HOLD_MS / 2)
+    if late < 0.6 * info["injected"] and info["idle_share"] < 0.5:
+        pytest.skip(f"the service's CPU was idle only {100 * info['idle_share']:.0f} % of the "
+                    "time: a busy CPU's tick cuts the slack short")
+    assert late >= 0.6 * info["injected"]

@@ -45,7 +45,33 @@ oversubscription    more busy threads than CPUs (2 × online, allowed    cpu_con
                     probe's)
 migration           the probe thread's affinity is flipped between two  migration
                     CPUs at ``hz`` (sched_setaffinity on its tids)
+lock_holder         (bench/service.py) a second thread of the service   blocked (S; waker:
+                    takes the lock its call path takes, at random       the service, the
+                    moments, and holds it ``hold_ms`` asleep: the       holding thread)
+                    call thread blocks on the lock's futex until the
+                    holder's release wakes it
+pipe_late           (service) ``per_s`` calls a second write a request  blocked (S; waker:
+                    to a FIFO and block reading the answer from         the helper that
+                    another; the kit's helper process answers           writes the pipe)
+                    ``hold_ms`` late
+sigstop             a helper process sends SIGSTOP to the service (or   stopped (T; sender:
+                    any pid: the probe worker too) and SIGCONT          the helper)
+                    ``hold_ms`` later, ``per_s`` times a second
+sleep_in_call       (service) ``per_s`` calls a second sleep            blocked (S; waker:
+                    ``hold_ms`` in the call path (``time.sleep``)       "timer")
+idle_wakeup         (service) the service sleeps until each call's      wakeup_latency
+                    start (no spin) on its otherwise idle CPU, and      (waker: "timer")
+                    ``per_s`` of those sleeps a second carry a timer
+                    slack of ``slack_us``: see :func:`idle_wakeup`
 ==================  ==================================================  =================
+
+The last five make the service not runnable for a known time (``hold_ms``, default 5 ms,
+``per_s`` = 4 times a second at random moments: intervals uniform in 0.5-1.5 × the mean, never
+in phase with the call schedule), so each is a spike of its own (> 3 × a P50 of 0.4-1.5 ms).
+:data:`EXPECTED_BY` says who the kernel events should name for each (bench/attribution.py's
+docstring has the evidence keys it reads). The service's switches are driven through its
+control FIFO (bench/service.py's docstring); each fault turns its switch off on exit and
+keeps the counts (:class:`Injected`).
 """
 
 from __future__ import annotations
@@ -63,11 +89,26 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 EXPECTED = {"cpu_hog": "cpu_contention", "cpu_hog_rt": "cpu_contention",
             "softirq_flood": "softirq",
             "memory_pressure": "page_faults", "oversubscription": "cpu_contention",
-            "migration": "migration"}
+            "migration": "migration",
+            "lock_holder": "blocked", "pipe_late": "blocked", "sigstop": "stopped",
+            "sleep_in_call": "blocked", "idle_wakeup": "wakeup_latency"}
+
+# Who the kernel events should name as the end of each not-runnable stretch: the waker
+# (sched_waking's task) or the sender of the stopping signal (signal_generate's), as
+# ("waker" | "sender", whom, the state the call thread left the CPU in). ``whom``: "service"
+# (the service's own process: the thread that held the lock), "helper" (the kit's helper
+# process), "timer" (an hrtimer expiry: no task woke it; the waking runs in the timer's
+# interrupt on the sleeper's CPU, which was idle).
+EXPECTED_BY = {"lock_holder": ("waker", "service", "S"), "pipe_late": ("waker", "helper", "S"),
+               "sigstop": ("sender", "helper", "T"), "sleep_in_call": ("waker", "timer", "S"),
+               "idle_wakeup": ("waker", "timer", "S")}
+# the faults that need bench/service.py's switches (sigstop takes any pid)
+SERVICE_FAULTS = ("lock_holder", "pipe_late", "sleep_in_call", "idle_wakeup")
 
 _HOG = "import os,sys\nif sys.argv[1]: os.sched_setaffinity(0,[int(c) for c in " \
        "sys.argv[1].split(',')])\nos.setpriority(os.PRIO_PROCESS,0,int(sys.argv[2]))\nx=0\nwhile True:\n    x+=1\n"
@@ -312,6 +353,207 @@ def migration(pid: int, cpus: tuple[int, int], hz: float = 20.0) -> Iterator[lis
         for t, a in orig.items():
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(t, a)
+
+
+# -- not runnable for a known time: the service's switches and two helpers --------------------
+
+
+class ServiceLike(Protocol):
+    """What the service faults drive: bench/service.py's :class:`Service` handle."""
+
+    pid: int
+    dir: Path
+
+    def command(self, line: str, timeout: float = 10.0) -> dict: ...
+
+
+class Injected(list):
+    """What the not-runnable faults yield: their helpers' pids (a list, as every fault
+    yields) and ``info``: the fault's settings, who the events should name (``service_pid``,
+    ``holder_tid``, the helper's pid) and, once the fault has ended, ``injected`` (the stalls
+    it made: counted by the service's switch or the helper) or ``error``."""
+
+    def __init__(self, pids: list[int] | tuple[int, ...] = (), **info: object) -> None:
+        super().__init__(pids)
+        self.info: dict = dict(info)
+
+
+# Each helper: pinned to argv[1] (a CPU list, "" to inherit), "ready" on stdout once set up,
+# "injected N" on stdout when SIGTERM ends it, and gone by itself when its parent is (a
+# getppid() check each round: PR_SET_PDEATHSIG would fire when the *thread* that started it
+# ends, and bench/attribution.py starts faults from a short-lived thread).
+_HELPER_HEAD = """import os, random, select, signal, sys, time
+if sys.argv[1]: os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(',')])
+parent, n, stopped = os.getppid(), 0, False
+"""
+# SIGSTOP, ``hold`` s, SIGCONT, at random moments ``per_s`` times a second. Leaving (SIGTERM,
+# the parent gone) continues the target first when it is stopped.
+_STOPPER = _HELPER_HEAD + """pid, hold, per_s = int(sys.argv[2]), float(sys.argv[3]) / 1e3, float(sys.argv[4])
+def leave(*_):
+    if stopped:
+        try: os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError: pass
+    print("injected", n, flush=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, leave)
+print("ready", flush=True)
+try:
+    while os.getppid() == parent:
+        time.sleep(random.uniform(0.5, 1.5) / per_s)
+        stopped = True  # before the signal: a SIGTERM right after it still continues it
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(hold)
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        n += 1
+except ProcessLookupError:
+    pass
+leave()
+"""
+# The other end of the service's pipe switch: read a request from FIFO argv[2], answer it on
+# FIFO argv[3] ``hold`` s later. Both opened O_RDWR, which never waits for the other end
+# (fifo(7)), so the service finds a reader and a writer there when it opens its ends.
+_ANSWER_LATE = _HELPER_HEAD + """req, rsp, hold = sys.argv[2], sys.argv[3], float(sys.argv[4]) / 1e3
+r = os.open(req, os.O_RDWR | os.O_NOFOLLOW)
+w = os.open(rsp, os.O_RDWR | os.O_NOFOLLOW)
+def leave(*_):
+    print("injected", n, flush=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, leave)
+print("ready", flush=True)
+while os.getppid() == parent:
+    if not select.select([r], [], [], 0.5)[0]:
+        continue
+    k = len(os.read(r, 64))
+    time.sleep(hold)
+    os.write(w, b"!" * k)
+    n += k
+leave()
+"""
+
+
+def _start_helper(code: str, cpu: int | None, args: list[str], what: str,
+                  timeout: float = 30.0) -> subprocess.Popen:
+    """Start a helper and wait for its "ready" line (raises RuntimeError when it dies or
+    does not say it in ``timeout``)."""
+    p = subprocess.Popen([sys.executable, "-c", code, "" if cpu is None else str(cpu), *args],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    import select
+    if select.select([p.stdout], [], [], timeout)[0] and p.stdout.readline().strip() == "ready":
+        return p
+    _stop([p])
+    raise RuntimeError(f"{what}: helper pid {p.pid} did not start (status {p.returncode})")
+
+
+def _stop_counted(p: subprocess.Popen) -> int | None:
+    """Stop a helper (SIGTERM, by its pid) and return the count it printed (None: killed)."""
+    _stop([p])
+    out = p.stdout.read() if p.stdout else ""
+    if p.stdout:
+        p.stdout.close()
+    for line in out.splitlines():
+        if line.startswith("injected "):
+            return int(line.split()[1])
+    return None
+
+
+def _switch(service: ServiceLike, kind: str, settings: str, count: str, inj: Injected
+            ) -> contextlib.AbstractContextManager:
+    """Turn the service's ``kind`` switch on with ``settings``; on exit turn it off and put
+    the stalls it made (the ``count`` it answers with, less its value before) in ``inj``."""
+    @contextlib.contextmanager
+    def run() -> Iterator[Injected]:
+        on = service.command(f"{kind} {settings}")
+        inj.info.update({k: v for k, v in on.items() if k == "holder_tid"})
+        try:
+            yield inj
+        finally:
+            try:
+                off = service.command(f"{kind} off")
+                inj.info["injected"] = off[count] - on[count]
+            except RuntimeError as exc:  # the service is gone: nothing left to turn off
+                inj.info["error"] = str(exc)
+    return run()
+
+
+def lock_holder(service: ServiceLike, hold_ms: float = 5.0, per_s: float = 4.0
+                ) -> contextlib.AbstractContextManager[Injected]:
+    """A thread of the service's own process holds the lock its call path takes, ``hold_ms``
+    at a time, ``per_s`` times a second at random moments (a model lock held by a reloader,
+    a GIL-like handover). Expected: blocked (S, futex), woken by the holding thread
+    (``info["holder_tid"]``) of the same process."""
+    inj = Injected(service_pid=service.pid, hold_ms=hold_ms, per_s=per_s)
+    return _switch(service, "lock", f"{hold_ms:g} {per_s:g}", "lock_holds", inj)
+
+
+def sleep_in_call(service: ServiceLike, hold_ms: float = 5.0, per_s: float = 4.0
+                  ) -> contextlib.AbstractContextManager[Injected]:
+    """``per_s`` calls a second sleep ``hold_ms`` in the service's call path (a retry
+    back-off, a rate limiter's sleep). Expected: blocked (S, hrtimer_nanosleep), woken by its
+    timer: no task is the waker."""
+    inj = Injected(service_pid=service.pid, hold_ms=hold_ms, per_s=per_s)
+    return _switch(service, "sleep", f"{hold_ms:g} {per_s:g}", "sleeps", inj)
+
+
+def idle_wakeup(service: ServiceLike, slack_us: float = 5000.0, per_s: float = 4.0
+                ) -> contextlib.AbstractContextManager[Injected]:
+    """The service sleeps until each call's intended start (no spin before it), so the
+    wake-up of its CPU from idle lies inside every call; ``per_s`` of those sleeps a second
+    carry a timer slack of ``slack_us`` (``prctl(PR_SET_TIMERSLACK)``): the kernel may fire
+    the timer anywhere in [expiry, expiry + slack] and, on a CPU with nothing else to do
+    (NO_HZ idle: no tick), fires it at the end, so the call starts ``slack_us`` late while
+    its CPU idles. Expected: wakeup_latency — the thread slept since *before* the call's
+    intended start and was woken by its timer (no task) after it; the CPU idle in between.
+
+    What it shows: a late wake-up of an idle CPU of a known size (timer slack is a real one:
+    50 µs by default, more under systemd's ``TimerSlackNSec=`` or a cgroup's
+    ``timer_slack_ns``). What it cannot: the exit latency of a deep C-state. Under a
+    hypervisor whose guest idles in HLT (cpuidle driver ``none`` or ``haltpoll``) the idle
+    exit is the host's wake-up of the vCPU, not under the kit's control; the kit removes the
+    spin so that it is in the samples, but its size is the host's. With ``slack_us=0`` only
+    that natural wake-up latency remains (a few spikes, if any). On a CPU that is busy with
+    another task the tick expires the timer early (within 1/HZ): the slack, and so the
+    spikes, shrink."""
+    inj = Injected(service_pid=service.pid, slack_us=slack_us, per_s=per_s)
+    return _switch(service, "idle", f"{slack_us:g} {per_s:g}", "slack_sleeps", inj)
+
+
+@contextlib.contextmanager
+def pipe_late(service: ServiceLike, hold_ms: float = 5.0, per_s: float = 4.0,
+              cpu: int | None = None) -> Iterator[Injected]:
+    """``per_s`` calls a second of the service send a request through a FIFO and block
+    reading the answer (a feature lookup in another process); the kit's helper (pinned to
+    ``cpu``) answers each ``hold_ms`` late. Expected: blocked (S, pipe_read), woken by the
+    helper's write (its pid is the one yielded)."""
+    p = _start_helper(_ANSWER_LATE, cpu, [str(service.dir / "req"), str(service.dir / "rsp"),
+                                          str(hold_ms)], "pipe_late")
+    inj = Injected([p.pid], service_pid=service.pid, hold_ms=hold_ms, per_s=per_s)
+    try:
+        with _switch(service, "pipe", f"{per_s:g}", "pipe_asks", inj):
+            yield inj
+    finally:
+        # (the switch is off first: the service asks no more, so none waits on a gone helper)
+        inj.info["answered"] = _stop_counted(p)
+
+
+@contextlib.contextmanager
+def sigstop(pid: int, hold_ms: float = 5.0, per_s: float = 4.0, cpu: int | None = None
+            ) -> Iterator[Injected]:
+    """A helper process (pinned to ``cpu``) sends SIGSTOP to ``pid`` and SIGCONT ``hold_ms``
+    later, ``per_s`` times a second at random moments (a debugger, a job-control stop, a
+    checkpointer freezing it). Nothing inside the target: any pid works (the service, watch's
+    probe worker). Expected: stopped (T), the signal's sender the helper (its pid is the one
+    yielded). On exit the helper continues a target it left stopped; one that had to be
+    killed is continued from here."""
+    p = _start_helper(_STOPPER, cpu, [str(pid), str(hold_ms), str(per_s)], "sigstop")
+    inj = Injected([p.pid], target_pid=pid, hold_ms=hold_ms, per_s=per_s)
+    try:
+        yield inj
+    finally:
+        inj.info["injected"] = n = _stop_counted(p)
+        if n is None:  # killed, maybe between its SIGSTOP and SIGCONT
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 _SYS_PIDFD_OPEN = 434  # x86_64 and the generic table
