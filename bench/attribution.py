@@ -12,6 +12,40 @@ softirq flood's sender and receiver run on a third CPU where the host has one
 memory_pressure (process_madvise, and swapon of a temporary swap file when there is none).
 
     .venv/bin/python bench/attribution.py --probe numpy --duration 20 --json out.json
+
+The latency source (``--source``): ``probe``, watch's built-in probe worker; ``service``,
+bench/service.py (a serving loop the bench starts on the probe CPU: the numpy LSTM-shaped
+model, or ``--model m.tflite`` on LiteRT) watched as an external process (``watch --pid``:
+its calls come through agent.client's ring). ``attach`` (``watch --attach``, the same service
+timed by uprobes without the client) plugs in at :func:`watch_config`. The faults that need the
+service's switches (lock_holder, pipe_late, sleep_in_call, idle_wakeup) run only with
+``--source service``; sigstop stops either.
+
+The not-runnable faults (kit.EXPECTED_BY) are scored on the cause's name and, where the spike
+record carries it, on who ended the stall. The contract the watch side follows: the entry of
+the record's ``causes`` whose ``cause`` is the record's (normally ``causes[0]``) may carry in
+its ``evidence``
+
+- ``state``: the state the call's thread left the CPU in for its not-runnable part: "S", "D",
+  "T" (or "t");
+- ``waker_pid``: the process (thread-group id) of the task whose ``sched_waking``
+  (``sched_wakeup`` where waking is absent) made the thread runnable again; null, or 0 (the
+  idle task), when no task did: a timer's expiry, an interrupt;
+- ``waker_tid``: that task's own thread id (a sibling thread of the same process: a lock handed
+  over); ``waker``: a label, "timer" for an hrtimer's expiry;
+- ``sender_pid``: the process (thread-group id) that sent the stopping signal
+  (``signal_generate``'s task); ``signal``: its name.
+
+A right-cause record with the key is "who checked"; it is "who right" when the waker is the
+service's own process (lock_holder: and ``waker_tid``, where given, the thread that held the
+lock), the kit's helper (pipe_late's writer; sigstop's sender), or no task (a timer:
+sleep_in_call, idle_wakeup; ``waker``, where given, "timer"). ``state``, where given, is
+checked against the fault's. For the not-runnable faults a verdict of a host cause
+(:data:`HOST_CAUSES`) is counted apart (the target: none), and the CPU's idle stretch before the
+stalled thread woke is the fault's own doing, not the host's (:func:`background`).
+
+    sudo .venv/bin/python bench/attribution.py --source service --duration 3 \
+        --faults none,lock_holder,pipe_late,sigstop,sleep_in_call,idle_wakeup
 """
 
 from __future__ import annotations
@@ -31,25 +65,52 @@ from agent.watch.events.timeline import HW, IDLE_BEFORE_WAKE, SLOWED  # noqa: E4
 from agent.watch.probe_worker import auto_rate  # noqa: E402
 from agent.watch.session import WatchConfig, WatchSession  # noqa: E402
 from bench.faults import kit  # noqa: E402
+from bench.service import Service  # noqa: E402
 from collectors.parsers import parse_proc_stat  # noqa: E402
 
 
-def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
+def watch_config(args, probe_cpu: int, hk_cpu: int, svc: Service | None) -> WatchConfig:
+    """Watch's configuration for the source: its own probe, or the service by its pid."""
     cfg = WatchConfig(probe=args.probe, probe_cpus=[probe_cpu], housekeeping_cpus=[hk_cpu],
                       duration_s=None, rate_hz=args.rate, k_p50=args.k,
                       spike_log=None, baseline_s=10.0, sampler=args.sampler,
                       trace=args.trace, nice=args.watch_nice)
+    if svc is not None:
+        cfg.probe, cfg.pid = "external", svc.pid
+    return cfg
+
+
+def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
+    svc = None
+    if args.source == "service":
+        # started here, on the main thread: its PR_SET_PDEATHSIG follows the thread that
+        # started it; it outlives the run by a margin and is stopped below
+        svc = Service(cpu=probe_cpu, rate=args.rate, model=args.model,
+                      seconds=args.settle + args.duration + 120)
+    try:
+        res = _run_watch(fault, args, probe_cpu, hk_cpu, svc)
+    finally:
+        done = svc.stop() if svc is not None else None
+    if svc is not None:
+        res["service"] = done  # its calls and the stalls its switches made
+    return res
+
+
+def _run_watch(fault: str | None, args, probe_cpu: int, hk_cpu: int,
+               svc: Service | None) -> dict:
     records: list[dict] = []  # the records in memory (the same dicts as the JSONL log)
-    s = WatchSession(cfg, on_record=records.append)
+    s = WatchSession(watch_config(args, probe_cpu, hk_cpu, svc), on_record=records.append)
     s.start()
     pid = s.cfg.pid
+    params: dict = {"source": args.source}
+    if svc is not None:
+        params["service"] = {k: svc.info.get(k) for k in ("pid", "tid", "model", "cpu")}
     # Baseline period without the fault, then the fault for the measured part.
     t_fault = time.monotonic() + args.settle
     t_end = t_fault + args.duration
     stack = contextlib.ExitStack()
     fault_error = None
     check0: dict = {}
-    params: dict = {}
     t_check0 = 0.0
     started = False
     spikes_before = 0
@@ -71,7 +132,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
                 # the RT hog) took 0.3-0.4 s, during which this loop did not step and every
                 # spike's record waited, which measured the bench, not watch.
                 starter = threading.Thread(target=_start_in_thread, args=(
-                    fault, stack, args, s, pid, probe_cpu, hk_cpu, params, start_errors),
+                    fault, stack, args, s, pid, probe_cpu, hk_cpu, params, start_errors, svc),
                     daemon=True)
                 starter.start()
             if start_errors:
@@ -95,7 +156,8 @@ def helper_cpu(probe_cpu: int, hk_cpu: int) -> int:
     return spare[0] if spare else hk_cpu
 
 
-def _start_in_thread(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, errors) -> None:
+def _start_in_thread(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, errors,
+                     svc=None) -> None:
     # this thread was started from watch's (reniced with --watch-nice): the fault's helpers
     # it starts must not inherit that
     try:
@@ -103,14 +165,17 @@ def _start_in_thread(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, erro
     except OSError:
         pass
     try:
-        _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params)
+        _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, svc)
     except (RuntimeError, OSError) as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
 
 
-def _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params) -> None:
+def _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, svc=None) -> None:
     """Enter the fault's context (kit raises when a helper dies at once)."""
-    if fault == "cpu_hog":
+    if fault in kit.EXPECTED_BY:
+        _start_not_runnable(fault, stack, args, pid, helper_cpu(probe_cpu, hk_cpu), params,
+                            svc)
+    elif fault == "cpu_hog":
         params["pids"] = stack.enter_context(kit.cpu_hog(probe_cpu, nice=args.hog_nice))
     elif fault == "cpu_hog_rt":
         # The watch tests' hog: SCHED_FIFO, busy 3 × the probe's P50 so far
@@ -136,6 +201,32 @@ def _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params) -> None:
     elif fault == "migration":
         stack.enter_context(kit.migration(pid, (probe_cpu, hk_cpu),
                                           hz=args.migration_hz))
+
+
+def _start_not_runnable(fault, stack, args, pid, helper, params, svc) -> None:
+    """A fault of kit.EXPECTED_BY; ``params["who"]``: who the events should name (scored by
+    :func:`who_figures`), ``params["injected"]``: the fault's own account, filled when it
+    ends."""
+    hold, per_s = args.hold_ms, args.stalls_per_s
+    if fault == "sigstop":
+        inj = stack.enter_context(kit.sigstop(pid, hold, per_s, cpu=helper))
+    elif svc is None:
+        raise RuntimeError(f"{fault} needs --source service")
+    elif fault == "lock_holder":
+        inj = stack.enter_context(kit.lock_holder(svc, hold, per_s))
+    elif fault == "pipe_late":
+        inj = stack.enter_context(kit.pipe_late(svc, hold, per_s, cpu=helper))
+    elif fault == "sleep_in_call":
+        inj = stack.enter_context(kit.sleep_in_call(svc, hold, per_s))
+    else:
+        inj = stack.enter_context(kit.idle_wakeup(svc, args.slack_us, per_s))
+    by, whom, state = kit.EXPECTED_BY[fault]
+    who = {"by": by, "whom": whom, "state": state}
+    if whom == "service":
+        who.update(pids=[pid], tids=[inj.info["holder_tid"]])
+    elif whom == "helper":
+        who["pids"] = list(inj)
+    params.update(pids=list(inj), who=who, injected=inj.info)
 
 
 def _result(fault, args, s, records, spikes_before, check, params, fault_error, rc) -> dict:
@@ -194,7 +285,62 @@ def score(fault: str | None, records: list[dict], params: dict) -> dict:
             "delay_ms_max": delays[-1] if delays else None,
             "unexplained_own": len(gaps),
             "unexplained_lost_ms_p50": round(gaps[len(gaps) // 2], 2) if gaps else None,
-            "events": event_figures(fault, exp, recs, params.get("pids") or [], set(bg))}
+            "events": event_figures(fault, exp, recs, params.get("pids") or [], set(bg)),
+            **(who_figures(fault, exp, recs, params.get("who") or {})
+               if fault in kit.EXPECTED_BY else {})}
+
+
+# What a not-runnable fault must never be named: a cause of the host or of another task on
+# the CPU (issue #26: a stopped probe was named wakeup_latency for 272 of 328 spikes).
+HOST_CAUSES = ("wakeup_latency", "cpu_contention", "irq", "softirq", "steal")
+NOT_RUNNABLE = ("blocked", "stopped", "io_wait")
+
+
+def _cause_entry(rec: dict) -> dict:
+    """The ``causes`` entry of the record's own cause (normally the first)."""
+    causes = rec.get("causes") or []
+    return next((c for c in causes if c.get("cause") == rec.get("cause")),
+                causes[0] if causes else {})
+
+
+def who_right(who: dict, ev: dict) -> bool | None:
+    """Whether a record's evidence names who ended the stall as ``who`` says (see the module
+    docstring's contract); None when the evidence does not say (no ``waker_pid`` /
+    ``sender_pid``)."""
+    key = "sender_pid" if who.get("by") == "sender" else "waker_pid"
+    if key not in ev:
+        return None
+    pid = ev[key]
+    if who.get("whom") == "timer":
+        return pid in (None, 0) and ev.get("waker", "timer") == "timer"
+    if pid not in (who.get("pids") or []):
+        return False
+    tid = ev.get("waker_tid") if key == "waker_pid" else None
+    return tid is None or not who.get("tids") or tid in who["tids"]
+
+
+def who_figures(fault: str, exp: str | None, recs: list[dict], who: dict) -> dict:
+    """A not-runnable fault's figures: over its right records not inherited from another
+    spike, how many say who ended the stall and how many name the right one (and the state);
+    over all its records, how many blame the host or another task (:data:`HOST_CAUSES`)."""
+    right = [r for r in recs if r["cause"] == exp and r.get("inherited_from") is None]
+    checked = hit = st_checked = st_hit = 0
+    for r in right:
+        ev = _cause_entry(r).get("evidence") or {}
+        ok = who_right(who, ev)
+        if ok is not None:
+            checked += 1
+            hit += ok
+        if ev.get("state") is not None and who.get("state"):
+            st_checked += 1
+            st_hit += str(ev["state"]).upper() == who["state"]
+    host = 0 if exp in HOST_CAUSES else sum(1 for r in recs if r["cause"] in HOST_CAUSES)
+    return {"who": {**who, "right_own": len(right), "checked": checked, "right": hit,
+                    "right_share": round(hit / checked, 3) if checked else None,
+                    "state_checked": st_checked, "state_right": st_hit},
+            "host_named": host,
+            "host_named_share": round(host / len(recs), 3) if recs and exp not in HOST_CAUSES
+            else None}
 
 
 # What names each fault's culprit in a spike's kernel-event breakdown (agent/watch/events):
@@ -283,7 +429,8 @@ def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, 
     fault's spike in which the box's kdamond ran instead of the kit's hogs is the box's).
     The host: the events' breakdown puts at least half the excess in :data:`HOST_ITEMS`
     (whatever the verdict: a contention verdict for a sample the host stole 1.9 of 2.3 ms
-    from is not the CPU fault's doing), unless the fault injects that very cause. Exact
+    from is not the CPU fault's doing), unless the fault injects that very cause; under a
+    not-runnable fault the CPU's idle stretch before the thread woke is the fault's. Exact
     evidence, not the polled guess; a spike that inherited its cause from such a spike
     (queued behind it) follows it. A quiet box has them too: the control run counts them.
     Counted apart so that "right" and "culprit named" measure the fault; the raw shares
@@ -325,6 +472,10 @@ def _box_task(r: dict, excess: float, kit_tags: tuple[str, ...]) -> str | None:
 
 def _host(r: dict, excess: float, exp: str | None) -> str | None:
     for b in (r.get("events") or {}).get("breakdown") or []:
+        if b["what"] == IDLE_BEFORE_WAKE and exp in NOT_RUNNABLE:
+            # the fault kept the thread from running while its CPU idled: that idle stretch
+            # is the fault's, not a late wake-up of the host's (it is what the fault tests)
+            continue
         if b["what"] in HOST_ITEMS and b["us"] >= 0.5 * excess and \
                 HOST_CAUSE[b["what"]] != exp:
             return HOST_ITEMS[b["what"]]
@@ -398,8 +549,19 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=6.0)
     ap.add_argument("--hog-nice", type=int, default=0)
     ap.add_argument("--migration-hz", type=float, default=20.0)
-    ap.add_argument("--faults", default="none,cpu_hog,cpu_hog_rt,softirq_flood,"
-                    "memory_pressure,oversubscription,migration")
+    ap.add_argument("--source", default="probe", choices=("probe", "service"),
+                    help="what watch times: its own probe (--probe), or bench/service.py "
+                    "watched by its pid (agent.client's ring)")
+    ap.add_argument("--model", help="--source service: a .tflite model the service runs on "
+                    "LiteRT (default: the numpy LSTM-shaped probe)")
+    ap.add_argument("--faults", help="comma-separated: none and kit.EXPECTED's names "
+                    f"(default: {DEFAULT_FAULTS} for the probe, every fault for the service)")
+    ap.add_argument("--hold-ms", type=float, default=5.0,
+                    help="not-runnable faults: how long each stall is")
+    ap.add_argument("--stalls-per-s", type=float, default=4.0,
+                    help="not-runnable faults: stalls a second (at random moments)")
+    ap.add_argument("--slack-us", type=float, default=5000.0,
+                    help="idle_wakeup: the timer slack of its late wake-ups")
     ap.add_argument("--trace", default="auto", choices=("auto", "on", "off", "mount"),
                     help="watch's kernel events (agent/watch/events): the culprit and "
                     "unexplained-time figures need them")
@@ -424,10 +586,15 @@ def main() -> int:
             with open(args.json, "w") as fh:
                 json.dump({"rescored": args.rescore, "results": out}, fh, indent=1)
         return 0
+    faults = fault_list(args.faults, args.source)
+    if isinstance(faults, str) or args.model and args.source != "service":
+        why = faults if isinstance(faults, str) else "--model is the service's (--source service)"
+        print(f"attribution: {why}", file=sys.stderr)
+        return 2
     online = sorted(os.sched_getaffinity(0))
     probe_cpu, hk_cpu = online[-1], online[0]
     if args.rate == "auto":
-        if args.probe != "numpy":
+        if args.probe != "numpy" or args.model:
             ap.error("--rate auto measures the numpy probe only")
         p50_ms = kit.numpy_probe_p50_ms(probe_cpu)
         args.rate = auto_rate(int(p50_ms * 1e6))
@@ -435,8 +602,12 @@ def main() -> int:
     else:
         args.rate = float(args.rate)
     out = []
-    for f in args.faults.split(","):
-        res = run_one(None if f == "none" else f, args, probe_cpu, hk_cpu)
+    for f in faults:
+        try:
+            res = run_one(None if f == "none" else f, args, probe_cpu, hk_cpu)
+        except RuntimeError as exc:  # the service did not start (ServiceError), one line
+            print(f"attribution: {exc}", file=sys.stderr)
+            return 2
         out.append(res)
         print(json.dumps(res), flush=True)
     report(out)
@@ -445,6 +616,27 @@ def main() -> int:
             json.dump({"args": vars(args), "results": out,
                        "loadavg": open("/proc/loadavg").read().split()[:3]}, fh, indent=1)
     return 0
+
+
+DEFAULT_FAULTS = ("none,cpu_hog,cpu_hog_rt,softirq_flood,memory_pressure,oversubscription,"
+                  "migration")
+
+
+def fault_list(text: str | None, source: str) -> list[str] | str:
+    """The faults to run, in order, or why not (one line): ``none`` and kit.EXPECTED's
+    names; the service's switches only with ``--source service``."""
+    if text is None:
+        text = DEFAULT_FAULTS if source == "probe" else ",".join(["none", *kit.EXPECTED])
+    names = [f.strip() for f in text.split(",") if f.strip()]
+    if not names:
+        return "--faults: no fault named"
+    unknown = [f for f in names if f != "none" and f not in kit.EXPECTED]
+    if unknown:
+        return f"--faults: unknown {', '.join(unknown)} (known: none, {', '.join(kit.EXPECTED)})"
+    need = [f for f in names if f in kit.SERVICE_FAULTS]
+    if need and source != "service":
+        return f"--faults: {', '.join(need)} need the service's switches (--source service)"
+    return names
 
 
 def rescore(path: str, log_dir: str) -> list[dict]:
@@ -487,6 +679,18 @@ def report(out: list[dict]) -> None:
             f"{100 * e['unexplained_share_measured_only']:.1f}%"
         print(f"{r['fault']:<18}{e['timed']:>7}{cn:>20}{un:>13}{ur:>11}{um:>9}  "
               f"{e['top_tasks']}")
+    who = [r for r in out if r.get("who")]
+    if who:
+        print(f"\n{'fault':<18}{'expected':>16}{'right':>7}{'who said':>10}{'who right':>11}"
+              f"{'state right':>13}{'host-named':>12}  who")
+        for r in who:
+            w = r["who"]
+            exp = f"{r['expected']} {w.get('state', '')}"
+            st = f"{w['state_right']}/{w['state_checked']}"
+            print(f"{r['fault']:<18}{exp:>16}{w['right_own']:>7}{w['checked']:>10}"
+                  f"{pct(w['right_share']):>11}{st:>13}"
+                  f"{pct(r['host_named_share']):>12}  {w['by']} {w['whom']} "
+                  f"{w.get('pids', '')}{' tid ' + str(w['tids']) if w.get('tids') else ''}")
     for r in out:
         if r.get("fault_error"):
             print(f"{r['fault']}: the fault did not run: {r['fault_error']}")

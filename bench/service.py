@@ -276,6 +276,23 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _online() -> list[int]:
+    """The online CPUs (sysfs, through the Host), else this process's affinity."""
+    from collectors.host import Host
+    from collectors.parsers import parse_cpulist
+    host = Host()
+    r = host.read(host.sys("devices", "system", "cpu", "online"))
+    try:
+        return sorted(parse_cpulist(r.value.strip())) if r.ok else sorted(
+            os.sched_getaffinity(0))
+    except ValueError:
+        return sorted(os.sched_getaffinity(0))
+
+
+def _cpulist(cpus: list[int]) -> str:
+    return ",".join(map(str, cpus))
+
+
 def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
@@ -328,14 +345,17 @@ def serve(args: argparse.Namespace) -> int:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:
         return 0  # the parent went away before the death signal was armed
-    online = sorted(os.sched_getaffinity(0))
+    online = _online()
     cpu = online[-1] if args.cpu is None else args.cpu
+    if cpu not in online:
+        return _fail(f"--cpu {cpu} is not online (online: {_cpulist(online)})")
     try:
+        # (a parent pinned elsewhere — watch pins its own threads to the housekeeping CPUs —
+        # is no limit: the affinity is set, not narrowed)
         from tuning.tunables.isolate import pin_self
         pin_self([cpu])
     except OSError as exc:
-        return _fail(f"cannot pin to CPU {cpu}: {exc.strerror} (allowed: "
-                     f"{','.join(map(str, online))})")
+        return _fail(f"cannot run on CPU {cpu}: {exc.strerror} (a cpuset without it?)")
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")  # before numpy/LiteRT: their pools read it once
     stop = {"flag": False}
@@ -601,7 +621,7 @@ class Service:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/service.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cpu", type=int, help="the CPU it runs on (default: the last allowed)")
+    ap.add_argument("--cpu", type=int, help="the CPU it runs on (default: the last online)")
     ap.add_argument("--rate", type=float, default=500.0, help="calls a second (open loop)")
     ap.add_argument("--seconds", type=float, default=600.0, help="stop after this long")
     ap.add_argument("--model", help="a .tflite model run by LiteRT (default: the numpy "
@@ -611,11 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ring", help="the latency ring's path (default: agent.client's)")
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--parent", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.cpu is not None and args.cpu not in os.sched_getaffinity(0):
-        allowed = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        return _fail(f"--cpu {args.cpu} is not allowed here (allowed: {allowed})")
-    return serve(args)
+    return serve(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -115,6 +115,116 @@ def test_rescore_without_its_log_is_one_line(tmp_path):
     assert p.stderr.startswith("attribution: cannot rescore:") and p.stderr.count("\n") == 1
 
 
+# -- the not-runnable faults' scoring (synthetic records) ----------------------------------------
+
+SVC, HOLDER, HELPER = 500, 503, 777
+
+
+def nr(seq, cause, ev=None, inherited=None, breakdown=()):
+    """A record of a not-runnable fault: ``ev`` is its cause's evidence."""
+    r = rec(seq, cause, breakdown=breakdown, inherited=inherited)
+    if inherited is None:
+        r["causes"] = [{"cause": cause, "score": 1.0, "detail": "", "evidence": ev or {}}]
+    return r
+
+
+def test_lock_holder_scores_the_cause_and_the_waker_thread():
+    who = {"by": "waker", "whom": "service", "state": "S", "pids": [SVC], "tids": [HOLDER]}
+    recs = [nr(1, "blocked", {"state": "S", "waker_pid": SVC, "waker_tid": HOLDER}),
+            nr(2, "blocked", {"state": "S", "waker_pid": SVC}),  # no tid: the pid decides
+            nr(3, "blocked", {"state": "S", "waker_pid": SVC, "waker_tid": SVC}),  # not him
+            nr(4, "blocked", {"waker_pid": 4242}),
+            nr(5, "blocked"),  # says nobody: not checked
+            nr(6, "blocked", inherited=1),  # queued behind 1: not its own
+            nr(7, "wakeup_latency"), nr(8, "cpu_contention"), nr(9, "unexplained")]
+    s = score("lock_holder", recs, {"who": who})
+    assert (s["expected"], s["spikes"], s["right"], s["wrong"]) == ("blocked", 9, 6, 2)
+    w = s["who"]
+    assert (w["right_own"], w["checked"], w["right"]) == (5, 4, 2)
+    assert (w["state_checked"], w["state_right"]) == (3, 3)
+    assert w["right_share"] == 0.5
+    # two of nine named a cause of the host or another task
+    assert s["host_named"] == 2 and s["host_named_share"] == round(2 / 9, 3)
+
+
+def test_sigstop_scores_the_sender_and_pipe_late_the_writer():
+    stop = {"by": "sender", "whom": "helper", "state": "T", "pids": [HELPER]}
+    recs = [nr(1, "stopped", {"state": "T", "sender_pid": HELPER, "waker_pid": HELPER}),
+            nr(2, "stopped", {"state": "t", "sender_pid": 1}),
+            nr(3, "stopped", {"waker_pid": HELPER}),  # no sender said: not checked
+            nr(4, "blocked", {"waker_pid": HELPER})]  # the wrong cause
+    w = score("sigstop", recs, {"who": stop})["who"]
+    assert (w["right_own"], w["checked"], w["right"], w["state_right"]) == (3, 2, 1, 2)
+    pipe = {"by": "waker", "whom": "helper", "state": "S", "pids": [HELPER]}
+    recs = [nr(1, "blocked", {"waker_pid": HELPER, "waker_tid": HELPER}),
+            nr(2, "blocked", {"waker_pid": SVC})]
+    w = score("pipe_late", recs, {"who": pipe})["who"]
+    assert (w["checked"], w["right"]) == (2, 1)
+
+
+def test_a_timer_is_no_task():
+    who = {"by": "waker", "whom": "timer", "state": "S"}
+    recs = [nr(1, "blocked", {"waker_pid": None, "waker": "timer"}),
+            nr(2, "blocked", {"waker_pid": 0}),  # the idle task: the timer's interrupt
+            nr(3, "blocked", {"waker_pid": None, "waker": "irq virtio0"}),
+            nr(4, "blocked", {"waker_pid": 1234})]
+    w = score("sleep_in_call", recs, {"who": who})["who"]
+    assert (w["checked"], w["right"]) == (4, 2)
+    # idle_wakeup's cause is the host's own: no host-named count
+    s = score("idle_wakeup", [nr(1, "wakeup_latency", {"waker_pid": 0})], {"who": who})
+    assert s["right"] == 1 and s["who"]["right"] == 1 and s["host_named_share"] is None
+
+
+def test_the_existing_faults_score_as_before():
+    recs = [rec(1, "cpu_contention", tasks=[("python[101]", 950.0)]),
+            rec(2, "irq", breakdown=[("irq virtio0", 900.0)])]
+    s = score("cpu_hog", recs, {"pids": KIT})
+    assert "who" not in s and "host_named" not in s
+    assert (s["right"], s["wrong"], s["right_share"]) == (1, 1, 0.5)
+
+
+def test_idle_before_a_not_runnable_thread_woke_is_the_faults_not_the_hosts():
+    idle = [("idle before the probe woke", 900.0)]
+    recs = [nr(1, "blocked", breakdown=idle), nr(2, "stopped", breakdown=idle),
+            nr(3, "blocked", breakdown=[("hw_or_hypervisor", 900.0)])]
+    assert background(recs, "blocked", KIT) == {3: "host: hidden time (steal)"}
+    assert background(recs, "stopped", KIT) == {3: "host: hidden time (steal)"}
+    # under a CPU fault the same idle stretch stays the host's late wake-up
+    assert background(recs, "cpu_contention", KIT)[1] == "host: late wake-up"
+
+
+def test_fault_list_accepts_the_new_names_for_the_service_only():
+    from bench.attribution import DEFAULT_FAULTS, fault_list
+    from bench.faults import kit
+    assert fault_list(None, "probe") == DEFAULT_FAULTS.split(",")
+    assert fault_list(None, "service") == ["none", *kit.EXPECTED]
+    assert fault_list("none,sigstop,cpu_hog", "probe") == ["none", "sigstop", "cpu_hog"]
+    assert "need the service's switches" in fault_list("lock_holder", "probe")
+    assert fault_list("lock_holder, idle_wakeup", "service") == ["lock_holder", "idle_wakeup"]
+    assert fault_list("lock_holdr", "service").startswith("--faults: unknown lock_holdr")
+
+
+def test_bad_faults_are_one_line():
+    p = subprocess.run([sys.executable, str(BENCH), "--faults", "none,pipe_late"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr == ("attribution: --faults: pipe_late need the service's switches "
+                        "(--source service)\n")
+
+
+def test_the_service_is_watched_by_its_pid():
+    from argparse import Namespace
+
+    from bench.attribution import watch_config
+    args = Namespace(probe="numpy", rate=500.0, k=3.0, sampler="auto", trace="auto",
+                     watch_nice=0)
+    svc = Namespace(pid=4321)
+    cfg = watch_config(args, 1, 0, svc)
+    assert (cfg.probe, cfg.pid, cfg.probe_cpus, cfg.housekeeping_cpus) == ("external", 4321,
+                                                                           [1], [0])
+    assert watch_config(args, 1, 0, None).probe == "numpy"
+
+
 # -- the not-runnable faults' mechanisms, on bench/service.py, without watch ---------------------
 # Each fault runs ~2 s against one service (100 calls a second, 10 ms apart) with stalls of
 # 30 ms, 5 a second; what is asserted is a count of calls that carry the stall's own mark,
@@ -248,3 +358,73 @@ def test_idle_wakeup_starts_calls_late_by_the_slack(service):
         pytest.skip(f"the service's CPU was idle only {100 * info['idle_share']:.0f} % of the "
                     "time: a busy CPU's tick cuts the slack short")
     assert late >= 0.6 * info["injected"]
+
+
+# -- bench/service.py itself ---------------------------------------------------------------------
+
+SERVICE = Path(__file__).resolve().parents[1] / "bench" / "service.py"
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--rate", "0"], "--rate must be in (0, 100000] calls a second, not 0"),
+    (["--seconds", "-1"], "--seconds must be positive, not -1"),
+    (["--cpu", "4096"], "--cpu 4096 is not online"),
+    (["--model", "/nonexistent/m.tflite"], "--model /nonexistent/m.tflite: no such file"),
+])
+def test_service_bad_input_is_one_line(argv, why):
+    p = subprocess.run([sys.executable, str(SERVICE), *argv], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.startswith(f"service: {why}") and p.stderr.count("\n") == 1
+    assert json.loads(p.stdout)["error"].startswith(why)
+
+
+@pytest.mark.slow
+def test_service_runs_where_asked_records_plainly_and_stops_by_itself():
+    from agent.client import RingReader
+    from bench.service import Service
+    online = sorted(os.sched_getaffinity(0))
+    # started from a thread pinned elsewhere (watch pins its own to the housekeeping CPUs)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, [online[0]])
+    try:
+        svc = Service(cpu=online[-1], rate=RATE, seconds=1.5, plain=True, warmup=20)
+    finally:
+        os.sched_setaffinity(0, before)
+    try:
+        assert svc.info["cpu"] == online[-1]
+        reader = RingReader(svc.ring, expect_pid=svc.pid)
+        svc.proc.wait(timeout=60)  # --seconds: by itself
+        recs = reader.read()
+        reader.close()
+    finally:
+        done = svc.stop()
+    assert svc.proc.returncode == 0 and done["calls"] >= 1
+    assert len(recs) >= 1 and (_col(recs, "nvcsw") == -1).all()  # the client's start/end
+    assert not Path(svc.ring).exists() and not svc.dir.exists()
+
+
+@pytest.mark.slow
+def test_service_ends_with_its_parent(tmp_path):
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from bench.service import Service\n"
+            "s = Service(rate=50, seconds=120, warmup=20)\n"
+            "print(s.pid, flush=True)\n"
+            "import time; time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(SERVICE.parents[1])],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    from collectors.host import Host
+    host = Host()
+    for _ in range(100):  # PR_SET_PDEATHSIG: SIGTERM, and it ends its loop
+        stat = host.read(host.proc(pid, "stat")).value  # (gone, or a zombie not reaped yet)
+        if stat is None or stat[stat.rfind(")") + 2] in "ZX":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the service outlived its parent")
