@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from agent.cli import get_app
 from collectors.host import Host
+from collectors.native import command
 from collectors.wakeup import keepawake_spinners
 from tuning.launcher import (
     LaunchError,
@@ -73,6 +74,13 @@ def _gone_within(pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def _spin(exe, *args: str, fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
+    """Run the built spinner (through its cache directory, collectors/native.py) with args."""
+    argv, helper_fds = command(exe, *args, lifeline=False)
+    return subprocess.run(argv, pass_fds=(*fds, *helper_fds), capture_output=True, text=True,
+                          timeout=10)
 
 
 def _effective_latency() -> int:
@@ -161,8 +169,7 @@ def test_the_spinner_watches_its_pidfd_not_a_pid():
     child = subprocess.Popen(["sleep", "30"])
     fd = os.pidfd_open(child.pid)
     try:
-        r = subprocess.run([str(exe), str(cpu), str(fd)], pass_fds=(fd,), capture_output=True,
-                           text=True, timeout=10)
+        r = _spin(exe, str(cpu), str(fd), fds=(fd,))
         assert r.returncode == 0, r.stderr
         spinner = int(r.stdout)
         assert _alive(spinner)
@@ -182,14 +189,13 @@ def test_spinner_refuses_a_dead_process_and_bad_arguments():
     fd = os.pidfd_open(child.pid)
     child.wait()
     try:
-        r = subprocess.run([str(exe), str(cpu), str(fd)], pass_fds=(fd,), capture_output=True,
-                           text=True, timeout=10)
+        r = _spin(exe, str(cpu), str(fd), fds=(fd,))
         assert r.returncode == 1 and "watched process" in r.stderr
     finally:
         os.close(fd)
-    r = subprocess.run([str(exe), "x", "3"], capture_output=True, text=True, timeout=10)
+    r = _spin(exe, "x", "3")
     assert r.returncode == 2 and "usage" in r.stderr
-    r = subprocess.run([str(exe), "1000", "0"], capture_output=True, text=True, timeout=10)
+    r = _spin(exe, "1000", "0")
     assert r.returncode == 1 and "sched_setaffinity" in r.stderr
 
 
@@ -290,8 +296,7 @@ def test_the_busy_loop_spins_without_pause_and_is_named_in_the_report():
 def test_keep_awake_loop_is_checked_in_one_line():
     cpu = _need()
     exe = build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True).spinner
-    r = subprocess.run([str(exe), str(cpu), "0", "spin"], capture_output=True, text=True,
-                       timeout=10)
+    r = _spin(exe, str(cpu), "0", "spin")
     assert r.returncode == 2 and "usage" in r.stderr
     with pytest.raises(LaunchError, match="expected pause or busy"):
         build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True, keep_awake_loop="spin")
@@ -305,3 +310,114 @@ def test_keep_awake_loop_is_checked_in_one_line():
                        timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 1
     assert r.stderr.strip() == "hftagent: error: bad --keep-awake-loop 'spin': expected pause or busy"
+
+
+# -- the guard: a spinner that the kernel does not treat as idle stops itself (keepawake.c) ------
+def _stat_line(pid: int, comm: str, state: str, ppid: int, cpu: int) -> str:
+    """A /proc/PID/stat line with the fields the guard reads: state (3), ppid (4), processor
+    (39)."""
+    fields = [state, str(ppid)] + ["0"] * 34 + [str(cpu)] + ["0"] * 13
+    return f"{pid} ({comm}) {' '.join(fields)}\n"
+
+
+def _fake_proc(tmp_path: Path, cpu: int, state: str) -> tuple[Path, Path]:
+    """A procfs tree with a command (pid 4242, one thread) and its child (pid 4243, whose
+    thread 4244 is in ``state`` on ``cpu``); the command's fd/2 is a plain file."""
+    proc = tmp_path / "proc"
+    for pid, ppid, tids in ((4242, 1, {4242: "S"}), (4243, 4242, {4243: "S", 4244: state}),
+                            (77, 1, {77: "R"})):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(_stat_line(pid, "x", "S", ppid, cpu))
+        for tid, st in tids.items():
+            (proc / str(pid) / "task" / str(tid)).mkdir(parents=True)
+            (proc / str(pid) / "task" / str(tid) / "stat").write_text(
+                _stat_line(tid, "worker" if tid == 4244 else "x", st, ppid, cpu))
+    (proc / "4242" / "fd").mkdir()
+    err = proc / "4242" / "fd" / "2"
+    err.write_text("")
+    return proc, err
+
+
+def _guarded_spinner(exe: Path, proc: Path, cpu: int, window: int, err: Path):
+    """A spinner guarding pid 4242 of the tree ``proc`` and watching a real ``sleep`` (its
+    stderr ``err``) through a pidfd."""
+    with err.open("w") as f:
+        child = subprocess.Popen(["sleep", "60"], stderr=f)
+    fd = os.pidfd_open(child.pid)
+    r = _spin(exe, "-p", str(proc), "-w", "4242", "-n", str(window), str(cpu), str(fd),
+              fds=(fd,))
+    assert r.returncode == 0, r.stderr
+    return child, fd, int(r.stdout)
+
+
+def _reported(*files: Path) -> list[str]:
+    """The line goes to the command's own stderr where the kernel lends its descriptor
+    (pidfd_getfd: a regular file), else to the tree's fd/2, opened anew."""
+    return [ln for f in files for ln in f.read_text().splitlines()]
+
+
+def test_the_guard_stops_a_spinner_the_command_waits_behind(tmp_path):
+    """A descendant's thread runnable on the spinner's CPU in every sample: the spinner says so
+    in one line on the command's stderr and exits while the command still runs."""
+    cpu = _need()
+    exe = build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True).spinner
+    proc, err = _fake_proc(tmp_path, cpu, "R")
+    own = tmp_path / "stderr"
+    child, fd, spinner = _guarded_spinner(exe, proc, cpu, 5, own)
+    try:
+        assert _gone_within(spinner, 30.0)
+        assert child.poll() is None
+        lines = _reported(err, own)
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"hftagent run: keep-awake spinner on CPU {cpu} stopped: "
+                                   f"thread 4244 (worker) of the command was waiting for CPU "
+                                   f"{cpu} in 5 of 5 samples"), lines[0]
+    finally:
+        os.close(fd)
+        child.kill()
+        child.wait()
+
+
+def test_the_guard_leaves_a_spinner_alone_when_the_command_never_waits(tmp_path):
+    """The same tree with the thread asleep (and an unrelated runnable task): it spins on."""
+    cpu = _need()
+    exe = build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True).spinner
+    proc, err = _fake_proc(tmp_path, cpu, "S")
+    own = tmp_path / "stderr"
+    child, fd, spinner = _guarded_spinner(exe, proc, cpu, 2, own)
+    try:
+        time.sleep(1.0)
+        assert _alive(spinner)
+        assert _reported(err, own) == []
+        child.kill()
+        child.wait()
+        assert _gone_within(spinner, GONE_S)
+    finally:
+        os.close(fd)
+        child.kill()
+        child.wait()
+
+
+def test_the_guard_needs_both_its_options():
+    cpu = _need()
+    exe = build_launch(Host(), ["true"], cpus=str(cpu), keep_awake=True).spinner
+    for bad in (["-p", "/nonexistent-proc"], ["-w", "5"], ["-n", "0", "-p", "x", "-w", "5"]):
+        r = _spin(exe, *bad, str(cpu), "0")
+        assert r.returncode == 2 and r.stderr.startswith("usage:"), (bad, r.stderr)
+
+
+def test_the_spinner_shares_the_command_s_session_and_ignores_its_terminal_signals():
+    """No setsid: with autogroups a new session is a new task group, against which SCHED_IDLE
+    means nothing (keepawake.c). SIGINT from the terminal goes to the command, which decides."""
+    cpu = _need()
+    p = _launch(["run", "--keep-awake", "--cpus", str(cpu), "--", "sleep", "30"])
+    try:
+        spinner = int(_wait_line(p, SPIN_RE).group(1))
+        assert os.getsid(spinner) == os.getsid(p.pid)
+        os.kill(spinner, signal.SIGINT)
+        time.sleep(0.3)
+        assert _alive(spinner)
+    finally:
+        p.kill()
+        p.wait()
+    assert _gone_within(spinner, GONE_S)

@@ -24,6 +24,9 @@ shell, no wrapper left behind):
      native sampler: collectors/native.py), SCHED_IDLE, pinned, ``pause`` in its loop. Each
      holds a pidfd of this process — which becomes CMD — and exits when it is gone; a failure
      before exec kills them at once. Not CMD's children: a ``wait`` in CMD never waits on them.
+     They stay in CMD's session and cgroups (SCHED_IDLE is idle only within one task group),
+     and each stops itself with one line on CMD's stderr when CMD's threads (or its
+     descendants') are seen waiting for its CPU while it spins there (keepawake.c's guard).
    - ``--pm-qos US``: /dev/cpu_dma_latency opened, US written (a binary s32), the descriptor
      left open and inheritable: the kernel holds the request while any process has it open,
      so it ends when CMD (and any child it passed the descriptor to) exits. It applies to
@@ -83,6 +86,7 @@ class Launch:
     keep_awake: bool = False
     keep_awake_loop: str = "pause"        # the spinner's loop: KEEP_AWAKE_LOOPS
     spinner: Path | None = None           # the built keep-awake helper
+    procfs: Path | None = None            # the spinners' guard reads the command's tasks here
     pm_qos_us: int | None = None
     pm_qos_device: Path | None = None
     cpuset: str | None = None             # the isolated cpuset CMD joins (user-facing path)
@@ -198,11 +202,15 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
         launch.keep_awake = True
         launch.keep_awake_loop = keep_awake_loop
         launch.spinner = (build_spinner or _build_spinner)()
+        launch.procfs = host.proc()
         if not launch.cpuset and not set(cpu_list) <= set(cpuc.isolated_cpus(host)):
             # Since Linux 5.4 (sched_idle_cpu) a CPU that runs only SCHED_IDLE tasks counts as
             # idle for wake-up placement and load balancing: the spinner draws other runnable
-            # tasks onto the CPU it keeps awake. Measured (bench/tuning_effect.py, a 2-vCPU KVM
-            # guest on Linux 6.18, 6 busy neighbours): P50 x275 with the spinner alone, x0.99 with it on isolated CPUs.
+            # tasks onto the CPU it keeps awake, and the command waits behind them whatever
+            # keeps the CPU awake (the audit recommends keep-awake on isolated CPUs only).
+            # (bench/tuning_effect.py's P50 x275 without isolation, 6 busy neighbours, was
+            # measured with the spinner in a session of its own, whose autogroup made it
+            # anything but idle: keepawake.c; noisy+keep-awake re-measures it.)
             launch.notes.append(
                 f"--keep-awake on CPU {format_cpulist(cpu_list)}, which other tasks may use: "
                 "the kernel counts a CPU running only the SCHED_IDLE spinner as idle and moves "
@@ -244,21 +252,26 @@ class Spinner:
     pidfd: int  # ours, O_CLOEXEC: to kill it without a PID race; closed by exec
 
 
-def start_spinners(exe: Path, cpus: Sequence[int], loop: str = "pause") -> list[Spinner]:
-    """One spinner per CPU, each watching this process through an inherited pidfd. Raises
-    LaunchError (and leaves none running) when one cannot start."""
+def start_spinners(exe: Path, cpus: Sequence[int], loop: str = "pause",
+                   procfs: Path | None = None) -> list[Spinner]:
+    """One spinner per CPU, each watching this process through an inherited pidfd. With
+    ``procfs`` (the live procfs mount) each also guards this process — which becomes the
+    command — and its descendants: when they wait for its CPU while it spins there, it stops
+    with one line on their stderr (keepawake.c). Raises LaunchError (and leaves none running)
+    when one cannot start."""
     from collectors.native import command
     try:
         me = os.pidfd_open(os.getpid())
     except (AttributeError, OSError) as exc:
         raise LaunchError(f"--keep-awake needs pidfd_open (Linux 5.3+): "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
+    guard = ("-p", str(procfs), "-w", str(os.getpid())) if procfs is not None else ()
     out: list[Spinner] = []
     try:
         for c in cpus:
             # through its checked cache directory (collectors/native.py); no lifeline: the
             # spinner watches the pidfd, which outlives our exec
-            argv, fds = command(exe, str(c), str(me), loop, lifeline=False)
+            argv, fds = command(exe, *guard, str(c), str(me), loop, lifeline=False)
             try:
                 r = subprocess.run(argv, pass_fds=(me, *fds),
                                    stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -335,10 +348,12 @@ def exec_launch(launch: Launch, report: Callable[[str], None] | None = None) -> 
     spinners: list[Spinner] = []
     try:
         if launch.keep_awake and launch.spinner is not None:
-            spinners = start_spinners(launch.spinner, launch.cpus, launch.keep_awake_loop)
+            spinners = start_spinners(launch.spinner, launch.cpus, launch.keep_awake_loop,
+                                      launch.procfs)
             for s in spinners:
                 say(f"keep-awake spinner pid {s.pid} on CPU {s.cpu} (SCHED_IDLE, "
-                    f"{launch.keep_awake_loop} loop; exits with the command)")
+                    f"{launch.keep_awake_loop} loop; exits with the command, or stops with "
+                    "a line here if the command waits for the CPU behind it)")
         if launch.pm_qos_us is not None and launch.pm_qos_device is not None:
             fd = hold_pm_qos(launch.pm_qos_device, launch.pm_qos_us)
             say(f"PM QoS {launch.pm_qos_us} µs held on {launch.pm_qos_device} (fd {fd}, every "
