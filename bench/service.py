@@ -321,9 +321,9 @@ def build_model(path: str | None):
         if list(d[0]["shape"]) != shape:
             it.resize_tensor_input(d[0]["index"], shape, strict=False)
         it.allocate_tensors()
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - LiteRT's errors, as one line
         msg = str(exc).strip().splitlines()
-        raise ValueError(f"--model {path}: {msg[-1] if msg else 'not a LiteRT model'}"
+        raise ValueError(f"--model {path}: {msg[-1] if msg else type(exc).__name__}"
                          ) from None
     x = np.random.default_rng(1).standard_normal(shape).astype(d[0]["dtype"])
     idx, set_tensor, invoke = d[0]["index"], it.set_tensor, it.invoke
@@ -338,8 +338,10 @@ def build_model(path: str | None):
 def serve(args: argparse.Namespace) -> int:
     if not args.rate > 0 or args.rate > 100_000:
         return _fail(f"--rate must be in (0, 100000] calls a second, not {args.rate:g}")
-    if not args.seconds > 0:
-        return _fail(f"--seconds must be positive, not {args.seconds:g}")
+    if not 0 < args.seconds <= 1e7:
+        return _fail(f"--seconds must be in (0, 1e7], not {args.seconds:g}")
+    if not 1 <= args.warmup <= 100_000:
+        return _fail(f"--warmup must be in 1..100000 calls, not {args.warmup}")
     parent = args.parent or os.getppid()
     libc = _libc()
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -381,7 +383,11 @@ def serve(args: argparse.Namespace) -> int:
         ctl = Control(directory, sw)
         try:
             from agent.probe.harness import warm_up
-            wu = warm_up(fn, min_calls=args.warmup, budget_ns=int(20e9))
+            try:
+                wu = warm_up(fn, min_calls=args.warmup, budget_ns=int(20e9))
+            except Exception as exc:  # noqa: BLE001 - a model that fails to run: one line
+                return _fail(f"the model fails to run: {type(exc).__name__}: "
+                             f"{str(exc).strip()[:200]}")
             import numpy as np
             p50 = int(np.median(wu.latency_ns)) if len(wu.latency_ns) else 0
             _say({"ready": True, "pid": os.getpid(), "tid": threading.get_native_id(),

@@ -290,6 +290,23 @@ def _late_idle_starts(recs: np.ndarray, min_ms: float) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("line, why", [
+    ("bogus 1", "unknown switch 'bogus'"),
+    ("lock 5", "usage: lock HOLD_MS PER_S | lock off"),
+    ("sleep 5 x", "PER_S must be a number, not 'x'"),
+    ("sleep 5000 1", "HOLD_MS must be in 0.01..1000, not 5000"),
+    ("idle nan 1", "SLACK_US must be in 0..1e+06, not nan"),
+    ("pipe 4", "no helper holds the pipe open (start it first)"),
+])
+def test_a_bad_switch_is_refused_in_one_answer(service, line, why):
+    from bench.service import ServiceError
+    with pytest.raises(ServiceError, match="refused") as e:
+        service.command(line)
+    assert str(e.value).endswith(why) or why in str(e.value)
+    assert service.command("stats")["ok"]  # and it serves on
+
+
+@pytest.mark.slow
 def test_sleep_in_call_blocks_the_calls_it_picks(service):
     from bench.faults import kit
     recs, info = _records_during(service, kit.sleep_in_call(service, HOLD_MS, PER_S))
@@ -334,6 +351,23 @@ def test_pipe_late_blocks_on_the_helpers_late_answer(service):
 
 
 @pytest.mark.slow
+def test_a_pipe_helper_that_dies_ends_the_switch_not_the_service(service):
+    import signal
+
+    from bench.faults import kit
+    before = service.command("stats")["pipe_broken"]
+    with kit.pipe_late(service, 5.0, 20.0) as inj:
+        os.kill(inj[0], signal.SIGKILL)
+        for _ in range(100):  # its next request reads EOF (or EPIPE): the switch goes off
+            if service.command("stats")["pipe_broken"] > before:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the service never noticed its helper was gone")
+    assert inj.info["answered"] is None  # killed: it said nothing
+
+
+@pytest.mark.slow
 def test_sigstop_from_another_process_stalls_the_service(service):
     from bench.faults import kit
     fault = kit.sigstop(service.pid, HOLD_MS, PER_S)
@@ -367,7 +401,9 @@ SERVICE = Path(__file__).resolve().parents[1] / "bench" / "service.py"
 
 @pytest.mark.parametrize("argv, why", [
     (["--rate", "0"], "--rate must be in (0, 100000] calls a second, not 0"),
-    (["--seconds", "-1"], "--seconds must be positive, not -1"),
+    (["--seconds", "-1"], "--seconds must be in (0, 1e7], not -1"),
+    (["--seconds", "inf"], "--seconds must be in (0, 1e7], not inf"),
+    (["--warmup", "0"], "--warmup must be in 1..100000 calls, not 0"),
     (["--cpu", "4096"], "--cpu 4096 is not online"),
     (["--model", "/nonexistent/m.tflite"], "--model /nonexistent/m.tflite: no such file"),
 ])
@@ -428,3 +464,48 @@ def test_service_ends_with_its_parent(tmp_path):
     else:
         os.kill(pid, 9)
         raise AssertionError("the service outlived its parent")
+
+
+_TINY_TFLITE = """import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+@tf.function(input_signature=[tf.TensorSpec([1, 8, 4], tf.float32)])
+def f(x):
+    return tf.reduce_sum(tf.tanh(x) * 2.0, axis=1)
+conv = tf.lite.TFLiteConverter.from_concrete_functions([f.get_concrete_function()], f)
+open(sys.argv[1], "wb").write(conv.convert())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_service_serves_a_tflite_model_on_litert(tmp_path):
+    pytest.importorskip("ai_edge_litert")
+    model = tmp_path / "tiny.tflite"
+    p = subprocess.run([sys.executable, "-c", _TINY_TFLITE, str(model)], capture_output=True,
+                       text=True, timeout=300)
+    if p.returncode != 0:
+        pytest.skip(f"no TensorFlow to convert a model: {p.stderr.strip()[-200:]}")
+    from agent.client import RingReader
+    from bench.service import Service
+    with Service(rate=RATE, seconds=60, model=str(model), warmup=20) as svc:
+        assert svc.info["model"] == "litert tiny.tflite [1, 8, 4]"
+        reader = RingReader(svc.ring, expect_pid=svc.pid)
+        recs = reader.read()
+        for _ in range(100):
+            if len(recs) >= 5:
+                break
+            time.sleep(0.05)
+            recs = np.concatenate([recs, reader.read()])
+        reader.close()
+    assert len(recs) >= 5 and (_col(recs, "cpu_ns") > 0).all()
+
+
+def test_service_refuses_a_file_that_is_no_model(tmp_path):
+    pytest.importorskip("ai_edge_litert")
+    junk = tmp_path / "junk.tflite"
+    junk.write_bytes(b"not a flatbuffer" * 8)
+    p = subprocess.run([sys.executable, str(SERVICE), "--model", str(junk)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert p.stderr.startswith(f"service: --model {junk}: ")
