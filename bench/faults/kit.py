@@ -388,7 +388,8 @@ parent, n, stopped = os.getppid(), 0, False
 """
 # SIGSTOP, ``hold`` s, SIGCONT, at random moments ``per_s`` times a second. Leaving (SIGTERM,
 # the parent gone) continues the target first when it is stopped.
-_STOPPER = _HELPER_HEAD + """pid, hold, per_s = int(sys.argv[2]), float(sys.argv[3]) / 1e3, float(sys.argv[4])
+_STOPPER = _HELPER_HEAD + """pid, hold = int(sys.argv[2]), float(sys.argv[3]) / 1e3
+per_s = float(sys.argv[4])
 def leave(*_):
     if stopped:
         try: os.kill(pid, signal.SIGCONT)
