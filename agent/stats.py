@@ -2,7 +2,7 @@
 proportion and exact tests on counts.
 
 numpy and the standard library only (no TensorFlow, no scipy), cheap to import: the exporter
-(:mod:`agent.metrics`), the gate (:mod:`agent.gate`), the probe (:mod:`agent.probe.stats`),
+(:mod:`agent.export.metrics`), the gate (:mod:`agent.gate.evaluate`), the probe (:mod:`agent.probe.stats`),
 ``hftagent watch``'s summary (:mod:`agent.watch.summary`) and ``bench/`` use it.
 
 **Keying.** Percentiles are given in percent (50, 99.0, 99.9) throughout; a quantile given as a

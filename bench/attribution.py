@@ -61,7 +61,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.watch.events.timeline import HW, IDLE_BEFORE_WAKE, SLOWED  # noqa: E402
+from agent.trace.timeline import HW, IDLE_BEFORE_WAKE, SLOWED  # noqa: E402
 from agent.watch.probe_worker import auto_rate  # noqa: E402
 from agent.watch.session import WatchConfig, WatchSession  # noqa: E402
 from bench.faults import kit  # noqa: E402
@@ -343,12 +343,12 @@ def who_figures(fault: str, exp: str | None, recs: list[dict], who: dict) -> dic
             else None}
 
 
-# What names each fault's culprit in a spike's kernel-event breakdown (agent/watch/events):
+# What names each fault's culprit in a spike's kernel-event breakdown (agent/trace):
 # the kit's own tasks by pid for the CPU faults, the NET_RX softirq for the flood. The
 # memory and migration faults have no culprit that runs instead of the probe (page reclaim
 # and affinity flips happen in the probe's own context): culprit naming does not apply.
 _TASK_FAULTS = ("cpu_hog", "cpu_hog_rt", "oversubscription")
-# The causes the events see run instead of the probe (agent/watch/events/wiring.py), and
+# The causes the events see run instead of the probe (agent/watch/attribution/events.py), and
 # no cause at all: a residual in their records is unexplained by the record too.
 EVENT_VISIBLE = ("cpu_contention", "irq", "softirq", "unexplained")
 
@@ -563,7 +563,7 @@ def main() -> int:
     ap.add_argument("--slack-us", type=float, default=5000.0,
                     help="idle_wakeup: the timer slack of its late wake-ups")
     ap.add_argument("--trace", default="auto", choices=("auto", "on", "off", "mount"),
-                    help="watch's kernel events (agent/watch/events): the culprit and "
+                    help="watch's kernel events (agent/trace): the culprit and "
                     "unexplained-time figures need them")
     ap.add_argument("--watch-nice", type=int, default=0,
                     help="watch --nice: its own threads' and helper's nice value (0: as is)")

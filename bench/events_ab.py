@@ -65,7 +65,7 @@ PS = (0.5, 0.99)
 # waited to run (and a first window's wait for the kallsyms table) as if it were CPU.
 READ_CPU_TAG = "events_ab read_cpu_ns "
 _WRAP = ("import atexit, sys, time\n"
-         "from agent.watch.events import tracefs as _t\n"
+         "from agent.trace import tracefs as _t\n"
          "_acc = [0, 0, 0]\n"
          "_w = _t.EventSource.window\n"
          "def _window(self, *a, **k):\n"

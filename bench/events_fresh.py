@@ -3,7 +3,7 @@ clock? For the CPU the probe uses (default: the last one).
 
     sudo .venv/bin/python bench/events_fresh.py [--cpu N] [--sleeps 200] [--json F]
 
-Opens watch's event source (agent.watch.events.EventSource, ``--trace mount`` semantics)
+Opens watch's event source (agent.trace.EventSource, ``--trace mount`` semantics)
 on ``--cpu``; a child pinned there sleeps 1 ms ``--sleeps`` times, reading
 CLOCK_MONOTONIC before and after each sleep, and then sleeps 0.1 ms in a loop (a switch
 every ~0.1-0.2 ms). Each sleep's switch-out
@@ -27,8 +27,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.watch.events import EventSource  # noqa: E402
-from agent.watch.events.tracefs import Unsupported  # noqa: E402
+from agent.trace import EventSource  # noqa: E402
+from agent.trace.tracefs import Unsupported  # noqa: E402
 from collectors.host import Host  # noqa: E402
 
 CHILD = """

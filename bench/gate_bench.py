@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agent import gate as g
-from agent.history import History, encode_samples, record_run
+from agent.gate import evaluate as g
+from agent.gate.history import History, encode_samples, record_run
 from agent.probe.config import DEFAULT_SAMPLES
 from agent.stats import nearest_rank_index
 

@@ -45,8 +45,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent import stats  # noqa: E402
-from agent.exporter import Exporter  # noqa: E402
-from agent.metrics import WatchMetrics  # noqa: E402
+from agent.export.metrics import WatchMetrics  # noqa: E402
+from agent.export.server import Exporter  # noqa: E402
 from tuning.findings import Finding, Status  # noqa: E402
 
 
@@ -205,7 +205,7 @@ def tls_auth_bench(m: WatchMetrics, n: int = 2000) -> dict:
 
     import bcrypt
 
-    from agent.webconfig import load_web_config
+    from agent.export.webconfig import load_web_config
     from tests.pki import make_pki
 
     out: dict = {"command": " ".join(sys.argv), "bcrypt_cost": 10}

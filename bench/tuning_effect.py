@@ -16,7 +16,7 @@ round with a fixed seed), so that the host's drift is shared by all scenarios:
   ``isolate+keep-awake`` (the audit's wakeup.cpuidle fix once the CPU is isolated),
   ``isolate+pm-qos`` and ``isolate+keep-awake+pm-qos`` (hft-cpu's and hft-gpu's runtime set);
 - ``KIND+all``: every lever together (fifo too, which nothing recommends);
-- ``stressed`` and ``stressed+all``: agent/stress.py's standard load (CPU/cache, loopback UDP,
+- ``stressed`` and ``stressed+all``: agent/gate/stress.py's standard load (CPU/cache, loopback UDP,
   fsync'd writes, alloc/free) pinned to the housekeeping CPUs, as the gate's ``stressed``
   scenario runs it (which needs TensorFlow; this bench runs where TF is not installed).
 
@@ -455,7 +455,7 @@ def worker(args: argparse.Namespace) -> int:
 def neighbours(kind: str | None, n: int, housekeeping: list[int] | None = None):
     procs = []
     if kind == "stress":
-        from agent.stress import housekeeping_load
+        from agent.gate.stress import housekeeping_load
         with housekeeping_load(housekeeping or [0]) as load:
             yield load
         return

@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from agent.watch.events.parse import (
+from agent.trace.parse import (
     RB_MISSED_EVENTS,
     RB_MISSED_STORED,
     EventFormat,
@@ -116,7 +116,7 @@ class PageWriter:
         return page + b"\0" * (self.page_size - len(page))
 
 
-# -- the instance's ``trace`` text, as agent.watch.events.parse.parse_text reads it -----------
+# -- the instance's ``trace`` text, as agent.trace.parse.parse_text reads it -----------
 
 def trace_line(comm, pid, ts, body, flags="d..2."):
     """One line of ``trace`` on CPU 1: ``<comm>-<pid> [001] <flags> <ts>: <body>``."""

@@ -118,7 +118,7 @@ def test_a_shared_irq_line_is_named_by_every_action(rng):
 
 
 def test_every_cause_a_family_names_is_in_the_one_list_the_exporter_counts():
-    from agent.metrics import CAUSES as EXPORTED
+    from agent.export.metrics import CAUSES as EXPORTED
     from agent.watch.attribution import CAUSES
     assert set(EXPORTED) == set(CAUSES) | {"other"}
     assert list(EXPORTED) == [*CAUSES, "other"]

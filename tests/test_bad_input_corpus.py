@@ -515,7 +515,7 @@ def _params():
 
 # -- the world the cases point into -----------------------------------------------------------
 def _make_db(path: Path, runs: int) -> None:
-    from agent.history import History, record_run
+    from agent.gate.history import History, record_run
     fp = {"version": 1, "hostname": "corpus", "kernel": "6.1", "cpu_model": "X",
           "online_cpus": "0-1", "governors": "0-1=performance", "turbo": False,
           "isolated_cpus": "", "nohz_full_cpus": "", "smt_active": 0, "virtualization": "none",
@@ -673,7 +673,7 @@ def _fill(arg: str, w: dict[str, str]) -> str:
 # -- running a case ---------------------------------------------------------------------------
 _FENCES = (
     ("agent.probe.runner", "run_probe"),
-    ("agent.gate", "run_scenario"),
+    ("agent.gate.evaluate", "run_scenario"),
     ("agent.watch.session", "WatchSession.run"),
     ("tuning.launcher", "exec_launch"),
     ("collectors.nsight", "profile"),

@@ -130,7 +130,7 @@ def test_audit_of_a_tree_with_a_huge_cmdline_is_one_error_finding(tree_copy):
 ])
 def test_web_config_nesting_is_bounded(tmp_path, text):
     from agent.errors import AgentError
-    from agent.webconfig import MAX_DEPTH, load_web_config
+    from agent.export.webconfig import MAX_DEPTH, load_web_config
 
     p = tmp_path / "deep.yml"
     p.write_text(text)
@@ -141,7 +141,7 @@ def test_web_config_nesting_is_bounded(tmp_path, text):
 
 
 def test_web_config_depth_limit_admits_the_real_format(tmp_path):
-    from agent.webconfig import MAX_DEPTH, _parse_yaml
+    from agent.export.webconfig import MAX_DEPTH, _parse_yaml
 
     ok = "a: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)  # the mapping is level 1
     v = _parse_yaml(ok.encode(), "x")["a"]
@@ -153,7 +153,7 @@ def test_web_config_depth_limit_admits_the_real_format(tmp_path):
 
 def test_web_config_size_is_bounded_before_parsing(tmp_path):
     from agent.errors import AgentError
-    from agent.webconfig import MAX_CONFIG_BYTES, load_web_config
+    from agent.export.webconfig import MAX_CONFIG_BYTES, load_web_config
 
     p = tmp_path / "big.yml"
     p.write_text("a: [" + "1," * MAX_CONFIG_BYTES + "1]\n")  # 1 MiB of this took 15 s, 400 MB
@@ -272,7 +272,7 @@ def _wait_for(cond, what: str) -> None:
 def test_a_clean_peer_goes_before_failing_peers_and_takes_a_full_queue_slot(monkeypatch):
     import threading
 
-    from agent.webconfig import AuthBusy, BasicAuth
+    from agent.export.webconfig import AuthBusy, BasicAuth
     from tests.pki import bcrypt_hash
 
     auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=_Clock())
@@ -309,7 +309,7 @@ def test_a_clean_peer_goes_before_failing_peers_and_takes_a_full_queue_slot(monk
 
 
 def test_a_peer_over_its_failure_budget_gets_429_without_bcrypt(monkeypatch):
-    from agent.webconfig import AuthBusy, BasicAuth
+    from agent.export.webconfig import AuthBusy, BasicAuth
     from tests.pki import bcrypt_hash
 
     clock = _Clock()
@@ -348,7 +348,7 @@ def test_a_peer_over_its_failure_budget_gets_429_without_bcrypt(monkeypatch):
 def test_one_unverified_check_per_peer_at_a_time(monkeypatch):
     import threading
 
-    from agent.webconfig import AuthBusy, BasicAuth
+    from agent.export.webconfig import AuthBusy, BasicAuth
     from tests.pki import bcrypt_hash
 
     auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=_Clock())
@@ -366,7 +366,7 @@ def test_one_unverified_check_per_peer_at_a_time(monkeypatch):
 
 
 def test_peer_key_groups_an_ipv6_64_and_unmaps_ipv4():
-    from agent.webconfig import peer_key
+    from agent.export.webconfig import peer_key
 
     assert peer_key("2001:db8:1:2:aaaa::1") == peer_key("2001:db8:1:2:bbbb::9") \
         == "2001:db8:1:2::/64"
@@ -412,9 +412,9 @@ def test_a_bad_credential_flood_does_not_fail_a_fresh_scraper(tmp_path):
 
     import bcrypt
 
-    from agent.exporter import Exporter
-    from agent.metrics import WatchMetrics
-    from agent.webconfig import load_web_config
+    from agent.export.metrics import WatchMetrics
+    from agent.export.server import Exporter
+    from agent.export.webconfig import load_web_config
 
     users = {f"prom{i}": f"pw{i}" for i in range(8)}
     # cost 8 (~20 ms): slow enough that guesses queue up, fast enough for a test

@@ -1,12 +1,12 @@
-"""The watch's cause names are written once (agent/watch/causes.py): the exporter's bounded
+"""The watch's cause names are written once (agent/causes.py): the exporter's bounded
 label sets and the kernel-event timeline's kinds come from there."""
 
 from __future__ import annotations
 
 import importlib
 
-from agent import metrics
-from agent.watch import causes
+from agent import causes
+from agent.export import metrics
 
 
 def test_exporter_label_sets_are_the_cause_lists_plus_other():
@@ -17,7 +17,7 @@ def test_exporter_label_sets_are_the_cause_lists_plus_other():
 
 
 def test_timeline_kinds_and_residuals_are_the_event_list():
-    tl = importlib.import_module("agent.watch.events.timeline")
+    tl = importlib.import_module("agent.trace.timeline")
     kinds = (tl.PROBE, tl.TASK, tl.IDLE, tl.IRQ, tl.SOFTIRQ, tl.TIMER, tl.IPI, tl.VECTOR,
              tl.WORK, tl.UNKNOWN)
     assert kinds == causes.EVENT_KINDS

@@ -232,15 +232,15 @@ def test_dashboard_shape():
     exprs = dashboard_queries()
     assert any("0.0005" in e for e in exprs)  # the budget line
     # every metric the dashboard reads is one the exporter or the rules produce
-    from agent.exporter import make_registry, render
-    from agent.metrics import WatchMetrics
+    from agent.export.metrics import WatchMetrics
+    from agent.export.server import make_registry, render
     exported = set(re.findall(r"^(hftagent_\w+?)(?:_bucket|_count|_sum)?[{ ]",
                               render(make_registry(WatchMetrics()))[0].decode(), re.M))
     exported |= set(re.findall(r"^# TYPE (hftagent_\w+) ",
                                render(make_registry(WatchMetrics()))[0].decode(), re.M))
     # hftagent cpus --textfile: the per-CPU noise series, through node_exporter
+    from agent.export.textfile import render_families
     from agent.noise.export import families
-    from agent.textfile import render_families
     doc = {"cpus": [{"cpu": 1, "noise_us_per_s": 5.0, "gaps_per_s": 2.0, "p999_gap_ns": 3000,
                      "max_gap_ns": 4000, "error": None}], "recommended": [1]}
     exported |= set(re.findall(r"^# TYPE (hftagent_\w+) ",

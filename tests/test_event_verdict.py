@@ -1,4 +1,4 @@
-"""The kernel events decide a spike's cause where they see it directly (agent/watch/events/
+"""The kernel events decide a spike's cause where they see it directly (agent/trace/
 wiring.py event_verdict / apply_verdict): another task, an IRQ or a softirq that ran on the
 probe CPU for most of the excess corrects a polled verdict of contention, IRQ, softirq or
 nothing; what happens inside the probe's own time (page faults, migration, steal, frequency)
@@ -6,7 +6,7 @@ stays the polled rules'."""
 
 from __future__ import annotations
 
-from agent.watch.events.wiring import apply_verdict, event_verdict
+from agent.watch.attribution.events import apply_verdict, event_verdict
 
 US = 1_000
 
@@ -99,7 +99,7 @@ def test_events_name_the_task_where_no_scan_covered_the_spike():
     """With kernel events the records no longer wait for a task scan (wiring.py
     reduce_for_events): a polled contention verdict without ``ran_on_cpu`` gets the tasks
     the events saw, largest first, and the detail names the top one."""
-    from agent.watch.events.wiring import name_tasks
+    from agent.watch.attribution.events import name_tasks
     b = _body("cpu_contention")
     b["causes"][0]["detail"] = "waited 1500 µs on the run queue"
     b["events"]["timeline"] = _tl(("probe numpy[4242]", "probe", 300.0),
@@ -144,7 +144,7 @@ def test_watch_looks_the_thread_group_up_through_its_host():
     import os
     import threading
 
-    from agent.watch.events.wiring import SpikeEvents
+    from agent.watch.attribution.events import SpikeEvents
     from collectors.host import Host
     ev = SpikeEvents("off", Host(), [0])
     assert ev.tgid(threading.get_native_id()) == os.getpid()
@@ -152,7 +152,7 @@ def test_watch_looks_the_thread_group_up_through_its_host():
 
 
 def test_idle_before_the_probe_woke_is_a_late_wake_up_and_idle_after_it_blocked_is_nothing():
-    from agent.watch.events.timeline import IDLE_BEFORE_WAKE, IDLE_BLOCKED
+    from agent.trace.timeline import IDLE_BEFORE_WAKE, IDLE_BLOCKED
     late = [("idle", IDLE_BEFORE_WAKE, 1_200 * US), ("timer", "local_timer", 20 * US)]
     assert event_verdict(late, 1_300 * US) == ("wakeup_latency", IDLE_BEFORE_WAKE, 1_200 * US)
     b = _body("unexplained")
@@ -168,7 +168,7 @@ def test_absence_of_events_decides_nothing():
     """An idle CPU the probe never ran on, or the probe current with no event while its CPU
     time stood still (hw_or_hypervisor): a switch the window lacks looks the same as another
     CPU or the hypervisor would (a quiet-box run showed it), so the polled verdict stands."""
-    from agent.watch.events.timeline import IDLE_ABSENT
+    from agent.trace.timeline import IDLE_ABSENT
     for triples in ([("idle", IDLE_ABSENT, 1_300 * US)],
                     [("hw_or_hypervisor", "hw_or_hypervisor", 1_260 * US),
                      ("irq", "virtio3-tx", 7 * US)]):

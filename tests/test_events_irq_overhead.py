@@ -1,9 +1,9 @@
 """The interrupts' hidden cost in a spike's breakdown, and the IPIs that raise a softirq.
 
-agent/watch/events/timeline.py counts the hard interrupts that entered while the probe ran
+agent/trace/timeline.py counts the hard interrupts that entered while the probe ran
 (``probe_interrupts``), names an IPI after whose returns a softirq starts at once as that
 softirq's raise (RPS steering), and ``breakdown(..., irq_cost_ns=)`` charges each counted
-interrupt the CPU's measured cost (agent/noise/irqcost.py), never more than the residual.
+interrupt the CPU's measured cost (agent/trace/irqcost.py), never more than the residual.
 Scenarios are ``trace`` text as in tests/test_events_timeline.py: the probe is pid 4242 on
 CPU 1, the window [100.001000, 100.003000] s.
 """
@@ -13,16 +13,16 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import AgentError
-from agent.noise.irqcost import IrqCost, parse_output
-from agent.watch.events.parse import parse_text
-from agent.watch.events.timeline import (
+from agent.trace.irqcost import IrqCost, parse_output
+from agent.trace.parse import parse_text
+from agent.trace.timeline import (
     HIDDEN_IRQ,
     UNEXPLAINED,
     breakdown,
     interrupt_overhead,
     timeline,
 )
-from agent.watch.events.wiring import SpikeEvents, _triples, event_verdict, parse_irq_cost
+from agent.watch.attribution.events import SpikeEvents, _triples, event_verdict, parse_irq_cost
 from bench.attribution import background
 from tests.eventpages import trace_line as line
 from tests.eventpages import trace_switch as sw
@@ -243,7 +243,7 @@ def test_tlb_shootdowns_of_the_probe_s_pages_decide_page_faults_not_irq():
     """memory_pressure on the GPU machine: reclaim unmapping the probe's pages sent it ~600
     shootdown IPIs in a 4 ms call; the events named them as an IPI and the record said irq.
     A shootdown while the probe runs flushes the probe's own address space: memory."""
-    from agent.watch.events.wiring import apply_verdict
+    from agent.watch.attribution.events import apply_verdict
     out = [sw("swapper/1", 0, "100.000900", "probe", PROBE, "R")]
     for i in range(60):
         t = 1100 + i * 25

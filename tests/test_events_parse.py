@@ -1,4 +1,4 @@
-"""agent.watch.events.parse: format files, binary ring-buffer pages and ``trace`` text.
+"""agent.trace.parse: format files, binary ring-buffer pages and ``trace`` text.
 
 Three layers: the real kernel's output captured on the development VM (kernel 6.18,
 tests/fixtures/events, made by its capture.py: the same 1,075 events read as text and as
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.watch.events.parse import (
+from agent.trace.parse import (
     Event,
     FormatError,
     PageLayout,

@@ -1,6 +1,6 @@
 """The probe's own slowdown after interrupts, estimated in situ from earlier spikes.
 
-agent/watch/events/wiring.py :class:`SlowdownEstimate` takes one observation per complete
+agent/watch/attribution/events.py :class:`SlowdownEstimate` takes one observation per complete
 timeline with ≥ 20 interrupts of the probe (its run time over P50, less the measured entry
 and exit, per interrupt) and gives the median of the earlier ones while three in four of them show a slowdown;
 ``breakdown(..., slowdown_ns=)`` charges it per interrupt, capped at what is left. The
@@ -9,8 +9,8 @@ scenarios are tests/test_events_irq_overhead.py's RPS storms (probe pid 4242 on 
 
 from __future__ import annotations
 
-from agent.watch.events.timeline import HIDDEN_IRQ, SLOWED, UNEXPLAINED, breakdown
-from agent.watch.events.wiring import (
+from agent.trace.timeline import HIDDEN_IRQ, SLOWED, UNEXPLAINED, breakdown
+from agent.watch.attribution.events import (
     SLOWDOWN_MIN_SPIKES,
     SlowdownEstimate,
     _triples,
@@ -92,9 +92,9 @@ def test_the_slowdown_goes_to_the_interrupting_softirq_in_the_verdict():
 
 
 def test_watch_uses_earlier_spikes_only_and_says_what_the_estimate_rests_on():
+    from agent.trace.parse import parse_text
     from agent.watch.attribution import Spike
-    from agent.watch.events.parse import parse_text
-    from agent.watch.events.wiring import SpikeEvents
+    from agent.watch.attribution.events import SpikeEvents
     from tests.test_events_irq_overhead import PROBE, T0, T1
     from tests.test_watch_events import FakeSource
 
@@ -119,7 +119,7 @@ def test_watch_uses_earlier_spikes_only_and_says_what_the_estimate_rests_on():
 
 
 def test_lost_events_grow_the_rings_at_most_once_a_second():
-    from agent.watch.events.wiring import GROW_EVERY_NS, SpikeEvents
+    from agent.watch.attribution.events import GROW_EVERY_NS, SpikeEvents
 
     class Src:
         lost_n, grown = 0, 0
@@ -149,7 +149,7 @@ def test_lost_events_grow_the_rings_at_most_once_a_second():
 
 
 def test_whether_cpu_time_includes_interrupts_is_voted_by_the_spikes():
-    from agent.watch.events.wiring import IRQ_IN_CPU_VOTES, IrqInCpuTime
+    from agent.watch.attribution.events import IRQ_IN_CPU_VOTES, IrqInCpuTime
     tl = tl_of(rps_storm(40))  # 120 µs of interrupts on top of the probe
     assert tl.probe_current_ns - tl.probe_run_ns == 120 * US
     v = IrqInCpuTime()
@@ -175,9 +175,9 @@ def test_watch_compares_cpu_time_with_what_the_kernel_charges_once_voted():
     not on the CPU by its own clock is hidden (stolen) time, under the interrupts too: a
     sample whose CPU time is 10 µs under the probe's own run time (nothing, compared with
     that) lacks 131 µs against the time it was current."""
+    from agent.trace.parse import parse_text
     from agent.watch.attribution import Spike
-    from agent.watch.events.parse import parse_text
-    from agent.watch.events.wiring import IRQ_IN_CPU_VOTES, SpikeEvents
+    from agent.watch.attribution.events import IRQ_IN_CPU_VOTES, SpikeEvents
     from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line
     from tests.test_watch_events import FakeSource
 
@@ -214,9 +214,9 @@ def test_a_timeline_without_the_switches_the_probe_counted_is_not_exact():
     """The probe's counters say it was preempted in the call; the window shows it running
     throughout with nothing else on the CPU: incomplete. With the switch in the window
     (another task ran), or no switch counted, it stands."""
+    from agent.trace.parse import parse_text
     from agent.watch.attribution import Spike
-    from agent.watch.events.parse import parse_text
-    from agent.watch.events.wiring import SpikeEvents
+    from agent.watch.attribution.events import SpikeEvents
     from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line, sw
     from tests.test_watch_events import FakeSource
 

@@ -1,4 +1,4 @@
-"""agent.watch.events.timeline: per-sample accounting, breakdown and hw_or_hypervisor noise.
+"""agent.trace.timeline: per-sample accounting, breakdown and hw_or_hypervisor noise.
 
 Scenarios are written as ``trace`` text (the kernel's own format, parsed by parse_text) so
 each reads as what the kernel would show; the probe thread is pid 4242 on CPU 1 and every
@@ -12,8 +12,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.watch.events.parse import Event, iter_page, parse_text
-from agent.watch.events.timeline import (
+from agent.trace.parse import Event, iter_page, parse_text
+from agent.trace.timeline import (
     HW,
     IDLE_BEFORE_WAKE,
     UNEXPLAINED,
@@ -388,7 +388,7 @@ def test_any_event_soup_is_accounted_exactly_once(raw, seed):
 
 
 def test_a_probe_that_never_ran_in_the_window_is_not_a_late_wake_up():
-    from agent.watch.events.timeline import IDLE_ABSENT
+    from agent.trace.timeline import IDLE_ABSENT
     text = "\n".join([
         sw("probe", PROBE, "100.000900", "swapper/1", 0, "S"),
         line("<idle>", 0, "100.002000", "local_timer_entry: vector=236", "d.h1."),

@@ -1,4 +1,4 @@
-"""agent.watch.events.tracefs on the real kernel: the private instance, its settings, the
+"""agent.trace.tracefs on the real kernel: the private instance, its settings, the
 windows it reads, and its removal (close, atexit, and after kill -9 at the next start).
 
 Needs root and tracefs. Where /sys/kernel/tracing is not mounted, the tests mount tracefs on
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.watch.events import EventSource, Unsupported, breakdown, timeline
-from agent.watch.events import tracefs as tfs
+from agent.trace import EventSource, Unsupported, breakdown, timeline
+from agent.trace import tracefs as tfs
 from collectors.host import Host
 
 REPO = Path(__file__).resolve().parents[1]
@@ -258,7 +258,7 @@ def test_instance_of_a_sigkilled_watch_is_removed_at_the_next_start(host):
     child = _child(f"""
         import sys, time
         from collectors.host import Host
-        from agent.watch.events import EventSource
+        from agent.trace import EventSource
         host = Host(sysfs={str(host.sysfs)!r})
         src = EventSource.open(host, [{CPU}], buffer_s=1)
         print(src.path if src else src.reason, flush=True)
@@ -281,7 +281,7 @@ def test_instance_of_a_sigkilled_watch_is_removed_at_the_next_start(host):
 def test_instance_removed_at_normal_exit_without_close(host):
     child = _child(f"""
         from collectors.host import Host
-        from agent.watch.events import EventSource
+        from agent.trace import EventSource
         src = EventSource.open(Host(sysfs={str(host.sysfs)!r}), [{CPU}], buffer_s=1)
         print(src.path if src else src.reason, flush=True)
         """)
@@ -308,7 +308,7 @@ def test_no_permission_is_one_line(host):
     child = _child(f"""
         import os
         from collectors.host import Host
-        from agent.watch.events import EventSource
+        from agent.trace import EventSource
         host = Host(sysfs={str(host.sysfs)!r})
         os.setgid(65534); os.setuid(65534)
         got = EventSource.open(host, [{CPU}])

@@ -11,8 +11,8 @@ import dataclasses
 import random
 from collections import deque
 
-from agent.watch.events import tracefs as tfs
-from agent.watch.events.parse import Page, iter_page, page_info
+from agent.trace import tracefs as tfs
+from agent.trace.parse import Page, iter_page, page_info
 from tests.eventpages import FIXTURE, PageWriter, load_formats, payload
 
 FMTS = load_formats()
@@ -22,7 +22,7 @@ SWITCH = {FMTS["sched_switch"].id}
 
 def reference_window(pages: list[Page], cpu: int, lo: int, hi: int, max_pages: int = 64):
     """The events of [lo, hi] and the last switch before lo, read the plain way (the
-    reading agent/watch/events/tracefs.py did before its fast path)."""
+    reading agent/trace/tracefs.py did before its fast path)."""
     evs, first, lost, unknown = [], None, 0, [0]
     for i, pg in enumerate(pages):
         nxt = pages[i + 1].ts_ns if i + 1 < len(pages) else None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import threading
 
-from agent.watch.events import tracefs as tfs
-from agent.watch.events.parse import (
+from agent.trace import tracefs as tfs
+from agent.trace.parse import (
     Event,
     Page,
     PageIndex,

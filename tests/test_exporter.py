@@ -22,9 +22,9 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.errors import AgentError
-from agent.exporter import Exporter, make_registry, parse_listen, render
-from agent.metrics import CAUSES, WatchMetrics
-from agent.textfile import TEXTFILE_NAME, write_textfile
+from agent.export.metrics import CAUSES, WatchMetrics
+from agent.export.server import Exporter, make_registry, parse_listen, render
+from agent.export.textfile import TEXTFILE_NAME, write_textfile
 from tuning.findings import Finding, Status
 
 MS = 1_000_000
@@ -490,7 +490,7 @@ def test_stop_ends_connections_being_answered():
 
 
 def test_exposure_warning():
-    from agent.exporter import exposure_warning
+    from agent.export.server import exposure_warning
     assert exposure_warning("127.0.0.1", 9877, None) is None
     assert exposure_warning("::1", 9877, None) is None
     assert exposure_warning("127.0.0.2", 9877, None) is None
@@ -533,7 +533,7 @@ def test_slowloris_against_tls_every_good_scrape_served(tmp_path):
     from tests.pki import OPENSSL, make_pki, write_web_config
     if OPENSSL is None:
         pytest.skip("openssl CLI not installed")
-    from agent.webconfig import load_web_config
+    from agent.export.webconfig import load_web_config
     p = make_pki(tmp_path / "pki")
     cfg = load_web_config(str(write_web_config(tmp_path / "w.yml", p)))
     with Exporter(populated(), "127.0.0.1:0", web_config=cfg, max_connections=32,

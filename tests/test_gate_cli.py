@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import get_app
-from agent.history import History, record_run
+from agent.gate.history import History, record_run
 
 runner = CliRunner()
 FP = {"version": 1, "hostname": "h", "kernel": "6.1", "cpu_model": "X", "online_cpus": "0-1",
@@ -286,11 +286,11 @@ def test_history_bad_ids_kinds_and_outputs(db, tmp_path):
 @pytest.fixture
 def no_probe(monkeypatch):
     """Gate scenarios raise: a bad value that slipped through must not start TensorFlow."""
-    import agent.gate
+    import agent.gate.evaluate
 
     def boom(*_a, **_k):
         raise AssertionError("the gate started probing")
-    monkeypatch.setattr(agent.gate, "run_scenario", boom)
+    monkeypatch.setattr(agent.gate.evaluate, "run_scenario", boom)
 
 
 def test_gate_numbers_and_ids_are_checked(db, tmp_path, no_probe):
@@ -339,7 +339,7 @@ def test_gate_checks_probe_options_before_creating_the_database(tmp_path, no_pro
 
 def test_parse_scenarios_ascii_only():
     from agent.errors import AgentError
-    from agent.gate import parse_ratio, parse_scenarios
+    from agent.gate.evaluate import parse_ratio, parse_scenarios
     assert parse_scenarios("cold,concurrent16") == ["cold", "concurrent16"]
     for bad in ("concurrent٣", "concurrent١٦"):
         with pytest.raises(AgentError, match="unknown scenario"):

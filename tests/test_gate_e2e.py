@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agent.history import History, record_probe
+from agent.gate.history import History, record_probe
 from collectors.host import Host
 from collectors.parsers import parse_proc_stat
 

@@ -8,8 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from agent import gate as g
 from agent.errors import AgentError
+from agent.gate import evaluate as g
 
 N = 6636  # the probe's default sample count
 

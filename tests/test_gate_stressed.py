@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from agent import gate as g
+from agent.gate import evaluate as g
 
 
 def gi(label: str, scale: float, n: int = 7000) -> g.GateInput:

@@ -62,7 +62,8 @@ int main(int argc, char **argv) {
 
 
 def _helpers() -> dict[str, Path]:
-    from agent.noise import irqcost, scan
+    from agent.noise import scan
+    from agent.trace import irqcost
     from agent.watch.sampling.native import feed
     from tuning import launcher
     return {"hftnoise": scan.SOURCE, "hftirqcost": irqcost.SOURCE,
@@ -148,7 +149,8 @@ def _try_each(cpu: int, sender: int) -> dict[str, str]:
     """Build and start every helper once through its caller's code; what each did: "ran",
     "refused: <the one line>", or "error: ..." (anything else: never expected)."""
     from agent.errors import AgentError
-    from agent.noise import irqcost, scan
+    from agent.noise import scan
+    from agent.trace import irqcost
     from agent.watch.sampling.native.feed import Feed, NativeUnavailable
     from collectors.host import Host
     from tuning.launcher import LaunchError, _build_spinner, start_spinners, stop_spinners

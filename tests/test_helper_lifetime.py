@@ -109,7 +109,8 @@ def cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def helpers(cache) -> dict:
-    from agent.noise import irqcost, scan
+    from agent.noise import scan
+    from agent.trace import irqcost
     from agent.watch.sampling.native import feed
     return {"hftnoise": build(scan.SOURCE, "hftnoise", "noise recorder", cache),
             "hftirqcost": build(irqcost.SOURCE, "hftirqcost", "interrupt-cost helper", cache),
@@ -196,7 +197,7 @@ CALLERS = {
         scan(Host(), [{cpu}], 2, 30.0, 1000)
         """,
     "hftirqcost": """
-        from agent.noise.irqcost import measure
+        from agent.trace.irqcost import measure
         print(measure({cpu}, {sender}, count=40000, spacing_ns=100000), flush=True)
         """,
     "hftsampler": """
@@ -241,7 +242,7 @@ def sysroot(tmp_path_factory):
     the real devices tree. Skipped where tracefs cannot be mounted."""
     if os.geteuid() != 0:
         pytest.skip("needs root (tracefs)")
-    from agent.watch.events import tracefs as tfs
+    from agent.trace import tracefs as tfs
     root = tmp_path_factory.mktemp("sys")
     (root / "kernel" / "tracing").mkdir(parents=True)
     (root / "devices").symlink_to("/sys/devices")
@@ -354,7 +355,7 @@ def test_sigterm_without_a_handler_of_the_command_s_still_removes_the_instance(s
     child = _child(f"""
         import time
         from collectors.host import Host
-        from agent.watch.events import EventSource
+        from agent.trace import EventSource
         src = EventSource.open(Host(sysfs={str(sysroot)!r}), [{cpu}], buffer_s=1)
         print(src.path if src else src.reason, flush=True)
         time.sleep(60)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent import history as hs
-from agent.history import History, HistoryError, record_probe, record_run
+from agent.gate import history as hs
+from agent.gate.history import History, HistoryError, record_probe, record_run
 
 FP = {"version": 1, "hostname": "h", "kernel": "6.1", "cpu_model": "X", "online_cpus": "0-1",
       "governors": "0-1=performance", "turbo": False, "isolated_cpus": "1",
@@ -40,11 +40,11 @@ def test_db_path_precedence(monkeypatch, tmp_path):
 
 def test_import_reads_no_environment_and_no_tensorflow():
     code = ("import os, sys; os.environ.pop('HFTAGENT_DB', None); "
-            "import agent.history, agent.gate, agent.fingerprint, agent.commands.gate, "
+            "import agent.gate.history, agent.gate.evaluate, agent.gate.fingerprint, agent.commands.gate, "
             "agent.commands.history; "
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; "
             "os.environ['HFTAGENT_DB'] = '/x/y.sqlite'; "
-            "assert str(agent.history.resolve_db()) == '/x/y.sqlite'")
+            "assert str(agent.gate.history.resolve_db()) == '/x/y.sqlite'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -411,7 +411,7 @@ def test_a_database_locked_while_another_process_creates_it_is_waited_for(tmp_pa
     """Switching a new database to WAL answers "database is locked" at once while another
     process holds it (no busy wait): opening retries within the busy timeout, and says so
     in one line when it runs out."""
-    import agent.history as hist
+    import agent.gate.history as hist
     calls = {"n": 0}
     real = hist.History._wal
 
@@ -501,7 +501,7 @@ def test_ours_carry_the_marker_and_old_ones_are_stamped(tmp_path):
     assert int.from_bytes(head[68:72], "big") == hs.APPLICATION_ID  # as file(1) reads it
     con = sqlite3.connect(new)
     assert con.execute("SELECT value FROM hftagent WHERE key = 'format'").fetchone() == \
-        ("hftagent.history",)
+        ("hftagent.gate.history",)
     con.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.sqlite"]  # no temporary left
     # v1 and v2 databases of earlier releases: known by version and tables, then stamped

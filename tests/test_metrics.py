@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from agent.metrics import (
+from agent.export.metrics import (
     CAUSES,
     GAUGES,
     MAX_AUDIT_CHECKS,
@@ -257,7 +257,7 @@ def test_set_gauge_allowlist_and_none_removes():
 
 
 def test_gauge_series_bound(monkeypatch):
-    import agent.metrics as mod
+    import agent.export.metrics as mod
     monkeypatch.setattr(mod, "MAX_SERIES_PER_GAUGE", 4)
     m = WatchMetrics()
     for cpu in range(6):
@@ -314,7 +314,7 @@ def test_the_watch_threshold_is_an_exceedance_counter_in_the_exporter_output():
     kept to the ns and labelled as given."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from agent.exporter import make_registry, render
+    from agent.export.server import make_registry, render
     from agent.watch.metrics_feed import MetricsFeed, watch_metrics
     lat = np.array([2_400_000, 2_500_000, 2_500_400, 2_500_600, 6_000_000], dtype=np.int64)
     for thr, label, over in ((2500.0, "2500", 3), (2500.5, "2500.5", 2), (None, None, None),

@@ -115,7 +115,7 @@ def test_scan_measures_each_cpu_s_interrupt_cost_from_the_sender(tmp_path, monke
     monkeypatch.setenv("HFTAGENT_CACHE", str(tmp_path / "cache"))
     import os
 
-    from agent.noise.irqcost import IrqCost
+    from agent.trace.irqcost import IrqCost
     cpu = sorted(os.sched_getaffinity(0))[-1]
     calls = []
 
@@ -158,8 +158,8 @@ def test_cli_bad_input_is_one_line(args, msg, capsys):
 def test_textfile_series_are_valid_and_bounded(tmp_path):
     import subprocess
 
+    from agent.export.textfile import render_families, write_prom
     from agent.noise.export import TEXTFILE_NAME, families
-    from agent.textfile import render_families, write_prom
     rs = [noise(1, 300), noise(2, 90_000)]
     rk.judge(rs)
     doc = {"cpus": [r.to_dict() for r in rs], "recommended": [1]}
@@ -183,7 +183,7 @@ def test_scan_is_recorded_in_history_and_its_recommendation_is_accepted(tmp_path
     import sys
 
     from agent.cli import main
-    from agent.history import History
+    from agent.gate.history import History
     monkeypatch.setenv("HFTAGENT_CACHE", str(tmp_path / "cache"))
     db = tmp_path / "h.sqlite"
     monkeypatch.setattr(sys, "argv", ["hftagent", "cpus", "--duration", "0.1", "--json",

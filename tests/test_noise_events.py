@@ -22,8 +22,8 @@ import pytest
 from agent.errors import AgentError
 from agent.noise import events as ne
 from agent.noise import rank as rk
-from agent.watch.events.parse import parse_text
-from agent.watch.events.tracefs import Unsupported, Window
+from agent.trace.parse import parse_text
+from agent.trace.tracefs import Unsupported, Window
 from tests.eventpages import trace_line as line
 from tests.eventpages import trace_switch as sw
 
@@ -217,8 +217,8 @@ def test_cli_refuses_a_bad_trace_value_in_one_line():
 
 
 def test_textfile_cause_series_are_bounded(tmp_path):
+    from agent.export.textfile import render_families, write_prom
     from agent.noise.export import TEXTFILE_NAME, families
-    from agent.textfile import render_families, write_prom
     _, res = _attributed()
     r = rk.CpuNoise(cpu=1, duration_s=1.0, gaps=6, sum_gap_ns=3_300_000, max_gap_ns=1,
                     gap_ns=np.array([1]), causes_source="events", events=res)

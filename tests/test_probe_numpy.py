@@ -93,7 +93,7 @@ def test_numpy_model_refusals(kw, needle):
 
 def test_gate_default_variant_follows_the_model():
     from agent.commands.gate import _probe_settings
-    from agent.gate import Limits
+    from agent.gate.evaluate import Limits
     lim = Limits(max_p99_regression=0.1, max_p99_ns=None, max_cold_start_ns=None,
                  max_jitter_rate=None, jitter_threshold_ns=5_000_000)
     common = dict(samples=None, duration=None, warmup=200, cpus=None, intra=None, inter=None)
@@ -180,7 +180,7 @@ def test_gate_concurrent_is_the_probe_workers_callers_mode(monkeypatch):
     """gate's concurrentN runs through the probe's runner (one worker process, its
     environment: one BLAS thread for the numpy model) with ProbeSettings.callers = N; the
     caller's settings are left as they were."""
-    import agent.gate as gate
+    import agent.gate.evaluate as gate
     import agent.probe.runner as runner
     seen = []
 
@@ -244,7 +244,7 @@ def test_gate_concurrent4_without_tf(no_tf_env):
     probe worker, their samples one run (ceil(300 / 4) = 75 each), no TensorFlow anywhere."""
     code = (
         "import json\n"
-        "from agent import gate\n"
+        "from agent.gate import evaluate as gate\n"
         "from agent.probe import options\n"
         f"kw = {DEFAULTS!r}\n"
         "kw.update(model='numpy', samples=300, warmup=20)\n"
@@ -277,7 +277,7 @@ def test_cli_probe_numpy_without_tf_is_recorded(no_tf_env, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads(p.stdout)
     assert doc["model"]["kind"] == "numpy" and [r["variant"] for r in doc["runs"]] == ["numpy"]
-    from agent.history import History
+    from agent.gate.history import History
     with History(db) as h:
         (run,) = h.runs(limit=None)
         assert run.model_key == "builtin:numpy" and run.variant == "numpy"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.exporter import Exporter
-from agent.metrics import WatchMetrics
+from agent.export.metrics import WatchMetrics
+from agent.export.server import Exporter
 from tuning.findings import Finding, Status
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -345,7 +345,7 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path):
     bcrypt user; Prometheus scrapes it with scheme https, tls_config (ca_file, server_name)
     and basic_auth. The same target with a wrong password, and over plain HTTP, stays down
     (so the test can fail), and the good one's samples reach the TSDB."""
-    from agent.webconfig import load_web_config
+    from agent.export.webconfig import load_web_config
     from tests.pki import make_pki, write_web_config
 
     pki = make_pki(tmp_path / "pki")

@@ -1,4 +1,4 @@
-"""agent/stress.py: the housekeeping load runs where it is told, records what it achieved,
+"""agent/gate/stress.py: the housekeeping load runs where it is told, records what it achieved,
 and a part that did not run is reported short."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agent import stress
+from agent.gate import stress
 
 
 @pytest.mark.slow

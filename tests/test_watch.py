@@ -281,7 +281,7 @@ def test_metrics_feed_sets_gpu_and_pcie_gauges():
     the latest collector rows; a signal that was not measured removes its series."""
     from types import SimpleNamespace
 
-    from agent.metrics import WatchMetrics
+    from agent.export.metrics import WatchMetrics
     from agent.watch.metrics_feed import MetricsFeed
     from agent.watch.ring import SignalRing
     rings = {n: SignalRing(n, 16) for n in ("cpu", "gpu", "pcie")}

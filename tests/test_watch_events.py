@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from agent.errors import AgentError
-from agent.watch.events.parse import parse_text
-from agent.watch.events.tracefs import Unsupported, Window
+from agent.trace.parse import parse_text
+from agent.trace.tracefs import Unsupported, Window
 from tests.eventpages import trace_line as _line
 from tests.eventpages import trace_switch as _sw
 
@@ -115,8 +115,8 @@ def _session(opener, n_spikes=1, metrics=None, trace="auto", **spike_kw):
 
 
 def test_spike_record_gets_the_event_breakdown_and_the_counter_moves():
-    from agent.exporter import make_registry, render
-    from agent.metrics import WatchMetrics
+    from agent.export.metrics import WatchMetrics
+    from agent.export.server import make_registry, render
     from agent.watch.metrics_feed import MetricsFeed
     src = FakeSource(lambda i: _canned())
     m = WatchMetrics()
@@ -213,8 +213,8 @@ def test_only_attributed_spikes_read_a_window_and_a_bad_window_is_a_reason():
 
 
 def test_culprit_labels_stay_bounded_and_time_is_kept_in_other():
-    from agent.exporter import make_registry, render
-    from agent.metrics import CULPRIT_TOP_K, WatchMetrics
+    from agent.export.metrics import CULPRIT_TOP_K, WatchMetrics
+    from agent.export.server import make_registry, render
     m = WatchMetrics()
     total = 0
     for i in range(50):
@@ -247,7 +247,7 @@ def _promtool(text: str) -> None:
 
 
 def test_trace_on_refuses_in_one_line_auto_warns_off_never_opens():
-    from agent.watch.events.wiring import SpikeEvents
+    from agent.watch.attribution.events import SpikeEvents
     refused = lambda *a, **k: Unsupported("unsupported: tracefs not mounted at /x")  # noqa: E731
     ev = SpikeEvents("on", None, [1], opener=refused)
     with pytest.raises(AgentError, match="^--trace on: unsupported: tracefs not mounted"):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.watch.causes import CAUSES
+from agent.causes import CAUSES
 
 REPO = Path(__file__).resolve().parents[1]
 WATCH = [sys.executable, "-c", "from agent.cli import main; main()", "watch", "--probe",

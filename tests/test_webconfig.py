@@ -1,4 +1,4 @@
-"""--web.config.file (agent.webconfig): the exporter-toolkit format, strictly; TLS and basic
+"""--web.config.file (agent.export.webconfig): the exporter-toolkit format, strictly; TLS and basic
 auth on a live exporter; a bad file is one clean line from `hftagent watch`, before anything
 starts."""
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError
-from agent.exporter import Exporter
-from agent.metrics import WatchMetrics
-from agent.webconfig import AuthBusy, BasicAuth, load_web_config
+from agent.export.metrics import WatchMetrics
+from agent.export.server import Exporter
+from agent.export.webconfig import AuthBusy, BasicAuth, load_web_config
 from tests.pki import OPENSSL, bcrypt_hash, make_pki, write_web_config
 
 needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="openssl CLI not installed")

@@ -84,7 +84,7 @@ def check_history_db(db: str | None, no_history: bool) -> bool:
         if db is not None:
             raise fail("--db and --no-history contradict each other: give one")
         return False
-    from agent.history import HistoryError, check_writable
+    from agent.gate.history import HistoryError, check_writable
     try:
         check_writable(db)
     except HistoryError as exc:

@@ -147,8 +147,8 @@ def cpus(
     if textfile:
         import time
 
+        from agent.export.textfile import render_families, write_prom
         from agent.noise.export import TEXTFILE_NAME, families
-        from agent.textfile import render_families, write_prom
         write_prom(render_families(families(doc, time.time())), textfile, TEXTFILE_NAME)
     if json_out:
         print(json.dumps(doc, indent=2))
@@ -157,7 +157,7 @@ def cpus(
     if not no_history:
         # the noise fingerprint of this box, comparable over time and across boxes
         # (hftagent history list --kind cpus; history show N)
-        from agent.history import record_run
+        from agent.gate.history import record_run
         record_run("cpus", doc, None, command="cpus", db=db, warn=True)
     if not choice.recommended:
         raise typer.Exit(2)

@@ -89,8 +89,8 @@ def gate(
 ) -> None:
     import re
 
-    from agent import gate as g
-    from agent.history import History, parse_run_id
+    from agent.gate import evaluate as g
+    from agent.gate.history import History, parse_run_id
 
     limits = g.Limits(
         max_p99_regression=g.parse_ratio(max_p99_regression, "--max-p99-regression"),
@@ -156,7 +156,7 @@ def gate(
                                             variant=cur_run.variant, scenario=cur_run.scenario,
                                             before=cur_run.id, limit=FAMILY_RUNS)
                     base.family_p99_ns = [r.p99_ns for r in fam]
-            from agent.fingerprint import differences
+            from agent.gate.fingerprint import differences
             mism = differences(base.fingerprint, cur.fingerprint) if base is not None else []
             v = g.evaluate(cur, base, limits, scenario=scen, mismatches=mism,
                            allow_mismatch=allow_mismatch, relative=scen != "cold")
@@ -172,7 +172,7 @@ def gate(
             verdicts.append(v)
     code = g.exit_code(verdicts)
     if json_out:
-        print(json.dumps({"schema": "hftagent.gate", "schema_version": 1, "exit_code": code,
+        print(json.dumps({"schema": "hftagent.gate.evaluate", "schema_version": 1, "exit_code": code,
                           "verdicts": [v.to_dict() for v in verdicts]}, indent=2,
                          default=_default))
     else:
@@ -183,7 +183,7 @@ def gate(
 def _stressed_checks(h, cur, cur_run, current_ids) -> list:
     """The stressed run against the same box's quiet run: the warm run of this gate when it
     ran one, else the newest earlier passing warm run of the model and variant."""
-    from agent import gate as g
+    from agent.gate import evaluate as g
     warm = [rid for scen, rid in current_ids if scen == "warm"]
     q = h.get(warm[0]) if warm else h.last_pass(
         model_key_=cur_run.model_key, variant=cur_run.variant, scenario="warm",
@@ -222,8 +222,8 @@ def _probe_settings(limits, *, model, builtin, variant, samples, duration, warmu
 
 def _probe_now(h, names: list[str], settings, configs, *, variant,
                cold_processes) -> list[tuple[str, int]]:
-    from agent import gate as g
-    from agent.fingerprint import collect
+    from agent.gate import evaluate as g
+    from agent.gate.fingerprint import collect
     fp = collect()
     out = []
     for name in names:
@@ -231,7 +231,7 @@ def _probe_now(h, names: list[str], settings, configs, *, variant,
             print(f"hftagent gate: running scenario {name} ({variant})...", file=sys.stderr)
         sr = g.run_scenario(name, settings, configs[0], cold_processes=cold_processes)
         spec = settings.model
-        from agent.history import _builtin_hash, model_hash, model_key
+        from agent.gate.history import _builtin_hash, model_hash, model_key
         rid = h.add_run(kind="probe", command="gate", summary=sr.summary,
                         samples_ns=sr.latency_ns, scenario=name, model_path=spec.path,
                         model_key_=model_key(spec.path, spec.builtin),
@@ -250,7 +250,7 @@ FAMILY_RUNS = 8
 
 
 def _input_from_run(h, r):
-    from agent.gate import GateInput
+    from agent.gate.evaluate import GateInput
     lat = h.samples(r.id)
     if r.scenario == "cold":
         colds = [] if lat is None else [int(v) for v in lat]
@@ -303,7 +303,7 @@ def load_baseline_file(path: str) -> dict:
 def _input_from_file(doc: dict, variant: str | None, path: str):
     import numpy as np
 
-    from agent.gate import GateInput
+    from agent.gate.evaluate import GateInput
     label = f"file {os.path.basename(path)}"
     if doc["schema"] == "hftagent.run":
         r = doc["run"]

@@ -85,7 +85,7 @@ def history_list(ctx: typer.Context, model: ModelOpt = None, limit: LimitOpt = 2
                  kind: KindOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
         return  # the subcommand takes the options given here (_with_group)
-    from agent.history import History, check_kind, db_exists, resolve_db
+    from agent.gate.history import History, check_kind, db_exists, resolve_db
     _check_limit(limit)
     check_kind(kind)
     if not db_exists(db):  # listing never creates a database
@@ -143,7 +143,7 @@ def show(ctx: typer.Context,
          samples: Annotated[bool, typer.Option("--samples/--no-samples",
                                                help="Include raw latencies in --json.")] = True,
          db: DbOpt = None, json_out: JsonOpt = False) -> None:
-    from agent.history import History, parse_run_id
+    from agent.gate.history import History, parse_run_id
     o = _with_group(ctx, db=db, json_out=json_out)
     db, json_out = o["db"], o["json_out"]
     rid = None if run_id == "latest" else parse_run_id(run_id)
@@ -186,7 +186,7 @@ def export(ctx: typer.Context, fmt: Annotated[str, typer.Option("--format", help
                                                  help="JSON: include raw latencies.")] = False,
            model: ModelOpt = None, limit: LimitOpt = 1000, kind: KindOpt = None,
            db: DbOpt = None) -> None:
-    from agent.history import History, check_kind
+    from agent.gate.history import History, check_kind
     o = _with_group(ctx, model=model, limit=limit, kind=kind, db=db)
     model, limit, kind, db = o["model"], o["limit"], o["kind"], o["db"]
     if fmt not in ("csv", "json"):
@@ -246,7 +246,7 @@ def plot(ctx: typer.Context,
     plt = pyplot("history plot")
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-    from agent.history import History
+    from agent.gate.history import History
     with History(db, create=False) as h:
         runs = [r for r in h.runs(model=model, variant=variant, scenario=scenario, limit=None)
                 if r.p99_ns is not None]

@@ -142,7 +142,7 @@ def probe(
         from agent.probe.report import render
         render(result)
     if not no_history and result.any_ran:
-        from agent.history import record_probe
+        from agent.gate.history import record_probe
 
         record_probe(result, arrays, command="probe", db=db, warn=True)
     if not result.any_ran:

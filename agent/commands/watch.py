@@ -142,7 +142,7 @@ def watch(
         raise fail(f"--sampler must be auto, native or python, not {sampler!r}")
     if trace not in ("auto", "on", "off", "mount"):
         raise fail(f"--trace must be auto, on, off or mount, not {trace!r}")
-    from agent.watch.events.wiring import parse_irq_cost
+    from agent.watch.attribution.events import parse_irq_cost
     parse_irq_cost(irq_cost)  # (AgentError: one line, exit 1)
     from agent.watch.priority import parse_nice
     nice_n = parse_nice(nice)
@@ -215,11 +215,11 @@ def watch(
     metrics = exporter = wm = prof = None
     webcfg = None
     if listen is not None:
-        from agent.exporter import parse_listen
+        from agent.export.server import parse_listen
         from tuning.profiles import load_profile
         parse_listen(listen)  # (AgentError: one line, before anything starts)
         if web_config_file is not None:  # a bad file: one line, before anything starts
-            from agent.webconfig import load_web_config
+            from agent.export.webconfig import load_web_config
             webcfg = load_web_config(web_config_file)
         prof = load_profile(profile or "hft-cpu")
         # the exceedance counters: the fleet's defaults plus this run's --threshold-us
@@ -241,7 +241,7 @@ def watch(
                            on_record=None if metrics is None else metrics.on_record)
     session.open_outputs()  # --spike-log, --flight-dir: refused here, before anything runs
     if wm is not None:
-        from agent.exporter import Exporter
+        from agent.export.server import Exporter
         _set_audit(wm, host, prof, probe_cpus)
         try:
             exporter = Exporter(wm, listen, web_config=webcfg).start()

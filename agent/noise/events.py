@@ -1,6 +1,6 @@
 """Exact attribution of a noise scan from kernel events (``hftagent cpus --trace``).
 
-While the recorders of one batch spin, one :class:`agent.watch.events.EventSource` (a
+While the recorders of one batch spin, one :class:`agent.trace.EventSource` (a
 private tracefs instance ``instances/hftagent-<pid>``, ``tracing_cpumask`` = the batch's
 CPUs, ``trace_clock`` ``mono``) records sched/irq/softirq/irq_vectors/workqueue events on
 those CPUs. The recorder (hftnoise.c) reads CLOCK_MONOTONIC and prints each kept gap's
@@ -9,7 +9,7 @@ start and length in that clock, so gaps and events share one time base (docs/eve
 
 Per CPU, after the batch, the recorder's ``[t0, t1]`` is read back in chunks of
 :data:`CHUNK_NS` (bounded memory whatever the duration) and walked by
-:func:`agent.watch.events.timeline` with the recorder's pid as the probe. Everything that
+:func:`agent.trace.timeline` with the recorder's pid as the probe. Everything that
 is not the recorder running is what ran instead: IRQ handlers by name, softirqs by vector,
 the local timer tick, IPIs, other APIC vectors, work items (``kworker/1:0
 (vmstat_update)``), other tasks by comm. Each is reported as µs per second of scan and a
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.errors import AgentError
-from agent.watch.events.timeline import (
+from agent.trace.timeline import (
     HW,
     IDLE,
     IPI,
@@ -221,7 +221,7 @@ class Tracer:
         self.mode = mode
         self.host = host
         if opener is None:
-            from agent.watch.events import EventSource
+            from agent.trace import EventSource
             opener = EventSource.open
         self.opener = opener
         self.reason: str | None = "off (--trace off)" if mode == "off" else None

@@ -53,7 +53,7 @@ class CpuNoise:
     t1_ns: int = 0
     causes_source: str = "proc"              # "events" when kernel events attributed it
     events: dict | None = None               # agent.noise.events.CpuEvents.result()
-    irq_cost: dict | None = None             # agent.noise.irqcost.IrqCost.to_dict()
+    irq_cost: dict | None = None             # agent.trace.irqcost.IrqCost.to_dict()
 
     def top_cause(self) -> tuple[str, float, str] | None:
         """(what, rate, unit) of the largest cause: µs/s from events, else count/s."""

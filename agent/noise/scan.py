@@ -157,7 +157,7 @@ def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_
     With ``tracer`` (``--trace``), each batch's gaps are attributed from kernel events
     where the source opens (agent.noise.events), else from /proc deltas. With
     ``irq_sender`` (a housekeeping CPU), each scanned CPU's interrupt cost is measured too
-    (agent/noise/irqcost.py, ~25 ms a CPU, one at a time after the batches): the figure
+    (agent/trace/irqcost.py, ~25 ms a CPU, one at a time after the batches): the figure
     ``hftagent watch --irq-cost US`` takes under an external client."""
     if not 0 < duration_s <= MAX_DURATION_S:
         raise AgentError(f"--duration must be > 0 and ≤ {MAX_DURATION_S:g} s")
@@ -181,7 +181,7 @@ def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_
             exe.close()
     if irq_sender is not None:
         if irq_coster is None:
-            from agent.noise.irqcost import measure as irq_coster
+            from agent.trace.irqcost import measure as irq_coster
         for r in out:
             if r.error is None:
                 r.irq_cost = irq_coster(r.cpu, irq_sender).to_dict()

@@ -40,11 +40,11 @@ class WatchConfig:
     max_attributions_per_s: float = 200.0  # the token bucket (agent/watch/schedule.py)
     sampler: str = "auto"  # auto | native | python (agent/watch/sampling/)
     ring_dir: str | None = None  # where the probe's ring goes (default agent.client.ring_dir)
-    # kernel events (agent/watch/events): auto (where tracefs is usable), on (else an
+    # kernel events (agent/trace): auto (where tracefs is usable), on (else an
     # error), off, mount (mount tracefs when it is not mounted); the kernel ring's seconds
     trace: str = "auto"
     trace_buffer_s: float = 10.0
-    # one interrupt's cost to the probe, hidden parts included (agent/noise/irqcost.py):
+    # one interrupt's cost to the probe, hidden parts included (agent/trace/irqcost.py):
     # auto (measured before watch's own probe starts), off, or a cost in µs
     irq_cost: str = "auto"
     # watch's own threads and sampler helper (agent/watch/priority.py): 0 leaves them as is

@@ -1,4 +1,4 @@
-"""Watch → Prometheus: builds the :class:`agent.metrics.WatchMetrics` a watch run exports
+"""Watch → Prometheus: builds the :class:`agent.export.metrics.WatchMetrics` a watch run exports
 (:func:`watch_metrics`) and feeds it from the session (:class:`MetricsFeed`).
 
 The exceedance counters (``hftagent_probe_exceedances_total{threshold_us}``) are the fleet
@@ -29,7 +29,7 @@ from agent.defaults import EXCEEDANCE_THRESHOLDS_US
 def watch_metrics(*, threshold_us: float | None, source: str, variant: str,
                   p99_budget_us: int | None):
     """The WatchMetrics of one watch run (``source``: "probe" or "client")."""
-    from agent.metrics import WatchMetrics
+    from agent.export.metrics import WatchMetrics
     thresholds = (*EXCEEDANCE_THRESHOLDS_US, threshold_us) if threshold_us else \
         EXCEEDANCE_THRESHOLDS_US
     return WatchMetrics(thresholds_us=thresholds, source=source, variant=variant,
@@ -37,7 +37,7 @@ def watch_metrics(*, threshold_us: float | None, source: str, variant: str,
 
 
 class MetricsFeed:
-    """Feeds an :class:`agent.metrics.WatchMetrics` from the session (every sample, every
+    """Feeds an :class:`agent.export.metrics.WatchMetrics` from the session (every sample, every
     attributed spike, every collector result) at the rates its contract expects."""
 
     def __init__(self, metrics, clock: Callable[[], float] = time.monotonic) -> None:
@@ -70,7 +70,7 @@ class MetricsFeed:
         self.m.exemplar(str(seq), round(lat * 1000), _unix_s(rec.get("time")))
 
     def spike_causes(self, items: list[tuple[str, str, int]]) -> None:
-        """One spike's kernel-event breakdown, (cause, culprit, ns) (agent/watch/events)."""
+        """One spike's kernel-event breakdown, (cause, culprit, ns) (agent/trace)."""
         self.m.spike_causes(items)
 
     def down(self) -> None:
@@ -78,7 +78,7 @@ class MetricsFeed:
         self._up = False
 
     def set_gauges(self, session) -> None:
-        """Once a second: the allowlisted host/GPU gauges (agent.metrics.GAUGES) from the
+        """Once a second: the allowlisted host/GPU gauges (agent.export.metrics.GAUGES) from the
         latest row of each collector ring."""
         t = self.clock()
         if t - self._last_gauges < 1.0 or session.sampler is None:

@@ -53,17 +53,22 @@ def build_numpy_probe(steps: int = 64, features: int = 32, hidden: int = 128):
 
 
 def build_tf_probe(model: str, variant: str, ncpu: int):
-    """A built-in model (or a model path) and a variant, built by :mod:`agent.probe`."""
+    """A built-in model (or a model path) and a variant, built by :mod:`agent.probe`.
+
+    A ``.tflite`` file needs LiteRT only: TensorFlow is imported (for its thread pools) only
+    for a model that is not one, so a box with LiteRT and no TensorFlow runs
+    ``watch --probe tf --model m.tflite --variant tflite``."""
     import numpy as np
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(ncpu)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if not model.endswith(".tflite"):
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(ncpu)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
     from agent.probe.models import ModelSpec, load_model, resolve_shape
     from agent.probe.variants import build_callable
     spec = ModelSpec(path=model) if os.path.exists(model) else ModelSpec(builtin=model)
     m = load_model(spec)
     shape, _warnings = resolve_shape(m.input_shape, None)
-    built = build_callable(m, variant, shape)
+    built = build_callable(m, variant, shape, threads=ncpu)
     x = np.random.default_rng(1).standard_normal(shape).astype(m.input_dtype)
     return built.bind(x), f"{m.name} {variant} {list(shape)}"
 

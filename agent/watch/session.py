@@ -36,10 +36,10 @@ import numpy as np
 from agent.client import FIELDS, RingError
 from agent.watch import summary as summary_
 from agent.watch.attribution import Attributor, Spike
+from agent.watch.attribution.events import SpikeEvents, apply_verdict
 from agent.watch.attribution.spike import RECENT_FIELDS
 from agent.watch.config import WatchConfig
 from agent.watch.detect import SpikeDetector
-from agent.watch.events.wiring import SpikeEvents, apply_verdict
 from agent.watch.flight import FlightRecorder
 from agent.watch.output import SpikeLog
 from agent.watch.priority import own_threads, renice
@@ -69,7 +69,7 @@ class WatchSession:
     too (benchmarks keep them in memory); ``clock``: see the module docstring;
     ``trace_opener``: the event source's opener (:class:`SpikeEvents`); ``sampler_factory``:
     :func:`agent.watch.sampling.open_sampler`'s signature; ``irq_coster``: the interrupt-cost
-    measurement (agent.noise.irqcost.measure; tests pass fakes)."""
+    measurement (agent.trace.irqcost.measure; tests pass fakes)."""
 
     def __init__(self, cfg: WatchConfig, host: Host | None = None, *, metrics=None,
                  view=None, collectors: list | None = None,

@@ -12,8 +12,8 @@ from collections import Counter
 import numpy as np
 
 from agent import stats
+from agent.causes import CAUSES
 from agent.client import FIELDS
-from agent.watch.causes import CAUSES
 
 F = {name: i for i, name in enumerate(FIELDS)}
 ROLLING_SAMPLES = 10_000  # the live view's window

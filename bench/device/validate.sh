@@ -59,7 +59,7 @@ if want irqcost; then
 step "irqcost (CPUs $cpu, $((cpu / 2)), 1)"
 timeout 60 python3 - "$out" "$cpu" >> "$log" 2>&1 <<'PY'
 import json, sys
-from agent.noise.irqcost import measure
+from agent.trace.irqcost import measure
 out, cpu = sys.argv[1], int(sys.argv[2])
 res = [measure(c, 0).to_dict() for c in (cpu, cpu // 2, 1) for _ in range(2)]
 for r in res:

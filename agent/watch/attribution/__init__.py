@@ -24,15 +24,15 @@ residual "unexplained" = Π(1 − s): scores are the strengths and the residual 
 sum 1. The primary cause is the top one when its strength is at least
 :data:`~.rules.MIN_STRENGTH`, otherwise "unexplained". Who/what is named when the evidence
 allows it: the task that ran on the probe CPU (from the sched task scan), the IRQ or softirq
-and its device. :mod:`.engine` (:class:`Attributor`) orchestrates; :mod:`agent.watch.causes`
+and its device. :mod:`.engine` (:class:`Attributor`) orchestrates; :mod:`agent.causes`
 is the one list of causes.
 """
 
+from agent.causes import CAUSES
 from agent.watch.attribution.engine import FAMILIES, Attributor
 from agent.watch.attribution.rules import MIN_STRENGTH
 from agent.watch.attribution.spike import Attribution, CauseScore, Context, Spike
 from agent.watch.attribution.window import BaselineStats, RingView, SignalWindow, col_median
-from agent.watch.causes import CAUSES
 
 __all__ = ["CAUSES", "FAMILIES", "MIN_STRENGTH", "Attribution", "Attributor", "BaselineStats",
            "CauseScore", "Context", "RingView", "SignalWindow", "Spike", "col_median"]

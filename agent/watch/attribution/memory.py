@@ -3,7 +3,7 @@ whether it slept on them; a call far over its usual CPU time right after the pro
 came back (the page-ins' after-effect, see AFTER); for external sources the thread's faults
 in the sched rows; the host's reclaim, compaction and THP fallbacks (/proc/vmstat) and
 memory PSI. (A TLB shootdown of the probe's pages, which the kernel events see, is this
-family's cause too: agent/watch/events/wiring.py.)"""
+family's cause too: agent/watch/attribution/events.py.)"""
 
 from __future__ import annotations
 

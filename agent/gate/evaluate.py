@@ -505,10 +505,10 @@ def run_scenario(name: str, settings, config, *, cold_processes: int = DEFAULT_C
 
 
 def _run_stressed(settings, config) -> ScenarioRun:
-    """The warm scenario on the target CPUs while agent/stress.py's standard load (CPU/cache,
+    """The warm scenario on the target CPUs while agent/gate/stress.py's standard load (CPU/cache,
     loopback network, fsync'd writes, alloc/free) runs on the housekeeping CPUs only. The
     load's achieved rates go into the summary: a run whose load did not happen is no pass."""
-    from agent.stress import housekeeping_load
+    from agent.gate.stress import housekeeping_load
     from collectors.host import Host
     from tuning.targets import TargetError, resolve
     try:

@@ -23,8 +23,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from agent.errors import AgentError
-from agent.exporter import audit_families
-from agent.metrics import audit_state
+from agent.export.metrics import audit_state
+from agent.export.server import audit_families
 
 if TYPE_CHECKING:
     from tuning.findings import Finding

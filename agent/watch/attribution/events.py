@@ -25,8 +25,7 @@ from collections import deque
 from collections.abc import Callable
 
 from agent.errors import AgentError
-
-from .timeline import (
+from agent.trace.timeline import (
     HIDDEN_IRQ,
     HW,
     IDLE,
@@ -42,7 +41,7 @@ from .timeline import (
     interrupt_overhead,
     timeline,
 )
-from .tracefs import EventSource
+from agent.trace.tracefs import EventSource
 
 MODES = ("auto", "on", "off", "mount")
 # The window read around a spike: events from MARGIN_BEFORE_NS before its intended start
@@ -66,7 +65,7 @@ class SlowdownEstimate:
     An interrupt evicts part of the probe's cache and TLB working set (a NET_RX softirq
     touches socket buffers, skbs and its own code), so the probe runs longer after it: that
     time shows as the probe's own run time in the timeline and as the residual of the
-    breakdown. agent/noise/irqcost.py measures the entry and exit with an empty handler and
+    breakdown. agent/trace/irqcost.py measures the entry and exit with an empty handler and
     a spinner's tiny working set, so it cannot see this part; the probe's own spikes can.
     Each complete timeline with at least :data:`SLOWDOWN_MIN_INTERRUPTS` interrupts of the
     probe gives one observation: the probe's run time over the sample's P50 (less the hidden
@@ -182,7 +181,7 @@ class SpikeEvents:
             raise AgentError(f"--trace must be auto, on, off or mount, not {mode!r}")
         self.irq_cost_mode = parse_irq_cost(irq_cost)
         self.housekeeping = [c for c in housekeeping or [] if c not in cpus]
-        self.irq_coster = irq_coster  # agent.noise.irqcost.measure (tests pass a fake)
+        self.irq_coster = irq_coster  # agent.trace.irqcost.measure (tests pass a fake)
         self.irq_cost_ns: dict[int, int] = {}  # probe CPU -> one interrupt's cost
         self.irq_cost_info: list[dict] = []
         self.slowdown = SlowdownEstimate()
@@ -230,7 +229,7 @@ class SpikeEvents:
     def measure_irq_cost(self, measure: bool = True) -> None:
         """The interrupt cost per probe CPU for :func:`~.timeline.interrupt_overhead`: the
         ``--irq-cost`` value, or (``auto``, with ``measure``) measured now with
-        agent/noise/irqcost.py. The session calls it before it opens the source (the
+        agent/trace/irqcost.py. The session calls it before it opens the source (the
         instance's own events on the CPU would stretch the gaps) and before its own probe
         starts; under an external client with ``measure=False`` (the helper would spin on
         its CPU for ~25 ms), so only a given cost applies there. Used only where the source
@@ -247,7 +246,7 @@ class SpikeEvents:
             return
         coster = self.irq_coster
         if coster is None:
-            from agent.noise.irqcost import measure as coster
+            from agent.trace.irqcost import measure as coster
         for cpu in self.cpus:
             if not self.housekeeping:
                 self.irq_cost_info.append({"cpu": cpu, "cost_us": None,
@@ -264,7 +263,7 @@ class SpikeEvents:
         ``mount`` mode, a fake opener (tests), or tracefs mounted and usable."""
         if self.mode == "mount" or self.opener != EventSource.open:  # (a bound classmethod)
             return True
-        from .tracefs import find_tracefs
+        from agent.trace.tracefs import find_tracefs
         try:
             return self.host is not None and find_tracefs(self.host) is not None
         except Exception:  # noqa: BLE001 - refused (no permission): open says why
@@ -397,7 +396,7 @@ class SpikeEvents:
                 pass
 
 
-# What an event kind of the breakdown is, as a cause of agent/watch/causes.py. Kinds that
+# What an event kind of the breakdown is, as a cause of agent/causes.py. Kinds that
 # say nothing about who delayed the probe (idle after the probe blocked: its own wait; idle
 # with the probe never on the CPU; unknown) and the residuals decide nothing:
 # hw_or_hypervisor is the absence of events while the probe's own counters say it did not
@@ -413,7 +412,7 @@ WAKEUP_CAUSE = "wakeup_latency"
 # the probe was the CPU's task, flushed the probe's own address space: another CPU changed
 # its page tables (reclaim unmapping its pages, compaction or NUMA migration moving them, a
 # munmap or mprotect of its own threads). That is the memory family's cause, not an
-# interrupt's: agent/watch/causes.py page_faults ("page faults, reclaim and compaction").
+# interrupt's: agent/causes.py page_faults ("page faults, reclaim and compaction").
 SHOOTDOWN = "(TLB shootdown)"
 SHOOTDOWN_CAUSE = "page_faults"
 

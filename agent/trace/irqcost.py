@@ -8,7 +8,7 @@ a few hundred ns; in a guest it is microseconds, and tens of them under nested
 virtualisation. Under an interrupt storm (RPS steering packets to the CPU with an IPI each)
 it is most of what the storm costs.
 
-:func:`measure` runs agent/noise/hftirqcost.c (built on first use like the noise recorder):
+:func:`measure` runs agent/trace/hftirqcost.c (built on first use like the noise recorder):
 a thread spins on the CPU reading the clock while another, on a housekeeping CPU, sends it
 IPIs with ``membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`` (Linux 4.16+); the median gap an
 IPI leaves in the spinning thread is the cost. 200 IPIs, 50 µs apart: ~25 ms of one CPU.
@@ -16,7 +16,7 @@ IPI leaves in the spinning thread is the cost. 200 IPIs, 50 µs apart: ~25 ms of
 ``hftagent watch`` measures it on each probe CPU before its own probe starts (never under an
 external client, whose CPU the spinner would take; there ``--irq-cost US``), and the spike
 breakdown charges each interrupt that entered while the probe ran with it
-(agent/watch/events/timeline.py ``interrupt_overhead``).
+(agent/trace/timeline.py ``interrupt_overhead``).
 """
 
 from __future__ import annotations

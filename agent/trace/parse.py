@@ -28,7 +28,7 @@ header), and the readable form the canned tests use. Its timestamps have µs res
 (``%5lu.%06lu``); binary ones have ns.
 
 Both parsers give the same field names (those of the format files) and the same derived
-fields, so the timeline (:mod:`agent.watch.events.timeline`) never knows which reader ran:
+fields, so the timeline (:mod:`agent.trace.timeline`) never knows which reader ran:
 ``sched_switch.prev_state`` as letters (``R``, ``R+``, ``S``, ``D``...), ``softirq_*.action``
 (the vector's name), ``tlb_flush.reason_str``, ``workqueue_execute_*.function`` and
 ``ipi_send_*.callback``/``callsite`` as symbol names (through a :class:`SymbolResolver`, binary only).

@@ -11,7 +11,7 @@ place, inside one transaction, so a crash mid-migration leaves the old version i
          sample_count, p50_ns, p99_ns, p999_ns, cold_start_ns)
     samples(run_id → runs.id, codec, count, data BLOB, sha256)   raw per-sample latency ns
     gate_results(id, run_id, baseline_id, scenario, status, created_utc, verdict JSON)  (v2)
-    hftagent(key, value)   the marker: ('format', 'hftagent.history')  (v3)
+    hftagent(key, value)   the marker: ('format', 'hftagent.gate.history')  (v3)
 
 v1 (the first release) had no ``scenario``/``host_digest`` columns, stored samples as raw
 int64 bytes without a codec and had no gate results. v2 compresses samples
@@ -260,7 +260,7 @@ CREATE INDEX runs_model ON runs(model_key, variant, id);
 
 
 def _migrate_1_to_2(con: sqlite3.Connection) -> None:
-    from agent.fingerprint import digest
+    from agent.gate.fingerprint import digest
     con.execute("ALTER TABLE runs ADD COLUMN scenario TEXT")
     con.execute("ALTER TABLE runs ADD COLUMN host_digest TEXT")
     con.execute("UPDATE runs SET scenario = 'warm' WHERE kind = 'probe'")
@@ -290,7 +290,7 @@ def _migrate_2_to_3(con: sqlite3.Connection) -> None:
     """The marker: our table and our application_id, so that a database is known as ours
     (or not) before anything is written to it."""
     con.execute(f"CREATE TABLE {MARKER_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    con.execute(f"INSERT INTO {MARKER_TABLE} (key, value) VALUES ('format', 'hftagent.history')")
+    con.execute(f"INSERT INTO {MARKER_TABLE} (key, value) VALUES ('format', 'hftagent.gate.history')")
     con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
 
@@ -676,7 +676,7 @@ class History:
                 model_hash_: str | None = None, variant: str | None = None,
                 tf_version: str | None = None, fingerprint: dict | None = None,
                 cold_start_ns: int | None = None, created_utc: str | None = None) -> int:
-        from agent.fingerprint import digest
+        from agent.gate.fingerprint import digest
         if kind not in KINDS:
             raise HistoryError(f"unknown run kind {kind!r} (known: {', '.join(KINDS)})")
         lat = summary.get("latency") if isinstance(summary.get("latency"), dict) else {}
@@ -689,7 +689,7 @@ class History:
             blob = encode_samples(arr)
             count = int(arr.size)
             if arr.size and p99 is None:
-                from agent.gate import P99, quantile_nr
+                from agent.gate.evaluate import P99, quantile_nr
                 p50, p99 = quantile_nr(arr, 50.0), quantile_nr(arr, P99)
                 p999 = quantile_nr(arr, 99.9)
         try:
@@ -908,7 +908,7 @@ def record_run(kind: str, summary: dict, samples_ns: np.ndarray | None, *, comma
         except HistoryError as exc:
             _warn(exc)
             return None
-    from agent import fingerprint as fpm
+    from agent.gate import fingerprint as fpm
     if fingerprint is None:
         fingerprint = fpm.collect()
     with History(db) as h:
@@ -981,7 +981,7 @@ def record_probe(result: Any, arrays: list, *, command: str = "probe",
         except HistoryError as exc:
             _warn(exc)
             return []
-    from agent import fingerprint as fpm
+    from agent.gate import fingerprint as fpm
     d = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     fingerprint = fingerprint or fpm.collect()
     model = d.get("model") or {}

@@ -169,7 +169,7 @@ def housekeeping_load(cpus: list[int], seconds: float = 3600.0,
     try:
         for part in parts:
             procs[part] = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from agent.stress import _worker; "
+                [sys.executable, "-c", "import sys; from agent.gate.stress import _worker; "
                  "_worker(sys.argv[1], [int(c) for c in sys.argv[2].split(',')], "
                  "float(sys.argv[3]))", part, ",".join(map(str, cpus)), str(seconds)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,

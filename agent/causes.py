@@ -1,7 +1,7 @@
 """The causes the attribution engine (:mod:`agent.watch.attribution`) names, with their
 labels: the one list.
 
-The exporter's bounded ``cause`` label set is this list plus "other" (:data:`agent.metrics.
+The exporter's bounded ``cause`` label set is this list plus "other" (:data:`agent.export.metrics.
 CAUSES`), in this order; the summary labels each cause from here. A leaf module (no imports):
 the exporter reads it without loading the engine.
 """
@@ -26,10 +26,10 @@ CAUSES: dict[str, str] = {
     "unexplained": "unexplained",
 }
 
-# What the kernel-event breakdown names (agent/watch/events/timeline.py): the kinds of what
+# What the kernel-event breakdown names (agent/trace/timeline.py): the kinds of what
 # used the probe's CPU, then its two residuals. The exporter's
 # hftagent_spike_cause_seconds_total cause label set is these, less "probe" (never a cause of
-# its own delay), plus "other" (:data:`agent.metrics.EVENT_CAUSES`).
+# its own delay), plus "other" (:data:`agent.export.metrics.EVENT_CAUSES`).
 EVENT_KINDS: tuple[str, ...] = ("probe", "task", "idle", "irq", "softirq", "timer", "ipi",
                                 "vector", "workqueue", "unknown")
 EVENT_RESIDUALS: tuple[str, ...] = ("hw_or_hypervisor", "unexplained")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from agent.watch.causes import EVENT_KINDS, EVENT_RESIDUALS
+from agent.causes import EVENT_KINDS, EVENT_RESIDUALS
 
 from .parse import Event
 
@@ -633,7 +633,7 @@ def breakdown(tl: Timeline, excess_ns: int, *, hw: HwNoise | None = None,
     then ``hw_or_hypervisor`` (when ``hw`` found hidden time), the interrupts' hidden entry
     and exit (:func:`interrupt_overhead`, with ``irq_cost_ns``), the probe's own slowdown
     after them (``slowdown_ns`` per interrupt: the in-situ estimate of
-    agent/watch/events/wiring.py :class:`SlowdownEstimate`, from earlier spikes) and
+    agent/watch/attribution/events.py :class:`SlowdownEstimate`, from earlier spikes) and
     ``unexplained``: ``excess - sum(items)``, never below 0. Items are real durations from
     the timeline (not scaled): they can sum to more than the excess when a typical sample
     also has some of them (a tick); the residual is then 0. The two per-interrupt items are
@@ -657,7 +657,7 @@ def interrupt_overhead(tl: Timeline, cost_ns: int | None, residual_ns: int
                        ) -> dict[Entity, int]:
     """What the interrupts that entered while the probe ran cost it beyond their handlers,
     per interrupt entity: ``tl.probe_interrupts`` × ``cost_ns``, the CPU's measured cost of
-    one interrupt to a running task (agent/noise/irqcost.py: in a VM mostly the exit to the
+    one interrupt to a running task (agent/trace/irqcost.py: in a VM mostly the exit to the
     hypervisor and the entry back, which no guest event can time; on bare metal a few
     hundred ns of entry and exit code). That time shows as the probe's own run time in the
     timeline. Never more than ``residual_ns`` (what the timeline's items leave unexplained):

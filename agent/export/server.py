@@ -7,11 +7,11 @@
 Design points:
 
 * A dedicated :class:`~prometheus_client.CollectorRegistry` holding one custom collector
-  (:class:`WatchCollector`) that turns a :class:`~agent.metrics.Snapshot` into metric
+  (:class:`WatchCollector`) that turns a :class:`~agent.export.metrics.Snapshot` into metric
   families on every collect(); nothing is registered in the library's default registry and
   nothing happens at import.
 * Names in base units (``_seconds``, ``_hertz``, ``_total`` for counters; ``promtool check
-  metrics`` clean, tested). Every label set is bounded by agent.metrics (causes, statuses,
+  metrics`` clean, tested). Every label set is bounded by agent.export.metrics (causes, statuses,
   collectors, checks, gauge allowlist).
 * Exemplars: each latency-histogram bucket carries the latest logged spike whose latency
   falls in it, ``{spike_id="<seq of the spike-log record>"}``, printed only when the scrape
@@ -24,7 +24,7 @@ Design points:
   (:class:`_Server`): connections bounded in all and per client address, a deadline for the
   whole request head, the slow and the idle dropped first when a bound is reached, a listen
   backlog for bursts of connects, TLS and basic auth from ``--web.config.file``
-  (agent.webconfig), no stderr noise per bad request, and a ``stop()`` that closes the
+  (agent.export.webconfig), no stderr noise per bad request, and a ``stop()`` that closes the
   listening socket *and* every open connection (a restart leaves no port bound).
 * The probe never waits on a scrape: a scrape holds WatchMetrics' lock only to copy state.
 """
@@ -57,8 +57,8 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Exemplar
 
 from agent.errors import AgentError
-from agent.metrics import AUDIT_STATUSES, CAUSES, GAUGES, QUANTILES, Snapshot, WatchMetrics
-from agent.webconfig import AuthBusy, WebConfig, san_allowed
+from agent.export.metrics import AUDIT_STATUSES, CAUSES, GAUGES, QUANTILES, Snapshot, WatchMetrics
+from agent.export.webconfig import AuthBusy, WebConfig, san_allowed
 
 DEFAULT_LISTEN = "127.0.0.1:9877"
 P = "hftagent_"
@@ -141,7 +141,7 @@ def spike_families(s: Snapshot) -> Iterator[Metric]:
     for cause in CAUSES:
         c.add_metric([cause], s.spikes.get(cause, 0))
     yield c
-    # the kernel-event breakdown of the spikes (agent/watch/events): bounded culprits
+    # the kernel-event breakdown of the spikes (agent/trace): bounded culprits
     cs = CounterMetricFamily(P + "spike_cause_seconds",
                              "Time in the excess of attributed spikes over P50, by what the "
                              "kernel events show ran instead of the probe (culprit: top "
@@ -155,7 +155,7 @@ def spike_families(s: Snapshot) -> Iterator[Metric]:
 def audit_families(audit: dict[str, str] | None, audit_unix_s: float | None
                    ) -> Iterator[Metric]:
     """Audit state: one 0/1 series per (check, status) (a state set) and an ok gauge.
-    Shared with the node_exporter textfile writer (agent.textfile)."""
+    Shared with the node_exporter textfile writer (agent.export.textfile)."""
     st = GaugeMetricFamily(P + "audit_check_status",
                            "1 for the audit check's current status, 0 for the others.",
                            labels=["check", "status"])
@@ -848,7 +848,7 @@ class Exporter:
     closes the listening socket and every connection; both idempotent. Call stop() from any
     thread but the server's (e.g. the watch loop's SIGTERM path).
 
-    ``web_config`` (agent.webconfig.load_web_config): TLS and basic auth. The connection
+    ``web_config`` (agent.export.webconfig.load_web_config): TLS and basic auth. The connection
     bounds and deadlines are described in :class:`_Server`; their defaults hold 200 hostile
     sockets (slow headers and silent ones) with every good scrape answered
     (tests/test_exporter.py, docs/benchmarks.md)."""

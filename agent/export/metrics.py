@@ -1,6 +1,6 @@
 """WatchMetrics: the state `hftagent watch` feeds and the Prometheus exporter reads.
 
-Contract (for the watch loop; the exporter in :mod:`agent.exporter` only reads this object)
+Contract (for the watch loop; the exporter in :mod:`agent.export.server` only reads this object)
 --------------------------------------------------------------------------------------------
 One ``WatchMetrics`` per process, built in the composition function (nothing at import)::
 
@@ -44,7 +44,7 @@ Attribution and sampler (slow path: Hz, not kHz)
                                    ``spike_id``: the spike-log record's ``seq``
                                    (agent/watch/metrics_feed.py).
     ``spike_causes(items)``        the kernel-event breakdown of one spike: (cause, culprit,
-                                   ns) triples (agent/watch/events); feeds
+                                   ns) triples (agent/trace); feeds
                                    ``hftagent_spike_cause_seconds_total{cause,culprit}``.
                                    Culprit labels are bounded: the first
                                    :data:`CULPRIT_TOP_K` culprits by time (the largest of a
@@ -92,9 +92,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agent import stats
+from agent.causes import CAUSES as ATTRIBUTION_CAUSES
+from agent.causes import EVENT_KINDS, EVENT_RESIDUALS
 from agent.defaults import EXCEEDANCE_THRESHOLDS_US, MAX_THRESHOLD_US
-from agent.watch.causes import CAUSES as ATTRIBUTION_CAUSES
-from agent.watch.causes import EVENT_KINDS, EVENT_RESIDUALS
 
 if TYPE_CHECKING:
     from tuning.findings import Finding
@@ -116,11 +116,11 @@ DEFAULT_THRESHOLDS_US: tuple[int, ...] = EXCEEDANCE_THRESHOLDS_US
 # a guess.
 QUANTILES: tuple[float, ...] = (0.5, 0.99, 0.999)
 
-# Causes of the attribution engine (the one list, agent/watch/causes.py). Anything else is
+# Causes of the attribution engine (the one list, agent/causes.py). Anything else is
 # counted as "other".
 CAUSES: tuple[str, ...] = (*ATTRIBUTION_CAUSES, "other")
 
-# Causes of the kernel-event breakdown (the one list, agent/watch/causes.py: the timeline's
+# Causes of the kernel-event breakdown (the one list, agent/causes.py: the timeline's
 # entity kinds but the probe, then hw_or_hypervisor and unexplained); anything else is "other".
 EVENT_CAUSES: tuple[str, ...] = (*(k for k in EVENT_KINDS if k != "probe"), *EVENT_RESIDUALS,
                                  "other")
@@ -530,7 +530,7 @@ def _us_key(t_ns: int) -> int | float:
 
 def audit_state(findings: Iterable[Finding]) -> tuple[dict[str, str], int]:
     """(check id -> status value, number dropped over MAX_AUDIT_CHECKS). Raises ValueError on
-    an id or status outside the bounded label set. Shared with agent.textfile."""
+    an id or status outside the bounded label set. Shared with agent.export.textfile."""
     state: dict[str, str] = {}
     dropped = 0
     for f in findings:
