@@ -412,6 +412,9 @@ class EventSource:
         self._closed = True
         self._t_open = 0.0
         self._stats0: dict[int, CpuStats] = {}
+        self._uprobe_ids: dict[int, bool] = {}    # event id -> a return probe (watch --attach)
+        self._uprobe_names: dict[str, bool] = {}
+        self._uprobe_done: dict[int, int] = {}    # cpu -> pages scanned for uprobe hits
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -1002,3 +1005,42 @@ class EventSource:
             self.close()
         except Exception:  # noqa: BLE001 - never from a finalizer
             pass
+
+    # -- uprobe events (watch --attach; agent/trace/uprobe.py defines them) ------------------
+    def add_uprobes(self, uprobes, tids: list[int]) -> None:
+        """Enable ``uprobes`` (an :class:`agent.trace.uprobe.Uprobes`, defined) in this
+        instance, filtered to ``tids``, and learn their formats; :meth:`uprobe_events` then
+        returns their hits. Raises OSError or FormatError when the kernel refuses."""
+        uprobes.enable(self.path, tids)
+        ev_dir = self.path / "events" / uprobes.group
+        for name in uprobes.names:
+            fmt = parse_format(_read(ev_dir / name / "format"), uprobes.group)
+            self._formats[fmt.id] = fmt
+            self._uprobe_ids[fmt.id] = name in uprobes.returns
+            self._uprobe_names[fmt.name] = name in uprobes.returns
+            self._names.add(fmt.name)
+        self.events += [f"{uprobes.group}:{n}" for n in uprobes.names]
+
+    def uprobe_events(self) -> list[Event]:
+        """The uprobe hits recorded since the last call, in time order (drains the kernel
+        rings first; the pages stay kept for the spike windows as before). Each page is
+        scanned once for the uprobe ids only."""
+        if self._closed or not self._uprobe_ids or self.reader != "raw":
+            return []
+        self.drain()
+        only = set(self._uprobe_ids)
+        out: list[Event] = []
+        for ring in self._rings.values():
+            done = self._uprobe_done.get(ring.cpu, 0)
+            first = max(0, done - ring.evicted_pages)
+            pages = ring.pages
+            for i in range(first, len(pages)):
+                out.extend(iter_page(pages[i].data, ring.cpu, self._formats,
+                                     layout=self._layout, only=only))
+            self._uprobe_done[ring.cpu] = ring.evicted_pages + len(pages)
+        out.sort(key=attrgetter("ts_ns"))
+        return out
+
+    def is_return(self, ev: Event) -> bool:
+        """Whether ``ev`` is a return probe's hit (else an entry)."""
+        return bool(self._uprobe_names.get(ev.name))

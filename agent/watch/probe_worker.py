@@ -109,11 +109,16 @@ def run(args: argparse.Namespace) -> int:
     except (RingError, ValueError) as exc:
         print(json.dumps({"error": str(exc)}), flush=True)
         return 2
+    def phase(what: str) -> None:  # watch prints these while it waits (seconds with TF)
+        print(json.dumps({"phase": what}), flush=True)
+
     try:
         if args.probe == "numpy":
             fn, desc = build_numpy_probe()
         else:
+            phase(f"loading and building the {args.variant} probe ({args.model})")
             fn, desc = build_tf_probe(args.model, args.variant, len(cpus) or 1)
+        phase(f"warming up {desc} (at least {args.warmup} calls, until steady)")
         from agent.probe.harness import warm_up
         wu = warm_up(fn, min_calls=args.warmup, budget_ns=int(20e9))
     except Exception as exc:  # noqa: BLE001 - reported to watch as one line

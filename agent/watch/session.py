@@ -34,6 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from agent.client import FIELDS, RingError
+from agent.errors import AgentError
 from agent.watch import summary as summary_
 from agent.watch.attribution import Attributor, Spike
 from agent.watch.attribution.events import SpikeEvents, apply_verdict
@@ -67,7 +68,8 @@ class WatchSession:
     """``metrics``: a :class:`~agent.watch.metrics_feed.MetricsFeed`; ``view``: a live view;
     ``collectors``: more collectors to sample; ``on_record``: given every spike-log record
     too (benchmarks keep them in memory); ``clock``: see the module docstring;
-    ``trace_opener``: the event source's opener (:class:`SpikeEvents`); ``sampler_factory``:
+    ``trace_opener``: the event source's opener (:class:`SpikeEvents`); ``on_phase``: told
+    each start-up phase (:meth:`phase`); ``sampler_factory``:
     :func:`agent.watch.sampling.open_sampler`'s signature; ``irq_coster``: the interrupt-cost
     measurement (agent.trace.irqcost.measure; tests pass fakes)."""
 
@@ -77,8 +79,10 @@ class WatchSession:
                  on_record: Callable[[dict], None] | None = None,
                  trace_opener: Callable | None = None,
                  sampler_factory: Callable = open_sampler,
-                 irq_coster: Callable | None = None) -> None:
+                 irq_coster: Callable | None = None,
+                 on_phase: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
+        self.on_phase = on_phase
         self.host = host or Host()
         self.metrics = metrics
         self.view = view
@@ -100,7 +104,8 @@ class WatchSession:
         self.reduced_by_events: dict[str, dict] = {}
         self.attributor: Attributor | None = None
         self.detector = SpikeDetector(cfg.threshold_us, cfg.k_p50, cfg.min_samples,
-                                      queueing=cfg.probe != "external", clock=clock)
+                                      queueing=cfg.probe not in ("external", "attach"),
+                                      clock=clock)
         self.schedule = AttributionScheduler(max_per_s=cfg.max_attributions_per_s,
                                              loop_s=cfg.loop_s, clock=clock)
         self.spike_log = SpikeLog(cfg.spike_log, on_record)
@@ -180,6 +185,11 @@ class WatchSession:
     def start(self) -> None:
         cfg = self.cfg
         self.open_outputs()
+        if cfg.probe == "attach":  # the process's CPUs are the probe CPUs (traced)
+            self.source.prepare_attach()
+            self.trace.cpus = list(cfg.probe_cpus)
+            self.trace.housekeeping = [c for c in cfg.housekeeping_cpus
+                                       if c not in cfg.probe_cpus]
         try:
             os.sched_setaffinity(0, cfg.housekeeping_cpus)
         except OSError as exc:
@@ -191,13 +201,20 @@ class WatchSession:
         # starts; --trace on refuses here (closed by stop(), which run() always calls)
         # one interrupt's cost on the probe CPUs, while nothing runs there yet and before
         # the event source traces them (a given --irq-cost for an external client too)
-        self.trace.measure_irq_cost(measure=cfg.probe != "external")
+        self.trace.measure_irq_cost(measure=cfg.probe not in ("external", "attach"))
         if (w := self.trace.open(self.clock())) is not None:
             self.warnings.append(w)
-        if cfg.probe == "external":
+        if cfg.probe == "attach":  # its calls come from the same instance's rings
+            if not self.trace.active:
+                raise AgentError(f"--attach needs the kernel's trace events: "
+                                 f"{self.trace.reason}")
+            self.source.attach_uprobes(self.trace.source, progress=self.phase)
+        elif cfg.probe == "external":
             self.source.attach_external()
         else:
-            self.source.start_probe()
+            self.phase(f"starting the {cfg.probe} probe on CPU "
+                       f"{','.join(map(str, cfg.probe_cpus))}")
+            self.source.start_probe(progress=self.phase)
         # (a stop or an error while it starts leaves no helper and no shared file behind)
         self.sampler, self.sampler_note = self._open_sampler(
             cfg.sampler, self.open_collectors, cfg.sample_hz, cfg.housekeeping_cpus,
@@ -207,6 +224,12 @@ class WatchSession:
         self.sampler.start()  # a NativeSampler's helper is already running
         self.renice_own()
         self.started_ns = self.clock()
+
+    def phase(self, what: str) -> None:
+        """A start-up phase (probe build, warm-up, symbols read for --attach): told to
+        ``on_phase`` (the CLI prints it on stderr, one line each, while it waits)."""
+        if self.on_phase is not None:
+            self.on_phase(what)
 
     def renice_own(self) -> None:
         """``--nice``: watch's threads and its sampler's helper, once they run — never the

@@ -39,8 +39,11 @@ from agent.client import (
     sweep_stale_rings,
 )
 from agent.errors import AgentError
+from agent.trace import attach, uprobe
+from agent.watch.attached import AttachedReader, process_cpus
 from agent.watch.config import WatchConfig
 from collectors.host import Host
+from collectors.parsers import format_cpulist
 
 EXTERNAL_WAIT_S = 5.0  # an external ring not created yet is waited for this long
 
@@ -59,10 +62,12 @@ class LatencySource:
         self.reader: RingReader | None = None
         self.info: dict = {}  # the worker's "ready" line, or what the external process is
         self._own_ring: str | None = None
+        self._uprobes = None  # agent.trace.uprobe.Uprobes of --attach
 
-    def start_probe(self) -> None:
+    def start_probe(self, progress=None) -> None:
         """Start the built-in probe worker and wait for its "ready" line (TF import and
-        warm-up: seconds); an error is :class:`AgentError` with the worker's own line."""
+        warm-up: seconds), telling ``progress(str)`` each phase the worker reports; an error
+        is :class:`AgentError` with the worker's own line."""
         cfg = self.cfg
         d = Path(cfg.ring_dir) if cfg.ring_dir else ring_dir()
         swept = sweep_stale_rings(d)  # what a killed watch (SIGKILL) left behind
@@ -80,11 +85,16 @@ class LatencySource:
         # worker could exit first and the stop would look like a dead probe (exit 3).
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
-        line = self.proc.stdout.readline()  # blocks through TF import + warm-up
-        try:
-            msg = json.loads(line) if line else {}
-        except json.JSONDecodeError:
-            msg = {}
+        while True:  # phase lines, then "ready" (TF import, build and warm-up: seconds)
+            line = self.proc.stdout.readline()
+            try:
+                msg = json.loads(line) if line else {}
+            except json.JSONDecodeError:
+                msg = {}
+            if "phase" not in msg:
+                break
+            if progress is not None:
+                progress(str(msg["phase"]))
         if not msg.get("ready"):
             err = msg.get("error")
             if not err:
@@ -132,6 +142,62 @@ class LatencySource:
             except OSError:
                 pass
 
+    def prepare_attach(self) -> None:
+        """``--attach PID``, before the event source opens: the probe CPUs are the CPUs the
+        process's threads may run on (the instance traces those), the rest housekeeping."""
+        cfg = self.cfg
+        try:
+            comm = attach.comm_of(self.host, cfg.pid)
+        except attach.AttachError as exc:
+            raise AgentError(str(exc)) from None
+        cpus = process_cpus(self.host, cfg.pid)
+        if cpus:
+            if cfg.probe_cpus and sorted(cfg.probe_cpus) != cpus:
+                self.warnings.append(f"--attach: pid {cfg.pid} ({comm}) may run on CPUs "
+                                     f"{format_cpulist(cpus)}: those are traced")
+            cfg.probe_cpus = cpus
+            hk = [c for c in cfg.housekeeping_cpus if c not in cpus]
+            cfg.housekeeping_cpus = hk or [c for c in range(os.cpu_count() or 1)
+                                           if c not in cpus] or cpus
+        if len(cpus) > 4:
+            self.warnings.append(f"--attach: pid {cfg.pid} is not pinned ({len(cpus)} CPUs): "
+                                 "kernel events are recorded on all of them (pin the service "
+                                 "for a smaller cost and a cleaner attribution)")
+
+    def attach_uprobes(self, events, progress=None) -> None:
+        """``--attach PID``: uprobes on the runtime's once-per-call function, enabled in the
+        kernel-event instance ``events`` (an EventSource), read by an
+        :class:`~agent.watch.attached.AttachedReader`. AgentError with one line when the
+        process cannot be attached."""
+        cfg = self.cfg
+        try:
+            plan = attach.plan(self.host, cfg.pid, cfg.attach_runtime, cfg.attach_symbol,
+                               cfg.unsafe_return, progress)
+        except attach.AttachError as exc:
+            raise AgentError(str(exc)) from None
+        self.warnings += [f"attach: {n}" for n in uprobe.remove_stale(self.host,
+                                                                      events.tracefs)]
+        u = uprobe.Uprobes(events.tracefs, plan.targets)
+        try:
+            u.define()
+            reader = AttachedReader(self.host, cfg.pid, events, u,
+                                    entry_only=not any(t.returns for t in plan.targets))
+            events.add_uprobes(u, sorted(reader.threads()))
+        except (uprobe.UprobeError, OSError, ValueError) as exc:
+            u.remove()
+            raise AgentError(f"--attach {cfg.pid}: {getattr(exc, 'strerror', None) or exc}") \
+                from None
+        self._uprobes = u
+        self.reader = reader
+        t = plan.targets[0]
+        self.info = {"pid": cfg.pid, "probe": f"attached to pid {cfg.pid} ({plan.comm}): "
+                     f"{t.runtime} {t.shown}", "attach": plan.to_dict()}
+        self.warnings.append(
+            f"attached: {len(plan.targets)} uprobe(s) in {os.path.basename(t.library)}; every "
+            f"process that maps it pays ~{attach.COST_US} µs a call while watch runs"
+            + ("; entry-only timing: samples are call periods, not latencies"
+               if reader.entry_only else ""))
+
     def _open_named(self, path: Path) -> RingReader:
         """``--ring PATH``: owned by ``--pid``'s effective uid, else by its creator's when
         that process runs (a ring naming another user's process as its creator is refused)."""
@@ -163,14 +229,17 @@ class LatencySource:
             try:
                 os.kill(self.cfg.pid, 0)
             except ProcessLookupError:
-                return f"external process {self.cfg.pid} exited"
+                return f"{self._what()} {self.cfg.pid} exited"
             except PermissionError:
                 pass
             # A zombie still answers kill(0): look at its state.
             st = self.host.read(self.host.proc(self.cfg.pid, "stat")).value
             if st and st[st.rfind(")") + 2:st.rfind(")") + 3] in ("Z", "X"):
-                return f"external process {self.cfg.pid} exited"
+                return f"{self._what()} {self.cfg.pid} exited"
         return None
+
+    def _what(self) -> str:
+        return "attached process" if self._uprobes is not None else "external process"
 
     def stop(self) -> None:
         """Stop the probe worker (SIGTERM; SIGKILL when it does not end in time) and remove
@@ -197,6 +266,11 @@ class LatencySource:
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+        if self._uprobes is not None:
+            left = self._uprobes.remove()
+            if left:
+                self.warnings.append("uprobe events not removed: " + "; ".join(left))
+            self._uprobes = None
 
 
 def proc_euid(host: Host, pid: int) -> int | None:

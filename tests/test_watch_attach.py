@@ -1,0 +1,220 @@
+"""`watch --attach PID` (issue #27): an unmodified process the test starts — a C function in
+a library the test builds, called from a loop pinned to one CPU, and a LiteRT interpreter loop
+— is timed by uprobes read from watch's own tracefs instance; a hog on its CPU is named; the
+uprobe events are gone after the run, and after a SIGKILLed run the next one removes them.
+
+Root and tracefs with uprobe events are needed (skipped otherwise); every process attached
+to or disturbed is one the test started."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.trace import uprobe
+from agent.watch.attached import AttachedReader
+from agent.watch.config import WatchConfig
+from agent.watch.session import WatchSession
+
+REPO = Path(__file__).resolve().parents[1]
+TRACEFS = Path("/sys/kernel/tracing")
+SRC = r"""
+int hft_infer(int n) { volatile int s = 0; for (int i = 0; i < n; i++) s += i; return s; }
+"""
+LOOP = r"""
+import ctypes, os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[3])})
+lib = ctypes.CDLL(sys.argv[1])
+print("ready", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    lib.hft_infer(20000)
+    time.sleep(0.002)
+"""
+
+
+@pytest.fixture(autouse=True)
+def _keep_affinity():
+    """A session pins its own process (here: pytest) to the housekeeping CPUs: undone."""
+    before = os.sched_getaffinity(0)
+    yield
+    os.sched_setaffinity(0, before)
+
+
+def _needs_uprobes() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if not (TRACEFS / "instances").is_dir():
+        pytest.skip("tracefs not mounted at /sys/kernel/tracing")
+    why = uprobe.available(TRACEFS)
+    if why:
+        pytest.skip(why)
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory) -> Path:
+    if not shutil.which("cc"):
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("attachlib")
+    (d / "infer.c").write_text(SRC)
+    so = d / "libhftinfer.so"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(so), str(d / "infer.c")],
+                   check=True)
+    return so
+
+
+def _cpu() -> int:
+    return max(os.sched_getaffinity(0))
+
+
+def _loop(lib: Path, seconds: float = 60):
+    p = subprocess.Popen([sys.executable, "-c", LOOP, str(lib), str(seconds), str(_cpu())],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def _cfg(pid: int, lib: Path, tmp_path: Path, **kw) -> WatchConfig:
+    cfg = WatchConfig(probe="attach", pid=pid, probe_cpus=[_cpu()],
+                      housekeeping_cpus=[c for c in os.sched_getaffinity(0) if c != _cpu()],
+                      duration_s=kw.pop("duration_s", 4), trace="on",
+                      spike_log=str(tmp_path / "spikes.jsonl"), **kw)
+    cfg.attach_runtime = "auto"
+    cfg.attach_symbol = f"{lib.name}:hft_infer"
+    cfg.unsafe_return = True  # a C function that cannot throw
+    return cfg
+
+
+def _our_groups() -> list[str]:
+    return [ln for ln in (TRACEFS / "uprobe_events").read_text().splitlines()
+            if f"hftagent_{os.getpid()}/" in ln]
+
+
+def test_the_calls_of_an_unmodified_process_are_samples(lib, tmp_path):
+    _needs_uprobes()
+    child = _loop(lib)
+    try:
+        s = WatchSession(_cfg(child.pid, lib, tmp_path))
+        assert s.run() == 0, s.warnings
+        st = s.source.reader.stats() if s.source.reader else None
+        summ = s.summary()
+    finally:
+        child.kill()
+        child.wait()
+    assert summ["samples"] >= 200, (summ["samples"], s.warnings)
+    assert st is None or st["unpaired_returns"] <= 1
+    assert summ["source"].startswith(f"attached to pid {child.pid}")
+    assert _our_groups() == []                     # removed at the end of the run
+    assert not any(n.startswith(f"hftagent-{os.getpid()}")
+                   for n in os.listdir(TRACEFS / "instances"))
+
+
+def test_a_hog_on_the_attached_process_cpu_is_named(lib, tmp_path):
+    _needs_uprobes()
+    sys.path.insert(0, str(REPO))
+    from bench.faults.kit import cpu_hog
+    child = _loop(lib)
+    try:
+        with cpu_hog(_cpu(), burst_ms=(3.0, 14.6), nice=-10) as pids:
+            s = WatchSession(_cfg(child.pid, lib, tmp_path, duration_s=5))
+            assert s.run() == 0, s.warnings
+    finally:
+        child.kill()
+        child.wait()
+    recs = [json.loads(x) for x in (tmp_path / "spikes.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if r.get("cause")]
+    assert len(recs) >= 5, s.summary()["causes"]
+    contention = [r for r in recs if r["cause"] == "cpu_contention"]
+    assert len(contention) / len(recs) >= 0.6, s.summary()["causes"]
+    named = [r for r in contention if any(t.get("pid") in pids for t in
+                                          r["causes"][0]["evidence"].get("ran_on_cpu", []))]
+    assert named, contention[0]["causes"][0]
+
+
+def test_pairing_keeps_threads_apart_and_counts_what_it_cannot_pair():
+    from agent.trace.parse import Event
+
+    class Src:
+        def __init__(self, evs):
+            self.evs = evs
+
+        def lost(self):
+            return 0
+
+        def uprobe_events(self):
+            out, self.evs = self.evs, []
+            return out
+
+        def is_return(self, ev):
+            return ev.name.startswith("ret")
+
+    class U:
+        group, instances = "g", []
+
+    def ev(t, name, tid, cpu=1):
+        return Event(t, cpu, name, tid, {})
+
+    # thread 11 and 12 interleaved; 12 nests once; a return of 13 without its entry
+    evs = [ev(100, "call0", 11), ev(110, "call0", 12), ev(120, "call0", 12),
+           ev(130, "ret0", 12), ev(140, "ret0", 11), ev(150, "ret0", 12),
+           ev(160, "ret0", 13), ev(170, "call0", 11)]
+    r = AttachedReader.__new__(AttachedReader)
+    r.__init__ = None
+    r.host, r.pid, r.events, r.uprobes, r.entry_only = None, 10, Src(evs), U(), False
+    r.calls = r.unpaired_returns = r.open_at_exit = r.resynced = r.lost = r.invalid = 0
+    r._seq, r._depth, r._start, r._lost_seen = 0, {}, {}, 0
+    r._tids, r._tids_at = {11, 12, 13}, time.monotonic()
+    rows = r.read()
+    got = sorted((int(x[1]), int(x[2]), int(x[4])) for x in rows)  # start, end, tid
+    assert got == [(100, 140, 11), (110, 150, 12)]
+    assert r.unpaired_returns == 1
+    r.finish()
+    assert r.open_at_exit == 1                    # 11's last call never returned
+
+
+def test_a_killed_watch_leaves_events_the_next_run_removes(lib, tmp_path):
+    _needs_uprobes()
+    child = _loop(lib)
+    code = (
+        "import os, sys, time\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from agent.watch.config import WatchConfig\n"
+        "from agent.watch.session import WatchSession\n"
+        f"cfg = WatchConfig(probe='attach', pid={child.pid}, probe_cpus=[{_cpu()}],"
+        f" housekeeping_cpus=[0], duration_s=60, trace='on')\n"
+        "cfg.attach_runtime='auto'; cfg.unsafe_return=True\n"
+        f"cfg.attach_symbol={lib.name + ':hft_infer'!r}\n"
+        "s = WatchSession(cfg, on_phase=lambda m: None)\n"
+        "s.start(); print('attached', flush=True)\n"
+        "time.sleep(60)\n")
+    w = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert w.stdout.readline().strip() == "attached"
+        group = f"hftagent_{w.pid}/"
+        assert group in (TRACEFS / "uprobe_events").read_text()
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+        assert group in (TRACEFS / "uprobe_events").read_text()  # left by the kill
+        s = WatchSession(_cfg(child.pid, lib, tmp_path, duration_s=1))
+        assert s.run() == 0, s.warnings
+        assert group not in (TRACEFS / "uprobe_events").read_text()
+        assert any("removed stale uprobe events" in x for x in s.warnings), s.warnings
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+        child.kill()
+        child.wait()
+        for ln in (TRACEFS / "uprobe_events").read_text().splitlines():
+            if f"hftagent_{w.pid}/" in ln:   # never leave ours behind, whatever failed
+                uprobe._append(TRACEFS / "uprobe_events", "-:" + ln.split()[0][2:])
