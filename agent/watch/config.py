@@ -16,7 +16,7 @@ from agent.errors import AgentError
 
 @dataclass
 class WatchConfig:
-    probe: str = "tf"  # tf | numpy | external
+    probe: str = "tf"  # tf | numpy | external | attach (--attach PID: uprobes, agent/trace)
     model: str = "lstm"
     variant: str = "xla"
     rate_hz: float = 500.0  # 0: auto (the probe worker picks it after its warm-up)
@@ -24,6 +24,13 @@ class WatchConfig:
     housekeeping_cpus: list[int] = field(default_factory=list)
     pid: int | None = None
     ring_path: str | None = None
+    # --attach PID (probe "attach"): the runtime whose once-per-call function is timed
+    # (agent.trace.attach.NAMES), or LIB:SYMBOL for any other function; return probes on
+    # such a function only with unsafe_return (a C++ exception unwinding through a
+    # uretprobe'd frame aborts the process)
+    attach_runtime: str = "auto"
+    attach_symbol: str | None = None
+    unsafe_return: bool = False
     sample_hz: float = 100.0
     threshold_us: float | None = None  # a sample over this is a spike (agent/watch/detect.py)
     k_p50: float = 3.0  # ... and so is one over k × the rolling P50
