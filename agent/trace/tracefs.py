@@ -1044,3 +1044,15 @@ class EventSource:
     def is_return(self, ev: Event) -> bool:
         """Whether ``ev`` is a return probe's hit (else an entry)."""
         return bool(self._uprobe_names.get(ev.name))
+
+    def drop_uprobes(self, uprobes) -> list[str]:
+        """Disable and remove ``uprobes`` (:meth:`Uprobes.remove`) and forget their formats;
+        returns what could not be removed."""
+        left = uprobes.remove()
+        for i in [i for i, f in self._formats.items() if f.system == uprobes.group]:
+            del self._formats[i]
+            self._uprobe_ids.pop(i, None)
+        for n in uprobes.names:
+            self._uprobe_names.pop(n, None)
+        self.events = [e for e in self.events if not e.startswith(uprobes.group + ":")]
+        return left
