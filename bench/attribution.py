@@ -58,6 +58,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,17 +76,21 @@ def watch_config(args, probe_cpu: int, hk_cpu: int, svc: Service | None) -> Watc
                       duration_s=None, rate_hz=args.rate, k_p50=args.k,
                       spike_log=None, baseline_s=10.0, sampler=args.sampler,
                       trace=args.trace, nice=args.watch_nice)
-    if svc is not None:
+    if svc is not None and args.source == "attach":  # the service unmodified: uprobes
+        cfg.probe, cfg.pid = "attach", svc.pid
+        cfg.attach_runtime, cfg.attach_symbol, cfg.unsafe_return = "litert", None, False
+    elif svc is not None:
         cfg.probe, cfg.pid = "external", svc.pid
     return cfg
 
 
 def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     svc = None
-    if args.source == "service":
+    if args.source in ("service", "attach"):
         # started here, on the main thread: its PR_SET_PDEATHSIG follows the thread that
         # started it; it outlives the run by a margin and is stopped below
-        svc = Service(cpu=probe_cpu, rate=args.rate, model=args.model,
+        svc = Service(cpu=probe_cpu, rate=args.rate,
+                      model=args.model or (ATTACH_MODEL if args.source == "attach" else None),
                       seconds=args.settle + args.duration + 120)
     try:
         res = _run_watch(fault, args, probe_cpu, hk_cpu, svc)
@@ -549,9 +554,11 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=6.0)
     ap.add_argument("--hog-nice", type=int, default=0)
     ap.add_argument("--migration-hz", type=float, default=20.0)
-    ap.add_argument("--source", default="probe", choices=("probe", "service"),
-                    help="what watch times: its own probe (--probe), or bench/service.py "
-                    "watched by its pid (agent.client's ring)")
+    ap.add_argument("--source", default="probe", choices=("probe", "service", "attach"),
+                    help="what watch times: its own probe (--probe), bench/service.py "
+                    "watched by its pid (agent.client's ring), or the same service timed "
+                    "without its ring by uprobes on LiteRT (watch --attach; default model "
+                    "bench/models/lstm-64x32.tflite)")
     ap.add_argument("--model", help="--source service: a .tflite model the service runs on "
                     "LiteRT (default: the numpy LSTM-shaped probe)")
     ap.add_argument("--faults", help="comma-separated: none and kit.EXPECTED's names "
@@ -587,7 +594,7 @@ def main() -> int:
                 json.dump({"rescored": args.rescore, "results": out}, fh, indent=1)
         return 0
     faults = fault_list(args.faults, args.source)
-    if isinstance(faults, str) or args.model and args.source != "service":
+    if isinstance(faults, str) or args.model and args.source == "probe":
         why = faults if isinstance(faults, str) else "--model is the service's (--source service)"
         print(f"attribution: {why}", file=sys.stderr)
         return 2
@@ -618,6 +625,7 @@ def main() -> int:
     return 0
 
 
+ATTACH_MODEL = str(Path(__file__).resolve().parent / "models" / "lstm-64x32.tflite")
 DEFAULT_FAULTS = ("none,cpu_hog,cpu_hog_rt,softirq_flood,memory_pressure,oversubscription,"
                   "migration")
 
@@ -634,7 +642,7 @@ def fault_list(text: str | None, source: str) -> list[str] | str:
     if unknown:
         return f"--faults: unknown {', '.join(unknown)} (known: none, {', '.join(kit.EXPECTED)})"
     need = [f for f in names if f in kit.SERVICE_FAULTS]
-    if need and source != "service":
+    if need and source == "probe":
         return f"--faults: {', '.join(need)} need the service's switches (--source service)"
     return names
 
