@@ -29,20 +29,21 @@ def attach(
                                                "other function (entry-only timing).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    from agent.trace.attach import AttachError, check_text, plan
+    from agent.trace.attach import AttachError, check_text, host_notes, plan
     from collectors.host import Host
 
     if pid <= 0:
         raise fail(f"PID must be a positive process id, not {pid}")
+    host = Host()
     try:
-        p = plan(Host(), pid, runtime, symbol,
+        p = plan(host, pid, runtime, symbol,
                  progress=lambda msg: print(msg + " ...", file=sys.stderr, flush=True))
     except AttachError as exc:
         raise fail(str(exc)) from None
     if as_json:
-        print(json.dumps(p.to_dict(), indent=2))
+        print(json.dumps({**p.to_dict(), "kernel": host_notes(host)}, indent=2))
     else:
-        print("\n".join(check_text(p)))
+        print("\n".join(check_text(p, host)))
 
 
 def register(app: typer.Typer) -> None:

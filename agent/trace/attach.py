@@ -241,7 +241,25 @@ def _add(host: Host, p: Plan, m: Mapping, names: list[str], runtime: str, shown:
                                 returns))
 
 
-def check_text(p: Plan) -> list[str]:
+def host_notes(host: Host) -> list[str]:
+    """What this kernel makes of a uprobe attach: the return probe's syscall (Linux 6.11+)
+    against old seccomp profiles, and ``panic_on_warn`` (a WARN_ON_ONCE seen on 6.18 in
+    uprobe_register → install_breakpoint → ext4_map_blocks would then panic the host)."""
+    notes = []
+    rel = host.read(host.proc("sys", "kernel", "osrelease")).value
+    m = re.match(r"(\d+)\.(\d+)", rel or "")
+    if m and (int(m.group(1)), int(m.group(2))) >= (6, 11):
+        notes.append(f"kernel {rel.strip()}: return probes use the uretprobe syscall (6.11+); "
+                     "a seccomp profile that predates it (older systemd, Docker, libseccomp) "
+                     "kills the traced process on its first return")
+    pw = host.read(host.proc("sys", "kernel", "panic_on_warn")).value
+    if pw and pw.strip() == "1":
+        notes.append("kernel.panic_on_warn=1: a kernel WARN while placing the uprobe (seen "
+                     "once on 6.18 via ext4) would panic this host")
+    return notes
+
+
+def check_text(p: Plan, host: Host | None = None) -> list[str]:
     """``hftagent attach --check``'s report, one fact a line."""
     lines = [f"pid {p.pid} ({p.comm}): {len(p.targets)} function(s) can be attached"]
     for t in p.targets:
@@ -256,7 +274,6 @@ def check_text(p: Plan) -> list[str]:
         lines += [f"  cost      ~{COST_US} µs per call with the return probe (x86-64, emulated "
                   "first instruction); every other process that maps the same library pays "
                   "the trap too while watch runs",
-                  "  kernel    the return probe uses the uretprobe syscall on Linux 6.11+: a "
-                  "seccomp profile older than that (systemd, Docker, libseccomp) can kill the "
-                  "traced process"]
+                  ]
+        lines += [f"  kernel    {n}" for n in (host_notes(host) if host is not None else [])]
     return lines

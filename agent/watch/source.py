@@ -192,6 +192,7 @@ class LatencySource:
         t = plan.targets[0]
         self.info = {"pid": cfg.pid, "probe": f"attached to pid {cfg.pid} ({plan.comm}): "
                      f"{t.runtime} {t.shown}", "attach": plan.to_dict()}
+        self.warnings += [f"attach: {n}" for n in attach.host_notes(self.host)]
         self.warnings.append(
             f"attached: {len(plan.targets)} uprobe(s) in {os.path.basename(t.library)}; every "
             f"process that maps it pays ~{attach.COST_US} µs a call while watch runs"
