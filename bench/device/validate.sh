@@ -19,7 +19,14 @@
 #   wake         the wake-up ratio on the isolated last CPU                        -> wake.json
 #   tuning       bench/tuning_effect.py, P99.9-sufficient, with the keep-awake arms
 #                                                                        -> tuning_effect.json
+#   litert       probe and watch on the bundled .tflite with LiteRT and no TensorFlow
+#                                                                       -> litert.txt
+#   attach       bench/attach_overhead.py (added µs per LiteRT call, agreement, attach time),
+#                then watch --attach on bench/service.py's LiteRT loop   -> attach_overhead.json,
+#                attach.txt
 #   roundtrip    bench/device/tuning_roundtrip.sh: every tunable applied and rolled back
+#   (LiteRT is not on that machine: carry its cp312 wheel in .whl and install it first, as
+#   the device tool's README shows; the steps that need it say so when it is missing)
 #   gpu          bench/device/gpu_validation.sh (read-only NVML and nsight checks)
 #   gpu_watch    bench/device/gpu_watch.sh (a foreign GPU process named by watch)
 # (bench/device/multi_gpu.sh needs the two-GPU kind and stays a call of its own.)
@@ -170,6 +177,40 @@ timeout 540 python3 bench/tuning_effect.py --cpu "$cpu" \
   --min-samples "${MIN_SAMPLES:-6636}" --rounds "${ROUNDS:-2}" --budget-s "${BUDGET_S:-500}" \
   --no-wake --json "$out/tuning_effect.json" > "$out/tuning_effect.txt" 2>> "$log"
 rc
+fi
+
+TFLITE=bench/models/lstm-64x32.tflite
+if want litert; then
+step "litert (no TensorFlow: $(python3 -c 'import tensorflow' 2>&1 | tail -1))"
+{
+  timeout 120 "${HFT[@]}" probe --model "$TFLITE" --variant tflite --samples 3000 --no-history --cpus "$cpu"
+  echo "rc=$?"
+  timeout 120 "${HFT[@]}" watch --probe tf --model "$TFLITE" --variant tflite --duration 5 --no-live --trace off --cpus "$cpu"
+  echo "rc=$?"
+} > "$out/litert.txt" 2>&1
+fi
+
+if want attach; then
+step "attach, CPU $cpu"; tracefs
+timeout 300 python3 bench/attach_overhead.py --cpu "$cpu" --pairs "${PAIRS:-6}" --calls "${CALLS:-20000}" \
+  --json "$out/attach_overhead.json" > "$out/attach.txt" 2>> "$log"
+rc
+python3 bench/service.py --cpu "$cpu" --rate 500 --model "$TFLITE" --seconds 40 > /tmp/svc.out 2>> "$log" & svc=$!
+sleep 4
+{ echo "== attach --check"; timeout 60 "${HFT[@]}" attach "$svc" --check
+  echo "== watch --attach (10 s, a periodic hog on CPU $cpu from 4 s)"
+  ( sleep 4; timeout 4 python3 -c "
+import os, time
+os.sched_setaffinity(0, {$cpu})
+c = time.perf_counter_ns
+while True:
+    e = c() + 3_000_000
+    while c() < e: pass
+    time.sleep(0.012)" ) &
+  timeout 60 "${HFT[@]}" watch --attach "$svc" --duration 10 --no-live --spike-log /tmp/attach-spikes.jsonl
+  echo "rc=$?"; echo "uprobe_events after: $(grep -c hftagent_ /sys/kernel/tracing/uprobe_events)"
+} >> "$out/attach.txt" 2>&1
+kill "$svc" 2>/dev/null; wait "$svc" 2>/dev/null
 fi
 
 if want roundtrip; then step roundtrip; bash bench/device/tuning_roundtrip.sh >> "$log" 2>&1; rc; fi
