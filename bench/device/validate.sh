@@ -38,7 +38,7 @@
 set -u
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-export PYTHONPATH=$PWD
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # keeps a carried wheel's /tmp/site
 HFT=(python3 -c 'from agent.cli import main; main()')  # an array: `timeout` cannot run a function
 log="$out/log.txt"
 n=$(nproc --all)
