@@ -27,12 +27,14 @@ def load_formats() -> dict[str, EventFormat]:
     return out
 
 
-def payload(fmt: EventFormat, pid: int, **values) -> bytes:
-    """One record's bytes: common fields, then ``values`` by format-file name (ints, str
-    for char arrays and __data_loc strings)."""
+def payload(fmt: EventFormat, common_pid: int, /, *, common_flags: int = 0,
+            **values) -> bytes:
+    """One record's bytes: common fields (``common_flags``: TRACE_FLAG_* bits, e.g. 0x08 in a
+    hard IRQ), then ``values`` by format-file name (ints, str for char arrays and __data_loc
+    strings)."""
     fixed = max([f.offset + f.size for f in fmt.fields] + [8])
     buf = bytearray(fixed)
-    struct.pack_into("<HBBi", buf, 0, fmt.id, 0, 0, pid)
+    struct.pack_into("<HBBi", buf, 0, fmt.id, common_flags, 0, common_pid)
     tail = bytearray()
     for f in fmt.fields:
         if f.name not in values:
@@ -118,9 +120,10 @@ class PageWriter:
 
 # -- the instance's ``trace`` text, as agent.trace.parse.parse_text reads it -----------
 
-def trace_line(comm, pid, ts, body, flags="d..2."):
-    """One line of ``trace`` on CPU 1: ``<comm>-<pid> [001] <flags> <ts>: <body>``."""
-    return f"{comm:>16}-{pid:<6} [001] {flags} {ts}: {body}"
+def trace_line(comm, pid, ts, body, flags="d..2.", cpu=1):
+    """One line of ``trace`` (on CPU 1 unless ``cpu``): ``<comm>-<pid> [001] <flags> <ts>:
+    <body>``."""
+    return f"{comm:>16}-{pid:<6} [{cpu:03d}] {flags} {ts}: {body}"
 
 
 def trace_switch(comm, pid, ts, nxt, npid, state="R+"):

@@ -51,7 +51,11 @@ def _fixture_pages() -> list[bytes]:
 # --- format files -----------------------------------------------------------------------------
 
 def test_every_captured_format_parses_with_its_fields():
-    assert len(FMTS) == len(META["events"])
+    # the capture's events, and the formats of signal_generate and block_rq_issue/complete
+    # copied from the same kernel (6.18) for the not-runnable events
+    assert {f"{f.system}:{f.name}" for f in FMTS.values()} == \
+        set(META["events"]) | {"signal:signal_generate", "block:block_rq_issue",
+                                "block:block_rq_complete"}
     sw = FMTS["sched_switch"]
     offs = {f.name: (f.offset, f.size) for f in sw.fields}
     assert offs["prev_comm"] == (8, 16) and offs["next_pid"] == (56, 4)
@@ -136,6 +140,61 @@ def test_small_and_long_records_deltas_and_data_loc_strings():
     assert evs[0].fields["prev_state"] == "R+" and evs[0].fields["next_comm"] == "kworker/1:0"
     assert evs[1].fields == {"irq": 24, "name": "virtio0-input.0"} == evs[2].fields
     assert evs[1].pid == 7
+
+
+def test_wake_up_and_signal_carry_the_context_they_fired_in_from_both_readers():
+    # common_flags TRACE_FLAG_HARDIRQ (0x08): a timer's wake-up runs in its interrupt, on
+    # whatever task the interrupt landed on; the text shows it as 'h' in the flags column
+    t0 = 100_000_000_000
+    wk = FMTS["sched_waking"]
+    sig = FMTS["signal_generate"]
+    page = (PageWriter(t0)
+            .event(t0 + 1000, payload(wk, 0, common_flags=0x09, comm="probe", pid=4242,
+                                      prio=120, target_cpu=1))
+            .event(t0 + 2000, payload(wk, 77, common_flags=0x10, comm="probe", pid=4242,
+                                      prio=120, target_cpu=1))
+            .event(t0 + 3000, payload(wk, 99, common_flags=0x01, comm="probe", pid=4242,
+                                      prio=120, target_cpu=1))
+            .event(t0 + 4000, payload(sig, 555, sig=19, errno=0, code=0, comm="my probe",
+                                      pid=4242, group=1, result=0))
+            .build())
+    evs = list(iter_page(page, 1, BY_ID))
+    assert [e.fields["irq_ctx"] for e in evs] == ["hardirq", "softirq", "", ""]
+    text = "\n".join([
+        "          <idle>-0     [001] d.h2.   100.000001: sched_waking: comm=probe pid=4242 "
+        "prio=120 target_cpu=001",
+        "          python-77    [001] ..s2.   100.000002: sched_waking: comm=probe pid=4242 "
+        "prio=120 target_cpu=001",
+        "          python-99    [001] d..2.   100.000003: sched_waking: comm=probe pid=4242 "
+        "prio=120 target_cpu=001",
+        "          stopper-555  [001] d..2.   100.000004: signal_generate: sig=19 errno=0 "
+        "code=0 comm=my probe pid=4242 grp=1 res=0",
+    ])
+    tev = parse_text(text.splitlines())
+    assert [e.fields for e in tev] == [e.fields for e in evs]
+    assert tev[3].fields["sig"] == 19 and tev[3].pid == 555 and tev[3].fields["group"] == 1
+
+
+def test_block_requests_decode_alike_from_both_readers():
+    t0 = 100_000_000_000
+    issue, done = FMTS["block_rq_issue"], FMTS["block_rq_complete"]
+    dev = (8 << 20) | 16
+    page = (PageWriter(t0)
+            .event(t0 + 1000, payload(issue, 4242, dev=dev, sector=2048, nr_sector=8,
+                                      bytes=4096, ioprio=0, rwbs="R", comm="probe", cmd=""))
+            .event(t0 + 9000, payload(done, 0, dev=dev, sector=2048, nr_sector=8, error=0,
+                                      ioprio=0, rwbs="R", cmd=""))
+            .build())
+    evs = list(iter_page(page, 1, BY_ID))
+    text = "\n".join([
+        "           probe-4242  [001] d..2.   100.000001: block_rq_issue: 8,16 R 4096 () "
+        "2048 + 8 none,0,0 [probe]",
+        "          <idle>-0     [001] d.h2.   100.000009: block_rq_complete: 8,16 R () 2048 "
+        "+ 8 none,0,0 [0]",
+    ])
+    tev = parse_text(text.splitlines())
+    want = {"dev": "8,16", "rwbs": "R", "sector": 2048, "nr_sector": 8}
+    assert [e.fields for e in evs] == [want, want] == [e.fields for e in tev]
 
 
 def test_time_extend_over_2_27_ns():
@@ -288,8 +347,9 @@ def test_canned_text_every_event_type_and_marker():
     assert sw.fields["next_comm"] == "kworker/1:0-mm_percpu_wq" and sw.fields["next_pid"] == 45
     assert by["workqueue_execute_start"].pid == 45
     assert by["workqueue_execute_start"].fields == {"function": "vmstat_update"}
+    # (irq_ctx: the flags column's third character, "." = task context)
     assert by["sched_waking"].fields == {"comm": "my probe thr", "pid": 4242, "prio": 120,
-                                         "target_cpu": 1}
+                                         "target_cpu": 1, "irq_ctx": ""}
     assert by["irq_handler_entry"].fields == {"irq": 24, "name": "virtio0-input.0"}
     assert by["softirq_entry"].fields == {"vec": 3, "action": "NET_RX"}
     assert by["local_timer_entry"].fields == {"vector": 236}

@@ -118,6 +118,7 @@ class EventFormat:
     symbols: dict[str, dict[int, str]] = field(default_factory=dict)
     flags: dict[str, dict[int, str]] = field(default_factory=dict)
     pid_offset: int = 4  # common_pid's offset (every event starts with the common fields)
+    flags_offset: int = 2  # common_flags' (TRACE_FLAG_* of the context it fired in)
     _plan: list | None = field(default=None, repr=False)
     # (Struct of common_pid and every field, its size, names, the non-int fields) or False
     # where the fields overlap or come before common_pid: then the per-field plan only
@@ -237,8 +238,33 @@ def _make_fast(fields: list[Field], pid_offset: int) -> tuple | bool:
 
 # the events normalize() changes (every other one's fields are returned as decoded)
 def _normalized(name: str) -> bool:
-    return name in ("sched_switch", "tlb_flush") or name.startswith(
+    return name in ("sched_switch", "tlb_flush") or name in _BLOCK_EVENTS or name.startswith(
         ("softirq_", "workqueue_execute", "ipi_send"))
+
+
+# The events that also get ``irq_ctx``: the context they fired in, from the record's
+# ``common_flags`` (kernel/trace/trace.h enum trace_flag_type: TRACE_FLAG_HARDIRQ 0x08,
+# TRACE_FLAG_SOFTIRQ 0x10 — serving a softirq, not merely BH disabled —, TRACE_FLAG_NMI
+# 0x40, unchanged since 2.6). A wake-up or a signal raised in an interrupt carries as
+# ``common_pid`` whatever task the interrupt landed on, not a waker: ``irq_ctx`` says so.
+CTX_EVENTS = frozenset({"sched_waking", "sched_wakeup", "sched_wakeup_new", "signal_generate"})
+_FLAG_HARDIRQ, _FLAG_SOFTIRQ, _FLAG_NMI = 0x08, 0x10, 0x40
+
+
+def irq_ctx(flags: int) -> str:
+    """``"nmi"``, ``"hardirq"``, ``"softirq"`` or ``""`` (task context) from common_flags."""
+    if flags & _FLAG_NMI:
+        return "nmi"
+    if flags & _FLAG_HARDIRQ:
+        return "hardirq"
+    if flags & _FLAG_SOFTIRQ:
+        return "softirq"
+    return ""
+
+
+# The same from the text's flags column (trace_output.c trace_print_lat_fmt): its third
+# character is 'Z' (NMI in a hard IRQ), 'z' (NMI), 'H' (hard IRQ in a softirq), 'h', 's', '.'.
+_CTX_CHAR = {"Z": "nmi", "z": "nmi", "H": "hardirq", "h": "hardirq", "s": "softirq"}
 
 
 _STR_MEMO_MAX = 4096
@@ -251,11 +277,14 @@ def _make_maker(fmt: EventFormat) -> Callable:
         fast = fmt._fast = _make_fast(fmt.fields, fmt.pid_offset)
     name, decode = fmt.name, fmt.decode
     norm = _normalized(name)
+    ctx_at = fmt.flags_offset if name in CTX_EVENTS else -1
 
     def slow(buf, start, length, ts, cpu, symbols):
         pid, fields = decode(buf, start, length)
         if norm:
             normalize(name, fields, fmt, symbols)
+        if 0 <= ctx_at < length:
+            fields["irq_ctx"] = irq_ctx(buf[start + ctx_at])
         return Event(ts, cpu, name, pid, fields)
 
     if not fast or any(kind not in (_STR, _BYTES) for _, kind, _, _ in fast[3]):
@@ -279,6 +308,8 @@ def _make_maker(fmt: EventFormat) -> Callable:
             fields[key] = text
         if norm:
             normalize(name, fields, fmt, symbols)
+        if ctx_at >= 0:
+            fields["irq_ctx"] = irq_ctx(buf[start + ctx_at])
         return Event(ts, cpu, name, vals[0], fields)
 
     return _memoized(name, make)
@@ -364,6 +395,7 @@ def parse_format(text: str, system: str = "") -> EventFormat:
     name = ev_id = None
     fields: list[Field] = []
     pid_offset = None
+    flags_offset = 2
     print_fmt = ""
     for line in text.splitlines():
         s = line.strip()
@@ -380,6 +412,8 @@ def parse_format(text: str, system: str = "") -> EventFormat:
             signed = m.group("signed") == "1"
             if fname == "common_pid":
                 pid_offset = int(m.group("off"))
+            elif fname == "common_flags" and size == 1:
+                flags_offset = int(m.group("off"))
             if fname.startswith("common_"):
                 continue
             decl = m.group("decl").strip()
@@ -388,7 +422,8 @@ def parse_format(text: str, system: str = "") -> EventFormat:
             print_fmt = s
     if name is None or ev_id is None or pid_offset is None:
         raise FormatError("format file without name, ID or common_pid")
-    fmt = EventFormat(ev_id, system, name, fields, pid_offset=pid_offset)
+    fmt = EventFormat(ev_id, system, name, fields, pid_offset=pid_offset,
+                      flags_offset=flags_offset)
     for fname, body in _SYMBOLIC_RE.findall(print_fmt):
         fmt.symbols[fname] = _pairs(body)
     for fname, body in _FLAGS_RE.findall(print_fmt):
@@ -498,6 +533,10 @@ class SymbolResolver:
 _KALLSYMS_RE = re.compile(rb"^([0-9a-fA-F]+) [tTwW] (\S+)", re.M)
 
 
+_BLOCK_EVENTS = frozenset({"block_rq_issue", "block_rq_complete"})
+_BLOCK_KEEP = frozenset({"dev", "rwbs", "sector", "nr_sector"})
+
+
 def normalize(name: str, fields: dict, fmt: EventFormat | None = None,
               symbols: Callable[[int], str] | None = None) -> dict:
     """Add the derived fields both readers share (see the module docstring)."""
@@ -526,6 +565,14 @@ def normalize(name: str, fields: dict, fmt: EventFormat | None = None,
         r = fields.get("reason")
         if isinstance(r, int) and "reason_str" not in fields and fmt is not None:
             fields["reason_str"] = fmt.symbols.get("reason", {}).get(r, str(r))
+    elif name in _BLOCK_EVENTS:
+        # both readers: the device as the text prints it ("8,0": MAJOR/MINOR of a kernel
+        # dev_t, 12/20 bits), the request's first sector, its length and its rwbs
+        dev = fields.get("dev")
+        if isinstance(dev, int):
+            fields["dev"] = f"{dev >> 20},{dev & ((1 << 20) - 1)}"
+        for key in [k for k in fields if k not in _BLOCK_KEEP]:
+            del fields[key]
     elif name.startswith("workqueue_execute") or name.startswith("ipi_send"):
         # the text prints the work struct as a hashed %p: neither reader keeps it, so both
         # give the same fields (items are paired by the kworker's pid)
@@ -973,9 +1020,17 @@ _IRQ_EXIT_RE = re.compile(r"irq=(?P<irq>-?\d+) ret=(?P<ret>\w+)$")
 _SOFTIRQ_RE = re.compile(r"vec=(?P<vec>\d+) \[action=(?P<action>\w+)\]$")
 _WQ_RE = re.compile(r"work struct (?:0x)?(?P<work>[0-9a-fA-F]+): function (?P<function>\S+)")
 _TLB_RE = re.compile(r"pages:(?P<pages>-?\d+) reason:(?P<reason_str>.*) \((?P<reason>-?\d+)\)$")
+_SIGNAL_RE = re.compile(r"sig=(?P<sig>-?\d+) errno=(?P<errno>-?\d+) code=(?P<code>-?\d+) "
+                        r"comm=(?P<comm>.*) pid=(?P<pid>-?\d+) grp=(?P<group>-?\d+) "
+                        r"res=(?P<result>-?\d+)$")
+# block_rq_issue / block_rq_complete: "8,0 R 4096 () 2048 + 8 none,0,0 [comm]" (the bytes
+# column on issue only; the ioprio column since 6.5)
+_BLOCK_RE = re.compile(r"^(?P<dev>\d+,\d+) (?P<rwbs>\S+) (?:\d+ )?\(.*?\) (?P<sector>\d+) "
+                       r"\+ (?P<nr_sector>\d+)")
 _KV_RE = re.compile(r"(\w+)=(\S*)")
 _INT_KEYS = {"prev_pid", "prev_prio", "next_pid", "next_prio", "pid", "prio", "target_cpu",
-             "orig_cpu", "dest_cpu", "irq", "vec", "pages", "reason", "vector", "cpu"}
+             "orig_cpu", "dest_cpu", "irq", "vec", "pages", "reason", "vector", "cpu",
+             "sig", "errno", "code", "group", "result", "sector", "nr_sector"}
 
 
 def _int_or_str(key: str, v: str):
@@ -1012,6 +1067,10 @@ def _text_fields(name: str, rest: str) -> dict | None:
         return None
     elif name == "tlb_flush":
         m = _TLB_RE.match(rest)
+    elif name == "signal_generate":
+        m = _SIGNAL_RE.match(rest)
+    elif name in _BLOCK_EVENTS:
+        m = _BLOCK_RE.match(rest)
     elif name.startswith("ipi_send"):
         out = {k: _int_or_str(k, v) for k, v in _KV_RE.findall(rest)}
         for key in ("callsite", "callback"):  # "%pS": "func+0x0/0x10" -> "func"
@@ -1085,5 +1144,7 @@ def parse_text(lines: Iterable[str], known: set[str] | None = None, *, t_from: i
         if fields is None:
             st.bad_lines += 1
             continue
+        if name in CTX_EVENTS and m.group("flags") and len(m.group("flags")) >= 3:
+            fields["irq_ctx"] = _CTX_CHAR.get(m.group("flags")[2], "")
         out.append(Event(ts, cpu, name, int(m.group("pid")), normalize(name, fields)))
     return out
