@@ -316,7 +316,7 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     pin(a.housekeeping_cpu)
 
-    m = WatchMetrics(thresholds_us=(500, 1000, 5000), variant="bench", p99_budget_us=2000)
+    m = WatchMetrics(thresholds_ns=(500_000, 1_000_000, 5_000_000), variant="bench", p99_budget_us=2000)
     m.probe_up(True)
     m.set_audit([Finding(f"check.c{i}", "x", "t", Status.OK if i % 5 else Status.WARN)
                  for i in range(40)])

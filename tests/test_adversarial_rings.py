@@ -844,7 +844,7 @@ def test_a_flight_record_that_cannot_be_written_is_one_warning_and_the_run_goes_
     from agent.watch.attribution import Spike
     from agent.watch.session import WatchConfig, WatchSession
     fl = tmp_path / "fl"
-    s = WatchSession(WatchConfig(probe="numpy", flight_us=1.0, flight_dir=str(fl)))
+    s = WatchSession(WatchConfig(probe="numpy", flight_ns=1000, flight_dir=str(fl)))
     s.sampler = SimpleNamespace(lock=th.Lock(), rings=lambda: [])
     s.open_outputs()
     assert fl.is_dir()

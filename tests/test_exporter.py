@@ -34,7 +34,7 @@ needs_promtool = pytest.mark.skipif(
 
 
 def populated() -> WatchMetrics:
-    m = WatchMetrics(thresholds_us=(500, 1000, 5000), variant="xla", p99_budget_us=2000)
+    m = WatchMetrics(thresholds_ns=(500_000, 1_000_000, 5_000_000), variant="xla", p99_budget_us=2000)
     for i in range(10_000):
         m.observe(300_000 + (i % 100) * 10_000 + (8 * MS if i % 500 == 0 else 0))
     m.probe_up(True)
@@ -763,10 +763,10 @@ def test_exemplar_spike_id_matches_the_spike_log_record(tmp_path):
         def attribute(self, sp, recent):
             return Attribution("irq", [], 0.0, sp.in_process())
 
-    wm = watch_metrics(threshold_us=2000, source="probe", variant="", p99_budget_us=None)
+    wm = watch_metrics(threshold_ns=2_000_000, source="probe", variant="", p99_budget_us=None)
     feed = MetricsFeed(wm)
     log = tmp_path / "spikes.jsonl"
-    s = WatchSession(WatchConfig(probe="numpy", loop_s=0.05, threshold_us=2000, min_samples=0,
+    s = WatchSession(WatchConfig(probe="numpy", loop_s=0.05, threshold_ns=2_000_000, min_samples=0,
                                  spike_log=str(log), trace="off"),
                      clock=clock, metrics=feed, on_record=feed.on_record)
     s.open_outputs()

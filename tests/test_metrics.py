@@ -26,7 +26,7 @@ def bucket_count(s, le_s: float) -> int:
 
 
 def test_buckets_span_10us_to_100ms_and_include_thresholds():
-    m = WatchMetrics(thresholds_us=(750, 4321))
+    m = WatchMetrics(thresholds_ns=(750_000, 4_321_000))
     s = m.snapshot()
     assert s.bucket_bounds_s[0] == pytest.approx(10e-6)
     assert s.bucket_bounds_s[-1] == pytest.approx(0.1)
@@ -36,7 +36,7 @@ def test_buckets_span_10us_to_100ms_and_include_thresholds():
 
 
 def test_exceedance_is_strictly_over_the_threshold():
-    m = WatchMetrics(thresholds_us=(500, 1000, 5000))
+    m = WatchMetrics(thresholds_ns=(500_000, 1_000_000, 5_000_000))
     for ns in (5 * MS, 5 * MS + 1, 1 * MS, 400_000, 200 * MS):
         m.observe(ns)
     s = m.snapshot()
@@ -293,18 +293,18 @@ def test_probe_up_and_last_sample_time():
 
 def test_constructor_validates():
     with pytest.raises(ValueError):
-        WatchMetrics(thresholds_us=())
+        WatchMetrics(thresholds_ns=())
     with pytest.raises(ValueError):
-        WatchMetrics(thresholds_us=(0,))
+        WatchMetrics(thresholds_ns=(0,))
     with pytest.raises(ValueError):
         WatchMetrics(variant='x"y')
-    assert WatchMetrics(thresholds_us=(5000, 500, 500)).thresholds_us == (500, 5000)
+    assert WatchMetrics(thresholds_ns=(5_000_000, 500_000, 500_000)).thresholds_us == (500, 5000)
 
 
 def test_thresholds_outside_1ns_to_1e9_us_are_refused():
-    for bad in (float("nan"), float("inf"), -1, 1e-4, 1e10):
-        with pytest.raises(ValueError, match="thresholds_us"):
-            WatchMetrics(thresholds_us=(bad,))
+    for bad in (float("nan"), float("inf"), -1, 0.1, 1e12 + 1, 2.5):  # (whole ns only)
+        with pytest.raises(ValueError, match="thresholds_ns"):
+            WatchMetrics(thresholds_ns=(bad,))
 
 
 def test_the_watch_threshold_is_an_exceedance_counter_in_the_exporter_output():
@@ -319,7 +319,7 @@ def test_the_watch_threshold_is_an_exceedance_counter_in_the_exporter_output():
     lat = np.array([2_400_000, 2_500_000, 2_500_400, 2_500_600, 6_000_000], dtype=np.int64)
     for thr, label, over in ((2500.0, "2500", 3), (2500.5, "2500.5", 2), (None, None, None),
                              (5000.0, "5000", 1)):
-        wm = watch_metrics(threshold_us=thr, source="probe", variant="xla", p99_budget_us=None)
+        wm = watch_metrics(threshold_ns=thr and round(thr * 1000), source="probe", variant="xla", p99_budget_us=None)
         MetricsFeed(wm).observe_many(lat)
         body = render(make_registry(wm))[0].decode()
         exc = {s.labels["threshold_us"]: s.value for f in text_string_to_metric_families(body)
@@ -338,7 +338,7 @@ def test_exemplar_lands_on_the_bucket_of_its_latency_latest_wins():
     """A logged spike marks the bucket its latency falls in (le inclusive, as observe()):
     the latest one per bucket, the others untouched; +Inf takes what is over the top bound;
     bad ids and latencies are refused."""
-    m = WatchMetrics(thresholds_us=(500,))
+    m = WatchMetrics(thresholds_ns=(500_000,))
     bounds = m.snapshot().bucket_bounds_s
     assert all(e is None for e in m.snapshot().bucket_exemplars)
     m.exemplar("7", 8 * MS, 1_700_000_000.5)          # 8 ms: le=0.01

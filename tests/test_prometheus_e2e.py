@@ -101,7 +101,7 @@ class SyntheticProbe(threading.Thread):
 
 @pytest.fixture
 def stack(tmp_path):
-    m = WatchMetrics(thresholds_us=(500, 1000, 5000), variant="synthetic")
+    m = WatchMetrics(thresholds_ns=(500_000, 1_000_000, 5_000_000), variant="synthetic")
     m.set_audit([Finding("cpu.governor", "cpu", "Governor", Status.FAIL),
                  Finding("irq.balance", "irq", "irqbalance", Status.OK)])
     m.set_collector("cpu", True, 0.0003)
@@ -350,7 +350,7 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path):
 
     pki = make_pki(tmp_path / "pki")
     web = write_web_config(tmp_path / "web-config.yml", pki, {"prometheus": "scrape-s3cret"})
-    m = WatchMetrics(thresholds_us=(500, 1000, 5000), variant="tls")
+    m = WatchMetrics(thresholds_ns=(500_000, 1_000_000, 5_000_000), variant="tls")
     for _ in range(1234):
         m.observe(400_000)
     m.probe_up(True)

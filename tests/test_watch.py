@@ -699,7 +699,8 @@ def test_live_view_renders_rolling_figures_causes_and_last_spikes():
 
     from agent.watch.attribution import Attribution, CauseScore
     from agent.watch.view import render
-    s, recs, attr = _storm_session(0, 0.0, min_samples=0, threshold_us=5000, probe_cpus=[1])
+    s, recs, attr = _storm_session(0, 0.0, min_samples=0, threshold_ns=5_000_000,
+                                     probe_cpus=[1])
     s.source.info = {"probe": "numpy-lstm [1,64,32]→128"}
     s.attributor.attribute = lambda sp, recent: Attribution(
         "cpu_contention", [CauseScore("cpu_contention", 0.9, 0.8,

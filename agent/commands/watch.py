@@ -208,8 +208,9 @@ def watch(
     variant = variant or "xla"
     cfg = WatchConfig(probe=probe, model=model, variant=variant, rate_hz=rate_hz,
                       probe_cpus=probe_cpus, housekeeping_cpus=hk_cpus, pid=pid, ring_path=ring,
-                      sample_hz=sample_hz, threshold_us=threshold_us, k_p50=k,
-                      flight_us=flight_us, flight_dir=flight_dir or "hftagent-flight",
+                      sample_hz=sample_hz,
+                      threshold_ns=None if threshold_us is None else round(threshold_us * 1e3),
+                      k_p50=k, flight_ns=None if flight_us is None else round(flight_us * 1e3), flight_dir=flight_dir or "hftagent-flight",
                       spike_log=spike_log, duration_s=duration, perf=perf, sampler=sampler,
                       trace=trace, irq_cost=irq_cost, nice=nice_n)
     metrics = exporter = wm = prof = None
@@ -223,7 +224,7 @@ def watch(
             webcfg = load_web_config(web_config_file)
         prof = load_profile(profile or "hft-cpu")
         # the exceedance counters: the fleet's defaults plus this run's --threshold-us
-        wm = watch_metrics(threshold_us=threshold_us,
+        wm = watch_metrics(threshold_ns=cfg.threshold_ns,
                            source="probe" if probe != "external" else "client",
                            variant=variant if probe == "tf" else "", p99_budget_us=p99_budget_us)
         metrics = MetricsFeed(wm)

@@ -4,12 +4,13 @@ Contract (for the watch loop; the exporter in :mod:`agent.export.server` only re
 --------------------------------------------------------------------------------------------
 One ``WatchMetrics`` per process, built in the composition function (nothing at import)::
 
-    m = WatchMetrics(thresholds_us=(500, 1000, 5000), source="probe", variant="xla",
-                     p99_budget_us=2000)        # optional: the box's P99 budget for alerts
+    m = WatchMetrics(thresholds_ns=(500_000, 1_000_000, 5_000_000), source="probe",
+                     variant="xla", p99_budget_us=2000)  # optional: the box's P99 budget
 
-``thresholds_us``: the exceedance counters' thresholds, µs, whole or fractional (kept to the
-ns, labelled ``threshold_us="5000"`` or ``"2500.5"``), at most 1e9; `hftagent watch` passes
-:data:`DEFAULT_THRESHOLDS_US` plus its ``--threshold-us`` (agent/watch/metrics_feed.py).
+``thresholds_ns``: the exceedance counters' thresholds, whole ns (1 ns to 1e9 µs), labelled in
+µs as the fleet's rules name them (``threshold_us="5000"``, or ``"2500.5"`` for 2,500,500 ns);
+`hftagent watch` passes :data:`DEFAULT_THRESHOLDS_NS` plus its ``--threshold-us``, converted
+to ns once, when the option is parsed (agent/watch/options.py, agent/watch/metrics_feed.py).
 
 Every method is thread-safe. Writers and the scrape never block each other for long: each
 write holds one uncontended lock for a few list/array stores; a scrape copies the state under
@@ -96,6 +97,8 @@ from agent.causes import CAUSES as ATTRIBUTION_CAUSES
 from agent.causes import EVENT_KINDS, EVENT_RESIDUALS
 from agent.defaults import EXCEEDANCE_THRESHOLDS_US, MAX_THRESHOLD_US
 
+MAX_THRESHOLD_NS = int(MAX_THRESHOLD_US * 1000)
+
 if TYPE_CHECKING:
     from tuning.findings import Finding
 
@@ -106,9 +109,9 @@ DEFAULT_BUCKETS_US: tuple[int, ...] = (
     10, 20, 50, 100, 200, 300, 400, 500, 600, 800, 1000, 1500, 2000, 3000, 5000, 7500,
     10_000, 20_000, 50_000, 100_000)
 
-# The exceedance counters' thresholds (µs) when none are given: agent.defaults' fleet set
+# The exceedance counters' thresholds (ns) when none are given: agent.defaults' fleet set
 # (the jitter threshold among them). `hftagent watch` adds its --threshold-us.
-DEFAULT_THRESHOLDS_US: tuple[int, ...] = EXCEEDANCE_THRESHOLDS_US
+DEFAULT_THRESHOLDS_NS: tuple[int, ...] = tuple(t * 1000 for t in EXCEEDANCE_THRESHOLDS_US)
 
 # Rolling-window quantiles exported as gauges (fractions: the Prometheus quantile labels), each
 # claimed only with the samples agent.stats.required_samples asks for (99 % confidence: 14 for
@@ -233,15 +236,15 @@ class Snapshot:
 class WatchMetrics:
     """Thread-safe metric state for `hftagent watch` (see the module docstring)."""
 
-    def __init__(self, thresholds_us: Iterable[int] = DEFAULT_THRESHOLDS_US, *,
+    def __init__(self, thresholds_ns: Iterable[int] = DEFAULT_THRESHOLDS_NS, *,
                  source: str = "probe", variant: str = "",
                  buckets_us: Iterable[int] = DEFAULT_BUCKETS_US,
                  window_s: float = 60.0, window_capacity: int = 1 << 16,
                  quantile_refresh_s: float = 1.0, p99_budget_us: int | None = None) -> None:
-        thr_ns = sorted({_threshold_ns(t) for t in thresholds_us})
+        thr_ns = sorted({_threshold_ns(t) for t in thresholds_ns})
         if not thr_ns:
-            raise ValueError("thresholds_us must be positive")
-        # µs as given: an int where whole (the label "5000"), else to the ns ("2500.5")
+            raise ValueError("thresholds_ns must not be empty")
+        # the label (µs): an int where whole ("5000"), else to the ns ("2500.5")
         self.thresholds_us = tuple(_us_key(t) for t in thr_ns)
         if not _NAME.match(source) or (variant and not re.match(r"^[A-Za-z0-9_.-]{1,32}$",
                                                                  variant)):
@@ -514,13 +517,13 @@ def _culprit_label(name: str) -> str:
     return s or "unknown"
 
 
-def _threshold_ns(t_us: float) -> int:
-    """A threshold in µs as integer ns; ValueError unless 1 ns ≤ it ≤ MAX_THRESHOLD_US."""
-    t = float(t_us)
-    if not (math.isfinite(t) and 0 < t <= MAX_THRESHOLD_US) or round(t * 1000) < 1:
-        raise ValueError(f"thresholds_us must be positive and at most {MAX_THRESHOLD_US:g}, "
-                         f"not {t_us!r}")
-    return round(t * 1000)
+def _threshold_ns(t_ns: float) -> int:
+    """A threshold, whole ns; ValueError unless 1 ≤ it ≤ MAX_THRESHOLD_NS (1e9 µs)."""
+    t = float(t_ns)
+    if not (math.isfinite(t) and t.is_integer() and 1 <= t <= MAX_THRESHOLD_NS):
+        raise ValueError(f"thresholds_ns must be whole ns from 1 to {MAX_THRESHOLD_NS:g}, "
+                         f"not {t_ns!r}")
+    return int(t)
 
 
 def _us_key(t_ns: int) -> int | float:

@@ -1,6 +1,6 @@
 """Prometheus /metrics for `hftagent watch`, built fresh per scrape from a WatchMetrics.
 
-    m = WatchMetrics(thresholds_us=(500, 1000, 5000), variant="xla")
+    m = WatchMetrics(thresholds_ns=(500_000, 1_000_000, 5_000_000), variant="xla")
     with Exporter(m, "127.0.0.1:9877") as ex:      # or ex = Exporter(...).start(); ex.stop()
         ...                                         # ex.port is the bound port (listen ":0")
 

@@ -32,10 +32,11 @@ class WatchConfig:
     attach_symbol: str | None = None
     unsafe_return: bool = False
     sample_hz: float = 100.0
-    threshold_us: float | None = None  # a sample over this is a spike (agent/watch/detect.py)
+    # durations in ns, converted once from the options' µs (agent/watch/options.py)
+    threshold_ns: int | None = None  # a sample over this is a spike (agent/watch/detect.py)
     k_p50: float = 3.0  # ... and so is one over k × the rolling P50
     min_samples: int = 200  # normal samples needed before k × P50 applies
-    flight_us: float | None = None
+    flight_ns: int | None = None  # a spike this long gets a flight record (flight.py)
     flight_dir: str = "hftagent-flight"
     flight_window_s: float = 1.0
     spike_log: str | None = None
@@ -56,6 +57,12 @@ class WatchConfig:
     irq_cost: str = "auto"
     # watch's own threads and sampler helper (agent/watch/priority.py): 0 leaves them as is
     nice: int = 0
+
+    # TRANSITIONAL, to be removed when agent/watch/session.py passes cfg.threshold_ns and
+    # cfg.flight_ns: it still reads these two names and hands them to SpikeDetector and
+    # FlightRecorder, which take ns. They hold ns, not µs: nothing else may read them.
+    threshold_us = property(lambda self: self.threshold_ns)
+    flight_us = property(lambda self: self.flight_ns)
 
 
 def cpu_plan(online: list[int], probe_cpus: list[int] | None,

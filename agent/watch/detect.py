@@ -1,7 +1,7 @@
 """Spike detection for ``hftagent watch``: which latency samples are slow, and which of them
 only waited for the slow one before them.
 
-A sample is a spike when its latency is over ``threshold_us`` (``--threshold-us``), or over
+A sample is a spike when its latency is over ``threshold_ns`` (``--threshold-us``), or over
 ``k_p50`` × the rolling P50 once ``min_samples`` normal samples have been seen (``--k``). The
 rolling P50 is the median of the last :data:`RECENT_SAMPLES` samples that were not spikes,
 recomputed after each batch (once :data:`MIN_RECENT_FOR_P50` are there): a storm of spikes
@@ -44,9 +44,9 @@ class SpikeDetector:
     ``clock``: monotonic ns, the detection time given with each spike.
     """
 
-    def __init__(self, threshold_us: float | None, k_p50: float, min_samples: int, *,
+    def __init__(self, threshold_ns: int | None, k_p50: float, min_samples: int, *,
                  queueing: bool, clock: Callable[[], int] = time.monotonic_ns) -> None:
-        self.threshold_ns = threshold_us * 1e3 if threshold_us else None
+        self.threshold_ns = threshold_ns or None
         self.k_p50 = k_p50
         self.min_samples = min_samples
         self.queueing = queueing

@@ -1,6 +1,6 @@
 """The flight recorder of ``hftagent watch`` (``--flight-us``, ``--flight-dir``).
 
-A spike of at least ``flight_us`` is held until the sampler has rows up to ``window_s`` past
+A spike of at least ``flight_ns`` (``--flight-us``) is held until the sampler has rows up to ``window_s`` past
 its end (or the run ends, or its source died); then every collector ring's rows in
 [start − ``window_s``, end + ``window_s``] and the latency samples overlapping that window are
 written to ``flight_dir/spike-<seq>-<end_ns>.json`` (a new file under a random name, renamed
@@ -28,9 +28,9 @@ class FlightRecorder:
     """``note(record)``: writes a line to the spike log; ``warnings``: the session's list
     (a warning is added once per distinct text)."""
 
-    def __init__(self, flight_us: float | None, directory: str, window_s: float,
+    def __init__(self, flight_ns: int | None, directory: str, window_s: float,
                  wall_off_ns: int, note: Callable[[dict], None], warnings: list[str]) -> None:
-        self.flight_us = flight_us
+        self.flight_ns = flight_ns
         self.directory = directory
         self.window_ns = int(window_s * 1e9)
         self.wall_off_ns = wall_off_ns
@@ -42,7 +42,7 @@ class FlightRecorder:
 
     def open(self) -> None:
         """Open (create one level) the directory; a no-op without ``--flight-us``."""
-        if self.flight_us and self._dfd < 0:
+        if self.flight_ns and self._dfd < 0:
             self._dfd = open_output_dir(self.directory, "--flight-dir")
 
     def close(self) -> None:
@@ -51,8 +51,8 @@ class FlightRecorder:
             self._dfd = -1
 
     def offer(self, sp: Spike, rec: dict) -> None:
-        """A logged spike: kept for a record when it is at least ``flight_us``."""
-        if self.flight_us and sp.latency_ns >= self.flight_us * 1e3:
+        """A logged spike: kept for a record when it is at least ``flight_ns``."""
+        if self.flight_ns and sp.latency_ns >= self.flight_ns:
             self.pending.append((sp, rec))
 
     def step(self, latest_ns: int, final: bool, sampler, lat: LatencyRing) -> int:

@@ -2,9 +2,9 @@
 (:func:`watch_metrics`) and feeds it from the session (:class:`MetricsFeed`).
 
 The exceedance counters (``hftagent_probe_exceedances_total{threshold_us}``) are the fleet
-defaults (:data:`agent.defaults.EXCEEDANCE_THRESHOLDS_US`) plus the run's own
-``--threshold-us`` when one is given, so the spikes watch logs and the share the exporter
-counts over the same line agree.
+defaults (:data:`agent.export.metrics.DEFAULT_THRESHOLDS_NS`) plus the run's own
+``--threshold-us`` (``WatchConfig.threshold_ns``) when one is given, so the spikes watch logs
+and the share the exporter counts over the same line agree.
 
 Exemplars: :meth:`MetricsFeed.on_record` is the session's ``on_record`` hook (every
 spike-log record, agent/watch/output.py SpikeLog): a spike logged with a cause (attributed or
@@ -23,16 +23,14 @@ from datetime import datetime
 
 import numpy as np
 
-from agent.defaults import EXCEEDANCE_THRESHOLDS_US
 
-
-def watch_metrics(*, threshold_us: float | None, source: str, variant: str,
+def watch_metrics(*, threshold_ns: int | None, source: str, variant: str,
                   p99_budget_us: int | None):
     """The WatchMetrics of one watch run (``source``: "probe" or "client")."""
-    from agent.export.metrics import WatchMetrics
-    thresholds = (*EXCEEDANCE_THRESHOLDS_US, threshold_us) if threshold_us else \
-        EXCEEDANCE_THRESHOLDS_US
-    return WatchMetrics(thresholds_us=thresholds, source=source, variant=variant,
+    from agent.export.metrics import DEFAULT_THRESHOLDS_NS, WatchMetrics
+    thresholds = (*DEFAULT_THRESHOLDS_NS, threshold_ns) if threshold_ns else \
+        DEFAULT_THRESHOLDS_NS
+    return WatchMetrics(thresholds_ns=thresholds, source=source, variant=variant,
                         p99_budget_us=p99_budget_us)
 
 

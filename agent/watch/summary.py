@@ -126,7 +126,7 @@ def rolling(s) -> dict:
     def q(p):
         return float(stats.quantile_sorted(lat, stats.percent(p))) / 1e3
     out = {"n": n, "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999)}
-    thr = s.cfg.threshold_us * 1e3 if s.cfg.threshold_us else s.cfg.k_p50 * s.detector.p50_ns
+    thr = s.cfg.threshold_ns or s.cfg.k_p50 * s.detector.p50_ns
     out["jitter_rate"] = float((lat > thr).mean()) if thr else 0.0
     return out
 
