@@ -150,16 +150,39 @@ Virt = virt.Virt
 virtualization = virt.virtualization
 
 
-def steal_share(host: Host, cpus: list[int], window_s: float = 0.2) -> Reading[dict[int, float]]:
-    """Share (0..1) of each CPU's time stolen by the hypervisor over ``window_s`` seconds,
-    from two /proc/stat reads. On a fixture tree (not live) a single read is all there is:
-    the share since boot is returned instead."""
+@dataclass(frozen=True)
+class StatSnapshot:
+    """One read of /proc/stat (parsed), the file it was read from and when
+    (``time.monotonic()``): the opening of a steal window."""
+
+    reading: Reading
+    source: str
+    t: float
+
+
+def stat_snapshot(host: Host) -> StatSnapshot:
+    """Open a steal window now; :func:`steal_share` closes it."""
     path = host.proc("stat")
-    first = host.read(path).map(parse_proc_stat)
+    return StatSnapshot(host.read(path).map(parse_proc_stat), str(path), time.monotonic())
+
+
+def steal_share(host: Host, cpus: list[int], window_s: float = 0.2,
+                start: StatSnapshot | None = None) -> Reading[dict[int, float]]:
+    """Share (0..1) of each CPU's time stolen by the hypervisor over ``window_s`` seconds,
+    from two /proc/stat reads. ``start``: a window opened earlier by :func:`stat_snapshot`;
+    only what is left of ``window_s`` is slept, so that work done since overlaps the window
+    (audit runs its checks in it). On a fixture tree (not live) a single read is all there
+    is: the share since boot is returned instead."""
+    path = host.proc("stat")
+    if start is None or start.source != str(path):  # a window opened on another host's file
+        start = stat_snapshot(host)
+    first = start.reading
     if not first.ok:
         return Reading(None, first.path, first.reason)
     if host.live and window_s > 0:
-        time.sleep(window_s)
+        left = window_s - (time.monotonic() - start.t)
+        if left > 0:
+            time.sleep(left)
         second = host.read(path).map(parse_proc_stat)
         if not second.ok:
             return Reading(None, second.path, second.reason)

@@ -205,14 +205,17 @@ def test_exit_code_precedence():
 
 def test_audit_process_imports_nothing_heavy(tmp_path):
     """audit must stay well under a second: no numpy, TensorFlow, NVML or py-cpuinfo (even
-    while it records the run in history), no tunables/journal machinery."""
+    while it records the run in history), no journal machinery, no rich for --json, and no
+    other command's module (agent/cli.py loads the one command it runs, issue #28)."""
     import subprocess
     import sys
     code = ("import sys; sys.argv = ['hftagent', 'audit', '--json', '--steal-window', '0']\n"
             "from agent.cli import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "heavy = [m for m in ('numpy', 'tensorflow', 'pynvml', 'cpuinfo', 'tuning.journal')"
-            " if m in sys.modules]\n"
+            "heavy = [m for m in ('numpy', 'tensorflow', 'pynvml', 'cpuinfo', 'tuning.journal',"
+            " 'rich') if m in sys.modules]\n"
+            "heavy += [m for m in sys.modules if m.startswith('agent.commands.')"
+            " and m not in ('agent.commands.audit', 'agent.commands.common')]\n"
             "print('HEAVY', heavy, file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={**__import__("os").environ, "HFTAGENT_DB": str(tmp_path / "h.db")})

@@ -1,7 +1,8 @@
 """`hftagent audit`: read-only checks of every host setting that hurts tail latency.
 
-Families run in a fixed order (the report's order). Each family is isolated: a check that
-raises is reported as one ``error`` finding for its family and the others still run.
+Families are reported in a fixed order (FAMILIES); the virt family runs last, so that the
+others run inside its steal window. Each family is isolated: a check that raises is reported
+as one ``error`` finding for its family and the others still run.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from tuning.profiles import Profile
 
 SCHEMA_VERSION = 1
 
-# (family, check). Virtualization first: later checks use its verdict to say "unsupported
-# in this guest" instead of "missing".
+# (family, check), in the report's order. Virtualization first: later checks use its verdict
+# (ctx.cache["virt"], read before any family runs) to say "unsupported in this guest" instead
+# of "missing". The virt family *runs* last (RUN_LAST): its steal window opens before the
+# first family and the checks run inside it, instead of waiting 0.2 s for it (issue #28).
 # The target process (--pid) is a family of its own: a numa check that breaks must not take
 # the process findings with it.
 FAMILIES: list[tuple[str, Callable[[AuditContext], list[Finding]]]] = [
@@ -39,6 +42,7 @@ FAMILIES: list[tuple[str, Callable[[AuditContext], list[Finding]]]] = [
     ("tuners", platform.check_tuners),
     ("gpu", gpu.check),
 ]
+RUN_LAST = ("virt",)
 
 
 class AuditInputError(ValueError):
@@ -93,8 +97,13 @@ def host_facts(host: Host, ctx: AuditContext) -> dict:
 
 
 def run_audit(host: Host, profile: Profile, cpus: str | None = None, pid: int | None = None,
-              steal_window_s: float = 0.2, families: list[str] | None = None) -> AuditReport:
+              steal_window_s: float = 0.2, families: list[str] | None = None,
+              steal_start: system.StatSnapshot | None = None) -> AuditReport:
+    """``steal_start``: a steal window the caller opened earlier (the CLI opens it as the
+    process starts); else it opens here, before the checks."""
     t0 = time.perf_counter()
+    if steal_start is None and host.live and steal_window_s > 0:
+        steal_start = system.stat_snapshot(host)
     target, online = resolve_cpus(host, cpus)
     ctx = AuditContext(host=host, profile=profile, cpus=target, online=online, pid=pid,
                        steal_window_s=steal_window_s)
@@ -109,14 +118,16 @@ def run_audit(host: Host, profile: Profile, cpus: str | None = None, pid: int | 
             raise AuditInputError(f"--pid {pid}: no such process")
         ctx.cache["pidinfo"] = info
     ctx.cache["virt"] = system.virtualization(host)
-    findings: list[Finding] = []
-    for name, fn in FAMILIES:
+    ctx.cache["steal_start"] = steal_start
+    found: dict[str, list[Finding]] = {}
+    for name, fn in sorted(FAMILIES, key=lambda f: f[0] in RUN_LAST):
         if families and name not in families:
             continue
         try:
-            findings.extend(fn(ctx))
+            found[name] = fn(ctx)
         except Exception as exc:  # noqa: BLE001 - one broken family must not hide the others
-            findings.append(Finding(f"{name}.check", name, f"{name} checks", Status.ERROR,
-                                    current=f"check failed: {type(exc).__name__}: {exc}"))
+            found[name] = [Finding(f"{name}.check", name, f"{name} checks", Status.ERROR,
+                                   current=f"check failed: {type(exc).__name__}: {exc}")]
+    findings = [f for name, _ in FAMILIES for f in found.get(name, [])]
     return AuditReport(profile=profile.name, target_cpus=target, host=host_facts(host, ctx),
                        findings=findings, duration_s=time.perf_counter() - t0)

@@ -34,6 +34,7 @@ and nothing failed."""
 
 
 def audit(
+    ctx: typer.Context,
     cpus: Annotated[str | None, typer.Option("--cpus", help="Target CPUs where inference runs "
                                              "(e.g. 2-5,8). Default: isolated CPUs, else all.")] = None,
     pid: Annotated[int | None, typer.Option("--pid", help="Also check this inference process: "
@@ -46,7 +47,10 @@ def audit(
                                                  "DIR/hftagent_audit.prom for node_exporter's "
                                                  "textfile collector (atomic).")] = None,
     steal_window: Annotated[float, typer.Option("--steal-window", help="Seconds over which CPU "
-                                                "steal is measured.")] = 0.2,
+                                                "steal is measured. The window opens as the "
+                                                "audit starts and the checks run inside it: "
+                                                "it adds only what is left of it once they "
+                                                "are done.")] = 0.2,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show evidence of passing "
                                           "checks too.")] = False,
     noise: Annotated[float | None, typer.Option("--noise", help="Also scan each target CPU "
@@ -64,10 +68,6 @@ def audit(
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
 ) -> None:
-    from tuning.audit import AuditInputError, run_audit
-    from tuning.findings import Status, exit_code
-    from tuning.profiles import load_profile
-
     if fail_on not in ("fail", "warn"):
         raise fail(f"--fail-on must be 'fail' or 'warn', not {fail_on!r}")
     if not 0 <= steal_window <= 10:
@@ -80,12 +80,24 @@ def audit(
     host = make_host(root, procfs, sysfs)
     if noise is not None and not host.live:
         raise fail("--noise measures this host: not with --root/--procfs/--sysfs")
+    steal_start = None
+    if host.live and steal_window > 0:
+        # The steal window is open already (agent/cli.py opens it before typer is even
+        # imported), else it opens now: the parsing, tuning's imports and the checks run
+        # inside it, and only what is left of it is slept (issue #28 item 7).
+        from collectors.system import stat_snapshot
+        steal_start = (ctx.obj or {}).get("steal_start") or stat_snapshot(host)
+    from tuning.audit import AuditInputError, run_audit
+    from tuning.findings import Status, exit_code
+    from tuning.profiles import load_profile
+
     prof = load_profile(profile)
     if host.live and not no_history:  # --db checked before the checks run (#28.4)
         from agent.commands.common import check_history_db
         no_history = not check_history_db(db, False)
     try:
-        report = run_audit(host, prof, cpus=cpus, pid=pid, steal_window_s=steal_window)
+        report = run_audit(host, prof, cpus=cpus, pid=pid, steal_window_s=steal_window,
+                           steal_start=steal_start)
     except AuditInputError as exc:
         raise fail(str(exc)) from None
     if noise is not None:

@@ -47,7 +47,8 @@ def check_virt(ctx: AuditContext) -> list[Finding]:
     else:
         out.append(Finding("virt.hypervisor", "virt", "Virtualization", Status.OK,
                            current="bare metal", expected="bare metal", evidence=v.evidence))
-    st = system.steal_share(ctx.host, ctx.cpus, ctx.steal_window_s)
+    # the window opened before the other families ran (tuning/audit.py runs this family last)
+    st = system.steal_share(ctx.host, ctx.cpus, ctx.steal_window_s, ctx.cache.get("steal_start"))
     if not st.ok:
         if st.reason == ABSENT:
             out.append(unsupported("virt.steal", "virt", "CPU steal",
