@@ -91,7 +91,8 @@ def host_facts(host: Host, ctx: AuditContext) -> dict:
         "online_cpus": format_cpulist(ctx.online),
         "isolated_cpus": format_cpulist(cpuc.isolated_cpus(host)),
         "numa_nodes": len(system.numa_nodes(host)) or 1,
-        "virtualization": virt.kind or "none",
+        # "none" only when a source shows bare metal; none could tell: "unknown" (issue #28)
+        "virtualization": virt.kind or ("none" if virt.known else "unknown"),
         "live": host.live,
     }
 

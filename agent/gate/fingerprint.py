@@ -66,7 +66,8 @@ def collect(host: Any = None, audit_summary: dict | None = None) -> dict:
     fp["smt_active"] = safe(lambda: host.read_int(host.sys("devices/system/cpu/smt/active")
                                                   ).value)
     v = safe(lambda: system.virtualization(host))
-    fp["virtualization"] = None if v is None else (v.kind or "none")
+    # "none": a source shows bare metal; "unknown": none could tell a guest from it
+    fp["virtualization"] = None if v is None else (v.kind or ("none" if v.known else "unknown"))
     fp["gpu_driver"], fp["gpu_models"] = safe(lambda: _gpus(host), (None, None))
     fp["audit"] = audit_summary
     return fp
