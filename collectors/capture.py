@@ -4,8 +4,11 @@
 ``hftagent audit --root DIR`` (bug reports, golden tests, comparing boxes). The capture is laid
 out as the live tree is, symlinks included, so that a capture audits as the box does:
 
-- Only small, readable regular files are copied; write-only and unreadable files are skipped
-  and listed in CAPTURE-SKIPPED.
+- Only readable regular files are copied, each whole or not at all: a file over the Host's
+  read bound for it (:meth:`collectors.host.Host.limit_for`: 64 MiB for /proc/interrupts,
+  cpuinfo, stat, softirqs, which grow with CPUs times IRQs; 4 MiB for the rest) is skipped
+  and listed, never cut short. Write-only and unreadable files are skipped and listed in
+  CAPTURE-SKIPPED too.
 - A symlink is never followed out of the tree it lives in (procfs, sysfs, the root's /etc):
   such a link is skipped and listed. A directory link that stays inside is kept as a
   symlink with the same relative target when that target is captured too: current kernels
@@ -39,9 +42,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.host import Host
+from collectors.host import ERROR, Host, read_bounded, too_large
 
-MAX_FILE = 1 << 20
 MEMORY_BLOCK = re.compile(r"memory\d+")
 PCI_ADDR = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
@@ -248,15 +250,24 @@ class _Capturer:
             if not st.st_mode & 0o444:  # write-only triggers (drop_caches, compact): never opened
                 self.skip(tree, src, "not readable")
                 return
+            limit = self.host.limit_for(src)
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as fh:
-                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
                     return  # swapped since the stat
-                data = fh.read(MAX_FILE)
+                # a sparse 2 GiB file is refused before a byte is read; a /proc file says 0
+                data = None if st.st_size > limit else read_bounded(fd, limit, st.st_size)
+            finally:
+                os.close(fd)
         except OSError as exc:
             if not (gone_ok and exc.errno in (errno.ENOENT, errno.ESRCH)):
                 self.skip(tree, src, "not readable" if exc.errno == errno.EACCES
                           else exc.strerror or str(exc))
+            return
+        if data is None:  # whole or not at all: an audit of a cut file would be wrong
+            why = too_large(st.st_size if st.st_size > limit else None, limit)
+            self.skip(tree, src, why.removeprefix(f"{ERROR}: ") + ", not captured")
             return
         self.sink.write(dst, data)
         self.result.files += 1
