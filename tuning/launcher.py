@@ -215,7 +215,7 @@ def build_launch(host: Host, cmd: list[str], *, cpus: str | None = None,
                 f"--keep-awake on CPU {format_cpulist(cpu_list)}, which other tasks may use: "
                 "the kernel counts a CPU running only the SCHED_IDLE spinner as idle and moves "
                 "runnable tasks onto it; isolate the CPUs first (hftagent tune apply --isolate "
-                f"--cpus {format_cpulist(cpu_list)})")
+                f"--only isolate --cpus {format_cpulist(cpu_list)})")
     return launch
 
 
