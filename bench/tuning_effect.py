@@ -30,8 +30,8 @@ is counted per scenario (``keepawake_stopped``, JSON and table).
 
 The probe is a child launched through ``hftagent run --cpus CPU [lever flags] --`` (the real
 product path), running the numpy LSTM-shaped probe of watch (agent/watch/probe_worker.py: no
-TensorFlow, so it runs on the GPU machine too; ``--workload tflite`` uses the built-in TF model
-through LiteRT where TF is installed) open loop at ``--rate`` calls/s. Latency is response
+TensorFlow, so it runs on the GPU machine too; ``--workload tflite`` runs the bundled LSTM
+.tflite, bench/models/lstm-64x32.tflite, on LiteRT, which needs no TensorFlow either) open loop at ``--rate`` calls/s. Latency is response
 time from each call's intended start (coordinated-omission free). ``--rate auto``: the probe's
 CPU ``--busy`` (15 %) busy at its quiet P50, measured by a 2 s calibration block.
 
@@ -125,6 +125,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent import stats  # noqa: E402
 
+TFLITE_MODEL = str(Path(__file__).resolve().parent / "models" / "lstm-64x32.tflite")
 LEVERS = ("isolate", "fifo", "keep-awake", "pm-qos")
 # The lever combinations the audit or a profile recommends (fifo: none does): the audit's
 # keep-awake fix on isolated CPUs, and the runtime sets of hft-cpu/hft-gpu (runtime_isolation,
@@ -406,7 +407,7 @@ def worker(args: argparse.Namespace) -> int:
     from agent.probe.harness import gap_loop, time_loop, warm_up
     if args.workload == "tflite":
         from agent.watch.probe_worker import build_tf_probe
-        fn, _ = build_tf_probe("lstm", "tflite", 1)
+        fn, _ = build_tf_probe(TFLITE_MODEL, "tflite", 1)  # LiteRT only: no TF needed
     else:
         from agent.watch.probe_worker import build_numpy_probe
         fn, _ = build_numpy_probe()
