@@ -115,3 +115,16 @@ def make_host(root: str = "/", procfs: str | None = None, sysfs: str | None = No
         if v is not None and not v.strip():
             raise fail(f"{opt} is empty: give a directory")
     return Host(root, procfs, sysfs)
+
+
+# --attach's options, shared by `watch --attach PID` and `attach --check PID`
+# (agent.trace.attach: the runtimes' catalogue, NAMES; the LIB:SYMBOL form).
+AttachRuntimeOpt = Annotated[str | None, typer.Option(
+    "--attach-runtime", metavar="auto|litert|litert-c|tflite-c|tf-c|tf-python",
+    help="The runtime whose once-per-call function is timed: auto (the first the process "
+    "maps), litert (LiteRT from Python), litert-c, tflite-c, tf-c (TF_SessionRun) or "
+    "tf-python (TFE_Py_ExecuteCancelable).")]
+AttachSymbolOpt = Annotated[str | None, typer.Option(
+    "--attach-symbol", metavar="LIB:SYMBOL", help="Time another function: SYMBOL in the "
+    "mapped library whose name is or starts with LIB (entry-only timing unless "
+    "--unsafe-return).")]

@@ -1004,3 +1004,50 @@ def record_probe(result: Any, arrays: list, *, command: str = "probe",
             tf_version=(d.get("host") or {}).get("tensorflow"), scenario=scenario,
             cold_start_ns=r.get("cold_start_ns"), fingerprint=fingerprint, db=db))
     return ids
+
+
+# What a watch summary (agent/watch/summary.py build) carries only for the live run: the
+# collectors' and sampler's health, the kernel events' counters, the flight record paths.
+WATCH_LIVE_ONLY = ("collectors", "sampler", "events", "flight_records")
+
+
+def watch_record(summary: dict) -> dict:
+    """The history summary of a ``hftagent watch`` run (kind "watch"): its summary less
+    :data:`WATCH_LIVE_ONLY`, with ``causes`` as {cause: spikes} (``history show`` renders
+    them; the examples move to ``cause_examples``), ``samples``, ``spikes``, ``p50_us`` and
+    ``p99_us`` as watch printed them, and ``latency`` ({p50,p99,p999}_ns, count) for the
+    indexed columns."""
+    out = {k: v for k, v in summary.items() if k not in WATCH_LIVE_ONLY}
+    causes = summary.get("causes") or {}
+    out["causes"] = {c: d["count"] if isinstance(d, dict) else d for c, d in causes.items()}
+    out["cause_examples"] = {c: d.get("top", []) for c, d in causes.items()
+                             if isinstance(d, dict) and d.get("top")}
+
+    def ns(us: Any) -> int | None:
+        return None if not isinstance(us, int | float) else int(round(us * 1000))
+    out["latency"] = {"p50_ns": ns(summary.get("p50_us")), "p99_ns": ns(summary.get("p99_us")),
+                      "p999_ns": ns(summary.get("p999_us")), "count": summary.get("samples")}
+    return out
+
+
+def record_watch(summary: dict, *, probe: str | None = None, model: str | None = None,
+                 variant: str | None = None, command: str = "watch",
+                 db: str | os.PathLike | None = None, fingerprint: dict | None = None,
+                 warn: bool = False) -> int | None:
+    """Store one watch run (kind "watch", :func:`watch_record` of its summary, the host
+    fingerprint taken now unless given) and return its id. ``probe``, ``model``, ``variant``:
+    the run's WatchConfig values; the built-in probes (tf: the model and variant; numpy: the
+    numpy stand-in) give the run its model key, an external or attached process none. No
+    per-sample latencies: watch keeps a histogram, not the samples. ``warn=True``: a history
+    failure is one warning line on stderr and None, as for a probe."""
+    builtin = path = None
+    if probe == "tf":
+        path, builtin = (model, None) if model and os.path.exists(model) else \
+            (None, model or "lstm")
+    elif probe == "numpy":
+        builtin, variant = "numpy", "numpy"
+    else:
+        variant = None
+    return record_run("watch", watch_record(summary), None, command=command, model_path=path,
+                      builtin=builtin, variant=variant, fingerprint=fingerprint, db=db,
+                      warn=warn)

@@ -1,9 +1,10 @@
-"""What one ``hftagent watch`` run is asked to do (:class:`WatchConfig`), and where its parts
-run (:func:`cpu_plan`: the probe CPUs and the housekeeping CPUs the sampler and the loop use).
+"""What one ``hftagent watch`` run is asked to do (:class:`WatchConfig`: built and checked once
+from the options by agent/watch/options.py), and where its parts run (:func:`plan_cpus`: the
+probe CPUs and the housekeeping CPUs the sampler and the loop use, decided by the one
+target-CPU rule of :mod:`tuning.targets`).
 
-:func:`cpu_plan` is kept a small function of its own so that the target-CPU resolver of
-:mod:`tuning.targets` (one default and one housekeeping rule for every command) can replace
-it without touching the session.
+Units: every duration inside is ns (``threshold_ns``, ``flight_ns``) or s where the loop
+sleeps (``duration_s``, ``loop_s``), converted once from the options' µs when they are parsed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from agent.errors import AgentError
+from collectors.host import Host
 
 
 @dataclass
@@ -20,6 +22,7 @@ class WatchConfig:
     model: str = "lstm"
     variant: str = "xla"
     rate_hz: float = 500.0  # 0: auto (the probe worker picks it after its warm-up)
+    rate_auto: bool = False  # --rate auto (rate_hz then holds the worker's choice once it runs)
     probe_cpus: list[int] = field(default_factory=list)
     housekeeping_cpus: list[int] = field(default_factory=list)
     pid: int | None = None
@@ -65,25 +68,52 @@ class WatchConfig:
     flight_us = property(lambda self: self.flight_ns)
 
 
-def cpu_plan(online: list[int], probe_cpus: list[int] | None,
-             housekeeping: list[int] | None) -> tuple[list[int], list[int]]:
-    """(probe CPUs, housekeeping CPUs). Default: the probe on the last online CPU, everything
-    else housekeeping; on a 1-CPU box both share CPU 0 (said in the warnings)."""
-    if not online:
-        online = sorted(os.sched_getaffinity(0))
-    probe = sorted(probe_cpus) if probe_cpus else [online[-1]]
-    bad = [c for c in probe if c not in online]
-    if bad:
-        raise AgentError(f"probe CPU(s) {bad} (--cpus) not online (online: {online})")
-    if housekeeping:
-        hk = sorted(housekeeping)
-        bad = [c for c in hk if c not in online]
-        if bad:
-            raise AgentError(f"housekeeping CPU(s) {bad} (--housekeeping) not online (online: "
-                             f"{online})")
-        if set(hk) & set(probe):
-            raise AgentError(f"--housekeeping CPUs {hk} overlap the probe CPUs {probe}: the "
-                             "sampler must never run on the probe's CPUs")
-    else:
-        hk = [c for c in online if c not in probe] or list(probe)
-    return probe, hk
+def plan_cpus(host: Host, probe: str, cpus: str | None = None,
+              housekeeping: str | None = None, pid: int | None = None
+              ) -> tuple[list[int], list[int]]:
+    """(probe CPUs, housekeeping CPUs) of a watch run, by the one target rule
+    (:func:`tuning.targets.resolve`; ``cpus`` and ``housekeeping``: the options' CPU lists,
+    checked there as audit, tune and run check ``--cpus``).
+
+    Probe CPUs: ``--cpus``; else, for a process (``--pid``, ``--attach``), the CPUs it may run
+    on (an external process that may run anywhere: the last target CPU, keeping one free);
+    else for a ring alone (``--ring``) every target CPU, and for the built-in probe the last
+    target CPU. Housekeeping: ``--housekeeping``, else the rule's housekeeping CPUs — never
+    another target CPU —, else every other online CPU; a box with one CPU shares it (the
+    session warns). AgentError with one line when a list is bad or the two overlap."""
+    from tuning.targets import TargetError, resolve
+    try:
+        rule = resolve(host)
+        given = resolve(host, cpus).cpus if cpus is not None else None
+    except TargetError as exc:
+        raise AgentError(str(exc)) from None
+    online = rule.online
+    probe_cpus = given
+    if given is None and probe in ("external", "attach"):
+        probe_cpus = _process_cpus(pid, online)
+        if probe == "external" and housekeeping is None and probe_cpus == online:
+            probe_cpus = [rule.cpus[-1]]  # a process that may run anywhere: keep one free
+    if not probe_cpus:
+        probe_cpus = list(rule.cpus) if probe == "external" else [rule.cpus[-1]]
+    if housekeeping is None:
+        hk = [c for c in rule.housekeeping if c not in probe_cpus] or \
+            [c for c in online if c not in probe_cpus] or list(probe_cpus)
+        return probe_cpus, hk
+    try:
+        hk = resolve(host, housekeeping).cpus
+    except TargetError as exc:
+        raise AgentError(str(exc).replace("--cpus", "--housekeeping", 1)) from None
+    if set(hk) & set(probe_cpus):
+        raise AgentError(f"--housekeeping CPUs {hk} overlap the probe CPUs {probe_cpus}: the "
+                         "sampler must never run on the probe's CPUs")
+    return probe_cpus, hk
+
+
+def _process_cpus(pid: int | None, online: list[int]) -> list[int] | None:
+    """The online CPUs process ``pid`` may run on (its affinity); None when unknown."""
+    if pid is None:
+        return None
+    try:
+        return [c for c in sorted(os.sched_getaffinity(pid)) if c in online] or None
+    except OSError:
+        return None
