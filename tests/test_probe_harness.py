@@ -120,7 +120,7 @@ def test_no_tensorflow_at_import():
 @pytest.mark.parametrize("args,msg", [
     (["--rate", "nan"], "--rate must be a finite"), (["--duration", "nan"], "--duration must"),
     (["--duration", "-1"], "--duration must"), (["--threshold-us", "inf"], "--threshold-us"),
-    (["--cpus", ""], "--cpus is empty"), (["--csv", "/nonexistent-dir/x.csv"], "cannot write --csv"),
+    (["--cpus", ""], "--cpus is empty"), (["--csv", "/nonexistent-dir/x.csv"], "--csv /nonexistent-dir/x.csv: directory"),
 ])
 def test_probe_bad_options_fail_before_tensorflow_starts(args, msg):
     """Each is one line and exit 1 at once (no worker, no TF import: fast in CI)."""

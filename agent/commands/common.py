@@ -1,10 +1,13 @@
-"""Options and error handling shared by every command (defined once)."""
+"""Options and error handling shared by every command (defined once), and the help text's
+shape: paragraphs the renderer wraps, flags shown as flags."""
 
 from __future__ import annotations
 
 import functools
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, TypeVar
 
 import typer
@@ -14,23 +17,94 @@ from collectors.host import Host, HostError
 
 F = TypeVar("F", bound=Callable)
 
-RootOpt = Annotated[str, typer.Option("--root", help="Read the host under this directory "
-                                      "(a captured tree) instead of /.")]
-ProcfsOpt = Annotated[str | None, typer.Option("--procfs", help="procfs mount point "
-                                               "(default ROOT/proc).")]
-SysfsOpt = Annotated[str | None, typer.Option("--sysfs", help="sysfs mount point "
-                                              "(default ROOT/sys).")]
+RootOpt = Annotated[str, typer.Option("--root", metavar="DIR", help="Read the host under this "
+                                      "directory (a captured tree) instead of /.")]
+ProcfsOpt = Annotated[str | None, typer.Option("--procfs", metavar="DIR", help="procfs mount "
+                                               "point (default ROOT/proc).")]
+SysfsOpt = Annotated[str | None, typer.Option("--sysfs", metavar="DIR", help="sysfs mount "
+                                              "point (default ROOT/sys).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
-ProfileOpt = Annotated[str, typer.Option("--profile", help="hft-cpu | hft-gpu | bench | path to "
-                                         "a profile .toml")]
-DbOpt = Annotated[str | None, typer.Option("--db", help="History database (default "
-                                           "$HFTAGENT_DB, else the user's state dir: "
+ProfileOpt = Annotated[str, typer.Option("--profile", metavar="NAME|FILE",
+                                         help="hft-cpu | hft-gpu | bench | path to a profile "
+                                         ".toml")]
+DbOpt = Annotated[str | None, typer.Option("--db", metavar="FILE", help="History database "
+                                           "(default $HFTAGENT_DB, else the user's state dir: "
                                            "~/.local/state/hftagent/history.sqlite). Its "
                                            "directory must exist; checked before any work; "
                                            "never a symlink or another application's "
                                            "database.")]
 NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this run in "
                                             "the history database.")]
+# The target CPUs: one rule for every command (tuning/targets.py), parsed there.
+CpusOpt = Annotated[str | None, typer.Option("--cpus", metavar="LIST", help="Target "
+                                             "(inference) CPUs, e.g. 2-5 or 1,3. Default: "
+                                             "the isolated CPUs, else nohz_full, else every "
+                                             "online CPU but the housekeeping core.")]
+# TensorFlow's thread pools (probe, gate, run): TF reads them once, at initialisation.
+IntraOpt = Annotated[int | None, typer.Option("--intra", metavar="N", help="TF intra-op "
+                                              "threads (and LiteRT threads), 1..4096; omit "
+                                              "for TF's default.")]
+InterOpt = Annotated[int | None, typer.Option("--inter", metavar="N", help="TF inter-op "
+                                              "threads, 1..4096, or -1: run ops in the caller "
+                                              "thread; omit for TF's default.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", metavar="PATH", help="SavedModel "
+                                              "directory, .keras or .tflite file, or numpy: "
+                                              "the TF-free numpy stand-in (default: the "
+                                              "built-in LSTM).")]
+BuiltinOpt = Annotated[str | None, typer.Option("--builtin", metavar="NAME", help="Built-in "
+                                                "model: lstm (default) | mlp | conv1d | numpy "
+                                                "(no TF); not with --model.")]
+
+
+def paragraphs(text: str) -> str:
+    """A help text written as paragraphs: the lines of each paragraph joined into one, so that
+    the help renderer wraps it once at the terminal's width (typer's rich mode keeps single
+    line breaks: a source line wrapped at 100 columns came out as a ragged half line at 80).
+    Paragraphs are separated by a blank line; one whose lines are indented is kept as it is
+    (an example command)."""
+    import inspect
+    out = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines = para.splitlines()
+        if lines and all(ln.startswith("  ") for ln in lines):
+            out.append(para)  # typer's rich help keeps its line breaks
+        else:
+            out.append(" ".join(ln.strip() for ln in lines))
+    return "\n\n".join(out)
+
+
+_FLAGS_PLAIN = False
+
+
+def plain_flags() -> None:
+    """Show flags as flags in --help. typer 0.29's rich help prints every option's type, so a
+    flag that takes no value (--json, --help) read ``<bool>``: a flag (or a counter) shows no
+    type here, as click's plain help does (typer.core.TyperOption.get_help_record). Done once,
+    when the commands are registered (not at import)."""
+    global _FLAGS_PLAIN
+    if _FLAGS_PLAIN:
+        return
+    from typer.core import TyperOption
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):  # noqa: ANN001, ANN202 - typer's own signature
+        if self.is_flag or self.count:
+            return None
+        return shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    _FLAGS_PLAIN = True
+
+
+def register_command(app: typer.Typer, name: str, fn: Callable, help: str | None = None,
+                     **settings) -> None:
+    """``app.command(name)`` for one command function: its help as paragraphs (``help`` or
+    the function's docstring), its domain errors as one line (:func:`cli_errors`), flags shown
+    as flags (:func:`plain_flags`). ``settings``: click context settings."""
+    plain_flags()
+    text = help if help is not None else fn.__doc__
+    app.command(name, help=paragraphs(text) if text else None,
+                context_settings=settings or None)(cli_errors(fn))
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -115,6 +189,50 @@ def make_host(root: str = "/", procfs: str | None = None, sysfs: str | None = No
         if v is not None and not v.strip():
             raise fail(f"{opt} is empty: give a directory")
     return Host(root, procfs, sysfs)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGINT during a command's measurement. A KeyboardInterrupt (not an
+    Exception), so that no ``except Exception`` on the way swallows it: it unwinds the work
+    through its ``finally`` blocks (children killed, kernel state removed) to the command,
+    which prints what was measured so far and exits 128 + the signal's number (one that
+    escapes the command is still the CLI's Ctrl-C: exit 130, no traceback)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM/SIGINT raise :class:`Stopped` in the main thread while the block runs; after
+    the first, both are ignored until the block is left, so a second Ctrl-C cannot cut the
+    clean-up short. The previous handlers come back on the way out. Outside the main thread
+    (library use) nothing is installed."""
+
+    def stop(signum: int, _frame) -> None:  # noqa: ANN001 - signal handler
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    try:
+        old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 # --attach's options, shared by `watch --attach PID` and `attach --check PID`

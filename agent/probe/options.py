@@ -22,6 +22,7 @@ import stat
 from agent.errors import AgentError
 from agent.probe.config import (
     CALLER_THREAD,
+    DEFAULT_DURATION_S,
     DEFAULT_SIGNATURE,
     MAX_BATCH,
     MAX_DURATION_S,
@@ -39,6 +40,7 @@ from agent.probe.models import BUILTIN_NAMES, DEFAULT_BUILTIN, NUMPY_MODEL, Mode
 from agent.probe.variants import check_for_model, default_variants, parse_variants
 
 _UINT = re.compile(r"[0-9]+")
+IDLE_GAPS_BUDGET_S = 60.0  # --idle-gaps: the rounds' time budget
 
 
 def parse_int_list(text: str, what: str, minimum: int = 1,
@@ -177,9 +179,14 @@ def build(*, model: str | None, builtin: str | None, signature: str | None, shap
           input_data: str, variant: str | None, samples: int | None, duration: float | None,
           warmup: int, rate: float | None, threshold_us: float, calib: str | None,
           intra: int | None, inter: int | None, cpus: str | None, sweep: str | None,
-          batch: str, idle_gaps: str | None = None
+          batch: str, idle_gaps: str | None = None, keep_budget: bool = False
           ) -> tuple[ProbeSettings, list[ThreadConfig]]:
     """Validated settings and the thread configurations to run (one unless sweeping).
+
+    ``keep_budget`` (``hftagent probe``): ``--samples N`` without ``--duration`` keeps the
+    default time budget (6 s a run; 60 s with ``--idle-gaps``): a run ends at N samples or at
+    the budget, whichever comes first, and the report says which. Without it (the gate, whose
+    verdict needs its samples) ``--samples`` alone has no budget.
 
     ``builtin``/``signature`` None: the default (an explicit other value is an error where it
     could not apply: a built-in with --model, a signature without a SavedModel)."""
@@ -255,13 +262,16 @@ def build(*, model: str | None, builtin: str | None, signature: str | None, shap
     if samples is not None or duration is not None:
         settings.samples = samples
         settings.duration_s = duration
+        if keep_budget and duration is None:
+            settings.duration_s = IDLE_GAPS_BUDGET_S if idle_gaps is not None \
+                else DEFAULT_DURATION_S
     if idle_gaps is not None:
         from agent.probe.idle import parse_gaps
         if rate is not None or sweep is not None:
             raise AgentError("--idle-gaps paces the calls itself: not with --rate or --sweep")
         settings.idle_gaps_ns = parse_gaps(idle_gaps)
         if samples is None and duration is None:
-            settings.samples, settings.duration_s = 200, 60.0  # rounds, and their budget
+            settings.samples, settings.duration_s = 200, IDLE_GAPS_BUDGET_S  # rounds, budget
     if sweep == "threads":
         from agent.probe.runner import sweep_configs
         if variant is None:

@@ -39,6 +39,12 @@ Schema ``hftagent.probe`` version 1 (all durations int nanoseconds unless named 
                         # (offered rate above capacity): response percentiles are lower bounds
       "callers": int    # caller threads sharing the callable in the closed timed loop (1;
                         # gate's concurrentN: N, their samples concatenated caller by caller)
+      "saturation": {   # open loop only (null in closed loop): did the loop keep its schedule?
+        "utilisation": float,  # offered load: (mean service time + the loop's own cost per
+                               # call) x rate; >= 1 means the loop falls behind its schedule
+        "behind_ns": int,      # how late the last request started (its queue at the end)
+        "saturated": bool      # utilisation >= 1 or requests never started (unserved)
+      } | null
     }
 
     The headline figures of a run (table, recommendation, gate) are its ``response`` summary
@@ -85,6 +91,7 @@ class RunResult:
     unserved: int = 0
     idle_gaps: list[dict] | None = None  # probe --idle-gaps: one row per gap (agent.probe.idle)
     callers: int = 1  # caller threads sharing the callable in the timed loop (gate concurrentN)
+    saturation: dict | None = None  # open loop: agent.probe.runner.saturation()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +108,12 @@ class RunResult:
     def headline(self) -> dict | None:
         """Response time in open loop, service time in closed loop."""
         return self.response if self.mode == "open" and self.response else self.latency
+
+    @property
+    def saturated(self) -> bool:
+        """An open loop that could not keep its schedule: requests never started, or an
+        offered load at or over what the caller serves (agent.probe.runner.saturation)."""
+        return bool(self.unserved) or bool((self.saturation or {}).get("saturated"))
 
     def p99_ns(self) -> int | None:
         return (self.headline or {}).get("p99_ns")

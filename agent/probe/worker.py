@@ -234,7 +234,25 @@ def _one_line(exc: BaseException) -> str:
     return f(exc)
 
 
+def _die_with_parent() -> None:
+    """SIGKILL when the hftagent that started this worker dies (PR_SET_PDEATHSIG, Linux 2.1.57),
+    and exit now if it is gone already: a probe stopped or killed leaves no worker timing on
+    (agent/probe/runner.py kills it on Ctrl-C; this covers a parent killed outright)."""
+    import ctypes
+    import signal
+    parent = os.environ.get("HFTAGENT_PROBE_PARENT")
+    if not parent:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if str(os.getppid()) != parent:
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
+    _die_with_parent()
     d = Path(argv[0])
     cfgd = json.loads((d / "config.json").read_text())
     settings = ProbeSettings.from_dict(cfgd["settings"])
