@@ -1,67 +1,104 @@
-"""`hftagent cpus`: rank the CPUs by measured noise and recommend the inference CPUs."""
+"""`hftagent cpus`: rank the CPUs by measured noise and recommend the inference CPUs.
+
+Thin: the options become a :class:`CpusRequest` (checked once, before the scan; the CPUs by
+tuning/targets.py's rules), :func:`execute` scans and ranks, :func:`show` renders."""
 
 from __future__ import annotations
 
 import json
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import typer
 
-from agent.commands.common import DbOpt, JsonOpt, NoHistoryOpt, cli_errors, fail, make_host
+from agent.commands.common import (
+    DbOpt,
+    JsonOpt,
+    NoHistoryOpt,
+    Stopped,
+    fail,
+    make_host,
+    register_command,
+    stop_on_signals,
+)
 
 HELP = """Scan each candidate CPU for noise and recommend the inference CPUs.
 
 A small C loop pinned to each candidate reads the clock for --duration seconds and records
 every gap over --threshold-us (or 8x the smallest gap seen): the time that CPU lost to IRQs,
 softirqs, the tick, kworkers, other tasks or the hypervisor. A few CPUs are scanned at a time
-(at most a quarter of the online CPUs), never the housekeeping core. The ranking takes the
-quietest CPUs, one per physical core, on the GPU's / NIC's NUMA node when known, and avoids
-CPUs other processes are pinned to. It prints the --cpus to use and the exact tune and run
-commands. With kernel events (--trace; root) each CPU's lost time is attributed exactly:
-µs per second per IRQ, softirq, tick, work item and task, and the gaps no event explains
-as hw_or_hypervisor; without them, from /proc counter deltas. Read-only: nothing on the
-host is changed (--trace uses a private tracefs instance, removed after each batch).
+(at most a quarter of the online CPUs), never the housekeeping core.
+
+A CPU is quiet or noisy against the quietest candidate (noisy: over 3x its loss and over
+200 µs/s, or over 50 ms/s whatever the others do). A single candidate has nothing to be
+compared with: it is judged against those absolute limits alone and, between them, called
+unranked, not quiet; the report says which basis each verdict has.
+
+The ranking takes the quietest CPUs, one per physical core, on the GPU's / NIC's NUMA node
+when known, and avoids CPUs other processes are pinned to. It prints the --cpus to use and the
+exact tune and run commands. With kernel events (--trace; root) each CPU's lost time is
+attributed exactly: µs per second per IRQ, softirq, tick, work item and task, and the gaps no
+event explains as hw_or_hypervisor; without them, from /proc counter deltas. Read-only:
+nothing on the host is changed (--trace uses a private tracefs instance, removed after each
+batch).
+
 SIGTERM or SIGINT (Ctrl-C) during the scan stops it: the recorders are killed and the
-instance removed, nothing is recorded, exit status 128 + the signal's number (143, 130); a
-recorder whose hftagent was killed (kill -9 included) exits at once."""
+instance removed, the CPUs scanned so far are printed (marked partial), nothing is recorded,
+exit status 128 + the signal's number (143, 130); a recorder whose hftagent was killed
+(kill -9 included) exits at once. Exit status otherwise: 0 a recommendation, 2 none."""
+
+DurationOpt = Annotated[float, typer.Option("--duration", metavar="SECONDS",
+                                            help="Seconds of scan per CPU (0 < S <= 60).")]
+CandidatesOpt = Annotated[str | None, typer.Option(
+    "--candidates", metavar="LIST", help="CPUs to scan. Default: all online CPUs but the "
+    "housekeeping core.")]
+ThresholdOpt = Annotated[float, typer.Option("--threshold-us", metavar="US",
+                                             help="Smallest gap counted as noise (µs).")]
+CountOpt = Annotated[int | None, typer.Option(
+    "--count", metavar="N", help="How many CPUs to recommend. Default: every quiet one the "
+    "rules allow.")]
+SiblingsOpt = Annotated[bool, typer.Option("--allow-siblings",
+                                           help="Allow both SMT siblings of a core.")]
+PlotOpt = Annotated[str | None, typer.Option("--plot", metavar="FILE",
+                                             help="Write a PNG of the per-CPU noise here.")]
+TraceOpt = Annotated[str, typer.Option(
+    "--trace", metavar="MODE", help="Kernel events (tracefs) to attribute each "
+    "CPU's gaps exactly: auto (where tracefs is mounted and usable, else /proc deltas and the "
+    "reason), on (an error where unusable), off, or mount (mount tracefs at "
+    "/sys/kernel/tracing first when it is not mounted). Needs root.")]
+TextfileOpt = Annotated[str | None, typer.Option(
+    "--textfile", metavar="DIR", help="Also write the per-CPU noise as "
+    "DIR/hftagent_cpu_noise.prom for node_exporter's textfile collector.")]
 
 
-def cpus(
-    duration: Annotated[float, typer.Option("--duration", help="Seconds of scan per CPU "
-                                            "(0 < S <= 60).")] = 1.0,
-    candidates: Annotated[str | None, typer.Option("--candidates", help="CPUs to scan. "
-                                                   "Default: all online CPUs but the "
-                                                   "housekeeping core.")] = None,
-    threshold_us: Annotated[float, typer.Option("--threshold-us", help="Smallest gap counted "
-                                                "as noise (µs).")] = 1.0,
-    count: Annotated[int | None, typer.Option("--count", help="How many CPUs to recommend. "
-                                              "Default: every quiet one the rules allow.")] = None,
-    allow_siblings: Annotated[bool, typer.Option("--allow-siblings", help="Allow both SMT "
-                                                 "siblings of a core.")] = False,
-    plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG of the per-CPU "
-                                             "noise here.")] = None,
-    trace: Annotated[str, typer.Option("--trace", help="Kernel events (tracefs) to attribute "
-                                       "each CPU's gaps exactly: auto (where tracefs is "
-                                       "mounted and usable, else /proc deltas and the reason), "
-                                       "on (an error where unusable), off, or mount (mount "
-                                       "tracefs at /sys/kernel/tracing first when it is not "
-                                       "mounted). Needs root.")] = "auto",
-    db: DbOpt = None,
-    no_history: NoHistoryOpt = False,
-    textfile: Annotated[str | None, typer.Option("--textfile", help="Also write the per-CPU "
-                                                 "noise as DIR/hftagent_cpu_noise.prom for "
-                                                 "node_exporter's textfile collector.")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    from agent.noise import rank as rk
+@dataclass
+class CpusRequest:
+    """A scan, checked: the candidate CPUs (tuning/targets.py's online set, never the
+    housekeeping core), the figures' limits, the outputs and the history database."""
+
+    host: object
+    online: list[int]
+    housekeeping: list[int]
+    candidates: list[int]
+    duration_s: float
+    threshold_us: float
+    count: int | None
+    allow_siblings: bool
+    trace: str
+    plot: str | None
+    textfile: str | None
+    db: str | None
+    record: bool
+    json: bool
+
+
+def parse(*, duration, candidates, threshold_us, count, allow_siblings, plot, trace, db,
+          no_history, textfile, json_out) -> CpusRequest:
+    """Every option checked once, before the scan (one line, exit 1)."""
+    from agent.commands.common import check_history_db, check_output_dir, check_output_file
     from agent.noise import scan as sc
-    from collectors import cpu as cpuc
-    from collectors.parsers import format_cpulist
-    from collectors.system import numa_nodes
+    from collectors.parsers import format_cpulist, parse_cpu_option
     from tuning.targets import TargetError, housekeeping_core, online_cpus
 
     if not 0 < duration <= sc.MAX_DURATION_S:
@@ -75,15 +112,12 @@ def cpus(
     if db is not None and no_history:
         raise fail("--db and --no-history contradict each other: give one")
     if plot is not None:
-        from agent.commands.common import check_output_file
         check_output_file(plot, "--plot")
         from agent.plot import available
         available("--plot")  # before the scan, used after it
     if textfile is not None:
-        from agent.commands.common import check_output_dir
         check_output_dir(textfile, "--textfile")
-    from agent.commands.common import check_history_db
-    no_history = not check_history_db(db, no_history)  # --db checked before the scan (#28.4)
+    record = check_history_db(db, no_history)  # --db checked before the scan (#28.4)
     host = make_host()
     try:
         online, _ = online_cpus(host)
@@ -94,13 +128,11 @@ def cpus(
                    "(one CPU must stay for housekeeping)")
     house = housekeeping_core(host, online)
     if candidates is not None:
-        from collectors.parsers import parse_cpu_option
         try:
             cand = parse_cpu_option(candidates, online)
         except ValueError as exc:
             raise fail(str(exc).replace("--cpus", "--candidates")) from None
-        clash = sorted(set(cand) & set(house))
-        if clash:
+        if set(cand) & set(house):
             raise fail(f"--candidates {candidates!r} covers the housekeeping core "
                        f"(CPU {format_cpulist(house)}): scan other CPUs")
     else:
@@ -109,96 +141,123 @@ def cpus(
         raise fail("no candidate CPUs left besides the housekeeping core")
     if count is not None and count > len(cand):
         raise fail(f"--count {count} is more than the {len(cand)} candidate CPU(s)")
+    return CpusRequest(host, online, house, cand, duration, threshold_us, count,
+                       allow_siblings, trace, plot, textfile, db, record, json_out)
+
+
+@dataclass
+class CpusOutcome:
+    results: list
+    choice: object
+    doc: dict
+    stopped: Stopped | None = None
+    not_scanned: list[int] = field(default_factory=list)
+
+
+def scan(req: CpusRequest) -> tuple[list, Stopped | None, dict]:
+    """The candidates, a batch at a time (agent/noise/scan.py); a stop keeps the batches that
+    finished (the one in flight is lost: its recorders are killed). With the kernel events'
+    state (agent.noise.events.Tracer.info)."""
+    from agent.noise import scan as sc
+    from agent.noise.events import Tracer
+    from collectors.parsers import format_cpulist
 
     def progress(group: list[int]) -> None:
-        if not json_out:
-            print(f"scanning CPU {format_cpulist(group)} for {duration:g} s ...",
+        if not req.json:
+            print(f"scanning CPU {format_cpulist(group)} for {req.duration_s:g} s ...",
                   file=sys.stderr, flush=True)
 
-    from agent.noise.events import Tracer
-    tracer = Tracer(trace, host)
+    results: list = []
+    tracer = Tracer(req.trace, req.host)
+    exe = None
     try:
-        with _stop_on_signals():
-            results = sc.scan(host, cand, len(online), duration, int(threshold_us * 1000),
-                              progress=progress, tracer=tracer, irq_sender=house[0])
-    except _Stopped as stop:
-        print(f"hftagent: cpus stopped by {stop.name} during the scan: recorders killed, "
-              "nothing recorded", file=sys.stderr)
-        raise typer.Exit(128 + stop.signum) from None
+        with stop_on_signals():
+            exe = sc.build()
+            for group in sc.batches(req.candidates, len(req.online)):
+                results.extend(sc.scan(req.host, group, len(req.online), req.duration_s,
+                                       int(req.threshold_us * 1000), exe=exe,
+                                       progress=progress, tracer=tracer,
+                                       irq_sender=req.housekeeping[0]))
+    except Stopped as stop:
+        return sorted(results, key=lambda r: r.cpu), stop, tracer.info()
+    finally:
+        if exe is not None:
+            exe.close()
+    return sorted(results, key=lambda r: r.cpu), None, tracer.info()
+
+
+def execute(req: CpusRequest) -> CpusOutcome:
+    """Scan, judge (agent/noise/rank.py), rank; write the plot and the textfile and record
+    the run when the scan finished."""
+    from agent.noise import rank as rk
+    from agent.noise import scan as sc
+    from collectors import cpu as cpuc
+    from collectors.parsers import format_cpulist
+    from collectors.system import numa_nodes
+
+    results, stopped, trace = scan(req)
     rk.judge(results)
-    smt = cpuc.smt(host, cand).siblings
+    host = req.host
     nodes = numa_nodes(host)
-    cpu_node = {c: n for n, cs in nodes.items() for c in cs}
-    dev_nodes = device_nodes(host)
-    choice = rk.rank(results, siblings=smt, cpu_node=cpu_node, device_nodes=dev_nodes,
-                     pinned=sc.pinned_processes(host, cand), count=count,
-                     allow_siblings=allow_siblings)
-    rec = format_cpulist(choice.recommended) if choice.recommended else None
+    choice = rk.rank(results, siblings=cpuc.smt(host, req.candidates).siblings,
+                     cpu_node={c: n for n, cs in nodes.items() for c in cs},
+                     device_nodes=device_nodes(host),
+                     pinned=sc.pinned_processes(host, req.candidates), count=req.count,
+                     allow_siblings=req.allow_siblings)
+    rec = format_cpulist(choice.recommended) if choice.recommended and not stopped else None
     commands = ([f"hftagent tune plan --cpus {rec}", f"hftagent tune apply --cpus {rec}",
                  f"hftagent run --cpus {rec} -- CMD"] if rec else [])
-    doc = {"duration_s": duration, "threshold_us": threshold_us, "online": online,
-           "housekeeping": house, "candidates": cand,
-           "cpus": [r.to_dict() for r in results], "ranked": choice.ranked,
-           "recommended": choice.recommended, "left_out": choice.left_out,
-           "device_nodes": choice.device_nodes, "commands": commands,
-           "trace": tracer.info()}
-    if plot:
-        _plot(results, choice.recommended, plot)
-    if textfile:
+    doc = {"duration_s": req.duration_s, "threshold_us": req.threshold_us,
+           "online": req.online, "housekeeping": req.housekeeping,
+           "candidates": req.candidates, "cpus": [r.to_dict() for r in results],
+           "ranked": choice.ranked, "recommended": choice.recommended if rec else [],
+           "left_out": choice.left_out, "device_nodes": choice.device_nodes,
+           "commands": commands, "trace": trace}
+    scanned = {r.cpu for r in results}
+    out = CpusOutcome(results, choice, doc, stopped,
+                      [c for c in req.candidates if c not in scanned])
+    if stopped is not None:
+        return out
+    if req.plot:
+        _plot(results, choice.recommended, req.plot)
+    if req.textfile:
         import time
 
         from agent.export.textfile import render_families, write_prom
         from agent.noise.export import TEXTFILE_NAME, families
-        write_prom(render_families(families(doc, time.time())), textfile, TEXTFILE_NAME)
-    if json_out:
-        print(json.dumps(doc, indent=2))
-    else:
-        _render(results, choice, house, rec, commands, doc["trace"])
-    if not no_history:
+        write_prom(render_families(families(doc, time.time())), req.textfile, TEXTFILE_NAME)
+    if req.record:
         # the noise fingerprint of this box, comparable over time and across boxes
         # (hftagent history list --kind cpus; history show N)
         from agent.gate.history import record_run
-        record_run("cpus", doc, None, command="cpus", db=db, warn=True)
-    if not choice.recommended:
+        record_run("cpus", doc, None, command="cpus", db=req.db, warn=True)
+    return out
+
+
+def show(req: CpusRequest, out: CpusOutcome) -> None:
+    """The ranking (JSON or the report). A stopped scan prints its partial report for a
+    person; under --json nothing (a document is whole or not at all), only the line on
+    stderr."""
+    if req.json:
+        if out.stopped is None:
+            print(json.dumps(out.doc, indent=2))
+    else:
+        render(out, req.housekeeping)
+    if out.stopped is not None:
+        print(f"hftagent: cpus stopped by {out.stopped.name} during the scan: recorders "
+              "killed, nothing recorded", file=sys.stderr)
+        raise typer.Exit(out.stopped.exit_code)
+    if not out.choice.recommended:
         raise typer.Exit(2)
 
 
-class _Stopped(BaseException):
-    """SIGTERM or SIGINT during the scan. A BaseException (as KeyboardInterrupt), so that no
-    ``except Exception`` on the way swallows it: it unwinds the scan through its ``finally``
-    blocks, which kill the recorders (agent/noise/scan.py) and close the tracefs instance."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-        self.name = signal.Signals(signum).name
-
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """SIGTERM/SIGINT raise :class:`_Stopped` in the main thread while the block runs; after
-    the first, both are ignored until the block is left, so a second Ctrl-C cannot cut the
-    clean-up short. The previous handlers come back on the way out. Outside the main thread
-    (library use) nothing is installed."""
-
-    def stop(signum: int, _frame) -> None:
-        for s in _STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-        raise _Stopped(signum)
-
-    try:
-        old = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+def cpus(duration: DurationOpt = 1.0, candidates: CandidatesOpt = None,
+         threshold_us: ThresholdOpt = 1.0, count: CountOpt = None,
+         allow_siblings: SiblingsOpt = False, plot: PlotOpt = None, trace: TraceOpt = "auto",
+         db: DbOpt = None, no_history: NoHistoryOpt = False, textfile: TextfileOpt = None,
+         json_out: JsonOpt = False) -> None:
+    req = parse(**locals())
+    show(req, execute(req))
 
 
 def device_nodes(host) -> list[int]:
@@ -208,57 +267,79 @@ def device_nodes(host) -> list[int]:
                    if d.numa_node is not None and d.numa_node >= 0 and (is_gpu(d) or is_nic(d))})
 
 
-def _render(results, choice, house, rec, commands, trace: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+VERDICT_STYLE = {"quiet": "green", "noisy": "bold red", "unranked": "yellow", "error": "red"}
 
+
+def render(out: CpusOutcome, house: list[int], con=None) -> None:
+    """The ranking (a table on a wide terminal, a list otherwise), each CPU's causes, what
+    was left out and why, the verdicts' basis (said once), the recommendation."""
+    from agent import textout
     from agent.probe.report import fmt_ns
     from collectors.parsers import format_cpulist
 
-    con = Console()
-    t = Table(title=f"CPU noise (housekeeping core: CPU {format_cpulist(house)})")
-    for col in ("cpu", "verdict", "noise µs/s", "gaps/s", "P99 gap", "P99.9 gap", "max gap",
-                "top cause"):
-        t.add_column(col)
-    for r in sorted(results, key=lambda r: choice.ranked.index(r.cpu)
-                    if r.cpu in choice.ranked else 1 << 30):
+    con = con or textout.console()
+    choice, doc = out.choice, out.doc
+    if out.stopped is not None:
+        textout.line(con, ("partial result", "bold yellow"),
+                     f": stopped by {out.stopped.name}; CPUs scanned before the stop only")
+    cols = [textout.Column("cpu", label="CPU"), textout.Column("verdict"),
+            textout.Column("noise µs/s", right=True, label="lost µs/s"),
+            textout.Column("gaps/s", right=True), textout.Column("P99 gap", right=True),
+            textout.Column("P99.9 gap", right=True), textout.Column("max gap", right=True),
+            textout.Column("top cause"), textout.Column("left out")]
+    rows = []
+    order = {c: i for i, c in enumerate(choice.ranked)}
+    for r in sorted(out.results, key=lambda r: order.get(r.cpu, 1 << 30)):
+        verdict = "error" if r.error else r.verdict
+        style = VERDICT_STYLE.get(verdict, "")
+        cells: dict = {"cpu": str(r.cpu), "verdict": textout.Text(verdict, style=style)}
         if r.error:
-            t.add_row(str(r.cpu), "error", "", "", "", "", "", "")
-            continue
-        p = r.gap_percentiles()
-        top = r.top_cause()
-        t.add_row(str(r.cpu), r.verdict, f"{r.noise_us_per_s:.1f}", f"{r.gaps_per_s:.0f}",
-                  fmt_ns(p["p99"]), fmt_ns(p["p999"]), fmt_ns(r.max_gap_ns),
-                  _top(top))
-    con.print(t, highlight=False)
+            cells["left out"] = r.error
+        else:
+            p = r.gap_percentiles()
+            cells.update({"noise µs/s": f"{r.noise_us_per_s:,.1f}",
+                          "gaps/s": f"{r.gaps_per_s:,.0f}", "P99 gap": fmt_ns(p["p99"]),
+                          "P99.9 gap": fmt_ns(p["p999"]), "max gap": fmt_ns(r.max_gap_ns),
+                          "top cause": _top(r.top_cause()),
+                          "left out": choice.left_out.get(r.cpu, "")})
+        rows.append(textout.Row(cells, tag=verdict, tag_style=style))
+    textout.show(con, f"CPU noise (housekeeping core: CPU {format_cpulist(house)})", cols, rows,
+                 head=("cpu",), tag_column="verdict")
+    for basis, _n in textout.said_once(r.basis for r in out.results if r.basis):
+        textout.line(con, f"verdicts judged {basis}", style="dim")
+    trace = doc.get("trace") or {}
     if not trace.get("active") and trace.get("reason"):
-        con.print(f"kernel events: {trace['reason']}; attributed from /proc counters",
-                  highlight=False, markup=False)
-    costs = [r.irq_cost["cost_us"] for r in results
+        textout.line(con, f"kernel events: {trace['reason']}; attributed from /proc counters")
+    costs = [r.irq_cost["cost_us"] for r in out.results
              if r.irq_cost and r.irq_cost.get("cost_us") is not None]
     if costs:
-        con.print(f"one interrupt costs a running task {min(costs):.1f}-{max(costs):.1f} µs "
-                  f"here (median {sorted(costs)[len(costs) // 2]:.1f}; hftagent watch "
-                  "--irq-cost US under an external client)", highlight=False, markup=False)
-    for r in results:
+        textout.line(con, f"one interrupt costs a running task {min(costs):.1f}-"
+                     f"{max(costs):.1f} µs here (median {sorted(costs)[len(costs) // 2]:.1f}; "
+                     "hftagent watch --irq-cost US under an external client)")
+    for r in out.results:
         if r.error:
-            con.print(f"  CPU {r.cpu}: {r.error}", highlight=False, markup=False)
-        elif r.events is not None:
-            con.print(f"  CPU {r.cpu} (kernel events): {_events_line(r.events)}",
-                      highlight=False, markup=False)
+            continue
+        if r.events is not None:
+            textout.line(con, f"  CPU {r.cpu} (kernel events): {_events_line(r.events)}")
         else:
             causes = (", ".join(f"{k} {v:g}" for k, v in r.causes.items())
                       or "nothing counted")
-            con.print(f"  CPU {r.cpu} (/proc counts per s): {causes}", highlight=False,
-                      markup=False)
-    for cpu, why in sorted(choice.left_out.items()):
-        con.print(f"  CPU {cpu} left out: {why}", style="dim")
+            textout.line(con, f"  CPU {r.cpu} (/proc counts per s): {causes}")
+    if out.stopped is not None:
+        if out.not_scanned:
+            textout.line(con, ("partial result", "bold yellow"), ": not scanned: CPU "
+                         f"{format_cpulist(out.not_scanned)}; no recommendation from a "
+                         "partial scan")
+        return
+    rec = doc["commands"]
     if rec:
-        con.print(f"recommended: [bold]--cpus {rec}[/bold]")
-        for c in commands:
-            con.print(f"  {c}")
+        textout.line(con, "recommended: ", (f"--cpus {format_cpulist(choice.recommended)}",
+                                            "bold"))
+        for c in rec:
+            textout.line(con, f"  {c}")
     else:
-        con.print("[red]no CPU can be recommended[/red]: every candidate is noisy or failed")
+        textout.line(con, ("no CPU can be recommended", "red"),
+                     ": every candidate is noisy or failed")
 
 
 def _rate(us_per_s: float) -> str:
@@ -286,15 +367,29 @@ def _events_line(ev: dict, top: int = 5) -> str:
     return ", ".join(parts) or "no events"
 
 
+PLOT_COLOURS = {"recommended": "tab:green", "quiet": "tab:gray", "unranked": "tab:olive",
+                "noisy": "tab:red"}
+
+
 def _plot(results, recommended, path: str) -> None:
+    """Lost time per CPU, one bar colour per verdict with a legend entry for each colour used
+    (green: recommended, grey: quiet, olive: unranked, red: noisy)."""
+    from matplotlib.patches import Patch
+
     from agent.plot import pyplot, save
     plt = pyplot("--plot")
     ok = [r for r in results if r.error is None]
+
+    def kind(r) -> str:
+        return "recommended" if r.cpu in recommended else (
+            r.verdict if r.verdict in PLOT_COLOURS else "quiet")
     fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(ok) + 2), 3.5))
     ax.bar([str(r.cpu) for r in ok], [r.noise_us_per_s for r in ok],
-           color=["tab:green" if r.cpu in recommended else
-                  ("tab:red" if r.verdict == "noisy" else "tab:gray") for r in ok])
-    ax.set_xlabel("CPU (green: recommended, red: noisy)")
+           color=[PLOT_COLOURS[kind(r)] for r in ok])
+    used = [k for k in PLOT_COLOURS if any(kind(r) == k for r in ok)]
+    ax.legend(handles=[Patch(color=PLOT_COLOURS[k], label=k) for k in used], fontsize=8,
+              loc="best")
+    ax.set_xlabel("CPU")
     ax.set_ylabel("noise (µs lost per s)")
     ax.set_title("hftagent cpus")
     fig.tight_layout()
@@ -302,4 +397,4 @@ def _plot(results, recommended, path: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("cpus", help=HELP)(cli_errors(cpus))
+    register_command(app, "cpus", cpus, HELP)

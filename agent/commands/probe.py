@@ -192,10 +192,8 @@ def show(req: ProbeRequest, out: ProbeOutcome) -> None:
         partial = (f"stopped by {out.stopped.name}; the worker was killed, nothing written or "
                    "recorded")
     if req.json:
-        doc = out.result.to_dict()
-        if partial:
-            doc["partial"] = partial
-        print(json.dumps(doc, indent=2))
+        if out.stopped is None:  # a document is whole or not at all: the line on stderr
+            print(json.dumps(out.result.to_dict(), indent=2))
     else:
         from agent.probe.report import render
         render(out.result, partial=partial)

@@ -30,6 +30,10 @@ NOISY_FLOOR_US_PER_S = 200.0
 # alone, or all of them loaded alike, must not pass for quiet). Quiet VM CPUs measured here
 # lose 0.6-2.6 % (timer exits to the host); a CPU shared with a bursty task 37 %.
 NOISY_CEILING_US_PER_S = 50_000.0
+# "Quiet" is a comparison: with one candidate there is nothing to compare with, so a lone CPU
+# is judged against absolute limits only: quiet at or under the floor, noisy over the
+# ceiling, and between them "unranked" (not called quiet; still the only choice there is).
+UNRANKED = "unranked"
 
 
 @dataclass
@@ -46,7 +50,8 @@ class CpuNoise:
     min_gap_ns: int = 0
     dropped: int = 0                         # gaps counted but not kept (bounded memory)
     causes: dict[str, float] = field(default_factory=dict)  # per-second counts by source
-    verdict: str = ""                        # "quiet" | "noisy" (set by :func:`judge`)
+    verdict: str = ""                        # quiet | noisy | unranked (set by :func:`judge`)
+    basis: str = ""                          # what the verdict was judged against, in words
     error: str | None = None                 # scan failed here: why
     gap_start_ns: np.ndarray | None = field(default=None, repr=False)  # CLOCK_MONOTONIC
     t0_ns: int = 0                           # the recorder's loop, CLOCK_MONOTONIC
@@ -91,19 +96,44 @@ class CpuNoise:
                 "threshold_ns": self.threshold_ns, "min_gap_ns": self.min_gap_ns,
                 "dropped": self.dropped, "causes": self.causes,
                 "causes_source": self.causes_source, **(self.events or {}),
-                "irq_cost": self.irq_cost, "verdict": self.verdict, "error": self.error}
+                "irq_cost": self.irq_cost, "verdict": self.verdict,
+                "verdict_basis": self.basis, "error": self.error}
 
 
 def judge(results: Sequence[CpuNoise]) -> None:
-    """Set each scanned CPU's verdict: noisy (over NOISY_FACTOR x the quietest and over the
-    floor, or over the ceiling) or quiet."""
+    """Set each scanned CPU's verdict and its basis.
+
+    Two or more CPUs scanned: relative — noisy over NOISY_FACTOR x the quietest and over the
+    floor (NOISY_FLOOR_US_PER_S), or over the ceiling whatever the others do; quiet
+    otherwise. One CPU: nothing to compare it with, so absolute limits only — quiet at or
+    under the floor, noisy over the ceiling, and ``unranked`` between (never called quiet)."""
     ok = [r for r in results if r.error is None]
     if not ok:
         return
+    if len(ok) == 1:
+        (r,) = ok
+        if r.noise_us_per_s <= NOISY_FLOOR_US_PER_S:
+            r.verdict = "quiet"
+            r.basis = (f"alone, against the absolute floor: ≤ {NOISY_FLOOR_US_PER_S:g} µs/s "
+                       "lost")
+        elif r.noise_us_per_s > NOISY_CEILING_US_PER_S:
+            r.verdict = "noisy"
+            r.basis = (f"alone, against the absolute ceiling: over "
+                       f"{NOISY_CEILING_US_PER_S / 1e3:g} ms/s lost")
+        else:
+            r.verdict = UNRANKED
+            r.basis = (f"alone: over the {NOISY_FLOOR_US_PER_S:g} µs/s a quiet CPU loses and "
+                       f"under the {NOISY_CEILING_US_PER_S / 1e3:g} ms/s ceiling; scan at least "
+                       "two candidates to call one quiet")
+        return
     best = min(r.noise_us_per_s for r in ok)
     limit = min(max(NOISY_FACTOR * best, NOISY_FLOOR_US_PER_S), NOISY_CEILING_US_PER_S)
+    basis = (f"against the quietest of {len(ok)} CPUs: noisy over {limit:,.0f} µs/s lost "
+             f"({NOISY_FACTOR:g}x the quietest, at least {NOISY_FLOOR_US_PER_S:g}, at most "
+             f"{NOISY_CEILING_US_PER_S / 1e3:g} ms/s)")
     for r in ok:
         r.verdict = "noisy" if r.noise_us_per_s > limit else "quiet"
+        r.basis = basis
 
 
 @dataclass
