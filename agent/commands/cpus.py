@@ -44,7 +44,8 @@ nothing on the host is changed (--trace uses a private tracefs instance, removed
 batch).
 
 SIGTERM or SIGINT (Ctrl-C) during the scan stops it: the recorders are killed and the
-instance removed, the CPUs scanned so far are printed (marked partial), nothing is recorded,
+instance removed, the CPUs scanned so far are printed (marked partial; with --json nothing),
+nothing is recorded,
 exit status 128 + the signal's number (143, 130); a recorder whose hftagent was killed
 (kill -9 included) exits at once. Exit status otherwise: 0 a recommendation, 2 none."""
 

@@ -46,7 +46,8 @@ A run ends at --samples or at its time budget (--duration, 6 s unless given), wh
 first; the report says which. With --rate the loop is open: a run whose offered load is more
 than the model serves is marked saturated and never recommended. Progress goes to stderr from
 the first second (one line per phase when stderr is not a terminal). Ctrl-C (or SIGTERM)
-stops the worker at once and prints the runs that finished, marked partial (exit 130, 143).
+stops the worker at once and prints the runs that finished, marked partial (with --json
+nothing: a document is whole or not at all), exit 130 or 143.
 
 Every option is checked before the first worker starts (ranges, files, CPUs, the history
 database). Exit status: 0 at least one variant ran; 1 bad input or nothing ran."""
