@@ -238,7 +238,7 @@ def stop_on_signals() -> Iterator[None]:
 # --attach's options, shared by `watch --attach PID` and `attach --check PID`
 # (agent.trace.attach: the runtimes' catalogue, NAMES; the LIB:SYMBOL form).
 AttachRuntimeOpt = Annotated[str | None, typer.Option(
-    "--attach-runtime", metavar="auto|litert|litert-c|tflite-c|tf-c|tf-python",
+    "--attach-runtime", metavar="RUNTIME",
     help="The runtime whose once-per-call function is timed: auto (the first the process "
     "maps), litert (LiteRT from Python), litert-c, tflite-c, tf-c (TF_SessionRun) or "
     "tf-python (TFE_Py_ExecuteCancelable).")]

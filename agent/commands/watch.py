@@ -22,12 +22,25 @@ from agent.commands.common import (
     RootOpt,
     SysfsOpt,
     check_history_db,
-    cli_errors,
     make_host,
+    register_command,
 )
 from agent.watch.options import MAX_RATE_HZ, MAX_SAMPLE_HZ, MIN_SAMPLE_HZ
 
 _opt = typer.Option
+
+HELP = """Attribute every slow probe sample to a named cause, continuously.
+
+Keeps a probe timed open loop on the target CPUs (--probe tf or numpy, at --rate auto by
+default), or reads the latencies your own process reports through agent.client (--pid,
+--ring), or times every inference call of an unmodified process with uprobes (--attach PID);
+samples the host from a housekeeping CPU and gives every slow sample its ranked causes.
+
+Every option that is given is used or refused before anything starts (one line, exit 1).
+Exit status: 0 at --duration or on SIGTERM/SIGINT (the summary printed), 3 when the probe
+or the watched process died or its ring became unreadable, 1 on bad input or a spike log
+that could not be written. A run with samples is recorded in history (--db, --no-history):
+its summary, spikes by cause and the host fingerprint."""
 ProbeOpt = Annotated[str | None, _opt(
     "--probe", metavar="tf|numpy|external", help="Latency source: tf (built-in TF probe, the "
     "default), numpy (numpy LSTM-shaped probe, no TF), or external (--pid/--ring: your "
@@ -122,10 +135,9 @@ ProfileOpt = Annotated[str | None, _opt(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("watch")(watch)
+    register_command(app, "watch", watch, HELP)
 
 
-@cli_errors
 def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = None,
           rate: RateOpt = "auto", cpus: CpusOpt = None, housekeeping: HousekeepingOpt = None,
           pid: PidOpt = None, ring: RingOpt = None, attach: AttachOpt = None,
@@ -140,13 +152,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
           json_out: JsonOutOpt = False, p99_budget_us: BudgetOpt = None,
           profile: ProfileOpt = None, db: DbOpt = None, no_history: NoHistoryOpt = False,
           root: RootOpt = "/", procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
-    """Attribute every slow probe sample to a named cause, continuously.
-
-    Every option that is given is used or refused before anything starts (one line, exit 1).
-    Exit status: 0 at --duration or on SIGTERM/SIGINT (the summary printed), 3 when the
-    probe or the watched process died or its ring became unreadable, 1 on bad input or a
-    spike log that could not be written. A run with samples is recorded in history (--db,
-    --no-history): its summary, spikes by cause and the host fingerprint."""
+    """``hftagent watch`` (HELP): options → one checked request → one run → render."""
     from agent.watch import options, report
     from agent.watch.runner import run_watch
 
