@@ -14,9 +14,9 @@ import signal
 import sys
 from collections.abc import Callable
 
+from agent.watch import session as session_mod  # (its WatchSession looked up at each run)
 from agent.watch.metrics_feed import MetricsFeed, watch_metrics
 from agent.watch.options import WatchRequest
-from agent.watch.session import WatchSession
 from collectors.host import Host
 
 # the exporter's bounded source label: the built-in probe, a client ring, an attached process
@@ -40,7 +40,7 @@ def run_watch(req: WatchRequest, host: Host, *, say: Callable[[str], None] = _st
                        p99_budget_us=req.p99_budget_us) if req.listen is not None else None
     metrics = MetricsFeed(wm) if wm is not None else None
     view = _live_view(req, say)
-    session = WatchSession(cfg, host, metrics=metrics, view=view, on_phase=on_phase,
+    session = session_mod.WatchSession(cfg, host, metrics=metrics, view=view, on_phase=on_phase,
                            on_record=None if metrics is None else metrics.on_record)
     session.open_outputs()  # --spike-log, --flight-dir: refused here, before anything runs
     exporter = None
@@ -91,7 +91,7 @@ class _stop_signals:
     """SIGTERM and SIGINT ask ``session`` to stop (:meth:`WatchSession.request_stop`) while
     the block runs; the previous handlers come back after it."""
 
-    def __init__(self, session: WatchSession) -> None:
+    def __init__(self, session: session_mod.WatchSession) -> None:
         self.session = session
         self.old: dict = {}
 
@@ -105,7 +105,7 @@ class _stop_signals:
             signal.signal(s, h)
 
 
-def _collector_signals(session: WatchSession, summary: dict) -> None:
+def _collector_signals(session: session_mod.WatchSession, summary: dict) -> None:
     """Add to each working collector's summary entry the signals it found unsupported
     (``unsupported_signals``: perf's hardware events in a VM without a PMU, cpufreq ...),
     and to perf's its counts over the run (``totals``)."""
