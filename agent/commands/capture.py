@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from agent.commands.common import ProcfsOpt, RootOpt, SysfsOpt, cli_errors, fail, make_host
+from agent.commands.common import (
+    ProcfsOpt,
+    RootOpt,
+    SysfsOpt,
+    fail,
+    make_host,
+    register_command,
+)
 
 HELP = """Capture this host's /proc and /sys files (the ones audit reads) into DIR.
 
@@ -18,7 +25,8 @@ status (no environments, no command lines). Read-only on the host."""
 
 
 def capture(
-    out: Annotated[Path, typer.Option("--out", help="Directory to create (must not exist).")],
+    out: Annotated[Path, typer.Option("--out", metavar="DIR",
+                                      help="Directory to create (must not exist).")],
     root: RootOpt = "/",
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
@@ -71,4 +79,4 @@ def _cpu_identity(dfd: int) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("capture", help=HELP)(cli_errors(capture))
+    register_command(app, "capture", capture, HELP)

@@ -132,6 +132,13 @@ def cli_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise  # the command's own exit status (audit's 2): not an error to classify
+        except BrokenPipeError:
+            # The reader stopped early (`hftagent history export | head -1`): quiet, exit 0,
+            # as `head` users expect. Here, because click answers an EPIPE that reaches it
+            # with exit status 1; stdout is pointed at /dev/null so that no later flush
+            # complains either.
+            quiet_stdout()
+            raise typer.Exit(0) from None
         except PermissionError as exc:
             raise fail(f"permission denied: {exc.filename or exc} (retry as root)") from None
         except Exception as exc:
@@ -139,6 +146,18 @@ def cli_errors(fn: F) -> F:
                 raise fail(str(exc)) from None
             raise
     return wrapper  # type: ignore[return-value]
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null (its reader is gone): nothing more is written, no flush
+    fails."""
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def check_output_file(path: str, opt: str = "--out") -> None:

@@ -5,11 +5,21 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 
-from agent.commands.common import DbOpt, JsonOpt, cli_errors, fail
+from agent.commands.common import (
+    CpusOpt,
+    DbOpt,
+    InterOpt,
+    IntraOpt,
+    JsonOpt,
+    ModelOpt,
+    fail,
+    register_command,
+)
 from agent.defaults import JITTER_THRESHOLD_US
 from agent.errors import AgentError
 
@@ -36,61 +46,80 @@ PROBE_OPTIONS = ("scenarios", "cold_processes", "model", "builtin", "variant", "
 MAX_BASELINE_BYTES = 256 << 20
 
 
-def gate(
-    ctx: typer.Context,
-    run: Annotated[str | None, typer.Option("--run", help="Gate this history run (id or "
-                                            "'latest') instead of probing now.")] = None,
-    baseline: Annotated[str, typer.Option("--baseline", help="RUN id | FILE.json | last-pass")
-                        ] = "last-pass",
-    max_p99_regression: Annotated[str, typer.Option("--max-p99-regression",
-                                                    help="Allowed P99 increase, e.g. 10%.")
-                                  ] = "10%",
-    max_p99_us: Annotated[float | None, typer.Option("--max-p99-us", help="Absolute P99 "
-                                                     "budget in µs.")] = None,
-    max_cold_start_us: Annotated[float | None, typer.Option("--max-cold-start-us",
-                                                            help="Cold-start budget in µs "
-                                                            "(first call; P99 over fresh "
-                                                            "processes for 'cold').")] = None,
-    max_jitter_rate: Annotated[str, typer.Option("--max-jitter-rate", help="Allowed share of "
-                                                 "samples over --jitter-threshold-us "
-                                                 "(0.0005 or 0.05%; 'off').")] = "0.0005",
-    jitter_threshold_us: Annotated[float, typer.Option("--jitter-threshold-us",
-                                                       help="Tail-jitter threshold in µs.")
-                                   ] = JITTER_THRESHOLD_US,
-    allow_mismatch: Annotated[bool, typer.Option("--allow-mismatch", help="Compare even when "
-                                                 "the host fingerprints differ.")] = False,
-    scenarios: Annotated[str, typer.Option("--scenarios", help="Comma list of cold, warm, "
-                                           "stressed (warm under a standard load on the "
-                                           "housekeeping CPUs: P99.9 ≤ 1.5× quiet), "
-                                           "concurrent16 (probing only).")] = "warm",
-    cold_processes: Annotated[int, typer.Option("--cold-processes", help="Fresh processes "
-                                                "for the cold scenario.")] = 5,
-    model: Annotated[str | None, typer.Option("--model", help="Model to probe, or numpy "
-                                              "(TF-free stand-in; default: built-in).")
-                                 ] = None,
-    builtin: Annotated[str, typer.Option("--builtin", help="Built-in model.")] = "lstm",
-    variant: Annotated[str | None, typer.Option("--variant", help="One probe variant "
-                                                "(default tflite; numpy for --model numpy, "
-                                                "the TF-free numpy stand-in).")] = None,
-    samples: Annotated[int | None, typer.Option("--samples", help="Timed samples (default "
-                                                "6636).")] = None,
-    duration: Annotated[float | None, typer.Option("--duration", help="Time budget per run "
-                                                   "in seconds.")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Minimum warm-up calls.")] = 200,
-    cpus: Annotated[str | None, typer.Option("--cpus", help="Pin the probe to these CPUs.")
-                    ] = None,
-    intra: Annotated[int | None, typer.Option("--intra", help="TF intra-op threads.")] = None,
-    inter: Annotated[int | None, typer.Option("--inter", help="TF inter-op threads.")] = None,
-    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")] = 2000,
-    seed: Annotated[int | None, typer.Option("--seed", help="Bootstrap seed (reproducible "
-                                             "intervals).")] = None,
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-) -> None:
+RunOpt = Annotated[str | None, typer.Option("--run", metavar="ID", help="Gate this history "
+                                            "run (an id or 'latest') instead of probing now.")]
+BaselineOpt = Annotated[str, typer.Option("--baseline", metavar="BASELINE",
+                                          help="ID | FILE | last-pass: the run to compare "
+                                          "with: a history run id, a "
+                                          "history export or probe --json file, or the newest "
+                                          "earlier passing run of the same model, variant and "
+                                          "scenario.")]
+RegressionOpt = Annotated[str, typer.Option("--max-p99-regression", metavar="RATIO",
+                                            help="Allowed P99 increase, e.g. 10%.")]
+P99UsOpt = Annotated[float | None, typer.Option("--max-p99-us", metavar="US",
+                                                help="Absolute P99 budget in µs.")]
+ColdUsOpt = Annotated[float | None, typer.Option(
+    "--max-cold-start-us", metavar="US", help="Cold-start budget in µs (first call; P99 over "
+    "fresh processes for 'cold').")]
+JitterRateOpt = Annotated[str, typer.Option(
+    "--max-jitter-rate", metavar="RATIO", help="Allowed share of samples over "
+    "--jitter-threshold-us (0.0005 or 0.05%; 'off').")]
+JitterUsOpt = Annotated[float, typer.Option("--jitter-threshold-us", metavar="US",
+                                            help="Tail-jitter threshold in µs.")]
+MismatchOpt = Annotated[bool, typer.Option("--allow-mismatch", help="Compare even when the "
+                                           "host fingerprints differ.")]
+ScenariosOpt = Annotated[str, typer.Option(
+    "--scenarios", metavar="LIST", help="Comma list of cold, warm, stressed (warm under a "
+    "standard load on the housekeeping CPUs: P99.9 ≤ 1.5× quiet), concurrent16 (probing "
+    "only).")]
+ColdProcOpt = Annotated[int, typer.Option("--cold-processes", metavar="N",
+                                          help="Fresh processes for the cold scenario.")]
+GateBuiltinOpt = Annotated[str, typer.Option("--builtin", metavar="NAME",
+                                             help="Built-in model.")]
+VariantOpt = Annotated[str | None, typer.Option(
+    "--variant", metavar="NAME", help="One probe variant (default tflite; numpy for --model "
+    "numpy, the TF-free numpy stand-in).")]
+SamplesOpt = Annotated[int | None, typer.Option("--samples", metavar="N",
+                                                help="Timed samples (default 6636).")]
+DurationOpt = Annotated[float | None, typer.Option("--duration", metavar="SECONDS",
+                                                   help="Time budget per run.")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", metavar="N",
+                                        help="Minimum warm-up calls.")]
+ResamplesOpt = Annotated[int, typer.Option("--resamples", metavar="N",
+                                           help="Bootstrap resamples.")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", metavar="N", help="Bootstrap seed "
+                                             "(reproducible intervals).")]
+
+
+@dataclass
+class GateRequest:
+    """A gate, checked before the probe starts or the database is touched: the limits, the
+    scenarios, the run to gate (an id, the latest, or a probe now with its settings) and the
+    baseline (a run id, a file's document, or last-pass)."""
+
+    limits: object
+    scenarios: list[str]
+    run: str | None
+    run_id: int | None
+    baseline: str
+    base_run: int | None
+    base_file: dict | None
+    settings: object
+    configs: list | None
+    cold_processes: int
+    allow_mismatch: bool
+    db: str | None
+    json: bool
+
+
+def parse(ctx: typer.Context, *, run, baseline, max_p99_regression, max_p99_us,
+          max_cold_start_us, max_jitter_rate, jitter_threshold_us, allow_mismatch, scenarios,
+          cold_processes, model, builtin, variant, samples, duration, warmup, cpus, intra,
+          inter, resamples, seed, db, json_out) -> GateRequest:
     import re
 
     from agent.gate import evaluate as g
-    from agent.gate.history import History, parse_run_id
+    from agent.gate.history import parse_run_id
 
     limits = g.Limits(
         max_p99_regression=g.parse_ratio(max_p99_regression, "--max-p99-regression"),
@@ -127,57 +156,89 @@ def gate(
                                             variant=variant, samples=samples,
                                             duration=duration, warmup=warmup, cpus=cpus,
                                             intra=intra, inter=inter)
+    return GateRequest(limits, names, run, run_id, baseline, base_run, base_file, settings,
+                       configs, cold_processes, allow_mismatch, db, json_out)
 
-    with History(db, create=run is None) as h:
-        if run is not None:
-            rid = h.latest_id() if run_id is None else run_id
+
+def execute(req: GateRequest) -> list:
+    """Probe now (or take the run), gate each scenario against its baseline, record each
+    verdict; the verdicts."""
+    from agent.gate.history import History
+    with History(req.db, create=req.run is None) as h:
+        if req.run is not None:
+            rid = h.latest_id() if req.run_id is None else req.run_id
             current_ids = [(h.get(rid).scenario or "warm", rid)]
         else:
-            current_ids = _probe_now(h, names, settings, configs, variant=settings.variants[0],
-                                     cold_processes=cold_processes)
-        verdicts = []
-        for scen, rid in current_ids:
-            cur_run = h.get(rid)
-            cur = _input_from_run(h, cur_run)
-            if base_file is not None:
-                base = _input_from_file(base_file, cur_run.variant, baseline)
-                base_id = None
-            elif base_run is not None:
-                b = h.get(base_run)
-                if b.id == cur_run.id:
-                    raise fail(f"--baseline {b.id} is the run being gated")
-                base, base_id = _input_from_run(h, b), b.id
-            else:
-                b = h.last_pass(model_key_=cur_run.model_key, variant=cur_run.variant,
-                                scenario=cur_run.scenario, before=cur_run.id)
-                base, base_id = (_input_from_run(h, b), b.id) if b else (None, None)
-                if base is not None:
-                    fam = h.baseline_family(model_key_=cur_run.model_key,
-                                            variant=cur_run.variant, scenario=cur_run.scenario,
-                                            before=cur_run.id, limit=FAMILY_RUNS)
-                    base.family_p99_ns = [r.p99_ns for r in fam]
-            from agent.gate.fingerprint import differences
-            mism = differences(base.fingerprint, cur.fingerprint) if base is not None else []
-            v = g.evaluate(cur, base, limits, scenario=scen, mismatches=mism,
-                           allow_mismatch=allow_mismatch, relative=scen != "cold")
-            if scen == "stressed":
-                v.checks.extend(_stressed_checks(h, cur, cur_run, current_ids))
-            if base is not None and cur_run.model_hash and base_id is not None:
-                bm = h.get(base_id)
-                if bm.model_hash and bm.model_hash != cur_run.model_hash:
-                    v.notes.append("model content changed since the baseline")
-                if bm.variant != cur_run.variant:
-                    v.notes.append(f"variant changed: {bm.variant} → {cur_run.variant}")
-            h.add_gate_result(cur_run.id, base_id, scen, v.status, v.to_dict())
-            verdicts.append(v)
+            current_ids = _probe_now(h, req.scenarios, req.settings, req.configs,
+                                     variant=req.settings.variants[0],
+                                     cold_processes=req.cold_processes)
+        return [_verdict(h, req, scen, rid, current_ids) for scen, rid in current_ids]
+
+
+def _verdict(h, req: GateRequest, scen: str, rid: int, current_ids):
+    from agent.gate import evaluate as g
+    from agent.gate.fingerprint import differences
+    cur_run = h.get(rid)
+    cur = _input_from_run(h, cur_run)
+    if req.base_file is not None:
+        base = _input_from_file(req.base_file, cur_run.variant, req.baseline)
+        base_id = None
+    elif req.base_run is not None:
+        b = h.get(req.base_run)
+        if b.id == cur_run.id:
+            raise fail(f"--baseline {b.id} is the run being gated")
+        base, base_id = _input_from_run(h, b), b.id
+    else:
+        b = h.last_pass(model_key_=cur_run.model_key, variant=cur_run.variant,
+                        scenario=cur_run.scenario, before=cur_run.id)
+        base, base_id = (_input_from_run(h, b), b.id) if b else (None, None)
+        if base is not None:
+            fam = h.baseline_family(model_key_=cur_run.model_key, variant=cur_run.variant,
+                                    scenario=cur_run.scenario, before=cur_run.id,
+                                    limit=FAMILY_RUNS)
+            base.family_p99_ns = [r.p99_ns for r in fam]
+    mism = differences(base.fingerprint, cur.fingerprint) if base is not None else []
+    v = g.evaluate(cur, base, req.limits, scenario=scen, mismatches=mism,
+                   allow_mismatch=req.allow_mismatch, relative=scen != "cold")
+    if scen == "stressed":
+        v.checks.extend(_stressed_checks(h, cur, cur_run, current_ids))
+    if base is not None and cur_run.model_hash and base_id is not None:
+        bm = h.get(base_id)
+        if bm.model_hash and bm.model_hash != cur_run.model_hash:
+            v.notes.append("model content changed since the baseline")
+        if bm.variant != cur_run.variant:
+            v.notes.append(f"variant changed: {bm.variant} → {cur_run.variant}")
+    h.add_gate_result(cur_run.id, base_id, scen, v.status, v.to_dict())
+    return v
+
+
+def show(req: GateRequest, verdicts: list) -> None:
+    from agent.gate import evaluate as g
     code = g.exit_code(verdicts)
-    if json_out:
-        print(json.dumps({"schema": "hftagent.gate.evaluate", "schema_version": 1, "exit_code": code,
-                          "verdicts": [v.to_dict() for v in verdicts]}, indent=2,
-                         default=_default))
+    if req.json:
+        print(json.dumps({"schema": "hftagent.gate.evaluate", "schema_version": 1,
+                          "exit_code": code, "verdicts": [v.to_dict() for v in verdicts]},
+                         indent=2, default=_default))
     else:
         render(verdicts, code)
     raise typer.Exit(code)
+
+
+def gate(ctx: typer.Context, run: RunOpt = None, baseline: BaselineOpt = "last-pass",
+         max_p99_regression: RegressionOpt = "10%", max_p99_us: P99UsOpt = None,
+         max_cold_start_us: ColdUsOpt = None, max_jitter_rate: JitterRateOpt = "0.0005",
+         jitter_threshold_us: JitterUsOpt = JITTER_THRESHOLD_US,
+         allow_mismatch: MismatchOpt = False, scenarios: ScenariosOpt = "warm",
+         cold_processes: ColdProcOpt = 5, model: ModelOpt = None,
+         builtin: GateBuiltinOpt = "lstm", variant: VariantOpt = None,
+         samples: SamplesOpt = None, duration: DurationOpt = None, warmup: WarmupOpt = 200,
+         cpus: CpusOpt = None, intra: IntraOpt = None, inter: InterOpt = None,
+         resamples: ResamplesOpt = 2000, seed: SeedOpt = None, db: DbOpt = None,
+         json_out: JsonOpt = False) -> None:
+    args = dict(locals())
+    del args["ctx"]
+    req = parse(ctx, **args)
+    show(req, execute(req))
 
 
 def _stressed_checks(h, cur, cur_run, current_ids) -> list:
@@ -227,8 +288,9 @@ def _probe_now(h, names: list[str], settings, configs, *, variant,
     fp = collect()
     out = []
     for name in names:
-        if sys.stderr.isatty():
-            print(f"hftagent gate: running scenario {name} ({variant})...", file=sys.stderr)
+        # one line per scenario on stderr, terminal or not: a gate runs for seconds to minutes
+        print(f"hftagent gate: running scenario {name} ({variant})...", file=sys.stderr,
+              flush=True)
         sr = g.run_scenario(name, settings, configs[0], cold_processes=cold_processes)
         spec = settings.model
         from agent.gate.history import _builtin_hash, model_hash, model_key
@@ -328,30 +390,36 @@ def _input_from_file(doc: dict, variant: str | None, path: str):
     return GateInput(label, None, r["latency"]["p99_ns"], r["latency"]["count"], colds, None)
 
 
-def render(verdicts, code: int) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-    con = Console()
-    style = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim",
-             "insufficient": "magenta", "not-comparable": "bold yellow"}
+STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim",
+                "insufficient": "magenta", "not-comparable": "bold yellow"}
+VERDICT_WORDS = {0: "pass", 1: "FAIL", 2: "NOT COMPARABLE (--allow-mismatch to compare anyway)",
+                 3: "INSUFFICIENT SAMPLES"}
+
+
+def render(verdicts, code: int, con=None) -> None:
+    """Each scenario's checks (a table on a wide terminal, a list otherwise: agent/textout.py),
+    host differences and notes as text (never markup), then the verdict and exit status."""
+    from rich.text import Text
+
+    from agent import textout
+    con = con or textout.console()
+    cols = [textout.Column("check"), textout.Column("status"), textout.Column("value"),
+            textout.Column("limit"), textout.Column("detail")]
     for v in verdicts:
-        t = Table(title=f"gate \\[{v.scenario}] {v.current} vs {v.baseline or 'no baseline'}: "
-                        f"[{style.get(v.status, '')}]{v.status}[/]", title_justify="left")
-        for col in ("check", "status", "value", "limit", "detail"):
-            t.add_column(col, overflow="fold")
-        for c in v.checks:
-            t.add_row(c.name, f"[{style.get(c.status, '')}]{c.status}[/]", escape(c.value),
-                      escape(c.limit), escape(c.detail))
-        con.print(t)
+        title = Text(f"gate [{v.scenario}] {v.current} vs {v.baseline or 'no baseline'}: ",
+                     style="bold")
+        title.append(v.status, style=STATUS_STYLE.get(v.status, ""))
+        rows = [textout.Row({"check": Text(c.name), "value": Text(c.value),
+                             "limit": Text(c.limit), "detail": Text(c.detail)},
+                            tag=c.status, tag_style=STATUS_STYLE.get(c.status, ""))
+                for c in v.checks]
+        textout.show(con, title, cols, rows, head=("check",), tag_column="status")
         for m in v.mismatches:
-            con.print(f"  host differs: {escape(m)}", style="yellow")
+            textout.line(con, f"  host differs: {m}", style="yellow")
         for n in v.notes:
-            con.print(f"  note: {escape(n)}", style="dim")
-    words = {0: "pass", 1: "FAIL", 2: "NOT COMPARABLE (--allow-mismatch to compare anyway)",
-             3: "INSUFFICIENT SAMPLES"}
-    con.print(f"gate: {words[code]} (exit {code})")
+            textout.line(con, f"  note: {n}", style="dim")
+    textout.line(con, f"gate: {VERDICT_WORDS[code]} (exit {code})")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("gate", help=HELP)(cli_errors(gate))
+    register_command(app, "gate", gate, HELP)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from agent.commands.common import JsonOpt, cli_errors, fail
+from agent.commands.common import JsonOpt, fail, register_command
 
 HELP = """Profile CMD's GPU kernels with Nsight Compute (ncu) and report kernel count, kernel time
 per inference vs wall time (launch-bound or compute-bound) and the top kernels.
@@ -22,7 +22,9 @@ Every option is checked before ncu starts: --ncu must be an executable, --keep-c
 or a regular file of ours in an existing directory (never a symlink: ncu writes its log in a
 private directory, copied there at the end), --timeout at most a day.
 
-Example: hftagent profile --nsight --inferences 200 --wall-us 296 -- python3 infer.py"""
+Example:
+
+  hftagent profile --nsight --inferences 200 --wall-us 296 -- python3 infer.py"""
 
 MAX_TIMEOUT_S = 86_400.0   # a day
 MAX_WALL_US = 1e9          # 1000 s per inference
@@ -31,7 +33,8 @@ MAX_TOP = 10_000
 
 def profile(
     ctx: typer.Context,
-    nsight: Annotated[bool, typer.Option("--nsight", help="Profile with Nsight Compute (ncu).")] = False,
+    nsight: Annotated[bool, typer.Option("--nsight",
+                                         help="Profile with Nsight Compute (ncu).")] = False,
     inferences: Annotated[int | None, typer.Option("--inferences", min=1,
                           help="Inferences CMD runs (kernels are divided by this).")] = None,
     wall_us: Annotated[float | None, typer.Option("--wall-us",
@@ -111,5 +114,5 @@ def _profile_keeping_csv(cmd: list[str], keep_csv: str, **kw):
 
 
 def register(app: typer.Typer) -> None:
-    app.command("profile", help=HELP, context_settings={
-        "allow_extra_args": True, "ignore_unknown_options": True})(cli_errors(profile))
+    register_command(app, "profile", profile, HELP, allow_extra_args=True,
+                     ignore_unknown_options=True)

@@ -10,14 +10,17 @@ from typing import Annotated
 import typer
 
 from agent.commands.common import (
+    BuiltinOpt,
+    CpusOpt,
     JsonOpt,
+    ModelOpt,
     ProcfsOpt,
     ProfileOpt,
     RootOpt,
     SysfsOpt,
-    cli_errors,
     fail,
     make_host,
+    register_command,
 )
 
 HELP = ("Plan, apply, verify and roll back runtime host settings from a profile.\n\n"
@@ -26,17 +29,18 @@ HELP = ("Plan, apply, verify and roll back runtime host settings from a profile.
         "arguments are never applied: they are printed as grubby/GRUB commands "
         "(pending-reboot).")
 
-CpusOpt = Annotated[str | None, typer.Option("--cpus", help="Target (inference) CPUs, e.g. 2-5. "
-                                             "IRQs are moved off them. Default: isolated CPUs.")]
-StateOpt = Annotated[str | None, typer.Option("--state-dir", help="Journal directory (default "
+StateOpt = Annotated[str | None, typer.Option("--state-dir", metavar="DIR",
+                                              help="Journal directory (default "
                                               "ROOT/run/hftagent: tmpfs on a live box). It "
                                               "must be owned by root or you and not writable "
                                               "by others; only symlinks owned by root or you "
                                               "are followed to it.")]
-OnlyOpt = Annotated[list[str] | None, typer.Option("--only", help="Only these tunables or "
+OnlyOpt = Annotated[list[str] | None, typer.Option("--only", metavar="NAME",
+                                                   help="Only these tunables or "
                                                    "families (repeatable): cpu, irq.affinity, "
                                                    "isolate...")]
-SkipOpt = Annotated[list[str] | None, typer.Option("--skip", help="Skip these tunables or "
+SkipOpt = Annotated[list[str] | None, typer.Option("--skip", metavar="NAME",
+                                                   help="Skip these tunables or "
                                                    "families (repeatable), e.g. --skip gpu.")]
 IsolateOpt = Annotated[bool, typer.Option("--isolate", help="Runtime isolation of --cpus on top "
                                           "of the profile, whatever it says (hft-cpu and hft-gpu "
@@ -95,7 +99,9 @@ def _setup(root, procfs, sysfs, profile, cpus, only, skip, state_dir, isolate=Fa
 
 
 def _groups(rows, key):
-    """Group rows (tunable id, target, index, *rest) into compact target sets per key."""
+    """Group rows (tunable id, target, index, *rest) into compact target sets per key: CPUs and
+    IRQs as ranges (``cpu 0-3``, ``irq 24-26``), file targets by their whole path (never
+    shortened: --json has the same)."""
     from collectors.parsers import format_cpulist
     from tuning.tunables import by_id
 
@@ -110,79 +116,133 @@ def _groups(rows, key):
         if t and all(i is not None for i in idx) and t.scope:
             where = f"{t.scope} {format_cpulist(idx)}"
         else:
-            # a global file target: its last two path components say enough in a table
-            # (--json keeps the full path)
-            short = ["/".join(r["target"].split("/")[-2:]) if r["target"].startswith("/")
-                     else r["target"] for r in rs]
-            where = ", ".join(short[:3]) + (f" (+{len(rs) - 3})" if len(rs) > 3 else "")
+            where = ", ".join(dict.fromkeys(r["target"] for r in rs))
         out.append((k, where))
     return out
 
 
+def _value(v: str | None) -> str:
+    """A value as read or written: never an empty string or None in the output."""
+    if v is None:
+        return "unreadable"
+    return v if v.strip() else "(empty)"
+
+
 def _console():
-    from rich.console import Console
-    return Console()
+    from agent.textout import console
+    return console()
+
+
+def _heading(con, title: str, *fields: tuple[str, str]) -> None:
+    """The command's first line: its title, then ``label value`` pairs; the values (a profile
+    name, a journal path) printed as text, never as markup."""
+    from agent.textout import line
+    parts: list = [(title, "bold")]
+    for label, value in fields:
+        parts += [f"  {label} ", (value, "cyan")]
+    line(con, *parts)
+
+
+def _plan_columns():
+    from agent.textout import Column
+    return [Column("tunable"), Column("targets"), Column("current"), Column("desired"),
+            Column("note")]
 
 
 def _render_plan(plan, prof, ctx, title: str) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
+    from agent.textout import Row, line, show
     from collectors.parsers import format_cpulist
     from tuning.apply import UNAVAILABLE
     from tuning.tunables import PENDING_REBOOT, WRITE
 
     con = _console()
-    con.print(f"[bold]{title}[/bold]  profile [cyan]{prof.name}[/cyan]  target CPUs "
-              f"[cyan]{format_cpulist(ctx.cpus) or 'none'}[/cyan]  online "
-              f"{format_cpulist(ctx.online)}")
+    _heading(con, title, ("profile", prof.name),
+             ("target CPUs", format_cpulist(ctx.cpus) or "none"),
+             ("online", format_cpulist(ctx.online)))
     rows = [c.to_dict() for c in plan.changes if c.kind == WRITE]
     if rows:
-        t = Table(show_lines=False, pad_edge=False)
-        t.add_column("tunable", no_wrap=True)
-        t.add_column("targets", overflow="fold")
-        for col in ("current", "desired", "note"):
-            t.add_column(col, overflow="fold")
-        for (tid, cur, des, det), where in _groups(
-                rows, lambda r: (r["current"], r["desired"], r["detail"])):
-            t.add_row(tid, where, "unreadable" if cur is None else cur, des, det)
-        con.print(t)
+        show(con, None, _plan_columns(), [
+            Row({"tunable": tid, "targets": where, "current": _value(cur), "desired": des,
+                 "note": det}, tag="change", tag_style="yellow")
+            for (tid, cur, des, det), where in _groups(
+                rows, lambda r: (r["current"], r["desired"], r["detail"]))],
+            head=("tunable", "targets"))
     else:
-        con.print("[green]nothing to change at runtime[/green]")
+        line(con, ("nothing to change at runtime", "green"))
     _render_notes(con, plan)
     boot = [c for c in plan.changes if c.kind == PENDING_REBOOT]
     if boot:
         _render_recipe(con, boot[0].detail)
     for c in plan.changes:
         if c.kind not in (WRITE, PENDING_REBOOT):
-            con.print(Text(f"manual: {c.tunable}: {c.detail}", style="yellow"))
+            line(con, f"manual: {c.tunable}: {c.detail}", style="yellow")
     na = [it for it in plan.items if it.state == UNAVAILABLE]
     if na:
-        con.print(Text("not tunable here: " + "; ".join(f"{it.tunable.id} ({it.reason})"
-                                                         for it in na), style="dim"))
+        line(con, "not tunable here:", style="dim")
+        reasons: dict[str, list[str]] = {}
+        for it in na:
+            reasons.setdefault(it.reason, []).append(it.tunable.id)
+        for why, ids in reasons.items():  # a reason several tunables share is said once
+            line(con, f"  {', '.join(ids)}: {why}", style="dim")
 
 
 def _render_notes(con, plan) -> None:
     """What a tunable's plan does in words (isolate.tasks: how many tasks move, which pinned
     ones stay)."""
-    from rich.text import Text
+    from agent.textout import line
 
     for it in plan.items:
         if it.note:
-            con.print(Text(f"{it.tunable.id}: {it.note}"), highlight=False)
+            line(con, f"{it.tunable.id}: {it.note}")
 
 
 def _render_recipe(con, recipe: str) -> None:
     """The boot-argument recipe, one whole command per line (tuning/tunables/boot.py joins
     them with newlines): never wrapped, at any width or on a pipe, so each line pastes as the
     command it is. The reboot is said in words, once, never printed as a command."""
-    from rich.text import Text
+    from agent.textout import line
 
-    con.print("[magenta]pending-reboot[/magenta] (never applied; run these yourself):")
+    line(con, ("pending-reboot", "magenta"), " (never applied; run these yourself):")
     for cmd in recipe.splitlines():
         if cmd.strip():
-            con.print(Text("    " + cmd), soft_wrap=True, highlight=False)
-    con.print("then reboot")
+            line(con, "    " + cmd)
+    line(con, "then reboot")
+
+
+RESULT_STYLE = {"applied": "green", "restored": "green", "holds": "green",
+                "unchangeable": "yellow", "drift": "yellow", "was-original": "dim",
+                "already": "dim"}
+
+
+def _render_rows(con, title: str, fields: list[tuple[str, str]], rows: list[dict],
+                 result_key: str, extra: str) -> None:
+    """apply/rollback/status outcomes: per tunable and result, its targets, the value and the
+    note (a table on a wide terminal, a list otherwise)."""
+    from agent.textout import Column, Row, show
+
+    _heading(con, title, *fields)
+    if not rows:
+        return
+    cols = [Column("tunable"), Column("targets"), Column("result"), Column(extra),
+            Column("note")]
+    out = []
+    for (tid, res, val, msg), where in _groups(
+            rows, lambda r: (r[result_key], str(r.get("_val")), r.get("message", ""))):
+        style = RESULT_STYLE.get(res, "red")
+        out.append(Row({"tunable": tid, "targets": where, extra: val, "note": msg},
+                       tag=res, tag_style=style))
+    show(con, None, cols, out, head=("tunable", "targets"), tag_column="result")
+
+
+def _render_findings(con, findings) -> None:
+    """tune apply's verification: audit's table on a wide terminal, its list otherwise."""
+    from agent.render import findings_list, findings_table, use_table
+    from agent.textout import line
+    if use_table(con):
+        con.print(findings_table(findings, title="verify"))
+    else:
+        line(con, ("verify", "bold"))
+        findings_list(con, findings)
 
 
 def _plan_json(plan, prof, ctx) -> dict:
@@ -190,26 +250,6 @@ def _plan_json(plan, prof, ctx) -> dict:
     return {"profile": prof.name, "cpus": format_cpulist(ctx.cpus),
             "online": format_cpulist(ctx.online),
             "items": [it.to_dict() for it in plan.items]}
-
-
-def _render_rows(title: str, rows: list[dict], result_key: str, extra: str) -> None:
-    from rich.table import Table
-
-    con = _console()
-    con.print(f"[bold]{title}[/bold]")
-    if not rows:
-        return
-    t = Table(pad_edge=False)
-    t.add_column("tunable", no_wrap=True)
-    for col in ("targets", "result", extra, "note"):
-        t.add_column(col, overflow="fold")
-    for (tid, res, val, msg), where in _groups(
-            rows, lambda r: (r[result_key], str(r.get("_val")), r.get("message", ""))):
-        style = {"applied": "green", "restored": "green", "holds": "green",
-                 "unchangeable": "yellow", "drift": "yellow", "was-original": "dim",
-                 "already": "dim"}.get(res, "red")
-        t.add_row(tid, where, f"[{style}]{res}[/{style}]", val, msg)
-    con.print(t)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,18 +305,18 @@ def apply_cmd(profile: ProfileOpt = "hft-cpu", cpus: CpusOpt = None, only: OnlyO
     elif dry_run:
         _render_plan(plan, prof, ctx, "hftagent tune apply --dry-run (nothing written)")
     else:
-        from agent.render import findings_table
-        rows = [{**o.to_dict(), "_val": o.change.desired} for o in report.outcomes
+        rows = [{**o.to_dict(), "_val": _value(o.change.desired)} for o in report.outcomes
                 if o.change.kind == "write"]
-        _render_rows(f"hftagent tune apply  profile {prof.name}  journal {report.journal}",
+        con = _console()
+        _render_rows(con, "hftagent tune apply", [("profile", prof.name),
+                                                  ("journal", str(report.journal))],
                      rows, "result", "value")
         boot = [o for o in report.outcomes if o.result == "pending-reboot"]
-        con = _console()
         _render_notes(con, plan)
         if boot:
             _render_recipe(con, boot[0].message)
         if report.findings:
-            con.print(findings_table(report.findings, title="verify"))
+            _render_findings(con, report.findings)
     if dry_run:
         raise typer.Exit(2 if plan.changes else 0)
     failed = [o for o in report.outcomes if o.result == FAILED]
@@ -320,16 +360,17 @@ def rollback_cmd(force: Annotated[bool, typer.Option("--force", help="Restore or
                           "torn": rep.torn, "items": [i.to_dict() for i in rep.items]},
                          indent=2))
     else:
-        from rich.text import Text
+        from agent.textout import line
 
-        rows = [{**i.to_dict(), "_val": i.current} for i in rep.items]
-        _render_rows(f"hftagent tune rollback  journal {rep.journal}", rows, "result", "now")
+        rows = [{**i.to_dict(), "_val": _value(i.current)} for i in rep.items]
         con = _console()
+        _render_rows(con, "hftagent tune rollback", [("journal", str(rep.journal))], rows,
+                     "result", "now")
         if rep.note:
-            con.print(Text(rep.note, style="yellow" if rep.torn else ""), highlight=False)
+            line(con, rep.note, style="yellow" if rep.torn else "")
         left = f"{rep.remaining} journal entr{'y' if rep.remaining == 1 else 'ies'} left"
-        con.print(left + (f" (one of them the torn record); journal kept: {rep.journal}"
-                          if rep.torn else ""), highlight=False)
+        line(con, left + (f" (one of them the torn record); journal kept: {rep.journal}"
+                          if rep.torn else ""))
     if any(i.result == FAILED for i in rep.items):
         raise typer.Exit(1)
     raise typer.Exit(0 if rep.ok else 2)
@@ -365,32 +406,34 @@ def status_cmd(state_dir: StateOpt = None, json_out: JsonOpt = False, root: Root
                           "all_hold": rep.all_hold, "torn": rep.torn,
                           "items": [i.to_dict() for i in rep.items]}, indent=2))
     else:
+        from agent.textout import line
+
         con = _console()
         if not rep.exists:
-            con.print(f"nothing applied (no journal at {rep.journal})")
+            line(con, f"nothing applied (no journal at {rep.journal})")
         elif rep.stale:
-            con.print(f"[yellow]journal {rep.journal} is from an earlier boot ({rep.boot_id}): "
-                      "not replayed; `hftagent tune rollback --discard-stale` removes it"
-                      "[/yellow]")
+            line(con, f"journal {rep.journal} is from an earlier boot ({rep.boot_id}): not "
+                 "replayed; `hftagent tune rollback --discard-stale` removes it",
+                 style="yellow")
         else:
-            rows = [{**i.to_dict(), "_val": f"{i.written} (was {i.original})"} for i in rep.items]
-            _render_rows(f"hftagent tune status  profile {rep.profile}  target CPUs "
-                         f"{rep.cpus or 'none'}  journal {rep.journal}", rows, "result",
-                         "applied (original)")
+            rows = [{**i.to_dict(), "_val": f"{_value(i.written)} (was {_value(i.original)})"}
+                    for i in rep.items]
+            _render_rows(con, "hftagent tune status", [
+                ("profile", rep.profile or "unknown"), ("target CPUs", rep.cpus or "none"),
+                ("journal", str(rep.journal))], rows, "result", "applied (original)")
             if rep.torn:
-                from rich.text import Text
-                con.print(Text(rep.torn, style="yellow"), highlight=False)
+                line(con, rep.torn, style="yellow")
     raise typer.Exit(2 if rep.stale or not rep.all_hold else 0)
 
 
 def register(app: typer.Typer) -> None:
-    sub = typer.Typer(name="tune", help=HELP, no_args_is_help=True)
-    sub.command("plan")(cli_errors(plan_cmd))
-    sub.command("apply")(cli_errors(apply_cmd))
-    sub.command("rollback")(cli_errors(rollback_cmd))
-    sub.command("status")(cli_errors(status_cmd))
-    sub.command("threads", context_settings={"allow_interspersed_args": False})(
-        cli_errors(threads_cmd))
+    from agent.commands.common import paragraphs
+    sub = typer.Typer(name="tune", help=paragraphs(HELP), no_args_is_help=True)
+    register_command(sub, "plan", plan_cmd)
+    register_command(sub, "apply", apply_cmd)
+    register_command(sub, "rollback", rollback_cmd)
+    register_command(sub, "status", status_cmd)
+    register_command(sub, "threads", threads_cmd, allow_interspersed_args=False)
     app.add_typer(sub, name="tune")
 
 
@@ -398,19 +441,19 @@ def threads_cmd(
     cmd: Annotated[list[str] | None, typer.Argument(help="Your inference command (after --), "
                                                     "for the printed `hftagent run` line.")]
     = None,
-    from_file: Annotated[str | None, typer.Option("--from", help="A saved `hftagent probe "
+    from_file: Annotated[str | None, typer.Option("--from", metavar="FILE", help="A saved "
+                                                  "`hftagent probe "
                                                   "--sweep threads --json` result instead of "
                                                   "running the sweep now (then the sweep's "
                                                   "own options are refused).")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="SavedModel dir, .keras or "
-                                              ".tflite (default: built-in).")] = None,
-    builtin: Annotated[str | None, typer.Option("--builtin", help="Built-in model (default "
-                                                "lstm).")] = None,
-    variant: Annotated[str | None, typer.Option("--variant", help="Variant to sweep "
-                                                "(default xla).")] = None,
-    cpus: Annotated[str | None, typer.Option("--cpus", help="CPUs the sweep may use.")] = None,
-    duration: Annotated[float | None, typer.Option("--duration", help="Seconds per "
-                                                   "configuration (default 3).")] = None,
+    model: ModelOpt = None,
+    builtin: BuiltinOpt = None,
+    variant: Annotated[str | None, typer.Option("--variant", metavar="NAME", help="Variant to "
+                                                "sweep (default xla).")] = None,
+    cpus: CpusOpt = None,
+    duration: Annotated[float | None, typer.Option("--duration", metavar="SECONDS",
+                                                   help="Seconds per configuration (default "
+                                                   "3).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Pick intra/inter/affinity from the probe's thread sweep and print the `hftagent run`
@@ -432,7 +475,8 @@ def threads_cmd(
         from agent.probe.runner import run_probe
 
         settings, configs = options.build(
-            model=model, builtin=builtin if builtin is not None else "lstm", signature="serving_default", shape=None,
+            model=model, builtin=builtin if builtin is not None else "lstm",
+            signature="serving_default", shape=None,
             input_data="random", variant=variant, samples=None, duration=duration, warmup=200,
             rate=None, threshold_us=5000.0, calib=None, intra=None, inter=None, cpus=cpus,
             sweep="threads", batch="1")
@@ -461,24 +505,30 @@ def threads_cmd(
                                             "p99_ns": r.p99_ns()} for r in result.runs]},
                          indent=2))
         raise typer.Exit(0)
-    from rich.markup import escape
-    from rich.table import Table
+    from rich.text import Text
+
+    from agent.textout import Column, Row, line, show
 
     con = _console()
-    t = Table(title="thread sweep (batch 1)", pad_edge=False)
-    for col in ("configuration", "variant", "P99 µs", ""):
-        t.add_column(col)
+    rows = []
     for r in sorted(result.runs, key=lambda r: (r.p99_ns() is None, r.p99_ns() or 0)):
         p99 = r.p99_ns()
-        t.add_row(str(r.config.get("id")), r.variant,
-                  "-" if p99 is None else f"{p99 / 1000:.1f}",
-                  "[green]best[/green]" if r.config.get("id") == rec["config"].get("id")
-                  and r.variant == rec["variant"] else (r.reason or ""))
-    con.print(t)
-    con.print(f"reproduce with: [bold]{escape(command)}[/bold]", highlight=False)
+        best = (r.config.get("id") == rec["config"].get("id") and r.variant == rec["variant"])
+        why = "" if best or eligible(r)[0] else eligible(r)[1]
+        rows.append(Row({"configuration": str(r.config.get("id")), "variant": r.variant,
+                         "P99 µs": "-" if p99 is None else f"{p99 / 1000:.1f}",
+                         "why not": Text(why)},
+                        tag="best" if best else ("ok" if r.ok and not why else
+                                                 "not recommended" if r.ok else r.status),
+                        tag_style="green" if best else "yellow"))
+    show(con, "thread sweep (batch 1)", [Column("configuration"), Column("variant"),
+                                          Column("P99 µs", right=True), Column("status"),
+                                          Column("why not")], rows,
+         head=("configuration", "variant"), tag_column="status")
+    line(con, "reproduce with: ", (command, "bold"))
     if faster:
-        con.print(f"faster: {faster['config'].get('id')} (P99 {faster['p99_ns'] / 1000:.1f} µs) "
-                  f"— {faster['note']}", markup=False, highlight=False)
+        line(con, f"faster: {faster['config'].get('id')} (P99 {faster['p99_ns'] / 1000:.1f} "
+             f"µs) — {faster['note']}")
 
 
 MAX_SWEEP_BYTES = 64 << 20  # a saved sweep with full per-sample detail is a few MB

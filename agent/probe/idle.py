@@ -93,24 +93,51 @@ def headline(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
-    """P50 and P99 against the gap (log x; gap 0 drawn at the left edge). Needs matplotlib
-    (``pip install 'hftagent[plot]'``); raises AgentError without it."""
-    from agent.plot import pyplot, save
-    plt = pyplot("--plot")
+    """P50 and P99 against the gap (log x; gap 0 drawn at the left edge). A percentile a gap
+    has too few calls to claim (P99 from 60 rounds: fewer than 662) is drawn hollow on a
+    dotted line and says so in the legend, as the table marks it with ``*``. Needs
+    matplotlib (``pip install 'hftagent[plot]'``); raises AgentError without it."""
+    from agent.plot import fmt_us, pyplot, save
+    plt = pyplot("--plot")  # matplotlib (and its Agg backend) before its submodules
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    from agent.stats import REQUIRED_SAMPLES
     xs = [r["gap_ns"] / 1e6 for r in rows]
     positive = [x for x in xs if x > 0]
     zero_at = (min(positive) / 10) if positive else 1e-3
     xs = [x if x > 0 else zero_at for x in xs]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for q, style in (("p50", "o-"), ("p99", "s--")):
-        ys = [r["latency"].get(q + "_ns") for r in rows]
-        ax.plot([x for x, y in zip(xs, ys) if y is not None],
-                [y / 1e3 for y in ys if y is not None], style, label=q.upper())
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    handles = []
+    for q, pct, marker, colour in (("p50", 50.0, "o", "tab:blue"),
+                                   ("p99", 99.0, "s", "tab:orange")):
+        pts = [(x, r["latency"].get(q + "_ns"), r["latency"].get("sufficient", {}).get(q, True))
+               for x, r in zip(xs, rows, strict=True)]
+        pts = [(x, y / 1e3, ok) for x, y, ok in pts if y is not None]
+        if not pts:
+            continue
+        all_ok = all(ok for *_, ok in pts)
+        ax.plot([x for x, *_ in pts], [y for _, y, _ in pts], color=colour,
+                linestyle="-" if all_ok else ":")
+        for x, y, ok in pts:
+            ax.plot([x], [y], marker, color=colour,
+                    markerfacecolor=colour if ok else "white")
+        label = q.upper() if all_ok else (f"{q.upper()}* (hollow: fewer than "
+                                          f"{REQUIRED_SAMPLES[pct]:,} calls at that gap)")
+        handles.append(Line2D([], [], color=colour, marker=marker,
+                              linestyle="-" if all_ok else ":",
+                              markerfacecolor=colour if all_ok else "white", label=label))
     ax.set_xscale("log")
-    ax.set_xlabel("idle gap before the call (ms; back-to-back at the left edge)")
-    ax.set_ylabel("latency (µs)")
+    if all(b / a >= 3 for a, b in zip(xs, xs[1:])):  # far enough apart: label each gap
+        from matplotlib.ticker import NullLocator
+        ax.set_xticks(xs, ["0" if r["gap_ns"] == 0 else fmt_gap(r["gap_ns"]) for r in rows])
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("idle gap before the call (back-to-back, 0, at the left edge)")
+    ax.set_ylabel("latency")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_us(v)))
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+              ncol=2, frameon=False)
     fig.tight_layout()
     save(fig, path)
