@@ -21,15 +21,24 @@ CAUSES: dict[str, str] = {
     "gpu_foreign_process": "foreign GPU process",
     "pcie_errors": "PCIe errors / degraded link",
     # the kernel events only: the probe CPU idle, the probe's wake-up late (timer slack, a
-    # C-state's exit, in a VM the halted vCPU's wake-up): the cure is keep-awake / PM QoS
+    # C-state's exit, in a VM the halted vCPU's wake-up): the cure is keep-awake / PM QoS.
+    # Only the delay from the waking to the run (and a pacing sleep that overshot the call's
+    # start on its timer), never the time the thread was not runnable
     "wakeup_latency": "late wake-up of the idle probe CPU",
+    # the kernel events only: the call's thread was not runnable (sched_switch prev_state),
+    # its waker named (sched_waking's task) — the process's own waits, not the host's doing
+    "blocked": "blocked (sleeping: a lock, a queue, a pipe, a sleep)",
+    "io_wait": "waiting for I/O (uninterruptible, ended by a device)",
+    "stopped": "stopped by a signal (SIGSTOP, a debugger, job control)",
     "unexplained": "unexplained",
 }
 
 # What the kernel-event breakdown names (agent/trace/timeline.py): the kinds of what
-# used the probe's CPU, then its two residuals. The exporter's
+# used the probe's CPU, the kinds of the time its thread was not runnable (blocked, io_wait,
+# stopped: their culprit is the waker or the signal's sender), then its two residuals. The exporter's
 # hftagent_spike_cause_seconds_total cause label set is these, less "probe" (never a cause of
 # its own delay), plus "other" (:data:`agent.export.metrics.EVENT_CAUSES`).
 EVENT_KINDS: tuple[str, ...] = ("probe", "task", "idle", "irq", "softirq", "timer", "ipi",
-                                "vector", "workqueue", "unknown")
+                                "vector", "workqueue", "unknown", "blocked", "io_wait",
+                                "stopped")
 EVENT_RESIDUALS: tuple[str, ...] = ("hw_or_hypervisor", "unexplained")

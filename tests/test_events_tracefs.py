@@ -148,6 +148,69 @@ def test_window_shows_a_pinned_child_with_monotonic_timestamps(host):
         src.close()
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a CPU besides the probe's")
+def test_wake_instance_records_who_woke_and_who_stopped_the_probe_from_another_cpu(host):
+    """A reader pinned to the probe CPU blocks on a pipe that a writer on another CPU fills:
+    its sched_waking fires on the writer's CPU, outside the main instance's cpumask, and
+    the wake instance has it (filtered to wake-ups of the probe CPU's tasks); a SIGSTOP and
+    SIGCONT sent from here name this process as the sender and the waker."""
+    other = next(c for c in sorted(os.sched_getaffinity(0)) if c != CPU)
+    src = _open(host, buffer_s=2)
+    reader = writer = None
+    try:
+        wd = src.describe()["wake"]
+        assert wd.get("events"), wd
+        assert "sched:sched_waking" in wd["events"] or "sched:sched_wakeup" in wd["events"]
+        assert wd["filters"]["signal:signal_generate"] == tfs.SIGNAL_FILTER
+        assert int((src.wake_path / "tracing_cpumask").read_text().replace(",", ""), 16) \
+            & (1 << other)
+        r, w = os.pipe()
+        reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import os, sys, time
+            os.sched_setaffinity(0, {{{CPU}}})
+            print("ready", flush=True)
+            for _ in range(3):
+                os.read({r}, 1)
+            print(time.monotonic_ns(), flush=True)
+            """)], pass_fds=(r,), stdout=subprocess.PIPE, text=True)
+        assert reader.stdout.readline().strip() == "ready"
+        t0 = time.monotonic_ns()
+        writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import os, time
+            os.sched_setaffinity(0, {{{other}}})
+            for _ in range(3):
+                time.sleep(0.005)
+                os.write({w}, b"x")
+            """)], pass_fds=(w,))
+        writer.wait(timeout=30)
+        t1 = int(reader.stdout.readline())
+        os.kill(reader.pid, signal.SIGSTOP)
+        time.sleep(0.005)
+        os.kill(reader.pid, signal.SIGCONT)
+        reader.wait(timeout=30)
+        t2 = time.monotonic_ns()
+        win = src.window(t0, t2)
+        assert win.wake_complete, win.wake_reason
+        wakes = [e for e in win.events if e.name in ("sched_waking", "sched_wakeup")
+                 and e.fields["pid"] == reader.pid and e.cpu == other]
+        assert any(e.pid == writer.pid for e in wakes), wakes
+        assert all(e.fields["irq_ctx"] == "" for e in wakes if e.pid == writer.pid)
+        sigs = [e for e in win.events if e.name == "signal_generate"
+                and e.fields["pid"] == reader.pid]
+        assert [e.fields["sig"] for e in sigs][:2] == [19, 18] and sigs[0].pid == os.getpid()
+        tl = timeline(win.events, CPU, {reader.pid}, t0, t1, comms=win.comms)
+        woken = [p for p in tl.parts if p.waker_tid == writer.pid]
+        assert woken and all(p.kind == "blocked" and p.state == "S" for p in woken)
+        assert all(p.waker_cpu == other for p in woken)
+    finally:
+        for p in (reader, writer):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        src.close()
+    assert not src.wake_path.exists()
+
+
 def test_text_reader_reads_the_same_kind_of_window(host):
     src = _open(host, buffer_s=1, reader="text")
     try:
@@ -267,13 +330,16 @@ def test_instance_of_a_sigkilled_watch_is_removed_at_the_next_start(host):
     path = Path(child.stdout.readline().strip())
     assert path.name == f"hftagent-{child.pid}", child.stderr.read() if child.poll() else path
     assert path.is_dir()
+    wake = path.with_name(path.name + tfs.WAKE_SUFFIX)
+    assert wake.is_dir()  # its wake instance (every CPU's wake-ups of the probe CPUs)
     child.send_signal(signal.SIGKILL)
     child.wait()
-    assert path.is_dir()  # kill -9 ran no clean-up
+    assert path.is_dir() and wake.is_dir()  # kill -9 ran no clean-up
     src = _open(host, buffer_s=1)
     try:
-        assert not path.exists()
+        assert not path.exists() and not wake.exists()
         assert any(f"removed stale tracefs instance {path.name}" in n for n in src.notes)
+        assert any(f"removed stale tracefs instance {wake.name}" in n for n in src.notes)
     finally:
         src.close()
 

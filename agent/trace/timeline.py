@@ -31,7 +31,7 @@ probe was on the CPU with no event while its CPU time says it did not run
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -40,7 +40,9 @@ from agent.causes import EVENT_KINDS, EVENT_RESIDUALS
 
 from .parse import Event
 
-PROBE, TASK, IDLE, IRQ, SOFTIRQ, TIMER, IPI, VECTOR, WORK, UNKNOWN = EVENT_KINDS
+(PROBE, TASK, IDLE, IRQ, SOFTIRQ, TIMER, IPI, VECTOR, WORK, UNKNOWN, BLOCKED, IO_WAIT,
+ STOPPED) = EVENT_KINDS
+NOT_RUNNABLE = (BLOCKED, IO_WAIT, STOPPED)  # the kinds of a not-runnable part (Part)
 
 _IPI_VECTORS = {"call_function", "call_function_single", "reschedule", "irq_work"}
 RAISE_WITHIN_NS = 2_000  # a softirq this soon after an IPI returned ran on its irq_exit
@@ -48,6 +50,16 @@ RAISES_SHARE = 0.5
 IDLE_BEFORE_WAKE = "idle before the probe woke"
 IDLE_BLOCKED = "idle (probe blocked)"
 IDLE_ABSENT = "idle (probe not on this CPU)"
+EXITED = "probe thread exited"
+# signal_generate's stop signals (asm-generic/signal.h: SIGSTOP 19, SIGTSTP 20, SIGTTIN 21,
+# SIGTTOU 22) and the others a part names; TRACE_SIGNAL_DELIVERED 0, IGNORED 1 (a SIGCONT
+# with no handler still continues the task), ALREADY_PENDING 2
+SIGNAL_NAMES = {9: "SIGKILL", 18: "SIGCONT", 19: "SIGSTOP", 20: "SIGTSTP", 21: "SIGTTIN",
+                22: "SIGTTOU"}
+STOP_SIGNALS = frozenset({19, 20, 21, 22})
+# a block request the thread issued this soon before it slept in D makes the wait an I/O
+# wait; a block completion this soon before an interrupt's wake-up makes it its end
+IO_NEAR_NS = 100_000
 
 
 class Entity(NamedTuple):
@@ -60,9 +72,14 @@ class Entity(NamedTuple):
     name: str
     pid: int | None = None
     num: int | None = None
+    # the whole label of a not-runnable part ("blocked (S), woken by ..."): ``name`` is then
+    # its culprit (the waker's or the sender's comm, "timer", "unknown")
+    detail: str | None = None
 
     @property
     def label(self) -> str:
+        if self.detail is not None:
+            return self.detail
         k = self.kind
         if k in (PROBE, TASK):
             return f"{'probe ' if k == PROBE else ''}{self.name}[{self.pid}]"
@@ -97,6 +114,71 @@ class Interval:
     @property
     def ns(self) -> int:
         return self.end_ns - self.start_ns
+
+
+@dataclass
+class Part:
+    """A stretch of the sample's thread off the CPU and not runnable, from its switch-out
+    (``start_ns``, which may precede the window: the switch before it) to the event that made
+    it runnable again (``end_ns``): its ``sched_waking`` (``ended_by`` "waking"), else its
+    switch-in ("switch": the wake-up was not recorded, so the part's end is an upper bound
+    and its waker unknown), else the first event the thread ran in ("event"), else the end
+    of the window ("window"), or its exit ("exit").
+
+    ``state``: ``prev_state`` of the switch-out ("S", "D", "T", "t", "P", "I", "X"...;
+    None when the switch-out is not in the window but a waking says the thread was asleep).
+    The waker: ``waker_tid`` (the waking's ``common_pid`` when it ran in task context;
+    None when an interrupt, a timer or the idle task woke it), ``waker`` (a label: the comm
+    and tid, "timer", "IRQ 24 virtio0", "an interrupt on CPU 0", "unknown"),
+    ``waker_ctx`` ("task", "timer", "irq", "softirq", "io", "interrupt", "none", ""),
+    ``waker_cpu``, ``same_process`` (the waker is another thread of the probe's process).
+    For T: ``signal`` (its number) and ``sender_tid`` / ``sender`` (signal_generate's task).
+    ``io``: the thread issued a block request just before it slept. ``kind``: BLOCKED,
+    IO_WAIT, STOPPED, IDLE (a late wake-up: asleep since before the window's start on a
+    timer that fired after it) or UNKNOWN (exited). ``in_ns``: its time inside the window."""
+
+    state: str | None
+    start_ns: int
+    end_ns: int | None = None
+    ended_by: str = ""
+    kind: str = BLOCKED
+    waker_tid: int | None = None
+    waker: str = "unknown"
+    waker_ctx: str = ""
+    waker_cpu: int | None = None
+    same_process: bool = False
+    signal: int | None = None
+    sender_tid: int | None = None
+    sender: str | None = None
+    io: bool = False
+    in_ns: int = 0
+    entity: Entity | None = None
+    first_idx: int = 0  # the first interval charged to it
+    # (interval index, what the CPU ran then) of each interval it took over: given back
+    # when the part turns out unknown (never ended in the window)
+    took: list[tuple[int, Entity]] = field(default_factory=list, repr=False)
+
+    def to_dict(self, t0_ns: int) -> dict:
+        us = lambda ns: round(ns / 1e3, 1)  # noqa: E731
+        d: dict = {"kind": "wakeup" if self.kind == IDLE else self.kind,
+                   "state": self.state, "from_us": us(self.start_ns - t0_ns),
+                   "us": us(self.in_ns), "ended_by": self.ended_by, "waker": self.waker,
+                   "waker_ctx": self.waker_ctx}
+        if self.end_ns is not None:
+            d["to_us"] = us(self.end_ns - t0_ns)
+        if self.waker_tid is not None:
+            d["waker_tid"] = self.waker_tid
+        if self.waker_cpu is not None:
+            d["waker_cpu"] = self.waker_cpu
+        if self.same_process:
+            d["same_process"] = True
+        if self.signal is not None:
+            d["signal"] = SIGNAL_NAMES.get(self.signal, str(self.signal))
+            d["sender_tid"] = self.sender_tid
+            d["sender"] = self.sender
+        if self.io:
+            d["io"] = True
+        return d
 
 
 @dataclass
@@ -139,6 +221,15 @@ class Timeline:
     seen_until_ns: int | None = None
     complete: bool = True
     reason: str | None = None
+    # The sample's thread (one probe tid) state by state, over the window: on the CPU
+    # (probe_current_ns), runnable (waiting for the CPU: what ran instead is in totals),
+    # wake-up (idle between its waking and its run; asleep past its start on a timer),
+    # not runnable (the parts), unknown (no switch of it seen yet). Empty when the walk did
+    # not follow one thread (several probe tids).
+    state_ns: dict[str, int] = field(default_factory=dict)
+    parts: list[Part] = field(default_factory=list)
+    # why the wake-ups of other CPUs may be missing (the source's wake instance), if so
+    wake_reason: str | None = None
 
     @property
     def wall_ns(self) -> int:
@@ -212,6 +303,14 @@ class Timeline:
             d["anomalies"] = self.anomalies
         if self.reason:
             d["reason"] = self.reason
+        if self.state_ns:
+            d["state_us"] = {k: us(v) for k, v in self.state_ns.items()}
+        shown = [p for i, p in enumerate(self.parts)
+                 if p.in_ns > 0 or i == len(self.parts) - 1 or (p.end_ns or 0) > self.t0_ns]
+        if shown:
+            d["parts"] = [p.to_dict(self.t0_ns) for p in shown[-16:]]
+        if self.wake_reason:
+            d["wake_reason"] = self.wake_reason
         return d
 
 
@@ -228,10 +327,26 @@ class _Walk:
     """The state machine of :func:`timeline` (one CPU, events in time order)."""
 
     def __init__(self, cpu: int, probe: set[int], t0: int, t1: int,
-                 comms: dict[int, str]) -> None:
+                 comms: dict[int, str], probe_pid: int | None = None,
+                 tgid_of: Callable[[int], int | None] | None = None) -> None:
         self.tl = Timeline(cpu, t0, t1)
         self.probe = probe
         self.comms = comms
+        # the thread whose state is followed (the sample's: one probe tid), its process
+        self.tid = next(iter(probe)) if len(probe) == 1 else None
+        self.probe_pid = probe_pid
+        self.tgid_of = tgid_of
+        # its state: _RUN while it is not followed (several tids), else _UNK until an event
+        # says (a switch of it, a waking, an event in its context)
+        self.pstate = _UNK if self.tid is not None else _RUN
+        self.part: Part | None = None  # open while _OFF (or _GONE)
+        self.unk_ns = 0  # not the thread's own time, while its state was unknown
+        self.unk_idx = 0  # the first interval of the unknown stretch
+        self.wake_idle_ns = 0  # idle while it was runnable (woken, not yet running)
+        self.woken_ns: int | None = None  # its waking, while _WOKEN
+        self.stop_sig: tuple[int, int, int | None, str] | None = None  # (ts, sig, tid, who)
+        self.io_issued: int | None = None  # its last block request on this CPU
+        self.io_done: int | None = None  # the last block completion on this CPU
         self.stack: list[tuple[Entity, int, bool]] = []  # (context, interval index, tlb)
         self.work: dict[int, str] = {}  # kworker pid -> function it runs
         self.task: int | None = None  # pid current after the last event
@@ -252,6 +367,227 @@ class _Walk:
             ent = self._tasks[pid] = self._task_entity(pid)
         return ent
 
+    # -- the followed thread's state (issue #26: off-CPU time, exactly) ---------------------
+    def overlay(self, who: Entity, ns: int) -> Entity:
+        """What an interval charged to ``who`` (what the CPU ran) was for the followed
+        thread, outside _RUN: while it was not runnable, its part (what ran then did not
+        delay it); idle while it was runnable, its wake-up latency (woken, the CPU not yet
+        running it: the idle exit, the IPI's delivery); while its state was unknown, as it
+        is (and counted as unknown)."""
+        st = self.pstate
+        if st == _OFF or st == _GONE:
+            part = self.part
+            if who.kind != PROBE and part is not None:
+                part.in_ns += ns
+                part.took.append((len(self.tl.intervals), who))
+                return part.entity
+        elif st == _UNK:
+            if who.kind != PROBE:
+                self.unk_ns += ns
+        elif who.kind == IDLE:  # _WOKEN, _READY
+            self.wake_idle_ns += ns
+            return _WAKE_ENTITY
+        return who
+
+    def to_run(self, at: int, how: str) -> None:
+        """The followed thread is on the CPU from ``at`` (its switch-in, else the first
+        event in its context: the dev VM's 6.18 kernel records no switch from idle)."""
+        if self.pstate == _OFF and self.part is not None:
+            self.close_part(at, how)
+        if how == "event" and self.pstate != _UNK:
+            # its switch-in, inferred: the wake-up before it, if any, is this run's
+            self.switch_ins.append((self.waking, at))
+            self.waking = None
+        self.pstate = _RUN
+        self.woken_ns = None
+
+    def open_part(self, at: int, state: str | None) -> None:
+        letter = state[:1] if state else None
+        part = Part(letter, at, first_idx=len(self.tl.intervals))
+        part.entity = Entity(BLOCKED, f"#{len(self.tl.parts)}", detail=f"open part "
+                             f"{len(self.tl.parts)}")
+        if letter in ("T", "t") and self.stop_sig is not None:
+            self._sign(part)
+        if letter == "D" and self.io_issued is not None and at - self.io_issued <= IO_NEAR_NS:
+            part.io = True
+        self.io_issued = None
+        if letter in ("X", "Z"):
+            part.kind, part.ended_by = UNKNOWN, "exit"
+            part.entity = Entity(UNKNOWN, EXITED)
+        self.part = part
+        self.tl.parts.append(part)
+        self.pstate = _GONE if letter in ("X", "Z") else _OFF
+
+    def _sign(self, part: Part) -> None:
+        _ts, sig, tid, who = self.stop_sig
+        part.signal, part.sender_tid, part.sender = sig, tid, who
+        self.stop_sig = None
+
+    def close_part(self, at: int, how: str, waker: dict | None = None) -> None:
+        """End the open part at ``at`` (``how``: see :class:`Part`), decide its kind and
+        give its intervals their final entity."""
+        part = self.part
+        self.part = None
+        if part is None or part.kind == UNKNOWN:
+            return
+        part.end_ns, part.ended_by = at, how
+        w = waker or {}
+        part.waker_tid = w.get("tid")
+        part.waker = w.get("what", "unknown (no wake-up event)" if how != "window" else
+                           "unknown (still off the CPU at the window's end)")
+        part.waker_ctx = w.get("ctx", "")
+        part.waker_cpu = w.get("cpu")
+        part.same_process = bool(w.get("same_process"))
+        st = part.state
+        ctx = part.waker_ctx
+        if st in ("T", "t"):
+            part.kind = STOPPED
+            by = f" by {SIGNAL_NAMES.get(part.signal, part.signal)} from {part.sender}" \
+                if part.signal is not None else ""
+            label = f"stopped ({st}){by}, continued by {part.waker}"
+            culprit = _comm_of(part.sender) if part.sender else _comm_of(part.waker)
+        elif st == "D" and (part.io or ctx == "io" or ctx in ("irq", "softirq", "interrupt")):
+            part.kind = IO_WAIT
+            label = f"I/O wait (D), ended by {part.waker}"
+            culprit = _comm_of(part.waker)
+        elif st in ("S", None) and ctx in ("timer", "none") and part.start_ns < self.tl.t0_ns:
+            # asleep since before the call's start on a timer that fired after it: the
+            # pacing sleep overshot (timer slack, an idle CPU's or a halted vCPU's late
+            # wake-up), not a wait of the call's own
+            part.kind = IDLE
+            self._relabel(part.first_idx, part.entity, _WAKE_ENTITY)
+            part.entity = _WAKE_ENTITY
+            return
+        else:
+            part.kind = BLOCKED
+            label = f"blocked ({st or 'state unknown'}), woken by {part.waker}"
+            culprit = _comm_of(part.waker)
+        new = Entity(part.kind, culprit, part.waker_tid, detail=label)
+        self._relabel(part.first_idx, part.entity, new)
+        part.entity = new
+
+    def unknown_part(self, part: Part) -> None:
+        """A part still open at the window's end: the call ended at ``t1`` although no event
+        says its thread ran again (a wake-up and a switch both unrecorded, or the thread ran
+        on another CPU): unknown, never guessed. Its intervals go back to what the CPU ran
+        (as before a state was known) and its time counts as unknown."""
+        self.part = None
+        self.pstate = _UNK
+        part.kind, part.ended_by = UNKNOWN, "window"
+        part.waker = "unknown (no wake-up, switch-in or run of it seen)"
+        tl = self.tl
+        old = part.entity
+        for i, who in part.took:
+            iv = tl.intervals[i]
+            tl.totals[old] -= iv.ns
+            tl.totals[who] = tl.totals.get(who, 0) + iv.ns
+            iv.entity = who
+        if tl.totals.get(old) == 0:
+            del tl.totals[old]
+        self.unk_ns += part.in_ns
+        part.entity = None
+        part.took = []
+
+    def waker(self, ev: Event) -> dict:
+        """Who made the followed thread runnable with ``ev`` (a waking): a task (its
+        ``common_pid`` in task context), else the interrupt it ran in — on this CPU the
+        innermost context the walk holds (a local timer tick or a TIMER/HRTIMER softirq:
+        "timer"; an IRQ; a softirq; a block completion just before: "io"), on another CPU
+        only "an interrupt on CPU n" (its interrupts are not traced) — or nobody (the idle
+        task: "none")."""
+        f = ev.fields
+        ctx = f.get("irq_ctx")
+        if ctx or (ctx is None and ev.pid == 0):
+            if ev.cpu != self.tl.cpu:
+                return {"what": f"an interrupt on CPU {ev.cpu}", "ctx": "interrupt",
+                        "cpu": ev.cpu}
+            io = self.io_done is not None and ev.ts_ns - self.io_done <= IO_NEAR_NS
+            top = self.stack[-1][0] if self.stack else None
+            if top is None:
+                what, kind = ("the idle task", "none") if not ctx else \
+                    ("an interrupt (its entry not recorded)", "interrupt")
+            elif top.kind == TIMER or top.kind == SOFTIRQ and top.name in ("TIMER", "HRTIMER"):
+                what, kind = "timer", "timer"
+            else:
+                what, kind = top.label, "softirq" if top.kind == SOFTIRQ else "irq"
+            if io and kind != "timer":
+                what, kind = f"block I/O completion ({what})", "io"
+            return {"what": what, "ctx": kind, "cpu": ev.cpu}
+        tid = ev.pid
+        comm = self.comms.get(tid, "?")
+        out = {"tid": tid, "what": f"{comm}[{tid}]", "ctx": "task", "cpu": ev.cpu}
+        if self.tgid_of is not None and self.probe_pid is not None:
+            try:
+                tg = self.tgid_of(tid)
+            except Exception:  # noqa: BLE001 - a name only: the tid stays
+                tg = None
+            if tg == self.probe_pid:
+                out["same_process"] = True
+                out["what"] = f"thread {tid} of the same process ({comm})"
+        return out
+
+    def woke(self, ev: Event) -> None:
+        """A waking (sched_waking, else sched_wakeup) of the followed thread, on any CPU."""
+        st = self.pstate
+        if st == _OFF:
+            self.close_part(ev.ts_ns, "waking", self.waker(ev))
+        elif st == _UNK:
+            # a waking says it was asleep (try_to_wake_up fires it only for a task whose
+            # state matched): a part from the window's start, its state unknown
+            ivs = self.tl.intervals
+            start = ivs[self.unk_idx].start_ns if self.unk_idx < len(ivs) else \
+                min(self.tl.t0_ns, ev.ts_ns)
+            part = Part(None, start, first_idx=self.unk_idx)
+            part.entity = Entity(BLOCKED, "#unknown", detail="open part (state unknown)")
+            self.tl.parts.append(part)
+            self.part = part
+            for iv in ivs[self.unk_idx:]:
+                if iv.entity.kind != PROBE:
+                    part.in_ns += iv.ns
+                    self.tl.totals[iv.entity] -= iv.ns
+                    if not self.tl.totals[iv.entity]:
+                        del self.tl.totals[iv.entity]
+                    self.tl.totals[part.entity] = self.tl.totals.get(part.entity, 0) + iv.ns
+                    iv.entity = part.entity
+            self.unk_ns = 0
+            self.close_part(ev.ts_ns, "waking", self.waker(ev))
+        else:
+            return  # runnable already (the pair's sched_wakeup, or a switch not recorded)
+        self.pstate = _WOKEN
+        self.woken_ns = ev.ts_ns
+
+    def signalled(self, ev: Event) -> None:
+        """signal_generate (any CPU): a stop signal for the followed thread or its process
+        is kept for the T switch-out that follows it (or the part it came in)."""
+        f = ev.fields
+        sig = f.get("sig")
+        if self.tid is None or f.get("pid") not in (self.tid, self.probe_pid) or \
+                sig not in STOP_SIGNALS or f.get("result") not in (0, None):
+            return
+        ctx = f.get("irq_ctx")
+        who = f"{self.comms.get(ev.pid, '?')}[{ev.pid}]" if not ctx else \
+            f"the kernel (in an interrupt on CPU {ev.cpu})"
+        self.stop_sig = (ev.ts_ns, sig, ev.pid if not ctx else None, who)
+        part = self.part
+        if part is not None and part.state in ("T", "t") and part.signal is None:
+            self._sign(part)  # (the sender's event came after the stop: another CPU)
+
+    def remote(self, ev: Event) -> None:
+        """A wake-up or signal of the followed thread fired on another CPU."""
+        if ev.name == "signal_generate":
+            self.signalled(ev)
+            return
+        if ev.fields.get("pid") != self.tid:
+            return
+        if self.pstate != _RUN and ev.ts_ns > self.last:
+            # the stretch up to it on this CPU, as it was (the next local event would charge
+            # it after the state changed)
+            self.charge(ev.ts_ns, self.current(self.task), self.task)
+        self.woke(ev)
+        if self.waking is None or ev.name == "sched_waking" and \
+                self.waking_name == "sched_wakeup":
+            self.waking, self.waking_name = ev.ts_ns, ev.name
+
     def _task_entity(self, pid: int) -> Entity:
         """(cached per pid until its comm or work item changes)"""
         comm = self.comms.get(pid, "?")
@@ -268,6 +604,8 @@ class _Walk:
         tl = self.tl
         a, b = max(self.last, tl.t0_ns), min(until, tl.t1_ns)
         if b > a:
+            if self.pstate != _RUN:
+                who = self.overlay(who, b - a)
             tl.intervals.append(Interval(a, b, who))
             tl.totals[who] = tl.totals.get(who, 0) + (b - a)
             if who.kind == PROBE:
@@ -360,6 +698,8 @@ class _Walk:
         pid = self.pid_of(ev) if op == _TLB else ev.pid
         if self.task is not None and pid != self.task and not stack:
             tl.anomalies += 1  # a switch we did not see: trust common_pid
+        if pid == self.tid and self.pstate != _RUN and self.pstate != _GONE:
+            self.to_run(self.last, "event")  # it ran: the interval before is its own
         # 1. the interval up to this event: the innermost context, or the one an exit
         # whose entry the stack lacks closes
         at, who = self._exit_context(op, ev, vent)
@@ -370,6 +710,8 @@ class _Walk:
         a = last if last > t0 else t0
         b = ts if ts < t1 else t1
         if b > a:
+            if self.pstate != _RUN:
+                who = self.overlay(who, b - a)
             tl.intervals.append(Interval(a, b, who))
             totals = tl.totals
             totals[who] = totals.get(who, 0) + (b - a)
@@ -421,6 +763,8 @@ class _Walk:
             self._entered(ent, ev)
             stack.append((ent, len(tl.intervals), False))
         elif op == _WAKE:
+            if f.get("pid") == self.tid:
+                self.woke(ev)
             if f.get("pid") in self.probe:
                 # sched_waking comes first where both are enabled: keep the earlier of a pair
                 if self.waking is None or name == "sched_waking" and \
@@ -429,6 +773,17 @@ class _Walk:
         elif op == _MIGRATE:
             if f.get("pid") in self.probe:
                 tl.migrations.append((ts, f.get("orig_cpu", -1), f.get("dest_cpu", -1)))
+                if f.get("pid") == self.tid and f.get("orig_cpu") == tl.cpu and \
+                        f.get("dest_cpu") != tl.cpu and self.pstate in (_READY, _WOKEN):
+                    self.pstate = _UNK  # runnable on another CPU: not seen from here
+                    self.unk_idx = len(tl.intervals)
+        elif op == _SIGNAL:
+            self.signalled(ev)
+        elif op == _IO_ISSUE:
+            if pid == self.tid:
+                self.io_issued = ts
+        elif op == _IO_DONE:
+            self.io_done = ts
         elif op == _WQ_IN:
             self.work[pid] = str(f.get("function"))
             self._tasks.pop(pid, None)
@@ -454,16 +809,24 @@ class _Walk:
         if f.get("next_comm") and self.comms.get(nxt) != f["next_comm"]:
             self.comms[nxt] = f["next_comm"]
             self._tasks.pop(nxt, None)
+        runnable = str(f.get("prev_state", "")).startswith("R")
         if prev in self.probe and ev.ts_ns >= tl.t0_ns:
-            if str(f.get("prev_state", "")).startswith("R"):
+            if runnable:
                 tl.preemptions += 1
             else:
                 tl.blocks += 1
         elif prev in self.probe:
             tl.switched_out_before += 1
+        if prev == self.tid and prev != nxt:
+            if runnable:
+                self.pstate = _READY  # preempted: what runs now delays it
+            else:
+                self.open_part(ev.ts_ns, str(f.get("prev_state", "")) or None)
         if nxt in self.probe:
             self.switch_ins.append((self.waking, ev.ts_ns))
             self.waking = None
+        if nxt == self.tid and self.pstate != _GONE:
+            self.to_run(ev.ts_ns, "switch")
         self.task = nxt
 
     def _entered(self, ent: Entity, ev: Event) -> None:
@@ -478,9 +841,21 @@ class _Walk:
         first after it."""
         self._name_raisers()
         tl = self.tl
-        if not self.probe_ran:
+        if self.part is not None and self.pstate == _OFF:
+            self.unknown_part(self.part)
+        elif self.part is not None:  # it exited: closed, its time after the exit unknown
+            self.unk_ns += self.part.in_ns
+        if self.tid is not None:
+            parts = sum(p.in_ns for p in tl.parts if p.kind not in (IDLE, UNKNOWN))
+            wake = self.wake_idle_ns + sum(p.in_ns for p in tl.parts if p.kind == IDLE)
+            tl.state_ns = {"on_cpu": tl.probe_current_ns, "not_runnable": parts,
+                           "wakeup": wake, "unknown": self.unk_ns,
+                           "runnable": max(0, tl.wall_ns - tl.probe_current_ns - parts - wake
+                                           - self.unk_ns)}
+        if not self.probe_ran and not any(p.ended_by == "waking" for p in tl.parts):
             # the probe never ran here in the whole window: the idle was not a wake-up that
-            # came late (it blocked throughout, or ran on another CPU)
+            # came late (it blocked throughout, or ran on another CPU); unless a waking of
+            # the followed thread says it was woken here (its run came after the window)
             self._relabel(0, Entity(IDLE, IDLE_BEFORE_WAKE, 0), Entity(IDLE, IDLE_ABSENT, 0))
         before = [s for s in self.switch_ins if s[1] <= tl.t0_ns]
         after = [s for s in self.switch_ins if s[1] > tl.t0_ns]
@@ -536,13 +911,32 @@ def _is_vector(name: str) -> bool:
 
 # What each event name does in the walk, decided once per name (:func:`_op`).
 (_OTHER, _SWITCH, _WAKE, _MIGRATE, _IRQ_IN, _IRQ_OUT, _SOFT_IN, _SOFT_OUT, _WQ_IN, _WQ_OUT,
- _TLB, _IPI_SENT, _VEC_IN, _VEC_OUT) = range(14)
+ _TLB, _IPI_SENT, _VEC_IN, _VEC_OUT, _SIGNAL, _IO_ISSUE, _IO_DONE) = range(17)
 _EXITS = frozenset({_IRQ_OUT, _SOFT_OUT, _WQ_OUT, _VEC_OUT})
 _OPS = {"sched_switch": _SWITCH, "sched_waking": _WAKE, "sched_wakeup": _WAKE,
         "sched_migrate_task": _MIGRATE, "irq_handler_entry": _IRQ_IN,
         "irq_handler_exit": _IRQ_OUT, "softirq_entry": _SOFT_IN, "softirq_exit": _SOFT_OUT,
         "workqueue_execute_start": _WQ_IN, "workqueue_execute_end": _WQ_OUT,
-        "tlb_flush": _TLB}
+        "tlb_flush": _TLB, "signal_generate": _SIGNAL, "block_rq_issue": _IO_ISSUE,
+        "block_rq_complete": _IO_DONE}
+# The events of other CPUs the walk takes (the source's wake instance): who woke or stopped
+# the followed thread; they never charge time on this CPU.
+_REMOTE = frozenset({"sched_waking", "sched_wakeup", "signal_generate"})
+# The followed thread's states (_Walk.pstate)
+_RUN, _READY, _WOKEN, _OFF, _UNK, _GONE = range(6)
+_WAKE_ENTITY = Entity(IDLE, IDLE_BEFORE_WAKE, 0)
+
+
+def _comm_of(label: str | None) -> str:
+    """A waker's or sender's short name for a metrics label: the comm of "comm[tid]" (or of
+    "thread N of the same process (comm)"), else the label itself ("timer", ...)."""
+    if not label:
+        return "unknown"
+    if label.endswith(")") and label.startswith("thread "):
+        return label.rsplit("(", 1)[-1][:-1]
+    if label.endswith("]") and "[" in label:
+        return label.rsplit("[", 1)[0]
+    return label
 
 
 @lru_cache(maxsize=1024)
@@ -571,14 +965,22 @@ def _softirq_entity(action: str) -> Entity:
 
 def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns: int,
              t1_ns: int, *, comms: dict[int, str] | None = None, complete: bool = True,
-             reason: str | None = None) -> Timeline:
+             reason: str | None = None, probe_pid: int | None = None,
+             tgid_of: Callable[[int], int | None] | None = None,
+             wake_reason: str | None = None) -> Timeline:
     """Account ``[t0_ns, t1_ns]`` on ``cpu`` (see the module docstring). ``events``: the
-    window's events (several CPUs are fine: others are skipped), including some before
-    ``t0_ns`` so that the state at ``t0_ns`` is known (EventSource.window's margin and the
-    last sched_switch before it). ``probe_tids``: the probe's thread ids. ``comms``: pid →
-    comm for tasks no event names (``Window.comms``)."""
+    window's events (other CPUs' are skipped, except the wake-ups and signals of the probe
+    thread: who woke or stopped it), including some before ``t0_ns`` so that the state at
+    ``t0_ns`` is known (EventSource.window's margin and the last sched_switch before it).
+    ``probe_tids``: the probe's thread ids; with one, its state is followed (parts, state_ns).
+    ``comms``: pid → comm for tasks no event names (``Window.comms``). ``probe_pid``: its
+    process (a signal to the process stops the thread; a waker in it is "the same
+    process"), ``tgid_of``: a task's process id (None when gone). ``wake_reason``: why the
+    other CPUs' wake-ups may be missing (Window.wake_reason)."""
     probe = {int(t) for t in probe_tids}
-    evs = sorted((e for e in events if e.cpu == cpu), key=lambda e: e.ts_ns)
+    one = next(iter(probe)) if len(probe) == 1 else None
+    evs = sorted((e for e in events if e.cpu == cpu or e.name in _REMOTE and one is not None
+                  and e.fields.get("pid") in (one, probe_pid)), key=lambda e: e.ts_ns)
     names: dict[int, str] = {}
     for e in evs:  # comms the events name, so tasks are named from their first interval on
         f = e.fields
@@ -590,11 +992,16 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     if comms:
         for k, v in comms.items():
             names.setdefault(k, v)
-    w = _Walk(cpu, probe, t0_ns, t1_ns, names)
-    w.last = min(t0_ns, evs[0].ts_ns) if evs else t0_ns
-    w.tl.seen_until_ns = evs[-1].ts_ns if evs else None
+    w = _Walk(cpu, probe, t0_ns, t1_ns, names, probe_pid, tgid_of)
+    local = [e.ts_ns for e in evs if e.cpu == cpu]
+    w.last = min(t0_ns, local[0]) if local else t0_ns
+    w.tl.seen_until_ns = local[-1] if local else None
     after = None
     for ev in evs:
+        if ev.cpu != cpu:
+            if ev.ts_ns <= t1_ns:
+                w.remote(ev)
+            continue
         if ev.ts_ns > t1_ns:
             after = ev
             break
@@ -607,6 +1014,8 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     if after is not None:
         op, vent = _op(after.name)
         pid = w.pid_of(after)
+        if pid == w.tid and w.pstate != _RUN and w.pstate != _GONE:
+            w.to_run(w.last, "event")
         w.charge(t1_ns, w._exit_context(op, after, vent)[1] or w.current(pid), pid)
     else:
         w.charge(t1_ns, w.current(w.task), w.task)
@@ -614,6 +1023,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     tl = w.tl
     tl.complete = complete
     tl.reason = reason
+    tl.wake_reason = wake_reason
     return tl
 
 
@@ -626,8 +1036,36 @@ HIDDEN_IRQ = "interrupt entry/exit (hidden)"
 SLOWED = "probe slowed after interrupts (est.)"
 
 
+BACKLOG = "backlog: its thread's earlier calls, queued behind the stall"
+
+
+def backlog(tl: Timeline, own_ns: int) -> tuple[Entity, int] | None:
+    """The time a call waited for its own thread's earlier calls after a stall that began
+    before it: the followed thread was not runnable at the call's intended start (a part
+    that began before ``t0`` and ended inside the window: blocked, I/O, stopped, or a
+    pacing sleep that overshot), so the call could not start before that part ended, and
+    then the thread ran the calls that had queued behind the stall first (an open-loop
+    client's schedule: they were due earlier). That is the thread's on-CPU time after the
+    part's end less the call's own work (``own_ns``: its CPU time where measured, else the
+    P50), never below 0. As an entity of the part's kind and culprit (its cause), labelled
+    :data:`BACKLOG`; None without such a part."""
+    part = next((p for p in reversed(tl.parts) if p.start_ns < tl.t0_ns and p.in_ns > 0
+                 and p.end_ns is not None and p.entity is not None
+                 and p.kind in (BLOCKED, IO_WAIT, STOPPED, IDLE)), None)
+    if part is None:
+        return None
+    ran = sum(iv.ns for iv in tl.intervals
+              if iv.entity.kind == PROBE and iv.start_ns >= part.end_ns)
+    ns = ran - max(0, int(own_ns))
+    if ns <= 0:
+        return None
+    e = part.entity
+    return Entity(e.kind, e.name, e.pid, detail=BACKLOG), ns
+
+
 def breakdown(tl: Timeline, excess_ns: int, *, hw: HwNoise | None = None,
               irq_cost_ns: int | None = None, slowdown_ns: int | None = None,
+              queued: tuple[Entity, int] | None = None,
               min_ns: int = 1_000) -> list[tuple[str, int]]:
     """The excess of a sample over P50 by what took the CPU from the probe, largest first,
     then ``hw_or_hypervisor`` (when ``hw`` found hidden time), the interrupts' hidden entry
@@ -638,12 +1076,18 @@ def breakdown(tl: Timeline, excess_ns: int, *, hw: HwNoise | None = None,
     the timeline (not scaled): they can sum to more than the excess when a typical sample
     also has some of them (a tick); the residual is then 0. The two per-interrupt items are
     capped at what the items before them leave. Items under ``min_ns`` are left out (they
-    stay in ``tl.totals``). An incomplete timeline names only what its events show: what it
-    cannot see is in the residual."""
+    stay in ``tl.totals``). ``queued``: :func:`backlog`'s item (the thread's earlier calls
+    after a stall), capped like the per-interrupt ones. An incomplete timeline names only
+    what its events show: what it cannot see is in the residual."""
     items = [(e.label, ns) for e, ns in tl.ranked() if e.kind != PROBE and ns >= min_ns]
     if hw is not None and hw.hidden_ns:
         items.append((HW, hw.hidden_ns))
     explained = sum(ns for _, ns in items)
+    if queued is not None:
+        ns = min(queued[1], int(excess_ns) - explained)
+        if ns >= min_ns:
+            items.append((queued[0].label, ns))
+            explained += ns
     for label, per in ((HIDDEN_IRQ, irq_cost_ns), (SLOWED, slowdown_ns)):
         ns = sum(interrupt_overhead(tl, per, int(excess_ns) - explained).values())
         if ns >= min_ns:

@@ -101,7 +101,41 @@ WANTED: tuple[tuple[str, str], ...] = (
     ("irq", "softirq_entry"), ("irq", "softirq_exit"),
     ("workqueue", "workqueue_execute_start"), ("workqueue", "workqueue_execute_end"),
     ("tlb", "tlb_flush"), ("ipi", "ipi_send_cpu"), ("ipi", "ipi_send_cpumask"),
+    # the probe CPUs' own block requests: issued by the probe (its common_pid), completed in
+    # an interrupt there (an I/O wait's end). Issue #26 item 1; cheap: only I/O on the probe
+    # CPUs fires them
+    ("block", "block_rq_issue"), ("block", "block_rq_complete"),
 )
+# The wake instance (``hftagent-<pid>-wake``, every online CPU): what ends a probe thread's
+# not-runnable stretch happens on the *waker's* CPU — sched_waking fires in the waker's
+# context, on its CPU (kernel/sched/core.c try_to_wake_up), signal_generate in the
+# sender's — which the main instance's tracing_cpumask (the probe CPUs) does not trace. Its
+# events carry a filter (the kernel evaluates it before the record is committed:
+# Documentation/trace/events.rst, "Event filtering"), so the ring holds only:
+# - wake-ups of a task whose CPU (``target_cpu``: task_cpu() when it fires) is a probe CPU,
+#   from any CPU (those fired on the probe CPUs repeat the main instance's, whose window is
+#   read from ``lo``: the reader keeps this ring's copies only from before it, the lookback
+#   below); sched_wakeup only where sched_waking is missing (before 4.3);
+# - stop and continue signals, and SIGKILL: who stopped a thread (T) and who ended it.
+WAKE_SUFFIX = "-wake"
+WAKE_EVENTS: tuple[tuple[str, str], ...] = (
+    ("sched", "sched_waking"), ("sched", "sched_wakeup"), ("signal", "signal_generate"))
+# SIGKILL 9, SIGCONT 18, SIGSTOP 19, SIGTSTP 20, SIGTTIN 21, SIGTTOU 22 (x86/arm64 numbers;
+# asm-generic/signal.h)
+SIGNAL_FILTER = "sig == 9 || (sig >= 18 && sig <= 22)"
+# Sizing: WAKE_ASSUMED_EPS such events a second per probe CPU, over all other CPUs together
+# (a wake-up of a task on a probe CPU is followed by a switch there: the probe CPU's own
+# switch rate bounds them), WAKE_EVENT_BYTES each (sched_waking 36 B + header), spread over
+# the online CPUs, within [WAKE_MIN_KB, WAKE_MAX_KB] per CPU and WAKE_MAX_TOTAL_KB in all.
+WAKE_ASSUMED_EPS = 2_000
+WAKE_EVENT_BYTES = 48
+WAKE_MIN_KB = 64
+WAKE_MAX_KB = 1024
+WAKE_MAX_TOTAL_KB = 32 * 1024
+# A window's wake ring read starts this long before the window: the signal that stopped a
+# thread that is still stopped at the window's start (the stop began between two calls).
+WAKE_LOOKBACK_NS = 50_000_000
+
 # irq_vectors: every *_entry/*_exit pair (local_timer, call_function(_single), reschedule,
 # irq_work, thermal_apic, ...); the vector_* allocation events are not time spent on a CPU.
 VECTOR_SYSTEM = "irq_vectors"
@@ -170,6 +204,11 @@ class Window:
     cpu_ns: int = 0
     walked: int = 0  # the read's work (see above)
     decoded: int = 0
+    # the wake instance's part (wake-ups and signals on the other CPUs, from
+    # WAKE_LOOKBACK_NS before the window): False with the reason when it may lack some (not
+    # running on this kernel, its ring overwritten); the events are in ``events``
+    wake_complete: bool = True
+    wake_reason: str | None = None
 
 
 def _page_ts(page: Page) -> int:
@@ -217,6 +256,7 @@ class _CpuRing:
     lost: int = 0  # events the kernel reported lost, in total
     evicted_pages: int = 0
     indexed: deque = field(default_factory=deque)  # Page with an index, oldest first
+    keep_bytes: int = 0  # the kept pages' bound (0: the source's keep_bytes)
 
 
 def parse_stats(text: str, cpu: int) -> CpuStats:
@@ -413,6 +453,15 @@ class EventSource:
         self._t_open = 0.0
         self._stats0: dict[int, CpuStats] = {}
         self._uprobe_ids: dict[int, bool] = {}    # event id -> a return probe (watch --attach)
+        # the wake instance (WAKE_EVENTS): every online CPU; None reason while it runs
+        self.wake_path: Path = Path()
+        self.wake_events: list[str] = []
+        self.wake_filters: dict[str, str] = {}
+        self.wake_missing: list[str] = []
+        self.wake_kb = 0
+        self.wake_reason: str | None = "not opened"
+        self._wake_rings: dict[int, _CpuRing] = {}
+        self._wake_made = False
         self._uprobe_names: dict[str, bool] = {}
         self._uprobe_done: dict[int, int] = {}    # cpu -> pages scanned for uprobe hits
 
@@ -526,9 +575,12 @@ class EventSource:
             for c in cpus:
                 self._rings[c].fd = os.open(p / "per_cpu" / f"cpu{c}" / "trace_pipe_raw",
                                             os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._open_wake(inst_dir, online)
         _write(p / "tracing_on", "1")
+        if self._wake_rings:
+            _write(self.wake_path / "tracing_on", "1")
         self.started_ns = time.monotonic_ns()
-        for ring in self._rings.values():
+        for ring in (*self._rings.values(), *self._wake_rings.values()):
             ring.cover_from_ns = self.started_ns
         self._t_open = time.monotonic()
         self._stats0 = {c: self.cpu_stats(c) for c in cpus}
@@ -550,11 +602,12 @@ class EventSource:
 
     def _remove_stale(self, host: Host, inst_dir: Path) -> None:
         for entry in host.listdir(inst_dir):
-            m = re.fullmatch(re.escape(PREFIX) + r"(\d+)", entry)
+            m = re.fullmatch(re.escape(PREFIX) + r"(\d+)(?:" + re.escape(WAKE_SUFFIX) + ")?",
+                             entry)
             if not m:
                 continue
             path = inst_dir / entry
-            if str(path) in _HELD:
+            if str(path).removesuffix(WAKE_SUFFIX) in _HELD:
                 continue  # ours, open
             pid = int(m.group(1))
             try:
@@ -628,6 +681,101 @@ class EventSource:
             if fmt.name == "sched_switch":
                 self._switch_ids = {fmt.id}
 
+    def _open_wake(self, inst_dir: Path, online: set[int]) -> None:
+        """The wake instance (see :data:`WAKE_EVENTS`): on every online CPU, its events
+        filtered, its rings small. Not fatal: where it cannot be made, ``wake_reason`` says
+        why and the timelines name no waker on another CPU ("unknown")."""
+        name = self.name + WAKE_SUFFIX
+        path = inst_dir / name
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            self.wake_reason = f"unsupported: tracefs instance {name} already exists (name taken)"
+            return
+        except OSError as exc:
+            self.wake_reason = f"unsupported: cannot create tracefs instance {name}: " \
+                               f"{exc.strerror or exc}"
+            return
+        self.wake_path, self._wake_made = path, True
+        try:
+            self._set_up_wake(path, online)
+        except (OSError, ValueError, FormatError, _Refused) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.wake_reason = why if why.startswith("unsupported:") else \
+                f"unsupported: wake instance set-up failed: {why}"
+            self._close_wake()
+            return
+        self.wake_reason = None
+
+    def _set_up_wake(self, p: Path, online: set[int]) -> None:
+        _write(p / "tracing_on", "0")
+        _write(p / "trace_clock", "mono")
+        _write(p / "options" / "overwrite", "1")
+        _write(p / "tracing_cpumask", cpumask_hex(sorted(online)))
+        want = self.buffer_s * WAKE_ASSUMED_EPS * len(self.cpus) * WAKE_EVENT_BYTES / 1024
+        kb = int(max(WAKE_MIN_KB, min(WAKE_MAX_KB, want / max(1, len(online)),
+                                      WAKE_MAX_TOTAL_KB // max(1, len(online)))))
+        for c in sorted(online):
+            _write(p / "per_cpu" / f"cpu{c}" / "buffer_size_kb", str(kb))
+        got = _read(p / "per_cpu" / f"cpu{min(online)}" / "buffer_size_kb").split()
+        self.wake_kb = int(got[0]) if got and got[0].isdigit() else kb
+        targets = " || ".join(f"target_cpu == {c}" for c in self.cpus)
+        ev_dir = p / "events"
+        for system, ev in WAKE_EVENTS:
+            d = ev_dir / system / ev
+            if ev == "sched_wakeup" and "sched:sched_waking" in self.wake_events:
+                continue  # the fallback only
+            if not (d / "enable").exists():
+                self.wake_missing.append(f"{system}:{ev}")
+                continue
+            f = SIGNAL_FILTER if ev == "signal_generate" else targets
+            try:
+                _write(d / "filter", f)
+            except OSError:
+                raise _Refused(f"unsupported: the kernel refused the filter {f!r} of "
+                               f"{system}:{ev}") from None
+            self.wake_filters[f"{system}:{ev}"] = f
+            _write(d / "enable", "1")
+            self.wake_events.append(f"{system}:{ev}")
+            if not any(fmt.name == ev for fmt in self._formats.values()):
+                fmt = parse_format(_read(d / "format"), system)
+                self._formats[fmt.id] = fmt
+                self._names.add(fmt.name)
+        if not self.wake_events:
+            raise _Refused("unsupported: no sched_waking, sched_wakeup or signal_generate "
+                           "event")
+        for c in sorted(online):
+            ring = _CpuRing(c, keep_bytes=self.wake_kb * 1024)
+            if self.reader == "raw":
+                ring.fd = os.open(p / "per_cpu" / f"cpu{c}" / "trace_pipe_raw",
+                                  os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._wake_rings[c] = ring
+
+    def _close_wake(self) -> None:
+        """Close the wake instance's files and remove it (idempotent)."""
+        for ring in self._wake_rings.values():
+            if ring.fd >= 0:
+                try:
+                    os.close(ring.fd)
+                except OSError:
+                    pass
+                ring.fd = -1
+            ring.pages.clear()
+            ring.indexed.clear()
+        self._wake_rings = {}
+        if self._wake_made and self._creator == os.getpid():
+            try:
+                _write(self.wake_path / "tracing_on", "0")
+            except OSError:
+                pass
+            try:
+                os.rmdir(self.wake_path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.notes.append(f"wake instance not removed: {exc.strerror or exc}")
+            self._wake_made = False
+
     # -- reading ---------------------------------------------------------------------------
     def window(self, t_from_ns: int, t_to_ns: int, *, margin_ns: int = 2_000_000,
                after_ns: int = 0) -> Window:
@@ -647,6 +795,7 @@ class EventSource:
         else:
             self.drain()
             win = self._window_raw(t_from_ns, lo, hi, after_ns)
+        self._add_wake(win, lo, hi)
         self._fill_comms(win)
         now = time.monotonic_ns()
         if t_to_ns + after_ns > now and win.complete:
@@ -654,6 +803,69 @@ class EventSource:
         win.read_ns = time.perf_counter_ns() - t_start
         win.cpu_ns = time.thread_time_ns() - c_start
         return win
+
+    def _add_wake(self, win: Window, lo: int, hi: int) -> None:
+        """The wake instance's events in ``[lo - WAKE_LOOKBACK_NS, hi]`` merged into the
+        window (sorted by time), and whether they are complete from ``lo`` on."""
+        if self.wake_reason is not None:
+            win.wake_complete = False
+            win.wake_reason = f"no wake-ups from other CPUs: {self.wake_reason}"
+            return
+        if win.reason == "event source closed":
+            return
+        got, complete, reason, walked, decoded = (
+            self._wake_text(lo - WAKE_LOOKBACK_NS, hi) if self.reader == "text" else
+            self._wake_raw(lo - WAKE_LOOKBACK_NS, hi, lo))
+        # the probe CPUs' own wake-ups from lo on are the main instance's (the same events)
+        probe = set(self.cpus)
+        got = [e for e in got if e.cpu not in probe or e.ts_ns < lo or
+               e.name == "signal_generate"]
+        win.walked += walked
+        win.decoded += decoded
+        win.wake_complete, win.wake_reason = complete, reason
+        if got:
+            win.events = sorted(win.events + got, key=_event_ts)
+
+    def _wake_raw(self, lo: int, hi: int, need_from: int
+                  ) -> tuple[list[Event], bool, str | None, int, int]:
+        out: list[Event] = []
+        complete, reason = True, None
+        walked = decoded = 0
+        ids = frozenset(self._switch_ids)
+        store = self._symbols is None or self._symbols.ready
+        for ring in self._wake_rings.values():
+            pages = ring.pages
+            i = max(0, bisect_left(pages, lo, key=_page_ts) - 1)
+            while i < len(pages):
+                pg = pages[i]
+                if pg.ts_ns > hi:
+                    break
+                idx, made = page_index(pg, ids, self._layout)
+                if made:
+                    walked += 1
+                    self._hot(ring, pg)
+                got, _b, k = idx.select(pg.data, ring.cpu, self._formats, lo, hi,
+                                        self._symbols, before=False, store=store)
+                decoded += k
+                out.extend(got)
+                i += 1
+            if ring.cover_from_ns > need_from and complete:
+                complete = False
+                reason = (f"wake-ups of cpu {ring.cpu}: {ring.cover_reason}; continuous only "
+                          f"from {(ring.cover_from_ns - need_from) / 1e3:.0f} µs after the "
+                          "window's start")
+        return out, complete, reason, walked, decoded
+
+    def _wake_text(self, lo: int, hi: int) -> tuple[list[Event], bool, str | None, int, int]:
+        out: list[Event] = []
+        for c in self._wake_rings:
+            path = self.wake_path / "per_cpu" / f"cpu{c}" / "trace"
+            try:
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    out.extend(parse_text(fh, self._names, t_from=lo, t_to=hi))
+            except OSError as exc:
+                return [], False, f"cannot read {path}: {exc}", 0, 0
+        return out, True, None, 0, 0
 
     def _fill_comms(self, win: Window, limit: int = 256) -> None:
         named = named_pids(win.events)
@@ -675,10 +887,10 @@ class EventSource:
         if self._closed or self.reader != "raw":
             return 0
         total = 0
-        cap = self.buffer_kb * 1024 // self.page_size + 64
         newest = 0
-        for ring in self._rings.values():
+        for ring in (*self._rings.values(), *self._wake_rings.values()):
             n = 0
+            cap = (ring.keep_bytes or self.buffer_kb * 1024) // self.page_size + 64
             while n < cap:
                 try:
                     buf = os.read(ring.fd, self.page_size)
@@ -708,9 +920,10 @@ class EventSource:
         return total
 
     def _evict(self, newest_ns: int) -> None:
-        for ring in self._rings.values():
+        for ring in (*self._rings.values(), *self._wake_rings.values()):
             pages = ring.pages
-            while pages and (ring.kept_bytes > self.keep_bytes or
+            limit = ring.keep_bytes or self.keep_bytes
+            while pages and (ring.kept_bytes > limit or
                              (len(pages) > 1 and pages[1].ts_ns < newest_ns - self.keep_ns)):
                 old = pages.popleft()
                 ring.kept_bytes -= len(old.data)
@@ -953,7 +1166,18 @@ class EventSource:
         return {"instance": self.host.display(self.path) if self.host else str(self.path),
                 "cpus": self.cpus, "reader": self.reader, "buffer_kb_per_cpu": self.buffer_kb,
                 "sizing": self.sizing, "events": self.events, "missing": self.missing,
-                "notes": self.notes}
+                "notes": self.notes, "wake": self.describe_wake()}
+
+    def describe_wake(self) -> dict:
+        """The wake instance: its events and their filters, what this kernel lacks, its
+        ring size; or why it does not run."""
+        if self.wake_reason is not None:
+            return {"reason": self.wake_reason, "missing": self.wake_missing}
+        shown = self.host.display(self.wake_path) if self.host else str(self.wake_path)
+        return {"instance": shown, "cpus": sorted(self._wake_rings),
+                "events": self.wake_events, "filters": self.wake_filters,
+                "missing": self.wake_missing, "buffer_kb_per_cpu": self.wake_kb,
+                "lost": sum(r.lost for r in self._wake_rings.values())}
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -964,6 +1188,7 @@ class EventSource:
         self._teardown()
 
     def _teardown(self) -> None:
+        self._close_wake()
         for ring in self._rings.values():
             if ring.fd >= 0:
                 try:

@@ -26,15 +26,21 @@ from collections.abc import Callable
 
 from agent.errors import AgentError
 from agent.trace.timeline import (
+    BACKLOG,
+    BLOCKED,
     HIDDEN_IRQ,
     HW,
     IDLE,
     IDLE_BEFORE_WAKE,
+    IO_WAIT,
+    NOT_RUNNABLE,
     PROBE,
     SLOWED,
+    STOPPED,
     TASK,
     UNEXPLAINED,
     WORK,
+    backlog,
     breakdown,
     format_breakdown,
     hw_noise,
@@ -162,8 +168,8 @@ def _check_probe_seen(tl, sp, cpu: int) -> None:
         return
     switched = max(sp.nivcsw, 0) + max(sp.nvcsw, 0)
     if switched > 0 and tl.probe_run_ns > 0 and tl.preemptions == 0 and tl.blocks == 0 \
-            and tl.switched_out_before == 0 \
-            and not any(e.kind in (TASK, IDLE, WORK) for e in tl.totals):
+            and tl.switched_out_before == 0 and not tl.parts \
+            and not any(e.kind in (TASK, IDLE, WORK, *NOT_RUNNABLE) for e in tl.totals):
         tl.complete = False
         tl.reason = (f"the probe was switched out {switched} time(s) in this sample, but the "
                      f"window shows no switch of it and nothing else on CPU {cpu} (switches "
@@ -311,14 +317,19 @@ class SpikeEvents:
             win = self.source.window(sp.start_ns, sp.end_ns, margin_ns=MARGIN_BEFORE_NS,
                                      after_ns=MARGIN_AFTER_NS)
             tl = timeline(win.events, cpu, {sp.tid}, sp.start_ns, sp.end_ns,
-                          comms=win.comms, complete=win.complete, reason=win.reason)
+                          comms=win.comms, complete=win.complete, reason=win.reason,
+                          probe_pid=sp.pid if sp.pid > 0 else None, tgid_of=self._tgid_or_none,
+                          wake_reason=getattr(win, "wake_reason", None))
             _check_probe_seen(tl, sp, cpu)
             self.irq_in_cpu.vote(tl, sp.cpu_ns)
             hw = hw_noise(tl, probe_cpu_ns=sp.cpu_ns if sp.cpu_ns >= 0 else None,
                           cpu_includes_irq=self.irq_in_cpu.includes is True)
             cost = self.irq_cost_ns.get(cpu)
             slow, slow_n = self.slowdown.per_interrupt(cpu)
-            items = breakdown(tl, sp.excess_ns, hw=hw, irq_cost_ns=cost, slowdown_ns=slow)
+            # a stall at the call's start: the thread's earlier calls ran first (queued)
+            queued = backlog(tl, sp.cpu_ns if sp.cpu_ns >= 0 else sp.p50_ns)
+            items = breakdown(tl, sp.excess_ns, hw=hw, irq_cost_ns=cost, slowdown_ns=slow,
+                              queued=queued)
             self.slowdown.observe(cpu, tl, sp.p50_ns, cost, hw.hidden_ns)
         except Exception as exc:  # noqa: BLE001 - a bad window never ends the run
             self.windows += 1
@@ -344,14 +355,28 @@ class SpikeEvents:
             out["slowdown_from_spikes"] = slow_n
         if win.lost:
             out["lost_events"] = win.lost
-        return out, _triples(tl, items, cost)
+        if queued is not None:
+            q = next((ns for label, ns in items if label == BACKLOG), 0)
+            if q:  # the record says so: this call queued behind its thread's stall
+                out["queued_behind_stall_us"] = round(q / 1e3, 1)
+        return out, _triples(tl, items, cost, queued)
 
     def tgid(self, tid: int) -> int:
         """The thread group of task ``tid`` through the session's Host
         (collectors.tasks.find_task); the tid itself where it is gone."""
+        t = self._tgid_or_none(tid)
+        return t if t is not None else tid
+
+    def _tgid_or_none(self, tid: int) -> int | None:
+        """(the timeline's ``tgid_of``: None where the task is gone or unreadable)"""
+        if self.host is None or tid <= 0:
+            return None
         from collectors.tasks import find_task
-        t = find_task(self.host, tid)
-        return t.pid if t is not None else tid
+        try:
+            t = find_task(self.host, tid)
+        except OSError:
+            return None
+        return t.pid if t is not None else None
 
     def info(self) -> dict:
         """For the summary: the mode, whether events ran (``active``) or why not, the
@@ -402,7 +427,17 @@ class SpikeEvents:
 # hw_or_hypervisor is the absence of events while the probe's own counters say it did not
 # run, which a switch the window lacks shows as well as the hypervisor does (docs/events.md).
 EVENT_CAUSE = {"task": "cpu_contention", "workqueue": "cpu_contention", "irq": "irq",
-               "vector": "irq", "timer": "irq", "ipi": "irq", "softirq": "softirq"}
+               "vector": "irq", "timer": "irq", "ipi": "irq", "softirq": "softirq",
+               # the call's thread not runnable (timeline Part): its own wait
+               BLOCKED: "blocked", IO_WAIT: "io_wait", STOPPED: "stopped"}
+# The causes of a thread that was not runnable. Where they decide, they replace any polled
+# verdict (no host cause — contention, an IRQ, steal, a frequency drop — explains time in
+# which the thread could not have run), except page faults against a wait in D (a major
+# fault's read: the polled rule saw the fault itself, the more precise name).
+NOT_RUNNABLE_CAUSES = frozenset({"blocked", "io_wait", "stopped"})
+# The polled causes of the host that cannot explain a sample whose thread was not runnable
+# for most of its excess: the events make those unexplained where no single cause leads.
+HOST_POLLED = frozenset({"cpu_contention", "irq", "softirq", "steal", "freq_drop"})
 # Idle before the probe woke (the CPU had nothing to run and the probe's wake-up came late)
 # is a cause of its own; idle after the probe blocked is the probe's own wait: none.
 WAKEUP_CAUSE = "wakeup_latency"
@@ -461,21 +496,34 @@ def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
 def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: int,
                   tgid_of: Callable[[int], int] | None = None) -> None:
     """Correct the polled verdict in a spike record's ``body`` with the kernel events where
-    they decide a cause the polled rules can get wrong (:data:`EVENTS_MAY_CORRECT`): the
+    they decide a cause the polled rules can get wrong (:data:`EVENTS_MAY_CORRECT`; any
+    polled cause for a thread that was not runnable: :data:`NOT_RUNNABLE_CAUSES`): the
     record's ``cause`` becomes the events', the polled one is kept as ``polled_cause``, and
-    ``decided_by`` says which decided. A complete timeline only: a partial one may miss
-    what ran."""
+    ``decided_by`` says which decided. The events' cause entry carries the evidence of
+    bench/attribution.py's contract (:func:`part_evidence`: the state, the waker's process
+    and thread, the signal's sender). Where no cause leads but the thread was not runnable
+    for at least VERDICT_MIN_SHARE of the excess, a polled host cause
+    (:data:`HOST_POLLED`) becomes unexplained: it cannot explain time the thread could not
+    run in. A complete timeline only: a partial one may miss what ran."""
     polled = body.get("cause")
     ev = body.get("events") or {}
     body["decided_by"] = "polled"
-    if not ev.get("complete") or not (polled in EVENTS_MAY_CORRECT
-                                      or polled == "steal" and _no_hidden_time(ev)):
+    if not ev.get("complete"):
         return
     v = event_verdict(triples, excess_ns)
     if v is None:
+        _not_runnable_unexplained(body, triples, excess_ns)
         return
     cause, culprit, ns = v
+    if cause in NOT_RUNNABLE_CAUSES:
+        if polled == "page_faults" and _state_of(ev, cause) == "D":
+            return
+    elif not (polled in EVENTS_MAY_CORRECT or polled == "steal" and _no_hidden_time(ev)):
+        return
     body["decided_by"] = "events"
+    tl = ev.get("timeline") or {}
+    evidence = {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
+                "culprit": culprit, **part_evidence(tl, cause, tgid_of)}
     if cause == polled:
         if cause == "cpu_contention":
             name_tasks(body, ev, tgid_of)
@@ -485,11 +533,84 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     body.setdefault("causes", []).insert(0, {
         "cause": cause, "score": round(min(1.0, ns / excess_ns), 3), "strength": 1.0,
         # stable (the summary counts details), in the polled rules' words
-        "detail": _verdict_detail(cause, culprit, (ev.get("timeline") or {}).get("cpu", "?")),
-        "evidence": {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
-                     "culprit": culprit}})
+        "detail": _verdict_detail(cause, culprit, tl.get("cpu", "?"), evidence),
+        "evidence": evidence})
     if cause == "cpu_contention":
         name_tasks(body, ev, tgid_of)
+
+
+# The timeline part kinds (Part.to_dict) of each not-runnable cause, and of wakeup_latency
+_PART_KINDS = {"blocked": (BLOCKED,), "io_wait": (IO_WAIT,), "stopped": (STOPPED,),
+               WAKEUP_CAUSE: ("wakeup",)}
+
+
+def _state_of(ev: dict, cause: str) -> str | None:
+    part = _largest_part((ev.get("timeline") or {}).get("parts") or [], cause)
+    return part.get("state") if part else None
+
+
+def _largest_part(parts: list[dict], cause: str) -> dict | None:
+    kinds = _PART_KINDS.get(cause, ())
+    mine = [p for p in parts if p.get("kind") in kinds]
+    return max(mine, key=lambda p: p.get("us") or 0, default=None)
+
+
+def part_evidence(tl: dict, cause: str, tgid_of: Callable[[int], int] | None = None
+                  ) -> dict:
+    """The evidence of a cause decided from the thread's parts (bench/attribution.py's
+    contract): for blocked, io_wait and stopped, their largest part's ``state``, the
+    waker's process (``waker_pid``, thread-group id through ``tgid_of``; None when no task
+    woke it: a timer, an interrupt), ``waker_tid``, ``waker`` (a label: "timer" for a
+    timer), ``same_process`` where the waker is another thread of the probe's process; for
+    stopped also ``signal`` and its sender's process and thread (``sender_pid``,
+    ``sender_tid``, ``sender``). For wakeup_latency: the waker of the wake-up that came late
+    (a timer: ``waker_pid`` None) and ``wake_us``, its waking → running. No wait channel:
+    /proc/TID/wchan at attribution time is where the thread waits *now* (it has run again
+    since), not where it waited then; the state and the waker are the events' own."""
+    parts = tl.get("parts") or []
+    tg = tgid_of or (lambda tid: tid)
+    part = _largest_part(parts, cause)
+    if part is None and cause == WAKEUP_CAUSE:
+        # waking → running only: the waker of the latest part the waking ended
+        part = next((p for p in reversed(parts) if p.get("ended_by") == "waking"), None)
+    if part is None:
+        return {}
+    out: dict = {"state": part.get("state"), "waker": part.get("waker"),
+                 "part_us": part.get("us"), "ended_by": part.get("ended_by")}
+    if part.get("waker_ctx"):  # who woke it is known (a task, or none: a timer, an IRQ)
+        out["waker_tid"] = part.get("waker_tid")
+        out["waker_pid"] = tg(part["waker_tid"]) if part.get("waker_tid") else None
+    if part.get("waker_cpu") is not None:
+        out["waker_cpu"] = part["waker_cpu"]
+    if part.get("same_process"):
+        out["same_process"] = True
+    if cause == "stopped" and part.get("signal"):
+        out["signal"] = part["signal"]
+        out["sender_tid"] = part.get("sender_tid")
+        out["sender"] = part.get("sender")
+        out["sender_pid"] = tg(part["sender_tid"]) if part.get("sender_tid") else None
+    if cause == WAKEUP_CAUSE:
+        out["wake_us"] = (tl.get("state_us") or {}).get("wakeup")
+    return out
+
+
+def _not_runnable_unexplained(body: dict, triples: list[tuple[str, str, int]],
+                              excess_ns: int) -> None:
+    """No cause leads, but the thread was not runnable for most of the excess: a polled
+    host cause cannot be right (a 73 µs wait never explains a 150 ms stall)."""
+    off = sum(ns for kind, _c, ns in triples if kind in NOT_RUNNABLE and ns > 0)
+    polled = body.get("cause")
+    if polled not in HOST_POLLED or off < VERDICT_MIN_SHARE * excess_ns:
+        return
+    body["decided_by"] = "events"
+    body["polled_cause"] = polled
+    body["cause"] = "unexplained"
+    body.setdefault("causes", []).insert(0, {
+        "cause": "unexplained", "score": 1.0, "strength": 0.0,
+        "detail": "the thread was not runnable for most of the excess, with no single cause "
+                  "of it (kernel events): the polled host cause cannot explain it",
+        "evidence": {"not_runnable_us": round(off / 1e3, 1),
+                     "excess_us": round(excess_ns / 1e3, 1)}})
 
 
 def _no_hidden_time(ev: dict) -> bool:
@@ -503,7 +624,18 @@ def _no_hidden_time(ev: dict) -> bool:
     return hidden is not None and hidden == 0
 
 
-def _verdict_detail(cause: str, culprit: str, cpu) -> str:
+def _verdict_detail(cause: str, culprit: str, cpu, ev: dict | None = None) -> str:
+    ev = ev or {}
+    if cause in NOT_RUNNABLE_CAUSES:
+        st = ev.get("state") or "?"
+        waker = ev.get("waker") or "unknown"
+        if cause == "stopped":
+            sig = f" by {ev['signal']} from {ev.get('sender') or '?'}" \
+                if ev.get("signal") else ""
+            return f"stopped ({st}){sig}, continued by {waker} (kernel events)"
+        if cause == "io_wait":
+            return f"waited for I/O ({st}), ended by {waker} (kernel events)"
+        return f"blocked ({st}), woken by {waker} (kernel events)"
     if cause == WAKEUP_CAUSE:
         return f"CPU {cpu} idle while the probe's wake-up came late (kernel events)"
     if cause == SHOOTDOWN_CAUSE:
@@ -550,14 +682,16 @@ def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None
                                                 f"{top['pid']}) ran on CPU {cpu}") if x)
 
 
-def _triples(tl, items: list[tuple[str, int]], irq_cost_ns: int | None = None
-             ) -> list[tuple[str, str, int]]:
+def _triples(tl, items: list[tuple[str, int]], irq_cost_ns: int | None = None,
+             queued: tuple | None = None) -> list[tuple[str, str, int]]:
     """The breakdown's items as (cause, culprit, ns): the entity kind and its short name
     (:attr:`~.timeline.Entity.culprit`); ``hw_or_hypervisor`` and ``unexplained`` are their
     own cause and culprit; the interrupts' hidden entry/exit and the probe's slowdown after
     them go to the interrupts, each its share of the count (as
     :func:`~.timeline.interrupt_overhead` splits them)."""
     by_label = {e.label: e for e, _ in tl.ranked() if e.kind != PROBE}
+    if queued is not None:
+        by_label[queued[0].label] = queued[0]
     out = []
     for label, ns in items:
         if label in (HW, UNEXPLAINED):
