@@ -147,7 +147,14 @@ class EventFormat:
         return maker
 
     def decode(self, buf: bytes | memoryview, start: int, length: int) -> tuple[int, dict]:
-        """(common_pid, fields) of the record at ``buf[start:start+length]``."""
+        """(common_pid, fields) of the record at ``buf[start:start+length]`` (with
+        ``irq_ctx`` for :data:`CTX_EVENTS`, from common_flags)."""
+        pid, out = self._decode(buf, start, length)
+        if self.name in CTX_EVENTS and 0 <= self.flags_offset < length:
+            out["irq_ctx"] = irq_ctx(buf[start + self.flags_offset])
+        return pid, out
+
+    def _decode(self, buf: bytes | memoryview, start: int, length: int) -> tuple[int, dict]:
         fast = self._fast
         if fast is None:
             fast = self._fast = _make_fast(self.fields, self.pid_offset)
@@ -283,8 +290,6 @@ def _make_maker(fmt: EventFormat) -> Callable:
         pid, fields = decode(buf, start, length)
         if norm:
             normalize(name, fields, fmt, symbols)
-        if 0 <= ctx_at < length:
-            fields["irq_ctx"] = irq_ctx(buf[start + ctx_at])
         return Event(ts, cpu, name, pid, fields)
 
     if not fast or any(kind not in (_STR, _BYTES) for _, kind, _, _ in fast[3]):
