@@ -1,6 +1,7 @@
 """The live view of ``hftagent watch`` (rich): rolling P50/P99/P99.9, jitter rate, spikes
 and their causes, the last spikes with their named cause, the kernel events' breakdown of
-the newest spikes (``--trace``), collector health."""
+the newest spikes (``--trace``) with where the call's thread spent its wall time (on the CPU,
+runnable, not runnable and who woke it, the wake-up, unknown), collector health."""
 
 from __future__ import annotations
 
@@ -62,9 +63,14 @@ def render(session):
     # the kernel events' breakdown of the newest spikes that have one (--trace)
     events = [r for r in list(session.last_spikes)[::-1]
               if (r.get("events") or {}).get("summary")][:3]
-    ev_lines = [f"{r['time'][11:23]}  {r['latency_us']:.0f} µs: {r['events']['summary']}"
-                + ("" if r["events"].get("complete", True) else "  (incomplete)")
-                for r in events]
+    ev_lines = []
+    for r in events:
+        ev_lines.append(f"{r['time'][11:23]}  {r['latency_us']:.0f} µs: "
+                        f"{r['events']['summary']}"
+                        + ("" if r["events"].get("complete", True) else "  (incomplete)"))
+        states = format_states(r["events"].get("timeline") or {})
+        if states:
+            ev_lines.append(f"{'':14}{states}")
     cols = Table(title="collectors", show_edge=False)
     for col in ("collector", "state", "mean µs"):
         cols.add_column(col)
@@ -82,3 +88,40 @@ def render(session):
             ev.add_row(Text(line))  # comms hold "[pid]": never read as markup
         parts.append(ev)
     return Group(*parts, cols)
+
+
+# the thread's states as the timeline counts them (Timeline.state_ns), in this order
+_STATES = (("on_cpu", "on CPU"), ("runnable", "runnable"), ("not_runnable", "not runnable"),
+           ("wakeup", "wake-up"), ("unknown", "unknown"))
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.1f} ms" if us >= 100 else f"{us:.0f} µs"
+
+
+def format_states(tl: dict) -> str:
+    """One line: where the call's thread spent its wall time, and each not-runnable part
+    with its state and who woke it (or stopped it), from a record's ``events.timeline``:
+    ``on CPU 0.8 ms · runnable 67 µs · not runnable 4.0 ms (S 4.0 ms, woken by thread 5484
+    of the same process (python))``. Empty without a followed thread."""
+    st = tl.get("state_us") or {}
+    if not st:
+        return ""
+    out = []
+    for key, name in _STATES:
+        us = st.get(key) or 0
+        if us < 1 and key != "on_cpu":
+            continue
+        text = f"{name} {_ms(us)}"
+        if key == "not_runnable":
+            parts = [p for p in tl.get("parts") or []
+                     if p.get("kind") in ("blocked", "io_wait", "stopped") and p.get("us")]
+            said = []
+            for p in sorted(parts, key=lambda p: -p["us"])[:2]:
+                by = f"{p['signal']} from {p.get('sender')}, continued by {p['waker']}" \
+                    if p.get("signal") else f"woken by {p['waker']}"
+                said.append(f"{p.get('state') or '?'} {_ms(p['us'])}, {by}")
+            if said:
+                text += f" ({'; '.join(said)})"
+        out.append(text)
+    return " · ".join(out)
