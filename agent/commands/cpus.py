@@ -171,6 +171,9 @@ def scan(req: CpusRequest) -> tuple[list, Stopped | None, dict]:
     results: list = []
     tracer = Tracer(req.trace, req.host)
     exe = None
+    if not req.json:  # before the recorder is built (a first build compiles it)
+        print(f"hftagent cpus: {len(req.candidates)} candidate CPU(s), {req.duration_s:g} s "
+              "each", file=sys.stderr, flush=True)
     try:
         with stop_on_signals():
             exe = sc.build()

@@ -72,6 +72,9 @@ def profile(
     if not ncu.strip() or shutil.which(ncu) is None:
         raise fail(f"--ncu {ncu!r}: not found or not executable: install Nsight Compute (ncu) "
                    "or pass --ncu PATH")
+    # ncu runs CMD for as long as it takes: say so now, not only at the end
+    print(f"hftagent profile: running {cmd[0]} under {ncu} (kernels serialised; this takes "
+          "longer than the command alone)", file=sys.stderr, flush=True)
     try:
         if keep_csv is None:
             rep = run_profile(cmd, inferences=inferences,

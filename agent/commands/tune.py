@@ -480,7 +480,9 @@ def threads_cmd(
             input_data="random", variant=variant, samples=None, duration=duration, warmup=200,
             rate=None, threshold_us=5000.0, calib=None, intra=None, inter=None, cpus=cpus,
             sweep="threads", batch="1")
-        result, _arrays = run_probe(settings, configs)
+        from agent.probe.progress import progress_hook
+        with progress_hook(prefix="hftagent tune threads: ") as hook:
+            result, _arrays = run_probe(settings, configs, on_event=hook)
     cands = sorted((r for r in result.runs if r.batch == 1 and eligible(r)[0]),
                    key=lambda r: r.p99_ns())
     repro = [r for r in cands if _unreproducible(r.config) is None]
