@@ -167,6 +167,15 @@ def test_probe_cli_piped_at_80_columns():
     assert "ended by: sample count" in out
 
 
+def test_probe_says_a_reason_several_runs_share_once(numpy_probe):
+    doc = json.loads(json.dumps(numpy_probe))
+    why = "TensorRT is not in this TensorFlow build (tf-trt needs a GPU build)"
+    for r in doc["runs"]:
+        r.update(status="unavailable", reason=why, variant="tf-trt")
+    out = _render_probe(doc, terminal=False, width=80)
+    assert out.count(why) == 1 and "same reason as tf-trt batch 1" in out
+
+
 def test_probe_markup_in_a_model_name_is_printed_as_it_is(numpy_probe):
     doc = json.loads(json.dumps(numpy_probe))
     doc["model"]["name"] = "[/bold] x[red]"
@@ -294,6 +303,24 @@ def test_tune_and_run_on_every_fixture_tree_say_no_none(tree, tmp_path):
             assert_clean(out)
             if env is not TERMINAL_200:
                 assert "…" not in out
+
+
+@pytest.mark.parametrize("env", NARROW, ids=NARROW_IDS)
+def test_run_dry_run_prints_every_value_of_its_json_whole(env):
+    root = FIXTURES / "synthetic-2socket"
+    args = ("run", "--dry-run", "--root", str(root), "--intra", "2", "--", "python3", "x.py")
+    doc = json.loads(cli(*args[:-3], "--json", *args[-3:]).stdout)
+    out = human(cli(*args, env=env))
+    assert_clean(out)
+    on_one_line(out, doc["cpus"], doc["command"], *(f"{k}={v}" for k, v in doc["env"].items()))
+
+
+def test_capture_says_where_in_one_whole_line(tmp_path):
+    out_dir = tmp_path / "a-rather-long-directory-name-for-a-captured-tree" / "cap"
+    res = cli("capture", "--root", str(FIXTURES / "vm-dev"), "--out", str(out_dir), env=PIPED)
+    assert res.exit_code == 0, res.output
+    assert_clean(res.stdout)
+    on_one_line(res.stdout, str(out_dir), str(out_dir / "CAPTURE-SKIPPED"))
 
 
 # -- cpus -------------------------------------------------------------------------------------

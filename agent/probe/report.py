@@ -189,11 +189,17 @@ VARIANT_COLUMNS = [textout.Column("variant"), textout.Column("batch", right=True
 
 def _side_by_side(con: Console, runs: Sequence[RunResult], cid: str) -> None:
     rows = []
+    said: dict[str, str] = {}  # a reason several runs share is said once
     for r in runs:
         tag, style = _mark(r)
         cells: dict[str, textout.Cell] = {"variant": r.variant, "batch": str(r.batch)}
         if not r.ok:
-            cells["reason"] = Text(r.reason or "")
+            why = r.reason or ""
+            if why in said:
+                cells["reason"] = Text(f"same reason as {said[why]}")
+            else:
+                said[why] = f"{r.variant} batch {r.batch}"
+                cells["reason"] = Text(why)
         else:
             j = r.jitter or {}
             cells.update({
