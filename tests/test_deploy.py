@@ -30,7 +30,8 @@ needs_amtool = pytest.mark.skipif(
     reason="amtool not installed (Debian package 'prometheus-alertmanager'; `make apt-deps`)")
 
 ALERTS = ("HftTailJitterHigh", "HftP99OverBudget", "HftProbeDown", "HftProbeStale",
-          "HftAuditDrift", "HftPcieLinkDegraded", "HftGpuThrottled")
+          "HftAuditDrift", "HftPcieLinkDegraded", "HftGpuThrottled", "HftSpikesOwnWaits",
+          "HftProcessStopped")
 
 
 def run(*cmd: str, cwd: Path | None = None, stdin: str | None = None):
@@ -82,6 +83,9 @@ def mutated_rule_test(tmp_path: Path, old: str, new: str) -> subprocess.Complete
      "warn is not drift"),
     ('{threshold_us="5000"} > (6 * 0.0005)', '{threshold_us="500"} > (6 * 0.0005)',
      "the slow burn looks at the 5 ms threshold"),
+    ('cause=~"blocked|io_wait"', 'cause=~"blocked|io_wait|cpu_contention"',
+     "the host's contention is not the service's own wait"),
+    ("[30m])) >= 20", "[30m])) >= 0", "a handful of spikes must not ticket"),
 ])
 def test_rule_tests_catch_a_broken_rule(tmp_path, old, new, why):
     """The rule unit tests can fail: each mutation of the rules makes them fail."""
