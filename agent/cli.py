@@ -135,6 +135,8 @@ def _load_command(name: str):
     import typer
     import typer.main
 
+    from agent.commands.common import plain_flags
+    plain_flags()  # flags show no <bool> in every command's --help, not only those that ask
     sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     importlib.import_module(f"agent.commands.{name}").register(sub)
     return typer.main.get_group(sub).commands[name]

@@ -90,6 +90,14 @@ def test_help_shows_flags_as_flags_and_wraps_paragraphs_once(cmd):
             assert all(len(ln) > 50 for ln in lines[:-1]), para
 
 
+@pytest.mark.parametrize("cmd", ["audit", "watch", "attach", "deploy"])
+def test_every_other_command_shows_flags_as_flags_too(cmd):
+    """The fix is made once, where a command is loaded (agent/cli.py), not per command."""
+    res = cli(cmd, "--help", env=TERMINAL_80)
+    assert res.exit_code == 0, res.output
+    assert "<bool>" not in human(res) and "--help" in human(res)
+
+
 def test_flags_show_what_they_take():
     out = human(cli("probe", "--help", env=TERMINAL_200))
     assert re.search(r"--samples\s+N\s", out) and re.search(r"--cpus\s+LIST\s", out)
