@@ -198,7 +198,7 @@ def _wake(comm, pid, ts, flags="d..2.", cpu=1):
 
 def _record(text: str, polled: str, excess_ns: int, comms=None, own_ns: int = 0) -> dict:
     tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, comms=comms or {},
-                  probe_pid=PROC, tgid_of=TGIDS.get)
+                  follow=True, probe_pid=PROC, tgid_of=TGIDS.get)
     q = backlog(tl, own_ns) if own_ns else None
     items = breakdown(tl, excess_ns, queued=q)
     body = {"cause": polled, "causes": [{"cause": polled, "detail": "polled"}],

@@ -198,7 +198,7 @@ def test_wake_instance_records_who_woke_and_who_stopped_the_probe_from_another_c
         sigs = [e for e in win.events if e.name == "signal_generate"
                 and e.fields["pid"] == reader.pid]
         assert [e.fields["sig"] for e in sigs][:2] == [19, 18] and sigs[0].pid == os.getpid()
-        tl = timeline(win.events, CPU, {reader.pid}, t0, t1, comms=win.comms)
+        tl = timeline(win.events, CPU, {reader.pid}, t0, t1, comms=win.comms, follow=True)
         woken = [p for p in tl.parts if p.waker_tid == writer.pid]
         assert woken and all(p.kind == "blocked" and p.state == "S" for p in woken)
         assert all(p.waker_cpu == other for p in woken)

@@ -27,7 +27,7 @@ def _tl() -> dict:
              "target_cpu=001"),
         sw("holder", 4243, "100.005150", "probe", PROBE, "S"),
     ])
-    tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, probe_pid=4240,
+    tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True, probe_pid=4240,
                   tgid_of={4243: 4240}.get, comms={4243: "holder"})
     return tl.to_dict()
 

@@ -328,12 +328,13 @@ class _Walk:
 
     def __init__(self, cpu: int, probe: set[int], t0: int, t1: int,
                  comms: dict[int, str], probe_pid: int | None = None,
-                 tgid_of: Callable[[int], int | None] | None = None) -> None:
+                 tgid_of: Callable[[int], int | None] | None = None,
+                 follow: bool = False) -> None:
         self.tl = Timeline(cpu, t0, t1)
         self.probe = probe
         self.comms = comms
         # the thread whose state is followed (the sample's: one probe tid), its process
-        self.tid = next(iter(probe)) if len(probe) == 1 else None
+        self.tid = next(iter(probe)) if follow and len(probe) == 1 else None
         self.probe_pid = probe_pid
         self.tgid_of = tgid_of
         # its state: _RUN while it is not followed (several tids), else _UNK until an event
@@ -965,20 +966,22 @@ def _softirq_entity(action: str) -> Entity:
 
 def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns: int,
              t1_ns: int, *, comms: dict[int, str] | None = None, complete: bool = True,
-             reason: str | None = None, probe_pid: int | None = None,
+             reason: str | None = None, follow: bool = False, probe_pid: int | None = None,
              tgid_of: Callable[[int], int | None] | None = None,
              wake_reason: str | None = None) -> Timeline:
     """Account ``[t0_ns, t1_ns]`` on ``cpu`` (see the module docstring). ``events``: the
     window's events (other CPUs' are skipped, except the wake-ups and signals of the probe
     thread: who woke or stopped it), including some before ``t0_ns`` so that the state at
     ``t0_ns`` is known (EventSource.window's margin and the last sched_switch before it).
-    ``probe_tids``: the probe's thread ids; with one, its state is followed (parts, state_ns).
+    ``probe_tids``: the probe's thread ids; with one and ``follow``, its state is followed
+    (parts, state_ns: a slow call's off-CPU time; ``hftagent cpus`` follows none: its
+    spinners never block, and what ran on the CPU is what it reports).
     ``comms``: pid → comm for tasks no event names (``Window.comms``). ``probe_pid``: its
     process (a signal to the process stops the thread; a waker in it is "the same
     process"), ``tgid_of``: a task's process id (None when gone). ``wake_reason``: why the
     other CPUs' wake-ups may be missing (Window.wake_reason)."""
     probe = {int(t) for t in probe_tids}
-    one = next(iter(probe)) if len(probe) == 1 else None
+    one = next(iter(probe)) if follow and len(probe) == 1 else None
     evs = sorted((e for e in events if e.cpu == cpu or e.name in _REMOTE and one is not None
                   and e.fields.get("pid") in (one, probe_pid)), key=lambda e: e.ts_ns)
     names: dict[int, str] = {}
@@ -992,7 +995,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     if comms:
         for k, v in comms.items():
             names.setdefault(k, v)
-    w = _Walk(cpu, probe, t0_ns, t1_ns, names, probe_pid, tgid_of)
+    w = _Walk(cpu, probe, t0_ns, t1_ns, names, probe_pid, tgid_of, follow)
     local = [e.ts_ns for e in evs if e.cpu == cpu]
     w.last = min(t0_ns, local[0]) if local else t0_ns
     w.tl.seen_until_ns = local[-1] if local else None

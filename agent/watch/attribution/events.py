@@ -318,7 +318,8 @@ class SpikeEvents:
                                      after_ns=MARGIN_AFTER_NS)
             tl = timeline(win.events, cpu, {sp.tid}, sp.start_ns, sp.end_ns,
                           comms=win.comms, complete=win.complete, reason=win.reason,
-                          probe_pid=sp.pid if sp.pid > 0 else None, tgid_of=self._tgid_or_none,
+                          follow=True, probe_pid=sp.pid if sp.pid > 0 else None,
+                          tgid_of=self._tgid_or_none,
                           wake_reason=getattr(win, "wake_reason", None))
             _check_probe_seen(tl, sp, cpu)
             self.irq_in_cpu.vote(tl, sp.cpu_ns)
