@@ -255,7 +255,8 @@ def test_watch_pid_finds_the_ring_of_a_process_started_after_the_change(tmp_path
     try:
         r = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()",
                             "watch", "--pid", str(app.pid), "--duration", "3", "--no-live",
-                            "--json", "--sampler", "python", "--trace", "off"],
+                            "--json", "--sampler", "python", "--trace", "off",
+                            "--no-history"],  # (the history database is in tmp_path too)
                            cwd=repo, capture_output=True, text=True, timeout=120)
     finally:
         app.kill()
