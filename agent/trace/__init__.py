@@ -35,7 +35,8 @@ Wiring (for ``hftagent watch``)::
     win = src.window(spike.start_ns, spike.end_ns)   # CLOCK_MONOTONIC ns (the probe's clock)
     tl = timeline(win.events, cpu=spike.cpu_end, probe_tids={spike.tid},
                   t0_ns=spike.start_ns, t1_ns=spike.end_ns, comms=win.comms,
-                  complete=win.complete, reason=win.reason)
+                  complete=win.complete, reason=win.reason,
+                  follow=True, probe_pid=spike.pid)   # its thread's off-CPU states too
     hw = hw_noise(tl, probe_cpu_ns=spike.cpu_ns, steal_ns=polled_steal_ns)
     items = breakdown(tl, spike.excess_ns, hw=hw)   # [(label, ns), ..., ("unexplained", ns)]
     record["timeline"] = tl.to_dict(); record["hw_noise"] = hw.to_dict()

@@ -20,11 +20,25 @@ Which task ran is read from every event's ``common_pid`` (the task current on th
 it fired), so a lost ``sched_switch`` cannot make the walk charge the wrong task for long.
 An exit whose entry lies before the window (or was lost) charges the interval before it to
 that context. ``sched_waking``/``sched_wakeup`` of a probe thread followed by its switch-in
-give the probe's wake-up latency; events on other CPUs are ignored (the IPI senders and a
-remote waker are not seen: the instance traces the probe CPUs only).
+give the probe's wake-up latency; events on other CPUs are ignored (the IPI senders are not
+seen: the main instance traces the probe CPUs only), except, when following the thread, its
+own wake-ups and stop signals there (the wake instance's).
+
+With ``follow=True`` and one probe thread (watch's spikes) the walk also follows that
+thread's own state (docs/events.md "Off-CPU time"): on the CPU, runnable (preempted or
+woken: what ran is the delay), not runnable from a switch-out in S, D, T/t, P or I to the
+``sched_waking`` that ended it (from any CPU: the source's wake instance) — a
+:class:`Part`, named by its state and its waker (a task, another thread of the same
+process, a timer, an interrupt) or, for T, the stop signal's sender —, woken with the CPU
+idle (wake-up latency proper), unknown (no event says) or exited. While it was not
+runnable, what ran on the CPU did not delay it: those intervals are the part's. A part
+with neither a waking nor a switch-in nor a run of the thread at its end is unknown, never
+guessed; a part that began before the window's start and ended by a timer is a pacing
+sleep that overshot the start (a late wake-up), not a wait of the call's own.
 
 :func:`breakdown` turns a timeline into the excess over P50, item by item, with an explicit
-``unexplained`` residual; :func:`hw_noise` reports, as rtla's hwnoise does, the time the
+``unexplained`` residual (and, with :func:`backlog`, the thread's earlier calls queued
+behind a stall at the call's start); :func:`hw_noise` reports, as rtla's hwnoise does, the time the
 probe was on the CPU with no event while its CPU time says it did not run
 (``hw_or_hypervisor``), with the quiet gaps it must lie in, correlated with steal.
 """
