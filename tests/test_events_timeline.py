@@ -727,3 +727,32 @@ def test_a_stall_at_the_calls_start_gives_the_threads_backlog_to_it():
     assert items[UNEXPLAINED] == 100 * US  # 1.7 ms excess - 0.5 blocked - 1.1 backlog
     # no stall at the start: no backlog
     assert backlog(follow(text.replace("100.000600", "100.001200")), 400 * US) is None
+
+
+def test_a_pacing_sleep_of_unknown_state_woken_late_by_its_timer_is_a_late_wake_up():
+    # the switch before the window is another task's: the thread's state is unknown until
+    # its timer's waking says it was asleep, since before the window (a pacing sleep)
+    text = "\n".join([
+        sw("other", 900, "100.000500", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.002000", "local_timer_entry: vector=236", "d.h1."),
+        wake("<idle>", 0, "100.002001", "d.h2."),
+        line("<idle>", 0, "100.002004", "local_timer_exit: vector=236", "d.h1."),
+        line("probe", PROBE, "100.002900", "local_timer_entry: vector=236", "d.h1."),
+    ])
+    tl = follow(text)
+    (part,) = tl.parts
+    assert (part.kind, part.state, part.waker) == ("idle", None, "timer")
+    assert part.start_ns < T0 and tl.state_ns["wakeup"] == 1_001 * US
+    assert tl.state_ns["runnable"] == 3 * US  # the rest of the tick, after the waking
+
+
+def test_a_stop_signal_without_the_switch_out_in_the_window_still_makes_it_stopped():
+    text = "\n".join([
+        line("kit", 900, "100.000100", "signal_generate: sig=19 errno=0 code=0 comm=probe "
+             "pid=4240 grp=1 res=0", cpu=0),
+        sw("other", 555, "100.000500", "swapper/1", 0, "S"),
+        wake("kit", 900, "100.002000", cpu=0),  # SIGCONT's wake-up
+    ])
+    (part,) = follow(text, comms={900: "kit"}).parts
+    assert (part.kind, part.state, part.signal, part.sender) == \
+        ("stopped", None, 19, "kit[900]")

@@ -358,6 +358,7 @@ class _Walk:
         self.unk_ns = 0  # not the thread's own time, while its state was unknown
         self.unk_idx = 0  # the first interval of the unknown stretch
         self.wake_idle_ns = 0  # idle while it was runnable (woken, not yet running)
+        self.first_ns = t0  # the window's first event on this CPU (timeline() sets it)
         self.woken_ns: int | None = None  # its waking, while _WOKEN
         self.stop_sig: tuple[int, int, int | None, str] | None = None  # (ts, sig, tid, who)
         self.io_issued: int | None = None  # its last block request on this CPU
@@ -455,11 +456,15 @@ class _Walk:
         part.same_process = bool(w.get("same_process"))
         st = part.state
         ctx = part.waker_ctx
-        if st in ("T", "t"):
+        if st is None and self.stop_sig is not None and self.stop_sig[0] <= at:
+            # its switch-out is not in the window, but a stop signal to it is, and it was
+            # not runnable until this waking: stopped (the state letter stays unknown)
+            self._sign(part)
+        if st in ("T", "t") or st is None and part.signal is not None:
             part.kind = STOPPED
             by = f" by {SIGNAL_NAMES.get(part.signal, part.signal)} from {part.sender}" \
                 if part.signal is not None else ""
-            label = f"stopped ({st}){by}, continued by {part.waker}"
+            label = f"stopped ({st or 'state unknown'}){by}, continued by {part.waker}"
             culprit = _comm_of(part.sender) if part.sender else _comm_of(part.waker)
         elif st == "D" and (part.io or ctx == "io" or ctx in ("irq", "softirq", "interrupt")):
             part.kind = IO_WAIT
@@ -550,8 +555,11 @@ class _Walk:
             # a waking says it was asleep (try_to_wake_up fires it only for a task whose
             # state matched): a part from the window's start, its state unknown
             ivs = self.tl.intervals
-            start = ivs[self.unk_idx].start_ns if self.unk_idx < len(ivs) else \
-                min(self.tl.t0_ns, ev.ts_ns)
+            if self.unk_idx == 0:
+                # asleep since before the window's first event, when it began unknown
+                start = min(self.first_ns, self.tl.t0_ns - 1, ev.ts_ns)
+            else:
+                start = ivs[self.unk_idx].start_ns if self.unk_idx < len(ivs) else ev.ts_ns
             part = Part(None, start, first_idx=self.unk_idx)
             part.entity = Entity(BLOCKED, "#unknown", detail="open part (state unknown)")
             self.tl.parts.append(part)
@@ -1011,7 +1019,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
             names.setdefault(k, v)
     w = _Walk(cpu, probe, t0_ns, t1_ns, names, probe_pid, tgid_of, follow)
     local = [e.ts_ns for e in evs if e.cpu == cpu]
-    w.last = min(t0_ns, local[0]) if local else t0_ns
+    w.last = w.first_ns = min(t0_ns, local[0]) if local else t0_ns
     w.tl.seen_until_ns = local[-1] if local else None
     after = None
     for ev in evs:
