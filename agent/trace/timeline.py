@@ -410,6 +410,8 @@ class _Walk:
         event in its context: the dev VM's 6.18 kernel records no switch from idle)."""
         if self.pstate == _OFF and self.part is not None:
             self.close_part(at, how)
+        elif self.pstate == _GONE:
+            self.part = None  # an event of the exited tid: a reused one, or events lost
         if how == "event" and self.pstate != _UNK:
             # its switch-in, inferred: the wake-up before it, if any, is this run's
             self.switch_ins.append((self.waking, at))
@@ -721,7 +723,7 @@ class _Walk:
         pid = self.pid_of(ev) if op == _TLB else ev.pid
         if self.task is not None and pid != self.task and not stack:
             tl.anomalies += 1  # a switch we did not see: trust common_pid
-        if pid == self.tid and self.pstate != _RUN and self.pstate != _GONE:
+        if pid == self.tid and self.pstate != _RUN:
             self.to_run(self.last, "event")  # it ran: the interval before is its own
         # 1. the interval up to this event: the innermost context, or the one an exit
         # whose entry the stack lacks closes
@@ -848,7 +850,7 @@ class _Walk:
         if nxt in self.probe:
             self.switch_ins.append((self.waking, ev.ts_ns))
             self.waking = None
-        if nxt == self.tid and self.pstate != _GONE:
+        if nxt == self.tid:
             self.to_run(ev.ts_ns, "switch")
         self.task = nxt
 
@@ -866,8 +868,8 @@ class _Walk:
         tl = self.tl
         if self.part is not None and self.pstate == _OFF:
             self.unknown_part(self.part)
-        elif self.part is not None:  # it exited: closed, its time after the exit unknown
-            self.unk_ns += self.part.in_ns
+        # it exited: closed, its time after the exit unknown
+        self.unk_ns += sum(p.in_ns for p in tl.parts if p.ended_by == "exit")
         if self.tid is not None:
             parts = sum(p.in_ns for p in tl.parts if p.kind not in (IDLE, UNKNOWN))
             wake = self.wake_idle_ns + sum(p.in_ns for p in tl.parts if p.kind == IDLE)
@@ -1039,7 +1041,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     if after is not None:
         op, vent = _op(after.name)
         pid = w.pid_of(after)
-        if pid == w.tid and w.pstate != _RUN and w.pstate != _GONE:
+        if pid == w.tid and w.pstate != _RUN:
             w.to_run(w.last, "event")
         w.charge(t1_ns, w._exit_context(op, after, vent)[1] or w.current(pid), pid)
     else:
