@@ -167,7 +167,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         listen=listen, web_config_file=web_config_file, live=live, json_out=json_out,
         p99_budget_us=p99_budget_us, profile=profile)
     record = check_history_db(db, no_history)  # (a --db that cannot be used: before the run)
-    rc, summary = run_watch(req, host, on_phase=_phase)
+    rc, summary = run_watch(req, host, on_phase=_phase if sys.stderr.isatty() else None)
     text = json.dumps(summary, indent=1) if json_out else "\n".join(report.render(summary,
                                                                                    spike_log))
     print(text)
@@ -183,6 +183,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
 
 
 def _phase(what: str) -> None:
-    """A start-up phase (model load, warm-up, symbols read), one line on stderr as it begins:
-    TensorFlow's import and XLA's compile take seconds that would otherwise be silent."""
+    """A start-up phase (model load, warm-up, symbols read), one line on a terminal's stderr
+    as it begins: TensorFlow's import and XLA's compile take seconds that would otherwise be
+    silent. (Not on a pipe: there a start-up failure stays the one line a script reads.)"""
     print(f"hftagent watch: {what} ...", file=sys.stderr, flush=True)
