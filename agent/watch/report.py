@@ -40,7 +40,8 @@ def _us(v: float | None) -> str:
 def headline(s: dict) -> list[str]:
     kind = s.get("source_kind")
     who = s["source"] or (f"the {kind} probe" if kind in ("tf", "numpy") else "the process")
-    pid = f" (pid {s['pid']})" if s.get("pid") is not None else ""
+    pid = f" (pid {s['pid']})" if s.get("pid") is not None and \
+        f"pid {s['pid']}" not in who else ""  # (an attached source names its pid)
     at = ""
     if kind not in ("external", "attach"):
         rate = s.get("rate_hz")
