@@ -180,8 +180,10 @@ def test_probe_says_a_reason_several_runs_share_once(numpy_probe):
     why = "TensorRT is not in this TensorFlow build (tf-trt needs a GPU build)"
     for r in doc["runs"]:
         r.update(status="unavailable", reason=why, variant="tf-trt")
+    doc["recommendation"] = None
     out = _render_probe(doc, terminal=False, width=80)
     assert out.count(why) == 1 and "same reason as tf-trt batch 1" in out
+    assert "tf-trt: did not run" in out.split("recommendation: none")[1]
 
 
 def test_probe_markup_in_a_model_name_is_printed_as_it_is(numpy_probe):

@@ -136,7 +136,10 @@ def _recommendation(con: Console, result: ProbeResult) -> None:
     else:
         textout.line(con, ("recommendation: none", "bold red"),
                      " — no run can be recommended:")
-        for reason, names in _by_reason(not_recommended(result.runs)):
+        # a run that did not run has its reason on its own line above: not said twice
+        pairs = [(n, "did not run" if why.startswith("did not run") else why)
+                 for n, why in not_recommended(result.runs)]
+        for reason, names in _by_reason(pairs):
             textout.line(con, f"  {', '.join(names)}: {reason}")
     if result.sweep_recommendation:
         sr = result.sweep_recommendation
