@@ -85,7 +85,10 @@ def plain_flags() -> None:
     if _FLAGS_PLAIN:
         return
     from typer.core import TyperOption
-    shown = TyperOption.display_type_rich
+    shown = getattr(TyperOption, "display_type_rich", None)
+    _FLAGS_PLAIN = True
+    if shown is None:  # another typer release renders help otherwise: leave it as it is
+        return
 
     def display_type_rich(self, ctx):  # noqa: ANN001, ANN202 - typer's own signature
         if self.is_flag or self.count:
@@ -93,7 +96,6 @@ def plain_flags() -> None:
         return shown(self, ctx)
 
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
-    _FLAGS_PLAIN = True
 
 
 def register_command(app: typer.Typer, name: str, fn: Callable, help: str | None = None,
