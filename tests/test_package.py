@@ -75,3 +75,15 @@ def test_a_reader_that_stops_early_is_not_an_error():
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 0 and "Broken pipe" not in err and "Traceback" not in err
+
+
+def test_plain_flags_leaves_a_typer_without_its_hook_alone(monkeypatch):
+    # another typer release (the GPU machine's image) has no TyperOption.display_type_rich:
+    # every command went into "internal error: AttributeError" when it was patched blindly
+    from typer.core import TyperOption
+
+    from agent.commands import common
+    monkeypatch.delattr(TyperOption, "display_type_rich", raising=False)
+    monkeypatch.setattr(common, "_FLAGS_PLAIN", False)
+    common.plain_flags()
+    assert not hasattr(TyperOption, "display_type_rich")
