@@ -83,7 +83,7 @@ def test_plain_flags_leaves_a_typer_without_its_hook_alone(monkeypatch):
     from typer.core import TyperOption
 
     from agent.commands import common
-    monkeypatch.delattr(TyperOption, "display_type_rich", raising=False)
+    monkeypatch.setattr(TyperOption, "display_type_rich", None, raising=False)
     monkeypatch.setattr(common, "_FLAGS_PLAIN", False)
     common.plain_flags()
-    assert not hasattr(TyperOption, "display_type_rich")
+    assert TyperOption.display_type_rich is None
