@@ -2,7 +2,7 @@
 NVML adapter (:mod:`collectors.nvml`, re-exported here for its callers).
 
 :class:`GpuCollector` is the uniform collector (collectors.base): fast signals in ``sample()``
-(58 µs median per call for one idle H200; 309 µs median, 1.2 ms p99 with the GPU busy and the
+(58 µs median per call for one idle Hopper GPU; 309 µs median, 1.2 ms p99 with the GPU busy and the
 slow thread running, see docs/gpu-validation.md), slow ones on their own thread (PCIe
 throughput blocks ~20 ms per call; violation status 0.4-1.0 ms; replay counter 0.1-0.2 ms).
 It keeps a time-ordered :attr:`GpuCollector.history` of its samples, with the foreign

@@ -10,7 +10,7 @@ ncu serialises kernels and adds per-kernel overhead, so wall time measured *unde
 nothing: the per-inference wall time must come from an uninstrumented run (the probe's P50, or
 ``--wall-us``). Kernel durations (``gpu__time_duration.sum``) are accurate under ncu.
 
-Two CSV layouts are parsed (both captured from ncu 2025.3 on the lent H200, kept as test data
+Two CSV layouts are parsed (both captured from ncu 2025.3 on a Hopper GPU, kept as test data
 in tests/fakes/ncu/):
 * ``--page raw --metrics gpu__time_duration.sum``: one row per kernel, a units row after the
   header ("ns"), numbers with thousands separators ("2,848").

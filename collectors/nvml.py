@@ -10,7 +10,7 @@ never blocks the readings of the others (per-device isolation). Each reading met
 docstring names its unit and the ``nvidia-smi`` equivalent. Tests pass a fake library with
 the same shape (tests/fakes/nvml.py).
 
-Raw pynvml per-call costs measured on the lent H200 (driver 580.159.04, 2026-11-29): clock
+Raw pynvml per-call costs measured on a Hopper GPU (driver 580.159.04, 2026-11-29): clock
 1.9-2.2 µs, event reasons 1.6-1.8 µs, utilisation 1.4-1.8 µs, compute processes 8-10 µs,
 volatile ECC 1.5-3 µs, replay counter 93-175 µs, violation status 0.4-0.8 ms, application
 clocks 0.5-0.6 ms, PCIe throughput 20.6-20.9 ms. The adapter adds ~4 µs per call there
@@ -319,7 +319,7 @@ class Nvml:
 
     def applications_clock_mhz(self, gpu: int, clock: int = CLOCK_SM) -> Reading[int]:
         """Applications clock target in MHz (nvidia-smi --query-gpu=clocks.applications.graphics).
-        ~0.6 ms per call on the H200: audit only."""
+        ~0.6 ms per call (Hopper, driver 580): audit only."""
         return self.device_call(gpu, "nvmlDeviceGetApplicationsClock", clock).map(int)
 
     def default_applications_clock_mhz(self, gpu: int, clock: int = CLOCK_SM) -> Reading[int]:
@@ -362,7 +362,7 @@ class Nvml:
 
     def pcie_replay_counter(self, gpu: int) -> Reading[int]:
         """PCIe replays since reset, a count (nvidia-smi -q -d PCIE "Replays Since Reset").
-        ~0.1 ms per call on the H200: slow thread only."""
+        ~0.1 ms per call (Hopper, driver 580): slow thread only."""
         return self.device_call(gpu, "nvmlDeviceGetPcieReplayCounter").map(int)
 
     def pcie_throughput_bytes_per_s(self, gpu: int, counter: int) -> Reading[int]:
@@ -405,7 +405,7 @@ class Nvml:
 
     def numa_node(self, gpu: int) -> Reading[int]:
         """NUMA node of the GPU's memory where NVML knows it (nvidia-smi topo -m "GPU NUMA ID");
-        NotSupported on most PCIe GPUs (the H200 VM): use sysfs numa_node for the CPU side."""
+        NotSupported on most PCIe GPUs passed to a VM: use sysfs numa_node for the CPU side."""
         return self.device_call(gpu, "nvmlDeviceGetNumaNodeId").map(int)
 
     def cpu_affinity(self, gpu: int, ncpus: int) -> Reading[list[int]]:
@@ -422,7 +422,7 @@ class Nvml:
 
     def compute_processes(self, gpu: int, names: bool = True) -> Reading[list[GpuProcess]]:
         """Compute processes on the GPU (nvidia-smi --query-compute-apps=pid,process_name,
-        used_memory). ~8 µs per call on the H200 without names. PIDs are in the driver's PID
+        used_memory). ~8 µs per call (Hopper, driver 580) without names. PIDs are in the driver's PID
         namespace; a name that cannot be read stays None."""
         r = self.device_call(gpu, "nvmlDeviceGetComputeRunningProcesses")
         if not r.ok:

@@ -2,7 +2,7 @@
 
 watch runs on the housekeeping CPUs, which on a production box also run the other work moved
 off the inference CPUs. When they are oversubscribed, watch's loop, its sampler's drain thread
-and its helper wait for their CPU like everything else: on the GPU machine, with the fault
+and its helper wait for their CPU like everything else: on a 16-vCPU guest, with the fault
 kit's 32 busy threads on 16 CPUs (docs/benchmarks.md), records that only inherit a cause came
 250 ms late. ``--nice -10`` lets them through first. It is applied to watch's own threads
 (those of this process when it is called: the loop and the sampler's thread) and to the

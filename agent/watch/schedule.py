@@ -24,7 +24,7 @@ passed (attributed with what there is). Then, per loop step:
   cause of spike N"), in that step or, after a step that ran out, at the start of the next
   (not its first full attribution), so a storm that costs more to attribute than the
   budget allows stays named within ~0.1 s of detection (issue #17: spike → record ≤ 200
-  ms). The wait is one loop period, 50 ms: under the GPU machine's flood a window read and
+  ms). The wait is one loop period, 50 ms: under a softirq flood on a 16-vCPU guest a window read and
   walk took 20-25 ms, so at 0.1 s a burst's leaders, 2-3 ms apart, took a step each and the
   last waited 220 ms. One that waited as long with no attributed spike that close is
   attributed without its kernel-event window (the polled rules only; its record's

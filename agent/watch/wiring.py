@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from agent.watch.config import WatchConfig
 from collectors.host import Host
 
-# ~20 Hz (every 5th round at 100 Hz): on an H200 under load one GpuCollector.sample() took
+# ~20 Hz (every 5th round at 100 Hz): with a busy Hopper GPU one GpuCollector.sample() took
 # 309 µs median / 1.16 ms P99, 4.95 % of one CPU at 100 Hz (docs/gpu-validation.md); GPU
 # clocks and throttle reasons change on a ms-to-s scale, and a throttle that lasts 50 ms
 # still shows in the window + slack of the spikes it causes.

@@ -1,6 +1,7 @@
 """GPU persistence mode and compute mode, through the NVML adapter (:class:`GpuControl`).
 
-Never exercised on the lent GPU machine (the round-trip script skips the ``gpu`` family):
+Never exercised on a real GPU (the round-trip script skips the ``gpu`` family: it changes
+settings a shared GPU's other users depend on):
 tests use a fake with the same shape. Needs root on the live host, like the file tunables.
 """
 

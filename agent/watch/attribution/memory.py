@@ -27,7 +27,7 @@ PSI_BASE, PSI_MAX = 0.3, 0.8  # PSI_BASE + the stall's share of the excess, at m
 # After-effect: the probe's pages came back (page-ins among its recent samples) and this
 # call, with no fault of its own, ran AFTER_CPU_RATIO × its usual CPU time or more. Reclaimed
 # memory comes back cold in the caches and TLB, and a reclaimed huge page comes back as
-# small pages, so the call is slower with nothing else to see: on the GPU machine, 20
+# small pages, so the call is slower with nothing else to see: on a 16-vCPU guest (6.18), 20
 # consecutive calls of 4.0 ms CPU each (median 1.0 ms) right after the kit's first page-out
 # wave, no event on the probe CPU but a tick (docs/benchmarks.md).
 AFTER, AFTER_CPU_RATIO = 0.6, 2.0

@@ -70,7 +70,7 @@ def _after_move(ctx: Context) -> tuple[float, dict | None]:
     """(AFTER_MOVE, evidence) when the call stayed on one CPU, ran AFTER_MOVE_CPU_RATIO×
     the recent samples' median CPU time or more, and some of the probe's recent samples
     ended on another CPU; (0, None) otherwise (a probe that stays on its CPU, a baseline
-    without the CPU columns). Seen on the GPU machine under the kit's affinity flips: calls
+    without the CPU columns). Seen on a 16-vCPU KVM guest (kernel 6.18) under the kit's affinity flips: calls
     that ran 1.5-1.8 ms of CPU (usual 0.6-0.9) with nothing else on the CPU, on the CPU the
     probe had just come back to."""
     sp, recent = ctx.spike, ctx.recent
