@@ -51,11 +51,11 @@ def _fixture_pages() -> list[bytes]:
 # --- format files -----------------------------------------------------------------------------
 
 def test_every_captured_format_parses_with_its_fields():
-    # the capture's events, and the formats of signal_generate and block_rq_issue/complete
-    # copied from the same kernel (6.18) for the not-runnable events
+    # the capture's events, and the formats of signal_generate, block_rq_issue/complete and
+    # hrtimer_start copied from the same kernel (6.18) for the not-runnable events
     assert {f"{f.system}:{f.name}" for f in FMTS.values()} == \
         set(META["events"]) | {"signal:signal_generate", "block:block_rq_issue",
-                                "block:block_rq_complete"}
+                                "block:block_rq_complete", "timer:hrtimer_start"}
     sw = FMTS["sched_switch"]
     offs = {f.name: (f.offset, f.size) for f in sw.fields}
     assert offs["prev_comm"] == (8, 16) and offs["next_pid"] == (56, 4)
@@ -195,6 +195,32 @@ def test_block_requests_decode_alike_from_both_readers():
     tev = parse_text(text.splitlines())
     want = {"dev": "8,16", "rwbs": "R", "sector": 2048, "nr_sector": 8}
     assert [e.fields for e in evs] == [want, want] == [e.fields for e in tev]
+
+
+def test_a_sleeps_timer_decodes_alike_from_both_readers():
+    """hrtimer_start of a sleeping thread: its callback by name, the expiry it asked for
+    (softexpires) and the latest (expires: + its slack); the hashed pointer and mode are
+    dropped by both."""
+    t0 = 100_000_000_000
+    res = SymbolResolver(lambda: b"ffffffff814204b0 t hrtimer_wakeup\n")
+    assert res.address("hrtimer_wakeup") is None  # not loaded yet: never waits
+    res(0)
+    assert res.address("hrtimer_wakeup") == 0xffffffff814204b0
+    assert res.address("hrtimer") is None and res.address("wakeup") is None
+    fmt = FMTS["hrtimer_start"]
+    page = (PageWriter(t0)
+            .event(t0 + 1000, payload(fmt, 4242, hrtimer=0xffff888812345678,
+                                      function=0xffffffff814204b0, expires=105_050_000_000,
+                                      softexpires=105_000_000_000, mode=1, was_armed=0))
+            .build())
+    (ev,) = iter_page(page, 1, BY_ID, symbols=res)
+    text = ("           probe-4242  [001] d..1.   100.000001: hrtimer_start: "
+            "hrtimer=00000000deadbeef function=hrtimer_wakeup expires=105050000000 "
+            "softexpires=105000000000 mode=REL was_armed=0")
+    (tev,) = parse_text([text])
+    want = {"function": "hrtimer_wakeup", "expires": 105_050_000_000,
+            "softexpires": 105_000_000_000}
+    assert ev.fields == want == tev.fields and ev.pid == tev.pid == 4242
 
 
 def test_time_extend_over_2_27_ns():

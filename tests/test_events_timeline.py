@@ -372,7 +372,8 @@ def test_real_capture_accounts_for_every_ns():
 _NAMES = ["sched_switch", "irq_handler_entry", "irq_handler_exit", "softirq_entry",
           "softirq_exit", "local_timer_entry", "local_timer_exit", "workqueue_execute_start",
           "workqueue_execute_end", "call_function_entry", "call_function_exit", "tlb_flush",
-          "sched_waking", "signal_generate", "block_rq_issue", "block_rq_complete"]
+          "sched_waking", "signal_generate", "block_rq_issue", "block_rq_complete",
+          "hrtimer_start"]
 
 
 @settings(max_examples=200, deadline=None)
@@ -395,6 +396,8 @@ def test_any_event_soup_is_accounted_exactly_once(raw, seed):
              "sched_waking": {"pid": PROBE, "comm": "p",
                               "irq_ctx": rnd.choice(["", "hardirq", "softirq"])},
              "signal_generate": {"pid": PROBE, "sig": rnd.choice([18, 19]), "result": 0},
+             "hrtimer_start": {"function": "hrtimer_wakeup",
+                               "softexpires": base + rnd.randrange(0, 3_000_000)},
              }.get(name, {"vector": 1})
         # wake-ups and signals from another CPU too (the wake instance's)
         cpu = rnd.choice([0, 1]) if name in ("sched_waking", "signal_generate") else 1
@@ -756,3 +759,40 @@ def test_a_stop_signal_without_the_switch_out_in_the_window_still_makes_it_stopp
     (part,) = follow(text, comms={900: "kit"}).parts
     assert (part.kind, part.state, part.signal, part.sender) == \
         ("stopped", None, 19, "kit[900]")
+
+
+def _timer(ts, due_ts, slack_us=50):
+    due = int(float(due_ts) * 1e9)
+    return line("probe", PROBE, ts, f"hrtimer_start: hrtimer=00000000deadbeef "
+                f"function=hrtimer_wakeup expires={due + slack_us * 1000} softexpires={due} "
+                "mode=REL was_armed=0")
+
+
+def test_a_sleep_the_previous_call_asked_for_past_this_start_is_blocked_then_late():
+    """The previous call slept 3 ms in its call path (a retry back-off) from before this
+    call's start: its timer was due at 100.0023, after the start — the sleep was asked
+    for (blocked); it fired 100 µs late (a late wake-up, the rest)."""
+    text = "\n".join([
+        _timer("100.000700", "100.002300"),
+        sw("probe", PROBE, "100.000701", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.002400", "local_timer_entry: vector=236", "d.h1."),
+        wake("<idle>", 0, "100.002401", "d.h2."),
+        line("<idle>", 0, "100.002404", "local_timer_exit: vector=236", "d.h1."),
+        line("probe", PROBE, "100.002900", "local_timer_entry: vector=236", "d.h1."),
+    ])
+    tl = follow(text)
+    asked, late = tl.parts
+    assert (asked.kind, asked.waker, asked.timer_due_ns) == ("blocked", "timer",
+                                                             100_002_300_000)
+    assert asked.in_ns == 1_300 * US
+    assert (late.kind, late.start_ns, late.in_ns) == ("idle", 100_002_300_000, 101 * US)
+    t = totals_by_label(tl)
+    assert t["blocked (S), woken by timer"] == 1_300 * US and t[IDLE_BEFORE_WAKE] == 101 * US
+    assert sum(tl.totals.values()) == T1 - T0
+    assert all(a.end_ns == b.start_ns for a, b in zip(tl.intervals, tl.intervals[1:]))
+    assert tl.state_ns["not_runnable"] == 1_300 * US and tl.state_ns["wakeup"] == 101 * US
+    assert tl.to_dict()["parts"][0]["timer_due_us"] == 1300.0
+    # the call's own pacing sleep, due before its start, is all a late wake-up
+    paced = follow(text.replace("softexpires=100002300000", "softexpires=100000800000"))
+    (part,) = paced.parts
+    assert part.kind == "idle" and part.timer_due_ns == 100_000_800_000

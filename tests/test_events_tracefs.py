@@ -211,6 +211,43 @@ def test_wake_instance_records_who_woke_and_who_stopped_the_probe_from_another_c
     assert not src.wake_path.exists()
 
 
+def test_the_timers_of_sleeps_on_the_probe_cpu_are_recorded_with_their_expiry(host):
+    """hrtimer_start of hrtimer_wakeup (a sleep's timer) on the probe CPU, enabled in the
+    wake instance once kallsyms gives the callback's address: the expiry the sleeper asked
+    for, on the trace clock."""
+    src = _open(host, buffer_s=2)
+    try:
+        src._symbols(0)  # (loaded: as after ~0.3 s of a run)
+        now = time.monotonic_ns()
+        src.window(now - 1_000_000, now)
+        if src.timer_starts.startswith("unsupported"):
+            pytest.skip(src.timer_starts)
+        assert src.timer_starts == "on", src.timer_starts
+        assert src.describe()["wake"]["filters"]["timer:hrtimer_start"].startswith(
+            "function == 0x")
+        child = _child(f"""
+            import os, time
+            os.sched_setaffinity(0, {{{CPU}}})
+            t = []
+            for _ in range(3):
+                t.append(time.monotonic_ns())
+                time.sleep(0.005)
+            print(*t)
+            """)
+        out, err = child.communicate(timeout=30)
+        assert child.returncode == 0, err
+        stamps = list(map(int, out.split()))
+        win = src.window(stamps[0] - 1_000_000, time.monotonic_ns())
+        starts = [e for e in win.events if e.name == "hrtimer_start" and e.pid == child.pid]
+        assert len(starts) >= 3, [e for e in win.events if e.name == "hrtimer_start"]
+        for a, e in zip(stamps, starts):
+            # the expiry asked for: 5 ms after the clock read before the sleep
+            assert 4_000_000 < e.fields["softexpires"] - a < 7_000_000, (a, e)
+            assert e.fields["function"] == "hrtimer_wakeup"
+    finally:
+        src.close()
+
+
 def test_text_reader_reads_the_same_kind_of_window(host):
     src = _open(host, buffer_s=1, reader="text")
     try:

@@ -245,7 +245,8 @@ def _make_fast(fields: list[Field], pid_offset: int) -> tuple | bool:
 
 # the events normalize() changes (every other one's fields are returned as decoded)
 def _normalized(name: str) -> bool:
-    return name in ("sched_switch", "tlb_flush") or name in _BLOCK_EVENTS or name.startswith(
+    return name in ("sched_switch", "tlb_flush", "hrtimer_start") or name in _BLOCK_EVENTS \
+        or name.startswith(
         ("softirq_", "workqueue_execute", "ipi_send"))
 
 
@@ -325,7 +326,7 @@ _REC_MEMO_MAX = 1024  # records per format (~0.2-0.5 KiB each with their fields)
 
 def _uses_symbols(name: str) -> bool:
     """Whether normalize() resolves this event's fields through the symbol resolver."""
-    return name.startswith(("workqueue_execute", "ipi_send"))
+    return name.startswith(("workqueue_execute", "ipi_send")) or name == "hrtimer_start"
 
 
 def _memoized(name: str, inner: Callable) -> Callable:
@@ -512,6 +513,21 @@ class SymbolResolver:
         finally:
             self._done.set()
 
+    def address(self, name: str) -> int | None:
+        """The address of the text symbol ``name`` once the table is loaded (never waits:
+        None before, or where it is absent or hidden by kptr_restrict)."""
+        if not self.ready or not self._addrs:
+            return None
+        key = name.encode() + b"\0"
+        if self._blob.startswith(key):
+            at = 0
+        else:
+            at = self._blob.find(b"\0" + key) + 1
+            if at <= 0:
+                return None
+        i = bisect_left(self._offs, at)
+        return self._addrs[i] if i < len(self._offs) and self._offs[i] == at else None
+
     def __call__(self, addr: int) -> str:
         hit = self._cache.get(addr)
         if hit is not None:
@@ -578,10 +594,15 @@ def normalize(name: str, fields: dict, fmt: EventFormat | None = None,
             fields["dev"] = f"{dev >> 20},{dev & ((1 << 20) - 1)}"
         for key in [k for k in fields if k not in _BLOCK_KEEP]:
             del fields[key]
-    elif name.startswith("workqueue_execute") or name.startswith("ipi_send"):
-        # the text prints the work struct as a hashed %p: neither reader keeps it, so both
-        # give the same fields (items are paired by the kworker's pid)
+    elif name.startswith("workqueue_execute") or name.startswith("ipi_send") or \
+            name == "hrtimer_start":
+        # the text prints the work struct (and the hrtimer) as a hashed %p: neither reader
+        # keeps it, so both give the same fields (items are paired by the kworker's pid);
+        # hrtimer_start keeps its callback and expiry (softexpires: asked; expires: + slack)
         fields.pop("work", None)
+        if name == "hrtimer_start":
+            for key in ("hrtimer", "mode", "was_armed"):
+                fields.pop(key, None)
         for key in ("function", "callback", "callsite"):
             v = fields.get(key)
             if isinstance(v, int):
@@ -1035,7 +1056,8 @@ _BLOCK_RE = re.compile(r"^(?P<dev>\d+,\d+) (?P<rwbs>\S+) (?:\d+ )?\(.*?\) (?P<se
 _KV_RE = re.compile(r"(\w+)=(\S*)")
 _INT_KEYS = {"prev_pid", "prev_prio", "next_pid", "next_prio", "pid", "prio", "target_cpu",
              "orig_cpu", "dest_cpu", "irq", "vec", "pages", "reason", "vector", "cpu",
-             "sig", "errno", "code", "group", "result", "sector", "nr_sector"}
+             "sig", "errno", "code", "group", "result", "sector", "nr_sector", "expires",
+             "softexpires"}
 
 
 def _int_or_str(key: str, v: str):
@@ -1076,6 +1098,13 @@ def _text_fields(name: str, rest: str) -> dict | None:
         m = _SIGNAL_RE.match(rest)
     elif name in _BLOCK_EVENTS:
         m = _BLOCK_RE.match(rest)
+    elif name == "hrtimer_start":
+        out = {k: _int_or_str(k, v) for k, v in _KV_RE.findall(rest)}
+        if isinstance(out.get("function"), str):  # "%ps": "hrtimer_wakeup" (or +0x0/0x10)
+            out["function"] = out["function"].split("+", 1)[0]
+        for key in ("hrtimer", "mode", "was_armed"):
+            out.pop(key, None)
+        return out if "softexpires" in out else None
     elif name.startswith("ipi_send"):
         out = {k: _int_or_str(k, v) for k, v in _KV_RE.findall(rest)}
         for key in ("callsite", "callback"):  # "%pS": "func+0x0/0x10" -> "func"

@@ -148,8 +148,10 @@ class Part:
     ``waker_cpu``, ``same_process`` (the waker is another thread of the probe's process).
     For T: ``signal`` (its number) and ``sender_tid`` / ``sender`` (signal_generate's task).
     ``io``: the thread issued a block request just before it slept. ``kind``: BLOCKED,
-    IO_WAIT, STOPPED, IDLE (a late wake-up: asleep since before the window's start on a
-    timer that fired after it) or UNKNOWN (exited). ``in_ns``: its time inside the window."""
+    IO_WAIT, STOPPED, IDLE (a late wake-up: its timer fired after the expiry it asked for,
+    ``timer_due_ns``, or — without the timer's event — it slept since before the window's
+    start on a timer that fired after it) or UNKNOWN (exited). ``in_ns``: its time inside
+    the window."""
 
     state: str | None
     start_ns: int
@@ -165,6 +167,9 @@ class Part:
     sender_tid: int | None = None
     sender: str | None = None
     io: bool = False
+    # the expiry its timer was armed with (hrtimer_start's softexpires) when a timer ended
+    # it: what the sleep asked for; a waking after it is late (a wake-up part of its own)
+    timer_due_ns: int | None = None
     in_ns: int = 0
     entity: Entity | None = None
     first_idx: int = 0  # the first interval charged to it
@@ -192,6 +197,8 @@ class Part:
             d["sender"] = self.sender
         if self.io:
             d["io"] = True
+        if self.timer_due_ns is not None:
+            d["timer_due_us"] = us(self.timer_due_ns - t0_ns)
         return d
 
 
@@ -363,6 +370,8 @@ class _Walk:
         self.stop_sig: tuple[int, int, int | None, str] | None = None  # (ts, sig, tid, who)
         self.io_issued: int | None = None  # its last block request on this CPU
         self.io_done: int | None = None  # the last block completion on this CPU
+        # its last hrtimer_start of a sleep (ts, softexpires): the expiry it asked for
+        self.timer_set: tuple[int, int | None] | None = None
         self.stack: list[tuple[Entity, int, bool]] = []  # (context, interval index, tlb)
         self.work: dict[int, str] = {}  # kworker pid -> function it runs
         self.task: int | None = None  # pid current after the last event
@@ -458,6 +467,10 @@ class _Walk:
         part.same_process = bool(w.get("same_process"))
         st = part.state
         ctx = part.waker_ctx
+        timer, self.timer_set = self.timer_set, None
+        if timer is not None and ctx == "timer" and timer[1] is not None and \
+                timer[0] <= part.start_ns + IO_NEAR_NS and 0 <= timer[1] - timer[0] < 3600e9:
+            part.timer_due_ns = timer[1]  # (a CLOCK_MONOTONIC timer: the trace clock's)
         if st is None and self.stop_sig is not None and self.stop_sig[0] <= at:
             # its switch-out is not in the window, but a stop signal to it is, and it was
             # not runnable until this waking: stopped (the state letter stays unknown)
@@ -472,21 +485,55 @@ class _Walk:
             part.kind = IO_WAIT
             label = f"I/O wait (D), ended by {part.waker}"
             culprit = _comm_of(part.waker)
-        elif st in ("S", None) and ctx in ("timer", "none") and part.start_ns < self.tl.t0_ns:
-            # asleep since before the call's start on a timer that fired after it: the
-            # pacing sleep overshot (timer slack, an idle CPU's or a halted vCPU's late
-            # wake-up), not a wait of the call's own
+        elif st in ("S", None) and ctx in ("timer", "none") and (
+                part.timer_due_ns is not None and part.timer_due_ns <= self.tl.t0_ns or
+                part.timer_due_ns is None and part.start_ns < self.tl.t0_ns):
+            # asleep at the call's start on a timer due by then that fired after it (or,
+            # without the timer's own event, asleep since before the start on a timer):
+            # the pacing sleep overshot — timer slack, an idle CPU's or a halted vCPU's late
+            # wake-up —, not a wait of the call's own
             part.kind = IDLE
             self._relabel(part.first_idx, part.entity, _WAKE_ENTITY)
             part.entity = _WAKE_ENTITY
             return
         else:
+            if part.timer_due_ns is not None and part.timer_due_ns < at:
+                self._late_timer(part, part.timer_due_ns, at)
             part.kind = BLOCKED
             label = f"blocked ({st or 'state unknown'}), woken by {part.waker}"
             culprit = _comm_of(part.waker)
         new = Entity(part.kind, culprit, part.waker_tid, detail=label)
         self._relabel(part.first_idx, part.entity, new)
         part.entity = new
+
+    def _late_timer(self, part: Part, due: int, at: int) -> None:
+        """The sleep asked for ended at ``due`` but its timer woke the thread at ``at``:
+        the part's time from ``due`` on is a late wake-up (a Part of its own, kind IDLE),
+        the interval that straddles ``due`` split in two."""
+        tl = self.tl
+        ivs = tl.intervals
+        old = part.entity
+        late = Part(part.state, due, at, "waking", IDLE, None, part.waker, part.waker_ctx,
+                    part.waker_cpu, entity=_WAKE_ENTITY)
+        i = part.first_idx
+        while i < len(ivs):
+            iv = ivs[i]
+            if iv.entity == old and iv.start_ns < due < iv.end_ns:
+                ivs.insert(i + 1, Interval(due, iv.end_ns, old))
+                iv.end_ns = due
+                self.stack = [(e, x + 1 if x > i else x, t) for e, x, t in self.stack]
+            elif iv.entity == old and iv.start_ns >= due:
+                iv.entity = _WAKE_ENTITY
+                late.in_ns += iv.ns
+            i += 1
+        if not late.in_ns:
+            return
+        part.in_ns -= late.in_ns
+        tl.totals[old] -= late.in_ns
+        if not tl.totals[old]:
+            del tl.totals[old]
+        tl.totals[_WAKE_ENTITY] = tl.totals.get(_WAKE_ENTITY, 0) + late.in_ns
+        tl.parts.append(late)
 
     def unknown_part(self, part: Part) -> None:
         """A part still open at the window's end: the call ended at ``t1`` although no event
@@ -598,9 +645,12 @@ class _Walk:
             self._sign(part)  # (the sender's event came after the stop: another CPU)
 
     def remote(self, ev: Event) -> None:
-        """A wake-up or signal of the followed thread fired on another CPU."""
+        """A wake-up, signal or sleep timer of the followed thread on another CPU."""
         if ev.name == "signal_generate":
             self.signalled(ev)
+            return
+        if ev.name == "hrtimer_start":
+            self.timer_set = (ev.ts_ns, ev.fields.get("softexpires"))
             return
         if ev.fields.get("pid") != self.tid:
             return
@@ -804,6 +854,9 @@ class _Walk:
                     self.unk_idx = len(tl.intervals)
         elif op == _SIGNAL:
             self.signalled(ev)
+        elif op == _TIMER_SET:
+            if pid == self.tid:
+                self.timer_set = (ts, f.get("softexpires"))
         elif op == _IO_ISSUE:
             if pid == self.tid:
                 self.io_issued = ts
@@ -936,14 +989,14 @@ def _is_vector(name: str) -> bool:
 
 # What each event name does in the walk, decided once per name (:func:`_op`).
 (_OTHER, _SWITCH, _WAKE, _MIGRATE, _IRQ_IN, _IRQ_OUT, _SOFT_IN, _SOFT_OUT, _WQ_IN, _WQ_OUT,
- _TLB, _IPI_SENT, _VEC_IN, _VEC_OUT, _SIGNAL, _IO_ISSUE, _IO_DONE) = range(17)
+ _TLB, _IPI_SENT, _VEC_IN, _VEC_OUT, _SIGNAL, _IO_ISSUE, _IO_DONE, _TIMER_SET) = range(18)
 _EXITS = frozenset({_IRQ_OUT, _SOFT_OUT, _WQ_OUT, _VEC_OUT})
 _OPS = {"sched_switch": _SWITCH, "sched_waking": _WAKE, "sched_wakeup": _WAKE,
         "sched_migrate_task": _MIGRATE, "irq_handler_entry": _IRQ_IN,
         "irq_handler_exit": _IRQ_OUT, "softirq_entry": _SOFT_IN, "softirq_exit": _SOFT_OUT,
         "workqueue_execute_start": _WQ_IN, "workqueue_execute_end": _WQ_OUT,
         "tlb_flush": _TLB, "signal_generate": _SIGNAL, "block_rq_issue": _IO_ISSUE,
-        "block_rq_complete": _IO_DONE}
+        "block_rq_complete": _IO_DONE, "hrtimer_start": _TIMER_SET}
 # The events of other CPUs the walk takes (the source's wake instance): who woke or stopped
 # the followed thread; they never charge time on this CPU.
 _REMOTE = frozenset({"sched_waking", "sched_wakeup", "signal_generate"})
@@ -1006,8 +1059,9 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     other CPUs' wake-ups may be missing (Window.wake_reason)."""
     probe = {int(t) for t in probe_tids}
     one = next(iter(probe)) if follow and len(probe) == 1 else None
-    evs = sorted((e for e in events if e.cpu == cpu or e.name in _REMOTE and one is not None
-                  and e.fields.get("pid") in (one, probe_pid)), key=lambda e: e.ts_ns)
+    evs = sorted((e for e in events if e.cpu == cpu or one is not None and (
+        e.name in _REMOTE and e.fields.get("pid") in (one, probe_pid) or
+        e.name == "hrtimer_start" and e.pid == one)), key=lambda e: e.ts_ns)
     names: dict[int, str] = {}
     for e in evs:  # comms the events name, so tasks are named from their first interval on
         f = e.fields

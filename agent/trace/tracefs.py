@@ -123,6 +123,13 @@ WAKE_EVENTS: tuple[tuple[str, str], ...] = (
 # SIGKILL 9, SIGCONT 18, SIGSTOP 19, SIGTSTP 20, SIGTTIN 21, SIGTTOU 22 (x86/arm64 numbers;
 # asm-generic/signal.h)
 SIGNAL_FILTER = "sig == 9 || (sig >= 18 && sig <= 22)"
+# - the timers of sleeping threads armed on the probe CPUs (timer:hrtimer_start whose
+#   callback is hrtimer_wakeup: nanosleep, futex and poll timeouts; not the tick): the
+#   expiry a sleeper asked for, so a timer's wake-up tells a sleep the call asked for from
+#   one that came late. Filtered on the callback's address (from kallsyms: enabled at the
+#   first window once the symbol table is loaded) and the probe CPUs.
+TIMER_EVENT = ("timer", "hrtimer_start")
+TIMER_CALLBACK = "hrtimer_wakeup"
 # Sizing: WAKE_ASSUMED_EPS such events a second per probe CPU, over all other CPUs together
 # (a wake-up of a task on a probe CPU is followed by a switch there: the probe CPU's own
 # switch rate bounds them), WAKE_EVENT_BYTES each (sched_waking 36 B + header), spread over
@@ -460,6 +467,9 @@ class EventSource:
         self.wake_missing: list[str] = []
         self.wake_kb = 0
         self.wake_reason: str | None = "not opened"
+        # hrtimer_start in the wake instance: "pending" (until kallsyms is loaded), "on", or
+        # why not
+        self.timer_starts = "pending"
         self._wake_rings: dict[int, _CpuRing] = {}
         self._wake_made = False
         self._uprobe_names: dict[str, bool] = {}
@@ -744,6 +754,9 @@ class EventSource:
         if not self.wake_events:
             raise _Refused("unsupported: no sched_waking, sched_wakeup or signal_generate "
                            "event")
+        if not (ev_dir / TIMER_EVENT[0] / TIMER_EVENT[1] / "enable").exists():
+            self.timer_starts = "unsupported: no timer:hrtimer_start event"
+            self.wake_missing.append(":".join(TIMER_EVENT))
         for c in sorted(online):
             ring = _CpuRing(c, keep_bytes=self.wake_kb * 1024)
             if self.reader == "raw":
@@ -795,6 +808,7 @@ class EventSource:
         else:
             self.drain()
             win = self._window_raw(t_from_ns, lo, hi, after_ns)
+        self._timer_starts()
         self._add_wake(win, lo, hi)
         self._fill_comms(win)
         now = time.monotonic_ns()
@@ -803,6 +817,33 @@ class EventSource:
         win.read_ns = time.perf_counter_ns() - t_start
         win.cpu_ns = time.thread_time_ns() - c_start
         return win
+
+    def _timer_starts(self) -> None:
+        """Enable TIMER_EVENT in the wake instance once kallsyms gives TIMER_CALLBACK's
+        address (the filter compares the callback pointer), filtered to the probe CPUs."""
+        if self.timer_starts != "pending" or self.wake_reason is not None or \
+                self._symbols is None or not self._symbols.ready:
+            return
+        addr = self._symbols.address(TIMER_CALLBACK)
+        if not addr:
+            self.timer_starts = f"unsupported: no address for {TIMER_CALLBACK} in kallsyms"
+            return
+        d = self.wake_path / "events" / TIMER_EVENT[0] / TIMER_EVENT[1]
+        cpus = " || ".join(f"common_cpu == {c}" for c in self.cpus)
+        f = f"function == 0x{addr:x} && ({cpus})"
+        try:
+            fmt = parse_format(_read(d / "format"), TIMER_EVENT[0])
+            _write(d / "filter", f)
+            _write(d / "enable", "1")
+        except (OSError, FormatError) as exc:
+            self.timer_starts = f"unsupported: {':'.join(TIMER_EVENT)}: " \
+                                f"{getattr(exc, 'strerror', None) or exc}"
+            return
+        self._formats[fmt.id] = fmt
+        self._names.add(fmt.name)
+        self.wake_filters[":".join(TIMER_EVENT)] = f
+        self.wake_events.append(":".join(TIMER_EVENT))
+        self.timer_starts = "on"
 
     def _add_wake(self, win: Window, lo: int, hi: int) -> None:
         """The wake instance's events in ``[lo - WAKE_LOOKBACK_NS, hi]`` merged into the
@@ -819,7 +860,7 @@ class EventSource:
         # the probe CPUs' own wake-ups from lo on are the main instance's (the same events)
         probe = set(self.cpus)
         got = [e for e in got if e.cpu not in probe or e.ts_ns < lo or
-               e.name == "signal_generate"]
+               e.name not in ("sched_waking", "sched_wakeup")]
         win.walked += walked
         win.decoded += decoded
         win.wake_complete, win.wake_reason = complete, reason
@@ -1176,6 +1217,7 @@ class EventSource:
         shown = self.host.display(self.wake_path) if self.host else str(self.wake_path)
         return {"instance": shown, "cpus": sorted(self._wake_rings),
                 "events": self.wake_events, "filters": self.wake_filters,
+                "timer_starts": self.timer_starts,
                 "missing": self.wake_missing, "buffer_kb_per_cpu": self.wake_kb,
                 "lost": sum(r.lost for r in self._wake_rings.values())}
 
