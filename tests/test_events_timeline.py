@@ -796,3 +796,25 @@ def test_a_sleep_the_previous_call_asked_for_past_this_start_is_blocked_then_lat
     paced = follow(text.replace("softexpires=100002300000", "softexpires=100000800000"))
     (part,) = paced.parts
     assert part.kind == "idle" and part.timer_due_ns == 100_000_800_000
+
+
+def test_woken_and_then_no_event_to_the_windows_end_is_unknown_not_idle():
+    """6.18 records no switch from idle: after its timer's waking nothing more fired on
+    the CPU up to the window's end (no event after it read either) — it ran or waited,
+    no event says which."""
+    from agent.trace.timeline import NO_RUN_SEEN
+    text = "\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE, "R"),
+        sw("probe", PROBE, "100.001100", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.001500", "local_timer_entry: vector=236", "d.h1."),
+        wake("<idle>", 0, "100.001501", "d.h2."),
+        line("<idle>", 0, "100.001504", "local_timer_exit: vector=236", "d.h1."),
+    ])
+    tl = follow(text)
+    t = totals_by_label(tl)
+    assert t[NO_RUN_SEEN] == 1_496 * US and IDLE_BEFORE_WAKE not in t
+    assert tl.state_ns["unknown"] == 1_496 * US and tl.state_ns["wakeup"] == 0
+    # with the thread's next event after the window, that stretch is its run
+    later = text + "\n" + sw("probe", PROBE, "100.003400", "swapper/1", 0, "S")
+    tl = follow(later)
+    assert tl.probe_run_ns == 100 * US + 1_496 * US and tl.state_ns["unknown"] == 0

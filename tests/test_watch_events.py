@@ -134,9 +134,9 @@ def test_spike_record_gets_the_event_breakdown_and_the_counter_moves():
     assert ev["breakdown"][-1] == {"what": "unexplained", "us": 200.0}  # 1500 - 1200 - 100
     assert ev["summary"] == "1.2 ms hog[777], 0.1 ms softirq NET_RX, 0.2 ms unexplained"
     assert "hidden_us" in ev["hw_noise"]
-    # the window asked for: from the intended start (2 ms margin before) to end + 1 ms
-    # 1 ms before the intended start, and the first event in the 1 ms after the end
-    assert src.windows == [(T0, T1, 1_000_000, 1_000_000)]
+    # the window asked for: from 1 ms before the intended start to the end, and the first
+    # event in the 5 ms after the end
+    assert src.windows == [(T0, T1, 1_000_000, 5_000_000)]
     snap = m.snapshot()
     assert snap.cause_seconds[("task", "hog")] == pytest.approx(1.2e-3)
     assert snap.cause_seconds[("softirq", "NET_RX")] == pytest.approx(1e-4)
@@ -345,7 +345,7 @@ def test_the_source_is_closed_when_start_fails_after_it_opened():
     s, _, _ = _session(lambda *a, **k: src)
     s.sampler = None
 
-    def boom():
+    def boom(progress=None):
         raise AgentError("probe failed to start")
     s.source.start_probe = boom
     with pytest.raises(AgentError, match="probe failed"):

@@ -65,6 +65,7 @@ IDLE_BEFORE_WAKE = "idle before the probe woke"
 IDLE_BLOCKED = "idle (probe blocked)"
 IDLE_ABSENT = "idle (probe not on this CPU)"
 EXITED = "probe thread exited"
+NO_RUN_SEEN = "no event after its wake-up (its run not recorded)"
 # signal_generate's stop signals (asm-generic/signal.h: SIGSTOP 19, SIGTSTP 20, SIGTTIN 21,
 # SIGTTOU 22) and the others a part names; TRACE_SIGNAL_DELIVERED 0, IGNORED 1 (a SIGCONT
 # with no handler still continues the task), ALREADY_PENDING 2
@@ -1099,7 +1100,13 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
             w.to_run(w.last, "event")
         w.charge(t1_ns, w._exit_context(op, after, vent)[1] or w.current(pid), pid)
     else:
-        w.charge(t1_ns, w.current(w.task), w.task)
+        if w.pstate == _WOKEN and not w.stack and w.task == 0:
+            # woken, then no event at all up to the window's end: it ran or it waited, no
+            # event says (6.18 records no switch from idle) — unknown, not the idle CPU's
+            w.pstate = _UNK
+            w.charge(t1_ns, Entity(UNKNOWN, NO_RUN_SEEN), w.task)
+        else:
+            w.charge(t1_ns, w.current(w.task), w.task)
     w.finish()
     tl = w.tl
     tl.complete = complete
