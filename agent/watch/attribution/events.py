@@ -325,16 +325,21 @@ class SpikeEvents:
                           tgid_of=self._tgid_or_none,
                           wake_reason=getattr(win, "wake_reason", None))
             _check_probe_seen(tl, sp, cpu)
-            self.irq_in_cpu.vote(tl, sp.cpu_ns)
-            hw = hw_noise(tl, probe_cpu_ns=sp.cpu_ns if sp.cpu_ns >= 0 else None,
+            # a stall at the call's start: the thread's earlier calls ran first (queued)
+            queued = backlog(tl, sp.cpu_ns if sp.cpu_ns >= 0 else sp.p50_ns)
+            if queued is None:
+                self.irq_in_cpu.vote(tl, sp.cpu_ns)
+            # the thread's CPU time in the window is its earlier calls' too: hidden time is
+            # what the CPU time of both leaves (else their work would read as the host's)
+            cpu_ns = sp.cpu_ns + (queued[1] if queued else 0) if sp.cpu_ns >= 0 else None
+            hw = hw_noise(tl, probe_cpu_ns=cpu_ns,
                           cpu_includes_irq=self.irq_in_cpu.includes is True)
             cost = self.irq_cost_ns.get(cpu)
             slow, slow_n = self.slowdown.per_interrupt(cpu)
-            # a stall at the call's start: the thread's earlier calls ran first (queued)
-            queued = backlog(tl, sp.cpu_ns if sp.cpu_ns >= 0 else sp.p50_ns)
             items = breakdown(tl, sp.excess_ns, hw=hw, irq_cost_ns=cost, slowdown_ns=slow,
                               queued=queued)
-            self.slowdown.observe(cpu, tl, sp.p50_ns, cost, hw.hidden_ns)
+            if queued is None:  # (a queued call's run holds its thread's earlier calls)
+                self.slowdown.observe(cpu, tl, sp.p50_ns, cost, hw.hidden_ns)
         except Exception as exc:  # noqa: BLE001 - a bad window never ends the run
             self.windows += 1
             self.incomplete += 1
