@@ -28,3 +28,19 @@ def tree_copy(tmp_path):
 def _private_history_db(tmp_path, monkeypatch):
     """Commands record runs in a history DB by default: keep tests out of the user's one."""
     monkeypatch.setenv("HFTAGENT_DB", str(tmp_path / "history.sqlite"))
+
+
+_AFFINITY = __import__("os").sched_getaffinity(0)  # pytest's own, as it started
+
+
+@pytest.fixture(autouse=True)
+def _restore_affinity():
+    """A WatchSession run in-process pins its process (pytest here) to the housekeeping CPUs:
+    every test starts and ends with pytest's own affinity, so a later test still sees both
+    CPUs of the machine."""
+    import os
+    if os.sched_getaffinity(0) != _AFFINITY:
+        os.sched_setaffinity(0, _AFFINITY)
+    yield
+    if os.sched_getaffinity(0) != _AFFINITY:
+        os.sched_setaffinity(0, _AFFINITY)

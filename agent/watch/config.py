@@ -61,11 +61,6 @@ class WatchConfig:
     # watch's own threads and sampler helper (agent/watch/priority.py): 0 leaves them as is
     nice: int = 0
 
-    # TRANSITIONAL, to be removed when agent/watch/session.py passes cfg.threshold_ns and
-    # cfg.flight_ns: it still reads these two names and hands them to SpikeDetector and
-    # FlightRecorder, which take ns. They hold ns, not µs: nothing else may read them.
-    threshold_us = property(lambda self: self.threshold_ns)
-    flight_us = property(lambda self: self.flight_ns)
 
 
 def plan_cpus(host: Host, probe: str, cpus: str | None = None,

@@ -103,14 +103,14 @@ class WatchSession:
         # what the kernel events made slower (wiring.reduce_for_events), for the summary
         self.reduced_by_events: dict[str, dict] = {}
         self.attributor: Attributor | None = None
-        self.detector = SpikeDetector(cfg.threshold_us, cfg.k_p50, cfg.min_samples,
+        self.detector = SpikeDetector(cfg.threshold_ns, cfg.k_p50, cfg.min_samples,
                                       queueing=cfg.probe not in ("external", "attach"),
                                       clock=clock)
         self.schedule = AttributionScheduler(max_per_s=cfg.max_attributions_per_s,
                                              loop_s=cfg.loop_s, clock=clock)
         self.spike_log = SpikeLog(cfg.spike_log, on_record)
         self._wall_off = time.time_ns() - time.monotonic_ns()
-        self.flight = FlightRecorder(cfg.flight_us, cfg.flight_dir, cfg.flight_window_s,
+        self.flight = FlightRecorder(cfg.flight_ns, cfg.flight_dir, cfg.flight_window_s,
                                      self._wall_off, self.spike_log.write, self.warnings)
         self.lat = LatencyRing(20000)
         self.hist = summary_.LatencyHistogram()
