@@ -87,3 +87,11 @@ def test_plain_flags_leaves_a_typer_without_its_hook_alone(monkeypatch):
     monkeypatch.setattr(common, "_FLAGS_PLAIN", False)
     common.plain_flags()
     assert TyperOption.display_type_rich is None
+
+
+def test_the_watch_unit_records_history_where_its_sandbox_can_write():
+    # watch records every run (issue #28); the unit's ProtectHome=yes hides ~/.local/state,
+    # so its database must be in the unit's StateDirectory (/var/lib/hftagent)
+    unit = (REPO / "deploy" / "systemd" / "hftagent-watch.service").read_text()
+    assert "StateDirectory=hftagent" in unit
+    assert "Environment=HFTAGENT_DB=/var/lib/hftagent/history.sqlite" in unit

@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 
-from agent.commands.common import JsonOpt, cli_errors, fail
+from agent.commands.common import (
+    AttachRuntimeOpt,
+    AttachSymbolOpt,
+    JsonOpt,
+    cli_errors,
+    fail,
+)
 
 HELP = """Show what can be attached in a running process, read-only.
 
@@ -23,10 +29,8 @@ def attach(
     pid: Annotated[int, typer.Argument(help="The process to look at.")],
     check: Annotated[bool, typer.Option("--check", help="Report only (the one mode: "
                                         "watch --attach does the attaching).")] = True,
-    runtime: Annotated[str, typer.Option("--attach-runtime", help="auto, litert, litert-c, "
-                                         "tflite-c, tf-c or tf-python.")] = "auto",
-    symbol: Annotated[str | None, typer.Option("--attach-symbol", help="LIB:SYMBOL: any "
-                                               "other function (entry-only timing).")] = None,
+    runtime: AttachRuntimeOpt = None,
+    symbol: AttachSymbolOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     from agent.trace.attach import AttachError, check_text, host_notes, plan
@@ -36,7 +40,7 @@ def attach(
         raise fail(f"PID must be a positive process id, not {pid}")
     host = Host()
     try:
-        p = plan(host, pid, runtime, symbol,
+        p = plan(host, pid, runtime or "auto", symbol,
                  progress=lambda msg: print(msg + " ...", file=sys.stderr, flush=True))
     except AttachError as exc:
         raise fail(str(exc)) from None
