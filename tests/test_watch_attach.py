@@ -210,3 +210,84 @@ def test_a_killed_watch_leaves_events_the_next_run_removes(lib, tmp_path):
         for ln in (TRACEFS / "uprobe_events").read_text().splitlines():
             if f"hftagent_{w.pid}/" in ln:   # never leave ours behind, whatever failed
                 uprobe._append(TRACEFS / "uprobe_events", "-:" + ln.split()[0][2:])
+
+
+CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
+
+
+def test_cli_attach_metrics_spike_log_and_ctrl_c_leave_nothing(lib, tmp_path):
+    """`hftagent watch --attach PID` as a person runs it: its calls reach /metrics and the
+    spike log, Ctrl-C (SIGINT) ends it with exit 0 and no uprobe event of it is left."""
+    import urllib.request
+    _needs_uprobes()
+    child = _loop(lib)
+    log = tmp_path / "spikes.jsonl"
+    p = subprocess.Popen([*CLI, "watch", "--attach", str(child.pid), "--attach-symbol",
+                          f"{lib.name}:hft_infer", "--unsafe-return", "--duration", "60",
+                          "--spike-log", str(log), "--no-live", "--json", "--no-history",
+                          "--threshold-us", "1", "--listen", "127.0.0.1:0", "--trace", "on"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("metrics: "):
+            line = p.stderr.readline()
+            assert line, p.communicate(timeout=30)
+        url = line.strip().removeprefix("metrics: ")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (log.exists() and log.stat().st_size > 0):
+            time.sleep(0.2)
+        assert f"hftagent_{p.pid}/" in (TRACEFS / "uprobe_events").read_text()
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        count = [ln for ln in body.splitlines()
+                 if ln.startswith("hftagent_probe_latency_seconds_count")]
+        assert count and float(count[0].split()[-1]) > 0, body[:2000]
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        child.kill()
+        child.wait()
+    assert p.returncode == 0, err
+    s = json.loads(out)
+    assert s["samples"] > 100 and s["source"].startswith("attached to pid")
+    assert log.read_text().strip()                       # spikes (threshold 1 µs) logged
+    assert f"hftagent_{p.pid}/" not in (TRACEFS / "uprobe_events").read_text()
+
+
+def test_cli_attach_bad_input_is_one_line_and_leaves_nothing(lib, tmp_path):
+    _needs_uprobes()
+    child = _loop(lib)
+    before = (TRACEFS / "uprobe_events").read_text()
+    try:
+        for args, msg in ((["--attach", str(child.pid)], "known inference runtime"),
+                          (["--attach", str(child.pid), "--attach-symbol",
+                            f"{lib.name}:no_such_fn"], "has none of"),
+                          (["--attach", "999999999"], "no such process")):
+            r = subprocess.run([*CLI, "watch", *args, "--duration", "2", "--no-live",
+                                "--no-history", "--trace", "on"], cwd=REPO,
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1 and msg in r.stderr, (args, r.stderr)
+            assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    finally:
+        child.kill()
+        child.wait()
+    assert (TRACEFS / "uprobe_events").read_text() == before
+
+
+def test_cli_attach_live_view_in_a_terminal(lib):
+    _needs_uprobes()
+    from tests.test_watch_live_perf import ANSI, HEAD, _in_pty
+    child = _loop(lib)
+    try:
+        rc, raw, err = _in_pty(["--attach", str(child.pid), "--attach-symbol",
+                                f"{lib.name}:hft_infer", "--unsafe-return", "--duration", "3",
+                                "--no-history", "--trace", "on"], base=[*CLI, "watch"])
+    finally:
+        child.kill()
+        child.wait()
+    assert rc == 0, err
+    text = ANSI.sub("", raw)
+    heads = [int(m.group(2)) for m in HEAD.finditer(text)]   # samples in each refresh
+    assert heads and max(heads) > 100, text[-2000:]

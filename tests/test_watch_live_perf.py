@@ -77,13 +77,13 @@ def _hog(cpu: int):
         p.wait()
 
 
-def _in_pty(args: list[str], cols: int = 150, rows: int = 60, timeout: float = 60
-            ) -> tuple[int, str, str]:
-    """Run watch with stdin/stdout on a pseudo-terminal of cols × rows; (exit code, raw
-    terminal output, stderr)."""
+def _in_pty(args: list[str], cols: int = 150, rows: int = 60, timeout: float = 60,
+            base: list[str] = WATCH) -> tuple[int, str, str]:
+    """Run watch (``base``: the numpy probe's) with stdin/stdout on a pseudo-terminal of
+    cols × rows; (exit code, raw terminal output, stderr)."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    p = subprocess.Popen([*WATCH, *args], cwd=REPO, stdin=slave, stdout=slave,
+    p = subprocess.Popen([*base, *args], cwd=REPO, stdin=slave, stdout=slave,
                          stderr=subprocess.PIPE, env=_env(TERM="xterm-256color"),
                          start_new_session=True)
     os.close(slave)
