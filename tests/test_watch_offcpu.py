@@ -71,3 +71,22 @@ def test_a_stopped_call_through_the_wiring():
     e = rec["causes"][0]["evidence"]
     assert (e["state"], e["signal"], e["sender_tid"]) == ("T", "SIGSTOP", 900)
     assert "stopped (T) by SIGSTOP" in rec["events"]["summary"]
+
+
+def test_no_backlog_where_the_calls_own_run_queue_wait_says_it_was_waiting():
+    """A late wake-up at the start, then 1.5 ms the window shows as the thread's run but
+    the call's schedstat counted 1.1 ms on the run queue and a preemption: a switch the
+    window lacks, not earlier calls; no backlog (the time stays hidden/unexplained)."""
+    text = "\n".join([
+        sw("probe", PROBE, "100.000600", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.001500", "local_timer_entry: vector=236", "d.h1."),
+        line("<idle>", 0, "100.001501", f"sched_waking: comm=probe pid={PROBE} prio=120 "
+             "target_cpu=001", "d.h2."),
+        line("<idle>", 0, "100.001504", "local_timer_exit: vector=236", "d.h1."),
+        line("probe", PROBE, "100.003100", "local_timer_entry: vector=236", "d.h1."),
+    ])
+    rec = _spike_record(text, polled="cpu_contention", cpu_ns=400_000, nivcsw=1,
+                        rq_delay_ns=1_100_000)
+    assert "queued_behind_stall_us" not in rec["events"]
+    assert rec["cause"] == "cpu_contention"  # 0.5 ms late wake-up of 1.6: no verdict
+    assert rec["events"]["hw_noise"]["hidden_us"] > 1_000

@@ -325,8 +325,13 @@ class SpikeEvents:
                           tgid_of=self._tgid_or_none,
                           wake_reason=getattr(win, "wake_reason", None))
             _check_probe_seen(tl, sp, cpu)
-            # a stall at the call's start: the thread's earlier calls ran first (queued)
+            # a stall at the call's start: the thread's earlier calls ran first (queued);
+            # unless the call's own run-queue wait says it was waiting then, not running (a
+            # window that lacks a preemption: dev VM, an RT hog's 2.9 ms read as the probe's)
             queued = backlog(tl, sp.cpu_ns if sp.cpu_ns >= 0 else sp.p50_ns)
+            if queued is not None and sp.rq_delay_ns >= 0 and \
+                    sp.rq_delay_ns >= queued[1] // 2:
+                queued = None
             if queued is None:
                 self.irq_in_cpu.vote(tl, sp.cpu_ns)
             # the thread's CPU time in the window is its earlier calls' too: hidden time is
