@@ -818,3 +818,20 @@ def test_woken_and_then_no_event_to_the_windows_end_is_unknown_not_idle():
     later = text + "\n" + sw("probe", PROBE, "100.003400", "swapper/1", 0, "S")
     tl = follow(later)
     assert tl.probe_run_ns == 100 * US + 1_496 * US and tl.state_ns["unknown"] == 0
+
+
+def test_a_pacing_timer_due_a_few_us_after_the_start_still_aimed_at_it():
+    """A pacing sleep computed as start - now lands a few µs past the start: still the
+    pacing sleep's (a late wake-up), not a sleep asked for past it (up to 50 µs)."""
+    text = "\n".join([
+        _timer("100.000700", "100.001005"),
+        sw("probe", PROBE, "100.000701", "swapper/1", 0, "S"),
+        line("<idle>", 0, "100.001400", "local_timer_entry: vector=236", "d.h1."),
+        wake("<idle>", 0, "100.001401", "d.h2."),
+        line("<idle>", 0, "100.001404", "local_timer_exit: vector=236", "d.h1."),
+        line("probe", PROBE, "100.002900", "local_timer_entry: vector=236", "d.h1."),
+    ])
+    (part,) = follow(text).parts
+    assert part.kind == "idle" and part.timer_due_ns == 100_001_005_000
+    far = follow(text.replace("softexpires=100001005000", "softexpires=100001200000"))
+    assert [p.kind for p in far.parts] == ["blocked", "idle"]
