@@ -90,3 +90,29 @@ def test_no_backlog_where_the_calls_own_run_queue_wait_says_it_was_waiting():
     assert "queued_behind_stall_us" not in rec["events"]
     assert rec["cause"] == "cpu_contention"  # 0.5 ms late wake-up of 1.6: no verdict
     assert rec["events"]["hw_noise"]["hidden_us"] > 1_000
+
+
+def test_a_sample_queued_behind_a_blocked_leader_inherits_its_cause_and_evidence():
+    """Issue #26 item 4: a queued sample (open loop) is logged with its leader's cause, the
+    waker evidence included, and says it was queued (inherited_from, the note)."""
+    from tests.test_watch_events import PROBE_TID, T0, T1, FakeSource, _session
+    lock = parse_text("\n".join([
+        sw("swapper/1", 0, "100.000900", "probe", PROBE_TID, "R"),
+        sw("probe", PROBE_TID, "100.001100", "swapper/1", 0, "S"),
+        line("holder", 4243, "100.002800", f"sched_waking: comm=probe pid={PROBE_TID} "
+             "prio=120 target_cpu=001"),
+        sw("holder", 4243, "100.002810", "probe", PROBE_TID, "S"),
+    ]).splitlines())
+    s, recs, spike = _session(lambda *a, **k: FakeSource(lambda i: lock))
+    assert s.trace.open(s.clock()) is None
+    s.schedule.add(spike(1), s.clock())
+    queued = Spike(2, T0 + 500_000, T1 + 400_000, 99, PROBE_TID, 500_000, cpu_end=1,
+                   queued_behind=1)
+    s.schedule.add(queued, s.clock())
+    s.attribute_pending(s.clock())
+    lead, q = sorted(recs, key=lambda r: r["seq"])
+    assert lead["cause"] == "blocked" and lead["decided_by"] == "events"
+    assert lead["causes"][0]["evidence"]["waker_tid"] == 4243
+    assert q["cause"] == "blocked" and q["inherited_from"] == 1
+    assert q["note"].startswith("queued behind spike 1")
+    assert q["causes"][0]["evidence"]["waker_tid"] == 4243
