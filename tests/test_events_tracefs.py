@@ -248,6 +248,50 @@ def test_the_timers_of_sleeps_on_the_probe_cpu_are_recorded_with_their_expiry(ho
         src.close()
 
 
+def test_direct_reads_on_the_probe_cpu_are_io_waits_ended_by_the_block_completion(host):
+    """A child pinned to the probe CPU reads a file with O_DIRECT (each read a block
+    request, the page cache bypassed): each wait is D, after its own block_rq_issue, ended
+    by the completion's interrupt (io_wait). Reads only; skipped where the file system
+    refuses O_DIRECT (tmpfs)."""
+    big = max((p for p in (REPO / ".venv").rglob("*.so") if p.is_file()),
+              key=lambda p: p.stat().st_size, default=None)
+    if big is None:
+        pytest.skip("no file to read")
+    src = _open(host, buffer_s=2)
+    try:
+        child = _child(f"""
+            import mmap, os, random, sys, time
+            os.sched_setaffinity(0, {{{CPU}}})
+            try:
+                fd = os.open({str(big)!r}, os.O_RDONLY | os.O_DIRECT)
+                buf = mmap.mmap(-1, 4096)
+                os.preadv(fd, [buf], 0)
+            except OSError as exc:
+                print("skip", exc)
+                sys.exit(0)
+            blocks = os.fstat(fd).st_size // 4096
+            t0 = time.monotonic_ns()
+            for _ in range(20):
+                os.preadv(fd, [buf], random.randrange(blocks) * 4096)
+            print(t0, time.monotonic_ns())
+            """)
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err
+        if out.startswith("skip"):
+            pytest.skip(out.strip())
+        t0, t1 = map(int, out.split())
+        win = src.window(t0, t1)
+        assert win.complete, win.reason
+        tl = timeline(win.events, CPU, {child.pid}, t0, t1, comms=win.comms, follow=True)
+        io = [p for p in tl.parts if p.kind == "io_wait"]
+        assert len(io) >= 15, [(p.kind, p.state, p.waker) for p in tl.parts]
+        assert all(p.state == "D" and p.waker_tid is None for p in io)
+        assert any(p.io for p in io)  # (its own request seen on the CPU; kblockd may issue)
+        assert tl.state_ns["not_runnable"] > 0
+    finally:
+        src.close()
+
+
 def test_text_reader_reads_the_same_kind_of_window(host):
     src = _open(host, buffer_s=1, reader="text")
     try:
