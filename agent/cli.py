@@ -46,7 +46,7 @@ SUMMARIES = {
     "tune": "Plan, apply, verify and roll back runtime host settings from a profile.",
     "run": "Run CMD pinned to CPUs, with NUMA memory binding, TF thread counts, "
            "SCHED_FIFO/RR and wake-up levers.",
-    "history": "Runs recorded by probe, watch, audit and gate (SQLite; --db, else "
+    "history": "Runs recorded by probe, watch, audit, cpus and gate (SQLite; --db, else "
                "$HFTAGENT_DB, else $XDG_STATE_HOME/hftagent/history.sqlite).",
     "gate": "Gate a run against its baseline: P99 change with a bootstrap 95 % interval, "
             "tail-jitter rate with an exact binomial test, absolute budgets.",
