@@ -171,7 +171,7 @@ def _check_probe_seen(tl, sp, cpu: int) -> None:
         return
     switched = max(sp.nivcsw, 0) + max(sp.nvcsw, 0)
     if switched > 0 and tl.probe_run_ns > 0 and tl.preemptions == 0 and tl.blocks == 0 \
-            and tl.switched_out_before == 0 and not tl.parts \
+            and tl.switched_out_before == 0 and not any(p.in_ns for p in tl.parts) \
             and not any(e.kind in (TASK, IDLE, WORK, *NOT_RUNNABLE) for e in tl.totals):
         tl.complete = False
         tl.reason = (f"the probe was switched out {switched} time(s) in this sample, but the "
