@@ -117,20 +117,3 @@ def test_a_sample_queued_behind_a_blocked_leader_inherits_its_cause_and_evidence
     assert q["note"].startswith("queued behind spike 1")
     assert q["causes"][0]["evidence"]["waker_tid"] == 4243
 
-
-def test_a_pacing_sleep_before_the_window_does_not_hide_a_missing_switch():
-    """The probe counted a switch in its call, the window shows none of it and nothing else
-    on the CPU: incomplete (the window lacks a switch), even though its pacing sleep, which
-    ended before the window's start, is a part of the timeline."""
-    text = "\n".join([
-        sw("probe", PROBE, "100.000200", "swapper/1", 0, "S"),
-        line("<idle>", 0, "100.000700", "local_timer_entry: vector=236", "d.h1."),
-        line("<idle>", 0, "100.000701", f"sched_waking: comm=probe pid={PROBE} prio=120 "
-             "target_cpu=001", "d.h2."),
-        line("<idle>", 0, "100.000704", "local_timer_exit: vector=236", "d.h1."),
-        line("probe", PROBE, "100.002000", "local_timer_entry: vector=236", "d.h1."),
-        line("probe", PROBE, "100.002005", "local_timer_exit: vector=236", "d.h1."),
-    ])
-    rec = _spike_record(text, polled="cpu_contention", cpu_ns=900_000, nivcsw=1, nvcsw=0)
-    assert rec["events"]["complete"] is False
-    assert "switched out 1 time(s)" in rec["events"]["reason"]
