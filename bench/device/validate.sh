@@ -10,7 +10,9 @@
 #   idle_switch  does this kernel record the switch from idle?            -> idle_switch.txt
 #   attribution  bench/attribution.py with kernel events, one run per word of RUNS (a
 #                comma-separated fault list; "all" = every fault); WATCH_NICE=-10 runs watch's
-#                own threads at that nice value                  -> attribution.txt, -runs.tar.gz
+#                own threads at that nice value; SOURCE=service|attach times bench/service.py
+#                (by its ring, or unmodified by uprobes) instead of watch's probe
+#                                                                -> attribution.txt, -runs.tar.gz
 #   events_cost  bench/events_ab.py, 3 pairs                                -> events_ab.json
 #   collectors   bench/collector_cost.py --seconds 8                   -> collector_cost.json
 #   cpus         hftagent cpus quiet, then with a bursty task pinned to CPU $NOISY  -> cpus.txt
@@ -105,7 +107,7 @@ for faults in ${RUNS:-all}; do
   [ "$faults" = all ] && faults=$all
   step "attribution run$i: $faults"
   timeout 300 python3 bench/attribution.py --duration "${DURATION:-7}" --settle 3 --trace mount \
-    --faults "$faults" ${WATCH_NICE:+--watch-nice "$WATCH_NICE"} \
+    --faults "$faults" ${WATCH_NICE:+--watch-nice "$WATCH_NICE"} --source "${SOURCE:-probe}" \
     --json "$d/attribution.json" --log-dir "$d/attribution-logs" \
     > "$d/attribution.txt" 2>> "$log"
   rc
