@@ -777,8 +777,11 @@ class _Walk:
         stack = self.stack
         op, vent = _op(name)
         pid = self.pid_of(ev) if op == _TLB else ev.pid
-        if self.task is not None and pid != self.task and not stack:
-            tl.anomalies += 1  # a switch we did not see: trust common_pid
+        if self.task is not None and pid != self.task and not stack and ts >= tl.t0_ns:
+            # a switch we did not see: trust common_pid (counted in the sample itself: the
+            # margin before it may hold the wake instance's sparse lookback events, between
+            # which switches went unread)
+            tl.anomalies += 1
         if pid == self.tid and self.pstate != _RUN:
             self.to_run(self.last, "event")  # it ran: the interval before is its own
         # 1. the interval up to this event: the innermost context, or the one an exit
