@@ -76,7 +76,7 @@ def watch_config(args, probe_cpu: int, hk_cpu: int, svc: Service | None) -> Watc
                       duration_s=None, rate_hz=args.rate, k_p50=args.k,
                       spike_log=None, baseline_s=10.0, sampler=args.sampler,
                       trace=args.trace, nice=args.watch_nice)
-    if svc is not None and args.source == "attach":  # the service unmodified: uprobes
+    if svc is not None and getattr(args, "source", "probe") == "attach":  # uprobes, unmodified
         cfg.probe, cfg.pid = "attach", svc.pid
         cfg.attach_runtime, cfg.attach_symbol, cfg.unsafe_return = "litert", None, False
     elif svc is not None:
@@ -262,7 +262,7 @@ def score(fault: str | None, records: list[dict], params: dict) -> dict:
     right = causes.get(exp, 0) if exp else 0
     unexpl = causes.get("unexplained", 0)
     wrong = n - right - unexpl
-    bg = background(recs, exp, params.get("pids") or [])
+    bg = background(recs, exp, params.get("pids") or [], fault)
     fault_n = n - len(bg)
     bg_causes = Counter(r["cause"] for r in recs if r["seq"] in bg)
     right_fault = right - (bg_causes.get(exp, 0) if exp else 0)
@@ -425,7 +425,8 @@ HOST_ITEMS = {HW: "host: hidden time (steal)", IDLE_BEFORE_WAKE: "host: late wak
 HOST_CAUSE = {HW: "steal", IDLE_BEFORE_WAKE: "wakeup_latency"}  # a fault that injects it
 
 
-def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, str]:
+def background(recs: list[dict], exp: str | None, pids: list[int],
+               fault: str | None = None) -> dict[int, str]:
     """The spikes the box's own tasks or the host caused, not the fault: seq → label.
 
     A box task: the verdict is contention and the kernel events show a task (or a kworker's
@@ -451,7 +452,7 @@ def background(recs: list[dict], exp: str | None, pids: list[int]) -> dict[int, 
         excess = r["latency_us"] - (r.get("p50_us") or 0.0)
         if excess <= 0:
             continue
-        label = _box_task(r, excess, kit_tags) or _host(r, excess, exp)
+        label = _box_task(r, excess, kit_tags) or _host(r, excess, exp, fault)
         if label is not None:
             out[r["seq"]] = label
     return out
@@ -475,11 +476,25 @@ def _box_task(r: dict, excess: float, kit_tags: tuple[str, ...]) -> str | None:
     return None
 
 
-def _host(r: dict, excess: float, exp: str | None) -> str | None:
+# not-runnable faults whose own waits never end by a timer: a futex handed over by a thread,
+# a pipe filled by a writer, a stop ended by SIGCONT (sleep_in_call's and idle_wakeup's do)
+NOT_TIMER_FAULTS = ("lock_holder", "pipe_late", "sigstop")
+
+
+def _timer_wait(r: dict) -> bool:
+    """The record's own cause says the thread slept (S) until a timer woke it: a pacing sleep
+    whose expiry came late, as the events read it (agent/trace/timeline.py)."""
+    ev = _cause_entry(r).get("evidence") or {}
+    return ev.get("state") == "S" and ev.get("waker") == "timer"
+
+
+def _host(r: dict, excess: float, exp: str | None, fault: str | None = None) -> str | None:
     for b in (r.get("events") or {}).get("breakdown") or []:
-        if b["what"] == IDLE_BEFORE_WAKE and exp in NOT_RUNNABLE:
+        if b["what"] == IDLE_BEFORE_WAKE and exp in NOT_RUNNABLE and not (
+                fault in NOT_TIMER_FAULTS and _timer_wait(r)):
             # the fault kept the thread from running while its CPU idled: that idle stretch
-            # is the fault's, not a late wake-up of the host's (it is what the fault tests)
+            # is the fault's, not a late wake-up of the host's (it is what the fault tests),
+            # unless the events say a timer ended it under a fault whose waits never do
             continue
         if b["what"] in HOST_ITEMS and b["us"] >= 0.5 * excess and \
                 HOST_CAUSE[b["what"]] != exp:
