@@ -273,7 +273,7 @@ def score(fault: str | None, records: list[dict], params: dict) -> dict:
     gaps = sorted((r["latency_us"] - r["in_process"]["cpu_ns"] / 1e3
                    - max(0, r["in_process"]["rq_delay_ns"]) / 1e3) / 1e3
                   for r in recs if r["cause"] == "unexplained" and r.get("inherited_from") is None
-                  and r.get("in_process"))
+                  and (r.get("in_process") or {}).get("cpu_ns") is not None)  # (not attach's)
     return {"expected": exp, "spikes": n,
             "right": right, "wrong": wrong, "unexplained": unexpl,
             "inherited": sum(1 for r in recs if r.get("inherited_from") is not None),
