@@ -244,6 +244,9 @@ def _result(fault, args, s, records, spikes_before, check, params, fault_error, 
     out = {"fault": fault or "none", "samples": summ["samples"],
            "p50_us": summ["p50_us"], "p99_us": summ["p99_us"]}
     out.update(score(fault, records[spikes_before:], params))
+    stats = getattr(s.source.reader, "stats", None)  # an attached source's pairing
+    if callable(stats):
+        out["attach"] = {**stats(), "warnings": s.warnings[-6:]}
     out.update({"sampler": summ["sampler"].get("mode"),
                 "sampler_cpu_share": summ["sampler"].get("cpu_share_of_one_cpu"),
                 "source_error": summ["source_error"], "rc": rc,
@@ -683,8 +686,8 @@ def report(out: list[dict]) -> None:
     for r in out:
         us = f"{100 * r['unexplained'] / r['spikes']:.0f}%" if r["spikes"] else "-"
         print(f"{r['fault']:<18}{r['spikes']:>7}{pct(r['right_share']):>8}"
-              f"{pct(r['wrong_share']):>8}{us:>8}  {r['p50_us']:>8}"
-              f"{r['p99_us']:>9}  {str(r['delay_ms_p50']) + '/' + str(r['delay_ms_max']):<18}"
+              f"{pct(r['wrong_share']):>8}{us:>8}  {str(r['p50_us']):>8}"
+              f"{str(r['p99_us']):>9}  {str(r['delay_ms_p50']) + '/' + str(r['delay_ms_max']):<18}"
               f"{r['background']:>9}  {pct(r['right_share_of_fault'])}/"
               f"{pct(r['wrong_share_of_fault'])}")
     print(f"\n{'fault':<18}{'timed':>7}{'culprit named':>20}{'unexpl time':>13}"
