@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.client import FIELDS, RingReader  # noqa: E402
+from agent.watch.probe_worker import await_ready  # noqa: E402
 from bench.abstats import aa_split, paired_bootstrap, quantile  # noqa: E402
 from collectors.cpu import cpu_model  # noqa: E402
 from collectors.host import Host  # noqa: E402
@@ -202,7 +203,7 @@ def main() -> int:
     runs: list[dict] = []
     t_start = time.time()
     try:
-        info = json.loads(w.stdout.readline() or "{}")
+        info = await_ready(w.stdout)
         if not info.get("ready"):
             raise SystemExit(f"probe worker did not start: {info.get('error', info)}")
         reader = RingReader(ring)

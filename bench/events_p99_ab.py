@@ -74,6 +74,7 @@ sys.path.insert(0, str(REPO))
 from agent.client import FIELDS, RingReader  # noqa: E402
 from agent.stats import P99_MIN_SAMPLES, binom_sf  # noqa: E402
 from agent.trace.tracefs import PREFIX, CpuStats, parse_stats  # noqa: E402
+from agent.watch.probe_worker import await_ready  # noqa: E402
 from bench.abstats import aa_split, paired_bootstrap, quantile, verdict  # noqa: E402
 from bench.events_ab import hftagent  # noqa: E402
 from collectors.cpu import cpu_model  # noqa: E402
@@ -319,7 +320,7 @@ def run_blocks(args, order, probe_cpu: int, hk: list[int], tmp: Path) -> dict:
              str(args.rate), "--cpus", str(probe_cpu), "--probe", "numpy"],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=REPO,
             start_new_session=True)  # our Ctrl-C reaches only us: we stop it, after watch
-        info = json.loads(worker.stdout.readline() or "{}")
+        info = await_ready(worker.stdout)
         if not info.get("ready"):
             raise Aborted(f"probe worker did not start: {info.get('error', info)}")
         reader = RingReader(ring)

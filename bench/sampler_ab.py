@@ -43,6 +43,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from agent.client import FIELDS, RingReader  # noqa: E402
+from agent.watch.probe_worker import await_ready  # noqa: E402
 from agent.watch.sampling.native.feed import Feed  # noqa: E402
 from agent.watch.sampling.native.sampler import NativeSampler  # noqa: E402
 from agent.watch.sampling.python import Sampler  # noqa: E402
@@ -73,7 +74,7 @@ def run_blocks(args: argparse.Namespace, order: list[tuple[str, str]], host: Hos
     chunks: list[np.ndarray] = []
     windows: list[dict] = []
     try:
-        info = json.loads(w.stdout.readline() or "{}")
+        info = await_ready(w.stdout)
         if not info.get("ready"):
             raise SystemExit(f"probe worker did not start: {info.get('error', info)}")
         r = RingReader(ring)

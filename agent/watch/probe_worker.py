@@ -83,6 +83,21 @@ def _sched_getcpu():
     return fn
 
 
+def await_ready(stream, progress=None) -> dict:
+    """The worker's "ready" line (or its "error" line) from its stdout ``stream``, each
+    "phase" line before it told to ``progress(str)``; {} when the worker ended first."""
+    while True:
+        line = stream.readline()
+        try:
+            msg = json.loads(line) if line else {}
+        except json.JSONDecodeError:
+            msg = {}
+        if "phase" not in msg:
+            return msg
+        if progress is not None:
+            progress(str(msg["phase"]))
+
+
 def auto_rate(p50_ns: int, busy: float = 0.25, cap: float = 500.0) -> float:
     """Calls per second that keep the probe's CPU ``busy`` (25 %) busy at its warm P50, at
     most ``cap``: a probe whose calls fill its CPU measures the queue it builds itself."""

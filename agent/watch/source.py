@@ -21,7 +21,6 @@ reported by :meth:`LatencySource.check` (the session ends the run with exit code
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -42,6 +41,7 @@ from agent.errors import AgentError
 from agent.trace import attach, uprobe
 from agent.watch.attached import AttachedReader, process_cpus
 from agent.watch.config import WatchConfig
+from agent.watch.probe_worker import await_ready
 from collectors.host import Host
 from collectors.parsers import format_cpulist
 
@@ -85,16 +85,8 @@ class LatencySource:
         # worker could exit first and the stop would look like a dead probe (exit 3).
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
-        while True:  # phase lines, then "ready" (TF import, build and warm-up: seconds)
-            line = self.proc.stdout.readline()
-            try:
-                msg = json.loads(line) if line else {}
-            except json.JSONDecodeError:
-                msg = {}
-            if "phase" not in msg:
-                break
-            if progress is not None:
-                progress(str(msg["phase"]))
+        # phase lines, then "ready" (TF import, build and warm-up: seconds)
+        msg = await_ready(self.proc.stdout, progress)
         if not msg.get("ready"):
             err = msg.get("error")
             if not err:
