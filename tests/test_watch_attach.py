@@ -156,20 +156,22 @@ def test_pairing_keeps_threads_apart_and_counts_what_it_cannot_pair():
     def ev(t, name, tid, cpu=1):
         return Event(t, cpu, name, tid, {})
 
-    # thread 11 and 12 interleaved; 12 nests once; a return of 13 without its entry
-    evs = [ev(100, "call0", 11), ev(110, "call0", 12), ev(120, "call0", 12),
-           ev(130, "ret0", 12), ev(140, "ret0", 11), ev(150, "ret0", 12),
-           ev(160, "ret0", 13), ev(170, "call0", 11)]
+    evs = [ev(100, "call0", 11), ev(110, "call0", 12),
+           ev(120, "call0", 12),                      # 12 re-entered: its return was lost
+           ev(130, "ret0", 12), ev(140, "ret0", 11),
+           ev(150, "ret0", 12), ev(160, "ret0", 13),  # two returns without their entry
+           ev(200, "call0", 14), ev(210, "call1", 14),  # another probed function inside
+           ev(220, "ret1", 14), ev(230, "ret0", 14),
+           ev(300, "call0", 11)]                      # open at the end
     r = AttachedReader.__new__(AttachedReader)
-    r.__init__ = None
     r.host, r.pid, r.events, r.uprobes, r.entry_only = None, 10, Src(evs), U(), False
     r.calls = r.unpaired_returns = r.open_at_exit = r.resynced = r.lost = r.invalid = 0
-    r._seq, r._depth, r._start, r._lost_seen = 0, {}, {}, 0
-    r._tids, r._tids_at = {11, 12, 13}, time.monotonic()
+    r.lost_returns, r._seq, r._open, r._start, r._lost_seen = 0, 0, {}, {}, 0
+    r._tids, r._tids_at = {11, 12, 13, 14}, time.monotonic()
     rows = r.read()
     got = sorted((int(x[1]), int(x[2]), int(x[4])) for x in rows)  # start, end, tid
-    assert got == [(100, 140, 11), (110, 150, 12)]
-    assert r.unpaired_returns == 1
+    assert got == [(100, 140, 11), (120, 130, 12), (200, 230, 14)]
+    assert r.unpaired_returns == 2 and r.lost_returns == 1
     r.finish()
     assert r.open_at_exit == 1                    # 11's last call never returned
 

@@ -3,12 +3,17 @@ timed by uprobes on its runtime's once-per-call function (agent/trace/attach.py 
 agent/trace/uprobe.py defines the events) and read from watch's own tracefs instance, the same
 rings that hold the sched/irq events the spikes are explained with.
 
-Pairing, per thread: the outermost entry to its return is one call (a nested or recursive
-entry only deepens the count), so threads calling at the same time stay apart. A return
-without its entry (the call began before the attach) is skipped and counted. A call still
-open when its thread or the process ends is closed, counted in ``open_at_exit`` and not made
-a sample (its end is unknown). Events the kernel lost (a ring overwritten) make the pairing
-start again from a clean state (``resynced``) rather than pair across the gap.
+Pairing, per thread: the outermost entry to its return is one call (an entry of another
+probed function inside it, e.g. LiteRT's Invoke around LiteRtRunCompiledModel, is nested), so
+threads calling at the same time stay apart. Each probed function is taken as not re-entered
+on one thread (true of every function of the catalogue): an entry of a function whose last
+entry on that thread has not returned means that return was never recorded (the kernel could
+not place the return probe, or dropped its event), so the open call is dropped and counted in
+``lost_returns`` and the new one starts — a lost return never stalls the pairing. A return
+without its entry (the call began before the attach) is skipped and counted. A call still open
+when its thread or the process ends is closed, counted in ``open_at_exit`` and not made a
+sample (its end is unknown). Events the kernel lost (a ring overwritten) make the pairing start
+again from a clean state (``resynced``) rather than pair across the gap.
 
 Each call becomes one row of :data:`agent.client.FIELDS`: ``start_ns``/``end_ns`` from the
 entry and return events (CLOCK_MONOTONIC: the instance's ``mono`` clock), ``pid`` the
@@ -53,8 +58,11 @@ class AttachedReader:
         self.lost = 0                 # for the session's counters (a ring reader's name)
         self.invalid = 0
         self._seq = 0
-        self._depth: dict[int, int] = {}
-        self._start: dict[int, tuple[int, int]] = {}   # tid -> (ts, cpu) of the outer entry
+        self.lost_returns = 0
+        # tid -> {event name of the entry: (ts, cpu)} of its calls open now
+        self._open: dict[int, dict[str, tuple[int, int]]] = {}
+        # tid -> (ts, cpu) of its outermost open entry (entry-only: of its last entry)
+        self._start: dict[int, tuple[int, int]] = {}
         self._lost_seen = events.lost()
         self._tids = self.threads()
         self._tids_at = time.monotonic()
@@ -72,8 +80,8 @@ class AttachedReader:
         if not tids:
             return
         if tids != self._tids:
-            for gone in set(self._depth) - tids:  # a thread ended inside a call
-                if self._depth.pop(gone, 0) > 0:
+            for gone in set(self._open) - tids:  # a thread ended inside a call
+                if self._open.pop(gone, None):
                     self.open_at_exit += 1
                 self._start.pop(gone, None)
             self._tids = tids
@@ -88,9 +96,9 @@ class AttachedReader:
         lost = self.events.lost()
         if lost != self._lost_seen:  # events lost: pair again from a clean state
             self._lost_seen = lost
-            if self._depth:
+            if any(self._open.values()):
                 self.resynced += 1
-            self._depth.clear()
+            self._open.clear()
             self._start.clear()
         rows: list[list[int]] = []
         is_ret = self.events.is_return
@@ -104,30 +112,37 @@ class AttachedReader:
                     self._refresh()
                 if tid not in self._tids:
                     continue  # another process mapping the same library (no filter applies)
-            if is_ret(ev):
-                d = self._depth.get(tid, 0)
-                if d <= 0:
-                    self.unpaired_returns += 1
-                    continue
-                if d > 1:
-                    self._depth[tid] = d - 1
-                    continue
-                self._depth[tid] = 0
-                t0, c0 = self._start.pop(tid)
-                rows.append(self._row(t0, ev.ts_ns, tid, c0, ev.cpu))
-            elif self.entry_only:
+            if self.entry_only:
                 prev = self._start.get(tid)
                 self._start[tid] = (ev.ts_ns, ev.cpu)
                 if prev is not None:
                     rows.append(self._row(prev[0], ev.ts_ns, tid, prev[1], ev.cpu))
+                continue
+            opened = self._open.setdefault(tid, {})
+            if is_ret(ev):
+                key = self._entry_of(ev.name)
+                if opened.pop(key, None) is None:
+                    self.unpaired_returns += 1
+                    continue
+                if not opened:  # the outermost call returned
+                    t0, c0 = self._start.pop(tid)
+                    rows.append(self._row(t0, ev.ts_ns, tid, c0, ev.cpu))
             else:
-                d = self._depth.get(tid, 0)
-                if d == 0:
+                if ev.name in opened:  # its last entry never returned: a lost return
+                    self.lost_returns += 1
+                    opened.clear()
+                if not opened:
                     self._start[tid] = (ev.ts_ns, ev.cpu)
-                self._depth[tid] = d + 1
+                opened[ev.name] = (ev.ts_ns, ev.cpu)
         if not rows:
             return np.empty((0, len(FIELDS)), dtype=np.int64)
         return np.array(rows, dtype=np.int64)
+
+    @staticmethod
+    def _entry_of(ret_name: str) -> str:
+        """The entry event of a return event: ``ret<i>`` → ``call<i>`` (agent/trace/uprobe.py
+        names them so)."""
+        return "call" + ret_name[3:] if ret_name.startswith("ret") else ret_name
 
     def _row(self, t0: int, t1: int, tid: int, c0: int, c1: int) -> list[int]:
         self._seq += 1
@@ -141,12 +156,13 @@ class AttachedReader:
 
     def finish(self) -> None:
         """The process ended (or watch stops): calls still open are closed and counted."""
-        self.open_at_exit += sum(1 for d in self._depth.values() if d > 0)
-        self._depth.clear()
+        self.open_at_exit += sum(1 for o in self._open.values() if o)
+        self._open.clear()
         self._start.clear()
 
     def stats(self) -> dict:
         return {"calls": self.calls, "unpaired_returns": self.unpaired_returns,
+                "lost_returns": self.lost_returns,
                 "open_at_exit": self.open_at_exit, "resynced": self.resynced,
                 "timing": "entry to next entry (call period)" if self.entry_only else
                 "entry to return"}
