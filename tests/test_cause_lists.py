@@ -12,14 +12,14 @@ from agent.export import metrics
 def test_exporter_label_sets_are_the_cause_lists_plus_other():
     assert metrics.CAUSES == (*causes.CAUSES, "other")
     assert metrics.EVENT_CAUSES == ("task", "idle", "irq", "softirq", "timer", "ipi", "vector",
-                                    "workqueue", "unknown", "hw_or_hypervisor", "unexplained",
-                                    "other")
+                                    "workqueue", "unknown", "blocked", "io_wait", "stopped",
+                                    "hw_or_hypervisor", "unexplained", "other")
 
 
 def test_timeline_kinds_and_residuals_are_the_event_list():
     tl = importlib.import_module("agent.trace.timeline")
     kinds = (tl.PROBE, tl.TASK, tl.IDLE, tl.IRQ, tl.SOFTIRQ, tl.TIMER, tl.IPI, tl.VECTOR,
-             tl.WORK, tl.UNKNOWN)
+             tl.WORK, tl.UNKNOWN, tl.BLOCKED, tl.IO_WAIT, tl.STOPPED)
     assert kinds == causes.EVENT_KINDS
     assert (tl.HW, tl.UNEXPLAINED) == causes.EVENT_RESIDUALS == ("hw_or_hypervisor",
                                                                   "unexplained")

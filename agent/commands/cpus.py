@@ -171,12 +171,13 @@ def scan(req: CpusRequest) -> tuple[list, Stopped | None, dict]:
     results: list = []
     tracer = Tracer(req.trace, req.host)
     exe = None
-    if not req.json:  # before the recorder is built (a first build compiles it)
-        print(f"hftagent cpus: {len(req.candidates)} candidate CPU(s), {req.duration_s:g} s "
-              "each", file=sys.stderr, flush=True)
     try:
         with stop_on_signals():
+            # built first: a cache refused (another user's HOME) is one line, alone
             exe = sc.build()
+            if not req.json:
+                print(f"hftagent cpus: {len(req.candidates)} candidate CPU(s), "
+                      f"{req.duration_s:g} s each", file=sys.stderr, flush=True)
             for group in sc.batches(req.candidates, len(req.online)):
                 results.extend(sc.scan(req.host, group, len(req.online), req.duration_s,
                                        int(req.threshold_us * 1000), exe=exe,
