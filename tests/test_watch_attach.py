@@ -243,6 +243,8 @@ def test_cli_attach_metrics_spike_log_and_ctrl_c_leave_nothing(lib, tmp_path):
         count = [ln for ln in body.splitlines()
                  if ln.startswith("hftagent_probe_latency_seconds_count")]
         assert count and float(count[0].split()[-1]) > 0, body[:2000]
+        info = [ln for ln in body.splitlines() if ln.startswith("hftagent_probe_info{")]
+        assert info and 'source="attach"' in info[0], info   # the bounded source label
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
     finally:
