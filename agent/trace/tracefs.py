@@ -427,6 +427,20 @@ def _read(path: Path) -> str:
         return fh.read()
 
 
+def _close_rings(rings) -> None:
+    """Close each ring's trace_pipe_raw and drop its kept pages (idempotent)."""
+    for ring in rings:
+        if ring.fd >= 0:
+            try:
+                os.close(ring.fd)
+            except OSError:
+                pass
+            ring.fd = -1
+        ring.pages.clear()
+        ring.indexed.clear()
+        ring.kept_bytes = 0
+
+
 class EventSource:
     """A private tracefs instance on the probe CPUs (module docstring). Build it with
     :meth:`open`; read with :meth:`window`; :meth:`close` (or ``with``) removes it."""
@@ -766,28 +780,24 @@ class EventSource:
 
     def _close_wake(self) -> None:
         """Close the wake instance's files and remove it (idempotent)."""
-        for ring in self._wake_rings.values():
-            if ring.fd >= 0:
-                try:
-                    os.close(ring.fd)
-                except OSError:
-                    pass
-                ring.fd = -1
-            ring.pages.clear()
-            ring.indexed.clear()
+        _close_rings(self._wake_rings.values())
         self._wake_rings = {}
         if self._wake_made and self._creator == os.getpid():
-            try:
-                _write(self.wake_path / "tracing_on", "0")
-            except OSError:
-                pass
-            try:
-                os.rmdir(self.wake_path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self.notes.append(f"wake instance not removed: {exc.strerror or exc}")
+            self._remove_instance(self.wake_path, "wake instance")
             self._wake_made = False
+
+    def _remove_instance(self, path: Path, what: str) -> None:
+        """Stop and remove one of our instances; a refusal is a note, never an exception."""
+        try:
+            _write(path / "tracing_on", "0")
+        except OSError:
+            pass
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.notes.append(f"{what} not removed: {exc.strerror or exc}")
 
     # -- reading ---------------------------------------------------------------------------
     def window(self, t_from_ns: int, t_to_ns: int, *, margin_ns: int = 2_000_000,
@@ -1231,27 +1241,9 @@ class EventSource:
 
     def _teardown(self) -> None:
         self._close_wake()
-        for ring in self._rings.values():
-            if ring.fd >= 0:
-                try:
-                    os.close(ring.fd)
-                except OSError:
-                    pass
-                ring.fd = -1
-            ring.pages.clear()
-            ring.indexed.clear()
-            ring.kept_bytes = 0
+        _close_rings(self._rings.values())
         if self._creator == os.getpid() and self.path != Path() and self.name:
-            try:
-                _write(self.path / "tracing_on", "0")
-            except OSError:
-                pass
-            try:
-                os.rmdir(self.path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self.notes.append(f"instance not removed: {exc.strerror or exc}")
+            self._remove_instance(self.path, "instance")
         ref = _HELD.get(str(self.path))
         if ref is not None and ref() is self:
             _HELD.pop(str(self.path), None)
