@@ -44,3 +44,24 @@ def _restore_affinity():
     yield
     if os.sched_getaffinity(0) != _AFFINITY:
         os.sched_setaffinity(0, _AFFINITY)
+
+
+INFER_C = r"""
+int hft_infer(int n) { volatile int s = 0; for (int i = 0; i < n; i++) s += i; return s; }
+int hft_other(int n) { return n * 3; }
+"""
+
+
+@pytest.fixture(scope="session")
+def infer_lib(tmp_path_factory) -> Path:
+    """A shared library the tests build, with two plain C functions (no C++, nothing that
+    throws): what tests attach uprobes to and read ELF symbols from."""
+    import subprocess
+    if not shutil.which("cc"):
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("inferlib")
+    (d / "infer.c").write_text(INFER_C)
+    so = d / "libhftinfer.so"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(so), str(d / "infer.c")],
+                   check=True)
+    return so

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,12 +16,6 @@ import pytest
 
 from agent.trace import attach, elf, uprobe
 from collectors.host import Host
-
-SRC = r"""
-#include <stdint.h>
-int hft_infer(int n) { volatile int s = 0; for (int i = 0; i < n; i++) s += i; return s; }
-int hft_other(int n) { return n * 3; }
-"""
 
 LOOP = r"""
 import ctypes, sys, time
@@ -36,15 +29,8 @@ while time.monotonic() < end:
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory) -> Path:
-    if not shutil.which("cc"):
-        pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp("lib")
-    (d / "infer.c").write_text(SRC)
-    so = d / "libhftinfer.so"
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(so), str(d / "infer.c")],
-                   check=True)
-    return so
+def lib(infer_lib) -> Path:
+    return infer_lib  # tests/conftest.py builds it
 
 
 def test_offset_points_at_the_functions_own_bytes(lib):
