@@ -336,3 +336,21 @@ def test_a_dead_attach_pid_is_one_line(unreached):
 def test_attach_help_documents_the_unsafe_return():
     out = " ".join(cli("--help").stdout.split())
     assert "--attach" in out and "--unsafe-return" in out and "abort" in out
+
+
+def test_phases_reach_a_pipe_once_they_last(tmp_path):
+    """On a pipe watch says each start-up phase that lasts over 1 s (one line each), and a
+    start that fails at once is still one line (issue #28 item 2)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", "watch",
+                        "--probe", "numpy", "--duration", "3", "--no-live", "--json",
+                        "--no-history", "--trace", "off"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("hftagent watch: ")]
+    assert any("watching: the first samples" in ln for ln in lines), r.stderr
+    bad = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", "watch",
+                          "--pid", "999999999", "--no-live", "--no-history"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from typing import Annotated
 
 import typer
@@ -167,7 +168,11 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         listen=listen, web_config_file=web_config_file, live=live, json_out=json_out,
         p99_budget_us=p99_budget_us, profile=profile)
     record = check_history_db(db, no_history)  # (a --db that cannot be used: before the run)
-    rc, summary = run_watch(req, host, on_phase=_phase if sys.stderr.isatty() else None)
+    phases = _Phases(sys.stderr.isatty())
+    try:
+        rc, summary = run_watch(req, host, on_phase=phases)
+    finally:
+        phases.cancel()
     text = json.dumps(summary, indent=1) if json_out else "\n".join(report.render(summary,
                                                                                    spike_log))
     print(text)
@@ -182,8 +187,30 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         raise typer.Exit(rc)
 
 
-def _phase(what: str) -> None:
-    """A start-up phase (model load, warm-up, symbols read), one line on a terminal's stderr
-    as it begins: TensorFlow's import and XLA's compile take seconds that would otherwise be
-    silent. (Not on a pipe: there a start-up failure stays the one line a script reads.)"""
-    print(f"hftagent watch: {what} ...", file=sys.stderr, flush=True)
+class _Phases:
+    """Start-up phases (model load, warm-up, symbols read, first samples), one line each on
+    stderr: TensorFlow's import and XLA's compile take seconds that would otherwise be
+    silent. On a terminal a phase is said as it begins; on a pipe only once it has lasted
+    1 s, so a start-up that fails at once stays the one line a script reads."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self._timer: threading.Timer | None = None
+
+    def __call__(self, what: str) -> None:
+        self.cancel()
+        if self.tty:
+            self._say(what)
+        else:
+            self._timer = threading.Timer(1.0, self._say, (what,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    @staticmethod
+    def _say(what: str) -> None:
+        print(f"hftagent watch: {what} ...", file=sys.stderr, flush=True)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

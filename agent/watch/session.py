@@ -224,6 +224,7 @@ class WatchSession:
         self.sampler.start()  # a NativeSampler's helper is already running
         self.renice_own()
         self.started_ns = self.clock()
+        self.phase(f"watching: the first samples of {self.source.info.get('probe', 'the source')}")
 
     def phase(self, what: str) -> None:
         """A start-up phase (probe build, warm-up, symbols read for --attach): told to
