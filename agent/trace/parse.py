@@ -463,7 +463,7 @@ def task_state(value: int, table: dict[int, str] | None = None) -> str:
 class SymbolResolver:
     """Kernel text addresses to names through ``/proc/kallsyms``.
 
-    The table is read once: ~0.3 s on the development VM (0.15 s of it the kernel
+    The table is read once: ~0.3 s on a 2-vCPU guest (0.15 s of it the kernel
     formatting 122k lines), so :meth:`load_async` starts it in a thread when the event
     source opens, off the spike path; a lookup before it is done waits for it (at most
     ``wait_s``) and then answers the hex address. Addresses shown as 0 (a

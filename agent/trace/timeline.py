@@ -421,7 +421,7 @@ class _Walk:
 
     def to_run(self, at: int, how: str) -> None:
         """The followed thread is on the CPU from ``at`` (its switch-in, else the first
-        event in its context: the dev VM's 6.18 kernel records no switch from idle)."""
+        event in its context: a 6.18 Firecracker guest's kernel records no switch from idle)."""
         if self.pstate == _OFF and self.part is not None:
             self.close_part(at, how)
         elif self.pstate == _GONE:
@@ -765,7 +765,7 @@ class _Walk:
         """Who was current when ``ev`` fired: its ``common_pid``, except for the switch's
         own TLB flush (switch_mm, before ``current`` changes), which carries the task just
         switched out, right after the sched_switch that left it. Trusting that pid charged
-        the switched-in task's run to the one it replaced (on the GPU machine's kernel every
+        the switched-in task's run to the one it replaced (on a 6.18 KVM guest's kernel (16 vCPUs) every
         switch between processes flushes so: under an RT hog a third of the windows showed
         the hog through the probe's own run)."""
         if ev.name == "tlb_flush" and self.task is not None and _on_switch(ev.fields):
@@ -1099,7 +1099,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     # the rest of the window: whoever the first event after it says was current (its
     # common_pid; a switch's prev), as every interval before an event is charged; without
     # one, whoever is current after the last event. The kernel does not always record the
-    # switch in (the dev VM's 6.18 guest kernel records no sched_switch from idle at all),
+    # switch in (a 6.18 Firecracker guest's kernel records no sched_switch from idle at all),
     # so the task after the last event can be stale where the next one is not.
     if after is not None:
         op, vent = _op(after.name)

@@ -37,7 +37,7 @@ Life cycle (kernel Documentation/trace/ftrace.rst, "Instances"):
   under a softirq flood (bench/events_read_cost.py --windows). The instance's
   ``trace`` file is not used where the binary layout is readable: it formats the whole
   buffer on every read — 0.28 s of kernel time for an 8 MiB buffer (186k events) on the
-  development VM against 2 ms to drain the same buffer raw (docs/events.md,
+  2-vCPU guest against 2 ms to drain the same buffer raw (docs/events.md,
   bench/events_read_cost.py). It is the fallback reader (``reader="text"``) where
   ``events/header_page`` / ``header_event`` describe a layout the binary parser does not know.
 
@@ -147,7 +147,7 @@ WAKE_LOOKBACK_NS = 50_000_000
 # irq_work, thermal_apic, ...); the vector_* allocation events are not time spent on a CPU.
 VECTOR_SYSTEM = "irq_vectors"
 
-# Ring sizing. The assumed rate is what a probe CPU showed on the development VM with a
+# Ring sizing. The assumed rate is what a probe CPU showed on a 2-vCPU guest with a
 # CPU hog and a 500 Hz probe (sched + tlb + irq events, ~6k/s) with headroom for a storm
 # burst; bytes/event is the measured mean (30-40 B: tlb_flush 24 B, sched_switch 68 B).
 ASSUMED_RATE_EPS = 20_000
@@ -157,7 +157,7 @@ MAX_CPU_KB = 32 * 1024
 MAX_TOTAL_KB = 256 * 1024
 OTHER_CPU_KB = 4  # the kernel rounds up to its minimum (2 pages)
 KEEP_MAX_BYTES = 16 << 20
-# After lost events: ×4, so that a flood at ~50× the warm-up rate (the GPU machine: 2,000 →
+# After lost events: ×4, so that a flood at ~50× the warm-up rate (a 16-vCPU 6.18 guest: 2,000 →
 # ~50,000 events/s, 700,000/s inside its bursts) is covered after two resizes, not five.
 GROW_FACTOR = 4
 # Pages per probe CPU that keep their PageIndex (header walk + the events decoded from

@@ -30,7 +30,7 @@ passed (attributed with what there is). Then, per loop step:
   attributed without its kernel-event window (the polled rules only; its record's
   ``events`` says "not read: attribution step budget"), within :data:`LIGHT_STEP_BUDGET`
   more of the loop period and the rate limit's tokens: the window is what a storm's spikes cost (7-13 ms of read under
-  the GPU machine's flood, against ~1 ms for the polled rules). A spike still waiting after
+  a 16-vCPU guest's flood, against ~1 ms for the polled rules). A spike still waiting after
   :data:`BACKLOG_DROP_S` is logged "not attributed: attribution backlog (spike storm)"
   rather than years late.
 

@@ -53,7 +53,7 @@ MODES = ("auto", "on", "off", "mount")
 # The window read around a spike: events from MARGIN_BEFORE_NS before its intended start
 # (the probe wakes ~0.2 ms before it and spins: its wake-up and whatever held the CPU then)
 # to its end, and the first event in the MARGIN_AFTER_NS after it (who was current at the
-# end: one event, whatever the span, so it may look far). Under the GPU machine's flood
+# end: one event, whatever the span, so it may look far). Under a softirq flood on a 16-vCPU guest
 # every ms of window is ~1,500 events to decode and walk: 2 ms before and all of 1 ms
 # after made a 3.5 ms spike's window 6.5 ms long. 5 ms after: a thread woken on an idle
 # CPU of a kernel that records no switch from idle (6.18) and running on past its call's
@@ -83,11 +83,11 @@ class SlowdownEstimate:
     :data:`SLOWDOWN_MIN_SPIKES`, and only while their lower quartile is above 0 (three in
     four show a slowdown: it is real, not noise around none); a spike never uses its own
     observation. How tight they are is not asked: the slowdown follows how densely the
-    interrupts come, 0.4-3.4 µs per interrupt within one run on the GPU machine, so the
+    interrupts come, 0.4-3.4 µs per interrupt within one run on a 16-vCPU KVM guest, so the
     recent ones are kept, and each spike's charge is capped at its own residual
     (:func:`~.timeline.breakdown`). Measured under the kit's softirq flood
     (docs/benchmarks.md): a median of ~1.3 µs per interrupt beyond the measured entry and
-    exit (1.3 µs on the GPU machine, 5.5-6.8 µs on the development VM)."""
+    exit (1.3 µs on a 16-vCPU KVM guest, 5.5-6.8 µs on a 2-vCPU Firecracker guest)."""
 
     def __init__(self) -> None:
         self._obs: dict[int, deque[float]] = {}
@@ -120,7 +120,7 @@ IRQ_IN_CPU_VOTES = 5         # samples that said so before it is used
 class IrqInCpuTime:
     """Whether this kernel charges interrupt time to the task it interrupts, from the spikes
     themselves. Without CONFIG_IRQ_TIME_ACCOUNTING (both 6.18 guest kernels here: the dev
-    VM's and the GPU machine's, checked in their configs) a task's CPU time includes the
+    6.18 guests checked in their configs) a task's CPU time includes the
     IRQs and softirqs that ran on top of it; with it, it does not. With
     CONFIG_PARAVIRT_TIME_ACCOUNTING (both) it leaves steal out either way. So which of the
     timeline's ``probe_current_ns`` (the probe's intervals with what ran on top of them) and
@@ -128,7 +128,7 @@ class IrqInCpuTime:
     with ≥ IRQ_IN_CPU_MIN_NS of interrupts on the probe votes for the nearer, and after
     IRQ_IN_CPU_VOTES the majority decides how :func:`~.timeline.hw_noise` compares
     (``cpu_includes_irq``: then the hidden time is what the hypervisor stole under the
-    interrupts too). Under the GPU machine's flood 48 of 60 spikes voted "included"; the
+    interrupts too). Under a softirq flood on a 16-vCPU guest 48 of 60 spikes voted "included"; the
     others are the ones steal pulled down."""
 
     def __init__(self) -> None:
@@ -158,7 +158,7 @@ def _check_probe_seen(tl, sp, cpu: int) -> None:
     probe was switched out during the call (its context switches, counted from before its
     spin up to the start: a switch in the margin before the window counts) on this CPU, but
     the window shows no switch of it and nothing else on the CPU: 3 of ~5,400 timed spikes on
-    the GPU machine, one of which showed the probe running through a 4 ms run-queue wait
+    a 16-vCPU guest, one of which showed the probe running through a 4 ms run-queue wait
     (as hidden time).
 
     A timeline in which the probe never ran although it had CPU time there is left as it
@@ -327,7 +327,7 @@ class SpikeEvents:
             _check_probe_seen(tl, sp, cpu)
             # a stall at the call's start: the thread's earlier calls ran first (queued);
             # unless the call's own run-queue wait says it was waiting then, not running (a
-            # window that lacks a preemption: dev VM, an RT hog's 2.9 ms read as the probe's)
+            # window that lacks a preemption: a 2-vCPU guest, an RT hog's 2.9 ms read as the probe's)
             queued = backlog(tl, sp.cpu_ns if sp.cpu_ns >= 0 else sp.p50_ns)
             if queued is not None and sp.rq_delay_ns >= 0 and \
                     sp.rq_delay_ns >= queued[1] // 2:
@@ -632,7 +632,7 @@ def _no_hidden_time(ev: dict) -> bool:
     host stole nothing while the probe was current. A polled steal verdict rests on a steal
     tick somewhere in the sampler's rows around the spike (10 ms each at 100 Hz); with none
     inside the sample, what the events saw run instead of the probe decides. On the
-    development VM a spike in which the kit's hog ran for all 1.8 ms of its excess said
+    2-vCPU guest a spike in which the kit's hog ran for all 1.8 ms of its excess said
     steal from one tick."""
     hidden = (ev.get("hw_noise") or {}).get("hidden_us")
     return hidden is not None and hidden == 0

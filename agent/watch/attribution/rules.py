@@ -81,7 +81,7 @@ def own_page_in(scores: list[CauseScore], spike: Spike) -> None:
     faults: the interrupts, softirqs and contention around it. One that paged in without
     sleeping (minor faults over its usual: swap-cache hits after readahead; or the page-ins'
     after-effect): the BLOCK softirq on its CPU, which completes the block I/O submitted
-    there — its own readahead's (GPU machine, memory_pressure: BLOCK 0.62 against 18 minor
+    there — its own readahead's (16-vCPU guest, memory_pressure: BLOCK 0.62 against 18 minor
     faults' 0.36 made a leader and the 26 samples queued behind it softirq)."""
     pf = next((s for s in scores if s.cause == "page_faults"), None)
     if pf is None:
