@@ -191,7 +191,8 @@ class _Phases:
     """Start-up phases (model load, warm-up, symbols read, first samples), one line each on
     stderr: TensorFlow's import and XLA's compile take seconds that would otherwise be
     silent. On a terminal a phase is said as it begins; on a pipe only once it has lasted
-    1 s, so a start-up that fails at once stays the one line a script reads."""
+    1 s, so a start-up that fails at once stays the one line a script reads. "" (the
+    session's end of start-up) drops a line still pending."""
 
     def __init__(self, tty: bool) -> None:
         self.tty = tty
@@ -199,6 +200,8 @@ class _Phases:
 
     def __call__(self, what: str) -> None:
         self.cancel()
+        if not what:  # start-up is over
+            return
         if self.tty:
             self._say(what)
         else:

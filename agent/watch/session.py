@@ -224,11 +224,12 @@ class WatchSession:
         self.sampler.start()  # a NativeSampler's helper is already running
         self.renice_own()
         self.started_ns = self.clock()
-        self.phase(f"watching: the first samples of {self.source.info.get('probe', 'the source')}")
+        self.phase("")  # start-up is over: nothing more to say (a pending line is dropped)
 
     def phase(self, what: str) -> None:
         """A start-up phase (probe build, warm-up, symbols read for --attach): told to
-        ``on_phase`` (the CLI prints it on stderr, one line each, while it waits)."""
+        ``on_phase`` (the CLI prints it on stderr, one line each, while it waits); "" when
+        start-up is over."""
         if self.on_phase is not None:
             self.on_phase(what)
 
