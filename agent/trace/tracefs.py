@@ -877,6 +877,18 @@ class EventSource:
         if got:
             win.events = sorted(win.events + got, key=_event_ts)
 
+    def _page_events(self, ring: _CpuRing, pg: Page, ids: frozenset[int], lo: int, hi: int,
+                     before: bool, store: bool) -> tuple[list[Event], object, int, bool]:
+        """One kept page's events in [lo, hi] through its PageIndex (walked once, then kept
+        hot): (events, the switch before them when ``before``, records decoded, whether the
+        page was walked now). Both instances' windows read pages through it."""
+        idx, made = page_index(pg, ids, self._layout)
+        if made:
+            self._hot(ring, pg)
+        got, b, k = idx.select(pg.data, ring.cpu, self._formats, lo, hi, self._symbols,
+                               before=before, store=store)
+        return got, b, k, made
+
     def _wake_raw(self, lo: int, hi: int, need_from: int
                   ) -> tuple[list[Event], bool, str | None, int, int]:
         out: list[Event] = []
@@ -891,12 +903,8 @@ class EventSource:
                 pg = pages[i]
                 if pg.ts_ns > hi:
                     break
-                idx, made = page_index(pg, ids, self._layout)
-                if made:
-                    walked += 1
-                    self._hot(ring, pg)
-                got, _b, k = idx.select(pg.data, ring.cpu, self._formats, lo, hi,
-                                        self._symbols, before=False, store=store)
+                got, _b, k, made = self._page_events(ring, pg, ids, lo, hi, False, store)
+                walked += made
                 decoded += k
                 out.extend(got)
                 i += 1
@@ -1005,12 +1013,9 @@ class EventSource:
                 pg = pages[i]
                 if pg.ts_ns > hi:
                     break
-                idx, made = page_index(pg, ids, self._layout)
-                if made:
-                    walked += 1
-                    self._hot(ring, pg)
-                got, b, k = idx.select(pg.data, ring.cpu, self._formats, lo, hi,
-                                       self._symbols, before=first is None, store=store)
+                got, b, k, made = self._page_events(ring, pg, ids, lo, hi, first is None,
+                                                    store)
+                walked += made
                 if first is None:
                     first = i
                     lost += max(pg.lost, 0)
