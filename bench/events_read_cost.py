@@ -8,7 +8,7 @@
    stops that instance's tracing (so each reader sees the same events), then times:
    ``cat``-like reads of the instance's ``trace`` (it formats the whole buffer on every read,
    non-consuming) and of ``per_cpu/cpuN/trace`` (that CPU only); scanning that text for a
-   5 ms window with agent.trace.parse.parse_text; and draining every page of
+   5 ms window with agent.trace.text.parse_text; and draining every page of
    ``per_cpu/cpuN/trace_pipe_raw`` (consuming) then decoding a 5 ms window from them.
 2. ``--windows N``: N spike-sized windows read back from a private instance on ``--cpu``
    after ``--fill-s`` seconds of a bursty SCHED_FIFO hog there (bench/faults/kit.py
@@ -20,7 +20,7 @@
    mean) against its wall time, the events per window, and the read's work
    (``Window.walked`` pages walked, ``Window.decoded`` records decoded) beside the pages
    kept: the work follows the window, not the pages kept.
-3. Decodes the captured pages of tests/fixtures/events with agent.trace.parse
+3. Decodes the captured pages of tests/fixtures/events with agent.trace.pages
    (every field, derived fields included) and, where ``libtraceevent.so.1`` is installed
    (Debian: libtraceevent1), with libtraceevent's kbuffer + tep_read_number_field through
    ctypes (no Python binding of it is packaged in Debian or PyPI), per event.
@@ -48,7 +48,9 @@ sys.path.insert(0, str(REPO))
 
 from agent.trace import EventSource  # noqa: E402
 from agent.trace import tracefs as tfs  # noqa: E402
-from agent.trace.parse import iter_page, parse_format, parse_text  # noqa: E402
+from agent.trace.event import parse_format  # noqa: E402
+from agent.trace.pages import iter_page  # noqa: E402
+from agent.trace.text import parse_text  # noqa: E402
 from collectors.host import Host  # noqa: E402
 
 FIXTURE = REPO / "tests" / "fixtures" / "events"

@@ -8,12 +8,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from agent.trace.parse import (
-    RB_MISSED_EVENTS,
-    RB_MISSED_STORED,
-    EventFormat,
-    parse_format,
-)
+from agent.trace.event import EventFormat, parse_format
+from agent.trace.pages import RB_MISSED_EVENTS, RB_MISSED_STORED
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "events"
 
@@ -118,7 +114,7 @@ class PageWriter:
         return page + b"\0" * (self.page_size - len(page))
 
 
-# -- the instance's ``trace`` text, as agent.trace.parse.parse_text reads it -----------
+# -- the instance's ``trace`` text, as agent.trace.text.parse_text reads it ------------
 
 def trace_line(comm, pid, ts, body, flags="d..2.", cpu=1):
     """One line of ``trace`` (on CPU 1 unless ``cpu``): ``<comm>-<pid> [001] <flags> <ts>:

@@ -180,7 +180,7 @@ def test_absence_of_events_decides_nothing():
 # --- the call's thread not runnable (issue #26): blocked, io_wait, stopped, and the late
 # wake-up only for what came late. Timelines from the kernel's own text, as the walk reads it.
 
-from agent.trace.parse import parse_text  # noqa: E402
+from agent.trace.text import parse_text  # noqa: E402
 from agent.trace.timeline import backlog, breakdown, timeline  # noqa: E402
 from agent.watch.attribution.events import _triples  # noqa: E402
 from tests.eventpages import trace_line as line  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 
 from agent.errors import AgentError
 from agent.trace.irqcost import IrqCost, parse_output
-from agent.trace.parse import parse_text
+from agent.trace.text import parse_text
 from agent.trace.timeline import (
     HIDDEN_IRQ,
     UNEXPLAINED,

@@ -16,21 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.trace.parse import (
-    Event,
-    FormatError,
+from agent.trace.event import Event, FormatError, parse_format, task_state
+from agent.trace.pages import (
     PageLayout,
-    SymbolResolver,
-    TextStats,
     check_header_event,
     iter_page,
     page_info,
     page_last_ts,
-    parse_format,
     parse_header_page,
-    parse_text,
-    task_state,
 )
+from agent.trace.symbols import SymbolResolver
+from agent.trace.text import TextStats, parse_text
 from tests.eventpages import FIXTURE, PageWriter, load_formats, payload
 
 FMTS = load_formats()

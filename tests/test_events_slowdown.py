@@ -92,7 +92,7 @@ def test_the_slowdown_goes_to_the_interrupting_softirq_in_the_verdict():
 
 
 def test_watch_uses_earlier_spikes_only_and_says_what_the_estimate_rests_on():
-    from agent.trace.parse import parse_text
+    from agent.trace.text import parse_text
     from agent.watch.attribution import Spike
     from agent.watch.attribution.events import SpikeEvents
     from tests.test_events_irq_overhead import PROBE, T0, T1
@@ -175,7 +175,7 @@ def test_watch_compares_cpu_time_with_what_the_kernel_charges_once_voted():
     not on the CPU by its own clock is hidden (stolen) time, under the interrupts too: a
     sample whose CPU time is 10 µs under the probe's own run time (nothing, compared with
     that) lacks 131 µs against the time it was current."""
-    from agent.trace.parse import parse_text
+    from agent.trace.text import parse_text
     from agent.watch.attribution import Spike
     from agent.watch.attribution.events import IRQ_IN_CPU_VOTES, SpikeEvents
     from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line
@@ -214,7 +214,7 @@ def test_a_timeline_without_the_switches_the_probe_counted_is_not_exact():
     """The probe's counters say it was preempted in the call; the window shows it running
     throughout with nothing else on the CPU: incomplete. With the switch in the window
     (another task ran), or no switch counted, it stands."""
-    from agent.trace.parse import parse_text
+    from agent.trace.text import parse_text
     from agent.watch.attribution import Spike
     from agent.watch.attribution.events import SpikeEvents
     from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line, sw

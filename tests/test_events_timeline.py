@@ -12,7 +12,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.trace.parse import Event, iter_page, parse_text
+from agent.trace.event import Event
+from agent.trace.pages import iter_page
+from agent.trace.text import parse_text
 from agent.trace.timeline import (
     BACKLOG,
     EXITED,

@@ -12,7 +12,7 @@ import random
 from collections import deque
 
 from agent.trace import tracefs as tfs
-from agent.trace.parse import Page, iter_page, page_info
+from agent.trace.pages import Page, iter_page, page_info
 from tests.eventpages import FIXTURE, PageWriter, load_formats, payload
 
 FMTS = load_formats()

@@ -12,17 +12,9 @@ import random
 import threading
 
 from agent.trace import tracefs as tfs
-from agent.trace.parse import (
-    Event,
-    Page,
-    PageIndex,
-    SymbolResolver,
-    _records,
-    normalize,
-    page_info,
-    page_may_hold,
-    scan_page,
-)
+from agent.trace.event import Event, normalize
+from agent.trace.pages import Page, PageIndex, _records, page_info, page_may_hold, scan_page
+from agent.trace.symbols import SymbolResolver
 from tests.eventpages import FIXTURE, PageWriter, load_formats, payload
 from tests.test_events_window import (
     BY_ID,

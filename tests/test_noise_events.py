@@ -22,7 +22,7 @@ import pytest
 from agent.errors import AgentError
 from agent.noise import events as ne
 from agent.noise import rank as rk
-from agent.trace.parse import parse_text
+from agent.trace.text import parse_text
 from agent.trace.tracefs import Unsupported, Window
 from tests.eventpages import trace_line as line
 from tests.eventpages import trace_switch as sw

@@ -124,7 +124,7 @@ def test_a_hog_on_the_attached_process_cpu_is_named(lib, tmp_path):
 
 
 def test_pairing_keeps_threads_apart_and_counts_what_it_cannot_pair():
-    from agent.trace.parse import Event
+    from agent.trace.event import Event
 
     class Src:
         def __init__(self, evs):

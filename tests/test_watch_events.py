@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from agent.errors import AgentError
-from agent.trace.parse import parse_text
+from agent.trace.text import parse_text
 from agent.trace.tracefs import Unsupported, Window
 from tests.eventpages import trace_line as _line
 from tests.eventpages import trace_switch as _sw

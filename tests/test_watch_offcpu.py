@@ -3,7 +3,7 @@ apply_verdict, issue #26): the record's parts, states and verdict from a canned 
 
 from __future__ import annotations
 
-from agent.trace.parse import parse_text
+from agent.trace.text import parse_text
 from agent.trace.tracefs import Window
 from agent.watch.attribution.events import SpikeEvents, apply_verdict
 from agent.watch.attribution.spike import Spike

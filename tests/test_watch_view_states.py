@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from agent.trace.parse import parse_text
+from agent.trace.text import parse_text
 from agent.trace.timeline import timeline
 from agent.watch.view import format_states, render
 from tests.eventpages import trace_line as line

@@ -9,7 +9,11 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
 - :mod:`.tracefs` — :class:`EventSource`, a private tracefs instance
   ``instances/hftagent-<pid>`` on the probe CPUs whose kernel ring is the flight recorder;
   only the windows around spikes are read (binary ``trace_pipe_raw`` pages).
-- :mod:`.parse` — event formats, binary pages and ``trace`` text into :class:`Event`.
+- :mod:`.event` — :class:`Event` and its decoder, built from the kernel's event ``format``
+  files (the derived fields both readers share); :mod:`.symbols` — kernel addresses to
+  names (kallsyms, loaded in a thread).
+- :mod:`.pages` — the binary ring-buffer pages (``trace_pipe_raw``): header walk, per-page
+  index; :mod:`.text` — the ``trace`` text, the fallback reader.
 - :mod:`.timeline` — per-sample :class:`Timeline` (µs per task, IRQ, softirq, tick, IPI,
   work item; the probe's wake-up latency), :func:`breakdown` of the excess over P50 with an
   explicit ``unexplained`` residual, and :func:`hw_noise` (``hw_or_hypervisor``).
@@ -51,7 +55,7 @@ attribution thread); the source is not locked.
 
 from __future__ import annotations
 
-from .parse import Event, FormatError
+from .event import Event, FormatError
 from .timeline import (
     HW,
     UNEXPLAINED,

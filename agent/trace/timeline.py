@@ -52,7 +52,7 @@ from typing import NamedTuple
 
 from agent.causes import EVENT_KINDS, EVENT_RESIDUALS
 
-from .parse import Event
+from .event import Event
 
 (PROBE, TASK, IDLE, IRQ, SOFTIRQ, TIMER, IPI, VECTOR, WORK, UNKNOWN, BLOCKED, IO_WAIT,
  STOPPED) = EVENT_KINDS

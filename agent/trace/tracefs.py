@@ -26,7 +26,7 @@ Life cycle (kernel Documentation/trace/ftrace.rst, "Instances"):
   ``keep_s`` seconds (``buffer_s`` by default; bounded in bytes) so that windows
   overlapping an earlier read still find their events, and only the pages that overlap a
   window are read: the first found by bisecting the kept pages' timestamps; each page's
-  record headers are walked once into a PageIndex (parse.py) that the next windows over it
+  record headers are walked once into a PageIndex (pages.py) that the next windows over it
   bisect, and its records are decoded once each (identical records once per format:
   EventFormat.make_event's memo), the last :data:`INDEXED_PAGES` per CPU staying indexed;
   the last ``sched_switch`` before the window comes from the first page's index, else from
@@ -71,14 +71,10 @@ from pathlib import Path
 
 from collectors.host import Host
 
-from .parse import (
-    Event,
-    EventFormat,
-    FormatError,
+from .event import Event, EventFormat, FormatError, parse_format
+from .pages import (
     Page,
     PageLayout,
-    SymbolResolver,
-    TextStats,
     check_header_event,
     decode_record,
     iter_page,
@@ -87,10 +83,10 @@ from .parse import (
     page_last_of,
     page_last_ts,
     page_may_hold,
-    parse_format,
     parse_header_page,
-    parse_text,
 )
+from .symbols import SymbolResolver
+from .text import TextStats, parse_text
 
 PREFIX = "hftagent-"
 # (system, event) in the order of the issue; each enabled only where the instance has it.
