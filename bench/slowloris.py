@@ -1,5 +1,5 @@
 """A slowloris client against the /metrics exporter, and a well-behaved scraper to run beside
-it. Used by tests/test_exporter.py (the adversarial test) and bench/scrape_bench.py
+it. Used by tests/test_export_server.py (the adversarial test) and bench/scrape_bench.py
 (--slowloris): the same attack in both.
 
     with Slowloris(port, n=200) as attack:          # a thread; every socket closed at exit

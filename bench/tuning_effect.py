@@ -159,7 +159,7 @@ def fail(msg: str) -> SystemExit:
     return SystemExit(2)
 
 
-# -- pure logic (tests/test_tuning_effect_bench.py) ---------------------------------------------
+# -- pure logic (tests/test_bench_tuning_effect.py) ---------------------------------------------
 def scenario_table(levers: list[str]) -> list[tuple[str, str | None, frozenset[str]]]:
     """Every scenario: (name, neighbour kind, levers): the three kinds bare, each lever alone
     under each kind, each of :data:`COMBOS` made only of ``levers``, every lever, then the

@@ -460,7 +460,7 @@ path_family(["cpus"], "--textfile", values=["{FILE}", "{MISSING}", "/dev/full", 
 # file ({LINK}; a database path to an empty one, {LINKDB}), another user's file ({OTHERS}: uid
 # 65534 when root, else a root-owned file), another user's directory link on the way
 # ({EVILDIR}, root only), another application's database, an empty file, a row of the wrong
-# type. Refused before any work, one line (tests/test_output_paths.py checks they stay
+# type. Refused before any work, one line (tests/test_agent_outfile.py checks they stay
 # untouched).
 # ==============================================================================================
 ROOT = os.geteuid() == 0

@@ -71,7 +71,7 @@ def test_every_printed_fix_is_accepted(tree, tmp_path):
     # vm-dev and the GPU VM print tune fixes: the test must have exercised some. Their
     # targets are not isolated, so the wake-up finding's fix is the isolation itself, not
     # `hftagent run --keep-awake` (issue #25: keep-awake only on isolated CPUs; the run fix
-    # printed after that isolation is accepted in tests/test_wakeup.py's round trip)
+    # printed after that isolation is accepted in tests/test_checks_wakeup.py's round trip)
     if tree in ("vm-dev", "gpu-h200"):
         assert any(c.startswith("hftagent tune") for c in seen), seen
         assert any(c.startswith("hftagent tune apply --isolate --only isolate") for c in seen), seen

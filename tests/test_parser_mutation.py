@@ -89,7 +89,7 @@ def _text(data: bytes) -> str:
 
 # name -> (seed key, parser taking the raw bytes). Every public parser of collectors/parsers.py
 # and the watch parse functions of collectors/cpu.py, irq.py, softirq.py, memory.py, numa.py
-# and sched.py (their layouts: tests/test_layouts.py).
+# and sched.py (their layouts: tests/test_collectors_layout.py).
 PARSERS: dict[str, tuple[str, Callable[[bytes], object]]] = {
     "parse_cpulist": ("cpulist", lambda b: parsers.parse_cpulist(_text(b))),
     "parse_cpulist(nr_cpus)": ("cpulist", lambda b: parsers.parse_cpulist(_text(b), 64)),

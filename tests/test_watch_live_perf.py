@@ -6,7 +6,7 @@ supported" in a VM without a PMU), and without a perf binary the collector is un
 with its reason while watch carries on.
 
 Real processes on wall-clock time: marked ``slow``, with margins for a loaded 2-core machine
-(the live view's rendering itself is tested on virtual time in tests/test_watch.py)."""
+(the live view's rendering itself is tested on virtual time in tests/test_watch_session.py)."""
 
 from __future__ import annotations
 

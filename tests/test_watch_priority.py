@@ -59,7 +59,7 @@ def test_watch_renices_its_own_threads_and_helper_not_the_probe(monkeypatch):
     """The session passes its own threads and the native helper's pid; the probe is another
     process and is not among them; a refusal becomes one warning."""
     from agent.watch import session as session_mod
-    from tests.test_watch import _storm_session
+    from tests.test_watch_session import _storm_session
     seen = {}
 
     def fake_renice(nice, threads, processes=()):

@@ -851,7 +851,7 @@ class Exporter:
     ``web_config`` (agent.export.webconfig.load_web_config): TLS and basic auth. The connection
     bounds and deadlines are described in :class:`_Server`; their defaults hold 200 hostile
     sockets (slow headers and silent ones) with every good scrape answered
-    (tests/test_exporter.py, docs/benchmarks.md)."""
+    (tests/test_export_server.py, docs/benchmarks.md)."""
 
     def __init__(self, metrics: WatchMetrics, listen: str = DEFAULT_LISTEN, *,
                  web_config: WebConfig | None = None, max_connections: int = 256,

@@ -28,7 +28,7 @@ Bootstrap: the exact order-statistic bootstrap. The k-th order statistic of n dr
 replacement from the sorted sample s is s[ceil(n·U) − 1] with U ~ Beta(k, n + 1 − k) (inverse
 transform of n uniforms, whose k-th order statistic is Beta distributed), so each resample's
 P99 costs one Beta draw instead of n index draws and a partition: 2,000 resamples of 6,636
-samples take well under a millisecond and no memory. tests/test_gate_stats.py checks it
+samples take well under a millisecond and no memory. tests/test_gate_evaluate.py checks it
 against the naive resampling bootstrap.
 
 Exit status of a gate (:func:`exit_code`): 0 pass, 1 fail, 2 not comparable (host fingerprint

@@ -416,7 +416,7 @@ def _while_locked(fn, timeout_s: float | None = None):
     (BUSY_TIMEOUT_S). The busy timeout does not cover every lock: switching a new database
     to WAL needs it exclusively, and SQLite answers "database is locked" at once, without
     waiting, where waiting could deadlock (several processes creating the same history at
-    once: tests/test_history.py test_concurrent_writers failed so in one CI run). The schema
+    once: tests/test_gate_history.py test_concurrent_writers failed so in one CI run). The schema
     step is idempotent (it re-reads the version inside its transaction)."""
     deadline = time.monotonic() + (BUSY_TIMEOUT_S if timeout_s is None else timeout_s)
     delay = 0.005

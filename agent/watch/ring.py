@@ -194,7 +194,7 @@ class SignalRing:
         columns are contiguous, one slice store (a gauge, when there are any, is stored as
         read). A counter that went backwards (wrap, reset), a NaN, a new key: that row goes
         through ``append_raw``, which defines the semantics (both paths store the same rows,
-        tests/test_collectors_watch.py)."""
+        tests/test_sampling_sources.py)."""
         f = self._seqs.get(id(keys)) if self._seqs is not None else None
         if f is None or f[0] is not keys or f[1] is not tracker:
             f = self._seq_prepare(keys, tracker)

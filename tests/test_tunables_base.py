@@ -121,7 +121,7 @@ def test_real_fixture_roundtrip(tmp_path, fixture):
     assert rep.ok
 
 
-# isolate.* needs tasks and cgroups, which the synthetic tree has not: tests/test_isolate.py
+# isolate.* needs tasks and cgroups, which the synthetic tree has not: tests/test_tunables_isolate.py
 @pytest.mark.parametrize("tid", [t.id for t in all_tunables()
                                  if not t.id.startswith(("gpu.", "irq.irqbalance", "isolate."))])
 def test_each_tunable_roundtrips_alone(tmp_path, tid):
@@ -632,7 +632,7 @@ def test_file_writer_refuses_a_final_symlink_or_fifo(tmp_path, kind):
 def test_policy_symlink_tree_roundtrips_with_the_production_writer(tmp_path):
     """The kernel's layout — cpuN/cpufreq -> ../cpufreq/policyN — through FileWriter itself
     (numeric cpu knobs only: a plain file does not rewrite a selector as sysfs does)."""
-    from tests.test_tune_cli import _policy_tree
+    from tests.test_commands_tune import _policy_tree
     from tuning.tunables.base import FileWriter
 
     root = _policy_tree(make_synthetic(tmp_path / "syn"))

@@ -30,7 +30,7 @@ def test_golden(tree):
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
     assert got == json.loads(path.read_text()), \
-        f"audit of {tree} changed; if intended: UPDATE_GOLDEN=1 pytest tests/test_audit.py"
+        f"audit of {tree} changed; if intended: UPDATE_GOLDEN=1 pytest tests/test_commands_audit.py"
 
 
 def by_id(res) -> dict:
