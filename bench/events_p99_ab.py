@@ -73,7 +73,7 @@ sys.path.insert(0, str(REPO))
 
 from agent.client import FIELDS, RingReader  # noqa: E402
 from agent.stats import P99_MIN_SAMPLES, binom_sf  # noqa: E402
-from agent.trace.tracefs import PREFIX, CpuStats, parse_stats  # noqa: E402
+from agent.trace.instance import PREFIX, CpuStats, parse_stats  # noqa: E402
 from agent.watch.probe_worker import await_ready  # noqa: E402
 from bench.abstats import aa_split, paired_bootstrap, quantile, verdict  # noqa: E402
 from bench.events_ab import hftagent  # noqa: E402

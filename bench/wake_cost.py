@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.trace import tracefs as tfs  # noqa: E402
+from agent.trace import wake  # noqa: E402
 from agent.trace.tracefs import EventSource  # noqa: E402
 from collectors.host import Host  # noqa: E402
 
@@ -82,13 +82,13 @@ def sleeps(cpu: int, n: int) -> float:
 def open_source(mode: str, probe_cpu: int):
     if mode == "none":
         return None
-    saved = tfs.WAKE_EVENTS
+    saved = wake.WAKE_EVENTS
     if mode == "main":
-        tfs.WAKE_EVENTS = ()  # the wake instance then has nothing to enable: not made
+        wake.WAKE_EVENTS = ()  # the wake instance then has nothing to enable: not made
     try:
         src = EventSource.open(Host(), [probe_cpu], 2.0)
     finally:
-        tfs.WAKE_EVENTS = saved
+        wake.WAKE_EVENTS = saved
     if not src:
         raise SystemExit(f"wake_cost: {src.reason}")
     # kallsyms loaded first, as ~0.3 s into a run: its loader thread would otherwise hold

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.trace import EventSource, Unsupported, breakdown, timeline
+from agent.trace import EventSource, Unsupported, breakdown, instance, timeline, wake
 from agent.trace import tracefs as tfs
 from collectors.host import Host
 
@@ -64,7 +64,7 @@ def host(tmp_path_factory):
 def _global_state(root: Path) -> dict:
     out = {name: (root / name).read_text() for name in GLOBAL_FILES}
     out["instances"] = sorted(n for n in os.listdir(root / "instances")
-                              if not n.startswith(tfs.PREFIX))
+                              if not n.startswith(instance.PREFIX))
     return out
 
 
@@ -161,7 +161,7 @@ def test_wake_instance_records_who_woke_and_who_stopped_the_probe_from_another_c
         wd = src.describe()["wake"]
         assert wd.get("events"), wd
         assert "sched:sched_waking" in wd["events"] or "sched:sched_wakeup" in wd["events"]
-        assert wd["filters"]["signal:signal_generate"] == tfs.SIGNAL_FILTER
+        assert wd["filters"]["signal:signal_generate"] == wake.SIGNAL_FILTER
         assert int((src.wake_path / "tracing_cpumask").read_text().replace(",", ""), 16) \
             & (1 << other)
         r, w = os.pipe()
@@ -384,7 +384,7 @@ def test_name_taken_by_a_live_process_is_refused(host, monkeypatch):
     try:
         time.sleep(0.1)
         root = tfs.find_tracefs(host)
-        taken = root / "instances" / f"{tfs.PREFIX}{sleeper.pid}"
+        taken = root / "instances" / f"{instance.PREFIX}{sleeper.pid}"
         os.mkdir(taken)
         try:
             monkeypatch.setattr(tfs, "_instance_name", lambda: taken.name)
@@ -411,7 +411,7 @@ def test_instance_of_a_sigkilled_watch_is_removed_at_the_next_start(host):
     path = Path(child.stdout.readline().strip())
     assert path.name == f"hftagent-{child.pid}", child.stderr.read() if child.poll() else path
     assert path.is_dir()
-    wake = path.with_name(path.name + tfs.WAKE_SUFFIX)
+    wake = path.with_name(path.name + instance.WAKE_SUFFIX)
     assert wake.is_dir()  # its wake instance (every CPU's wake-ups of the probe CPUs)
     child.send_signal(signal.SIGKILL)
     child.wait()
@@ -435,7 +435,7 @@ def test_instance_removed_at_normal_exit_without_close(host):
     out, err = child.communicate(timeout=30)
     assert child.returncode == 0, err
     path = Path(out.strip())
-    assert path.name.startswith(tfs.PREFIX) and not path.exists()
+    assert path.name.startswith(instance.PREFIX) and not path.exists()
 
 
 def test_a_forked_child_does_not_remove_its_parents_instance(host):
@@ -531,17 +531,17 @@ def test_creator_liveness_from_a_fixture_proc(tmp_path):
     (proc / "50" / "stat").write_text(
         f"50 (we) ird) S 1 50 50 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {10 * tck} 0 0\n")
     h = Host(root=tmp_path, procfs=proc, sysfs=tmp_path)
-    assert not tfs._proc_is_dead_or_reused(h, 50, created_wall=1009.5)  # its creator
-    assert tfs._proc_is_dead_or_reused(h, 50, created_wall=1005.0)  # started after: reused
-    assert tfs._proc_is_dead_or_reused(h, 51, created_wall=1005.0)  # gone
+    assert not instance._proc_is_dead_or_reused(h, 50, created_wall=1009.5)  # its creator
+    assert instance._proc_is_dead_or_reused(h, 50, created_wall=1005.0)  # started after: reused
+    assert instance._proc_is_dead_or_reused(h, 51, created_wall=1005.0)  # gone
     (proc / "50" / "stat").write_text(
         f"50 (z) Z 1 50 50 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {10 * tck} 0 0\n")
-    assert tfs._proc_is_dead_or_reused(h, 50, created_wall=1009.5)  # a zombie
+    assert instance._proc_is_dead_or_reused(h, 50, created_wall=1009.5)  # a zombie
 
 
 def test_cpumask_and_sizing():
-    assert tfs.cpumask_hex([1]) == "00000002"
-    assert tfs.cpumask_hex([0, 33]) == "00000002,00000001"
+    assert instance.cpumask_hex([1]) == "00000002"
+    assert instance.cpumask_hex([0, 33]) == "00000002,00000001"
     kb, why = tfs.size_ring_kb(10, 1)
     assert kb == 10 * tfs.ASSUMED_RATE_EPS * tfs.ASSUMED_EVENT_BYTES // 1024 + 1
     assert "10 s at 20,000 events/s" in why

@@ -13,6 +13,7 @@ from collections import deque
 
 from agent.trace import tracefs as tfs
 from agent.trace.pages import Page, iter_page, page_info
+from agent.trace.window import _CpuRing
 from tests.eventpages import FIXTURE, PageWriter, load_formats, payload
 
 FMTS = load_formats()
@@ -58,7 +59,7 @@ def source_over(pages: list[Page], cpu: int) -> tfs.EventSource:
     src._formats = BY_ID
     src._switch_ids = set(SWITCH)
     src.keep_ns = src.keep_bytes = 1 << 62
-    ring = tfs._CpuRing(cpu)
+    ring = _CpuRing(cpu)
     ring.pages = deque(Page(p.cpu, p.ts_ns, p.data, p.lost) for p in pages)
     ring.cover_from_ns = 0
     src._rings = {cpu: ring}

@@ -11,10 +11,18 @@ from __future__ import annotations
 import random
 import threading
 
-from agent.trace import tracefs as tfs
 from agent.trace.event import Event, normalize
-from agent.trace.pages import Page, PageIndex, _records, page_info, page_may_hold, scan_page
+from agent.trace.pages import (
+    Page,
+    PageIndex,
+    PageLayout,
+    _records,
+    page_info,
+    page_may_hold,
+    scan_page,
+)
 from agent.trace.symbols import SymbolResolver
+from agent.trace.window import INDEXED_PAGES
 from tests.eventpages import FIXTURE, PageWriter, load_formats, payload
 from tests.test_events_window import (
     BY_ID,
@@ -55,7 +63,7 @@ def flood_ring(n_pages: int, seed: int = 11) -> list[Page]:
 
 
 def records(pg: Page) -> int:
-    return sum(1 for r in _records(pg.data, tfs.PageLayout()) if r[2] >= 8)
+    return sum(1 for r in _records(pg.data, PageLayout()) if r[2] >= 8)
 
 
 def window_over(pages: list[Page], first: int, last: int, at: int = 150_000
@@ -129,7 +137,7 @@ def test_the_search_back_stops_at_the_last_switch():
 
 
 def test_the_byte_search_never_misses_a_switch():
-    layout = tfs.PageLayout()
+    layout = PageLayout()
     seen = {True: 0, False: 0}
     for pages in (fixture_pages(), sparse_ring(), flood_ring(20)):
         for pg in pages:
@@ -149,7 +157,7 @@ def test_indexed_pages_are_bounded_per_cpu():
         src._window_raw(lo, lo, hi)
     kept = src._rings[1].pages
     assert sum(p.index is not None for p in kept) == len(src._rings[1].indexed) \
-        == tfs.INDEXED_PAGES
+        == INDEXED_PAGES
     # a page whose index was dropped is answered again, the same way
     lo, hi = window_over(pages, 3, 5)
     assert same(src._window_raw(lo, lo, hi).events, reference_window(pages, 1, lo, hi)[0])
@@ -167,7 +175,7 @@ def test_the_record_memo_gives_the_plain_decode():
     n = 0
     for _rnd in range(2):  # the second round answers from the memo
         for pg in fixture_pages():
-            for ts, start, length in _records(pg.data, tfs.PageLayout()):
+            for ts, start, length in _records(pg.data, PageLayout()):
                 fmt = fmts.get(pg.data[start] | (pg.data[start + 1] << 8)) if length >= 8 \
                     else None
                 if fmt is None:
@@ -225,7 +233,7 @@ def test_the_page_index_selects_as_scan_page_does_on_an_unordered_page():
         w.event(t0 + 150 + 100 * k, sw_rec if k == 3 else payload(ent, 1, irq=10 + k,
                                                                    name="y"))
     buf = w.build()
-    idx = PageIndex(buf, IDS, tfs.PageLayout())
+    idx = PageIndex(buf, IDS, PageLayout())
     assert not idx.ordered
     stamps = sorted({r[0] for r in idx.recs} | {t0 - 1, t0 + 1000})
     for lo in stamps:
@@ -242,7 +250,7 @@ def test_the_page_index_selects_as_scan_page_does_on_an_unordered_page():
             b"\xff\xff" + payload(ent, 1, irq=k, name="z")[2:]
         w.event(t0 + 10 * k, sw_rec if k % 9 == 4 else data)
     buf = w.build()
-    idx = PageIndex(buf, IDS, tfs.PageLayout())
+    idx = PageIndex(buf, IDS, PageLayout())
     assert idx.ordered
     rng = random.Random(5)
     for _ in range(300):

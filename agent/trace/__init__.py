@@ -8,7 +8,11 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
 - :mod:`.irqcost` (+ ``hftirqcost.c``) — what one interrupt costs a running task, measured.
 - :mod:`.tracefs` — :class:`EventSource`, a private tracefs instance
   ``instances/hftagent-<pid>`` on the probe CPUs whose kernel ring is the flight recorder;
-  only the windows around spikes are read (binary ``trace_pipe_raw`` pages).
+  only the windows around spikes are read (binary ``trace_pipe_raw`` pages). It is opened,
+  sized and closed there, and put together from :mod:`.instance` (an instance's life:
+  create, settings, remove, stale ones of a killed run), :mod:`.window` (the per-CPU pages
+  kept and read back as a :class:`Window`), :mod:`.wake` (the second instance that sees
+  wake-ups and signals from the other CPUs) and :mod:`.uprobe`'s ``UprobeEvents``.
 - :mod:`.event` — :class:`Event` and its decoder, built from the kernel's event ``format``
   files (the derived fields both readers share); :mod:`.symbols` — kernel addresses to
   names (kallsyms, loaded in a thread).
@@ -18,7 +22,7 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
   work item; the probe's wake-up latency), :func:`breakdown` of the excess over P50 with an
   explicit ``unexplained`` residual, and :func:`hw_noise` (``hw_or_hypervisor``).
 
-May import: collectors (the Host), agent.causes, agent.errors. Never imports watch, noise,
+May import: collectors (the Host, the parsers), agent.causes, agent.errors. Never imports watch, noise,
 export or the CLI: they import it. The event verdicts (which cause a timeline decides) live in
 agent/watch/attribution/events.py.
 

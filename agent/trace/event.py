@@ -246,6 +246,7 @@ def irq_ctx(flags: int) -> str:
         return "softirq"
     return ""
 
+
 _STR_MEMO_MAX = 4096
 
 
@@ -429,8 +430,6 @@ def task_state(value: int, table: dict[int, str] | None = None) -> str:
     bits = value & mask
     letters = "|".join(s for v, s in sorted(table.items()) if bits & v) if bits else "R"
     return letters + ("+" if value & (top << 1) else "")
-
-
 
 
 BLOCK_EVENTS = frozenset({"block_rq_issue", "block_rq_complete"})

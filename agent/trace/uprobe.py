@@ -12,6 +12,10 @@ writing truncates it, which removes *every* uprobe event on the box, other tools
 Python's ``open(..., "a")`` seeks and gets EINVAL). Our group is ``hftagent_<pid>`` (watch's
 pid): the next start removes the groups whose process is gone (:func:`remove_stale`), and only
 those; an event of another tool is never touched.
+
+:class:`Uprobes` defines and removes the events; :class:`UprobeEvents` (part of
+:class:`agent.trace.tracefs.EventSource`) enables them in watch's instance and reads their
+hits from its kept pages.
 """
 
 from __future__ import annotations
@@ -20,9 +24,14 @@ import atexit
 import errno
 import os
 import re
+from operator import attrgetter
 from pathlib import Path
 
 from collectors.host import Host
+
+from .event import Event, parse_format
+from .instance import _read
+from .pages import iter_page
 
 PREFIX = "hftagent_"
 MAX_FILTER_TIDS = 64    # beyond this many threads, record every hit and pair by tid set
@@ -218,3 +227,67 @@ class _AtExit:
 
 
 _AT_EXIT = _AtExit()
+
+
+class UprobeEvents:
+    """The uprobe events of :class:`agent.trace.tracefs.EventSource` (watch --attach; this
+    module defines them): enabled in the source's instance, their hits read from its kept
+    pages. Uses, from the source it is mixed into: ``path``, ``events``, ``reader``,
+    ``_closed``, and the reader's ``_formats``, ``_names``, ``_rings``, ``_layout``,
+    :meth:`drain`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._uprobe_ids: dict[int, bool] = {}    # event id -> a return probe
+        self._uprobe_names: dict[str, bool] = {}
+        self._uprobe_done: dict[int, int] = {}    # cpu -> pages scanned for uprobe hits
+
+    def add_uprobes(self, uprobes, tids: list[int]) -> None:
+        """Enable ``uprobes`` (an :class:`Uprobes`, defined) in this
+        instance, filtered to ``tids``, and learn their formats; :meth:`uprobe_events` then
+        returns their hits. Raises OSError or FormatError when the kernel refuses."""
+        uprobes.enable(self.path, tids)
+        ev_dir = self.path / "events" / uprobes.group
+        for name in uprobes.names:
+            fmt = parse_format(_read(ev_dir / name / "format"), uprobes.group)
+            self._formats[fmt.id] = fmt
+            self._uprobe_ids[fmt.id] = name in uprobes.returns
+            self._uprobe_names[fmt.name] = name in uprobes.returns
+            self._names.add(fmt.name)
+        self.events += [f"{uprobes.group}:{n}" for n in uprobes.names]
+
+    def uprobe_events(self) -> list[Event]:
+        """The uprobe hits recorded since the last call, in time order (drains the kernel
+        rings first; the pages stay kept for the spike windows as before). Each page is
+        scanned once for the uprobe ids only."""
+        if self._closed or not self._uprobe_ids or self.reader != "raw":
+            return []
+        self.drain()
+        only = set(self._uprobe_ids)
+        out: list[Event] = []
+        for ring in self._rings.values():
+            done = self._uprobe_done.get(ring.cpu, 0)
+            first = max(0, done - ring.evicted_pages)
+            pages = ring.pages
+            for i in range(first, len(pages)):
+                out.extend(iter_page(pages[i].data, ring.cpu, self._formats,
+                                     layout=self._layout, only=only))
+            self._uprobe_done[ring.cpu] = ring.evicted_pages + len(pages)
+        out.sort(key=attrgetter("ts_ns"))
+        return out
+
+    def is_return(self, ev: Event) -> bool:
+        """Whether ``ev`` is a return probe's hit (else an entry)."""
+        return bool(self._uprobe_names.get(ev.name))
+
+    def drop_uprobes(self, uprobes) -> list[str]:
+        """Disable and remove ``uprobes`` (:meth:`Uprobes.remove`) and forget their formats;
+        returns what could not be removed."""
+        left = uprobes.remove()
+        for i in [i for i, f in self._formats.items() if f.system == uprobes.group]:
+            del self._formats[i]
+            self._uprobe_ids.pop(i, None)
+        for n in uprobes.names:
+            self._uprobe_names.pop(n, None)
+        self.events = [e for e in self.events if not e.startswith(uprobes.group + ":")]
+        return left
