@@ -93,6 +93,12 @@ class GpuCollector:
     """
 
     name = "gpu"
+    # The sampler's period (watch sets 20 Hz: agent/watch/wiring.py GPU_PERIOD_S) while a GPU
+    # is, or may be, the probe's; ``idle_period_s`` while the last sample found the probe on
+    # none (a CPU-only model: no GPU cause can blame a GPU it never touches), so that a
+    # context it opens later is seen within that time (:meth:`current_period_s`).
+    period_s = 0.0
+    idle_period_s = 1.0
 
     def __init__(self, nvml: Nvml | None = None, *, own_pids: Iterable[int] = (),
                  gpus: Sequence[int] | None = None, probe_gpus: Iterable[int] | None = None,
@@ -113,6 +119,9 @@ class GpuCollector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.history: deque[GpuSample] = deque(maxlen=history)
+        # whether the last sample found one of own_pids on a probe GPU (None: not known yet,
+        # or a process list could not be read)
+        self.probe_on_gpu: bool | None = None
 
     # -- interface ---------------------------------------------------------------------------
     def available(self) -> Availability:
@@ -132,6 +141,13 @@ class GpuCollector:
             n = self.nvml.device_count().value or 0
             self._gpus = list(range(n))
         return self._gpus
+
+    def current_period_s(self) -> float:
+        """How long the sampler should wait before the next :meth:`sample`: ``period_s``
+        unless the last sample showed the probe on no GPU (then ``idle_period_s``)."""
+        if self.probe_on_gpu is False:
+            return max(self.period_s, self.idle_period_s)
+        return self.period_s
 
     def start(self) -> None:
         """Start the slow thread (idempotent). sample() starts it on first use."""
@@ -173,6 +189,8 @@ class GpuCollector:
                 out[p + "probe_gpu"] = (None if procs is None else
                                         float(any(x.pid in self.own_pids for x in procs)))
             out[p + "ecc_uncorrected_volatile_total"] = nv.ecc_volatile_uncorrected(g).value
+        flags = [out[f"gpu.{g}.probe_gpu"] for g in self.gpus]
+        self.probe_on_gpu = None if None in flags else any(flags)
         with self._slow_lock:
             out.update(self._slow)
         self.history.append(GpuSample(self._clock(), dict(out), foreign_all))

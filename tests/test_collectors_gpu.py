@@ -139,3 +139,47 @@ def test_collector_attributes_a_foreign_process_started_mid_run():
     causes = collector_causes(col, spike - 500_000, spike + 500_000)
     assert causes[0].cause == "GPU shared with PID 4242 (python3)"
     assert causes[0].score == 0.85 and causes[0].gpu == 0
+
+
+def test_the_period_slows_while_the_probe_is_on_no_gpu_and_returns_with_a_context():
+    g = FakeGpu(processes=[(4242, 2**30)])  # a foreign process only: the probe (100) is not
+    col = GpuCollector(Nvml(lib=FakeNvmlLib([g])), own_pids={100}, slow_thread=False)
+    col.period_s = 0.05
+    assert col.current_period_s() == 0.05  # not known before a sample
+    col.sample()
+    assert col.probe_on_gpu is False and col.current_period_s() == col.idle_period_s == 1.0
+    g.processes.append((100, 2**20))  # the probe opens a context
+    col.sample()
+    assert col.probe_on_gpu is True and col.current_period_s() == 0.05
+    g.errors["nvmlDeviceGetComputeRunningProcesses"] = 999  # unreadable: not known
+    col.sample()
+    assert col.probe_on_gpu is None and col.current_period_s() == 0.05
+
+
+def test_a_named_probe_gpu_keeps_the_full_rate():
+    col = GpuCollector(Nvml(lib=a100_r535_x4()), own_pids={100}, probe_gpus=[2],
+                       slow_thread=False)
+    col.period_s = 0.05
+    col.sample()
+    assert col.probe_on_gpu is True and col.current_period_s() == 0.05
+
+
+def test_the_sampler_follows_the_gpu_period_and_does_not_wait_for_an_idle_one():
+    from agent.watch.sampling.python import Sampler
+    g = FakeGpu()
+    col = GpuCollector(Nvml(lib=FakeNvmlLib([g])), own_pids={100}, slow_thread=False)
+    col.period_s = 0.05
+    s = Sampler([col], hz=100.0)
+    t = 0
+    for _ in range(300):  # 3 s of 100 Hz rounds on virtual time
+        t += 10_000_000
+        s.round(t)
+    runs = s.stats.per_collector["gpu"].runs
+    assert 3 <= runs <= 5  # ~1 Hz, not the 60 of 20 Hz
+    assert s.covered_ns() == t  # its 1 s rows hold no record back
+    g.processes.append((100, 2**20))
+    for _ in range(200):  # within a second the context is seen, then 20 Hz
+        t += 10_000_000
+        s.round(t)
+    assert s.stats.per_collector["gpu"].runs - runs >= 30
+    assert s.period_now_ns(s.entries[0]) == 50_000_000

@@ -62,6 +62,10 @@ def build(s, *, native: bool, now_ns: int) -> dict:
     if smp is not None:
         for name, st in smp.stats.per_collector.items():
             col[name] = st.to_dict()
+        for e in getattr(smp, "entries", ()):
+            if getattr(e, "adapt", None) is not None and e.state.name in col:
+                # an adaptive period (gpu: 1 s while the probe is on no GPU) as it ends
+                col[e.state.name]["period_s_now"] = round(smp.period_now_ns(e) / 1e9, 3)
         st = smp.stats
         sampler = {"mode": smp.mode, "rounds": st.rounds, "late_rounds": st.late_rounds,
                    "cpu_share_of_one_cpu": round(st.cpu_ns / 1e9 / dur, 4) if dur else None,

@@ -58,6 +58,9 @@ class _Entry:
     due_ns: int = 0  # sampled when at least this long since the last run (period − slack)
     div: int = 1  # native sampler: replayed on helper rounds where round % div == 0
     last_ns: int = 0
+    # the collector's current_period_s (collectors/gpu.py: slower while the probe is on no
+    # GPU), None for a fixed period
+    adapt: Callable[[], float] | None = None
     prev_t_ns: int = 0
 
 
@@ -97,7 +100,8 @@ class Sampler:
             is_counter = getattr(c, "is_counter", None) or _default_is_counter
             self.entries.append(_Entry(c, SignalRing(c.name, cap), DeltaTracker(is_counter),
                                        CollectorState(c.name), period,
-                                       period - self.period_ns // 4))
+                                       period - self.period_ns // 4,
+                                       adapt=getattr(c, "current_period_s", None)))
         self.stats = SamplerStats(per_collector={e.state.name: e.state for e in self.entries})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,11 +141,14 @@ class Sampler:
         collector's row for the spike comes up to 50 ms after the 100 Hz rounds'). Slower
         collectors are not waited for: numa (10 Hz; the memory collector's host-wide
         numa_miss/numa_foreign come at 20 Hz) and pcie (1 Hz). Waiting for numa's row held
-        records back up to 100 ms more (bench/attribution.py: the ≤ 200 ms target)."""
+        records back up to 100 ms more (bench/attribution.py: the ≤ 200 ms target). An
+        adaptive collector counts by its current period (gpu at 1 Hz while the probe is on no
+        GPU is not waited for)."""
         lim = int(max_period_s * 1e9)
         t = self._latest
         for e in self.entries:
-            if e.state.state == "ok" and e.period_ns <= lim and e.ring.rows:
+            if e.state.state == "ok" and e.period_ns <= lim and e.ring.rows and \
+                    (e.adapt is None or self.period_now_ns(e) <= lim):
                 t = min(t, e.ring.latest_t1)
         return t
 
@@ -183,8 +190,24 @@ class Sampler:
         for e in entries:
             if now - e.last_ns < e.due_ns or e.state.state != "ok":
                 continue
+            if e.adapt is not None and now - e.last_ns < self._due_now(e):
+                continue
             e.last_ns = now
             self._sample_entry(e, now)
+
+    def period_now_ns(self, e: _Entry) -> int:
+        """A collector's period now: the fixed one, or an adaptive collector's
+        ``current_period_s()`` (never shorter than the fixed one)."""
+        if e.adapt is None:
+            return e.period_ns
+        try:
+            return max(e.period_ns, int(e.adapt() * 1e9))
+        except Exception:  # noqa: BLE001 - a broken hint means the fixed period
+            return e.period_ns
+
+    def _due_now(self, e: _Entry) -> int:
+        """An adaptive collector's due time now (its current period less the slack)."""
+        return max(e.due_ns, self.period_now_ns(e) - self.period_ns // 4)
 
     def _sample_entry(self, e: _Entry, now: int, pending: list | None = None,
                       reads: dict | None = None) -> bool:

@@ -72,7 +72,6 @@ class NativeSampler(Sampler):
         # 0.58-0.62 % of one CPU at 1 Hz against 0.73-0.77 % at 5 Hz there, A/B in one
         # run); a spike pokes (POKE_GAP_NS).
         self.drain_ns = int(1e9 / (drain_hz or 1.0))
-        self.live_ns = min((e.period_ns for e in self.live), default=0)
         self._poke = threading.Event()
         self._overruns_seen = 0
         self.native_error: str | None = None
@@ -244,6 +243,17 @@ class NativeSampler(Sampler):
     def helper_cpu_ns(self) -> int:
         return self.feed.stats()["cpu_ns"]
 
+    def _next_live_ns(self, default: int) -> int:
+        """When the next live collector is due (by its current period: the gpu collector
+        waits a second while the probe is on no GPU, collectors/gpu.py); ``default`` when
+        none works. Each wake-up of this thread costs a cold Python pass (above)."""
+        nxt = default
+        for e in self.live:
+            if e.state.state == "ok":
+                due = e.due_ns if e.adapt is None else self._due_now(e)
+                nxt = min(nxt, e.last_ns + due)
+        return nxt
+
     def _native_loop(self) -> None:
         """Replay every ``drain_ns``, or POKE_GAP_NS after the last replay when poked;
         sample the live collectors at their period in between. Returns at stop() or when a
@@ -274,8 +284,8 @@ class NativeSampler(Sampler):
             elif self.live:
                 self._sample_due(self.live, now)
             nxt = last + (gap if poke.is_set() else every)
-            if self.live_ns:
-                nxt = min(nxt, now + self.live_ns)
+            if self.live:
+                nxt = min(nxt, self._next_live_ns(nxt))
             timeout = max(0, nxt - mono()) / 1e9
             if stop.is_set():
                 break
