@@ -45,6 +45,12 @@ def helper(tmp_path_factory):
         pytest.skip(f"native sampler cannot be built here: {exc}")
 
 
+def _until(cond, timeout_s: float = 30.0) -> None:
+    """Wait for ``cond()`` (polled); fail after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "condition not reached in time"
+        time.sleep(0.02)
 
 
 def _rounds_until(feed: Feed, n: int, timeout: float = 5.0) -> list:
@@ -277,7 +283,10 @@ def test_watch_sampler_option_and_auto_fallback(tmp_path):
     assert smp["mode"] == "python" and "native sampler unavailable" in smp["note"]
     r = run("--sampler", "native", "--probe", "numpy", "--duration", "2", env=env)
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert r.stderr.strip().count("\n") == 0 and "native sampler" in r.stderr
+    # one error line; a start-up phase line ("... ...") comes first when the probe took
+    # over 1 s to start (agent/commands/watch.py _Phases: a busy box)
+    lines = [x for x in r.stderr.splitlines() if not x.endswith(" ...")]
+    assert len(lines) == 1 and "native sampler" in lines[0]
 
 
 def test_the_task_scan_lands_in_the_newest_replayed_row(helper, tmp_path):
@@ -591,20 +600,25 @@ def test_layout_rows_follow_a_changed_file_and_equal_the_parsed_ones(helper, tmp
     assert cs[-1].available().ok
     nat = NativeSampler(cs, feed, hz=100, cpus=None, drain_hz=20)
     nat.start()
-    time.sleep(0.6)
     per = nat.stats.per_collector
-    assert all(per[n].layout_rows > 0 for n in ("cpu", "irq", "softirq", "memory", "numa")), \
-        {n: s.layout_rows for n, s in per.items()}
+    r = nat.ring("softirq")
+
+    def newsoft() -> list[float]:
+        with nat.lock:
+            return r.column("softirq.1.NEWSOFT", r.window(0, 2**62)).tolist()
+
+    # conditions, not sleeps: on a busy 2-CPU box the helper and the drain run late
+    _until(lambda: all(per[n].layout_rows > 0
+                       for n in ("cpu", "irq", "softirq", "memory", "numa")))
     soft = h.procfs / "softirqs"
     data = soft.read_bytes()
     soft.write_bytes(data + b"  NEWSOFT:          3          4\n")
-    time.sleep(0.3)
+    _until(lambda: any(v == v for v in newsoft()))  # the new line has rows (its deltas)
     before = per["softirq"].layout_rows
     soft.write_bytes(data + b"  NEWSOFT:          3         11\n")
-    time.sleep(0.4)
+    _until(lambda: 7.0 in newsoft() and per["softirq"].layout_rows > before + 5)
     nat.stop()
     assert nat.native_error is None and per["softirq"].layout_rows > before + 5
-    r = nat.ring("softirq")
     col = r.column("softirq.1.NEWSOFT", r.window(0, 2**62)).tolist()
     assert 7.0 in col and all(v == 0.0 or v == 7.0 for v in col if v == v)
     net = r.column("softirq.1.NET_RX", r.window(0, 2**62)).tolist()
