@@ -85,7 +85,7 @@ PS = (0.5, 0.99)
 TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
 
-# -- pure logic (tests/test_events_p99_ab.py) -------------------------------------------------
+# -- pure logic (tests/test_bench_events_p99_ab.py) ----------------------------------------------
 def block_order(pairs: int, rng: np.random.Generator) -> list[tuple[str, str]]:
     """The two modes of each pair, on/off or off/on by a coin flip."""
     return [("on", "off") if f else ("off", "on") for f in rng.random(pairs) < 0.5]

@@ -24,7 +24,7 @@ from agent.trace.pages import (
 from agent.trace.symbols import SymbolResolver
 from agent.trace.window import INDEXED_PAGES
 from tests.eventpages import FIXTURE, PageWriter, load_formats, payload
-from tests.test_events_window import (
+from tests.test_trace_window import (
     BY_ID,
     FMTS,
     SWITCH,

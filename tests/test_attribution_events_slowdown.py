@@ -4,7 +4,7 @@ agent/watch/attribution/events.py :class:`SlowdownEstimate` takes one observatio
 timeline with ≥ 20 interrupts of the probe (its run time over P50, less the measured entry
 and exit, per interrupt) and gives the median of the earlier ones while three in four of them show a slowdown;
 ``breakdown(..., slowdown_ns=)`` charges it per interrupt, capped at what is left. The
-scenarios are tests/test_events_irq_overhead.py's RPS storms (probe pid 4242 on CPU 1).
+scenarios are tests/test_trace_timeline_interrupts.py's RPS storms (probe pid 4242 on CPU 1).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from agent.watch.attribution.events import (
     _triples,
     event_verdict,
 )
-from tests.test_events_irq_overhead import US, rps_storm, tl_of
+from tests.test_trace_timeline_interrupts import US, rps_storm, tl_of
 
 
 def _observe(est: SlowdownEstimate, tl, per_irq_us: float, cost_us: float = 6) -> None:
@@ -95,7 +95,7 @@ def test_watch_uses_earlier_spikes_only_and_says_what_the_estimate_rests_on():
     from agent.trace.text import parse_text
     from agent.watch.attribution import Spike
     from agent.watch.attribution.events import SpikeEvents
-    from tests.test_events_irq_overhead import PROBE, T0, T1
+    from tests.test_trace_timeline_interrupts import PROBE, T0, T1
     from tests.test_watch_events import FakeSource
 
     events = parse_text(rps_storm(40).splitlines())
@@ -178,7 +178,7 @@ def test_watch_compares_cpu_time_with_what_the_kernel_charges_once_voted():
     from agent.trace.text import parse_text
     from agent.watch.attribution import Spike
     from agent.watch.attribution.events import IRQ_IN_CPU_VOTES, SpikeEvents
-    from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line
+    from tests.test_trace_timeline_interrupts import PROBE, T0, T1, _ts, line
     from tests.test_watch_events import FakeSource
 
     # the RPS storm, a tick, then 300 µs with no event at all while the probe is current
@@ -217,7 +217,7 @@ def test_a_timeline_without_the_switches_the_probe_counted_is_not_exact():
     from agent.trace.text import parse_text
     from agent.watch.attribution import Spike
     from agent.watch.attribution.events import SpikeEvents
-    from tests.test_events_irq_overhead import PROBE, T0, T1, _ts, line, sw
+    from tests.test_trace_timeline_interrupts import PROBE, T0, T1, _ts, line, sw
     from tests.test_watch_events import FakeSource
 
     # (T0 is 1,000 µs after 100 s: _ts counts from there)

@@ -4,7 +4,7 @@ agent/trace/timeline.py counts the hard interrupts that entered while the probe 
 (``probe_interrupts``), names an IPI after whose returns a softirq starts at once as that
 softirq's raise (RPS steering), and ``breakdown(..., irq_cost_ns=)`` charges each counted
 interrupt the CPU's measured cost (agent/trace/irqcost.py), never more than the residual.
-Scenarios are ``trace`` text as in tests/test_events_timeline.py: the probe is pid 4242 on
+Scenarios are ``trace`` text as in tests/test_trace_timeline.py: the probe is pid 4242 on
 CPU 1, the window [100.001000, 100.003000] s.
 """
 

@@ -522,23 +522,6 @@ def test_not_mounted_is_unsupported_and_mount_only_on_a_live_root(tmp_path):
     assert not got and "non-live root" in got.reason
 
 
-def test_creator_liveness_from_a_fixture_proc(tmp_path):
-    proc = tmp_path / "proc"
-    (proc / "50").mkdir(parents=True)
-    (proc / "stat").write_text("cpu 1 2 3\nbtime 1000\n")
-    tck = os.sysconf("SC_CLK_TCK")
-    # started 10 s after boot; (a comm with ") " in it)
-    (proc / "50" / "stat").write_text(
-        f"50 (we) ird) S 1 50 50 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {10 * tck} 0 0\n")
-    h = Host(root=tmp_path, procfs=proc, sysfs=tmp_path)
-    assert not instance._proc_is_dead_or_reused(h, 50, created_wall=1009.5)  # its creator
-    assert instance._proc_is_dead_or_reused(h, 50, created_wall=1005.0)  # started after: reused
-    assert instance._proc_is_dead_or_reused(h, 51, created_wall=1005.0)  # gone
-    (proc / "50" / "stat").write_text(
-        f"50 (z) Z 1 50 50 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {10 * tck} 0 0\n")
-    assert instance._proc_is_dead_or_reused(h, 50, created_wall=1009.5)  # a zombie
-
-
 def test_cpumask_and_sizing():
     assert instance.cpumask_hex([1]) == "00000002"
     assert instance.cpumask_hex([0, 33]) == "00000002,00000001"
@@ -548,11 +531,3 @@ def test_cpumask_and_sizing():
     kb, why = tfs.size_ring_kb(10, 64, rate_eps=1e6)
     assert kb == tfs.MAX_TOTAL_KB // 64 and "bounded" in why
     assert tfs.size_ring_kb(0.001, 1)[0] == tfs.MIN_CPU_KB
-
-
-def test_stats_parse():
-    st = tfs.parse_stats("entries: 5\noverrun: 7\ncommit overrun: 0\nbytes: 300\n"
-                         "oldest event ts:  1279.108639\nnow ts:  1280.000001\n"
-                         "dropped events: 0\nread events: 9\n", 1)
-    assert (st.entries, st.overrun, st.bytes, st.read) == (5, 7, 300, 9)
-    assert st.oldest_ns == 1_279_108_639_000 and st.now_ns == 1_280_000_001_000
