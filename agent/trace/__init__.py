@@ -22,9 +22,9 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
   work item; the probe's wake-up latency), :func:`breakdown` of the excess over P50 with an
   explicit ``unexplained`` residual, and :func:`hw_noise` (``hw_or_hypervisor``).
 
-May import: collectors (the Host, the parsers), agent.causes, agent.errors. Never imports watch, noise,
-export or the CLI: they import it. The event verdicts (which cause a timeline decides) live in
-agent/watch/attribution/events.py.
+May import: collectors (the Host, the parsers), agent.causes, agent.errors. Never imports
+watch, noise, export or the CLI: they import it. The event verdicts (which cause a timeline
+decides) live in agent/watch/attribution/events.py.
 
 Wiring (for ``hftagent watch``)::
 
