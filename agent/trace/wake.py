@@ -21,10 +21,10 @@ from .instance import WAKE_SUFFIX, _read, _Refused, _write, cpumask_hex, remove_
 from .text import parse_text
 from .window import Window, _close_rings, _CpuRing, event_ts, page_ts
 
-# What ends a probe thread's not-runnable stretch happens on the *waker's* CPU — sched_waking fires in the waker's
-# context, on its CPU (kernel/sched/core.c try_to_wake_up), signal_generate in the
-# sender's — which the main instance's tracing_cpumask (the probe CPUs) does not trace. Its
-# events carry a filter (the kernel evaluates it before the record is committed:
+# What ends a probe thread's not-runnable stretch happens on the *waker's* CPU —
+# sched_waking fires in the waker's context, on its CPU (kernel/sched/core.c
+# try_to_wake_up), signal_generate in the sender's — which the main instance's
+# tracing_cpumask (the probe CPUs) does not trace. The wake instance's events carry a filter (the kernel evaluates it before the record is committed:
 # Documentation/trace/events.rst, "Event filtering"), so the ring holds only:
 # - wake-ups of a task whose CPU (``target_cpu``: task_cpu() when it fires) is a probe CPU,
 #   from any CPU (those fired on the probe CPUs repeat the main instance's, whose window is
