@@ -18,6 +18,11 @@ as the block runs. Reported:
   (the calls matched by order within each attached block);
 - attach and detach wall time (plan + define + enable; disable + remove), median of blocks.
 
+The added µs does not depend on the model: on the LSTM (150-350 µs a call) adjacent blocks'
+P50s drift by tens of µs on a shared host and hide it; ``--model
+bench/models/dense-16.tflite`` (~1 µs a call) resolves it to a fraction of a µs, and the LSTM
+gives the ratio and the agreement on a realistic call.
+
 Targets: ≤ 2 µs added at P50 (ratio ≤ 1.02 on a 150 µs call); agreement ≤ 5 µs median;
 attach and detach ≤ 1 s each for a 20 MB library with its symbols read once.
 """

@@ -26,6 +26,8 @@
 #   attach       bench/attach_overhead.py (added µs per LiteRT call, agreement, attach time),
 #                then watch --attach on bench/service.py's LiteRT loop   -> attach_overhead.json,
 #                attach.txt
+#   attach_cost  bench/attach_overhead.py on bench/models/dense-16.tflite (~1 µs a call): the
+#                added µs per call resolved                              -> attach_cost.json
 #   roundtrip    bench/device/tuning_roundtrip.sh: every tunable applied and rolled back
 #   (LiteRT is not on that machine: carry its cp312 wheel in .whl and install it first, as
 #   the device tool's README shows; the steps that need it say so when it is missing)
@@ -213,6 +215,15 @@ while True:
   echo "rc=$?"; echo "uprobe_events after: $(grep -c hftagent_ /sys/kernel/tracing/uprobe_events)"
 } >> "$out/attach.txt" 2>&1
 kill "$svc" 2>/dev/null; wait "$svc" 2>/dev/null
+fi
+
+if want attach_cost; then
+# the µs a uprobe pair adds per call, on a ~1 µs LiteRT call (the LSTM's block-to-block drift
+# on a shared host is tens of µs: the attach step's figure cannot resolve 2 µs)
+step "attach_cost, CPU $cpu"; tracefs
+timeout 240 python3 bench/attach_overhead.py --cpu "$cpu" --pairs "${PAIRS:-20}" --calls 20000 \
+  --model bench/models/dense-16.tflite --json "$out/attach_cost.json" > "$out/attach_cost.txt" 2>> "$log"
+rc
 fi
 
 if want roundtrip; then step roundtrip; bash bench/device/tuning_roundtrip.sh >> "$log" 2>&1; rc; fi
