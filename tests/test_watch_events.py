@@ -368,11 +368,11 @@ def test_cli_trace_on_without_tracefs_is_one_error_line():
 
 # -- item 5: what the events cover is polled less -----------------------------------------
 
-def _collector_session(opener, trace="auto"):
+def _collector_session(opener, trace="auto", probe="numpy"):
     """A WatchSession over this host's /proc (read only) for this process, probe CPU 0."""
     from agent.watch.config import WatchConfig
     from agent.watch.session import WatchSession
-    cfg = WatchConfig(probe="numpy", pid=os.getpid(), probe_cpus=[0], housekeeping_cpus=[0],
+    cfg = WatchConfig(probe=probe, pid=os.getpid(), probe_cpus=[0], housekeeping_cpus=[0],
                       trace=trace)
     return WatchSession(cfg, trace_opener=opener)
 
@@ -407,6 +407,26 @@ def test_events_active_polls_irq_softirq_and_spike_scans_slower_and_the_summary_
         summ = s.summary()
         assert summ["sampler"]["reduced_by_events"] == red
         json.dumps(summ)
+    finally:
+        smp.stop()
+        s.trace.close()
+
+
+@pytest.mark.parametrize("trace", ["auto", "off"])
+def test_an_external_processs_schedstat_goes_to_20_hz_with_events_only(trace):
+    from agent.watch import wiring
+    s = _collector_session(lambda *a, **k: FakeSource(lambda i: _canned()), trace=trace,
+                           probe="external")
+    by, periods, smp = _open(s)
+    try:
+        if trace == "off":
+            assert periods["sched"] == 10_000_000 and by["sched"].status_every == 5
+            assert "sched" not in s.reduced_by_events
+        else:
+            assert periods["sched"] == int(wiring.SCHED_PERIOD_BUILTIN_S * 1e9)
+            assert by["sched"].status_every == 1  # stat and status on each 20 Hz row
+            assert s.reduced_by_events["sched"]["from_hz"] == 100.0
+            assert s.reduced_by_events["sched"]["to_hz"] == 20.0
     finally:
         smp.stop()
         s.trace.close()

@@ -8,9 +8,10 @@ caller adds. A collector whose ``available()`` says no (or raises) is left out a
 
 With kernel events on the probe CPUs (``--trace``, :attr:`SpikeEvents.active`: the source
 opens in ``WatchSession.start()`` before the sampler is built), what the events see directly
-is polled less (:func:`reduce_for_events`): /proc/interrupts, /proc/softirqs and the task
-scans a spike asks for. Not to zero: the polled rules still decide where a window is
-incomplete or the events decide nothing, and they need their baselines.
+is polled less (:func:`reduce_for_events`): /proc/interrupts, /proc/softirqs, an external
+process's threads' schedstat and the task scans a spike asks for. Not to zero: the polled
+rules still decide where a window is incomplete or the events decide nothing, and they need
+their baselines.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ SCHED_PERIOD_BUILTIN_S = 0.05
 # still waited for (a softirq flood that loses events — ring overwritten, window
 # incomplete — keeps its polled verdict). The task scan a spike asks for: ≥ 0.1 s → ≥ 0.5 s
 # apart, and records no longer wait for one (the events name the task that ran); the
-# periodic scan (every 2 s) keeps others_share's baseline.
+# periodic scan (every 2 s) keeps others_share's baseline. An external process's threads'
+# schedstat (its run-queue delay, every round without events): 20 Hz, as for the built-in
+# probes, since the events' switches and wake-ups of those threads time each wait exactly.
 EVENTS_IRQ_PERIOD_S = 0.2
 EVENTS_SOFTIRQ_PERIOD_S = 0.05
 EVENTS_MIN_SCAN_GAP_S = 0.5
@@ -134,6 +137,12 @@ def reduce_for_events(c: Collectors, sample_hz: float, env=None) -> dict[str, di
     soft = next((x for x in c.active if getattr(x, "name", "") == "softirq"), None)
     slower("softirq", soft, "/proc/softirqs rows of the probe CPUs", EVENTS_SOFTIRQ_PERIOD_S)
     sched = c.sched
+    if sched is not None and id(sched) in active and \
+            sched.period_s < SCHED_PERIOD_BUILTIN_S:
+        out["sched"] = {"what": "the watched threads' schedstat, stat and status",
+                        "from_hz": _hz(sched.period_s, sample_hz),
+                        "to_hz": _hz(SCHED_PERIOD_BUILTIN_S, sample_hz)}
+        sched.slow_to(SCHED_PERIOD_BUILTIN_S)
     if sched is not None and id(sched) in active and \
             sched.min_scan_gap_s < EVENTS_MIN_SCAN_GAP_S:
         out["sched_scan"] = {"what": "task scans on spikes (who ran); records do not wait "

@@ -85,6 +85,17 @@ class SchedCollector(HotSource):
         self.status_every = max(1, status_every) if not period_s else 1
 
     # -- configuration ---------------------------------------------------------------------
+    def slow_to(self, period_s: float) -> None:
+        """Sample the whole collector every ``period_s`` from now on, stat and status on
+        each of its rows (as one built with that period). Before the sampler is built: it
+        takes each collector's period then (agent/watch/wiring.py reduce_for_events)."""
+        self.period_s = period_s
+        self.status_every = 1
+        for t in self.tracks.values():
+            if t.every != 1:
+                t.every = 1
+                self.gen += 1
+
     def watch_tids(self, tids) -> None:
         """Threads to follow at full rate (the ones that report latencies)."""
         for t in tids:
