@@ -135,7 +135,7 @@ def test_gate_passes_two_runs_and_fails_a_hogged_one(tmp_path):
     # 10 %: consecutive clean runs here drifted by up to +20 % in P99 with no preemption
     # evidence (214 → 256 µs, interval [+14 %, +24 %]) - run-to-run variance that a
     # within-run bootstrap cannot see. The 10 % figures are proven on synthetic samples
-    # (test_gate_stats.py).
+    # (test_gate_evaluate.py).
     # This VM is shared: another process pinned to our CPU, or the hypervisor, can genuinely
     # degrade a "clean" run, and then the gate is right to fail it. Such a failure is accepted
     # (and the run re-measured) only when evidence shows it: the probe's slow samples were

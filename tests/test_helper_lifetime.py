@@ -10,7 +10,7 @@
 - ``cpus --trace on`` and ``watch --trace on`` stopped by SIGTERM or SIGINT remove their
   instance, and their helpers are gone; killed by SIGKILL, the helpers are gone (the
   instance, which nothing can remove then, is removed by the test; the next start removes
-  such a leftover: tests/test_events_tracefs.py).
+  such a leftover: tests/test_trace_tracefs.py).
 
 The tracefs parts mount tracefs on a directory of the test's own (the same kernel tracefs,
 seen elsewhere; the host's mounts are left as found) and touch only the instances their

@@ -1,7 +1,7 @@
 """hftagent cpus --trace: a noise scan's gaps attributed exactly from kernel events.
 
 Synthetic scenarios are the kernel's own ``trace`` text (parsed by parse_text, as in
-tests/test_events_timeline.py) fed through a fake event source; the recorder is pid 4242 on
+tests/test_trace_timeline.py) fed through a fake event source; the recorder is pid 4242 on
 CPU 1 and scans [100.000000, 101.000000] s. One real run (root, tracefs mounted for it and
 unmounted after where it was not) names a bursty task pinned to the scanned CPU.
 """
