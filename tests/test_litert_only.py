@@ -68,3 +68,16 @@ def test_watch_tf_probe_on_a_tflite_model_needs_no_tensorflow(tflite_model, no_t
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads(r.stdout)
     assert "tflite" in s["source"] and s["samples"] > 50
+
+
+@pytest.mark.parametrize("argv", [["probe", "--samples", "100", "--no-history"],
+                                  ["watch", "--duration", "2", "--no-live", "--trace", "off"]])
+def test_the_builtin_model_without_tensorflow_is_one_line_naming_the_way_out(argv, no_tf_env,
+                                                                              tmp_path):
+    r = subprocess.run([*CLI, *argv], env=no_tf_env, capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    errors = [x for x in r.stderr.splitlines() if x.startswith("hftagent: error:")]
+    assert len(errors) == 1, r.stderr[-2000:]
+    assert "needs TensorFlow, which is not installed here" in errors[0]
+    assert "--variant tflite" in errors[0] and "--probe numpy" in errors[0]

@@ -193,6 +193,28 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     kind = spec.kind()
     if kind == NUMPY_MODEL:
         return load_numpy_model()
+    if kind == "tflite":
+        return _load_tflite(Path(spec.path))  # type: ignore[arg-type]
+    try:
+        return _load_tf_model(spec, kind)
+    except ModuleNotFoundError as exc:
+        raise tf_missing(exc, spec) from None
+
+
+def tf_missing(exc: ModuleNotFoundError, spec: ModelSpec) -> Exception:
+    """The one line for a model that needs TensorFlow on a box without it (a LiteRT-only
+    production box); ``exc`` itself when another module is missing."""
+    if (exc.name or "").split(".")[0] not in ("tensorflow", "keras"):
+        return exc
+    what = f"the built-in model {spec.builtin}" if spec.kind() == "builtin" else \
+        f"{Path(spec.path or '').name} ({spec.kind()})"
+    return AgentError(f"{what} needs TensorFlow, which is not installed here: give a .tflite "
+                      f"model (--model FILE.tflite --variant tflite runs on LiteRT alone) or "
+                      f"the numpy stand-in (probe --model numpy, watch --probe numpy)")
+
+
+def _load_tf_model(spec: ModelSpec, kind: str) -> LoadedModel:
+    """A built-in, Keras or SavedModel model (imports TensorFlow)."""
     if kind == "builtin":
         d, _ = ensure_builtin(spec.builtin)
         m = _load_keras(d / "model.keras", f"builtin:{spec.builtin}")
@@ -201,8 +223,6 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         return m
     if kind == "keras":
         return _load_keras(Path(spec.path), Path(spec.path).name)  # type: ignore[arg-type]
-    if kind == "tflite":
-        return _load_tflite(Path(spec.path))  # type: ignore[arg-type]
     return _load_saved_model(Path(spec.path), spec.signature)  # type: ignore[arg-type]
 
 

@@ -59,13 +59,17 @@ def build_tf_probe(model: str, variant: str, ncpu: int):
     for a model that is not one, so a box with LiteRT and no TensorFlow runs
     ``watch --probe tf --model m.tflite --variant tflite``."""
     import numpy as np
-    if not model.endswith(".tflite"):
-        import tensorflow as tf
-        tf.config.threading.set_intra_op_parallelism_threads(ncpu)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
-    from agent.probe.models import ModelSpec, load_model, resolve_shape
+
+    from agent.probe.models import ModelSpec, load_model, resolve_shape, tf_missing
     from agent.probe.variants import build_callable
     spec = ModelSpec(path=model) if os.path.exists(model) else ModelSpec(builtin=model)
+    if not model.endswith(".tflite"):
+        try:
+            import tensorflow as tf
+        except ModuleNotFoundError as exc:
+            raise tf_missing(exc, spec) from None
+        tf.config.threading.set_intra_op_parallelism_threads(ncpu)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
     m = load_model(spec)
     shape, _warnings = resolve_shape(m.input_shape, None)
     built = build_callable(m, variant, shape, threads=ncpu)
@@ -137,8 +141,10 @@ def run(args: argparse.Namespace) -> int:
         from agent.probe.harness import warm_up
         wu = warm_up(fn, min_calls=args.warmup, budget_ns=int(20e9))
     except Exception as exc:  # noqa: BLE001 - reported to watch as one line
-        print(json.dumps({"error": f"cannot build the {args.probe} probe: "
-                          f"{type(exc).__name__}: {exc}"}), flush=True)
+        from agent.errors import AgentError
+        why = str(exc) if isinstance(exc, AgentError) else f"{type(exc).__name__}: {exc}"
+        print(json.dumps({"error": f"cannot build the {args.probe} probe: {why}"}),
+              flush=True)
         ring.close(unlink=True)
         return 2
     import resource
