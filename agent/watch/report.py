@@ -133,6 +133,8 @@ def events(s: dict) -> list[str]:
     return [f"kernel events: {ev['windows']} spike windows read"
             + (f" ({ev['incomplete']} incomplete)" if ev.get("incomplete") else "")
             + (f", {ev['mean_read_us']} µs each" if ev.get("mean_read_us") else "")
+            + (f" ({100 * ev['read_cpu_share_of_one_cpu']:.2f} % of one CPU)"
+               if ev.get("read_cpu_share_of_one_cpu") else "")
             + (f"; {rate}" if rate else "") + (f"; {ev['lost']} lost" if ev.get("lost")
                                                 else "")]
 

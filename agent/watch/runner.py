@@ -57,8 +57,22 @@ def run_watch(req: WatchRequest, host: Host, *, say: Callable[[str], None] = _st
         session.close_outputs()
     summary = session.summary()
     summary["events"] = session.trace.info()
+    _own_cpu(session, summary)
     _collector_signals(session, summary)
     return rc, summary
+
+
+def _own_cpu(session, summary: dict) -> None:
+    """What watch's own work costs, % of one CPU: the event reads' CPU (``events``) and
+    ``own_cpu_share_of_one_cpu``, the sampler's plus theirs (issue #26's budget: ≤ 1.5 %)."""
+    dur = summary.get("duration_s") or 0.0
+    ev = summary["events"]
+    reads = session.trace.read_cpu_ns / 1e9 / dur if dur and ev.get("active") else 0.0
+    if ev.get("active"):
+        ev["read_cpu_share_of_one_cpu"] = round(reads, 5) if dur else None
+    smp = summary.get("sampler") or {}
+    if smp.get("cpu_share_of_one_cpu") is not None:
+        summary["own_cpu_share_of_one_cpu"] = round(smp["cpu_share_of_one_cpu"] + reads, 4)
 
 
 def _live_view(req: WatchRequest, say: Callable[[str], None]):
