@@ -14,6 +14,7 @@
 #                (by its ring, or unmodified by uprobes) instead of watch's probe
 #                                                                -> attribution.txt, -runs.tar.gz
 #   events_cost  bench/events_ab.py, 3 pairs                                -> events_ab.json
+#   own_cost     watch's own summary: sampler + event reads, % of one CPU  -> own_cost.txt
 #   collectors   bench/collector_cost.py --seconds 8                   -> collector_cost.json
 #   cpus         hftagent cpus quiet, then with a bursty task pinned to CPU $NOISY  -> cpus.txt
 #   isolate      bench/isolate_roundtrip.py on the upper half of the CPUs   -> isolate.json
@@ -122,6 +123,30 @@ if want events_cost; then
 step events_cost; tracefs
 timeout 200 python3 bench/events_ab.py --pairs 3 --duration 5 --trace-on mount \
   --json "$out/events_ab.json" > "$out/events_ab.txt" 2>> "$log"
+rc
+fi
+
+if want own_cost; then
+# watch's own summary (own_cpu_share_of_one_cpu: sampler + event reads), default rate, events
+# on: the built-in numpy probe, then the bundled .tflite on LiteRT, $RUNS_COST runs of 10 s each
+step "own_cost, CPU $cpu"; tracefs
+for k in $(seq "${RUNS_COST:-3}"); do
+  for p in numpy tflite; do
+    extra=(--probe numpy); [ "$p" = tflite ] && extra=(--probe tf --model bench/models/lstm-64x32.tflite --variant tflite)
+    timeout 60 "${HFT[@]}" watch "${extra[@]}" --cpus "$cpu" --duration 10 --trace on --no-live \
+      --no-history --json > "/tmp/own_$p$k.json" 2>> "$log"
+    python3 - "/tmp/own_$p$k.json" "$p" >> "$out/own_cost.txt" 2>> "$log" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1])); smp, ev = s["sampler"], s["events"]
+gpu = (s["collectors"].get("gpu") or {}).get("period_s_now")
+print(f"{sys.argv[2]:7s} own {100 * s['own_cpu_share_of_one_cpu']:.2f} % = sampler "
+      f"{100 * smp['cpu_share_of_one_cpu']:.2f} % (reader {100 * (smp.get('helper_cpu_share') or 0):.2f}, "
+      f"replay {100 * (smp.get('drain_cpu_share') or 0):.2f}) + event reads "
+      f"{100 * (ev.get('read_cpu_share_of_one_cpu') or 0):.2f} % ({ev['windows']} windows); "
+      f"spikes {s['spikes']}, gpu period {gpu} s, samples {s['samples']}")
+PY
+  done
+done
 rc
 fi
 
