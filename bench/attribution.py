@@ -41,8 +41,10 @@ service's own process (lock_holder: and ``waker_tid``, where given, the thread t
 lock), the kit's helper (pipe_late's writer; sigstop's sender), or no task (a timer:
 sleep_in_call, idle_wakeup; ``waker``, where given, "timer"). ``state``, where given, is
 checked against the fault's. For the not-runnable faults a verdict of a host cause
-(:data:`HOST_CAUSES`) is counted apart (the target: none), and the CPU's idle stretch before the
-stalled thread woke is the fault's own doing, not the host's (:func:`background`).
+(:data:`HOST_CAUSES`) over the rest is counted apart (the target: none), and the CPU's idle
+stretch before the stalled thread woke is the fault's own doing, not the host's
+(:func:`background`), unless the timer that ended it was the loop's pacing sleep between calls
+(it began, or was due, before the call began: :func:`_pacing_timer_late`).
 
     sudo .venv/bin/python bench/attribution.py --source service --duration 3 \
         --faults none,lock_holder,pipe_late,sigstop,sleep_in_call,idle_wakeup
@@ -62,7 +64,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.trace.timeline import HW, IDLE_BEFORE_WAKE, SLOWED  # noqa: E402
+from agent.trace.timeline import BACKLOG, HW, IDLE_BEFORE_WAKE, SLOWED  # noqa: E402
 from agent.watch.probe_worker import auto_rate  # noqa: E402
 from agent.watch.session import WatchConfig, WatchSession  # noqa: E402
 from bench.faults import kit  # noqa: E402
@@ -294,7 +296,7 @@ def score(fault: str | None, records: list[dict], params: dict) -> dict:
             "unexplained_own": len(gaps),
             "unexplained_lost_ms_p50": round(gaps[len(gaps) // 2], 2) if gaps else None,
             "events": event_figures(fault, exp, recs, params.get("pids") or [], set(bg)),
-            **(who_figures(fault, exp, recs, params.get("who") or {})
+            **(who_figures(fault, exp, recs, params.get("who") or {}, set(bg))
                if fault in kit.EXPECTED_BY else {})}
 
 
@@ -327,10 +329,13 @@ def who_right(who: dict, ev: dict) -> bool | None:
     return tid is None or not who.get("tids") or tid in who["tids"]
 
 
-def who_figures(fault: str, exp: str | None, recs: list[dict], who: dict) -> dict:
+def who_figures(fault: str, exp: str | None, recs: list[dict], who: dict,
+                bg: set[int] = frozenset()) -> dict:  # type: ignore[assignment]
     """A not-runnable fault's figures: over its right records not inherited from another
     spike, how many say who ended the stall and how many name the right one (and the state);
-    over all its records, how many blame the host or another task (:data:`HOST_CAUSES`)."""
+    over its records less those the events show the host or the box's tasks caused (``bg``:
+    seqs, :func:`background`), how many blame the host or another task
+    (:data:`HOST_CAUSES`)."""
     right = [r for r in recs if r["cause"] == exp and r.get("inherited_from") is None]
     checked = hit = st_checked = st_hit = 0
     for r in right:
@@ -342,12 +347,13 @@ def who_figures(fault: str, exp: str | None, recs: list[dict], who: dict) -> dic
         if ev.get("state") is not None and who.get("state"):
             st_checked += 1
             st_hit += str(ev["state"]).upper() == who["state"]
-    host = 0 if exp in HOST_CAUSES else sum(1 for r in recs if r["cause"] in HOST_CAUSES)
+    rest = [r for r in recs if r["seq"] not in bg]
+    host = 0 if exp in HOST_CAUSES else sum(1 for r in rest if r["cause"] in HOST_CAUSES)
     return {"who": {**who, "right_own": len(right), "checked": checked, "right": hit,
                     "right_share": round(hit / checked, 3) if checked else None,
                     "state_checked": st_checked, "state_right": st_hit},
             "host_named": host,
-            "host_named_share": round(host / len(recs), 3) if recs and exp not in HOST_CAUSES
+            "host_named_share": round(host / len(rest), 3) if rest and exp not in HOST_CAUSES
             else None}
 
 
@@ -491,13 +497,31 @@ def _timer_wait(r: dict) -> bool:
     return ev.get("state") == "S" and ev.get("waker") == "timer"
 
 
+def _pacing_timer_late(r: dict) -> bool:
+    """The events show a late wake-up from a timer that was due before the call began: the
+    loop's own pacing sleep (between calls) fired late, not a wait the fault injected in
+    the call (sleep_in_call's sleep starts inside it): the thread went to sleep, or its timer
+    was due, before the call's start (the times are from it)."""
+    parts = (((r.get("events") or {}).get("timeline") or {}).get("parts")) or []
+    return any(p.get("kind") == "wakeup" and p.get("waker") == "timer" and (
+        p.get("from_us", 0) < 0 or (p.get("timer_due_us") is not None and
+                                    p["timer_due_us"] <= 0)) for p in parts)
+
+
 def _host(r: dict, excess: float, exp: str | None, fault: str | None = None) -> str | None:
-    for b in (r.get("events") or {}).get("breakdown") or []:
+    bd = (r.get("events") or {}).get("breakdown") or []
+    if exp in NOT_RUNNABLE and _pacing_timer_late(r):
+        # the late pacing wake-up and the calls it queued (the backlog behind it)
+        late = sum(b["us"] for b in bd if b["what"] in (IDLE_BEFORE_WAKE, BACKLOG))
+        if late >= 0.5 * excess:
+            return HOST_ITEMS[IDLE_BEFORE_WAKE]
+    for b in bd:
         if b["what"] == IDLE_BEFORE_WAKE and exp in NOT_RUNNABLE and not (
-                fault in NOT_TIMER_FAULTS and _timer_wait(r)):
+                fault in NOT_TIMER_FAULTS and _timer_wait(r)) and not _pacing_timer_late(r):
             # the fault kept the thread from running while its CPU idled: that idle stretch
             # is the fault's, not a late wake-up of the host's (it is what the fault tests),
-            # unless the events say a timer ended it under a fault whose waits never do
+            # unless the events say a timer ended it under a fault whose waits never do, or
+            # the timer was the loop's pacing one, due before the call began
             continue
         if b["what"] in HOST_ITEMS and b["us"] >= 0.5 * excess and \
                 HOST_CAUSE[b["what"]] != exp:

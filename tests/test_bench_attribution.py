@@ -193,6 +193,29 @@ def test_idle_before_a_not_runnable_thread_woke_is_the_faults_not_the_hosts():
     assert background(recs, "cpu_contention", KIT)[1] == "host: late wake-up"
 
 
+def test_a_late_pacing_timer_is_the_hosts_even_under_a_timer_fault():
+    """The loop's own sleep between calls (it began, or its timer was due, before the call
+    began) that its timer ended late, the CPU idle: the host's late wake-up, with the calls
+    it queued; sleep_in_call's own sleep starts inside the call and stays the fault's."""
+    idle = [("idle before the probe woke", 600.0),
+            ("backlog: its thread's earlier calls, queued behind the stall", 300.0)]
+
+    def late(seq, due, start=-700.0):
+        r = nr(seq, "wakeup_latency", breakdown=idle)
+        r["events"]["timeline"]["parts"] = [
+            {"kind": "wakeup", "state": "S", "waker": "timer", "from_us": start, "us": 900.0,
+             **({"timer_due_us": due} if due is not None else {})}]
+        return r
+    recs = [late(1, -200.0), late(2, None), late(3, 150.0, start=50.0),
+            nr(4, "blocked", breakdown=idle)]
+    bg = background(recs, "blocked", KIT, "sleep_in_call")
+    assert bg == {1: "host: late wake-up", 2: "host: late wake-up"}
+    s = score("sleep_in_call", recs, {"who": {"by": "waker", "whom": "timer", "state": "S"}})
+    # over the rest (3 and 4): one right, one a host cause
+    assert s["background"] == 2 and s["right_share_of_fault"] == 0.5
+    assert s["host_named"] == 1 and s["host_named_share"] == 0.5
+
+
 def test_fault_list_accepts_the_new_names_for_the_service_only():
     from bench.attribution import DEFAULT_FAULTS, fault_list
     from bench.faults import kit
