@@ -417,13 +417,18 @@ leave()
 _ANSWER_LATE = _HELPER_HEAD + """req, rsp, hold = sys.argv[2], sys.argv[3], float(sys.argv[4]) / 1e3
 r = os.open(req, os.O_RDWR | os.O_NOFOLLOW)
 w = os.open(rsp, os.O_RDWR | os.O_NOFOLLOW)
-def leave(*_):
+stop = []
+def leave():
     print("injected", n, flush=True)
     os._exit(0)
-signal.signal(signal.SIGTERM, leave)
+# SIGTERM ends the loop after the answer in hand and any request already asked: a call the
+# service made just before its switch went off is answered, not left to a broken pipe
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 print("ready", flush=True)
 while os.getppid() == parent:
-    if not select.select([r], [], [], 0.5)[0]:
+    if not select.select([r], [], [], 0 if stop else 0.5)[0]:
+        if stop:
+            break
         continue
     k = len(os.read(r, 64))
     time.sleep(hold)
