@@ -442,6 +442,8 @@ def background(recs: list[dict], exp: str | None, pids: list[int],
     work item) outside the fault kit (not one of ``pids``) on the probe CPU for at least
     half the excess over P50 and for longer than the kit's own tasks together (so a CPU
     fault's spike in which the box's kdamond ran instead of the kit's hogs is the box's).
+    Under a not-runnable fault, a call that the events show running for its whole excess
+    and not waiting (:func:`_ran_slow`) is not the fault's either.
     The host: the events' breakdown puts at least half the excess in :data:`HOST_ITEMS`
     (whatever the verdict: a contention verdict for a sample the host stole 1.9 of 2.3 ms
     from is not the CPU fault's doing), unless the fault injects that very cause; under a
@@ -508,7 +510,24 @@ def _pacing_timer_late(r: dict) -> bool:
                                     p["timer_due_us"] <= 0)) for p in parts)
 
 
+RAN_SLOW = "slowed while running (no wait)"
+
+
+def _ran_slow(r: dict, excess: float) -> bool:
+    """The events show the call's thread on its CPU for the whole excess and waiting for at
+    most a quarter of it (not runnable, or woken late): nothing a not-runnable fault does.
+    A VM's host slows a running vCPU so (bench/own_slowdown.py: ~0.1-0.25 % of all calls on
+    a quiet box); the control run has them too."""
+    st = (((r.get("events") or {}).get("timeline") or {}).get("state_us")) or {}
+    if not st or r.get("p50_us") is None:
+        return False
+    waited = st.get("not_runnable", 0.0) + st.get("wakeup", 0.0) + st.get("unknown", 0.0)
+    return waited <= 0.25 * excess and st.get("on_cpu", 0.0) - r["p50_us"] >= 0.5 * excess
+
+
 def _host(r: dict, excess: float, exp: str | None, fault: str | None = None) -> str | None:
+    if fault in kit.EXPECTED_BY and _ran_slow(r, excess):
+        return RAN_SLOW
     bd = (r.get("events") or {}).get("breakdown") or []
     if exp in NOT_RUNNABLE and _pacing_timer_late(r):
         # the late pacing wake-up and the calls it queued (the backlog behind it)

@@ -216,6 +216,20 @@ def test_a_late_pacing_timer_is_the_hosts_even_under_a_timer_fault():
     assert s["host_named"] == 1 and s["host_named_share"] == 0.5
 
 
+def test_a_call_that_ran_slow_without_waiting_is_not_a_not_runnable_faults():
+    def ran(seq, on_cpu, waited):
+        r = nr(seq, "unexplained")
+        r["events"]["timeline"]["state_us"] = {"on_cpu": on_cpu, "not_runnable": waited,
+                                               "wakeup": 0.0, "unknown": 0.0, "runnable": 0.0}
+        return r
+    # excess 1000 µs over a P50 of 400: on CPU 1400 µs, no wait → slowed while running
+    recs = [ran(1, 1400.0, 0.0), ran(2, 400.0, 1000.0), ran(3, 1300.0, 300.0)]
+    bg = background(recs, "blocked", KIT, "lock_holder")
+    assert bg == {1: "slowed while running (no wait)"}
+    # not under a fault that does not stop the thread (a CPU fault's spikes run slow too)
+    assert background(recs, "cpu_contention", KIT, "cpu_hog") == {}
+
+
 def test_fault_list_accepts_the_new_names_for_the_service_only():
     from bench.attribution import DEFAULT_FAULTS, fault_list
     from bench.faults import kit
