@@ -525,6 +525,13 @@ def _ran_slow(r: dict, excess: float) -> bool:
     return waited <= 0.25 * excess and st.get("on_cpu", 0.0) - r["p50_us"] >= 0.5 * excess
 
 
+def _runnable_on_idle(r: dict, idle_us: float) -> bool:
+    """The events show the thread runnable (woken, not yet running) for as long as its CPU
+    idled: the idle CPU ran it late (the host's), the fault had already let it go."""
+    st = (((r.get("events") or {}).get("timeline") or {}).get("state_us")) or {}
+    return st.get("runnable", 0.0) >= 0.9 * idle_us
+
+
 def _host(r: dict, excess: float, exp: str | None, fault: str | None = None) -> str | None:
     if fault in kit.EXPECTED_BY and _ran_slow(r, excess):
         return RAN_SLOW
@@ -536,11 +543,13 @@ def _host(r: dict, excess: float, exp: str | None, fault: str | None = None) -> 
             return HOST_ITEMS[IDLE_BEFORE_WAKE]
     for b in bd:
         if b["what"] == IDLE_BEFORE_WAKE and exp in NOT_RUNNABLE and not (
-                fault in NOT_TIMER_FAULTS and _timer_wait(r)) and not _pacing_timer_late(r):
+                fault in NOT_TIMER_FAULTS and _timer_wait(r)) and not _pacing_timer_late(r) \
+                and not _runnable_on_idle(r, b["us"]):
             # the fault kept the thread from running while its CPU idled: that idle stretch
             # is the fault's, not a late wake-up of the host's (it is what the fault tests),
             # unless the events say a timer ended it under a fault whose waits never do, or
-            # the timer was the loop's pacing one, due before the call began
+            # the timer was the loop's pacing one, due before the call began, or the thread
+            # was already runnable while the CPU idled
             continue
         if b["what"] in HOST_ITEMS and b["us"] >= 0.5 * excess and \
                 HOST_CAUSE[b["what"]] != exp:

@@ -216,6 +216,15 @@ def test_a_late_pacing_timer_is_the_hosts_even_under_a_timer_fault():
     assert s["host_named"] == 1 and s["host_named_share"] == 0.5
 
 
+def test_an_idle_cpu_late_to_run_a_woken_thread_is_the_hosts_under_a_not_runnable_fault():
+    r = nr(1, "wakeup_latency", breakdown=[("idle before the probe woke", 900.0)])
+    r["events"]["timeline"]["state_us"] = {"on_cpu": 500.0, "not_runnable": 0.0,
+                                           "wakeup": 0.0, "unknown": 0.0, "runnable": 890.0}
+    assert background([r], "blocked", KIT, "sleep_in_call") == {1: "host: late wake-up"}
+    r["events"]["timeline"]["state_us"].update(runnable=0.0, not_runnable=890.0)
+    assert background([r], "blocked", KIT, "sleep_in_call") == {}  # the fault's own wait
+
+
 def test_a_call_that_ran_slow_without_waiting_is_not_a_not_runnable_faults():
     def ran(seq, on_cpu, waited):
         r = nr(seq, "unexplained")
