@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import timeit
 
 import numpy as np
 
@@ -86,20 +85,22 @@ def test_not_a_ring(tmp_path):
         raise AssertionError("accepted a file that is not a ring")
 
 
-def test_cost_per_record_is_about_a_microsecond(tmp_path):
-    w = LatencyRing(tmp_path / "r")
+def test_each_timed_block_is_one_record(tmp_path):
+    """The record path (its cost is a benchmark's, bench/collector_cost.py: ~1.3-1.7 µs a
+    timed() block, not a timed test) writes one record per block, in order."""
+    w = LatencyRing(tmp_path / "r", capacity=4096)
     from agent import client
     client._default = w
     try:
-        def one():
+        for _ in range(1000):
             with client.timed():
                 pass
-        n = 50_000
-        best = min(timeit.repeat(one, number=n, repeat=5)) / n
     finally:
         client._default = None
-    # ≤ 1 µs on this VM (docs/benchmarks.md); 3 µs here leaves room for a loaded CI box.
-    assert best < 3e-6
+    recs = RingReader(tmp_path / "r").read()
+    assert len(recs) == 1000
+    i0, i1 = F["start_ns"], F["end_ns"]
+    assert (recs[:, i1] >= recs[:, i0]).all() and (np.diff(recs[:, i0]) >= 0).all()
 
 
 def test_timed_nests_and_names_each_thread(tmp_path, monkeypatch):
