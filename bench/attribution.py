@@ -469,10 +469,15 @@ def background(recs: list[dict], exp: str | None, pids: list[int],
     return out
 
 
+def _timeline(r: dict) -> dict:
+    """A spike record's kernel-event timeline ({} where the events were not read)."""
+    return (r.get("events") or {}).get("timeline") or {}
+
+
 def _box_task(r: dict, excess: float, kit_tags: tuple[str, ...]) -> str | None:
     if r.get("cause") != "cpu_contention":
         return None
-    ents = ((r.get("events") or {}).get("timeline") or {}).get("entities") or []
+    ents = _timeline(r).get("entities") or []
     kit_us, others = 0.0, []
     for e in ents:
         if e.get("kind") not in ("task", "workqueue"):  # (kworkers' work items too)
@@ -504,7 +509,7 @@ def _pacing_timer_late(r: dict) -> bool:
     loop's own pacing sleep (between calls) fired late, not a wait the fault injected in
     the call (sleep_in_call's sleep starts inside it): the thread went to sleep, or its timer
     was due, before the call's start (the times are from it)."""
-    parts = (((r.get("events") or {}).get("timeline") or {}).get("parts")) or []
+    parts = _timeline(r).get("parts") or []
     return any(p.get("kind") == "wakeup" and p.get("waker") == "timer" and (
         p.get("from_us", 0) < 0 or (p.get("timer_due_us") is not None and
                                     p["timer_due_us"] <= 0)) for p in parts)
@@ -518,7 +523,7 @@ def _ran_slow(r: dict, excess: float) -> bool:
     most a quarter of it (not runnable, or woken late): nothing a not-runnable fault does.
     A VM's host slows a running vCPU so (bench/own_slowdown.py: ~0.1-0.25 % of all calls on
     a quiet box); the control run has them too."""
-    st = (((r.get("events") or {}).get("timeline") or {}).get("state_us")) or {}
+    st = _timeline(r).get("state_us") or {}
     if not st or r.get("p50_us") is None:
         return False
     waited = st.get("not_runnable", 0.0) + st.get("wakeup", 0.0) + st.get("unknown", 0.0)
@@ -528,7 +533,7 @@ def _ran_slow(r: dict, excess: float) -> bool:
 def _runnable_on_idle(r: dict, idle_us: float) -> bool:
     """The events show the thread runnable (woken, not yet running) for as long as its CPU
     idled: the idle CPU ran it late (the host's), the fault had already let it go."""
-    st = (((r.get("events") or {}).get("timeline") or {}).get("state_us")) or {}
+    st = _timeline(r).get("state_us") or {}
     return st.get("runnable", 0.0) >= 0.9 * idle_us
 
 
