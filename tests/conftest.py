@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+import secrets
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -65,3 +69,25 @@ def infer_lib(tmp_path_factory) -> Path:
     subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(so), str(d / "infer.c")],
                    check=True)
     return so
+
+
+@pytest.fixture
+def user():
+    """A throw-away system user (no home, no shell): (name, uid, gid); removed after. Tests of
+    what a local user can do to a root run use it (needs root and useradd; skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (useradd)")
+    if not shutil.which("useradd") or not shutil.which("userdel"):
+        pytest.skip("no useradd/userdel")
+    name = f"hftt{secrets.token_hex(4)}"
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--user-group", "--shell",
+                        "/usr/sbin/nologin", name], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"useradd failed: {r.stderr.strip()}")
+    pw = pwd.getpwnam(name)
+    try:
+        yield name, pw.pw_uid, pw.pw_gid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+        if shutil.which("groupdel"):
+            subprocess.run(["groupdel", name], capture_output=True)  # where userdel left it

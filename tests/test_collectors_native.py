@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pwd
-import secrets
 import shutil
 import subprocess
 import sys
@@ -75,25 +73,6 @@ def _cache_name(name: str, source: Path) -> str:
     attacker computes to plant a file of that name)."""
     key = hashlib.sha256(source.read_bytes() + os.uname().machine.encode()).hexdigest()[:16]
     return f"{name}-{key}"
-
-
-@pytest.fixture
-def user():
-    """A throw-away system user (no home, no shell): (name, uid, gid); removed after."""
-    if not shutil.which("useradd") or not shutil.which("userdel"):
-        pytest.skip("no useradd/userdel")
-    name = f"hftt{secrets.token_hex(4)}"
-    r = subprocess.run(["useradd", "--system", "--no-create-home", "--user-group", "--shell",
-                        "/usr/sbin/nologin", name], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"useradd failed: {r.stderr.strip()}")
-    pw = pwd.getpwnam(name)
-    try:
-        yield name, pw.pw_uid, pw.pw_gid
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
-        if shutil.which("groupdel"):
-            subprocess.run(["groupdel", name], capture_output=True)  # where userdel left it
 
 
 @pytest.fixture
