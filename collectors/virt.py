@@ -24,7 +24,8 @@ Sources, asked in this order; the first that names a hypervisor decides the kind
    Hyper-V, VMware, Xen HVM and VirtualBox 5+ set). The kind then comes from the boot
    arguments (Firecracker), the paravirt clocksource the kernel picked after reading the
    hypervisor's CPUID leaf 0x40000000 (kvm-clock, hyperv_clocksource_*, xen), or the PCI IDs.
-7. PCI vendor IDs of virtual devices under /sys/bus/pci/devices: VirtualBox 0x80ee, VMware
+7. PCI vendor IDs of virtual devices under /sys/bus/pci/devices (else /proc/bus/pci/devices,
+   lscpu's source): VirtualBox 0x80ee, VMware
    0x15ad, virtio 0x1af4 (also QEMU's subsystem vendor for emulated devices), QEMU 0x1234
    (stdvga) and 0x1b36, Hyper-V 0x1414, Xen platform 0x5853, Parallels 0x1ab8.
 
@@ -297,8 +298,49 @@ PCI_NAMES = {"0x80ee": "VirtualBox", "0x15ad": "VMware", "0x1af4": "virtio/QEMU"
              "0x5853": "Xen platform", "0x1ab8": "Parallels"}
 
 
+def parse_proc_pci(text: str) -> list[tuple[str, str]]:
+    """/proc/bus/pci/devices (drivers/pci/proc.c: one device a line, the second field the
+    vendor and device IDs as 8 hex digits) → [(vendor "0x80ee", device "0xbeef")]. Pure."""
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 2 and re.fullmatch(r"[0-9a-fA-F]{8}", f[1]):
+            out.append((f"0x{f[1][:4].lower()}", f"0x{f[1][4:].lower()}"))
+    return out
+
+
+def _most_specific(found: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """The (vendor, evidence) that names the hypervisor best: VirtualBox emulates VMware's
+    SVGA (0x15ad) and virtio (0x1af4) devices too, and virtio is QEMU's, KVM's and
+    Firecracker's alike, so a vendor's own device outranks an emulated one
+    (:data:`PCI_SPECIFICITY`), whatever the bus order."""
+    known = [f for f in found if f[0] in PCI_VENDORS]
+    return min(known, key=lambda f: PCI_SPECIFICITY.index(f[0]), default=None)
+
+
+# most specific first: a device only that hypervisor has, before the ones others emulate too
+PCI_SPECIFICITY = ("0x80ee", "0x1414", "0x5853", "0x1ab8", "0x15ad", "0x1234", "0x1b36",
+                   "0x1af4")
+
+
+def _proc_pci(host: Host, unread: list[str]) -> _Says:
+    """The PCI IDs from /proc/bus/pci/devices, where lscpu reads them: a tree or a box whose
+    /sys/bus/pci shows nothing (sysfs not captured, or not mounted) still has them."""
+    r = host.read(host.proc("bus/pci/devices"))
+    _note(r, unread)
+    best = _most_specific([(vid, f"{r.path} vendor {vid} (device {dev})")
+                           for vid, dev in parse_proc_pci(r.value or "")])
+    if best is None:
+        return _NOTHING
+    return _Says(PCI_VENDORS[best[0]], evidence=f"{best[1]}: a {PCI_NAMES[best[0]]} virtual "
+                 "device")
+
+
 def _pci(host: Host, unread: list[str]) -> _Says:
     base = host.sys("bus/pci/devices")
+    if not host.listdir(base):
+        return _proc_pci(host, unread)
+    found: list[tuple[str, str]] = []
     for addr in host.listdir(base):
         for attr in ("vendor", "subsystem_vendor"):
             r = host.read(base / addr / attr)
@@ -307,9 +349,12 @@ def _pci(host: Host, unread: list[str]) -> _Says:
             if vid in PCI_VENDORS:
                 dev = (host.read(base / addr / "device").value or "").strip().lower()
                 what = f"{attr} {vid}" + (f" (device {dev})" if attr == "vendor" and dev else "")
-                return _Says(PCI_VENDORS[vid], evidence=f"{host.display(base / addr)} "
-                             f"{what}: a {PCI_NAMES[vid]} virtual device")
-    return _NOTHING
+                found.append((vid, f"{host.display(base / addr)} {what}"))
+    best = _most_specific(found)
+    if best is None:
+        return _NOTHING
+    return _Says(PCI_VENDORS[best[0]], evidence=f"{best[1]}: a {PCI_NAMES[best[0]]} virtual "
+                 "device")
 
 
 # -- all of them ------------------------------------------------------------------------------------
