@@ -120,6 +120,10 @@ def render(result: ProbeResult, console: Console | None = None, *,
                  "nearest-rank percentiles)", style="dim")
     if all(r.idle_gaps for r in result.runs if r.ok) and any(r.ok for r in result.runs):
         pass  # the idle-gap curve is the result: no timed loop to recommend a variant by
+    elif partial:
+        # a variant that did not finish is not beaten: nothing is recommended from a part
+        textout.line(con, ("recommendation: none", "bold yellow"),
+                     " — the run was stopped before every variant finished; run it to the end")
     else:
         _recommendation(con, result)
     if partial:
