@@ -29,6 +29,7 @@ COMMANDS = (
     "agent.commands.cpus",
     "agent.commands.attach",
     "agent.commands.deploy",
+    "agent.commands.docs",
 )
 
 # One line per command for `hftagent --help`, kept here so that the list needs no command
@@ -55,6 +56,8 @@ SUMMARIES = {
     "attach": "Show what can be attached in a running process, read-only.",
     "deploy": "Write the deployment files (systemd units, Prometheus config and alert rules, "
               "Alertmanager example, Grafana dashboard, web config example) into DIR.",
+    "docs": "Show a shipped document (usage, attach, events, fleet, tuning, ...), or list "
+            "them.",
 }
 
 ABOUT = ("Host tuning and tail-latency attribution for low-latency TensorFlow inference.",
