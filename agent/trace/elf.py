@@ -4,13 +4,25 @@ instruction bytes.
 A uprobe is placed at ``PATH:0xOFFSET`` where OFFSET is the *file* offset of the function:
 ``st_value − p_vaddr + p_offset`` of the executable PT_LOAD segment that holds it (kernel
 Documentation/trace/uprobetracer.rst). The symbol is looked up in ``.dynsym`` first, then in
-``.symtab`` (LiteRT's ``InterpreterWrapper::Invoke`` is a LOCAL ``.symtab`` symbol).
+``.symtab`` (LiteRT's ``InterpreterWrapper::Invoke`` is a LOCAL ``.symtab`` symbol). Only a
+defined ``STT_FUNC`` whose address lies in the file bytes of an executable PT_LOAD segment,
+and whose offset lies inside the file, is returned; a name that matches anything else (an
+OBJECT, an IFUNC resolver, an address outside every executable segment, an offset past the
+end of the file) is refused with one line in :attr:`ElfInfo.reasons`.
 
-Cost: only the ELF header, the section and program headers and the symbol and string tables
-are read, with ``mmap``; a name is found by searching the string table for ``\\0NAME\\0`` (C
-speed) and then the symbol whose ``st_name`` points there (numpy over the table), so even the
-788 MB ``libtensorflow_cc.so.2`` resolves without decoding its 10^6 symbols in Python. Results
-are kept per (build-id or device/inode/size/mtime) for the life of the process.
+Bounded (issue #34): the file is mapped read-only, never copied; every header, table and note
+is checked against the file size before it is touched, and a malformed one is an
+:class:`ElfError` with a one-line reason. The symbol and string tables one call may touch
+are capped at :data:`READ_CAP` (``libtensorflow_cc.so.2``, the biggest library we attach to,
+has 284 MiB of them), and they are walked in windows of :data:`WINDOW_SYMBOLS` symbols whose
+pages are released after each window, so the resident set stays at about one window (a
+10 GiB sparse "library" peaks under 100 MB). A name is matched in one pass over the table,
+one byte of the name at a time over the symbols still matching (numpy), so the cost is
+linear in the table whatever the string table repeats. Results are kept per
+(device, inode, size, mtime, ctime) for the life of the process.
+
+The file must not shrink while it is read: a truncation under the mapping is SIGBUS (attach
+refuses a library that someone other than root and the target's owner may write).
 
 64-bit little-endian ELF only (x86-64, aarch64, riscv64, ppc64le); anything else is refused
 with a reason. Nothing here writes or executes anything.
@@ -20,23 +32,41 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 PT_LOAD, PF_X = 1, 1
-SHT_SYMTAB, SHT_DYNSYM, SHT_NOTE, SHT_NOBITS = 2, 11, 7, 8
+SHT_SYMTAB, SHT_STRTAB, SHT_DYNSYM, SHT_NOTE = 2, 3, 11, 7
 STT_FUNC, STT_GNU_IFUNC = 2, 10
+SHN_UNDEF, PN_XNUM = 0, 0xFFFF
 NT_GNU_BUILD_ID = 3
 MACHINES = {62: "x86_64", 183: "aarch64", 243: "riscv64", 21: "ppc64"}
+TYPES = {0: "NOTYPE", 1: "OBJECT", 3: "SECTION", 4: "FILE", 5: "COMMON", 6: "TLS"}
+
+# Bytes of symbol and string tables one resolve() may touch: libtensorflow_cc.so.2 (TF 2.20)
+# has 284 MiB (.dynsym 10 + .dynstr 79 + .symtab 28 + .strtab 167), libtensorflow_framework
+# 25, LiteRT's libpywrap_litert_common 14, lib_pywrap_tensorflow_common 7.
+READ_CAP = 512 << 20
+HEADERS_CAP = 4 << 20          # section and program header tables (TF's: 2.2 KiB)
+NOTES_CAP = 1 << 20            # note sections read for the build-id
+WINDOW_SYMBOLS = 1 << 18       # symbols per window (6 MiB) ...
+STRINGS_WINDOW = 16 << 20      # ... and string table bytes: the resident set's bound
+NAME_MAX = 4096                # bytes of a symbol name shown
 
 _SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
                  ("value", "<u8"), ("size", "<u8")])
+_SHDR = np.dtype([("name", "<u4"), ("type", "<u4"), ("flags", "<u8"), ("addr", "<u8"),
+                  ("offset", "<u8"), ("size", "<u8"), ("link", "<u4"), ("info", "<u4"),
+                  ("align", "<u8"), ("entsize", "<u8")])
+_PHDR = np.dtype([("type", "<u4"), ("flags", "<u4"), ("offset", "<u8"), ("vaddr", "<u8"),
+                  ("paddr", "<u8"), ("filesz", "<u8"), ("memsz", "<u8"), ("align", "<u8")])
 
 
 class ElfError(Exception):
-    """The file is not an ELF we can read, or the symbol is not in it (message for users)."""
+    """The file is not an ELF we can read (message for users, one line)."""
 
 
 @dataclass(frozen=True)
@@ -52,176 +82,340 @@ class Symbol:
 
 @dataclass(frozen=True)
 class ElfInfo:
-    path: str
+    path: str                     # the path read, or the name shown for a descriptor
     machine: str
     build_id: str | None
     tables: tuple[str, ...]       # which symbol tables it has
     symbols: int                  # how many entries in them together
     stripped: bool                # no .symtab (only the exported .dynsym)
+    reasons: list[str] = field(default_factory=list)   # one line per refused name
 
 
-_cache: dict[tuple, tuple[ElfInfo, dict[str, Symbol | None]]] = {}
+@dataclass(frozen=True)
+class _Table:
+    label: str
+    sym_off: int
+    count: int
+    str_off: int
+    str_size: int
+
+
+_cache: dict[tuple, tuple[ElfInfo, dict[str, tuple[Symbol | None, str | None]]]] = {}
 
 
 def _key(st: os.stat_result) -> tuple:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 class _Elf:
-    """One mapped file; closed by the caller."""
+    """One mapped file (read-only, never copied); closed by the caller."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    def __init__(self, fd: int, name: str, size: int) -> None:
+        self.name, self.size = name, size
         try:
-            self.st = os.fstat(fd)
-            if self.st.st_size < 64:
-                raise ElfError(f"{path}: not an ELF file (too short)")
-            self.m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            self.m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
         except (OSError, ValueError) as exc:
-            raise ElfError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") \
-                from None
-        finally:
-            os.close(fd)
+            raise self.error(f"cannot map: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            self._headers()
+        except BaseException:
+            self.close()
+            raise
+
+    def error(self, why: str) -> ElfError:
+        return ElfError(f"{self.name}: {why}")
+
+    def _headers(self) -> None:
         m = self.m
         if m[:4] != b"\x7fELF":
-            self.close()
-            raise ElfError(f"{path}: not an ELF file")
+            raise self.error("not an ELF file")
         if m[4] != 2 or m[5] != 1:
-            self.close()
-            raise ElfError(f"{path}: only 64-bit little-endian ELF is supported")
+            raise self.error("only 64-bit little-endian ELF is supported")
         (self.e_machine,) = struct.unpack_from("<H", m, 18)
-        (self.phoff, self.shoff) = struct.unpack_from("<QQ", m, 32)
-        (self.phentsize, self.phnum, self.shentsize, self.shnum,
-         self.shstrndx) = struct.unpack_from("<HHHHH", m, 54)
-        if self.shoff + self.shnum * self.shentsize > len(m) or \
-                self.phoff + self.phnum * self.phentsize > len(m):
-            self.close()
-            raise ElfError(f"{path}: truncated ELF headers")
-        self.sections = [self._section(i) for i in range(self.shnum)]
-        self.segments = [struct.unpack_from("<IIQQQQQQ", m, self.phoff + i * self.phentsize)
-                         for i in range(self.phnum)]
+        phoff, shoff = struct.unpack_from("<QQ", m, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", m, 54)
+        if shoff and (shnum == 0 or phnum == PN_XNUM):
+            # extended numbering (gABI): the real counts are in section 0's sh_size / sh_info
+            (first,) = self._table(shoff, 1, shentsize, _SHDR, "section", "e_shentsize")
+            shnum = int(first["size"]) if shnum == 0 else shnum
+            phnum = int(first["info"]) if phnum == PN_XNUM else phnum
+        self.sections = self._table(shoff, shnum if shoff else 0, shentsize, _SHDR, "section",
+                                    "e_shentsize")
+        self.segments = self._table(phoff, phnum if phoff else 0, phentsize, _PHDR, "program",
+                                    "e_phentsize")
+        load = self.segments[(self.segments["type"] == PT_LOAD)
+                             & (self.segments["flags"] & PF_X != 0)]
+        load = load[np.argsort(load["vaddr"], kind="stable")]
+        self.x_vaddr, self.x_filesz = load["vaddr"], load["filesz"]
+        self.x_offset = load["offset"]
 
-    def _section(self, i: int) -> tuple[int, int, int, int, int, int]:
-        """(name, type, offset, size, link, entsize) of section ``i``."""
-        name, typ, _flags, _addr, off, size, link, _info, _align, ent = struct.unpack_from(
-            "<IIQQQQIIQQ", self.m, self.shoff + i * self.shentsize)
-        return name, typ, off, size, link, ent
+    def _table(self, off: int, n: int, entsize: int, dtype: np.dtype, what: str,
+               field_name: str) -> np.ndarray:
+        """A copy of ``n`` headers of ``entsize`` bytes at ``off``, each checked to lie in
+        the file (the copy is at most HEADERS_CAP)."""
+        if n == 0:
+            return np.zeros(0, dtype)
+        if entsize < dtype.itemsize:
+            raise self.error(f"{field_name} {entsize} is smaller than a {what} header "
+                             f"({dtype.itemsize} bytes)")
+        if n * entsize > HEADERS_CAP:
+            raise self.error(f"{n} {what} headers of {entsize} bytes exceed the "
+                             f"{_mib(HEADERS_CAP)} header cap")
+        if off + n * entsize > self.size:
+            raise self.error(f"truncated ELF headers: the {what} headers (at {off:#x}) end "
+                             f"past the end of the file ({self.size} bytes)")
+        return np.ndarray((n,), dtype, buffer=self.m, offset=off, strides=(entsize,)).copy()
 
-    def _bytes(self, off: int, size: int) -> bytes:
-        if off < 0 or size < 0 or off + size > len(self.m):
-            raise ElfError(f"{self.path}: a section lies outside the file")
-        return self.m[off:off + size]
+    def _inside(self, sec: np.void, what: str) -> tuple[int, int]:
+        off, size = int(sec["offset"]), int(sec["size"])
+        if off + size > self.size:
+            raise self.error(f"truncated ELF: {what} ({size} bytes at {off:#x}) ends past the "
+                             f"end of the file ({self.size} bytes)")
+        return off, size
 
-    def section_name(self, sec) -> str:
-        if self.shstrndx >= len(self.sections):
-            return ""
-        _n, _t, off, size, _l, _e = self.sections[self.shstrndx]
-        strtab = self._bytes(off, size)
-        end = strtab.find(b"\0", sec[0])
-        return strtab[sec[0]:end].decode("ascii", "replace")
-
-    def tables(self) -> list[tuple[str, np.ndarray, bytes]]:
-        """[(".dynsym" | ".symtab", symbols, string table)], dynsym first."""
-        out = []
+    def tables(self) -> list[_Table]:
+        """The first .dynsym and the first .symtab (gABI: at most one of each), checked, and
+        within READ_CAP together."""
+        out, total = [], 0
         for want, label in ((SHT_DYNSYM, ".dynsym"), (SHT_SYMTAB, ".symtab")):
-            for sec in self.sections:
-                if sec[1] != want or sec[5] != _SYM.itemsize or sec[4] >= len(self.sections):
-                    continue
-                n = sec[3] // _SYM.itemsize
-                syms = np.frombuffer(self._bytes(sec[2], n * _SYM.itemsize), dtype=_SYM)
-                link = self.sections[sec[4]]
-                out.append((label, syms, self._bytes(link[2], link[3])))
+            hits = np.nonzero(self.sections["type"] == want)[0]
+            if not hits.size:
+                continue
+            sec = self.sections[int(hits[0])]
+            if int(sec["entsize"]) != _SYM.itemsize:
+                raise self.error(f"{label} has entries of {int(sec['entsize'])} bytes, "
+                                 f"not {_SYM.itemsize}")
+            link = int(sec["link"])
+            if link >= len(self.sections) or self.sections[link]["type"] != SHT_STRTAB:
+                raise self.error(f"{label} links section {link}, which is not a string table")
+            sym_off, sym_size = self._inside(sec, label)
+            str_off, str_size = self._inside(self.sections[link], f"{label}'s string table")
+            out.append(_Table(label, sym_off, sym_size // _SYM.itemsize, str_off, str_size))
+            total += sym_size + str_size
+        if total > READ_CAP:
+            raise self.error(f"symbol tables of {_mib(total)} exceed the {_mib(READ_CAP)} "
+                             "read cap")
         return out
 
     def build_id(self) -> str | None:
-        for sec in self.sections:
-            if sec[1] != SHT_NOTE:
-                continue
-            data, pos = self._bytes(sec[2], sec[3]), 0
-            while pos + 12 <= len(data):
-                namesz, descsz, typ = struct.unpack_from("<III", data, pos)
-                pos += 12
-                name = data[pos:pos + namesz]
-                pos += (namesz + 3) & ~3
-                desc = data[pos:pos + descsz]
-                pos += (descsz + 3) & ~3
-                if typ == NT_GNU_BUILD_ID and name.rstrip(b"\0") == b"GNU":
-                    return desc.hex()
+        budget = NOTES_CAP
+        for sec in self.sections[self.sections["type"] == SHT_NOTE]:
+            off, size = self._inside(sec, "a note section")
+            if size > budget:
+                break
+            budget -= size
+            found = _build_id_note(self.m[off:off + size])
+            if found is not None:
+                return found
         return None
 
-    def file_offset(self, vaddr: int) -> int | None:
-        """The file offset of ``vaddr`` in an executable PT_LOAD segment, else None."""
-        for typ, flags, off, va, _pa, filesz, _memsz, _align in self.segments:
-            if typ == PT_LOAD and flags & PF_X and va <= vaddr < va + filesz:
-                return vaddr - va + off
-        return None
+    def release(self) -> None:
+        """Drop the pages touched so far from our resident set (they stay in the page cache:
+        a later touch maps them again)."""
+        try:
+            self.m.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError, AttributeError):
+            pass
 
     def close(self) -> None:
         try:
             self.m.close()
-        except (AttributeError, ValueError):
+        except (AttributeError, ValueError, BufferError):
             pass
 
 
-def _find(elf: _Elf, tables, name: str) -> Symbol | None:
-    """The function called ``name``; a name ending in ``*`` is a prefix (a C++ symbol whose
-    mangled tail carries a dependency's version, e.g. absl's ``lts_20250814`` in
-    ``TFE_Py_ExecuteCancelable``'s argument types)."""
-    prefix = name.endswith("*")
-    needle = name.rstrip("*").encode()
-    tail = b"" if prefix else b"\0"
-    for label, syms, strtab in tables:
-        pos = strtab.find(b"\0" + needle + tail)
-        while pos >= 0:
-            hits = np.nonzero((syms["name"] == pos + 1)
-                              & np.isin(syms["info"] & 0xF, (STT_FUNC, STT_GNU_IFUNC))
-                              & (syms["value"] != 0))[0]
-            if hits.size:
-                s = syms[int(hits[0])]
-                off = elf.file_offset(int(s["value"]))
-                if off is not None:
-                    bind = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK"}.get(int(s["info"]) >> 4, "?")
-                    end = strtab.find(b"\0", pos + 1)
-                    full = strtab[pos + 1:end].decode("ascii", "replace")
-                    return Symbol(full, label, int(s["value"]), int(s["size"]), off,
-                                  bytes(elf._bytes(off, min(16, len(elf.m) - off))), bind)
-            pos = strtab.find(b"\0" + needle + tail, pos + 1)
+def _build_id_note(data: bytes) -> str | None:
+    """The GNU build-id in one note section's bytes, each note's sizes checked."""
+    pos = 0
+    while pos + 12 <= len(data):
+        namesz, descsz, typ = struct.unpack_from("<III", data, pos)
+        name_at = pos + 12
+        desc_at = name_at + ((namesz + 3) & ~3)
+        pos = desc_at + ((descsz + 3) & ~3)
+        if pos > len(data):
+            return None
+        if typ == NT_GNU_BUILD_ID and data[name_at:name_at + namesz].rstrip(b"\0") == b"GNU":
+            return data[desc_at:desc_at + descsz].hex()
     return None
 
 
-def resolve(path: str, names: list[str], progress=None, shown: str | None = None
+def _matching(elf: _Elf, syms: np.ndarray, t: _Table, needle: bytes, exact: bool
+              ) -> np.ndarray:
+    """Indices of the defined symbols of ``syms`` whose name is ``needle`` (or starts with
+    it): one byte at a time over the symbols still matching, so at most len(needle) + 1
+    passes over the table whatever the string table repeats; the string table is visited in
+    windows of STRINGS_WINDOW bytes (names sorted by offset), each released after use."""
+    want = needle + (b"\0" if exact else b"")
+    names = syms["name"].astype(np.int64)
+    cand = np.nonzero((syms["shndx"] != SHN_UNDEF) & (names + len(want) <= t.str_size))[0]
+    cand = cand[np.argsort(names[cand], kind="stable")]
+    pos = names[cand]
+    out = [np.zeros(0, np.int64)]
+    for a in range(0, t.str_size, STRINGS_WINDOW):
+        lo, hi = np.searchsorted(pos, (a, a + STRINGS_WINDOW))
+        if lo == hi:
+            continue
+        view = np.frombuffer(elf.m, np.uint8, min(STRINGS_WINDOW + len(want), t.str_size - a),
+                             t.str_off + a)
+        idx, rel = cand[lo:hi], pos[lo:hi] - a
+        for i, b in enumerate(want):
+            keep = view[rel + i] == b
+            idx, rel = idx[keep], rel[keep]
+            if not idx.size:
+                break
+        out.append(idx)
+        del view
+        elf.release()
+    return np.sort(np.concatenate(out))
+
+
+def _name_at(strtab: np.ndarray, pos: int) -> str:
+    raw = strtab[pos:pos + NAME_MAX].tobytes()
+    return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+
+
+def _placed(elf: _Elf, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(in an executable segment's file bytes, also inside the file, file offset) for each
+    address: the segment is the one with the highest p_vaddr at or below it."""
+    n = values.size
+    if not elf.x_vaddr.size:
+        return np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.uint64)
+    k = np.searchsorted(elf.x_vaddr, values, side="right").astype(np.int64) - 1
+    seg = np.maximum(k, 0)
+    rel = values - elf.x_vaddr[seg]                 # wraps where k < 0: masked below
+    inseg = (k >= 0) & (rel < elf.x_filesz[seg])
+    start = elf.x_offset[seg]
+    room = np.where(start < elf.size, np.uint64(elf.size) - np.minimum(start, elf.size), 0)
+    infile = inseg & (rel < room)
+    return inseg, infile, np.where(infile, start + np.where(infile, rel, 0), 0)
+
+
+def _pick(elf: _Elf, table: str, syms: np.ndarray, strtab: np.ndarray, hits: np.ndarray,
+          want: str) -> tuple[Symbol | None, str | None]:
+    """The first of ``hits`` that is a function a uprobe may go at, else why none is."""
+    if not hits.size:
+        return None, None
+    s = syms[hits]
+    typ = s["info"] & 0xF
+    inseg, infile, offsets = _placed(elf, s["value"])
+    func = typ == STT_FUNC
+    ok = np.nonzero(func & infile)[0]
+    if ok.size:
+        i = int(ok[0])
+        one, off = s[i], int(offsets[i])
+        bind = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK"}.get(int(one["info"]) >> 4, "?")
+        return Symbol(_name_at(strtab, int(one["name"])), table, int(one["value"]),
+                      int(one["size"]), off, bytes(elf.m[off:min(off + 16, elf.size)]),
+                      bind), None
+    bad = np.nonzero(func & inseg)[0]
+    if bad.size:
+        i = int(bad[0])
+        return None, (f"{want}: at {int(s['value'][i]):#x}, its file offset lies past the end "
+                      f"of the file ({elf.size} bytes) ({table})")
+    if func.any():
+        i = int(np.nonzero(func)[0][0])
+        return None, (f"{want}: at {int(s['value'][i]):#x}, outside every executable "
+                      f"segment ({table})")
+    t = int(typ[0])
+    what = ("an IFUNC (its address is the resolver's, not the function's)"
+            if t == STT_GNU_IFUNC else f"a {TYPES.get(t, f'type {t}')} symbol, not a function")
+    return None, f"{want}: {what} ({table})"
+
+
+def _lookup(elf: _Elf, tables: list[_Table], names: list[str]
+            ) -> dict[str, tuple[Symbol | None, str | None]]:
+    """{name: (Symbol, None) or (None, why refused or None when absent)}, .dynsym first; a
+    name ending in ``*`` is a prefix (a C++ symbol whose mangled tail carries a dependency's
+    version, e.g. absl's ``lts_20250814`` in ``TFE_Py_ExecuteCancelable``'s argument
+    types). The tables are walked in windows whose pages are released after each."""
+    out: dict[str, tuple[Symbol | None, str | None]] = {n: (None, None) for n in names}
+    for t in tables:
+        for start in range(0, t.count, WINDOW_SYMBOLS):
+            todo = [n for n in names if out[n][0] is None and n.rstrip("*")
+                    and "\0" not in n]
+            if not todo:
+                return out
+            strtab = np.frombuffer(elf.m, np.uint8, t.str_size, t.str_off)
+            syms = np.frombuffer(elf.m, _SYM, min(WINDOW_SYMBOLS, t.count - start),
+                                 t.sym_off + start * _SYM.itemsize)
+            for n in todo:
+                hits = _matching(elf, syms, t, n.rstrip("*").encode(), not n.endswith("*"))
+                found, why = _pick(elf, t.label, syms, strtab, hits, n)
+                if found is not None or out[n][1] is None:
+                    out[n] = (found, why if found is None else None)
+            del strtab, syms
+            elf.release()
+    return out
+
+
+def _open(source: str | int, shown: str | None) -> tuple[int, bool, str]:
+    """(descriptor, whether we opened it, the name errors use)."""
+    if isinstance(source, int) and not isinstance(source, bool):
+        return source, False, shown or f"descriptor {source}"
+    try:
+        # O_NONBLOCK: a FIFO planted at the path must not hang the open
+        fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        raise ElfError(f"{source}: {exc.strerror or exc}") from None
+    return fd, True, str(source)
+
+
+def resolve(source: str | int, names: list[str], progress=None, shown: str | None = None
             ) -> tuple[ElfInfo, dict[str, Symbol | None]]:
-    """(what the file is, {name: Symbol or None}) for the function ``names`` in ``path``.
+    """(what the file is, {name: Symbol or None}) for the function ``names`` in ``source``:
+    a path, or an open descriptor (read only through it, by mapping it; never closed here,
+    never re-opened by path). A name that matches only something a uprobe must not go at
+    is None, with one line saying why in ``info.reasons``.
 
     ``progress(str)``, when given, is told when a big file (> 100 MB) is being read, so a
-    command can say it is working (naming it ``shown``, default the path's basename). Raises :class:`ElfError` for a file that is not a
-    64-bit little-endian ELF."""
+    command can say it is working (naming it ``shown``, default the path's basename).
+    Raises :class:`ElfError` (one line) for a file that is not a 64-bit little-endian ELF,
+    is malformed, or whose symbol tables exceed :data:`READ_CAP`."""
+    fd, own, name = _open(source, shown)
     try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise ElfError(f"{path}: {exc.strerror or exc}") from None
-    key = _key(st)
-    info, known = _cache.get(key, (None, {}))
-    missing = [n for n in names if n not in known]
-    if info is not None and not missing:
-        return info, {n: known[n] for n in names}
-    if progress and st.st_size > 100 << 20:
-        progress(f"reading the symbols of {shown or os.path.basename(path)} "
-                 f"({st.st_size / 1e6:.0f} MB)")
-    elf = _Elf(path)
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            raise ElfError(f"{name}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ElfError(f"{name}: not a regular file")
+        key = _key(st)
+        info, known = _cache.get(key, (None, {}))
+        missing = [n for n in names if n not in known]
+        if info is None or missing:
+            if st.st_size < 64:
+                raise ElfError(f"{name}: not an ELF file (too short)")
+            if progress and st.st_size > 100 << 20:
+                progress(f"reading the symbols of {shown or os.path.basename(name)} "
+                         f"({st.st_size / 1e6:.0f} MB)")
+            info = _read(fd, name, st.st_size, missing, known)
+            _cache[key] = (info, known)
+    finally:
+        if own:
+            os.close(fd)
+    reasons = [known[n][1] for n in names if known[n][1]]
+    return replace(info, reasons=reasons), {n: known[n][0] for n in names}
+
+
+def _read(fd: int, name: str, size: int, missing: list[str],
+          known: dict[str, tuple[Symbol | None, str | None]]) -> ElfInfo:
+    """Map the file, look ``missing`` up into ``known``; what the file is."""
+    elf = _Elf(fd, name, size)
     try:
         tables = elf.tables()
-        info = ElfInfo(path, MACHINES.get(elf.e_machine, f"machine {elf.e_machine}"),
-                       elf.build_id(), tuple(t[0] for t in tables),
-                       sum(len(t[1]) for t in tables),
-                       not any(t[0] == ".symtab" for t in tables))
-        for n in missing:
-            known[n] = _find(elf, tables, n)
+        info = ElfInfo(name, MACHINES.get(elf.e_machine, f"machine {elf.e_machine}"),
+                       elf.build_id(), tuple(t.label for t in tables),
+                       sum(t.count for t in tables),
+                       not any(t.label == ".symtab" for t in tables))
+        known.update(_lookup(elf, tables, missing))
     finally:
+        elf.release()
         elf.close()
-    _cache[key] = (info, known)
-    return info, {n: known[n] for n in names}
+    return info
 
 
 def describe_entry(first: bytes, machine: str) -> str:
