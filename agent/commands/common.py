@@ -96,6 +96,27 @@ def plain_flags() -> None:
         return shown(self, ctx)
 
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    _fold_long_words()
+
+
+def _fold_long_words() -> None:
+    """An option's help cell folds a word longer than its column (a path, a metric or a
+    symbol name) onto the next line: rich's table cells cut it with "…" by default, which
+    at 80 columns hid the end of names the user must type (issue #39)."""
+    from typer import rich_utils
+
+    helper = getattr(rich_utils, "_get_parameter_help", None)
+    if helper is None:  # another typer release renders help otherwise
+        return
+
+    def folded(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - typer's own signature
+        cell = helper(*args, **kwargs)  # a rich Columns of Text parts (typer 0.29)
+        for part in getattr(cell, "renderables", [cell]):
+            if hasattr(part, "overflow"):
+                part.overflow = "fold"
+        return cell
+
+    rich_utils._get_parameter_help = folded
 
 
 def register_command(app: typer.Typer, name: str, fn: Callable, help: str | None = None,
@@ -179,7 +200,7 @@ def check_history_db(db: str | None, no_history: bool) -> bool:
         if db is not None:
             raise fail("--db and --no-history contradict each other: give one")
         return False
-    from agent.gate.history import HistoryError, check_writable
+    from agent.history import HistoryError, check_writable
     try:
         check_writable(db)
     except HistoryError as exc:
