@@ -176,7 +176,7 @@ def test_only_skip_accept_ids_and_families(syn):
     assert res.exit_code == 2, res.output
     planned = {i["id"] for i in json.loads(res.stdout)["items"] if i["state"] == "planned"}
     assert planned == {"memory.swappiness", "kernel.timer_migration", "kernel.stat_interval",
-                       "kernel.sched_rt_runtime_us"}
+                       "kernel.sched_rt_runtime_us", "kernel.perf_event_paranoid"}
 
 
 def test_malformed_profile_file(syn, tmp_path):
@@ -665,3 +665,22 @@ def test_truncated_journal_rollback_keeps_it_and_exits_non_zero(syn):
     assert rb.exit_code == 2 and json.loads(rb.stdout)["torn"] is True
     _one_line_error(tune("apply", "--root", str(syn), "--cpus", "2-3"), "apply refuses")
     assert j.read_bytes() == cut_bytes
+
+
+def test_perf_event_paranoid_is_a_ceiling_and_rolls_back(syn):
+    """The profile's perf_event_paranoid (1) is what the audit judges as "<= 1": a host at 2
+    is lowered to 1 and rollback restores 2; a host already at -1 is left there (never made
+    stricter)."""
+    path = syn / "proc/sys/kernel/perf_event_paranoid"
+    before = snapshot(syn)
+    res = tune("apply", "--root", str(syn), "--cpus", "2-3", "--only",
+               "kernel.perf_event_paranoid")
+    assert res.exit_code == 0, res.output
+    assert path.read_text() == "1\n"
+    assert tune("rollback", "--root", str(syn)).exit_code == 0
+    assert diff(before, snapshot(syn)) == [] and path.read_text() == "2\n"
+    path.write_text("-1\n")
+    res = tune("plan", "--root", str(syn), "--cpus", "2-3", "--only",
+               "kernel.perf_event_paranoid", "--json")
+    assert res.exit_code == 0, res.output
+    assert path.read_text() == "-1\n"

@@ -193,6 +193,7 @@ def make_synthetic(dst: Path, ncpus: int = 4, boot_id: str = "synthetic-boot-1")
     for rel, v in (("vm/swappiness", "60"), ("vm/stat_interval", "1"),
                    ("kernel/numa_balancing", "1"), ("kernel/timer_migration", "1"),
                    ("kernel/nmi_watchdog", "1"), ("kernel/sched_rt_runtime_us", "950000"),
+                   ("kernel/perf_event_paranoid", "2"),
                    ("kernel/random/boot_id", boot_id), ("kernel/osrelease", "6.8.0-synthetic")):
         _w(ps / rel, v)
     _w(dst / "proc/cmdline", "BOOT_IMAGE=/vmlinuz-6.8.0 root=/dev/sda1 ro quiet")

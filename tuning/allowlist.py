@@ -27,6 +27,7 @@ WRITABLE: tuple[str, ...] = (
     "/proc/sys/kernel/timer_migration",
     "/proc/sys/kernel/nmi_watchdog",
     "/proc/sys/kernel/sched_rt_runtime_us",
+    "/proc/sys/kernel/perf_event_paranoid",
     "/proc/irq/default_smp_affinity",
     "/proc/irq/[0-9]*/smp_affinity_list",
     "service:irqbalance",

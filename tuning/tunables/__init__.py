@@ -13,6 +13,8 @@ Ordering constraints, written next to the list as pyperf does:
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 from tuning.tunables.base import (
     MANUAL,
     PENDING_REBOOT,
@@ -34,6 +36,7 @@ from tuning.tunables.memory import (
     Ksm,
     NmiWatchdog,
     NumaBalancing,
+    PerfEventParanoid,
     SchedRtRuntime,
     StatInterval,
     Swappiness,
@@ -46,7 +49,7 @@ from tuning.tunables.pmqos import PmQosResumeLatency
 ORDER: tuple[type[Tunable], ...] = (
     Governor, Turbo, PstateMinPerf, MinFreq, Epp, Epb, CpuIdle, PmQosResumeLatency,
     ThpEnabled, ThpDefrag, Ksm, Swappiness, NumaBalancing, TimerMigration, StatInterval,
-    NmiWatchdog, SchedRtRuntime,
+    NmiWatchdog, SchedRtRuntime, PerfEventParanoid,
     Irqbalance, DefaultIrqAffinity, IrqAffinity,
     IsolateTasks, IsolateWorkqueue, IsolateCgroup, IsolateCpuset,
     GpuPersistence, GpuComputeMode,
@@ -63,7 +66,15 @@ def by_id() -> dict[str, Tunable]:
     return {t.id: t for t in all_tunables()}
 
 
+def fixing(finding_id: str) -> list[str]:
+    """The ids of the tunables that fix audit finding ``finding_id`` (``tune apply --only``
+    takes them), in apply order; [] when no tunable does (swap, SMT, boot arguments)."""
+    return [t.id for t in all_tunables()
+            if any(fnmatchcase(finding_id, p) for p in t.audit_ids or (t.id,))]
+
+
 __all__ = [
     "MANUAL", "PENDING_REBOOT", "WRITE", "Change", "FileWriter", "GpuControl", "ORDER",
     "ServiceManager", "Tunable", "TuneContext", "TuneError", "all_tunables", "by_id",
+    "fixing",
 ]

@@ -160,6 +160,9 @@ class Tunable:
     key: str = ""           # the profile setting it implements
     scope: str = ""
     patterns: tuple[str, ...] = ()  # the targets it owns (allowlist patterns, tuning/allowlist.py)
+    # The audit findings it fixes (fnmatch patterns: "gpu.*.persistence"); empty: the one
+    # whose id is its own. `audit --fix-script` turns those findings into `--only` ids.
+    audit_ids: tuple[str, ...] = ()
 
     # -- what subclasses provide ----------------------------------------------------------
     def available(self, ctx: TuneContext) -> str | None:

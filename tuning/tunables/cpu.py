@@ -112,6 +112,7 @@ class PstateMinPerf(FileTunable):
     id, family, title, key = "cpu.pstate_min_perf_pct", "cpu", "intel_pstate min_perf_pct", \
         "min_freq"
     patterns = (f"{CPU}/intel_pstate/min_perf_pct",)
+    audit_ids = ("cpu.min_freq",)  # the floor intel_pstate keeps under scaling_min_freq
 
     def valid(self, value: str) -> bool:
         return int_in(value, 0, 100)
@@ -208,6 +209,7 @@ class Epb(_PerCpu):
 
     id, title, key = "cpu.epb", "Energy-performance bias (EPB)", "epp"
     patterns = (f"{CPU}/cpu[0-9]*/power/energy_perf_bias",)
+    audit_ids = ("cpu.epp",)  # the audit's cpu.epp judges EPB where there is no EPP
 
     def valid(self, value: str) -> bool:
         return int_in(value, 0, 15)

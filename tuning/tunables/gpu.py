@@ -46,6 +46,7 @@ class GpuPersistence(_Gpu):
     id, title, key, field = "gpu.persistence", "GPU persistence mode", "gpu_persistence", \
         "persistence_mode"
     patterns = ("nvml:gpu[0-9]*:persistence_mode",)
+    audit_ids = ("gpu.*.persistence",)
 
     def valid(self, value: str) -> bool:
         return value in ("on", "off")
@@ -77,6 +78,7 @@ class GpuComputeMode(_Gpu):
     id, title, key, field = "gpu.compute_mode", "GPU compute mode", "gpu_compute_mode", \
         "compute_mode"
     patterns = ("nvml:gpu[0-9]*:compute_mode",)
+    audit_ids = ("gpu.*.compute_mode",)
 
     def valid(self, value: str) -> bool:
         return value in COMPUTE_MODES

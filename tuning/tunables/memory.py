@@ -44,6 +44,7 @@ class ThpEnabled(_Selector):
     """
 
     id, title, key = "memory.thp_enabled", "Transparent huge pages", "thp_enabled"
+    audit_ids = ("kernel.thp_enabled",)
     rel = "kernel/mm/transparent_hugepage/enabled"
     patterns = ("/sys/kernel/mm/transparent_hugepage/enabled",)
 
@@ -56,6 +57,7 @@ class ThpDefrag(_Selector):
     """
 
     id, title, key = "memory.thp_defrag", "THP defrag", "thp_defrag"
+    audit_ids = ("kernel.thp_defrag",)
     rel = "kernel/mm/transparent_hugepage/defrag"
     patterns = ("/sys/kernel/mm/transparent_hugepage/defrag",)
 
@@ -68,6 +70,7 @@ class Ksm(FileTunable):
     """
 
     id, family, title, key = "memory.ksm", "memory", "KSM", "ksm"
+    audit_ids = ("kernel.ksm",)
     patterns = ("/sys/kernel/mm/ksm/run",)
 
     def valid(self, value: str) -> bool:
@@ -140,6 +143,7 @@ class Swappiness(Sysctl):
 
     id, family, title, key, name = ("memory.swappiness", "memory", "vm.swappiness",
                                     "swappiness", "vm.swappiness")
+    audit_ids = ("kernel.swappiness",)
     # 0..200 since Linux 5.8 (0..100 before; the older kernel refuses 101..200 with EINVAL)
     lo, hi = 0, 200
 
@@ -151,6 +155,7 @@ class NumaBalancing(Sysctl):
 
     id, family, title, key, name = ("memory.numa_balancing", "memory", "NUMA balancing",
                                     "numa_balancing", "kernel.numa_balancing")
+    audit_ids = ("kernel.numa_balancing",)
     lo, hi = 0, 3
 
 
@@ -205,3 +210,25 @@ class SchedRtRuntime(Sysctl):
         if want < -1 or (period is not None and want > period):
             raise TuneError(f"{self.name} {want} is outside the range the kernel accepts "
                             f"({self._range(ctx)})")
+
+
+class PerfEventParanoid(Sysctl):
+    """kernel.perf_event_paranoid: who may use perf events (2: user space only for
+    unprivileged users, 1: kernel too, 0: CPU-wide too, -1: everything; Debian/Ubuntu's 3 or
+    4: nothing). The profile's value is a ceiling, as the audit judges it (``<= 1``): a host
+    already below it is left as it is, never made stricter.
+    File: /proc/sys/kernel/perf_event_paranoid. Equivalent: ``sysctl -w
+    kernel.perf_event_paranoid=1``."""
+
+    id, family, title, key, name = ("kernel.perf_event_paranoid", "kernel",
+                                    "perf_event_paranoid", "perf_event_paranoid",
+                                    "kernel.perf_event_paranoid")
+    # the kernel stores any int (proc_dointvec, no range): rollback writes back what was there
+    lo, hi = -INT_MAX - 1, INT_MAX
+
+    def desired(self, ctx: TuneContext) -> dict[str, str]:
+        want = profile_int(self.key, self.wanted(ctx))
+        self._check(ctx, want)
+        r = ctx.host.read_int(self._path(ctx))
+        keep = r.ok and r.value is not None and r.value <= want
+        return {ctx.host.display(self._path(ctx)): str(r.value if keep else want)}
