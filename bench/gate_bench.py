@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from agent.gate import evaluate as g
-from agent.gate.history import History, encode_samples, record_run
+from agent.history import History, record_run
+from agent.history.schema import encode_samples
 from agent.probe.config import DEFAULT_SAMPLES
 from agent.stats import nearest_rank_index
 

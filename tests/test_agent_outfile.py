@@ -35,7 +35,7 @@ FP = {"version": 1, "hostname": "h", "kernel": "6.1", "cpu_model": "X", "online_
 
 
 def make_db(path: Path, runs: int = 2) -> Path:
-    from agent.gate.history import History, record_run
+    from agent.history import History, record_run
     rng = np.random.default_rng(0)
     for _ in range(runs):
         record_run("probe", {}, rng.integers(100_000, 300_000, 500), command="probe",

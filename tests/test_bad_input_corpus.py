@@ -38,6 +38,7 @@ import re
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -46,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests import elfcraft
 
 pytestmark = pytest.mark.adversarial
 
@@ -487,6 +490,50 @@ add("history", "--db", "{BADROWSDB}", "show", "2", expect="wrong type")
 add("gate", "--db", "{BADROWSDB}", "--run", "2", expect="wrong type")
 
 # ==============================================================================================
+# attach: crafted libraries (issue #34), mapped executable by a helper process ({ELFPID}) the
+# world starts; each names the header it breaks or why the symbol is not a function
+# ==============================================================================================
+def _elf_broken(change) -> bytes:
+    data, lay = elfcraft.plain()
+    change(data, lay)
+    return bytes(data)
+
+
+def _elf_symbol(typ: int, value: int) -> bytes:
+    strings, at = elfcraft.strtab(["hft_infer"])
+    return bytes(elfcraft.library([elfcraft.sym(at["hft_infer"], typ, value)], strings)[0])
+
+
+ELF_BAD: dict[str, tuple] = {
+    "bad-shentsize.so": (lambda: _elf_broken(lambda d, lay: struct.pack_into("<H", d, 58, 40)),
+                         "e_shentsize 40 is smaller"),
+    "bad-phentsize.so": (lambda: _elf_broken(lambda d, lay: struct.pack_into("<H", d, 54, 8)),
+                         "e_phentsize 8 is smaller"),
+    "bad-shoff.so": (lambda: _elf_broken(lambda d, lay: struct.pack_into("<Q", d, 40, 2**63)),
+                     "truncated ELF headers"),
+    "bad-hdrcap.so": (lambda: _elf_broken(lambda d, lay: struct.pack_into("<HH", d, 58, 0xFFFF,
+                                                                          0xFFFF)),
+                      "header cap"),
+    "bad-symoff.so": (lambda: _elf_broken(lambda d, lay: struct.pack_into(
+        "<Q", d, lay.shdr(3) + 24, 2**62)), "ends past the end of the file"),
+    "bad-link.so": (lambda: _elf_broken(lambda d, lay: struct.pack_into(
+        "<I", d, lay.shdr(3) + 40, 1)), "not a string table"),
+    "bad-entsize.so": (lambda: _elf_broken(lambda d, lay: struct.pack_into(
+        "<Q", d, lay.shdr(3) + 56, 16)), "entries of 16 bytes"),
+    "bad-class32.so": (lambda: _elf_broken(lambda d, lay: struct.pack_into("B", d, 4, 1)),
+                       "64-bit"),
+    "bad-short.so": (lambda: b"\x7fELF\x02\x01\x01" + bytes(9), "too short"),
+    "bad-object.so": (lambda: _elf_symbol(elfcraft.STT_OBJECT, elfcraft.TEXT_VADDR),
+                      ("OBJECT symbol, not a function", "has none of")),
+    "bad-outside.so": (lambda: _elf_symbol(elfcraft.STT_FUNC, 0x900000),
+                       ("outside every executable segment", "has none of")),
+    "bad-readcap.so": (None, "exceed the 512 MiB read cap"),     # a 1 GiB sparse file
+}
+for _name, (_make, _expect) in ELF_BAD.items():
+    add("attach", "{ELFPID}", "--check", "--attach-symbol", f"{_name}:hft_infer",
+        expect=_expect)
+
+# ==============================================================================================
 # the CLI itself
 # ==============================================================================================
 add("bogus-command", expect="bogus-command")
@@ -515,7 +562,7 @@ def _params():
 
 # -- the world the cases point into -----------------------------------------------------------
 def _make_db(path: Path, runs: int) -> None:
-    from agent.gate.history import History, record_run
+    from agent.history import History, record_run
     fp = {"version": 1, "hostname": "corpus", "kernel": "6.1", "cpu_model": "X",
           "online_cpus": "0-1", "governors": "0-1=performance", "turbo": False,
           "isolated_cpus": "", "nohz_full_cpus": "", "smt_active": 0, "virtualization": "none",
@@ -531,7 +578,40 @@ def _make_db(path: Path, runs: int) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return build_world(tmp_path_factory.mktemp("corpus"))
+    w = build_world(tmp_path_factory.mktemp("corpus"))
+    with _elf_mapper(Path(w["TMP"]) / "elf") as pid:
+        w["ELFPID"] = str(pid)
+        yield w
+
+
+_MAPPER = r"""
+import mmap, os, sys
+maps = [mmap.mmap(os.open(p, os.O_RDONLY), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC)
+        for p in sys.argv[1:]]
+print("ready", flush=True)
+sys.stdin.read()                # our lifeline: gone with the test process
+"""
+
+
+@contextlib.contextmanager
+def _elf_mapper(d: Path):
+    """Write the ELF_BAD libraries into ``d`` and yield the pid of a process that maps each
+    executable, as a runtime maps its library (what `attach` looks for)."""
+    d.mkdir()
+    for name, (make, _expect) in ELF_BAD.items():
+        if make is not None:
+            (d / name).write_bytes(make())
+    elfcraft.sparse_giant(d / "bad-readcap.so", 1 << 30, 400 << 20, 200 << 20)
+    p = subprocess.Popen([sys.executable, "-c", _MAPPER, *sorted(map(str, d.iterdir()))],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait()
+        p.stdin.close()
+        p.stdout.close()
 
 
 def build_world(t: Path) -> dict[str, str]:

@@ -163,7 +163,7 @@ def test_textfile_written_atomically_for_node_exporter(tmp_path):
 
 
 def test_live_audit_is_recorded_in_history_but_a_captured_tree_is_not(tmp_path):
-    from agent.gate.history import History
+    from agent.history import History
 
     db = tmp_path / "h.sqlite"
     assert audit("--root", str(FIXTURES / "synthetic-tuned"), "--db", str(db)).exit_code == 0

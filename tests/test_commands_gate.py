@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import get_app
-from agent.gate.history import History, record_run
+from agent.history import History, record_run
 
 runner = CliRunner()
 FP = {"version": 1, "hostname": "h", "kernel": "6.1", "cpu_model": "X", "online_cpus": "0-1",

@@ -449,7 +449,7 @@ def test_cpus_cli_stopped_mid_scan_keeps_what_finished(tmp_path, monkeypatch):
     assert "nothing recorded" in res.stderr
     # a line before anything slow starts (a first build of the recorder compiles it)
     assert res.stderr.startswith("hftagent cpus: 7 candidate CPU(s), 0.1 s each")
-    from agent.gate.history import db_exists
+    from agent.history import db_exists
     assert not db_exists(None)
 
 
@@ -457,7 +457,7 @@ def test_cpus_cli_stopped_mid_scan_keeps_what_finished(tmp_path, monkeypatch):
 @pytest.fixture
 def history_db(tmp_path):
     """One run of each kind, with markup and odd values in the strings the database holds."""
-    from agent.gate.history import History
+    from agent.history import History
     db = tmp_path / "h.sqlite"
     fp = {"hostname": "box[/bold]", "kernel": "6.1", "cpu_model": "Xeon", "turbo": None,
           "governors": {"performance": "0-3"}, "audit": {"ok": 3, "warn": 1},
@@ -535,7 +535,7 @@ def test_history_listing_has_a_kind_and_is_a_list_when_narrow(history_db, env):
 # -- gate -------------------------------------------------------------------------------------
 @pytest.fixture
 def gate_db(tmp_path):
-    from agent.gate.history import History
+    from agent.history import History
     db = tmp_path / "g.sqlite"
     rng = np.random.default_rng(3)
     with History(db) as h:

@@ -226,7 +226,7 @@ def _summary() -> dict:
 
 
 def test_record_watch_stores_the_summary_causes_and_the_fingerprint(tmp_path):
-    from agent.gate.history import History, record_watch
+    from agent.history import History, record_watch
     db = tmp_path / "h.sqlite"
     rid = record_watch(_summary(), probe="numpy", db=db, fingerprint={"hostname": "h"})
     with History(db) as h:
@@ -254,7 +254,7 @@ def test_a_watch_run_is_recorded_with_db(monkeypatch, tmp_path):
     db = tmp_path / "h.sqlite"
     res = cli("--probe", "numpy", "--no-live", "--db", str(db))
     assert res.exit_code == 0, res.output
-    from agent.gate.history import History
+    from agent.history import History
     with History(db) as h:
         (r,) = h.runs(kind="watch")
     assert r.summary["causes"] == {"cpu_contention": 10, "steal": 1}

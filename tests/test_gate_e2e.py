@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from agent.gate.history import History, record_probe
+from agent.history import History, record_probe
 from collectors.host import Host
 from collectors.parsers import parse_proc_stat
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from agent.gate.history import History
+from agent.history import History
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 

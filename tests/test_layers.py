@@ -8,7 +8,8 @@ import ast
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parents[1] / "agent"
-ROOMS = {"commands", "probe", "watch", "noise", "trace", "export", "gate", "deploy"}
+ROOMS = {"commands", "probe", "watch", "noise", "trace", "export", "gate", "history",
+         "deploy"}
 
 
 def room_of(module: str) -> str | None:
@@ -76,11 +77,14 @@ def test_no_loop_between_rooms():
 def test_lower_rooms_never_import_upper_ones():
     g = graph()
     upper = {"cli", "commands"}
-    for low in ("trace", "export", "gate", "probe", "noise", "watch"):
+    for low in ("trace", "export", "gate", "history", "probe", "noise", "watch"):
         assert not (g.get(low, set()) & upper), (low, g.get(low))
     assert not (g.get("trace", set()) & {"watch", "noise", "export", "gate", "probe"}), g["trace"]
     assert not (g.get("export", set()) & {"watch", "noise", "gate", "probe", "trace"}), \
         g["export"]
+    # history keeps runs: the rooms that make them record into it, never the other way
+    assert not (g.get("history", set()) & {"watch", "noise", "trace", "export"}), g["history"]
+    assert "history" not in g.get("gate", set()), g["gate"]
     # leaves import no room
     for leaf in ("causes", "stats", "client", "errors", "defaults", "outfile"):
         assert not (g.get(leaf, set()) & ROOMS), (leaf, g.get(leaf))

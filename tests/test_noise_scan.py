@@ -183,7 +183,7 @@ def test_scan_is_recorded_in_history_and_its_recommendation_is_accepted(tmp_path
     import sys
 
     from agent.cli import main
-    from agent.gate.history import History
+    from agent.history import History
     monkeypatch.setenv("HFTAGENT_CACHE", str(tmp_path / "cache"))
     db = tmp_path / "h.sqlite"
     monkeypatch.setattr(sys, "argv", ["hftagent", "cpus", "--duration", "0.1", "--json",

@@ -53,7 +53,8 @@ def test_latency_axis_labels_never_overlap(lo_us, hi_us):
 def test_history_plot_marks_insufficient_percentiles_and_failed_gates_in_the_legend():
     import matplotlib.pyplot as plt
 
-    from agent.commands.history import _distribution, _percentiles_across_runs
+    from agent.history.plot import distribution as _distribution
+    from agent.history.plot import percentiles_across_runs as _percentiles_across_runs
     runs = [Run(i, 11_000_000, 27_000_000, 35_000_000, 2000, "fail" if i == 3 else "pass")
             for i in range(1, 7)]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5.5))
@@ -79,7 +80,7 @@ def test_history_plot_marks_insufficient_percentiles_and_failed_gates_in_the_leg
 def test_history_plot_with_enough_samples_has_no_hollow_marks():
     import matplotlib.pyplot as plt
 
-    from agent.commands.history import _percentiles_across_runs
+    from agent.history.plot import percentiles_across_runs as _percentiles_across_runs
     runs = [Run(i, 100_000, 200_000, 300_000, 10_000) for i in range(1, 4)]
     fig, ax = plt.subplots()
     _percentiles_across_runs(ax, runs)
@@ -92,7 +93,7 @@ def test_history_plot_cli_writes_the_png(tmp_path):
     from typer.testing import CliRunner
 
     from agent.cli import get_app
-    from agent.gate.history import History
+    from agent.history import History
     db = tmp_path / "h.sqlite"
     rng = np.random.default_rng(2)
     with History(db) as h:
@@ -175,7 +176,7 @@ def test_cpus_plot_has_a_legend_entry_for_every_colour(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def big_db(tmp_path_factory):
     """Runs with enough samples that the output outgrows a pipe's buffer."""
-    from agent.gate.history import History
+    from agent.history import History
     db = tmp_path_factory.mktemp("pipe") / "h.sqlite"
     with History(db) as h:
         for _ in range(3):

@@ -277,7 +277,7 @@ def test_cli_probe_numpy_without_tf_is_recorded(no_tf_env, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads(p.stdout)
     assert doc["model"]["kind"] == "numpy" and [r["variant"] for r in doc["runs"]] == ["numpy"]
-    from agent.gate.history import History
+    from agent.history import History
     with History(db) as h:
         (run,) = h.runs(limit=None)
         assert run.model_key == "builtin:numpy" and run.variant == "numpy"

@@ -216,5 +216,5 @@ def test_a_stopped_probe_prints_what_finished_and_leaves_no_worker(tmp_path, sig
     # a part is not a contest: no variant is recommended from it (issue #39)
     assert "recommendation: none — the run was stopped" in out
     assert not re.search(r"^recommendation: numpy", out, re.M), out
-    from agent.gate.history import db_exists
+    from agent.history import db_exists
     assert not db_exists(str(tmp_path / "h.sqlite"))  # a partial run is not recorded

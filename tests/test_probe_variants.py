@@ -150,7 +150,7 @@ def test_cli_json_csv_and_bad_input(cache, small_lstm, tmp_path):
     assert int(rows[5]["response_ns"]) >= int(rows[5]["latency_ns"])
     import os
 
-    from agent.gate.history import History
+    from agent.history import History
     with History(os.environ["HFTAGENT_DB"]) as h:  # the run was recorded (conftest's private DB)
         [hist] = h.runs()
     assert hist.kind == "probe" and hist.variant == "graph"

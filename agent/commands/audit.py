@@ -129,7 +129,7 @@ def audit(
         console.print()
         render_findings(console, report.findings, verbose)
     if host.live and not no_history:  # a captured tree (--root) is not a run of this host
-        from agent.gate.history import record_run
+        from agent.history import record_run
 
         record_run("audit", report.to_dict(), None, command="audit", db=db, warn=True)
     raise typer.Exit(exit_code(report.findings, Status.WARN if fail_on == "warn" else Status.FAIL))

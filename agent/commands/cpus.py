@@ -234,7 +234,7 @@ def execute(req: CpusRequest) -> CpusOutcome:
     if req.record:
         # the noise fingerprint of this box, comparable over time and across boxes
         # (hftagent history list --kind cpus; history show N)
-        from agent.gate.history import record_run
+        from agent.history import record_run
         record_run("cpus", doc, None, command="cpus", db=req.db, warn=True)
     return out
 

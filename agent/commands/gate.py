@@ -119,7 +119,7 @@ def parse(ctx: typer.Context, *, run, baseline, max_p99_regression, max_p99_us,
     import re
 
     from agent.gate import evaluate as g
-    from agent.gate.history import parse_run_id
+    from agent.history import parse_run_id
 
     limits = g.Limits(
         max_p99_regression=g.parse_ratio(max_p99_regression, "--max-p99-regression"),
@@ -163,7 +163,7 @@ def parse(ctx: typer.Context, *, run, baseline, max_p99_regression, max_p99_us,
 def execute(req: GateRequest) -> list:
     """Probe now (or take the run), gate each scenario against its baseline, record each
     verdict; the verdicts."""
-    from agent.gate.history import History
+    from agent.history import History
     with History(req.db, create=req.run is None) as h:
         if req.run is not None:
             rid = h.latest_id() if req.run_id is None else req.run_id
@@ -293,12 +293,11 @@ def _probe_now(h, names: list[str], settings, configs, *, variant,
               flush=True)
         sr = g.run_scenario(name, settings, configs[0], cold_processes=cold_processes)
         spec = settings.model
-        from agent.gate.history import _builtin_hash, model_hash, model_key
+        from agent.history import model_identity
+        key, hsh = model_identity(spec.path, spec.builtin)
         rid = h.add_run(kind="probe", command="gate", summary=sr.summary,
                         samples_ns=sr.latency_ns, scenario=name, model_path=spec.path,
-                        model_key_=model_key(spec.path, spec.builtin),
-                        model_hash_=model_hash(spec.path) if spec.path else
-                        _builtin_hash(spec.builtin),
+                        model_key_=key, model_hash_=hsh,
                         variant=sr.variant, tf_version=(sr.summary.get("host") or {}
                                                         ).get("tensorflow"),
                         fingerprint=fp, cold_start_ns=sr.cold_start_ns[0]

@@ -171,7 +171,7 @@ def execute(req: ProbeRequest) -> ProbeOutcome:
     if req.plot is not None and out.stopped is None:
         _plot(out.result, req.plot)
     if req.record and out.stopped is None and out.result.any_ran:
-        from agent.gate.history import record_probe
+        from agent.history import record_probe
         record_probe(out.result, out.arrays, command="probe", db=req.db, warn=True)
     return out
 

@@ -3,7 +3,7 @@ cause of every slow sample.
 
 Thin: the options are parsed and checked once into a request (agent/watch/options.py), one
 call runs it (agent/watch/runner.py), the summary is rendered (agent/watch/report.py) and the
-run recorded in history (agent/gate/history.py ``record_watch``)."""
+run recorded in history (agent/history/record.py ``record_watch``)."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
     for line in report.closing(summary, spike_log):
         print(line, file=sys.stderr)
     if record and summary["samples"]:
-        from agent.gate.history import record_watch
+        from agent.history import record_watch
         cfg = req.cfg
         record_watch(summary, probe=cfg.probe, model=cfg.model, variant=cfg.variant, db=db,
                      warn=True)
