@@ -371,8 +371,9 @@ def resolve(source: str | int, names: list[str], progress=None, shown: str | Non
     never re-opened by path). A name that matches only something a uprobe must not go at
     is None, with one line saying why in ``info.reasons``.
 
-    ``progress(str)``, when given, is told when a big file (> 100 MB) is being read, so a
-    command can say it is working (naming it ``shown``, default the path's basename).
+    ``progress(str)``, when given, is told when more than 100 MB of tables are to be read
+    (after the headers are checked), so a command can say it is working (naming it
+    ``shown``, default the path's basename).
     Raises :class:`ElfError` (one line) for a file that is not a 64-bit little-endian ELF,
     is malformed, or whose symbol tables exceed :data:`READ_CAP`."""
     fd, own, name = _open(source, shown)
@@ -389,10 +390,10 @@ def resolve(source: str | int, names: list[str], progress=None, shown: str | Non
         if info is None or missing:
             if st.st_size < 64:
                 raise ElfError(f"{name}: not an ELF file (too short)")
-            if progress and st.st_size > 100 << 20:
-                progress(f"reading the symbols of {shown or os.path.basename(name)} "
-                         f"({st.st_size / 1e6:.0f} MB)")
-            info = _read(fd, name, st.st_size, missing, known)
+            said = f"reading the symbols of {shown or os.path.basename(name)} " \
+                   f"({st.st_size / 1e6:.0f} MB)"
+            info = _read(fd, name, st.st_size, missing, known,
+                         (lambda: progress(said)) if progress else (lambda: None))
             _cache[key] = (info, known)
     finally:
         if own:
@@ -402,11 +403,14 @@ def resolve(source: str | int, names: list[str], progress=None, shown: str | Non
 
 
 def _read(fd: int, name: str, size: int, missing: list[str],
-          known: dict[str, tuple[Symbol | None, str | None]]) -> ElfInfo:
-    """Map the file, look ``missing`` up into ``known``; what the file is."""
+          known: dict[str, tuple[Symbol | None, str | None]], big) -> ElfInfo:
+    """Map the file, look ``missing`` up into ``known``; what the file is. ``big()`` is
+    called once the headers hold and the tables to read exceed 100 MB."""
     elf = _Elf(fd, name, size)
     try:
         tables = elf.tables()
+        if sum(t.count * _SYM.itemsize + t.str_size for t in tables) > 100 << 20:
+            big()
         info = ElfInfo(name, MACHINES.get(elf.e_machine, f"machine {elf.e_machine}"),
                        elf.build_id(), tuple(t.label for t in tables),
                        sum(t.count for t in tables),
