@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import tuning.tunables.base as tunables_base
 from agent.cli import get_app
+from agent.fixscript import NOT_UNDONE
 from tests.conftest import FIXTURES
+from tests.treecopy import KernelSim, diff, snapshot
+from tuning.tunables import fixing
 from tuning.tunables.boot import boot_args, grub_commands, grub_script
 
 runner = CliRunner()
@@ -291,14 +295,32 @@ def test_tune_plan_recipe_pastes(tree, profile):
 # -- audit --fix-script ----------------------------------------------------------------------
 
 
+def _script(path: Path) -> tuple[list[str], list[str]]:
+    """(every line, the commands: lines that are not comments, set -e or the boot part)."""
+    lines = path.read_text().splitlines()
+    end = lines.index("if command -v grubby >/dev/null 2>&1; then") \
+        if "if command -v grubby >/dev/null 2>&1; then" in lines else len(lines)
+    cmds = [ln for ln in lines[:end] if ln.strip() and not ln.lstrip().startswith("#")
+            and ln != "set -e" and ln != "#!/bin/sh"]
+    return lines, cmds
+
+
+def _tune_call(cmds: list[str]) -> list[str]:
+    """The one `tune apply` call's argv; every other command must say it is not undone."""
+    calls = [shlex.split(c) for c in cmds if " tune apply " in c]
+    assert len(calls) == 1, cmds
+    for c in cmds:
+        assert " tune apply " in c or "# " in c and NOT_UNDONE in c.partition("# ")[2], c
+    return calls[0]
+
+
 def test_fix_script_is_an_executable_commented_script(tmp_path):
     path = tmp_path / "fix.sh"
     res = _audit("--root", str(FIXTURES / "synthetic-2socket"), "--fix-script", str(path))
     assert res.exit_code == 2, res.output
     st = path.stat()
     assert stat.S_IMODE(st.st_mode) == 0o700
-    text = path.read_text()
-    lines = text.splitlines()
+    lines, commands = _script(path)
     assert lines[0] == "#!/bin/sh" and "set -e" in lines
     for sh in ("sh", "bash"):
         assert subprocess.run([sh, "-n", str(path)]).returncode == 0
@@ -307,18 +329,138 @@ def test_fix_script_is_an_executable_commented_script(tmp_path):
                                                           "error")]
     for f in todo:  # one comment line naming each finding
         assert sum(1 for ln in lines if ln.startswith(f"# {f['id']} (")) == 1, f["id"]
-    commands = [ln for ln in lines if ln and not ln.lstrip().startswith("#")]
-    assert "cpupower -c 4-7 frequency-set -g performance" in commands
-    assert "sysctl -w kernel.numa_balancing=0  # persist in /etc/sysctl.d/" in commands
-    assert not any(re.search(r"\breboot\b", c) for c in commands)
     assert lines[-1] == "# then reboot"
-    # in the audit's (tune's) order: irqbalance stopped before the IRQs are moved
-    assert commands.index("systemctl disable --now irqbalance") < \
-        next(i for i, c in enumerate(commands) if "smp_affinity_list" in c)
-    # advice and the alternative are comments, never run
+    assert not any(re.search(r"\breboot\b", c) for c in commands)
+    # every runtime setting through ONE journalled call, with the exact --only list: the
+    # tunables of the findings to fix (tuning.tunables.fixing), in apply order
+    argv = _tune_call(commands)
+    assert os.path.isabs(argv[0]) and os.access(argv[0], os.X_OK), argv[0]
+    assert argv[1:7] == ["tune", "apply", "--profile", "hft-cpu", "--cpus", "2-7"]
+    only = [v for o, v in zip(argv, argv[1:]) if o == "--only"]
+    want = [t for f in todo for t in fixing(f["id"])]
+    assert only == want and len(set(only)) == len(only)
+    assert {"cpu.governor", "irq.affinity", "irq.default_affinity", "memory.swappiness",
+            "memory.numa_balancing", "kernel.perf_event_paranoid"} <= set(only)
+    # no raw write of a setting tune journals is left to run
+    assert not [c for c in commands if c.startswith(("sysctl", "echo", "for ", "cpupower"))]
+    # what tune cannot journal stays, marked, with the value to put back
+    assert "swapoff -a  # not undone by tune rollback; to restore: swapon -a (the swap in " \
+        "/etc/fstab); it was: /dev/nvme0n1p3 (8191 MiB, 1 MiB used)" in commands
+    assert any(c.startswith("systemctl disable --now irqbalance.service tuned.service  # ") and
+               "to restore: systemctl enable --now irqbalance.service tuned.service" in c
+               for c in commands)
+    assert any(ln.startswith("# -- boot arguments (not undone by tune rollback") for ln in lines)
+    assert "# isolation.nohz_full (pending-reboot): nohz_full (no timer tick): nohz_full=2-7 " \
+        "(now: not set)" in lines
+    # advice is a comment, never run; the call's job is said next to each finding
     assert any(ln.startswith("#   advice: include SMT siblings") for ln in lines)
-    assert any(ln.startswith("#   or, instead: hftagent tune apply") for ln in lines)
-    assert not any(c.startswith("hftagent ") for c in commands)
+    assert "#   tune apply --only cpu.governor (below), journalled; the same as: cpupower -c " \
+        "4-7 frequency-set -g performance" in lines
+    assert not any(ln.startswith("#   or, instead:") and "tune apply" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("tree", HOST_TREES)
+def test_fix_script_then_rollback_restores_every_value(tree, tree_copy, tmp_path, monkeypatch):
+    """Issue #39's test: run the script (sh, set -e) with hftagent, swapoff, systemctl and
+    grubby recorded, then the one hftagent call it made against a copy of the tree (the
+    kernel simulated): the findings it stands for are fixed, the tree changed; after `tune
+    rollback` a snapshot of every file equals the one before."""
+    from agent import fixscript
+    monkeypatch.setattr(tunables_base, "default_writer", KernelSim)
+    root = tree_copy(tree)
+    env = _bin(tmp_path)
+    stub = tmp_path / "bin/hftagent-here"
+    stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {tmp_path}/hftagent-argv\n')
+    stub.chmod(0o755)
+    for name in ("swapoff", "systemctl"):  # what tune cannot journal: recorded, not run
+        (tmp_path / "bin" / name).write_text(f"#!/bin/sh\necho {name} >> {tmp_path}/calls\n")
+        (tmp_path / "bin" / name).chmod(0o755)
+    monkeypatch.setattr(fixscript, "hftagent_argv", lambda: [str(stub)])
+    path = tmp_path / "fix.sh"
+    assert _audit("--root", str(root), "--fix-script", str(path)).exit_code in (0, 2)
+    _, commands = _script(path)
+    if tree == "synthetic-tuned":  # tuned already: nothing for tune to do
+        assert not [c for c in commands if " tune apply " in c]
+        return
+    argv = _tune_call(commands)
+    assert argv[0] == str(stub)
+    res = subprocess.run(["sh", str(path)], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    ran = (tmp_path / "hftagent-argv").read_text().split("\0")[:-1]
+    assert ran == argv[1:]
+    before = snapshot(root)
+    applied = runner.invoke(get_app(), [*ran, "--root", str(root), "--json"])
+    assert applied.exit_code == 0, applied.output
+    items = {i["id"]: i["state"] for i in json.loads(applied.stdout)["items"]}
+    changed = diff(before, snapshot(root))
+    assert changed, "the call changed nothing"
+    after = json.loads(_audit("--root", str(root), "--json").stdout)
+    status = {f["id"]: f["status"] for f in after["findings"]}
+    fixed = [fid for fid in _runtime_findings(path)
+             if fixing(fid) and all(items.get(t) == "planned" for t in fixing(fid))]
+    assert fixed and all(status[fid] == "ok" for fid in fixed), \
+        {fid: status[fid] for fid in fixed}
+    rb = runner.invoke(get_app(), ["tune", "rollback", "--root", str(root)])
+    assert rb.exit_code == 0, rb.output
+    assert diff(before, snapshot(root)) == []
+
+
+def _runtime_findings(path: Path) -> list[str]:
+    """The findings of the script's first part (the one journalled call's)."""
+    lines = path.read_text().splitlines()
+    start = lines.index("# -- runtime settings: one journalled call --")
+    out = []
+    for ln in lines[start + 1:]:
+        if not ln.startswith("#"):
+            break
+        if not ln.startswith("#   "):
+            out.append(ln[2:].split(" (", 1)[0])
+    return out
+
+
+def test_the_script_calls_hftagent_by_its_absolute_path(tmp_path, monkeypatch):
+    """Root's PATH rarely holds a virtual environment's bin/: the script names the program
+    that wrote it (absolute, quoted), and runs where no hftagent is on PATH."""
+    import sys
+
+    from agent import fixscript
+    here = Path(sys.executable).parent / "hftagent"
+    odd = tmp_path / "my tools"
+    odd.mkdir()
+    prog = odd / "hftagent"
+    prog.write_text(f'#!/bin/sh\necho "$0" > {tmp_path}/ran\n')
+    prog.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(prog), "audit"])
+    assert fixscript.hftagent_argv() == [str(prog)]
+    monkeypatch.chdir(odd)
+    monkeypatch.setattr(sys, "argv", ["./hftagent", "audit"])  # relative: made absolute
+    assert fixscript.hftagent_argv() == [str(prog)]
+    monkeypatch.setattr(sys, "argv", ["/usr/lib/python3/agent/cli.py"])  # python -m agent.cli
+    if here.is_file():
+        assert fixscript.hftagent_argv() == [str(here)]
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python3"))  # none beside it
+    assert fixscript.hftagent_argv() == [str(tmp_path / "python3"), "-m", "agent.cli"]
+    monkeypatch.setattr(sys, "argv", [str(prog), "audit"])
+    path = tmp_path / "fix.sh"
+    assert _audit("--root", str(FIXTURES / "vm-dev"), "--fix-script", str(path)).exit_code == 2
+    _, commands = _script(path)
+    call = next(c for c in commands if " tune apply " in c)
+    assert call.startswith(f"'{prog}' tune apply ")
+    res = subprocess.run(["sh", "-c", call], env={"PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and (tmp_path / "ran").read_text() == f"{prog}\n"
+
+
+def test_a_profile_file_is_named_by_its_absolute_path(tmp_path, monkeypatch):
+    src = Path(__file__).resolve().parents[1] / "tuning/profiles/hft-cpu.toml"
+    (tmp_path / "mine.toml").write_text(src.read_text())
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "fix.sh"
+    res = _audit("--root", str(FIXTURES / "vm-dev"), "--profile", "mine.toml", "--fix-script",
+                 str(path))
+    assert res.exit_code == 2, res.output
+    argv = _tune_call(_script(path)[1])
+    assert argv[argv.index("--profile") + 1] == str(tmp_path / "mine.toml")
 
 
 def test_fix_script_boot_part_runs(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 
 import pytest
@@ -221,3 +222,32 @@ def test_audit_process_imports_nothing_heavy(tmp_path):
                        env={**__import__("os").environ, "HFTAGENT_DB": str(tmp_path / "h.db")})
     assert "HEAVY []" in r.stderr, r.stderr[-500:]
     assert (tmp_path / "h.db").exists()  # and the run was recorded
+
+
+REPO = FIXTURES.parents[1]
+
+
+@pytest.mark.parametrize("fmt", [[], ["--json"]])
+def test_a_reader_closing_the_pipe_keeps_the_exit_status(fmt):
+    """`hftagent audit | head -1` exits 2 as the audit does (issue #39): a reader that closed
+    the pipe ends the output, not the audit. Two real pipes: one whose reader is gone before
+    a byte is written (every write fails with EPIPE), and a shell pipeline into head."""
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "agent.cli", "audit", "--root",
+           str(FIXTURES / "synthetic-2socket"), "--steal-window", "0", *fmt]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 2 and err == b"", err
+    shell = " ".join(map(shlex.quote, cmd)) + ' | head -1; echo "rc=${PIPESTATUS[0]}"'
+    res = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert res.stdout.splitlines()[-1] == "rc=2" and res.stderr == "", res
+
+
+def test_the_irq_fix_offers_the_narrow_command():
+    """The alternative to moving the IRQs by hand is tune's IRQ step alone, never the whole
+    profile plus isolation (issue #39)."""
+    f = by_id(audit("--root", str(FIXTURES / "vm-dev"), "--json"))["irq.affinity"]
+    assert f["fix"].endswith("(or: hftagent tune apply --only irq.affinity --cpus 1)")

@@ -148,7 +148,7 @@ def check(ctx: AuditContext) -> list[Finding]:
                     f"{format_cpulist([a.irq for a in unreadable])})")
         irqs = " ".join(h.split()[0] for h in hits)
         fix = (f"for i in {irqs}; do echo {house_s} > /proc/irq/$i/smp_affinity_list; done  "
-               f"(or: hftagent tune apply --cpus {format_cpulist(ctx.cpus)})")
+               f"(or: hftagent tune apply --only irq.affinity --cpus {format_cpulist(ctx.cpus)})")
         # none allowed on the target among those read: not ok while some could not be read
         status = Status.ERROR if unreadable and not hits else None
         out.append(ctx.finding("irq_affinity", "irq.affinity", FAMILY,
