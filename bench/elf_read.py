@@ -15,7 +15,7 @@ Cases (interleaved, ``--runs`` rounds):
   old reader's K × N lookup ran past 90 s on a 12 MB one).
 
 Per case: the median and worst wall time of the call, and the worst peak RSS of the process
-(``ru_maxrss``) beside its RSS before the call (Python + numpy). Targets: 10 GiB sparse and the
+(``VmHWM``) beside its RSS before the call (Python + numpy). Targets: 10 GiB sparse and the
 repeated name under 5 s and 200 MB RSS. The crafted files come from tests/elfcraft.py and are
 removed after.
 """
@@ -33,10 +33,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+# VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's high-water mark (exec
+# keeps it), so it would measure this script.
 CHILD = r"""
-import resource, sys, time
+import sys, time
 from agent.trace import elf
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def hwm():
+    with open("/proc/self/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("VmHWM:")))
+before = hwm()
 t0 = time.perf_counter()
 try:
     _info, found = elf.resolve(sys.argv[1], sys.argv[2:])
@@ -44,7 +49,7 @@ try:
 except elf.ElfError as exc:
     what = f"ElfError: {exc}"
 dt = time.perf_counter() - t0
-print(dt, before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, what, sep="\t")
+print(dt, before, hwm(), what, sep="\t")
 """
 
 

@@ -213,11 +213,13 @@ class _Elf:
                 return found
         return None
 
-    def release(self) -> None:
-        """Drop the pages touched so far from our resident set (they stay in the page cache:
-        a later touch maps them again)."""
+    def release(self, off: int = 0, size: int | None = None) -> None:
+        """Drop the pages of ``size`` bytes at ``off`` (default: all) from our resident set;
+        they stay in the page cache, and a later touch maps them again."""
+        start = off - off % mmap.PAGESIZE
+        end = self.size if size is None else min(off + size, self.size)
         try:
-            self.m.madvise(mmap.MADV_DONTNEED)
+            self.m.madvise(mmap.MADV_DONTNEED, start, end - start)
         except (OSError, ValueError, AttributeError):
             pass
 
@@ -269,7 +271,7 @@ def _matching(elf: _Elf, syms: np.ndarray, t: _Table, needle: bytes, exact: bool
                 break
         out.append(idx)
         del view
-        elf.release()
+        elf.release(t.str_off + a, STRINGS_WINDOW + len(want))
     return np.sort(np.concatenate(out))
 
 
@@ -348,7 +350,7 @@ def _lookup(elf: _Elf, tables: list[_Table], names: list[str]
                 if found is not None or out[n][1] is None:
                     out[n] = (found, why if found is None else None)
             del strtab, syms
-            elf.release()
+            elf.release(t.sym_off + start * _SYM.itemsize, WINDOW_SYMBOLS * _SYM.itemsize)
     return out
 
 
