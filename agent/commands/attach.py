@@ -22,7 +22,17 @@ For process PID: the inference runtime found in its mapped libraries (LiteRT fro
 the LiteRT, TFLite and TF C APIs, TF2 from Python), the library, the function that runs once
 per inference call, its file offset, the instruction at its entry, what a uprobe there costs
 per call, and why not where it cannot be attached. `hftagent watch --attach PID` then times
-every call and explains each slow one. Nothing is written and no probe is placed."""
+every call and explains each slow one. Nothing is written and no probe is placed.
+
+Each library is opened once and read through that descriptor; one that is not a regular file
+is refused, and so is one that a user other than root and the process's owner may write
+(unless --attach-unsafe-library)."""
+
+UnsafeLibraryOpt = Annotated[bool, typer.Option(
+    "--attach-unsafe-library", help="Read and probe a library that a user other than root "
+    "and the process's owner may write (owned by another user, group- or world-writable). "
+    "Risk: that user can change the code the uprobe lands in, in every process that maps "
+    "the file, while root's probe is there.")]
 
 
 def attach(
@@ -32,6 +42,7 @@ def attach(
     runtime: AttachRuntimeOpt = None,
     symbol: AttachSymbolOpt = None,
     as_json: JsonOpt = False,
+    unsafe_library: UnsafeLibraryOpt = False,
 ) -> None:
     from agent.trace.attach import AttachError, check_text, host_notes, plan
     from collectors.host import Host
@@ -41,9 +52,11 @@ def attach(
     host = Host()
     try:
         p = plan(host, pid, runtime or "auto", symbol,
-                 progress=lambda msg: print(msg + " ...", file=sys.stderr, flush=True))
+                 progress=lambda msg: print(msg + " ...", file=sys.stderr, flush=True),
+                 unsafe_library=unsafe_library)
     except AttachError as exc:
         raise fail(str(exc)) from None
+    p.close()   # read-only: nothing is defined on the pinned libraries
     if as_json:
         print(json.dumps({**p.to_dict(), "kernel": host_notes(host)}, indent=2))
     else:

@@ -23,17 +23,26 @@ trampoline is not an unwindable frame: ``terminate called after throwing``, meas
 return probes are placed only on these. ``--attach-symbol LIB:SYMBOL`` (any other function)
 gets entry-only timing unless ``--unsafe-return`` says the caller knows it cannot throw.
 
-Paths: the library is probed through ``/proc/PID/map_files/START-END`` of its executable
-mapping, i.e. the very inode the process mapped (also inside a container, and even if the
-file on disk was replaced since). uprobes are per inode: every process that maps the same
-file pays the trap on each call (the event filter limits what is recorded, not who traps).
+Pinning (issue #34): each library is opened once, through ``/proc/PID/map_files/START-END``
+of its executable mapping (the very file the process mapped, also inside a container), else
+through ``/proc/PID/root`` one component at a time without following a link; only a regular
+file is kept (:class:`Pinned`). Its symbols are read through that descriptor, and the uprobe is
+defined on ``/proc/self/fd/N`` of it: the kernel's ``kern_path`` follows that link to the very
+open file, so a target that re-maps its address range to another file after the read cannot
+move the probe there. After the definition the target's mapping is checked again
+(:meth:`Pinned.moved`); any change removes the events. A library that someone other than root
+and the target's owner may write is refused unless the caller says otherwise
+(``--attach-unsafe-library``). uprobes are per inode: every process that maps the same file
+pays the trap on each call (the event filter limits what is recorded, not who traps).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agent.trace import elf
 from collectors.host import Host
@@ -87,18 +96,235 @@ class Mapping:
         return os.path.basename(self.path)
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Who the target runs as (/proc/PID/status ``Uid:``, ``Gid:``, ``Groups:``)."""
+    uids: frozenset[int]      # real and effective
+    gids: frozenset[int]      # real and effective
+    groups: frozenset[int]    # supplementary
+
+    def may_read(self, st: os.stat_result) -> bool:
+        """Whether the owner may read a file of this mode and owner (DAC bits; root may)."""
+        if 0 in self.uids:
+            return True
+        if st.st_uid in self.uids:
+            return bool(st.st_mode & stat.S_IRUSR)
+        if st.st_gid in self.gids | self.groups:
+            return bool(st.st_mode & stat.S_IRGRP)
+        return bool(st.st_mode & stat.S_IROTH)
+
+
+def owner_of(host: Host, pid: int) -> Owner:
+    """The target's :class:`Owner`; :class:`AttachError` when the process is gone."""
+    r = host.read(host.proc(pid, "status"))
+    if r.value is None:
+        raise AttachError(f"pid {pid}: no such process (or not in this PID namespace)")
+    ids: dict[str, list[int]] = {}
+    for line in r.value.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Uid", "Gid", "Groups"):
+            ids[key] = [int(x) for x in rest.split() if x.isdigit()]
+    if len(ids.get("Uid", [])) < 2 or len(ids.get("Gid", [])) < 2:
+        raise AttachError(f"pid {pid}: cannot read its owner from "
+                          f"{host.display(host.proc(pid, 'status'))}")
+    return Owner(frozenset(ids["Uid"][:2]), frozenset(ids["Gid"][:2]),
+                 frozenset(ids.get("Groups", [])))
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a link"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(st: os.stat_result) -> str | None:
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return next((what for test, what in _KINDS if test(st.st_mode)), "not a regular file")
+
+
+def _writers(st: os.stat_result, owner: Owner) -> str | None:
+    """Who other than root and the target's owner may write the file, or None."""
+    if st.st_uid not in owner.uids | {0}:
+        return f"owned by uid {st.st_uid} (neither root nor the process's owner)"
+    if st.st_mode & stat.S_IWOTH:
+        return "writable by every user"
+    if st.st_mode & stat.S_IWGRP and st.st_gid not in owner.gids | {0}:
+        return f"writable by group {st.st_gid}"
+    return None
+
+
+class Pinned:
+    """One library opened once, kept open for the attach's life: its symbols are read
+    through :attr:`fd`, its uprobes defined on :attr:`probe_path` (``/proc/self/fd/N``: the
+    kernel follows that link to this very open file). The :class:`~agent.trace.uprobe.Uprobes`
+    that defines them closes it (:meth:`close`, also when the object is collected)."""
+
+    def __init__(self, host: Host, pid: int, m: Mapping, fd: int, via: str,
+                 through_root: bool) -> None:
+        self.host, self.pid, self.mapping, self.fd, self.via = host, pid, m, fd, via
+        self.through_root = through_root      # not map_files: a path the target can re-point
+        st = os.fstat(fd)
+        self.dev, self.ino = st.st_dev, st.st_ino
+
+    @property
+    def probe_path(self) -> str:
+        return str(self.host.proc("self", "fd", self.fd))
+
+    @property
+    def map_files(self) -> Path:
+        m = self.mapping
+        return self.host.proc(self.pid, "map_files", f"{m.start:x}-{m.end:x}")
+
+    def moved(self) -> str | None:
+        """None while the target still maps this file at the range it was read from, else
+        one line saying what changed (the caller removes what it defined and refuses)."""
+        m = self.mapping
+        rng = f"{m.start:x}-{m.end:x}"
+        what = f"pid {self.pid} no longer maps {m.name} at {rng} as read"
+        try:
+            st = os.stat(self.map_files)
+            now = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            return f"{what} (nothing is mapped there now): refused, nothing attached"
+        except OSError:   # no map_files here (no CAP_SYS_ADMIN): the maps line's inode
+            now = (self.dev, _mapped_inode(self.host, self.pid, m))
+        if now != (self.dev, self.ino):
+            return (f"{what} (it now maps inode {now[1]}, not {self.ino}): the mapping "
+                    "changed after its symbols were read; refused, nothing attached")
+        return None
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:  # pragma: no cover - best effort, plan() closes what it drops
+        try:
+            self.close()
+        except OSError:
+            pass
+
+
+def _mapped_inode(host: Host, pid: int, m: Mapping) -> int | None:
+    """The inode /proc/PID/maps shows at ``m``'s exact range now (None: nothing there)."""
+    r = host.read(host.proc(pid, "maps"))
+    for line in (r.value or "").splitlines():
+        f = line.split(None, 5)
+        if len(f) >= 5 and f[0] == f"{m.start:x}-{m.end:x}" and f[4].isdigit():
+            return int(f[4])
+    return None
+
+
+_PATH = os.O_PATH | os.O_CLOEXEC
+
+
+def _reopen(host: Host, opath: int) -> int:
+    """A readable descriptor of the regular file ``opath`` (an O_PATH descriptor) names:
+    reopened through /proc/self/fd, so nothing else is opened and no device's open() runs.
+    Raises ValueError naming what the file is when it is not a regular file."""
+    kind = _not_regular(os.fstat(opath))
+    if kind:
+        raise ValueError(kind)
+    return os.open(host.proc("self", "fd", opath),
+                   os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+
+
+def _open_map_file(host: Host, pid: int, m: Mapping) -> int:
+    """The mapped file through /proc/PID/map_files (needs CAP_SYS_ADMIN: OSError without)."""
+    opath = os.open(host.proc(pid, "map_files", f"{m.start:x}-{m.end:x}"), _PATH)
+    try:
+        return _reopen(host, opath)
+    finally:
+        os.close(opath)
+
+
+def _open_in_root(host: Host, pid: int, m: Mapping) -> int:
+    """``m.path`` under the target's root, one component at a time from a descriptor of
+    /proc/PID/root, following no link (O_NOFOLLOW on every component) and opening nothing
+    but the final regular file. OSError or ValueError (what the file is) when refused."""
+    parts = m.path.split("/")[1:]
+    if not parts or any(p in ("", ".", "..") for p in parts):
+        raise ValueError("not a plain absolute path")
+    fd = os.open(host.proc(pid, "root"), _PATH | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, _PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        last = os.open(parts[-1], _PATH | os.O_NOFOLLOW, dir_fd=fd)
+        os.close(fd)
+        fd = last
+        return _reopen(host, fd)
+    finally:
+        os.close(fd)
+
+
+def _why(exc: Exception) -> str:
+    return (exc.strerror or str(exc)).lower() if isinstance(exc, OSError) else str(exc)
+
+
+def pin(host: Host, pid: int, m: Mapping, owner: Owner, unsafe_library: bool = False
+        ) -> Pinned:
+    """Open the library of mapping ``m`` once (:class:`Pinned`): through map_files, else
+    through the target's root (then only the inode the process maps, and only a file its
+    owner may read). :class:`AttachError` (one line) for anything else, and for a library
+    someone other than root and the owner may write unless ``unsafe_library``."""
+    mf = host.display(host.proc(pid, "map_files", f"{m.start:x}-{m.end:x}"))
+    try:
+        fd, via, root = _open_map_file(host, pid, m), mf, False
+    except ValueError as exc:
+        raise AttachError(f"pid {pid}: {m.path} (through {mf}) is {exc}: refused") from None
+    except OSError as first:
+        via, root = host.display(host.proc(pid, "root")) + m.path, True
+        try:
+            fd = _open_in_root(host, pid, m)
+        except (OSError, ValueError) as exc:
+            what = f"is {exc}" if isinstance(exc, ValueError) else f"cannot be opened: {_why(exc)}"
+            raise AttachError(f"pid {pid}: {m.path} cannot be opened through {mf} "
+                              f"({_why(first)}) and {via} {what}: refused") from None
+    p = Pinned(host, pid, m, fd, via, root)
+    try:
+        _vet(p, m, owner, unsafe_library)
+    except AttachError:
+        p.close()
+        raise
+    return p
+
+
+def _vet(p: Pinned, m: Mapping, owner: Owner, unsafe_library: bool) -> None:
+    st = os.fstat(p.fd)
+    if p.through_root:
+        # through the root: a path the target's owner can re-point, so only the inode the
+        # process maps, and only what that owner may read itself
+        if st.st_ino != m.inode:
+            raise AttachError(f"pid {p.pid}: {p.via} is inode {st.st_ino}, not the inode "
+                              f"{m.inode} the process maps: refused")
+        if not owner.may_read(st):
+            raise AttachError(f"pid {p.pid}: {p.via} is not readable by the process's owner: "
+                              "refused")
+    who = _writers(st, owner)
+    if who and not unsafe_library:
+        raise AttachError(f"pid {p.pid}: {m.path} is {who}: a uprobe there would run code "
+                          "another user can change; refused (--attach-unsafe-library "
+                          "overrides)")
+
+
 @dataclass
 class Target:
-    """One function to probe in one mapped library."""
+    """One function to probe in one pinned library."""
     runtime: str
     library: str           # the path the process mapped
-    map_files: str         # /proc/PID/map_files/START-END (the probe's path)
+    map_files: str         # where the library was opened (map_files, else the root path)
     symbol: str            # the mangled name found
     shown: str
     offset: int
     entry: str             # the instruction at the entry (elf.describe_entry)
     table: str
     returns: bool          # a return probe is placed (status-returning functions only)
+    pin: Pinned | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "pin"}
 
 
 @dataclass
@@ -110,19 +336,28 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"pid": self.pid, "comm": self.comm,
-                "targets": [t.__dict__ for t in self.targets], "notes": self.notes,
+                "targets": [t.to_dict() for t in self.targets], "notes": self.notes,
                 "cost_us_per_call": COST_US if self.targets else None}
+
+    def close(self) -> None:
+        """Close the pinned libraries (``attach --check``; watch hands them to Uprobes)."""
+        for t in self.targets:
+            if t.pin is not None:
+                t.pin.close()
 
 
 def exec_mappings(host: Host, pid: int) -> list[Mapping]:
     """The executable file mappings of ``pid`` (from /proc/PID/maps), each file once.
-    :class:`AttachError` when the process is gone or its maps cannot be read."""
+    :class:`AttachError` when the process is gone, its maps cannot be read (saying why), or
+    it is a kernel thread."""
     r = host.read(host.proc(pid, "maps"))
     if r.value is None:
         if r.reason == "absent":
             raise AttachError(f"pid {pid}: no such process (or not in this PID namespace)")
-        raise AttachError(f"cannot read {host.display(host.proc(pid, 'maps'))}: {r.reason} "
-                          "(attach needs root)")
+        raise AttachError(_maps_denied(host, pid, r.reason or "unreadable"))
+    if not r.value.strip() and _kernel_thread(host, pid):
+        raise AttachError(f"pid {pid} ({comm_of(host, pid)}) is a kernel thread: it runs no "
+                          "user code to probe")
     out: list[Mapping] = []
     seen: set[int] = set()
     for line in r.value.splitlines():
@@ -143,19 +378,46 @@ def exec_mappings(host: Host, pid: int) -> list[Mapping]:
     return out
 
 
-def _readable(host: Host, pid: int, m: Mapping) -> tuple[str, str]:
-    """(path to read the ELF from, path for the uprobe). The uprobe goes on map_files (the
-    mapped inode); the symbols are read from it too where we may (root), else through the
-    process's root (same file unless replaced since)."""
-    mf = str(host.proc(pid, "map_files", f"{m.start:x}-{m.end:x}"))
-    for cand in (mf, str(host.proc(pid, "root")) + m.path):
-        try:
-            fd = os.open(cand, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        os.close(fd)
-        return cand, mf
-    raise AttachError(f"pid {pid}: cannot open {m.path} (through {mf}): attach needs root")
+PF_KTHREAD = 0x00200000     # include/linux/sched.h: /proc/PID/stat's flags field
+CAP_SYS_PTRACE = 19
+
+
+def _kernel_thread(host: Host, pid: int) -> bool:
+    st = host.read(host.proc(pid, "stat")).value or ""
+    try:
+        return bool(int(st[st.rindex(")") + 2:].split()[6]) & PF_KTHREAD)
+    except (ValueError, IndexError):
+        return False
+
+
+def _caps(host: Host, pid: int | str, field_name: str) -> int | None:
+    for line in (host.read(host.proc(pid, "status")).value or "").splitlines():
+        if line.startswith(field_name + ":"):
+            try:
+                return int(line.split()[1], 16)
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _maps_denied(host: Host, pid: int, reason: str) -> str:
+    """Why /proc/PID/maps could not be read: the kernel's ptrace read check (fs/proc/base.c
+    mm_access, PTRACE_MODE_READ_FSCREDS) passes for root unless root lacks CAP_SYS_PTRACE
+    against a process holding capabilities it lacks, or a security module (Landlock keeps a
+    sandboxed process to its own domain; AppArmor, SELinux, a BPF LSM) refuses it."""
+    shown = host.display(host.proc(pid, "maps"))
+    reason = "permission denied" if reason == "permission" else reason
+    if os.geteuid() != 0:
+        return f"cannot read {shown}: {reason} (attach needs root)"
+    ours, theirs = _caps(host, "self", "CapEff"), _caps(host, pid, "CapPrm")
+    if ours is not None and not ours >> CAP_SYS_PTRACE & 1:
+        extra = (theirs or 0) & ~ours
+        return (f"cannot read {shown}: {reason}, although running as root: this process "
+                "lacks CAP_SYS_PTRACE" + (f" and pid {pid} holds capabilities it does not "
+                                           f"(mask 0x{extra:x})" if extra else ""))
+    return (f"cannot read {shown}: {reason}, although running as root with CAP_SYS_PTRACE: "
+            "a security module or a sandbox this process runs in (Landlock, AppArmor, "
+            f"SELinux, a BPF LSM) keeps it from inspecting pid {pid}")
 
 
 def comm_of(host: Host, pid: int) -> str:
@@ -166,79 +428,119 @@ def comm_of(host: Host, pid: int) -> str:
 
 
 def plan(host: Host, pid: int, runtime: str = "auto", symbol: str | None = None,
-         unsafe_return: bool = False, progress=None) -> Plan:
+         unsafe_return: bool = False, progress=None, unsafe_library: bool = False) -> Plan:
     """What to probe in process ``pid``. ``runtime``: one of :data:`NAMES`; ``symbol``:
     ``LIB:SYMBOL`` (any function of a mapped library whose basename is or starts with LIB).
+    Each library is pinned (:func:`pin`; ``unsafe_library`` lets one that another user may
+    write through); the targets hold their :class:`Pinned`, which :meth:`Plan.close` or
+    the :class:`~agent.trace.uprobe.Uprobes` given them closes.
     Raises :class:`AttachError` when nothing can be attached, saying why."""
     if runtime not in NAMES:
         raise AttachError(f"--attach-runtime must be one of {', '.join(NAMES)}, not {runtime!r}")
     p = Plan(pid, comm_of(host, pid))
-    maps = exec_mappings(host, pid)
-    if symbol is not None:
-        lib, sep, sym = symbol.partition(":")
-        if not sep or not lib or not sym:
-            raise AttachError(f"--attach-symbol must be LIB:SYMBOL, not {symbol!r}")
-        libs = [m for m in maps if m.name == lib or m.name.startswith(lib)
-                or m.path == lib]
-        if not libs:
-            raise AttachError(f"pid {pid} ({p.comm}) maps no library named {lib!r}")
-        _add(host, p, libs[0], [sym], "symbol", sym, unsafe_return, progress, required=True)
-        return p
-    wanted = [r for r in RUNTIMES if runtime in ("auto", r.name)]
-    found: list[Plan] = []
-    for r in wanted:
-        one = Plan(pid, p.comm)
-        for m in maps:
-            if r.library.search(m.name):
-                _add(host, one, m, list(r.symbols), r.name, r.shown, True, progress)
-        if one.targets:
-            found.append(one)
-    if found:
-        # auto: the first runtime of the catalogue the process maps (the Python LiteRT
-        # wrapper before the C APIs it embeds; TF's C API before its Python dispatch);
-        # the others are named, so the user can choose one of them instead
-        p.targets = found[0].targets
-        p.notes += [f"also maps {f.targets[0].runtime} ({f.targets[0].shown}): "
-                    f"--attach-runtime {f.targets[0].runtime} times that instead"
-                    for f in found[1:]]
-        if not one.targets:
-            p.notes += one.notes
-    if not p.targets:
-        known = ", ".join(sorted({m.name for m in maps if ".so" in m.name})[:12])
-        which = "a known inference runtime" if runtime == "auto" else f"the {runtime} runtime"
-        extra = f"; {'; '.join(p.notes)}" if p.notes else ""
-        raise AttachError(f"pid {pid} ({p.comm}) maps no function of {which} "
-                          f"(libraries: {known or 'none'}){extra}; "
-                          "--attach-symbol LIB:SYMBOL names another")
+    r = _Reader(host, pid, exec_mappings(host, pid), owner_of(host, pid), unsafe_library,
+                progress)
+    try:
+        if symbol is not None:
+            r.symbol(p, symbol, unsafe_return)
+        else:
+            r.runtimes(p, runtime)
+    except BaseException:
+        r.close_except([])
+        raise
+    r.close_except(p.targets)
     return p
 
 
-def _add(host: Host, p: Plan, m: Mapping, names: list[str], runtime: str, shown: str,
-         returns: bool, progress, required: bool = False) -> None:
-    """Add the functions ``names`` of mapping ``m`` to ``p``; one that is missing is a note
-    when the runtime has none of them (or an AttachError when ``required``)."""
-    path, mf = _readable(host, p.pid, m)
-    try:
-        info, found = elf.resolve(path, names, progress, m.name)
-    except elf.ElfError as exc:
-        if required:
-            raise AttachError(str(exc)) from None
-        p.notes.append(str(exc))
-        return
-    if not any(found.values()):
-        why = (f"{m.name} has none of {', '.join(n.rstrip('*') for n in names)}"
-               + (" (stripped: no .symtab)" if info.stripped else ""))
-        if required:
-            raise AttachError(f"pid {p.pid}: {why}")
-        p.notes.append(why)
-        return
-    for name in names:
-        s = found.get(name)
-        if s is None:
-            continue
-        p.targets.append(Target(runtime, m.path, mf, s.name, shown, s.offset,
-                                elf.describe_entry(s.first_bytes, info.machine), s.table,
-                                returns))
+class _Reader:
+    """One plan's reading: the libraries pinned so far (each once), and what they hold."""
+
+    def __init__(self, host: Host, pid: int, maps: list[Mapping], owner: Owner,
+                 unsafe_library: bool, progress) -> None:
+        self.host, self.pid, self.maps, self.owner = host, pid, maps, owner
+        self.unsafe_library, self.progress = unsafe_library, progress
+        self.pins: dict[int, Pinned] = {}
+
+    def close_except(self, targets: list[Target]) -> None:
+        keep = {id(t.pin) for t in targets}
+        for pinned in self.pins.values():
+            if id(pinned) not in keep:
+                pinned.close()
+
+    def symbol(self, p: Plan, symbol: str, unsafe_return: bool) -> None:
+        lib, sep, sym = symbol.partition(":")
+        if not sep or not lib or not sym:
+            raise AttachError(f"--attach-symbol must be LIB:SYMBOL, not {symbol!r}")
+        libs = [m for m in self.maps if m.name == lib or m.name.startswith(lib)
+                or m.path == lib]
+        if not libs:
+            raise AttachError(f"pid {self.pid} ({p.comm}) maps no library named {lib!r}")
+        self.add(p, libs[0], [sym], "symbol", sym, unsafe_return, required=True)
+
+    def runtimes(self, p: Plan, runtime: str) -> None:
+        found: list[Plan] = []
+        notes: list[str] = []
+        for r in RUNTIMES:
+            if runtime not in ("auto", r.name):
+                continue
+            one = Plan(self.pid, p.comm)
+            for m in self.maps:
+                if r.library.search(m.name):
+                    self.add(one, m, list(r.symbols), r.name, r.shown, True)
+            notes += one.notes
+            if one.targets:
+                found.append(one)
+        if found:
+            # auto: the first runtime of the catalogue the process maps (the Python LiteRT
+            # wrapper before the C APIs it embeds; TF's C API before its Python dispatch);
+            # the others are named, so the user can choose one of them instead
+            p.targets = found[0].targets
+            p.notes += [f"also maps {f.targets[0].runtime} ({f.targets[0].shown}): "
+                        f"--attach-runtime {f.targets[0].runtime} times that instead"
+                        for f in found[1:]]
+            return
+        # nothing found: every candidate library's reason reaches the line
+        known = ", ".join(sorted({m.name for m in self.maps if ".so" in m.name})[:12])
+        which = "a known inference runtime" if runtime == "auto" else f"the {runtime} runtime"
+        extra = f"; {'; '.join(notes)}" if notes else ""
+        raise AttachError(f"pid {self.pid} ({p.comm}) maps no function of {which} "
+                          f"(libraries: {known or 'none'}){extra}; "
+                          "--attach-symbol LIB:SYMBOL names another")
+
+    def pin(self, m: Mapping) -> Pinned:
+        if m.inode not in self.pins:
+            self.pins[m.inode] = pin(self.host, self.pid, m, self.owner, self.unsafe_library)
+        return self.pins[m.inode]
+
+    def add(self, p: Plan, m: Mapping, names: list[str], runtime: str, shown: str,
+            returns: bool, required: bool = False) -> None:
+        """Add the functions ``names`` of mapping ``m`` to ``p``; why none is there is a
+        note (an AttachError when ``required``)."""
+        try:
+            pinned = self.pin(m)
+            info, found = elf.resolve(pinned.fd, names, self.progress, m.name)
+            moved = pinned.moved()
+            if moved:
+                raise AttachError(moved)
+        except (AttachError, elf.ElfError) as exc:
+            if required:
+                raise AttachError(str(exc)) from None
+            p.notes.append(str(exc))
+            return
+        if not any(found.values()):
+            why = (f"{m.name} has none of {', '.join(n.rstrip('*') for n in names)}"
+                   + (" (stripped: no .symtab)" if info.stripped else "")
+                   + "".join(f"; {r}" for r in info.reasons))
+            if required:
+                raise AttachError(f"pid {p.pid}: {why}")
+            p.notes.append(why)
+            return
+        for name in names:
+            s = found.get(name)
+            if s is not None:
+                p.targets.append(Target(runtime, m.path, pinned.via, s.name, shown, s.offset,
+                                        elf.describe_entry(s.first_bytes, info.machine),
+                                        s.table, returns, pinned))
 
 
 def host_notes(host: Host) -> list[str]:
@@ -266,7 +568,7 @@ def check_text(p: Plan, host: Host | None = None) -> list[str]:
         lines += [f"  runtime   {t.runtime}: {t.shown}",
                   f"  library   {t.library}",
                   f"  symbol    {t.symbol} ({t.table})",
-                  f"  offset    0x{t.offset:x} (probed through {t.map_files})",
+                  f"  offset    0x{t.offset:x} (the file opened once, through {t.map_files})",
                   f"  entry     {t.entry}",
                   f"  timing    {'entry and return (the function returns a status)' if t.returns else 'entry only (--unsafe-return adds the return probe)'}"]
     lines += [f"  note      {n}" for n in p.notes]

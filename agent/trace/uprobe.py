@@ -87,34 +87,50 @@ class Uprobes:
         self.instances: list[Path] = []     # where enabled
         self.returns: set[str] = set()      # names of return events
         self._removed = False
+        # the targets' pinned libraries (agent.trace.attach.Pinned), each once: ours from
+        # here on, kept open while the events live, closed by remove()
+        self._pins = list({id(t.pin): t.pin for t in self.targets
+                           if getattr(t, "pin", None) is not None}.values())
 
     def define(self) -> None:
-        """Define every target's events; on any refusal remove what was defined and raise
-        :class:`UprobeError` with the kernel's reason."""
+        """Define every target's events on its pinned library (``/proc/self/fd/N`` of our
+        descriptor: the kernel follows it to the very file whose symbols were read, not to
+        whatever the target maps at that path now), then check that the target still maps
+        that file; on any refusal or change remove what was defined and raise
+        :class:`UprobeError` with the reason."""
         why = available(self.tracefs)
         if why:
             raise UprobeError(why)
         _AT_EXIT.add(self)
         try:
             for i, t in enumerate(self.targets):
-                path = t.map_files
-                for kind, name in (("p", f"call{i}"), ("r", f"ret{i}")):
-                    if kind == "r" and not t.returns:
-                        continue
-                    try:
-                        _append(self.tracefs / "uprobe_events",
-                                f"{kind}:{self.group}/{name} {path}:0x{t.offset:x}")
-                    except OSError as exc:
-                        said = _kernel_says(self.tracefs)
-                        raise UprobeError(
-                            f"the kernel refused the uprobe on {t.library}:0x{t.offset:x}: "
-                            f"{exc.strerror or exc}" + (f" ({said})" if said else "")) from None
-                    self.names.append(name)
-                    if kind == "r":
-                        self.returns.add(name)
+                self._define_one(i, t)
+            for pinned in self._pins:
+                moved = pinned.moved()
+                if moved:
+                    raise UprobeError(moved)
         except BaseException:
             self.remove()
             raise
+
+    def _define_one(self, i: int, t) -> None:
+        if getattr(t, "pin", None) is None or t.pin.fd < 0:
+            raise UprobeError(f"{t.library}: no open descriptor of the library (attach.plan "
+                              "pins it): refused")
+        for kind, name in (("p", f"call{i}"), ("r", f"ret{i}")):
+            if kind == "r" and not t.returns:
+                continue
+            try:
+                _append(self.tracefs / "uprobe_events",
+                        f"{kind}:{self.group}/{name} {t.pin.probe_path}:0x{t.offset:x}")
+            except OSError as exc:
+                said = _kernel_says(self.tracefs)
+                raise UprobeError(
+                    f"the kernel refused the uprobe on {t.library}:0x{t.offset:x}: "
+                    f"{exc.strerror or exc}" + (f" ({said})" if said else "")) from None
+            self.names.append(name)
+            if kind == "r":
+                self.returns.add(name)
 
     def enable(self, instance: Path, tids: list[int] | None) -> None:
         """Enable every event in tracefs instance ``instance``, filtered to ``tids``."""
@@ -137,6 +153,7 @@ class Uprobes:
         """Disable the events in every instance and remove their definitions; returns what
         could not be removed (empty when all went). Safe to call twice."""
         if self._removed:
+            self._close_pins()
             return []
         left: list[str] = []
         for inst in self.instances:
@@ -153,7 +170,12 @@ class Uprobes:
                     left.append(f"{self.group}/{name}: {exc.strerror or exc}")
         self._removed = not left
         _AT_EXIT.discard(self)
+        self._close_pins()   # a definition left behind holds the kernel's own reference
         return left
+
+    def _close_pins(self) -> None:
+        for pinned in self._pins:
+            pinned.close()
 
 
 def remove_stale(host: Host, tracefs: Path, alive=None) -> list[str]:
