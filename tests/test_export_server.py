@@ -766,7 +766,7 @@ def test_exemplar_spike_id_matches_the_spike_log_record(tmp_path):
     wm = watch_metrics(threshold_ns=2_000_000, source="probe", variant="", p99_budget_us=None)
     feed = MetricsFeed(wm)
     log = tmp_path / "spikes.jsonl"
-    s = WatchSession(WatchConfig(probe="numpy", loop_s=0.05, threshold_ns=2_000_000, min_samples=0,
+    s = WatchSession(WatchConfig(loop_s=0.05, threshold_ns=2_000_000, min_samples=0,
                                  spike_log=str(log), trace="off"),
                      clock=clock, metrics=feed, on_record=feed.on_record)
     s.open_outputs()
@@ -830,3 +830,123 @@ def test_watch_command_hands_spike_records_to_the_metrics_feed(monkeypatch):
     hook = seen[0]["on_record"]
     assert hook is not None and hook == seen[0]["metrics"].on_record
     assert seen[1]["on_record"] is None
+
+
+# ---- basic-auth flood from rotating loopback addresses (issue #34 item 7) ------------------
+
+def _auth_config(users: dict[str, str], cost: int):
+    import bcrypt
+
+    from agent.export.webconfig import BasicAuth, WebConfig
+    hashed = {u: bcrypt.hashpw(p.encode(), bcrypt.gensalt(cost)) for u, p in users.items()}
+    return WebConfig(path="(test)", users=hashed, auth=BasicAuth(hashed))
+
+
+@pytest.mark.adversarial
+def test_fresh_scraper_is_served_under_a_flood_from_1000_rotating_addresses():
+    """A flood of distinct wrong passwords (half for a user that exists) from 1,000 rotating
+    loopback addresses, 127.0.0.2-127.0.3.251 around the scraper's 127.0.0.1, bcrypt cost
+    10; 20 fresh scrapers, each with a credential never verified before: at least 19 are
+    served (before: 503 on 81 of 81 tries, every flood address stood as clean as the
+    scraper). The ≤ 1 s figure is bench/scrape_bench.py --auth-flood's."""
+    import base64
+    import multiprocessing as mp
+
+    from bench.scrape_bench import auth_flood_proc, fresh_scrapes
+    creds = [(f"scraper{i}", f"pw{i}") for i in range(20)]
+    cfg = _auth_config(dict(creds), cost=10)
+    ctx = mp.get_context("spawn")
+    with Exporter(populated(), "127.0.0.1:0", web_config=cfg) as ex:
+        stop, q = ctx.Event(), ctx.Queue()
+        flood = ctx.Process(target=auth_flood_proc,
+                            args=(ex.port, "scraper0", 1000, 120.0, 16, stop, q), daemon=True)
+        flood.start()
+        try:
+            # under the flood: every address has guessed, about three times on average
+            def refused() -> int:
+                st = ex.stats
+                return st["refused"] + st["throttled"] + st["unauthorized"]
+
+            assert wait_until(lambda: len(cfg.auth._peers) >= 1000 and refused() >= 3000,
+                              60), (len(cfg.auth._peers), ex.stats)
+            results = fresh_scrapes(ex.port, creds, interval_s=0.1, timeout_s=30.0)
+        finally:
+            stop.set()
+            counts = q.get(timeout=60)
+            flood.join(30)
+        stats = ex.stats
+        # a wrong password is still refused; a verified one is served from the cache
+        wrong = "Basic " + base64.b64encode(b"scraper0:pw1").decode()
+        assert _status(_raw_get(ex.port, "127.0.9.9", wrong)) == 401
+        right = "Basic " + base64.b64encode(b"scraper1:pw1").decode()
+        checks = cfg.auth.checks
+        assert _status(_raw_get(ex.port, "127.0.9.10", right)) == 200
+        assert cfg.auth.checks <= checks + 1  # none if scraper1 was served before
+    served = [r for r in results if r[0] == 200]
+    assert len(served) >= 19, (results, counts, stats)
+    # the flood was on throughout and was refused: 429/401, never served
+    assert counts.get("200", 0) == 0 and sum(counts.values()) >= 2000, counts
+    assert stats["refused"] + stats["throttled"] >= 2000, stats
+
+
+def _raw_get(port: int, src: str, header: str, timeout_s: float = 30.0) -> socket.socket:
+    """A request sent from ``src`` (not read yet): the socket."""
+    s = socket.socket()
+    s.settimeout(timeout_s)
+    s.bind((src, 0))
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {header}\r\n"
+              "Connection: close\r\n\r\n".encode())
+    return s
+
+
+def _status(s: socket.socket) -> int:
+    try:
+        head = s.recv(64)
+        return int(head[9:12]) if head.startswith(b"HTTP/") else -1
+    finally:
+        s.close()
+
+
+def test_verified_credential_is_answered_ahead_of_a_full_queue(monkeypatch):
+    """bcrypt held (one check running, the auth queue full) and every worker taken: the
+    requests still waiting for a worker are answered in lanes, a credential verified
+    before first (a dictionary lookup), then the unverified ones in arrival order (before:
+    one FIFO, the scraper behind every guess)."""
+    import base64
+    import threading
+
+    import bcrypt
+    cfg = _auth_config({"prom": "right"}, cost=4)
+    auth = cfg.auth
+
+    def hdr(u: str, p: str) -> str:
+        return "Basic " + base64.b64encode(f"{u}:{p}".encode()).decode()
+
+    with Exporter(populated(), "127.0.0.1:0", web_config=cfg,
+                  workers=auth.QUEUE + 1) as ex:
+        assert _status(_raw_get(ex.port, "127.0.0.1", hdr("prom", "right"))) == 200
+        gate, real, picked = threading.Semaphore(0), bcrypt.checkpw, []
+
+        def held(pw: bytes, h: bytes) -> bool:
+            assert gate.acquire(timeout=30)
+            return real(pw, h)
+
+        monkeypatch.setattr(bcrypt, "checkpw", held)
+        check = auth.check
+        monkeypatch.setattr(auth, "check", lambda h, p=None: picked.append(h) or check(h, p))
+        held_socks = [_raw_get(ex.port, f"127.0.5.{i}", hdr("prom", f"g{i}"))
+                      for i in range(1, auth.QUEUE + 2)]   # one running, QUEUE waiting
+        assert wait_until(lambda: auth._running and len(auth._queue) == auth.QUEUE, 20)
+        work = ex._server._work
+        slow = [_raw_get(ex.port, f"127.0.6.{i}", hdr("prom", f"s{i}")) for i in range(1, 6)]
+        assert wait_until(lambda: work.qsize() == 5, 20), work.qsize()
+        good = _raw_get(ex.port, "127.0.0.1", hdr("prom", "right"))
+        assert wait_until(lambda: work.qsize() == 6, 20), work.qsize()
+        gate.release()  # the running check ends: its worker takes the verified one first
+        assert _status(good) == 200
+        gate.release(10)
+        assert all(_status(s) in (401, 503) for s in slow)  # refused, checked or not
+        assert [_status(s) for s in held_socks] == [401] * (auth.QUEUE + 1)
+    good_at = picked.index(hdr("prom", "right"))
+    assert all(picked.index(hdr("prom", f"s{i}")) > good_at for i in range(1, 6)), picked

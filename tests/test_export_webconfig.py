@@ -256,6 +256,125 @@ def test_basic_auth_refuses_a_guess_queue_instead_of_holding_workers(monkeypatch
     assert results == [False] * (BasicAuth.QUEUE + 1)
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def fast_bcrypt(monkeypatch):
+    """bcrypt.checkpw without the cost: these tests count checks, not time."""
+    import bcrypt
+    monkeypatch.setattr(bcrypt, "checkpw", lambda pw, h: pw == b"right")
+
+
+def _outcome(auth: BasicAuth, hdr: str, peer: str) -> object:
+    try:
+        return auth.check(hdr, peer)
+    except AuthBusy as exc:
+        return exc.status
+
+
+ROTATING = [f"127.0.{i // 250}.{2 + i % 250}" for i in range(1000)]
+
+
+def test_rotating_addresses_share_one_failure_budget_and_new_clients_keep_theirs(
+        fast_bcrypt):
+    """Issue #34 item 7: 1,000 loopback addresses each had a budget of 8 failed checks, so a
+    local user got 8,000 bcrypt checks and every flood address stood as clean as a fresh
+    scraper. Now all addresses together share one budget: once it is spent, an address that
+    guessed lately gets 429 without bcrypt, while a client new to the exporter is checked."""
+    clock = _Clock()
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=clock)
+    for i, a in enumerate(ROTATING):  # each address's first guess: it stood clean
+        assert _outcome(auth, basic("prom", f"a{i}")["Authorization"], a) is False
+    assert auth.checks == 1000 and auth._global < 1
+    for i, a in enumerate(ROTATING):  # the second guess of each: refused, no bcrypt
+        assert _outcome(auth, basic("prom", f"b{i}")["Authorization"], a) == 429
+    assert auth.checks == 1000 and auth.gated == 1000
+    # a fresh scraper, and a client new to the exporter, are checked all the same
+    assert auth.check(basic("prom", "right")["Authorization"], "127.0.0.1")
+    assert auth.check(basic("prom", "wrong")["Authorization"], "192.0.2.1") is False
+    assert auth.checks == 1002
+    # the budget comes back at GLOBAL_FAIL_PER_S, for all the flood's addresses together
+    clock.t += 1 / BasicAuth.GLOBAL_FAIL_PER_S
+    got = [_outcome(auth, basic("prom", f"c{i}")["Authorization"], a)
+           for i, a in enumerate(ROTATING[:50])]
+    assert got.count(False) == 1 and got.count(429) == 49 and auth.checks == 1003
+    # the verified credential is served from the cache whatever the budget
+    assert auth.cached(basic("prom", "right")["Authorization"])
+    assert auth.check(basic("prom", "right")["Authorization"], ROTATING[0])
+    assert auth.checks == 1003
+
+
+def test_standing_counts_distinct_credentials_and_a_success_clears_it(fast_bcrypt):
+    clock = _Clock()
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=clock)
+    a = "203.0.113.5"
+    for _ in range(3):  # one credential retried (a scraper after a 503) counts once
+        _outcome(auth, basic("prom", "same")["Authorization"], a)
+    assert auth._peers[a].load == 1.0
+    _outcome(auth, basic("prom", "other")["Authorization"], a)
+    assert auth._peers[a].load == 2.0
+    clock.t += BasicAuth.LOAD_HALF_LIFE_S
+    assert auth._peer(a, clock()).load == pytest.approx(1.0)
+    assert auth.check(basic("prom", "right")["Authorization"], a)
+    assert auth._peers[a].load == 0.0
+
+
+def _script(user: str) -> tuple[list, int, int]:
+    """The same flood and scrapes against a fresh BasicAuth, guessing for ``user``."""
+    clock = _Clock()
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=clock)
+    out = []
+    for r in range(3):
+        for i, a in enumerate(ROTATING[:100]):
+            out.append(_outcome(auth, basic(user, f"g{r}-{i}")["Authorization"], a))
+        clock.t += 2.0
+        out.append(_outcome(auth, basic(user, "g0-0")["Authorization"], "198.51.100.1"))
+    return out, auth.checks, auth.gated
+
+
+def test_no_answer_says_whether_the_user_exists(fast_bcrypt):
+    """Budgets and standings count credentials and addresses, never users: the same flood
+    for an existing and for a missing user gets the same answers and the same number of
+    bcrypt checks (an unknown user is checked against a dummy hash of the same cost)."""
+    known, unknown = _script("prom"), _script("nobody")
+    assert known == unknown
+    assert set(known[0]) == {False, 429}
+
+
+def test_auth_memory_is_bounded_under_a_flood_of_addresses(fast_bcrypt):
+    """Every table has its bound (each address's standing, the credentials seen per
+    address, the failed ones), however many addresses a flood rotates through: 20,000
+    addresses fill them to the bound and no further, in under 16 MB."""
+    import tracemalloc
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=_Clock())
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for i in range(20_000):
+            _outcome(auth, basic("prom", f"g{i}")["Authorization"],
+                     f"127.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}")
+        grown = sum(s.size_diff for s in
+                    tracemalloc.take_snapshot().compare_to(before, "filename"))
+    finally:
+        tracemalloc.stop()
+    assert len(auth._peers) == BasicAuth.PEERS
+    assert len(auth._seen) == BasicAuth.SEEN and len(auth._bad) == BasicAuth.BAD_CACHE
+    assert not auth._queue and not auth._running
+    assert grown < 16 << 20, grown
+    # smaller bounds hold the same way (the constants are the instance's to lower)
+    small = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=_Clock())
+    small.PEERS, small.SEEN, small.BAD_CACHE = 100, 150, 50
+    for i, a in enumerate(ROTATING * 2):
+        _outcome(small, basic("prom", f"g{i}")["Authorization"], a)
+    assert (len(small._peers), len(small._seen), len(small._bad)) == (100, 150, 50)
+
+
 def test_live_basic_auth_401_and_200(tmp_path):
     cfg = load_web_config(str(write_web_config(tmp_path / "w.yml", None,
                                                {"prom": "s3cret", "other": "x"})))

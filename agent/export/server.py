@@ -34,6 +34,7 @@ from __future__ import annotations
 import errno
 import io
 import ipaddress
+import itertools
 import queue
 import re
 import selectors
@@ -345,6 +346,10 @@ def exposure_warning(host: str, port: int, web_config: WebConfig | None) -> str 
 HANDSHAKE, HEAD, IDLE, BUSY = "handshake", "head", "idle", "busy"
 MAX_HEAD_BYTES = 65536
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
+_AUTHORIZATION = re.compile(rb"(?im)^authorization:[ \t]*([^\r\n]*)")
+# Work lanes: requests the workers can answer at once (no auth, or a credential verified
+# before) go ahead of those that may wait for bcrypt; the stop sentinels after everything.
+FAST, SLOW, STOP = 0, 1, 2
 
 
 class _Conn:
@@ -522,7 +527,9 @@ class _Server:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._returned: queue.SimpleQueue[tuple[_Conn, bool]] = queue.SimpleQueue()
-        self._work: queue.SimpleQueue[tuple[_Conn, bytes] | None] = queue.SimpleQueue()
+        self._work: queue.PriorityQueue[tuple[int, int, tuple[_Conn, bytes] | None]] = \
+            queue.PriorityQueue()
+        self._work_seq = itertools.count()  # FIFO within a lane (the loop thread's)
         self._stopping = False
         self._accept_paused_until = 0.0
         self._n_workers = max(1, workers)
@@ -707,7 +714,19 @@ class _Server:
         except OSError:
             c.state = IDLE
             return self._close(c)
-        self._work.put((c, head))
+        self._work.put((self._lane(head), next(self._work_seq), (c, head)))
+
+    def _lane(self, head: bytes) -> int:
+        """FAST for a request a worker answers without bcrypt: no auth configured, or the
+        head carries a credential verified before (a dictionary lookup). A flood of
+        unverified passwords then never queues ahead of a scraper whose password is
+        cached."""
+        if self.auth is None:
+            return FAST
+        m = _AUTHORIZATION.search(head)
+        if m is None:
+            return SLOW
+        return FAST if self.auth.cached(m.group(1).decode("latin-1").strip()) else SLOW
 
     def _back(self, c: _Conn, keep: bool, now: float) -> None:
         """A worker handed ``c`` back: close it, or wait for its next head."""
@@ -749,7 +768,7 @@ class _Server:
     # -- threads --------------------------------------------------------------------------
     def _worker(self) -> None:
         while True:
-            item = self._work.get()
+            _, _, item = self._work.get()
             if item is None:
                 return
             c, head = item
@@ -817,7 +836,7 @@ class _Server:
             else:
                 self._close(c)
         for _ in self._workers:
-            self._work.put(None)
+            self._work.put((STOP, next(self._work_seq), None))
         deadline = time.monotonic() + 5.0
         for t in self._workers:
             t.join(max(0.0, deadline - time.monotonic()))

@@ -381,10 +381,11 @@ def peer_key(addr: str | None) -> str | None:
 
 
 class _Peer:
-    __slots__ = ("tokens", "stamp", "busy", "throttled")
+    __slots__ = ("tokens", "load", "stamp", "busy", "throttled")
 
     def __init__(self, tokens: float, stamp: float) -> None:
         self.tokens, self.stamp, self.busy = tokens, stamp, False
+        self.load = 0.0         # distinct unverified credentials lately (decaying)
         self.throttled = False  # spent its budget; cleared when the budget is whole again
 
 
@@ -399,38 +400,57 @@ class BasicAuth:
     """``basic_auth_users`` checks (see the module docstring).
 
     bcrypt is slow on purpose (60-100 ms at cost 10), so a flood of wrong passwords must
-    not decide when a good one is checked. In the order :meth:`check` applies them:
+    not decide when a good one is checked. Source addresses are no scarce resource (a local
+    user has all of 127.0.0.0/8), so no budget may grow with their number. In the order
+    :meth:`check` applies them:
 
     1. A verified (user, hash, password) is remembered (HMAC under a per-process key, the
-       last :attr:`CACHE`): a dictionary lookup, whatever else is going on.
+       last :attr:`CACHE`): a dictionary lookup, whatever else is going on; the server
+       answers such a request ahead of every other (:meth:`cached`).
     2. A password that failed is remembered too (the last :attr:`BAD_CACHE`): a client
        repeating it (a scraper with a stale password, a dumb flood) costs a lookup and gets
        401 again, no bcrypt.
-    3. Each peer (:func:`peer_key`) has a budget of failed checks: :attr:`FAIL_BURST`,
-       refilled at :attr:`FAIL_PER_S`; a scraper with a wrong password (one try per scrape
-       interval) never spends it. Once a peer has spent it, and until it is whole again,
-       its unverified passwords get 429 without bcrypt, and a token that comes back goes
-       only to a password refused so before (a client retrying the same credential), never
-       to a new guess: a flood of fresh guesses from the scraper's own address keeps the
-       scraper out for one token's refill (5 s), not for as long as the flood lasts.
-    4. One unverified check per peer at a time (a second one gets 503), one bcrypt at a
-       time in all (at most one CPU), at most :attr:`QUEUE` waiting. Waiters are served by
-       their peer's recent failures, then in arrival order; a newcomer with fewer failures
-       than the worst waiter takes that one's place (it gets 503). So a scraper from an
-       address that has not been failing waits for the check in progress at most, however
-       many wrong guesses come from elsewhere.
+    3. Each peer (:func:`peer_key`) has a *standing*: the distinct unverified credentials
+       it presented lately (each counts 1, halving every :attr:`LOAD_HALF_LIFE_S`; a
+       credential presented again from the same address is not counted twice; a verified
+       one clears it). Waiters are checked by standing, then in arrival order, and a
+       newcomer with a lower standing than the worst waiter takes its place (that one gets
+       503). A fresh scraper from an address that has not been guessing stands at 0: it
+       waits for the check in progress at most, however many addresses a flood rotates
+       through, as long as they are fewer than :attr:`PEERS` (the table of standings, least
+       recently seen dropped first) or slower than one guess per address per half-life.
+    4. A global budget of failed checks for all addresses together
+       (:attr:`GLOBAL_FAIL_BURST`, refilled at :attr:`GLOBAL_FAIL_PER_S`): once it is
+       spent, a peer whose standing is 1 or more (it guessed lately) gets 429 without
+       bcrypt; a peer at a standing below 1 is always queued, so the budget is left to new
+       clients. Rotating addresses therefore buys a flood no more bcrypt than one address.
+    5. Each peer also has its own budget of failed checks: :attr:`FAIL_BURST`, refilled at
+       :attr:`FAIL_PER_S`; a scraper with a wrong password (one try per scrape interval)
+       never spends it. Once a peer has spent it, and until it is whole again, its
+       unverified passwords get 429 without bcrypt, and a token that comes back goes only
+       to a credential presented from there before (a client retrying), never to a new
+       guess.
+    6. One unverified check per peer at a time (a second one gets 503), one bcrypt at a
+       time in all (at most one CPU), at most :attr:`QUEUE` waiting.
 
-    A flood from the scraper's own address that repeats its guesses cannot be told from a
-    scraper retrying: there a fresh scraper competes for that address's tokens (its cached
-    credential never does); firewall the port (docs/fleet.md)."""
+    Nothing here depends on whether the user exists (an unknown user is checked against a
+    dummy hash of the same cost, and standings count credentials, not users): no timing
+    says which users exist. Memory is bounded by the class constants whatever the flood.
+
+    A flood from the scraper's own address cannot be told from the scraper: there a fresh
+    scraper shares that address's standing (its cached credential never does); firewall
+    the port (docs/fleet.md)."""
 
     CACHE = 64
     BAD_CACHE = 4096
-    DEFERRED = 1024
+    SEEN = 8192
     QUEUE = 2
     FAIL_BURST = 8.0
     FAIL_PER_S = 0.2
-    PEERS = 4096
+    GLOBAL_FAIL_BURST = 32.0
+    GLOBAL_FAIL_PER_S = 2.0
+    LOAD_HALF_LIFE_S = 60.0
+    PEERS = 16384
     WAIT_S = 10.0
 
     def __init__(self, users: dict[str, bytes], clock: Any = time.monotonic) -> None:
@@ -441,13 +461,16 @@ class BasicAuth:
         self._clock = clock
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._bad: OrderedDict[bytes, None] = OrderedDict()
-        self._deferred: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
+        self._global = self.GLOBAL_FAIL_BURST
+        self._global_stamp = clock()
         self._cond = threading.Condition(threading.Lock())
         self._running = False
         self._queue: list[_Waiter] = []
         self._seq = 0
         self.checks = 0   # bcrypt computations done (the cache's hit rate, for tests/bench)
+        self.gated = 0    # unverified passwords refused by the global budget
 
     @staticmethod
     def parse(header: str | None) -> tuple[str, bytes] | None:
@@ -473,8 +496,28 @@ class BasicAuth:
         msg = b"".join(len(x).to_bytes(4, "big") + x for x in (u, hashed, password))
         return hmac.new(self._key, msg, hashlib.sha256).digest()
 
+    def _key_of(self, header: str | None) -> tuple[bytes, bytes | None, bytes] | None:
+        """(keyed digest, the user's hash or None, the password) of a well-formed header;
+        None if not."""
+        creds = self.parse(header)
+        if creds is None or len(creds[1]) > 72:
+            return None  # bcrypt uses 72 bytes at most; the bcrypt package refuses more
+        user, password = creds
+        hashed = self.users.get(user)
+        return self._digest(user, hashed or b"", password), hashed, password
+
+    def cached(self, header: str | None) -> bool:
+        """Whether ``header`` carries a credential verified before: answered at once,
+        without bcrypt (the server puts such a request ahead of the others)."""
+        k = self._key_of(header)
+        if k is None or k[1] is None:
+            return False
+        with self._cond:
+            return k[0] in self._ok
+
     def _peer(self, key: str, now: float) -> _Peer:
-        """The peer's record with its tokens refilled to ``now`` (lock held)."""
+        """The peer's record with its tokens refilled and its load decayed to ``now``
+        (lock held)."""
         p = self._peers.get(key)
         if p is None:
             p = self._peers[key] = _Peer(self.FAIL_BURST, now)
@@ -485,7 +528,9 @@ class BasicAuth:
                     continue
                 del self._peers[old]
         else:
-            p.tokens = min(self.FAIL_BURST, p.tokens + (now - p.stamp) * self.FAIL_PER_S)
+            dt = max(0.0, now - p.stamp)
+            p.tokens = min(self.FAIL_BURST, p.tokens + dt * self.FAIL_PER_S)
+            p.load *= 0.5 ** (dt / self.LOAD_HALF_LIFE_S)
             p.stamp = now
             if p.tokens >= self.FAIL_BURST:
                 p.throttled = False
@@ -498,19 +543,41 @@ class BasicAuth:
         while len(cache) > bound:
             cache.popitem(last=False)
 
+    def _admit(self, key: bytes, pkey: str) -> tuple[_Peer, float]:
+        """Account an unverified credential from ``pkey`` and decide whether it may wait for
+        bcrypt: (its peer, its priority), or AuthBusy (lock held)."""
+        now = self._clock()
+        p = self._peer(pkey, now)
+        skey = (pkey, key)
+        again = skey in self._seen
+        standing = max(0.0, p.load - 1.0) if again else p.load  # not counting itself
+        if again:
+            self._seen.move_to_end(skey)
+        else:
+            self._remember(self._seen, skey, self.SEEN)
+            p.load += 1.0
+        if p.throttled and (not again or p.tokens < 1.0):
+            # over its own budget: a returning token goes to a credential tried before
+            raise AuthBusy(429, max(1, int((1.0 - p.tokens) / self.FAIL_PER_S) + 1))
+        if p.busy:
+            raise AuthBusy(503, 1)
+        g = self._global = min(self.GLOBAL_FAIL_BURST, self._global + max(
+            0.0, now - self._global_stamp) * self.GLOBAL_FAIL_PER_S)
+        self._global_stamp = now
+        if standing >= 1.0 and g < 1.0:  # the budget of all is spent: new clients only
+            self.gated += 1
+            raise AuthBusy(429, max(1, int((1.0 - g) / self.GLOBAL_FAIL_PER_S) + 1))
+        return p, standing
+
     def check(self, header: str | None, peer: str | None = None) -> bool:
         """Whether ``header`` (an Authorization value) names a user and its password.
         ``peer``: the client's address (None: no per-peer accounting). Raises
         :class:`AuthBusy` for a password that is not checked now."""
-        creds = self.parse(header)
-        if creds is None:
+        k = self._key_of(header)
+        if k is None:
             return False
-        user, password = creds
-        hashed = self.users.get(user)
+        key, hashed, password = k
         known = hashed is not None
-        if len(password) > 72:
-            return False  # bcrypt uses 72 bytes at most; the bcrypt package refuses more
-        key = self._digest(user, hashed or b"", password)
         with self._cond:
             if known and key in self._ok:
                 self._ok.move_to_end(key)
@@ -519,19 +586,9 @@ class BasicAuth:
                 self._bad.move_to_end(key)
                 return False
             pkey = peer_key(peer)
-            p = self._peer(pkey, self._clock()) if pkey is not None else None
-            if p is not None:
-                if p.throttled:
-                    dkey = (pkey, key)
-                    if dkey not in self._deferred or p.tokens < 1.0:
-                        self._remember(self._deferred, dkey, self.DEFERRED)
-                        raise AuthBusy(429, max(1, int((1.0 - p.tokens) / self.FAIL_PER_S)
-                                                + 1))
-                    del self._deferred[dkey]
-                if p.busy:
-                    raise AuthBusy(503, 1)
+            p, prio = self._admit(key, pkey) if pkey is not None else (None, 0.0)
             self._seq += 1
-            me = _Waiter(self.FAIL_BURST - p.tokens if p is not None else 0.0, self._seq)
+            me = _Waiter(prio, self._seq)
             if self._running or self._queue:
                 self._enqueue(me)
                 if p is not None:
@@ -547,21 +604,30 @@ class BasicAuth:
             self._running = True
         ok: bool | None = None
         try:
-            ok = self._bcrypt(password, hashed if known else None)
+            ok = self._bcrypt(password, hashed)
         finally:
             with self._cond:
-                self._running = False
-                if p is not None:
-                    p.busy = False
-                    if ok is False:  # a failure spends one of the peer's tokens
-                        p.tokens = max(0.0, p.tokens - 1.0)
-                        p.throttled = p.throttled or p.tokens < 1.0
-                if ok and known:
-                    self._remember(self._ok, key, self.CACHE)
-                elif ok is not None:
-                    self._remember(self._bad, key, self.BAD_CACHE)
-                self._cond.notify_all()
+                self._settle(p, key, ok, known)
         return bool(ok and known)
+
+    def _settle(self, p: _Peer | None, key: bytes, ok: bool | None, known: bool) -> None:
+        """Book a finished check (lock held): a failure spends a token of the peer's budget
+        and of the global one; a success clears the peer's standing."""
+        self._running = False
+        if p is not None:
+            p.busy = False
+            if ok is False:
+                p.tokens = max(0.0, p.tokens - 1.0)
+                p.throttled = p.throttled or p.tokens < 1.0
+            elif ok and known:
+                p.load = 0.0
+        if ok is False or (ok and not known):
+            self._global = max(0.0, self._global - 1.0)
+        if ok and known:
+            self._remember(self._ok, key, self.CACHE)
+        elif ok is not None:
+            self._remember(self._bad, key, self.BAD_CACHE)
+        self._cond.notify_all()
 
     def _enqueue(self, me: _Waiter) -> None:
         """Join the queue, taking the place of a worse waiter when it is full (lock held)."""
