@@ -26,6 +26,11 @@ drift of this noisy shared machine over the run shows as off1 vs off2.
     .venv/bin/python bench/scrape_bench.py --tls-auth         # only: scrape cost, plain vs
                                                               # TLS + basic auth (bcrypt
                                                               # cost 10, throw-away certs)
+    .venv/bin/python bench/scrape_bench.py --auth-flood 1000  # only: fresh scrapers (never
+                                                              # verified credentials, bcrypt
+                                                              # cost 10) under wrong
+                                                              # passwords from 1,000 rotating
+                                                              # loopback addresses
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import socket
 import sys
 import threading
 import time
@@ -253,6 +259,120 @@ def tls_auth_bench(m: WatchMetrics, n: int = 2000) -> dict:
     return out
 
 
+# ---- basic-auth flood from rotating loopback addresses (own process) -------------------------
+
+def flood_addr(i: int) -> str:
+    """The i-th flood source: 127.0.x.y, y in 2..251, so 1,000 of them cover the scraper's
+    own /24 (127.0.0.0/24) and its neighbours, never 127.0.0.1 itself."""
+    return f"127.0.{(i // 250) % 256}.{2 + i % 250}"
+
+
+def _flood_one(port: int, src: str, user: str, password: str) -> str:
+    """One request with a wrong password from ``src`` on a new connection: its status."""
+    import base64
+    cred = base64.b64encode(f"{user}:{password}".encode()).decode()
+    s = socket.socket()
+    try:
+        s.settimeout(5.0)
+        s.bind((src, 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {cred}\r\n"
+                  "Connection: close\r\n\r\n".encode())
+        resp = b""
+        while len(resp) < 4096:  # the whole answer (it is small), as a client reads it
+            b = s.recv(4096)
+            if not b:
+                break
+            resp += b
+        return resp[9:12].decode("ascii", "replace") if resp.startswith(b"HTTP/") else "eof"
+    except OSError as exc:
+        return type(exc).__name__
+    finally:
+        s.close()
+
+
+def auth_flood_proc(port: int, user: str, n_addrs: int, seconds: float, threads: int,
+                    stop, out: mp.Queue) -> None:
+    """Distinct wrong passwords, each on a new connection from the next of ``n_addrs``
+    rotating loopback addresses (:func:`flood_addr`), half for ``user`` (one that exists),
+    half for users that do not, from ``threads`` threads, until ``seconds`` have passed or
+    ``stop`` is set: bounded in time, it stops by itself. Puts {status: count}."""
+    import collections
+    deadline = time.monotonic() + seconds
+    lock = threading.Lock()
+    counts: collections.Counter = collections.Counter()
+    seq = iter(range(10**9))
+
+    def run() -> None:
+        while time.monotonic() < deadline and not stop.is_set():
+            with lock:
+                n = next(seq)
+            who = user if n % 2 else f"nobody{n % 5}"
+            st = _flood_one(port, flood_addr(n % n_addrs), who, f"guess-{os.getpid()}-{n}")
+            with lock:
+                counts[st] += 1
+
+    ts = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(seconds + 10)
+    out.put(dict(counts))
+
+
+def fresh_scrapes(port: int, creds: list[tuple[str, str]], *, interval_s: float = 0.2,
+                  timeout_s: float = 10.0) -> list[tuple[int | str, float]]:
+    """One scrape per credential, each never seen by the exporter before (a fresh scraper),
+    on a new connection from 127.0.0.1: [(status or the error, seconds)]."""
+    import base64
+
+    from bench.slowloris import good_scrapes
+    out: list[tuple[int | str, float]] = []
+    for user, pw in creds:
+        hdr = {"Authorization": "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()}
+        out += good_scrapes("127.0.0.1", port, n=1, interval_s=interval_s,
+                            timeout_s=timeout_s, headers=hdr)
+    return out
+
+
+def auth_flood_bench(a: argparse.Namespace, m: WatchMetrics, ctx) -> dict:
+    """A fresh scraper (a credential the exporter never verified: the first scrape after a
+    restart) under a flood of distinct wrong passwords from --auth-flood rotating loopback
+    addresses, bcrypt cost 10: the share of its scrapes served (200) within 1 s, and their
+    latency. The flood runs in its own process, the scrapes in this one."""
+    import bcrypt
+
+    from agent.export.webconfig import BasicAuth, WebConfig
+
+    n = a.auth_flood_tries
+    users = {f"scraper{i}": bcrypt.hashpw(f"pw{i}".encode(), bcrypt.gensalt(10))
+             for i in range(n)}
+    cfg = WebConfig(path="(bench)", users=users, auth=BasicAuth(users))
+    out: dict = {"command": " ".join(sys.argv), "bcrypt_cost": 10, "addresses": a.auth_flood}
+    with Exporter(m, "127.0.0.1:0", web_config=cfg) as ex:
+        stop, q = ctx.Event(), ctx.Queue()
+        fl = ctx.Process(target=auth_flood_proc, args=(ex.port, "scraper0", a.auth_flood,
+                                                       n * 2.0 + 30.0, 16, stop, q))
+        fl.start()
+        warm = time.monotonic() + 30.0  # every address has guessed once
+        while len(cfg.auth._peers) < a.auth_flood and time.monotonic() < warm:
+            time.sleep(0.1)
+        out["warmup_s"] = round(30.0 - (warm - time.monotonic()), 1)
+        res = fresh_scrapes(ex.port, [(u, f"pw{i}") for i, u in enumerate(users)])
+        stop.set()
+        out["flood"] = q.get(timeout=60)
+        fl.join(30)
+        out["server"] = ex.stats
+        out["bcrypt_checks"], out["gated"] = cfg.auth.checks, cfg.auth.gated
+    lat = np.array([t for st, t in res if st == 200]) * 1e3
+    out["served"] = sum(st == 200 for st, _ in res)
+    out["served_within_1s"] = sum(st == 200 and t <= 1.0 for st, t in res)
+    out.update(n=len(res), fail_samples=[st for st, _ in res if st != 200][:5],
+               p50_ms=pct(lat, 50), p99_ms=pct(lat, 99),
+               max_ms=float(lat.max()) if len(lat) else None)
+    return out
+
+
 # ---- the watch-side stream (this process) --------------------------------------------------
 
 class Stream(threading.Thread):
@@ -311,6 +431,11 @@ def main() -> int:
     ap.add_argument("--slowloris-interval", type=float, default=0.1)
     ap.add_argument("--tls-auth", action="store_true",
                     help="instead of the phases: scrape cost plain vs TLS + basic auth")
+    ap.add_argument("--auth-flood", type=int, default=0, metavar="N",
+                    help="instead of the phases: fresh scrapers (credentials never verified "
+                         "yet, bcrypt cost 10) under a flood of wrong passwords from N "
+                         "rotating loopback addresses: served within 1 s, latency")
+    ap.add_argument("--auth-flood-tries", type=int, default=40)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
@@ -335,6 +460,17 @@ def main() -> int:
                       f"{v['keepalive_p50_ms']:.2f} / P99 {v['keepalive_p99_ms']:.2f} ms; new "
                       f"connection P50 {v['new_conn_p50_ms']:.2f} / P99 "
                       f"{v['new_conn_p99_ms']:.2f} ms; bcrypt checks {v['bcrypt_checks']}")
+        return 0
+    if a.auth_flood:
+        res = auth_flood_bench(a, m, ctx)
+        if a.json:
+            print(json.dumps(res, indent=2))
+        else:
+            print(f"fresh scraper under a flood from {a.auth_flood} addresses: served within "
+                  f"1 s {res['served_within_1s']}/{res['n']} (served {res['served']}); P50 "
+                  f"{res['p50_ms']:.0f} / P99 {res['p99_ms']:.0f} / max "
+                  f"{res['max_ms'] or float('nan'):.0f} ms;"
+                  f" flood {res['flood']}; bcrypt checks {res['bcrypt_checks']}")
         return 0
     if a.slowloris:
         res = slowloris_bench(a, m, ctx)
