@@ -1,19 +1,27 @@
-"""The one opener for every file a command writes at a path the user gave (issue #30 item 2):
-``probe --csv/--plot``, ``cpus --plot``, ``history export/plot --out``, ``profile
---keep-csv``, ``capture --out``, the history database (``--db``, ``$HFTAGENT_DB``) and
-``audit --fix-script``.
+"""The one opener for every file and directory a command writes at a path the user gave
+(issue #30 item 2, issue #34 item 2): ``probe --csv/--plot``, ``cpus --plot``, ``history
+export/plot --out``, ``profile --keep-csv``, ``capture --out``, ``deploy --out``, ``watch
+--spike-log/--flight-dir``, the history database (``--db``, ``$HFTAGENT_DB``), ``audit
+--fix-script`` and ``--textfile``.
 
 A command often runs as root, and the path it is given often lies in a directory another user
-can write (/tmp, a shared results directory, a home that ``sudo`` kept). Where such a
-directory does not have ``fs.protected_symlinks``/``protected_regular`` set, whatever that
-user put at the path would be written through. The rules, the same for every output:
+can write (/tmp, a shared results directory, a home that ``sudo`` kept), or below one another
+user owns. Whatever that user can rename there, they can swap for a link or a directory of
+their own after we looked (root then writes a systemd unit where they can replace it). One
+rule, the same for every output:
 
-- **No symlink of another user is followed.** The file itself is never a symlink: one there is
-  refused, not followed and not replaced. The directories on the way follow only symlinks
-  owned by root or by us (``/var/run`` -> ``/run``, the operator's own links: what
-  ``fs.protected_symlinks`` does in sticky directories, applied everywhere; another user's
-  link is refused), and the real directory is then opened from ``/`` with ``O_NOFOLLOW`` on
-  every component (tuning/safepath.py): a link swapped in after the check fails the open.
+- **Every directory from / down is safe** (:class:`_Walk`): owned by root or by us, and not
+  writable by group or others unless sticky (a root-owned sticky directory like /tmp is safe:
+  nobody else can rename or remove what we create there). The walk opens each component with
+  ``openat(O_PATH|O_DIRECTORY|O_NOFOLLOW)`` below the one before and checks it with
+  ``fstat``; the file or directory we make is created relative to the last descriptor, so a
+  rename after the check cannot redirect us.
+- **No symlink of another user is followed** (``fs.protected_symlinks``, applied
+  everywhere): a link on the way that root or we own (``/var/run`` -> ``/run``, the
+  operator's own) is read with ``readlinkat`` and its text walked by the same rule; another
+  user's is refused. The file itself is never a symlink: one there is refused, not followed
+  and not replaced (the spike log alone follows a descriptor link of our own process,
+  ``/dev/stdout``: :func:`open_append`).
 - **An existing file is replaced only when it is a regular file we own** (the effective uid).
   A FIFO (which would block the open until a reader came), a directory, a device, a socket
   and another user's file are refused with one line and left as they are.
@@ -22,30 +30,34 @@ user put at the path would be written through. The rules, the same for every out
   renamed over the path once complete: no half-written output is ever at the path, and a
   rename replaces a directory entry, never the file another user swapped in meanwhile.
 - ``exclusive=True`` (a script that root will run later): the file is created at the path
-  itself with ``O_CREAT|O_EXCL|O_NOFOLLOW`` (anything there already is refused), and only in a
-  directory owned by root or by us that nobody else can write, or a sticky one (where nobody
-  else can rename or remove our file).
-- **Directories are never created** (``mkdir -p`` as root makes directories wherever a typo
-  points): a missing one is an error. ``capture --out DIR`` creates DIR itself (exclusively,
-  :func:`create_dir`).
+  itself with ``O_CREAT|O_EXCL|O_NOFOLLOW`` (anything there already is refused).
+- **Missing directories are never created above the output** (``mkdir -p`` as root makes
+  directories wherever a typo points): a missing one is an error. Only the output directory
+  itself is made (``capture --out DIR``, :func:`create_dir`: a new one; ``deploy --out`` and
+  ``--flight-dir``, :func:`open_dir`: when missing); its parent must exist.
 
 Every refusal is an :class:`OutputError` (an AgentError: one line, exit 1) that names the
-option and the path.
+option, the path and, for a directory on the way, the component and why.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
 from typing import IO, Any
 
 from agent.errors import AgentError
-from tuning.safepath import UnsafePath, _checked_realpath, _walk_dirs
+from tuning.safepath import MAX_LINKS, UnsafePath
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_STEP_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# a descriptor link of a process (/dev/stdout -> /proc/self/fd/1 -> "pipe:[123]"): the
+# kernel opens the open file itself, no path; the walk has checked the directory is ours
+_FD_DIR = re.compile(r"/proc/\d+(/task/\d+)?/fd")
 
 
 class OutputError(AgentError):
@@ -122,16 +134,12 @@ class Target:
                              f"{os.geteuid()}): not replaced")
 
     def check_private_dir(self) -> None:
-        """Refuse a directory that another user could change under us: owned by someone
-        other than root or us, or writable by group or others without the sticky bit."""
-        st = os.fstat(self.dfd)
-        if st.st_uid not in (0, os.geteuid()):
-            raise self.error(f": its directory {show(self.directory)} belongs to uid "
-                             f"{st.st_uid}: refused")
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise self.error(f": its directory {show(self.directory)} is writable by group or "
-                             f"others (mode {stat.S_IMODE(st.st_mode):04o}) and not sticky: "
-                             "refused")
+        """Refuse a directory that another user could change under us (:func:`unsafe_dir`;
+        :func:`locate`'s walk has checked it and every one above it already: this is for
+        callers that keep a Target while others may act)."""
+        why = unsafe_dir(os.fstat(self.dfd))
+        if why:
+            raise self.error(f": its directory {show(self.directory)} {why}: refused")
 
     def check_writable_dir(self) -> None:
         if not os.access(self.directory, os.W_OK | os.X_OK):
@@ -149,32 +157,151 @@ class Target:
         self.close()
 
 
+def _trusted() -> tuple[int, ...]:
+    return (0, os.geteuid())
+
+
+def unsafe_dir(st: os.stat_result) -> str | None:
+    """Why a directory is unsafe to write below (module docstring), or None: owned by
+    someone other than root or us, or writable by group or others and not sticky."""
+    if st.st_uid not in _trusted():
+        return f"belongs to uid {st.st_uid}, not to root or us"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}) and "
+                "not sticky")
+    return None
+
+
+def _parts(path: str) -> list[str]:
+    """The components of ``path`` from /, as given (``..`` is the walk's: after a link)."""
+    if not path.startswith("/"):
+        try:
+            path = f"{os.getcwd()}/{path}"
+        except FileNotFoundError:
+            raise OutputError("the current directory was removed: give an absolute path"
+                              ) from None
+    return path.split("/")
+
+
+class _Walk:
+    """A walk from / by the module docstring's rule: every directory entered is opened
+    ``O_PATH|O_DIRECTORY|O_NOFOLLOW`` below the last and passes :func:`unsafe_dir`; a link is
+    followed only when root or we own it (its text walked in its place). :attr:`fd` and
+    :attr:`where` (the real path) are the last directory; refusals name ``opt`` and
+    ``shown``. Close it (a context manager)."""
+
+    def __init__(self, opt: str, shown: str) -> None:
+        self.opt, self.shown = opt, shown
+        self.stack: list[tuple[int, str]] = []  # (descriptor, real path) from / down
+        self.links = 0
+        self.to_root()
+
+    def fail(self, why: str, *, missing: bool = False) -> OutputError:
+        return OutputError(f"{self.opt} {self.shown}: {why}", missing=missing)
+
+    @property
+    def fd(self) -> int:
+        return self.stack[-1][0]
+
+    @property
+    def where(self) -> str:
+        return self.stack[-1][1]
+
+    def join(self, name: str) -> str:
+        return f"/{name}" if self.where == "/" else f"{self.where}/{name}"
+
+    def close(self) -> None:
+        while self.stack:
+            os.close(self.stack.pop()[0])
+
+    def __enter__(self) -> _Walk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def to_root(self) -> None:
+        self.close()
+        self._push(os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), "/")
+
+    def _push(self, fd: int, where: str) -> None:
+        try:
+            why = unsafe_dir(os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        if why:
+            os.close(fd)
+            raise self.fail(f"{show(where)} {why}: refused")
+        self.stack.append((fd, where))
+
+    def go(self, parts: list[str]) -> None:
+        """Walk ``parts`` (names, ``..``, ``.``) from the last directory."""
+        todo = list(parts)
+        while todo:
+            name = todo.pop(0)
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if len(self.stack) > 1:  # every entry is a real directory: its real parent
+                    os.close(self.stack.pop()[0])
+                continue
+            text = self.step(name, todo)
+            if text is not None:  # a link we may follow: its text in its place
+                if text.startswith("/"):
+                    self.to_root()
+                todo[:0] = text.split("/")
+
+    def step(self, name: str, rest: list[str] | None = None) -> str | None:
+        """Enter directory ``name``, or return the text of the link ``name`` when root or we
+        own it. ``rest``: what is left to walk (for the message of a missing directory)."""
+        nxt = self.join(name)
+        try:
+            fd = os.open(name, _STEP_FLAGS, dir_fd=self.fd)
+        except FileNotFoundError:
+            full = "/".join([nxt, *(p for p in rest or () if p)])
+            raise self.fail(f"directory {show(full)} does not exist (create it first)",
+                            missing=True) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise self.fail(f"{show(nxt)}: {exc.strerror or exc}") from None
+            return self.link_text(name)
+        self._push(fd, nxt)
+        return None
+
+    def link_text(self, name: str) -> str:
+        """The text of the link ``name`` of the last directory, when root or we own it;
+        OutputError for anything else (not a directory, another user's link)."""
+        nxt = show(self.join(name))
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode):
+                raise self.fail(f"{nxt} is not a directory" if not stat.S_ISDIR(st.st_mode)
+                                else f"{nxt} changed while it was checked: refused")
+            if st.st_uid not in _trusted():
+                raise self.fail(f"{nxt} is a symbolic link owned by uid {st.st_uid}: not "
+                                "followed (only root's and our own are)")
+            self.links += 1
+            if self.links > MAX_LINKS:
+                raise self.fail(f"{nxt}: too many levels of symbolic links")
+            return os.readlink(name, dir_fd=self.fd)
+        except OSError as exc:
+            raise self.fail(f"{nxt}: {exc.strerror or exc}") from None
+
+    def open_last(self) -> int:
+        """A read-only descriptor of the last directory (the walk's own stay open)."""
+        try:
+            return os.open(".", _DIR_FLAGS, dir_fd=self.fd)
+        except OSError as exc:
+            raise self.fail(f"{show(self.where)}: {exc.strerror or exc}") from None
+
+
 def _open_parent(parent: str, opt: str, shown: str) -> tuple[Path, int]:
-    """The real path of directory ``parent`` and a read-only descriptor of it (module
-    docstring: trusted symlinks only, then an O_NOFOLLOW walk from /)."""
-    where = show(parent)
-    try:
-        real = _checked_realpath(Path(parent))
-        pfd = _walk_dirs(real)
-    except UnsafePath as exc:
-        raise OutputError(f"{opt} {shown}: {exc}") from None
-    except FileNotFoundError:
-        raise OutputError(f"{opt} {shown}: directory {where} does not exist (create it "
-                          "first)", missing=True) from None
-    except NotADirectoryError:
-        raise OutputError(f"{opt} {shown}: {where} is not a directory") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OutputError(f"{opt} {shown}: a directory on the way became a symbolic link "
-                              "while it was checked: refused") from None
-        raise OutputError(f"{opt} {shown}: {exc.strerror or exc}") from None
-    try:
-        dfd = os.open(".", _DIR_FLAGS, dir_fd=pfd)
-    except OSError as exc:
-        raise OutputError(f"{opt} {shown}: {where}: {exc.strerror or exc}") from None
-    finally:
-        os.close(pfd)
-    return real, dfd
+    """The real path of directory ``parent`` and a read-only descriptor of it, walked by the
+    module docstring's rule (:class:`_Walk`)."""
+    with _Walk(opt, shown) as w:
+        w.go(_parts(parent))
+        return Path(w.where), w.open_last()
 
 
 def locate(path: str | os.PathLike[str], opt: str) -> Target:
@@ -328,47 +455,156 @@ def open_output(path: str | os.PathLike[str], opt: str, *, mode: int = 0o644,
     return Output(t, fd, tmp, binary)
 
 
-def create_dir(path: str | os.PathLike[str], opt: str, *, parents: bool = False,
-               mode: int = 0o755) -> int:
-    """Create the new directory ``path`` (it must not exist: anything there, a symlink
-    included, is refused) and return a read-only descriptor of it, opened with
-    ``O_NOFOLLOW``. ``parents``: missing directories above it are created too (mode 0755,
-    each ``mkdirat`` + ``O_NOFOLLOW`` open below the last one that exists, so nothing another
-    user plants on the way is followed). The caller writes below the descriptor."""
+def _split_dir(path: str | os.PathLike[str], opt: str) -> tuple[str, str, str]:
+    """(shown, parent, name) of a directory path the user gave (trailing slashes dropped;
+    ``name`` empty for / itself)."""
     p = os.fspath(path)
     if not p.strip():
         raise OutputError(f"{opt} is empty: give a directory")
-    shown = show(p)
-    parts = [x for x in Path(os.path.normpath(p)).parts]
-    if not parts or parts[-1] in ("/", ".", ".."):
-        raise OutputError(f"{opt} {shown} already exists; give a new directory")
-    made: list[str] = []
-    top = os.path.join(*parts[:-1]) if len(parts) > 1 else "."
-    if parents:
-        while not os.path.lexists(top) and top not in ("", ".", "/"):
-            made.insert(0, os.path.basename(top))
-            top = os.path.dirname(top) or "."
-    _real, dfd = _open_parent(top, opt, shown)
+    head, name = os.path.split(p.rstrip("/") or "/")
+    return show(p), head or ".", name
+
+
+def _mkdir(w: _Walk, name: str, mode: int) -> bool:
+    """mkdirat ``name`` in the walk's last directory: True when made, False when something is
+    there already."""
     try:
-        for name in [*made, parts[-1]]:
-            try:
-                os.mkdir(name, mode, dir_fd=dfd)
-            except FileExistsError:
-                raise OutputError(f"{opt} {shown} already exists; give a new directory"
-                                  ) from None
-            except OSError as exc:
-                raise OutputError(f"{opt} {shown}: cannot create it: {exc.strerror or exc}"
-                                  ) from None
-            try:
-                nfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
-            except OSError as exc:
-                raise OutputError(f"{opt} {shown}: {name} changed while it was created: "
-                                  f"{exc.strerror or exc}") from None
-            os.close(dfd)
-            dfd = nfd
-            if os.fstat(dfd).st_uid != os.geteuid():
-                raise OutputError(f"{opt} {shown}: {name} is not the directory we created")
-    except BaseException:
-        os.close(dfd)
-        raise
-    return dfd
+        os.mkdir(name, mode, dir_fd=w.fd)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise w.fail(f"cannot create it in {show(w.where)}: {exc.strerror or exc}") from None
+    return True
+
+
+def create_dir(path: str | os.PathLike[str], opt: str, *, mode: int = 0o755) -> int:
+    """Create the new directory ``path`` (it must not exist: anything there, a symlink
+    included, is refused; its parent must exist and pass the walk's rule) and return a
+    read-only descriptor of it, opened with ``O_NOFOLLOW`` below the checked parent. The
+    caller writes below the descriptor."""
+    shown, head, name = _split_dir(path, opt)
+    if name in ("", ".", ".."):
+        raise OutputError(f"{opt} {shown} already exists; give a new directory")
+    with _Walk(opt, shown) as w:
+        w.go(_parts(head))
+        if not _mkdir(w, name, mode):
+            raise OutputError(f"{opt} {shown} already exists; give a new directory")
+        try:
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=w.fd)
+        except OSError as exc:
+            raise w.fail(f"it changed while it was created: {exc.strerror or exc}") from None
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise OutputError(f"{opt} {shown}: it is not the directory we created")
+    return fd
+
+
+def open_dir(path: str | os.PathLike[str], opt: str, *, create: bool = False,
+             mode: int = 0o755) -> int:
+    """A read-only descriptor of the output directory ``path``, walked by the module
+    docstring's rule (the directory itself included); made (``mode``, one level: its parent
+    must exist) when missing and ``create``."""
+    shown, head, name = _split_dir(path, opt)
+    with _Walk(opt, shown) as w:
+        w.go(_parts(head))
+        if create and name not in ("", ".", ".."):
+            _mkdir(w, name, mode)
+        w.go([name])
+        return w.open_last()
+
+
+def open_below(dfd: int, name: str, opt: str, shown: str, *, create: bool = False,
+               mode: int = 0o755) -> int:
+    """A read-only descriptor of the real subdirectory ``name`` of the checked directory
+    ``dfd`` (made when missing and ``create``): never a link, and by the walk's rule. For a
+    tree a command writes (``deploy --out``): nothing below its top is followed."""
+    where = show(name)
+    if create:
+        try:
+            os.mkdir(name, mode, dir_fd=dfd)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise OutputError(f"{opt} {shown}: cannot create {where}: {exc.strerror or exc}"
+                              ) from None
+    try:
+        fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
+    except OSError as exc:
+        why = ("is a symbolic link or not a directory: not followed" if exc.errno in
+               (errno.ELOOP, errno.ENOTDIR) else exc.strerror or str(exc))
+        raise OutputError(f"{opt} {shown}: {where} {why}") from None
+    why = unsafe_dir(os.fstat(fd))
+    if why:
+        os.close(fd)
+        raise OutputError(f"{opt} {shown}: {where} {why}: refused")
+    return fd
+
+
+def open_append(path: str | os.PathLike[str], opt: str) -> int:
+    """Open ``path`` for appending (a descriptor; mode 0644 when created) by the module
+    docstring's rule: the spike log. Its directory must exist; the file itself may be a link
+    root or we own (``/dev/stdout``: its text walked by the same rule; a descriptor link of a
+    process of ours opened by the kernel), a regular file of ours with one link, a FIFO (no
+    reader: an error, not a hang) or a terminal; a directory, a device, another user's file:
+    OutputError, one line."""
+    p = os.fspath(path)
+    if not p.strip():
+        raise OutputError(f"{opt} is empty: give a file")
+    shown = show(p)
+    head, name = os.path.split(p)
+    with _Walk(opt, shown) as w:
+        w.go(_parts(head or "."))
+        name, follow = _final_link(w, name)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags if follow else flags | os.O_NOFOLLOW, 0o644, dir_fd=w.fd)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                raise OutputError(f"{opt} {shown} is a FIFO with no reader") from None
+            raise OutputError(f"cannot open {opt} {shown}: {exc.strerror or exc}") from None
+        try:
+            _check_appendable(fd, w, opt, shown)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def _final_link(w: _Walk, name: str) -> tuple[str, bool]:
+    """Follow the links root or we own at the end of the walk (their directories walked by
+    the rule): the file's name in :attr:`_Walk.fd`, and whether the kernel is to follow it
+    (a descriptor link of one of our processes, ``/proc/PID/fd/N``)."""
+    while True:
+        if name in ("", ".", ".."):
+            raise w.fail("names a directory, not a file")
+        try:
+            st = os.stat(name, dir_fd=w.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return name, False
+        except OSError as exc:
+            raise w.fail(f"{exc.strerror or exc}") from None
+        if not stat.S_ISLNK(st.st_mode):
+            return name, False
+        if _FD_DIR.fullmatch(w.where) and st.st_uid in _trusted():
+            return name, True
+        text = w.link_text(name)
+        head, name = os.path.split(text)
+        if text.startswith("/"):
+            w.to_root()
+        w.go(head.split("/"))
+
+
+def _check_appendable(fd: int, w: _Walk, opt: str, shown: str) -> None:
+    """Refuse an opened spike log that is no place for it; then make it blocking again."""
+    st = os.fstat(fd)
+    if not (os.isatty(fd) or stat.S_ISFIFO(st.st_mode)):
+        if not stat.S_ISREG(st.st_mode):  # /dev/full, /dev/null, a disk: no JSONL log there
+            raise OutputError(f"{opt} {shown} is a device, not a file")
+        if st.st_uid not in _trusted():
+            sticky = os.fstat(w.fd).st_mode & stat.S_ISVTX
+            where = f" in the shared directory {show(w.where)}" if sticky else ""
+            raise OutputError(f"{opt} {shown} belongs to uid {st.st_uid}{where}, not to root "
+                              "or us: not written")
+        if st.st_nlink > 1:  # a hard link another user made to a file of root's or ours
+            raise OutputError(f"{opt} {shown} has {st.st_nlink} hard links: not written")
+    os.set_blocking(fd, True)

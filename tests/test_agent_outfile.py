@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -327,7 +328,252 @@ def test_capture_never_follows_another_users_link_on_the_way(tmp_path, fenced):
     rc, _o, err, _s = _run_inprocess(["capture", "--root", str(FIXTURES / "vm-dev"), "--out",
                                       str(tmp_path / "evil" / "cap")], 10.0)
     assert rc == 1 and "owned by uid 65534" in err and os.listdir(secret) == []
+
+
+def test_capture_never_creates_missing_parents(tmp_path, fenced):
+    """issue #39: capture made missing parents (mkdir -p) unlike every other output."""
+    rc, _o, err, _s = _run_inprocess(["capture", "--root", str(FIXTURES / "vm-dev"), "--out",
+                                      str(tmp_path / "new" / "cap")], 10.0)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 1 and len(lines) == 1, err
+    assert f"directory {tmp_path / 'new'} does not exist (create it first)" in lines[0]
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "new").mkdir()
     rc, _o, err, _s = _run_inprocess(["capture", "--root", str(FIXTURES / "vm-dev"), "--out",
                                       str(tmp_path / "new" / "cap")], 60.0)
-    assert rc == 0, err  # missing parents of a capture are made, below what exists
+    assert rc == 0, err
     assert (tmp_path / "new" / "cap" / "CAPTURE-SKIPPED").is_file()
+
+
+# ---- one rule for every directory on the way (issue #34 items 2 and 3) -----------------------
+#
+# Every directory from / down to an output must be root's or ours and writable by nobody else
+# (a root-owned sticky one like /tmp excepted), and no other user's link is followed. The
+# layouts below put an output below each kind of directory, with a throw-away user (the
+# ``user`` fixture) as the other user; a refusal is one line naming the component and why,
+# and nothing changes anywhere under the layout.
+
+CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
+WATCH = ["watch", "--probe", "numpy", "--duration", "1", "--no-live", "--sampler", "python",
+         "--trace", "off", "--irq-cost", "off", "--json"]
+AUDIT = ["audit", "--root", str(FIXTURES / "vm-dev"), "--no-history", "--steal-window", "0"]
+# option -> (argv with {P} for the output path, the output's name, file or dir, good exits)
+REAL = {
+    "deploy --out": (["deploy", "--out", "{P}"], "deploy", "dir", (0,)),
+    "capture --out": (["capture", "--root", str(FIXTURES / "vm-dev"), "--out", "{P}"], "cap",
+                      "dir", (0,)),
+    "--spike-log": ([*WATCH, "--spike-log", "{P}"], "spikes.jsonl", "file", (0,)),
+    "--flight-dir": ([*WATCH, "--flight-us", "1000000", "--flight-dir", "{P}"], "flight",
+                     "dir", (0,)),
+    "--fix-script": ([*AUDIT, "--fix-script", "{P}"], "fix.sh", "file", (0, 2)),
+}
+REFUSED = ["user-dir", "user-dir-above", "user-link", "group-writable", "world-writable"]
+ALLOWED = ["sticky", "root-link"]
+
+
+def _layout(top: Path, kind: str, uid: int, gid: int) -> tuple[Path, Path, tuple | None]:
+    """Make ``kind`` under ``top``: (the directory to give, the real directory the output
+    lands in, (the component a refusal names, why) or None where the rule allows it)."""
+    top.mkdir()
+    real = top / "real"
+    real.mkdir()
+    d = top / "d"
+    if kind in ("user-link", "root-link"):
+        os.symlink(real, d)
+        if kind == "user-link":
+            os.lchown(d, uid, gid)
+            return d, real, (d, f"is a symbolic link owned by uid {uid}: not followed")
+        return d, real, None  # root's own link: followed (as /var/run -> /run)
+    d.mkdir()
+    if kind == "user-dir":  # theirs: they could rename what we write for their own
+        os.chown(d, uid, gid)
+        return d, d, (d, f"belongs to uid {uid}, not to root or us")
+    if kind == "user-dir-above":  # ours, but below theirs: they can rename ours away
+        (d / "ours").mkdir()
+        os.chown(d, uid, gid)
+        return d / "ours", d / "ours", (d, f"belongs to uid {uid}, not to root or us")
+    if kind == "group-writable":
+        os.chown(d, 0, gid)
+        d.chmod(0o775)
+        return d, d, (d, "is writable by group or others (mode 0775) and not sticky")
+    if kind == "world-writable":
+        d.chmod(0o777)
+        return d, d, (d, "is writable by group or others (mode 0777) and not sticky")
+    assert kind == "sticky"
+    d.chmod(0o1777)  # root's, like /tmp: nobody else can rename or remove what we make
+    return d, d, None
+
+
+def _tree(top: Path) -> dict:
+    """Everything under ``top`` (never followed): type, owner, mode, link text, content."""
+    out = {}
+    for dirpath, dirs, files in os.walk(top):
+        for n in dirs + files:
+            p = Path(dirpath) / n
+            st = os.lstat(p)
+            out[str(p.relative_to(top))] = (
+                stat.S_IFMT(st.st_mode), st.st_uid, stat.S_IMODE(st.st_mode),
+                os.readlink(p) if stat.S_ISLNK(st.st_mode) else
+                p.read_bytes() if stat.S_ISREG(st.st_mode) else None)
+    return out
+
+
+def _check_refused(opt: str, r: subprocess.CompletedProcess, named: tuple) -> None:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    shown = f"rc={r.returncode} stderr={r.stderr!r}"
+    assert r.returncode == 1 and len(lines) == 1, shown
+    assert lines[0].startswith("hftagent: error: ") and opt.split()[-1] in lines[0], shown
+    component, why = named
+    assert f"{component} {why}" in lines[0], shown
+
+
+@needs_root
+@pytest.mark.parametrize("opt", list(REAL))
+def test_every_directory_on_the_way_is_roots_or_ours_real_cli(opt, tmp_path, user):
+    """deploy --out (issue #34 item 2: units in another user's directory, swapped before
+    root installs them), capture --out, --spike-log and --flight-dir (item 3: another user's
+    link in a parent followed), --fix-script: the real CLI, every layout at once."""
+    _name, uid, gid = user
+    argv, name, what, good = REAL[opt]
+    runs = {}
+    for kind in REFUSED + ALLOWED:
+        give, land, named = _layout(tmp_path / kind, kind, uid, gid)
+        before = _tree(tmp_path / kind)
+        args = [a.replace("{P}", str(give / name)) for a in argv]
+        p = subprocess.Popen([*CLI, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, OPENBLAS_NUM_THREADS="1", COLUMNS="100"))
+        runs[kind] = (p, land, named, before)
+    failures = []
+    for kind, (p, land, named, before) in runs.items():
+        out, err = p.communicate(timeout=180)
+        r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        try:
+            if named is None:
+                assert r.returncode in good, f"rc={r.returncode} stderr={err!r}"
+                made = land / name
+                assert made.is_dir() if what == "dir" else made.is_file(), made
+                assert os.lstat(made).st_uid == 0
+            else:
+                _check_refused(opt, r, named)
+                assert _tree(tmp_path / kind) == before, "something was created or changed"
+        except AssertionError as exc:
+            failures.append(f"{kind}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+# options checked in-process (their heavy work fenced): (option, argv, {P} a file or a dir)
+INPROC = [
+    ("probe --csv", ["probe", "--no-history", "--model", "numpy", "--csv", "{P}"], "s.csv"),
+    ("cpus --plot", ["cpus", "--no-history", "--duration", "1", "--plot", "{P}"], "p.png"),
+    ("profile --keep-csv", ["profile", "--nsight", "--keep-csv", "{P}", "--", "true"], "k.csv"),
+    ("history export --out", ["history", "--db", "{DB}", "export", "--out", "{P}"], "h.csv"),
+    ("history plot --out", ["history", "--db", "{DB}", "plot", "--out", "{P}"], "h.png"),
+    ("probe --db", ["probe", "--model", "numpy", "--db", "{P}"], "runs.sqlite"),
+    ("audit --textfile", [*AUDIT, "--textfile", "{P}"], ""),
+    ("cpus --textfile", ["cpus", "--no-history", "--duration", "1", "--textfile", "{P}"], ""),
+]
+
+
+@needs_root
+@pytest.mark.parametrize("kind", REFUSED)
+@pytest.mark.parametrize("opt,argv,name", INPROC, ids=[o[0] for o in INPROC])
+def test_every_other_output_follows_the_same_rule(opt, argv, name, kind, tmp_path, user,
+                                                  fenced):
+    _name, uid, gid = user
+    db = make_db(tmp_path / "runs.sqlite")
+    give, _land, (component, why) = _layout(tmp_path / kind, kind, uid, gid)
+    before = _tree(tmp_path / kind)
+    rc, out, err, _s = _run_inprocess([a.replace("{P}", str(give / name) if name else
+                                                 str(give)).replace("{DB}", str(db))
+                                       for a in argv], 10.0)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    shown = f"rc={rc!r} stderr={err!r} stdout={out[-300:]!r}"
+    assert rc == 1 and len(lines) == 1 and lines[0].startswith("hftagent: error: "), shown
+    assert f"{component} {why}" in lines[0], shown
+    assert _tree(tmp_path / kind) == before
+
+
+@needs_root
+@pytest.mark.parametrize("kind", ALLOWED)
+def test_a_sticky_root_directory_and_roots_own_link_are_allowed(kind, tmp_path, user,
+                                                                fenced):
+    _name, uid, gid = user
+    db = make_db(tmp_path / "runs.sqlite")
+    give, land, named = _layout(tmp_path / kind, kind, uid, gid)
+    assert named is None
+    rc, _o, err, _s = _run_inprocess(["history", "--db", str(db), "export", "--out",
+                                      str(give / "h.csv")], 30.0)
+    assert rc == 0 and (land / "h.csv").is_file(), err
+    rc, _o, err, _s = _run_inprocess([*AUDIT, "--textfile", str(give)], 30.0)
+    assert rc in (0, 2) and (land / "hftagent_audit.prom").is_file(), err
+
+
+def test_the_walk_follows_our_links_by_their_text_and_checks_where_they_lead(tmp_path):
+    """A link of ours is walked by its text (relative, absolute, with ..) under the same
+    rule: one that leads into a directory others may write is refused there."""
+    from agent.outfile import OutputError, open_dir
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    os.symlink("a/b", tmp_path / "rel")
+    os.symlink(tmp_path / "a", tmp_path / "abs")
+    os.symlink("../a/b/..", tmp_path / "a" / "up")
+    for p, real in ((tmp_path / "rel" / "x", tmp_path / "a" / "b" / "x"),
+                    (tmp_path / "abs" / "b" / "y", tmp_path / "a" / "b" / "y"),
+                    (tmp_path / "a" / "up" / "z", tmp_path / "a" / "z")):
+        os.close(open_dir(p, "--flight-dir", create=True))
+        assert real.is_dir(), p
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    os.symlink(shared, tmp_path / "to-shared")
+    with pytest.raises(OutputError, match=f"{shared} is writable by group or others"):
+        open_dir(tmp_path / "to-shared" / "fl", "--flight-dir", create=True)
+    assert os.listdir(shared) == []
+    os.symlink("loop", tmp_path / "loop")
+    with pytest.raises(OutputError, match="too many levels of symbolic links"):
+        open_dir(tmp_path / "loop" / "fl", "--flight-dir", create=True)
+
+
+def test_a_directory_swapped_after_the_walk_is_not_written_into(tmp_path):
+    """The file is created relative to the walked descriptor: a rename of the directory
+    after the check (here by us, as another user could in a directory the rule refuses)
+    moves nothing of ours to where the path now leads."""
+    from agent.outfile import open_output
+    d = tmp_path / "d"
+    d.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = open_output(d / "x.csv", "--csv")
+    d.rename(tmp_path / "moved")
+    os.symlink(elsewhere, d)
+    out.write("a\n")
+    out.close()
+    assert (tmp_path / "moved" / "x.csv").read_text() == "a\n"
+    assert os.listdir(elsewhere) == []
+
+
+def test_the_spike_log_follows_our_own_descriptor_links(tmp_path):
+    """/dev/stdout -> /proc/self/fd/1 (root's link, then our process's descriptor link):
+    the kernel opens our own stdout, a pipe here."""
+    code = ("from agent.outfile import open_append; import os; "
+            "fd = open_append('/dev/stdout', '--spike-log'); os.write(fd, b'logged\\n')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0 and r.stdout == "logged\n", r.stderr
+
+
+@needs_root
+def test_the_spike_log_refuses_another_users_file_and_a_hard_link(tmp_path, user):
+    from agent.outfile import OutputError, open_append
+    _name, uid, gid = user
+    theirs = tmp_path / "theirs.jsonl"
+    theirs.write_text("")
+    os.chown(theirs, uid, gid)
+    with pytest.raises(OutputError, match=f"belongs to uid {uid}, not to root or us"):
+        open_append(theirs, "--spike-log")
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    os.link(secret, tmp_path / "spikes.jsonl")  # as in a sticky /tmp without protected_hardlinks
+    with pytest.raises(OutputError, match="has 2 hard links: not written"):
+        open_append(tmp_path / "spikes.jsonl", "--spike-log")
+    assert secret.read_text() == "root only\n"

@@ -59,6 +59,7 @@ def audit(*args: str) -> dict:
 
 
 def capture(tmp_path, *args: str):
+    tmp_path.mkdir(exist_ok=True)  # capture makes DIR only: its parent must exist
     out = tmp_path / "cap"
     res = runner.invoke(get_app(), ["capture", "--out", str(out), *args])
     assert res.exit_code == 0, res.output

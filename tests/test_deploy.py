@@ -4,9 +4,11 @@ checked with the real tools (promtool, amtool, systemd-analyze)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -253,3 +255,81 @@ def test_dashboard_shape():
     for e in exprs:
         for name in re.findall(r"\b((?:hftagent|job)[:_][\w:]+)", e):
             assert name in exported or name in recorded, f"{name} in {e!r}"
+
+
+# ---- hftagent deploy --out: where the units may be written (issue #34 item 2) -------------
+# The units are installed by root next (`install ... /etc/systemd/system/`): nobody else may
+# be able to swap one before that. The other layouts (a parent of another user's, writable by
+# others, sticky, root's link) are in tests/test_agent_outfile.py with every other output.
+
+CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
+WATCH_UNIT = Path("systemd") / "hftagent-watch.service"
+
+
+def deploy(out: Path) -> subprocess.CompletedProcess:
+    return run(*CLI, "deploy", "--out", str(out), cwd=Path(__file__).resolve().parents[1])
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("hftagent: error: --out ") and "Traceback" not in r.stderr
+    return lines[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_deploy_refuses_a_directory_another_user_owns_or_links_to(tmp_path, user):
+    _name, uid, gid = user
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, uid, gid)
+    assert f"{theirs} belongs to uid {uid}, not to root or us: refused" in one_line(
+        deploy(theirs))  # DIR itself theirs: they could swap the unit we write
+    (theirs / "sub").mkdir()  # ours, below theirs: they can rename it away
+    assert f"{theirs} belongs to uid {uid}" in one_line(deploy(theirs / "sub" / "d"))
+    assert sorted(os.listdir(theirs)) == ["sub"] and os.listdir(theirs / "sub") == []
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    os.lchown(link, uid, gid)
+    assert f"{link} is a symbolic link owned by uid {uid}: not followed" in one_line(
+        deploy(link))
+    assert f"{link} is a symbolic link owned by uid {uid}" in one_line(deploy(link / "d"))
+    assert os.listdir(real) == []
+
+
+def test_deploy_follows_our_own_link_to_a_directory_and_never_one_below_it(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "mine").symlink_to(real)  # ours (or root's): the operator's own
+    r = deploy(tmp_path / "mine")
+    assert r.returncode == 0, r.stderr
+    assert (real / WATCH_UNIT).read_bytes() == (UNITS / "hftagent-watch.service").read_bytes()
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (out / "systemd").symlink_to(victim)  # below DIR: the tree we write has no link at all
+    assert "systemd is a symbolic link or not a directory: not followed" in one_line(
+        deploy(out))
+    assert os.listdir(victim) == [] and sorted(os.listdir(out)) == ["systemd"]
+
+
+def test_deploy_refuses_a_directory_others_may_write_and_allows_a_sticky_one(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert f"{shared} is writable by group or others (mode 0777) and not sticky" in one_line(
+        deploy(shared / "d"))
+    assert os.listdir(shared) == []
+    shared.chmod(0o1777)  # /tmp's mode: nobody else can rename or remove what we make
+    r = deploy(shared / "d")
+    assert r.returncode == 0 and (shared / "d" / WATCH_UNIT).is_file(), r.stderr
+    assert stat.S_IMODE(os.stat(shared / "d").st_mode) & 0o022 == 0
+    sub = tmp_path / "gw"
+    sub.mkdir()
+    (sub / "systemd").mkdir()
+    (sub / "systemd").chmod(0o775)  # a directory of the tree that others may write
+    assert "systemd is writable by group or others (mode 0775)" in one_line(deploy(sub))
+    assert os.listdir(sub / "systemd") == []

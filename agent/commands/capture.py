@@ -26,7 +26,8 @@ status (no environments, no command lines). Read-only on the host."""
 
 def capture(
     out: Annotated[Path, typer.Option("--out", metavar="DIR",
-                                      help="Directory to create (must not exist).")],
+                                      help="Directory to create (must not exist; its parent must, "
+                                      "owned by root or you and not writable by others).")],
     root: RootOpt = "/",
     procfs: ProcfsOpt = None,
     sysfs: SysfsOpt = None,
@@ -38,13 +39,11 @@ def capture(
 
     if not str(out).strip():
         raise fail("--out is empty: give a new directory")
-    if os.path.lexists(out):
-        raise fail(f"--out {show(out)} already exists; give a new directory")
     host = make_host(root, procfs, sysfs)
-    # Created exclusively, and written only through its descriptor, with O_NOFOLLOW below it
-    # (agent/outfile.py, collectors/capture.py): nothing another user plants on the way is
-    # followed.
-    dfd = create_dir(out, "--out", parents=True)
+    # Created exclusively below its checked parent (which must exist: never mkdir -p), and
+    # written only through its descriptor, with O_NOFOLLOW below it (agent/outfile.py,
+    # collectors/capture.py): nothing another user owns or plants on the way is used.
+    dfd = create_dir(out, "--out")
     try:
         res = capture_result(host, out, dir_fd=dfd)
         if host.live:

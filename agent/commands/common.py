@@ -214,7 +214,7 @@ def check_history_db(db: str | None, no_history: bool) -> bool:
 
 def check_output_dir(path: str, opt: str) -> None:
     """An output directory option (node_exporter's textfile directory): exists, is a
-    directory, and we may write there."""
+    directory, we may write there, and it passes agent/outfile.py's rule."""
     import os
     if not path.strip():
         raise fail(f"{opt} is empty: give a directory")
@@ -222,6 +222,8 @@ def check_output_dir(path: str, opt: str) -> None:
         raise fail(f"{opt}: {path} is not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
         raise fail(f"{opt}: cannot write in {path}: permission denied")
+    from agent.outfile import open_dir  # every directory from / down root's or ours
+    os.close(open_dir(path, opt))
 
 
 def make_host(root: str = "/", procfs: str | None = None, sysfs: str | None = None) -> Host:

@@ -8,7 +8,6 @@ installed hftagent (pip/pipx, no clone) can write them out.
 
 from __future__ import annotations
 
-import errno
 import os
 from importlib import resources
 from typing import Annotated
@@ -20,9 +19,11 @@ from agent.commands.common import cli_errors, fail
 HELP = """Write the deployment files (systemd units, Prometheus config and alert rules,
 Alertmanager example, Grafana dashboard, web config example) into DIR.
 
-DIR is created if it does not exist (its parent must); a file that already exists there is
-never overwritten: the command refuses before it writes anything. docs/fleet.md says what
-each file is for."""
+DIR is created if it does not exist (its parent must). Every directory from / down to DIR must
+belong to root or to you and be writable by nobody else (a sticky one like /tmp excepted), and
+no other user's symlink is followed: root installs these units, so nobody else may be able to
+swap them. A file that already exists there is never overwritten: the command refuses before
+it writes anything. docs/fleet.md says what each file is for."""
 
 
 def shipped() -> list[tuple[str, bytes]]:
@@ -44,38 +45,58 @@ def shipped() -> list[tuple[str, bytes]]:
     return out
 
 
-def _open_dir(path: str, *, dir_fd: int | None = None, create: bool = False) -> int:
-    """An fd of directory ``path`` (relative to ``dir_fd``), never through a symlink;
-    created 0755 first when ``create`` and missing."""
-    if create:
+def _existing(top: int, out: str, files: list[tuple[str, bytes]]) -> str | None:
+    """The first of ``files`` already under the checked directory ``top`` (its relative
+    path), looked up without following anything; None when none is."""
+    from agent.outfile import open_below, show
+    for rel, _ in files:
+        *dirs, name = rel.split("/")
+        fds = [top]
         try:
-            os.mkdir(path, 0o755, dir_fd=dir_fd)
-        except FileExistsError:
-            pass
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                   dir_fd=dir_fd)
+            for d in dirs:
+                try:
+                    os.stat(d, dir_fd=fds[-1], follow_symlinks=False)
+                except FileNotFoundError:
+                    break
+                fds.append(open_below(fds[-1], d, "--out", show(out)))
+            else:
+                try:
+                    os.stat(name, dir_fd=fds[-1], follow_symlinks=False)
+                    return rel
+                except FileNotFoundError:
+                    pass
+        finally:
+            for d in fds[1:]:
+                os.close(d)
+    return None
 
 
 def write_tree(out: str, files: list[tuple[str, bytes]]) -> None:
-    """Write ``files`` under ``out``: every directory opened without following a link, every
-    file created exclusively (O_EXCL|O_NOFOLLOW). Refuses (OSError) before writing anything
-    when a target exists."""
-    for rel, _ in files:
-        target = os.path.join(out, rel)
-        if os.path.lexists(target):
-            raise FileExistsError(errno.EEXIST, "already exists; nothing was written", target)
-    top = _open_dir(out, create=True)
+    """Write ``files`` under ``out`` (agent/outfile.py's rule: every directory from / down
+    root's or ours and not writable by others, no other user's link followed; ``out`` made
+    when missing, its parent must exist), every directory below it a real one (never a
+    link), every file created exclusively (O_EXCL|O_NOFOLLOW). Refuses (OutputError) before
+    writing anything when a target exists."""
+    from agent.outfile import OutputError, open_below, open_dir, show
+    top = open_dir(out, "--out", create=True)
     try:
+        there = _existing(top, out, files)
+        if there is not None:
+            raise OutputError(f"--out {show(out)}: {show(there)} already exists; nothing was "
+                              "written")
         for rel, data in files:
             *dirs, name = rel.split("/")
             fds = [top]
             try:
                 for d in dirs:
-                    fds.append(_open_dir(d, dir_fd=fds[-1], create=True))
+                    fds.append(open_below(fds[-1], d, "--out", show(out), create=True))
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o644, dir_fd=fds[-1])
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
+            except OSError as exc:
+                raise OutputError(f"--out {show(out)}: {show(rel)}: {exc.strerror or exc}"
+                                  ) from None
             finally:
                 for d in fds[1:]:
                     os.close(d)
@@ -84,21 +105,14 @@ def write_tree(out: str, files: list[tuple[str, bytes]]) -> None:
 
 
 def deploy(out: Annotated[str, typer.Option("--out", help="Directory to write into (created "
-                                            "if missing; existing files are never "
-                                            "overwritten).")]) -> None:
+                                            "if missing, its parent must exist; every "
+                                            "directory on the way owned by root or you and "
+                                            "not writable by others; existing files are "
+                                            "never overwritten).")]) -> None:
     files = shipped()
     if not files:
         raise fail("no deployment files in this installation (agent/deploy is missing)")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise fail(f"--out {out!r}: its parent directory does not exist")
-    if os.path.islink(out) or (os.path.lexists(out) and not os.path.isdir(out)):
-        raise fail(f"--out {out!r} exists and is not a directory")
-    try:
-        write_tree(out, files)
-    except OSError as exc:
-        where = exc.filename or out
-        raise fail(f"--out {out!r}: {where}: {exc.strerror or exc}") from None
+    write_tree(out, files)
     print(f"wrote {len(files)} files into {out}:")
     for rel, _ in files:
         print(f"  {rel}")

@@ -78,6 +78,10 @@ def write_prom(data: bytes, directory: str | os.PathLike[str], filename: str) ->
     if not filename.endswith(".prom") or "/" in filename:
         raise AgentError(f"--textfile: bad file name {filename!r} (must be NAME.prom)")
     target = d / filename
+    # agent/outfile.py's rule: every directory from / down root's or ours and not writable by
+    # others, no other user's link followed; nobody else can then redirect the path below
+    from agent.outfile import open_dir
+    os.close(open_dir(d, "--textfile"))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=d)
     except OSError as exc:
