@@ -459,7 +459,7 @@ class _Reader:
                  unsafe_library: bool, progress) -> None:
         self.host, self.pid, self.maps, self.owner = host, pid, maps, owner
         self.unsafe_library, self.progress = unsafe_library, progress
-        self.pins: dict[int, Pinned] = {}
+        self.pins: dict[tuple[int, str], Pinned] = {}
 
     def close_except(self, targets: list[Target]) -> None:
         keep = {id(t.pin) for t in targets}
@@ -508,9 +508,10 @@ class _Reader:
                           "--attach-symbol LIB:SYMBOL names another")
 
     def pin(self, m: Mapping) -> Pinned:
-        if m.inode not in self.pins:
-            self.pins[m.inode] = pin(self.host, self.pid, m, self.owner, self.unsafe_library)
-        return self.pins[m.inode]
+        key = (m.inode, m.path)
+        if key not in self.pins:
+            self.pins[key] = pin(self.host, self.pid, m, self.owner, self.unsafe_library)
+        return self.pins[key]
 
     def add(self, p: Plan, m: Mapping, names: list[str], runtime: str, shown: str,
             returns: bool, required: bool = False) -> None:
