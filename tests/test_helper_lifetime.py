@@ -8,9 +8,10 @@
 - A process running a helper through its caller's code is killed (SIGKILL, SIGTERM,
   SIGINT): the helper is gone within a second or two, whatever it was doing.
 - ``cpus --trace on`` and ``watch --trace on`` stopped by SIGTERM or SIGINT remove their
-  instance, and their helpers are gone; killed by SIGKILL, the helpers are gone (the
-  instance, which nothing can remove then, is removed by the test; the next start removes
-  such a leftover: tests/test_trace_tracefs.py).
+  instance, and their helpers are gone; killed by SIGKILL, the helpers are gone and their
+  guardian (agent/trace/guardian.py) removes the instance within a second; in every case
+  the guardian goes too. (A guardian killed with its run leaves the instance to the next
+  start: tests/test_trace_tracefs.py, tests/test_trace_guardian.py.)
 
 The tracefs parts mount tracefs on a directory of the test's own (the same kernel tracefs,
 seen elsewhere; the host's mounts are left as found) and touch only the instances their
@@ -63,6 +64,29 @@ def _gone_within(pid: int, seconds: float = GONE_S) -> bool:
             return True
         time.sleep(0.02)
     return _gone(pid)
+
+
+def _within(cond, seconds: float = GONE_S) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not cond():
+        time.sleep(0.02)
+    return cond()
+
+
+def _guardian_of(child: subprocess.Popen) -> int | None:
+    """The pid of ``child``'s tracefs guardian (agent/trace/guardian.py)."""
+    from agent.trace.guardian import SCRIPT
+    try:
+        kids = psutil.Process(child.pid).children()
+    except psutil.NoSuchProcess:
+        return None
+    for k in kids:
+        try:
+            if SCRIPT in k.cmdline():
+                return k.pid
+        except psutil.NoSuchProcess:
+            continue
+    return None
 
 
 def _wait_for(what, timeout: float = START_S, child: subprocess.Popen | None = None):
@@ -265,13 +289,13 @@ def _instance(sysroot: Path, child: subprocess.Popen) -> Path:
 
 
 def _cleanup(inst: Path) -> None:
-    """Remove an instance our child made and could not remove (SIGKILL)."""
+    """Remove an instance our child made and nothing removed (a failed test)."""
     if inst.is_dir():
         try:
             (inst / "tracing_on").write_text("0")
+            os.rmdir(inst)
         except OSError:
-            pass
-        os.rmdir(inst)
+            pass   # its guardian removed it meanwhile
 
 
 CPUS_CHILD = """
@@ -298,13 +322,17 @@ def test_a_stopped_cpus_kills_its_recorder_and_removes_its_instance(helpers, cac
     try:
         rec = _wait_for(lambda: _helper_of(child, "hftnoise"), child=child)
         assert inst.is_dir()  # opened before the recorders start
+        guard = _guardian_of(child)
+        assert guard is not None  # started before the instance
         time.sleep(0.1)
         child.send_signal(sig)
         assert _gone_within(rec), f"the recorder outlived cpus ({sig.name})"
         out, err = child.communicate(timeout=30)
+        assert _gone_within(guard), f"the guardian outlived cpus ({sig.name})"
         if sig == signal.SIGKILL:
             assert child.returncode == -signal.SIGKILL
-            assert inst.is_dir()  # kill -9 ran no clean-up (the next start removes it)
+            # kill -9 runs no clean-up of cpus's own: its guardian removed the instance
+            assert _within(lambda: not inst.exists()), "instance left after kill -9"
             return
         assert child.returncode == 128 + sig, err
         assert err.splitlines()[-1] == f"hftagent: cpus stopped by {sig.name} during the " \
@@ -335,12 +363,16 @@ def test_a_stopped_watch_removes_its_instance_and_its_sampler(helpers, cache, sy
     try:
         smp = _wait_for(lambda: _helper_of(child, "hftsampler"), child=child)
         _wait_for(inst.is_dir, child=child)
+        guard = _guardian_of(child)
+        assert guard is not None  # started before the instance
         time.sleep(0.2)
         child.send_signal(sig)
         assert _gone_within(smp), f"the native sampler outlived watch ({sig.name})"
         out, err = child.communicate(timeout=60)
+        assert _gone_within(guard), f"the guardian outlived watch ({sig.name})"
         if sig == signal.SIGKILL:
-            assert inst.is_dir()  # kill -9 ran no clean-up (the next start removes it)
+            # kill -9 runs no clean-up of watch's own: its guardian removed the instance
+            assert _within(lambda: not inst.exists()), "instance left after kill -9"
             return
         assert child.returncode == 0, err  # a requested stop
         assert f"stopped by {sig.name}" in err

@@ -18,6 +18,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agent.trace import EventSource, Unsupported, breakdown, instance, timeline, wake
@@ -413,6 +414,9 @@ def test_instance_of_a_sigkilled_watch_is_removed_at_the_next_start(host):
     assert path.is_dir()
     wake = path.with_name(path.name + instance.WAKE_SUFFIX)
     assert wake.is_dir()  # its wake instance (every CPU's wake-ups of the probe CPUs)
+    from agent.trace.guardian import SCRIPT  # its guardian killed with it (kill -9 -1, OOM)
+    for g in [k for k in psutil.Process(child.pid).children() if SCRIPT in k.cmdline()]:
+        g.kill()   # a zombie until its parent goes: not waited for
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert path.is_dir() and wake.is_dir()  # kill -9 ran no clean-up

@@ -161,6 +161,11 @@ def scan(host: Host, cpus: list[int], online: int, duration_s: float, threshold_
     ``hftagent watch --irq-cost US`` takes under an external client."""
     if not 0 < duration_s <= MAX_DURATION_S:
         raise AgentError(f"--duration must be > 0 and ≤ {MAX_DURATION_S:g} s")
+    from agent.trace.guardian import clean_stale
+    # what killed hftagents left in tracefs (uprobe groups, instances), where we may write
+    stale = clean_stale(host)
+    if tracer is not None:
+        tracer.notes += stale
     own = exe is None
     exe = exe or build()
     out: list[CpuNoise] = []

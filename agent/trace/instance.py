@@ -8,8 +8,10 @@ buffer, events, ``tracing_on``, ``trace_clock`` and ``tracing_cpumask``; ``rmdir
 (EBUSY while one of its files is open, so ours are closed first). Nothing outside that
 directory is ever written: not the top-level ``tracing_on``, ``current_tracer`` or events,
 not another instance — except removing an instance named ``hftagent-<pid>`` (or its
-``-wake`` companion) whose creator is dead (a SIGKILLed watch), at the next start
-(:func:`remove_stale`). Every instance this process holds is in :data:`_HELD`: removed at
+``-wake`` companion) whose creator is dead or its pid reused, at the next start
+(:func:`remove_stale`): a SIGKILLed run's guardian (:mod:`.guardian`, started before the
+instance) removes it within a second; the next start removes what a guardian killed with its
+run left. Every instance this process holds is in :data:`_HELD`: removed at
 exit (atexit, KeyboardInterrupt included) and on SIGTERM where nobody else handles it (the
 first open installs a handler, main thread, default disposition only, that removes them,
 then dies of SIGTERM as it would have). Every refusal is one line (:class:`Unsupported`).

@@ -2,8 +2,11 @@
 
 :class:`EventSource` is put together from one class per concern:
 
-- :mod:`.instance` — the instance's life (create, settings, remove; stale instances of a
-  killed run removed at the next start; atexit and SIGTERM);
+- :mod:`.instance` — the instance's life (create, settings, remove; atexit and SIGTERM);
+- :mod:`.guardian` — a small process started before the instance that removes it (and our
+  uprobe group) within a second when this process dies, SIGKILL included; what a killed
+  run left anyway (a guardian killed with it) is removed at the next open, the uprobe
+  groups of dead hftagents too (:func:`agent.trace.uprobe.remove_stale`);
 - :mod:`.window` — :class:`~agent.trace.window.WindowReader`: the per-CPU pages drained
   from ``trace_pipe_raw``, kept, and read back as a :class:`Window` around a spike;
 - :mod:`.wake` — :class:`~agent.trace.wake.WakeInstance`: the second instance that sees
@@ -42,6 +45,7 @@ from pathlib import Path
 from collectors.host import Host
 
 from .event import FormatError, parse_format
+from .guardian import guard
 from .instance import (
     _HELD,
     CpuStats,
@@ -63,6 +67,7 @@ from .instance import (
 from .pages import PageLayout, check_header_event, parse_header_page
 from .symbols import SymbolResolver
 from .uprobe import UprobeEvents
+from .uprobe import remove_stale as remove_stale_uprobes
 from .wake import WakeInstance
 from .window import Window, WindowReader, _close_rings, _CpuRing
 
@@ -197,6 +202,8 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents):
             self.notes.append(f"mounted tracefs at {shown}")
         self.tracefs = root
         inst_dir = root / "instances"
+        # what killed runs left: their uprobe groups first (their instance is a witness)
+        self.notes += remove_stale_uprobes(host, root)
         remove_stale(host, inst_dir, self.notes)
         self.name = _instance_name()
         self.path = inst_dir / self.name
@@ -204,6 +211,9 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents):
         if str(self.path) in _HELD:
             raise _Refused(f"unsupported: tracefs instance {shown} is already in use by "
                            "this process")
+        no_guardian = guard(root)   # before the instance: a SIGKILL removes it too
+        if no_guardian:
+            self.notes.append(no_guardian)
         try:
             os.mkdir(self.path)
         except FileExistsError:

@@ -10,8 +10,16 @@ Kernel interface (Documentation/trace/uprobetracer.rst, ``CONFIG_UPROBE_EVENTS``
 ``uprobe_events`` is global: it is only ever opened ``O_WRONLY|O_APPEND`` (a plain open for
 writing truncates it, which removes *every* uprobe event on the box, other tools' too;
 Python's ``open(..., "a")`` seeks and gets EINVAL). Our group is ``hftagent_<pid>`` (watch's
-pid): the next start removes the groups whose process is gone (:func:`remove_stale`), and only
-those; an event of another tool is never touched.
+pid). Every exit path removes it:
+
+- a normal exit, an exception, SIGINT and SIGTERM (watch's handlers end through a normal
+  exit): :meth:`Uprobes.remove`, also from ``atexit`` (:class:`_AtExit`);
+- SIGKILL, the OOM killer, a crash: the process's guardian (:mod:`.guardian`, started before
+  the first definition), which disables and removes the group within a second;
+- a guardian killed with its parent: the next start of watch or cpus
+  (:func:`remove_stale`, through :meth:`agent.trace.EventSource.open`), which removes the
+  groups whose creator is gone — dead, a zombie, or its pid now running another process —
+  and only those (:func:`_alive`); an event of another tool is never touched.
 
 :class:`Uprobes` defines and removes the events; :class:`UprobeEvents` (part of
 :class:`agent.trace.tracefs.EventSource`) enables them in watch's instance and reads their
@@ -24,13 +32,16 @@ import atexit
 import errno
 import os
 import re
+from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
 
 from collectors.host import Host
 
 from .event import Event, parse_format
-from .instance import _read
+from .guardian import guard, guardian_of
+from .instance import PREFIX as INSTANCE_PREFIX
+from .instance import _proc_is_dead_or_reused, _read
 from .pages import iter_page
 
 PREFIX = "hftagent_"
@@ -102,6 +113,7 @@ class Uprobes:
         if why:
             raise UprobeError(why)
         _AT_EXIT.add(self)
+        guard(self.tracefs)   # before the group: a SIGKILL removes it too, and it is our witness
         try:
             for i, t in enumerate(self.targets):
                 self._define_one(i, t)
@@ -178,57 +190,86 @@ class Uprobes:
             pinned.close()
 
 
-def remove_stale(host: Host, tracefs: Path, alive=None) -> list[str]:
-    """Remove the uprobe groups ``hftagent_<pid>`` whose process is gone (a watch killed by
-    SIGKILL); never another tool's event, never a live watch's. ``alive(pid) -> bool``
-    decides (default: /proc/PID exists and is not a zombie). Returns notes for the user."""
+def remove_stale(host: Host, tracefs: Path, alive: Callable[[int], bool] | None = None
+                 ) -> list[str]:
+    """Remove the uprobe groups ``hftagent_<pid>`` whose creator is gone (a watch killed
+    with its guardian); never another tool's event, never a live watch's, never one this
+    process holds. ``alive(pid) -> bool`` decides (default :func:`_alive`: a live process
+    that is the group's creator, not a later process given the same pid). A group named
+    after this process that it does not hold is a dead one's whose pid we were given.
+    Returns a note per group for the user."""
     p = tracefs / "uprobe_events"
-    try:
-        text = p.read_text()
-    except OSError:
+    text = host.read(p).value
+    if not text:
         return []
-    alive = alive or (lambda pid: _alive(host, pid))
-    stale: dict[str, list[str]] = {}
+    alive = alive or (lambda pid: _alive(host, tracefs, pid))
+    held = {u.group for u in _AT_EXIT.held}
+    groups: dict[tuple[str, int], list[str]] = {}
     for line in text.splitlines():
         m = _GROUP_RE.match(line + " ")
-        if m and int(m.group(2)) != os.getpid() and not alive(int(m.group(2))):
-            stale.setdefault(m.group(1), []).append(m.group(3))
-    notes = []
-    for group, names in stale.items():
-        # disabled wherever it is still enabled (an instance a killed watch left)
-        inst_root = tracefs / "instances"
-        for inst in [tracefs] + sorted(inst_root.iterdir() if inst_root.is_dir() else []):
-            for name in names:
-                en = inst / "events" / group / name / "enable"
-                try:
-                    if en.read_text().strip() != "0":
-                        en.write_text("0")
-                except OSError:
-                    pass
-        failed = []
-        for name in names:
-            try:
-                _append(p, f"-:{group}/{name}")
-            except OSError as exc:
+        if m and m.group(1) not in held:
+            groups.setdefault((m.group(1), int(m.group(2))), []).append(m.group(3))
+    return [_remove_group(host, tracefs, group, names)
+            for (group, pid), names in groups.items()
+            if pid == os.getpid() or not alive(pid)]
+
+
+def _remove_group(host: Host, tracefs: Path, group: str, names: list[str]) -> str:
+    """Disable ``group`` wherever it is enabled (an instance a killed watch left: the
+    kernel refuses to remove an enabled event), then remove its events; the note."""
+    inst_root = tracefs / "instances"
+    for inst in [tracefs, *(inst_root / n for n in host.listdir(inst_root))]:
+        en = inst / "events" / group / "enable"
+        try:
+            fd = os.open(en, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue   # the group is not in this instance
+        try:
+            os.write(fd, b"0")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    failed = []
+    for name in names:
+        try:
+            _append(tracefs / "uprobe_events", f"-:{group}/{name}")
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:   # ENOENT: its guardian was faster
                 failed.append(f"{name}: {exc.strerror or exc}")
-        notes.append(f"removed stale uprobe events {group} ({len(names) - len(failed)} of "
-                     f"{len(names)})" + (f"; left: {', '.join(failed)}" if failed else ""))
-    return notes
+    return (f"removed stale uprobe events {group} ({len(names) - len(failed)} of "
+            f"{len(names)}: its process is gone)"
+            + (f"; left: {', '.join(failed)}" if failed else ""))
 
 
-def _alive(host: Host, pid: int) -> bool:
+def _alive(host: Host, tracefs: Path, pid: int) -> bool:
+    """Whether ``pid`` is the live creator of group ``hftagent_<pid>``. Not when it is gone
+    or a zombie; when it runs, only with a witness that it is the same process, since
+    ``uprobe_events`` records no creation time (and an event directory's times are those of
+    its inode, made again on each lookup): its instance ``hftagent-<pid>`` (watch makes it
+    before defining the group) created after it started
+    (:func:`agent.trace.instance._proc_is_dead_or_reused`), or a guardian of its own
+    (:func:`agent.trace.guardian.guardian_of`, started before any definition). A pid reused
+    by another process has neither."""
     st = host.read(host.proc(pid, "stat"))
     if not st.ok:
         return False
     try:
-        return st.value[st.value.rindex(")") + 2] not in "ZX"
+        if st.value[st.value.rindex(")") + 2] in "ZX":
+            return False
     except (ValueError, IndexError):
-        return True
+        return True   # unreadable: leave it alone
+    try:
+        created = (tracefs / "instances" / f"{INSTANCE_PREFIX}{pid}").lstat().st_mtime
+    except OSError:
+        return guardian_of(host, pid)
+    return not _proc_is_dead_or_reused(host, pid, created) or guardian_of(host, pid)
 
 
 class _AtExit:
-    """The Uprobes this process holds, removed at interpreter exit (watch's SIGTERM and
-    SIGINT handlers end through a normal exit)."""
+    """The Uprobes this process holds: removed at interpreter exit (watch's SIGTERM and
+    SIGINT handlers end through a normal exit), and never taken for a dead process's by
+    :func:`remove_stale` (the pid in their group is ours)."""
 
     def __init__(self) -> None:
         self.held: set[Uprobes] = set()
