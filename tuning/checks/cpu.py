@@ -69,104 +69,120 @@ def _online(ctx: AuditContext) -> list[Finding]:
 
 
 def check(ctx: AuditContext) -> list[Finding]:
-    host = ctx.host
-    freqs = {c: cpuc.cpufreq(host, c) for c in ctx.cpus}
+    """Governor, frequency floor, turbo, EPP/EPB, C-states, SMT: one function per finding,
+    in the order tune applies them (module docstring)."""
+    freqs = {c: cpuc.cpufreq(ctx.host, c) for c in ctx.cpus}
+    return [*_online(ctx), _governor(ctx, freqs), *_floor(ctx, freqs),
+            _turbo(ctx, any(f is not None for f in freqs.values())), *_epp(ctx, freqs),
+            _cstates(ctx), _smt(ctx)]
+
+
+def _base_ev(ctx: AuditContext) -> str:
+    return ctx.host.display(cpuc.cpu_dir(ctx.host, ctx.cpus[0]) / "cpufreq")
+
+
+def _no_dir(ctx: AuditContext, freqs: dict[int, cpuc.CpuFreq | None]) -> dict[int, str]:
+    """CPUs without a cpufreq directory while others have one: not "fine", unknown."""
+    return {c: _missing(ctx, "cpufreq", c) for c, f in freqs.items() if f is None}
+
+
+def _governor(ctx: AuditContext, freqs: dict[int, cpuc.CpuFreq | None]) -> Finding:
     have = {c: f for c, f in freqs.items() if f is not None}
-    # CPUs without a cpufreq directory while others have one: not "fine", unknown
-    no_dir = {c: _missing(ctx, "cpufreq", c) for c, f in freqs.items() if f is None}
-    out: list[Finding] = _online(ctx)
-    cpus_s = format_cpulist(ctx.cpus)
-    base_ev = host.display(cpuc.cpu_dir(host, ctx.cpus[0]) / "cpufreq")
-
-    # -- governor ------------------------------------------------------------------------
+    base_ev = _base_ev(ctx)
     if not have:
-        reason = _no_cpufreq_reason(ctx)
-        for id_, title in (("cpu.governor", "CPU frequency governor"),
-                           ("cpu.min_freq", "Frequency floor (scaling_min_freq)")):
-            out.append(unsupported(id_, FAMILY, title, reason, base_ev,
-                                   ctx.profile.get("governor").why if id_ == "cpu.governor"
-                                   and ctx.profile.get("governor") else ""))
-    else:
-        want = ctx.profile.expected("governor", "performance")
-        unknown = dict(no_dir)
-        unknown.update({c: _missing(ctx, "cpufreq/scaling_governor", c, f.reasons["governor"])
-                        for c, f in have.items() if f.governor is None})
-        govs = {c: unknown.get(c) or f.governor for c, f in freqs.items()}
-        bad = [c for c, f in have.items() if f.governor is not None and f.governor != want]
-        offered = have[min(have)].available_governors
-        fix = f"cpupower -c {format_cpulist(bad)} frequency-set -g {want}"
-        if offered and want not in offered:
-            fix += f"  (note: {want!r} not offered by {have[min(have)].driver}: {' '.join(offered)})"
-        out.append(_judge(ctx, "governor", "cpu.governor", "CPU frequency governor", bad,
-                          unknown, current=group_by_value(govs),
-                          evidence=f"{base_ev}/scaling_governor (per CPU {cpus_s})", fix=fix))
-        # -- frequency floor ------------------------------------------------------------
-        if ctx.profile.expected("min_freq", "max") == "max":
-            out.append(_min_freq(ctx, freqs, no_dir, base_ev))
+        setting = ctx.profile.get("governor")
+        return unsupported("cpu.governor", FAMILY, "CPU frequency governor",
+                           _no_cpufreq_reason(ctx), base_ev, setting.why if setting else "")
+    want = ctx.profile.expected("governor", "performance")
+    unknown = _no_dir(ctx, freqs)
+    unknown.update({c: _missing(ctx, "cpufreq/scaling_governor", c, f.reasons["governor"])
+                    for c, f in have.items() if f.governor is None})
+    govs = {c: unknown.get(c) or f.governor for c, f in freqs.items()}
+    bad = [c for c, f in have.items() if f.governor is not None and f.governor != want]
+    offered = have[min(have)].available_governors
+    fix = f"cpupower -c {format_cpulist(bad)} frequency-set -g {want}"
+    if offered and want not in offered:
+        fix += f"  (note: {want!r} not offered by {have[min(have)].driver}: {' '.join(offered)})"
+    return _judge(ctx, "governor", "cpu.governor", "CPU frequency governor", bad, unknown,
+                  current=group_by_value(govs),
+                  evidence=f"{base_ev}/scaling_governor (per CPU {format_cpulist(ctx.cpus)})",
+                  fix=fix)
 
-    # -- turbo -----------------------------------------------------------------------------
+
+def _floor(ctx: AuditContext, freqs: dict[int, cpuc.CpuFreq | None]) -> list[Finding]:
+    """``cpu.min_freq``: unsupported without cpufreq, judged when the profile asks "max"."""
+    if all(f is None for f in freqs.values()):
+        return [unsupported("cpu.min_freq", FAMILY, "Frequency floor (scaling_min_freq)",
+                            _no_cpufreq_reason(ctx), _base_ev(ctx))]
+    if ctx.profile.expected("min_freq", "max") != "max":
+        return []
+    return [_min_freq(ctx, freqs, _no_dir(ctx, freqs), _base_ev(ctx))]
+
+
+def _turbo(ctx: AuditContext, have_cpufreq: bool) -> Finding:
+    host = ctx.host
     t = cpuc.turbo(host)
-    want_turbo = ctx.profile.expected("turbo", "any")
+    want = ctx.profile.expected("turbo", "any")
     if t.enabled is None:
-        if have or not ctx.cache.get("virt") or not ctx.cache["virt"].kind:
-            out.append(unsupported("cpu.turbo", FAMILY, "Turbo / boost",
-                                   "neither intel_pstate/no_turbo nor cpufreq/boost exists",
-                                   host.display(host.sys("devices/system/cpu/intel_pstate"))))
-        else:
-            out.append(unsupported("cpu.turbo", FAMILY, "Turbo / boost", _no_cpufreq_reason(ctx),
-                                   host.display(host.sys("devices/system/cpu/intel_pstate"))))
+        virt = ctx.cache.get("virt")
+        reason = ("neither intel_pstate/no_turbo nor cpufreq/boost exists"
+                  if have_cpufreq or not virt or not virt.kind else _no_cpufreq_reason(ctx))
+        return unsupported("cpu.turbo", FAMILY, "Turbo / boost", reason,
+                           host.display(host.sys("devices/system/cpu/intel_pstate")))
+    cur = "on" if t.enabled else "off"
+    if t.interface == "intel_pstate/no_turbo":
+        fix = f"echo {1 if want == 'off' else 0} > /sys/devices/system/cpu/intel_pstate/no_turbo"
     else:
-        cur = "on" if t.enabled else "off"
-        ok = want_turbo == "any" or want_turbo == cur
-        if t.interface == "intel_pstate/no_turbo":
-            fix = f"echo {1 if want_turbo == 'off' else 0} > /sys/devices/system/cpu/intel_pstate/no_turbo"
-        else:
-            fix = f"echo {0 if want_turbo == 'off' else 1} > /sys/devices/system/cpu/cpufreq/boost"
-        extra = f" (intel_pstate {t.pstate_status})" if t.pstate_status else ""
-        out.append(ctx.finding("turbo", "cpu.turbo", FAMILY, "Turbo / boost", ok,
-                               current=cur + extra, evidence=t.path or "", fix=fix))
+        fix = f"echo {0 if want == 'off' else 1} > /sys/devices/system/cpu/cpufreq/boost"
+    extra = f" (intel_pstate {t.pstate_status})" if t.pstate_status else ""
+    return ctx.finding("turbo", "cpu.turbo", FAMILY, "Turbo / boost",
+                       want == "any" or want == cur, current=cur + extra,
+                       evidence=t.path or "", fix=fix)
 
-    # -- EPP / EPB -------------------------------------------------------------------------
-    want_epp = ctx.profile.expected("epp", "performance")
+
+def _epp(ctx: AuditContext, freqs: dict[int, cpuc.CpuFreq | None]) -> list[Finding]:
+    """``cpu.epp`` where the CPUs have EPP, else ``cpu.epb`` where they have EPB."""
+    have = {c: f for c, f in freqs.items() if f is not None}
+    want = ctx.profile.expected("epp", "performance")
     epp = {c: f.epp for c, f in have.items() if f.epp is not None}
-    epb = {c: f.epb for c, f in have.items() if f.epb is not None}
+    base_ev = _base_ev(ctx)
     if epp:
         # the CPUs that lack what the others have could not be read
-        unknown = dict(no_dir)
+        unknown = _no_dir(ctx, freqs)
         unknown.update({c: _missing(ctx, "cpufreq/energy_performance_preference", c,
                                     f.reasons.get("epp"))
                         for c, f in have.items() if f.epp is None})
-        bad = [c for c, v in epp.items() if v != want_epp]
-        out.append(_judge(
+        bad = [c for c, v in epp.items() if v != want]
+        return [_judge(
             ctx, "epp", "cpu.epp", "Energy-performance preference (EPP)", bad, unknown,
             current=group_by_value({c: unknown.get(c) or epp[c] for c in ctx.cpus}),
             evidence=f"{base_ev}/energy_performance_preference",
-            fix=f"for c in {' '.join(map(str, bad))}; do echo {want_epp} > "
-                f"/sys/devices/system/cpu/cpu$c/cpufreq/energy_performance_preference; done"))
-    elif epb:
-        # EPB: 0 = performance ... 15 = powersave; "performance" expected means 0
-        unknown = dict(no_dir)
-        unknown.update({c: _missing(ctx, "power/energy_perf_bias", c, f.reasons.get("epb"))
-                        for c, f in have.items() if f.epb is None})
-        bad = [c for c, v in epb.items() if v != 0]
-        out.append(_judge(
-            ctx, "epp", "cpu.epb", "Energy-performance bias (EPB)", bad, unknown,
-            current=group_by_value({c: unknown.get(c) or epb[c] for c in ctx.cpus}),
-            expected="0 (performance)",
-            evidence=host.display(cpuc.cpu_dir(host, ctx.cpus[0]) / "power/energy_perf_bias"),
-            fix="x86_energy_perf_policy performance"))
-    elif have:
-        shown = f"{base_ev}/energy_performance_preference"
-        reason = ("no energy_performance_preference nor energy_perf_bias files"
-                  + (" in this tree" if in_tree(host, shown) else ""))
-        out.append(unsupported("cpu.epp", FAMILY, "Energy-performance preference", reason,
-                               base_ev))
+            fix=f"for c in {' '.join(map(str, bad))}; do echo {want} > "
+                f"/sys/devices/system/cpu/cpu$c/cpufreq/energy_performance_preference; done")]
+    if any(f.epb is not None for f in have.values()):
+        return [_epb(ctx, freqs)]
+    if not have:
+        return []
+    shown = f"{base_ev}/energy_performance_preference"
+    reason = ("no energy_performance_preference nor energy_perf_bias files"
+              + (" in this tree" if in_tree(ctx.host, shown) else ""))
+    return [unsupported("cpu.epp", FAMILY, "Energy-performance preference", reason, base_ev)]
 
-    # -- C-states --------------------------------------------------------------------------
-    out.append(_cstates(ctx))
-    # -- SMT -------------------------------------------------------------------------------
-    out.append(_smt(ctx))
-    return out
+
+def _epb(ctx: AuditContext, freqs: dict[int, cpuc.CpuFreq | None]) -> Finding:
+    """``cpu.epb``: 0 = performance ... 15 = powersave; "performance" expected means 0."""
+    have = {c: f for c, f in freqs.items() if f is not None}
+    epb = {c: f.epb for c, f in have.items() if f.epb is not None}
+    unknown = _no_dir(ctx, freqs)
+    unknown.update({c: _missing(ctx, "power/energy_perf_bias", c, f.reasons.get("epb"))
+                    for c, f in have.items() if f.epb is None})
+    bad = [c for c, v in epb.items() if v != 0]
+    return _judge(
+        ctx, "epp", "cpu.epb", "Energy-performance bias (EPB)", bad, unknown,
+        current=group_by_value({c: unknown.get(c) or epb[c] for c in ctx.cpus}),
+        expected="0 (performance)",
+        evidence=ctx.host.display(cpuc.cpu_dir(ctx.host, ctx.cpus[0]) / "power/energy_perf_bias"),
+        fix="x86_energy_perf_policy performance")
 
 
 def _min_freq(ctx: AuditContext, freqs: dict[int, cpuc.CpuFreq | None],

@@ -10,6 +10,8 @@ that argument already holds off the targets (its effective_affinity_list) counts
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from collectors import irq as irqc
 from collectors import kernel, system
 from collectors.host import ABSENT
@@ -40,150 +42,175 @@ def _irqbalance_banned(ctx: AuditContext) -> list[int] | None:
 
 
 def check(ctx: AuditContext) -> list[Finding]:
-    host = ctx.host
-    out: list[Finding] = []
+    """irqbalance, the IRQs allowed on the target CPUs (and those the kernel will not move),
+    the default affinity of new IRQs: one function per finding."""
     house, _ = housekeeping_and_isolated(ctx)
     if not house:
         return [no_housekeeping(ctx, "irq.affinity", FAMILY, "IRQ affinity",
-                                host.display(host.proc("irq")))]
-    house_s = format_cpulist(house)
-    target = set(ctx.cpus)
+                                ctx.host.display(ctx.host.proc("irq")))]
+    gone = _irq_dir_gone(ctx)
+    return [_irqbalance(ctx), *_affinity(ctx, house, gone),
+            _default_affinity(ctx, house, gone)]
 
-    # -- irqbalance --------------------------------------------------------------------------
-    # Found by name in the process table; without one (a tree captured without processes)
-    # "not running" is not known: unsupported. A partial one (no PID 1) cannot say "not
-    # running" either: error.
+
+def _irq_dir_gone(ctx: AuditContext) -> str | None:
+    """Why there are no IRQs to judge, or None. One cause, one status: /proc/irq absent (or
+    empty, as procfs masked in a container) is ``unsupported`` for both IRQ findings;
+    anything else unreadable is ``error``."""
+    host = ctx.host
+    irq_dir = host.proc("irq")
+    shown = host.display(irq_dir)
+    if not host.exists(irq_dir):
+        return f"{shown} {why(host, ABSENT, shown)}"
+    if not host.listdir(irq_dir):
+        return f"{shown} is empty" + (" in this tree" if in_tree(host, shown) else " (masked?)")
+    return None
+
+
+def _irqbalance(ctx: AuditContext) -> Finding:
+    """``irq.irqbalance``, found by name in the process table; without one (a tree captured
+    without processes) "not running" is not known: unsupported. A partial one (no PID 1)
+    cannot say "not running" either: error."""
+    host = ctx.host
     table = ctx.cache.setdefault("process_table", system.process_table(host))
+    comm_ev = table.path
+    title = "irqbalance daemon"
+    if not table.ok:
+        return unsupported("irq.irqbalance", FAMILY, title, f"no process table: {table.reason}"
+                           + (" in this tree" if in_tree(host, comm_ev) else ""), comm_ev)
+    running = sorted(p for p, n in table.value.names.items() if n == "irqbalance")
+    if not running:
+        partial = table.value.partial
+        return ctx.finding("irqbalance", "irq.irqbalance", FAMILY, title, True,
+                           current="not running" if not partial else
+                           f"not among the {len(table.value.names)} processes shown; "
+                           f"the process table is partial: {partial}",
+                           evidence=comm_ev, status=Status.ERROR if partial else None)
     want = ctx.profile.expected("irqbalance", "off")
     banned = _irqbalance_banned(ctx)
-    comm_ev = table.path
-    if not table.ok:
-        out.append(unsupported("irq.irqbalance", FAMILY, "irqbalance daemon",
-                               f"no process table: {table.reason}"
-                               + (" in this tree" if in_tree(host, comm_ev) else ""), comm_ev))
-        running = []
-    else:
-        running = sorted(p for p, n in table.value.names.items() if n == "irqbalance")
-    if table.ok and not running:
-        partial = table.value.partial
-        out.append(ctx.finding("irqbalance", "irq.irqbalance", FAMILY, "irqbalance daemon", True,
-                               current="not running" if not partial else
-                               f"not among the {len(table.value.names)} processes shown; "
-                               f"the process table is partial: {partial}",
-                               evidence=comm_ev, status=Status.ERROR if partial else None))
-    elif running:
-        ok = want == "any" or (want == "banned" and banned is not None and target <= set(banned))
-        cur = f"running (pid {', '.join(map(str, running))})"
-        if banned is not None:
-            cur += f", banned CPUs {format_cpulist(banned)}"
-        fix = ("systemctl disable --now irqbalance" if want == "off" else
-               f'set IRQBALANCE_BANNED_CPULIST={format_cpulist(ctx.cpus)} in /etc/default/irqbalance '
-               '(or /etc/sysconfig/irqbalance); systemctl restart irqbalance')
-        out.append(ctx.finding("irqbalance", "irq.irqbalance", FAMILY, "irqbalance daemon", ok,
-                               current=cur,
-                               evidence=f"{comm_ev}, "
-                                        f"{host.display(host.etc('default', 'irqbalance'))}",
-                               fix=fix))
+    ok = want == "any" or (want == "banned" and banned is not None
+                           and set(ctx.cpus) <= set(banned))
+    cur = f"running (pid {', '.join(map(str, running))})"
+    if banned is not None:
+        cur += f", banned CPUs {format_cpulist(banned)}"
+    fix = ("systemctl disable --now irqbalance" if want == "off" else
+           f'set IRQBALANCE_BANNED_CPULIST={format_cpulist(ctx.cpus)} in /etc/default/irqbalance '
+           '(or /etc/sysconfig/irqbalance); systemctl restart irqbalance')
+    return ctx.finding("irqbalance", "irq.irqbalance", FAMILY, title, ok, current=cur,
+                       evidence=f"{comm_ev}, {host.display(host.etc('default', 'irqbalance'))}",
+                       fix=fix)
 
-    # -- IRQs allowed on target CPUs ---------------------------------------------------------
-    # One cause, one status: /proc/irq absent (or empty, as procfs masked in a container) is
-    # `unsupported` for both IRQ findings; anything else unreadable is `error`.
-    irq_dir = host.proc("irq")
-    irq_shown = host.display(irq_dir)
-    gone = None
-    if not host.exists(irq_dir):
-        gone = f"{irq_shown} {why(host, ABSENT, irq_shown)}"
-    elif not host.listdir(irq_dir):
-        gone = f"{irq_shown} is empty" + (" in this tree" if in_tree(host, irq_shown) else
-                                          " (masked?)")
-    affs = irqc.irq_affinities(host) if gone is None else []
+
+@dataclass
+class _Placement:
+    """The IRQs that may run on the target CPUs, told apart (:func:`_place`)."""
+
+    hits: list[str] = field(default_factory=list)    # movable: "N (name)"
+    active: list[str] = field(default_factory=list)  # ... and fired on a target CPU
+    kept: list[str] = field(default_factory=list)    # managed, held off by isolcpus=managed_irq
+    stuck: list[IrqAffinity] = field(default_factory=list)  # the kernel will not move them
+    steer: set[int] = field(default_factory=set)     # CPUs isolcpus=managed_irq isolates
+
+
+def _place(ctx: AuditContext, affs: list[IrqAffinity]) -> _Placement:
+    target = set(ctx.cpus)
     counts: dict[str, tuple[int, ...]] = {}
     cols: list[int] = []
-    r = irqc.interrupts(host)
+    r = irqc.interrupts(ctx.host)
     if r.ok:
         cols, rows = r.value
         counts = {row.irq: row.counts for row in rows if row.numeric}
-    if gone is not None:
-        out.append(unsupported("irq.affinity", FAMILY, "IRQs allowed on target CPUs", gone,
-                               irq_shown))
-    elif not affs:
-        out.append(Finding("irq.affinity", FAMILY, "IRQs allowed on target CPUs", Status.ERROR,
-                           current=f"no {irq_shown}/N directories readable",
-                           evidence=irq_shown))
-    else:
-        hits = []
-        active = []
-        unreadable = [a for a in affs if a.affinity is None]
-        steer = _managed_irq_cpus(ctx)
-        kept: list[str] = []  # managed, held off the targets by isolcpus=managed_irq
-        stuck: list[IrqAffinity] = []  # the kernel will not move them, and they may run here
-        for a in affs:
-            if a.affinity is None or not (set(a.affinity) & target):
-                continue
-            label = f"{a.irq}" + (f" ({a.name})" if a.name else "")
-            if a.immovable:
-                if a.managed and _steered_off(a, target, steer):
-                    kept.append(label)
-                else:
-                    stuck.append(a)
-                continue
-            hits.append(label)
-            c = counts.get(str(a.irq))
-            if c and any(c[i] for i, cpu in enumerate(cols) if cpu in target and i < len(c)):
-                active.append(label)
-        if set(ctx.cpus) == set(ctx.online):
-            note = "; target covers every online CPU, so every IRQ lands on it: pick --cpus"
-        else:
-            note = ""
-        cur = (f"{len(hits)} of {len(affs)} IRQs may run on {format_cpulist(ctx.cpus)}"
-               f" ({len(active)} fired there){note}") if hits else \
-            f"none of {len(affs)} IRQs may run on {format_cpulist(ctx.cpus)}"
-        more = ([f"{len(stuck)} more the kernel will not move (irq.managed)"] if stuck else []) \
-            + ([f"{len(kept)} managed held off them by isolcpus=managed_irq"] if kept else [])
-        if more:
-            cur += "; " + "; ".join(more)
-        if unreadable:
-            reasons = sorted({why(host, a.reason, a.path) for a in unreadable})
-            cur += (f"; {len(unreadable)} unreadable ({', '.join(reasons)}: IRQ "
-                    f"{format_cpulist([a.irq for a in unreadable])})")
-        irqs = " ".join(h.split()[0] for h in hits)
-        fix = (f"for i in {irqs}; do echo {house_s} > /proc/irq/$i/smp_affinity_list; done  "
-               f"(or: hftagent tune apply --only irq.affinity --cpus {format_cpulist(ctx.cpus)})")
-        # none allowed on the target among those read: not ok while some could not be read
-        status = Status.ERROR if unreadable and not hits else None
-        out.append(ctx.finding("irq_affinity", "irq.affinity", FAMILY,
-                               "IRQs allowed on target CPUs", not hits and not unreadable,
-                               current=cur,
-                               expected=f"none (IRQs on housekeeping CPUs {house_s})",
-                               evidence=f"{host.display(host.proc('irq'))}/*/smp_affinity_list, "
-                                        f"{host.display(host.proc('interrupts'))}",
-                               fix="" if status else fix, status=status,
-                               data={"irqs": hits, "active": active}
-                               | ({"kept_by_managed_irq": kept} if kept else {})))
-        if stuck:
-            out.append(_immovable_finding(ctx, stuck, steer))
+    p = _Placement(steer=_managed_irq_cpus(ctx))
+    for a in affs:
+        if a.affinity is None or not (set(a.affinity) & target):
+            continue
+        label = f"{a.irq}" + (f" ({a.name})" if a.name else "")
+        if a.immovable:
+            if a.managed and _steered_off(a, target, p.steer):
+                p.kept.append(label)
+            else:
+                p.stuck.append(a)
+            continue
+        p.hits.append(label)
+        c = counts.get(str(a.irq))
+        if c and any(c[i] for i, cpu in enumerate(cols) if cpu in target and i < len(c)):
+            p.active.append(label)
+    return p
 
-    # -- default_smp_affinity ----------------------------------------------------------------
+
+def _affinity_current(ctx: AuditContext, affs: list[IrqAffinity], p: _Placement,
+                      unreadable: list[IrqAffinity]) -> str:
+    host = ctx.host
+    note = ("; target covers every online CPU, so every IRQ lands on it: pick --cpus"
+            if set(ctx.cpus) == set(ctx.online) else "")
+    cur = (f"{len(p.hits)} of {len(affs)} IRQs may run on {format_cpulist(ctx.cpus)}"
+           f" ({len(p.active)} fired there){note}") if p.hits else \
+        f"none of {len(affs)} IRQs may run on {format_cpulist(ctx.cpus)}"
+    more = ([f"{len(p.stuck)} more the kernel will not move (irq.managed)"] if p.stuck else []) \
+        + ([f"{len(p.kept)} managed held off them by isolcpus=managed_irq"] if p.kept else [])
+    if more:
+        cur += "; " + "; ".join(more)
+    if unreadable:
+        reasons = sorted({why(host, a.reason, a.path) for a in unreadable})
+        cur += (f"; {len(unreadable)} unreadable ({', '.join(reasons)}: IRQ "
+                f"{format_cpulist([a.irq for a in unreadable])})")
+    return cur
+
+
+def _affinity(ctx: AuditContext, house: list[int], gone: str | None) -> list[Finding]:
+    """``irq.affinity``: the IRQs user space can move that may run on the target CPUs; then
+    ``irq.managed`` for those the kernel will not move (:func:`_immovable_finding`)."""
+    host = ctx.host
+    irq_shown = host.display(host.proc("irq"))
+    title = "IRQs allowed on target CPUs"
+    if gone is not None:
+        return [unsupported("irq.affinity", FAMILY, title, gone, irq_shown)]
+    affs = irqc.irq_affinities(host)
+    if not affs:
+        return [Finding("irq.affinity", FAMILY, title, Status.ERROR,
+                        current=f"no {irq_shown}/N directories readable", evidence=irq_shown)]
+    p = _place(ctx, affs)
+    unreadable = [a for a in affs if a.affinity is None]
+    house_s = format_cpulist(house)
+    irqs = " ".join(h.split()[0] for h in p.hits)
+    fix = (f"for i in {irqs}; do echo {house_s} > /proc/irq/$i/smp_affinity_list; done  "
+           f"(or: hftagent tune apply --only irq.affinity --cpus {format_cpulist(ctx.cpus)})")
+    # none allowed on the target among those read: not ok while some could not be read
+    status = Status.ERROR if unreadable and not p.hits else None
+    out = [ctx.finding("irq_affinity", "irq.affinity", FAMILY, title,
+                       not p.hits and not unreadable,
+                       current=_affinity_current(ctx, affs, p, unreadable),
+                       expected=f"none (IRQs on housekeeping CPUs {house_s})",
+                       evidence=f"{irq_shown}/*/smp_affinity_list, "
+                                f"{host.display(host.proc('interrupts'))}",
+                       fix="" if status else fix, status=status,
+                       data={"irqs": p.hits, "active": p.active}
+                       | ({"kept_by_managed_irq": p.kept} if p.kept else {}))]
+    if p.stuck:
+        out.append(_immovable_finding(ctx, p.stuck, p.steer))
+    return out
+
+
+def _default_affinity(ctx: AuditContext, house: list[int], gone: str | None) -> Finding:
+    """``irq.default_affinity``: the mask newly requested IRQs get."""
+    host = ctx.host
+    title = "Default affinity of new IRQs"
     d = irqc.default_affinity(host)
     if gone is not None:
-        out.append(unsupported("irq.default_affinity", FAMILY, "Default affinity of new IRQs",
-                               gone, d.path))
-    elif not d.ok:
+        return unsupported("irq.default_affinity", FAMILY, title, gone, d.path)
+    if not d.ok:
         text = f"{d.path} {why(host, d.reason, d.path)}"
-        out.append(Finding("irq.default_affinity", FAMILY, "Default affinity of new IRQs",
-                           Status.ERROR if d.reason != ABSENT else Status.UNSUPPORTED,
-                           current=f"unsupported: {text}" if d.reason == ABSENT else
-                           f"unreadable: {text}", evidence=d.path))
-    else:
-        online = set(ctx.online)
-        cur_cpus = [c for c in d.value if c in online]
-        bad = set(cur_cpus) & target
-        out.append(ctx.finding("irq_affinity", "irq.default_affinity", FAMILY,
-                               "Default affinity of new IRQs", not bad,
-                               current=format_cpulist(cur_cpus),
-                               expected=f"housekeeping CPUs only ({house_s})", evidence=d.path,
-                               fix=f"echo {format_cpumask(house)} > /proc/irq/default_smp_affinity"))
-    return out
+        return Finding("irq.default_affinity", FAMILY, title,
+                       Status.ERROR if d.reason != ABSENT else Status.UNSUPPORTED,
+                       current=f"unsupported: {text}" if d.reason == ABSENT else
+                       f"unreadable: {text}", evidence=d.path)
+    online = set(ctx.online)
+    cur_cpus = [c for c in d.value if c in online]
+    return ctx.finding("irq_affinity", "irq.default_affinity", FAMILY, title,
+                       not set(cur_cpus) & set(ctx.cpus), current=format_cpulist(cur_cpus),
+                       expected=f"housekeeping CPUs only ({format_cpulist(house)})",
+                       evidence=d.path,
+                       fix=f"echo {format_cpumask(house)} > /proc/irq/default_smp_affinity")
 
 
 # -- IRQs the kernel will not move -----------------------------------------------------------

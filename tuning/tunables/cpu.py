@@ -209,7 +209,6 @@ class Epb(_PerCpu):
 
     id, title, key = "cpu.epb", "Energy-performance bias (EPB)", "epp"
     patterns = (f"{CPU}/cpu[0-9]*/power/energy_perf_bias",)
-    audit_ids = ("cpu.epp",)  # the audit's cpu.epp judges EPB where there is no EPP
 
     def valid(self, value: str) -> bool:
         return int_in(value, 0, 15)
