@@ -327,6 +327,7 @@ def test_run_dry_run_prints_every_value_of_its_json_whole(env):
 
 def test_capture_says_where_in_one_whole_line(tmp_path):
     out_dir = tmp_path / "a-rather-long-directory-name-for-a-captured-tree" / "cap"
+    out_dir.parent.mkdir()  # capture makes DIR only: its parent must exist
     res = cli("capture", "--root", str(FIXTURES / "vm-dev"), "--out", str(out_dir), env=PIPED)
     assert res.exit_code == 0, res.output
     assert_clean(res.stdout)

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from agent.commands.common import cli_errors, fail
+from agent.commands.common import fail, register_command
 
 HELP = """Write the deployment files (systemd units, Prometheus config and alert rules,
 Alertmanager example, Grafana dashboard, web config example) into DIR.
@@ -119,4 +119,4 @@ def deploy(out: Annotated[str, typer.Option("--out", help="Directory to write in
 
 
 def register(app: typer.Typer) -> None:
-    app.command("deploy", help=HELP)(cli_errors(deploy))
+    register_command(app, "deploy", deploy, HELP)  # help as paragraphs (80 columns)
