@@ -289,6 +289,25 @@ def test_a_mapping_swapped_after_the_read_changes_no_root_service_value(swap_kit
     assert f"hftagent_{os.getpid()}/" not in (TRACEFS / "uprobe_events").read_text()
 
 
+def test_a_mapping_swapped_before_our_open_is_refused(swap_kit, monkeypatch):
+    """The swap lands between root's read of /proc/PID/maps and its open of map_files: the
+    file opened is the root library (which has a function of the asked name), not the one
+    maps named; the maps line no longer matches what was read, so nothing is attached."""
+    target = _start_target(swap_kit, "stdin")
+    real = attach._open_map_file
+
+    def swap_then_open(host, pid, m):
+        _swap(target)
+        return real(host, pid, m)
+
+    monkeypatch.setattr(attach, "_open_map_file", swap_then_open)
+    try:
+        with pytest.raises(attach.AttachError, match="no longer maps libtensorflowlite_c.so"):
+            attach.plan(Host(), target.pid, symbol="libtensorflowlite_c.so:svc_value")
+    finally:
+        _stop(target)
+
+
 def test_events_are_defined_on_our_descriptor_and_the_descriptor_lives_with_them(infer_lib):
     """The definition names /proc/self/fd/N of the descriptor the symbols were read from; the
     probe fires in the target; remove() closes the descriptor."""

@@ -177,19 +177,23 @@ class Pinned:
 
     def moved(self) -> str | None:
         """None while the target still maps this file at the range it was read from, else
-        one line saying what changed (the caller removes what it defined and refuses)."""
+        one line saying what changed (the caller removes what it defined and refuses). Two
+        witnesses: the maps line at that range still names the path and inode first read
+        (a swap before our open shows there), and map_files there is still our file's
+        device and inode (a swap and a swap back); without map_files (no CAP_SYS_ADMIN)
+        the maps line's inode is compared with ours."""
         m = self.mapping
-        rng = f"{m.start:x}-{m.end:x}"
-        what = f"pid {self.pid} no longer maps {m.name} at {rng} as read"
+        what = f"pid {self.pid} no longer maps {m.name} at {m.start:x}-{m.end:x} as read"
+        now = _mapped_at(self.host, self.pid, m)
+        if now is None:
+            return f"{what} (nothing is mapped there now): refused, nothing attached"
         try:
             st = os.stat(self.map_files)
-            now = (st.st_dev, st.st_ino)
-        except FileNotFoundError:
-            return f"{what} (nothing is mapped there now): refused, nothing attached"
-        except OSError:   # no map_files here (no CAP_SYS_ADMIN): the maps line's inode
-            now = (self.dev, _mapped_inode(self.host, self.pid, m))
-        if now != (self.dev, self.ino):
-            return (f"{what} (it now maps inode {now[1]}, not {self.ino}): the mapping "
+            ours = (st.st_dev, st.st_ino) == (self.dev, self.ino)
+        except OSError:
+            ours = now[0] == self.ino
+        if now != (m.inode, m.path) or not ours:
+            return (f"{what} (now inode {now[0]} {now[1]}; read inode {self.ino}): the mapping "
                     "changed after its symbols were read; refused, nothing attached")
         return None
 
@@ -205,13 +209,15 @@ class Pinned:
             pass
 
 
-def _mapped_inode(host: Host, pid: int, m: Mapping) -> int | None:
-    """The inode /proc/PID/maps shows at ``m``'s exact range now (None: nothing there)."""
+def _mapped_at(host: Host, pid: int, m: Mapping) -> tuple[int, str] | None:
+    """(inode, path) of what /proc/PID/maps shows at ``m``'s exact range now (None:
+    nothing there, or the process is gone)."""
     r = host.read(host.proc(pid, "maps"))
+    want = f"{m.start:x}-{m.end:x}"
     for line in (r.value or "").splitlines():
         f = line.split(None, 5)
-        if len(f) >= 5 and f[0] == f"{m.start:x}-{m.end:x}" and f[4].isdigit():
-            return int(f[4])
+        if len(f) >= 5 and f[0] == want and f[4].isdigit():
+            return int(f[4]), f[5] if len(f) == 6 else ""
     return None
 
 
