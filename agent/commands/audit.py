@@ -23,18 +23,19 @@ from agent.commands.common import (
     quiet_stdout,
 )
 
-HELP = """Report every host setting that hurts tail latency, with evidence and the exact fix.
-
-Read-only: nothing on the host is written. On a terminal of 120 columns or more the findings
-are a table; narrower or piped, a list (one line per finding, details indented). Fix commands
-are printed whole, one a line, never with a reboot in them: the boot arguments come last, as
-one GRUB recipe, then "then reboot". --fix-script FILE writes them as a shell script to
-review and run: its runtime settings go through one journalled `hftagent tune apply --only
-...` call, so `hftagent tune rollback` undoes them.
-
-Exit status: 0 nothing fails; 2 a check failed or needs a reboot (--fail-on warn: warnings
-too); 1 the audit could not run, or some check could not read what it needs (status "error")
-and nothing failed. A reader that closes the pipe early (| head) does not change it."""
+HELP = (
+    "Report every host setting that hurts tail latency, with evidence and the exact fix.\n\n"
+    "Read-only: nothing on the host is written. On a terminal of 120 columns or more the "
+    "findings are a table; narrower or piped, a list (one line per finding, details "
+    "indented). Fix commands are printed whole, one a line, never with a reboot in them: the "
+    "boot arguments come last, as one GRUB recipe, then \"then reboot\". --fix-script FILE "
+    "writes them as a shell script to review and run: its runtime settings go through one "
+    "journalled `hftagent tune apply --only ...` call, so `hftagent tune rollback` undoes "
+    "them.\n\n"
+    "Exit status: 0 nothing fails; 2 a check failed or needs a reboot (--fail-on warn: "
+    "warnings too); 1 the audit could not run, or some check could not read what it needs "
+    "(status \"error\") and nothing failed. A reader that closes the pipe early (| head) does "
+    "not change it.")
 
 
 CpusOpt = Annotated[str | None, typer.Option(
