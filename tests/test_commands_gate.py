@@ -348,3 +348,65 @@ def test_parse_scenarios_ascii_only():
     for bad in ("٣%", "1_0%", "٠.١"):
         with pytest.raises(AgentError, match="--x"):
             parse_ratio(bad, "--x")
+
+
+# -- the same-session control with short history (issue #39 item 3) ------------------------------
+@pytest.fixture
+def fake_probe(monkeypatch):
+    """``run_scenario`` without a probe worker: synthetic samples, twice as many dealt to the
+    candidate and a control in ABBA blocks when the gate asks for one; the calls it got."""
+    import agent.gate.evaluate as ev
+    from agent.probe.runner import host_info
+    calls: list[tuple[str, bool]] = []
+    tf = host_info()["tensorflow"]
+
+    def fake(name, settings, config, *, cold_processes=5, control=False):
+        calls.append((name, control))
+        run = lat(2 * settings.samples if control else settings.samples, seed=len(calls))
+        cand, ctl = ev.split_blocks(run) if control else (run, None)
+        summary = {"host": {"tensorflow": tf}, "run": {"config": config.to_dict()}}
+        return ev.ScenarioRun(name, settings.variants[0], cand, [300_000], summary, ctl)
+    monkeypatch.setattr(ev, "run_scenario", fake)
+    return calls
+
+
+PROBE_NOW = ["--model", "numpy", "--samples", "1000", "--max-jitter-rate", "off"]
+
+
+def test_short_history_gates_against_a_control_interleaved_in_the_session(db, fake_probe):
+    r = gate(db, *PROBE_NOW, "--json")  # no baseline: nothing to compare, no control
+    assert r.exit_code == 0, r.output
+    assert fake_probe[-1] == ("warm", False)
+    assert json.loads(r.stdout)["verdicts"][0]["decided_by"] is None
+    for earlier in (1, 2):
+        r = gate(db, *PROBE_NOW, "--json")
+        assert r.exit_code == 0, r.output
+        (v,) = json.loads(r.stdout)["verdicts"]
+        assert fake_probe[-1] == ("warm", True)
+        assert v["decided_by"] == "control" and v["baseline"] == f"run {earlier}"
+        assert f"history holds {earlier} earlier run(s)" in v["decision"]
+        checks = {c["name"]: c for c in v["checks"]}
+        assert checks["p99-regression"]["data"]["decided_by"] == "control"
+        assert checks["host-drift"]["status"] == "pass"
+    with History(db) as h:
+        assert h.samples(3).size == 1000  # the candidate's half is the run
+        assert [r.gate_status for r in h.runs(limit=None)] == ["pass"] * 3
+    r = gate(db, *PROBE_NOW)  # 3 earlier runs: history knows the spread and decides
+    assert r.exit_code == 0, r.output
+    assert fake_probe[-1] == ("warm", False)
+    assert "decided by run 3, with the run-to-run spread of 3 earlier runs" in r.stdout
+    r = gate(db, "--run", "2")  # measured already: no control can be run beside it
+    assert r.exit_code == 0, r.output
+    assert "decided by run 1, within-run noise only (--run: measured already" in \
+        " ".join(r.stdout.split())
+
+
+def test_no_control_for_a_baseline_of_another_build(db, fake_probe):
+    record_run("probe", {}, lat(1000), command="probe", builtin="numpy", variant="numpy",
+               tf_version="0.0-another", db=db)
+    r = gate(db, *PROBE_NOW, "--json")
+    assert r.exit_code == 0, r.output
+    assert fake_probe == [("warm", False)]
+    (v,) = json.loads(r.stdout)["verdicts"]
+    assert v["decided_by"] == "history"
+    assert "run 1 measured another build" in v["decision"]

@@ -180,8 +180,13 @@ def test_gate_passes_two_runs_and_fails_a_hogged_one(tmp_path):
     assert bad.returncode == 1, bad.stdout + bad.stderr
     (v,) = json.loads(bad.stdout)["verdicts"]
     assert v["baseline"] == f"run {rid}"   # last-pass: the clean run that passed its gate
-    reg = next(c for c in v["checks"] if c["name"] == "p99-regression")
-    assert reg["status"] == "fail" and reg["data"]["low"] > 1.5
+    # Two earlier runs: history too short to know the run-to-run spread, so the gate ran a
+    # control interleaved with the hogged run (issue #39). The bursts hit the control as
+    # well; the control against the clean baseline is the box's own move, and fails.
+    assert v["decided_by"] == "control", v
+    checks = {c["name"]: c for c in v["checks"]}
+    assert checks["host-drift"]["status"] == "fail" and checks["host-drift"]["data"]["low"] > 1.5
+    assert checks["p99-regression"]["data"]["baseline_alone"]["low"] > 1.5
     hogged = rid + 1
 
     with History(db) as h:

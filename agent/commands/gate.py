@@ -30,7 +30,10 @@ exceeds --max-p99-regression.
 The current run is --run ID (or 'latest') from history, else the probe runs now (one variant;
 with --scenarios cold,warm,concurrent16 each scenario runs and is gated) and is recorded. The
 baseline is --baseline RUN | FILE (history export or probe --json) | last-pass (default: the
-newest earlier passing run of the same model, variant and scenario). Exit status: 0 pass,
+newest earlier passing run of the same model, variant and scenario). With fewer than 3 earlier
+runs (or --baseline RUN) a probe run also times a control of the same build in interleaved
+blocks (twice the samples): the run is compared with its control, and the control with the
+baseline (host-drift, up to 1.5×); the output says which comparison decided. Exit status: 0 pass,
 1 fail or bad input, 2 not comparable (host fingerprints differ; --allow-mismatch), 3 too few
 samples (< 662 for P99).
 
@@ -160,6 +163,18 @@ def parse(ctx: typer.Context, *, run, baseline, max_p99_regression, max_p99_us,
                        configs, cold_processes, allow_mismatch, db, json_out)
 
 
+@dataclass
+class Current:
+    """One scenario's run being gated: its history id, the samples of the control
+    interleaved with it in this session (None when none ran) and why one ran or not
+    (agent.gate.evaluate.compare says it beside the verdict)."""
+
+    scenario: str
+    run_id: int
+    control_ns: Any = None
+    why: str | None = None
+
+
 def execute(req: GateRequest) -> list:
     """Probe now (or take the run), gate each scenario against its baseline, record each
     verdict; the verdicts."""
@@ -167,40 +182,49 @@ def execute(req: GateRequest) -> list:
     with History(req.db, create=req.run is None) as h:
         if req.run is not None:
             rid = h.latest_id() if req.run_id is None else req.run_id
-            current_ids = [(h.get(rid).scenario or "warm", rid)]
+            current = [Current(h.get(rid).scenario or "warm", rid,
+                               why="--run: measured already, no control beside it")]
         else:
-            current_ids = _probe_now(h, req.scenarios, req.settings, req.configs,
-                                     variant=req.settings.variants[0],
-                                     cold_processes=req.cold_processes)
-        return [_verdict(h, req, scen, rid, current_ids) for scen, rid in current_ids]
+            current = _probe_now(h, req)
+        ids = [(c.scenario, c.run_id) for c in current]
+        return [_verdict(h, req, c, ids) for c in current]
 
 
-def _verdict(h, req: GateRequest, scen: str, rid: int, current_ids):
-    from agent.gate import evaluate as g
-    from agent.gate.fingerprint import differences
-    cur_run = h.get(rid)
-    cur = _input_from_run(h, cur_run)
+def _baseline(h, req: GateRequest, cur_run):
+    """The baseline of ``cur_run`` as a GateInput and its history id (None for a file, or
+    when last-pass finds none: (None, None)); a last-pass baseline carries its family's
+    P99s (the run-to-run spread)."""
     if req.base_file is not None:
-        base = _input_from_file(req.base_file, cur_run.variant, req.baseline)
-        base_id = None
-    elif req.base_run is not None:
+        return _input_from_file(req.base_file, cur_run.variant, req.baseline), None
+    if req.base_run is not None:
         b = h.get(req.base_run)
         if b.id == cur_run.id:
             raise fail(f"--baseline {b.id} is the run being gated")
-        base, base_id = _input_from_run(h, b), b.id
-    else:
-        b = h.last_pass(model_key_=cur_run.model_key, variant=cur_run.variant,
-                        scenario=cur_run.scenario, before=cur_run.id)
-        base, base_id = (_input_from_run(h, b), b.id) if b else (None, None)
-        if base is not None:
-            fam = h.baseline_family(model_key_=cur_run.model_key, variant=cur_run.variant,
-                                    scenario=cur_run.scenario, before=cur_run.id,
-                                    limit=FAMILY_RUNS)
-            base.family_p99_ns = [r.p99_ns for r in fam]
+        return _input_from_run(h, b), b.id
+    b = h.last_pass(model_key_=cur_run.model_key, variant=cur_run.variant,
+                    scenario=cur_run.scenario, before=cur_run.id)
+    if b is None:
+        return None, None
+    base = _input_from_run(h, b)
+    fam = h.baseline_family(model_key_=cur_run.model_key, variant=cur_run.variant,
+                            scenario=cur_run.scenario, before=cur_run.id, limit=FAMILY_RUNS)
+    base.family_p99_ns = [r.p99_ns for r in fam]
+    return base, b.id
+
+
+def _verdict(h, req: GateRequest, c: Current, current_ids):
+    from agent.gate import evaluate as g
+    from agent.gate.fingerprint import differences
+    cur_run = h.get(c.run_id)
+    cur = _input_from_run(h, cur_run)
+    base, base_id = _baseline(h, req, cur_run)
+    control = None if c.control_ns is None else g.GateInput(
+        f"the control of run {cur_run.id}", c.control_ns, fingerprint=cur.fingerprint)
     mism = differences(base.fingerprint, cur.fingerprint) if base is not None else []
-    v = g.evaluate(cur, base, req.limits, scenario=scen, mismatches=mism,
-                   allow_mismatch=req.allow_mismatch, relative=scen != "cold")
-    if scen == "stressed":
+    v = g.evaluate(cur, base, req.limits, scenario=c.scenario, mismatches=mism,
+                   allow_mismatch=req.allow_mismatch, relative=c.scenario != "cold",
+                   control=control, why=c.why)
+    if c.scenario == "stressed":
         v.checks.extend(_stressed_checks(h, cur, cur_run, current_ids))
     if base is not None and cur_run.model_hash and base_id is not None:
         bm = h.get(base_id)
@@ -208,7 +232,7 @@ def _verdict(h, req: GateRequest, scen: str, rid: int, current_ids):
             v.notes.append("model content changed since the baseline")
         if bm.variant != cur_run.variant:
             v.notes.append(f"variant changed: {bm.variant} → {cur_run.variant}")
-    h.add_gate_result(cur_run.id, base_id, scen, v.status, v.to_dict())
+    h.add_gate_result(cur_run.id, base_id, c.scenario, v.status, v.to_dict())
     return v
 
 
@@ -281,20 +305,24 @@ def _probe_settings(limits, *, model, builtin, variant, samples, duration, warmu
         intra=intra, inter=inter, cpus=cpus, sweep=None, batch="1")
 
 
-def _probe_now(h, names: list[str], settings, configs, *, variant,
-               cold_processes) -> list[tuple[str, int]]:
+def _probe_now(h, req: GateRequest) -> list[Current]:
+    """Each scenario probed now and recorded; with short history its run holds a control
+    interleaved in the same session (:func:`_control_plan`)."""
     from agent.gate import evaluate as g
     from agent.gate.fingerprint import collect
+    from agent.history import model_identity
     fp = collect()
+    spec, variant = req.settings.model, req.settings.variants[0]
+    key, hsh = model_identity(spec.path, spec.builtin)
     out = []
-    for name in names:
+    for name in req.scenarios:
+        control, why = _control_plan(h, req, name, (key, hsh, variant))
         # one line per scenario on stderr, terminal or not: a gate runs for seconds to minutes
-        print(f"hftagent gate: running scenario {name} ({variant})...", file=sys.stderr,
-              flush=True)
-        sr = g.run_scenario(name, settings, configs[0], cold_processes=cold_processes)
-        spec = settings.model
-        from agent.history import model_identity
-        key, hsh = model_identity(spec.path, spec.builtin)
+        print(f"hftagent gate: running scenario {name} ({variant})"
+              + (", twice the samples: half are an interleaved control" if control else "")
+              + "...", file=sys.stderr, flush=True)
+        sr = g.run_scenario(name, req.settings, req.configs[0],
+                            cold_processes=req.cold_processes, control=control)
         rid = h.add_run(kind="probe", command="gate", summary=sr.summary,
                         samples_ns=sr.latency_ns, scenario=name, model_path=spec.path,
                         model_key_=key, model_hash_=hsh,
@@ -302,8 +330,52 @@ def _probe_now(h, names: list[str], settings, configs, *, variant,
                                                         ).get("tensorflow"),
                         fingerprint=fp, cold_start_ns=sr.cold_start_ns[0]
                         if name != "cold" else max(sr.cold_start_ns))
-        out.append((name, rid))
+        out.append(Current(name, rid, sr.control_ns, why))
     return out
+
+
+def _control_plan(h, req: GateRequest, name: str, build: tuple) -> tuple[bool, str | None]:
+    """Whether scenario ``name``'s run holds a control interleaved in this session, and why
+    (or why not; None when history decides with its run-to-run spread, or there is no
+    baseline). A control is run when the comparison would otherwise have within-run noise
+    only (fewer than 3 earlier runs, or an explicit --baseline run) and the baseline measured
+    this same build: model key and content, variant, TensorFlow and thread configuration
+    (a control of this build cannot stand in for another one)."""
+    from agent.gate import evaluate as g
+    from agent.history.schema import MAX_RUN_ID
+    if name not in g.CONTROL_SCENARIOS:
+        return False, f"the {name} scenario holds no interleaved control"
+    if req.base_file is not None:
+        return False, "the baseline is a file: its build cannot run beside this one"
+    key, hsh, variant = build
+    if req.base_run is not None:
+        b, why = h.get(req.base_run), f"--baseline {req.base_run} gives no run-to-run spread"
+    else:
+        b = h.last_pass(model_key_=key, variant=variant, scenario=name, before=MAX_RUN_ID)
+        if b is None:
+            return False, None
+        fam = h.baseline_family(model_key_=key, variant=variant, scenario=name,
+                                before=MAX_RUN_ID, limit=FAMILY_RUNS)
+        if g.run_to_run_sd([r.p99_ns for r in fam]) is not None:
+            return False, None
+        why = (f"history holds {len(fam)} earlier run(s) of this model, variant and "
+               "scenario, fewer than 3 to know the run-to-run spread")
+    if not _same_build(b, req, build):
+        return False, (f"run {b.id} measured another build (model, variant, TensorFlow or "
+                       "threads): a control of this one cannot stand in for it")
+    return True, why
+
+
+def _same_build(b, req: GateRequest, build: tuple) -> bool:
+    """Whether run ``b`` measured the build the gate runs now (a built-in without a cached
+    file has no hash: its key names it)."""
+    from agent.probe.runner import host_info
+    key, hsh, variant = build
+    conf = (b.summary.get("run") or {}).get("config") if isinstance(b.summary, dict) else None
+    return (b.model_key == key and b.variant == variant and b.model_hash == hsh
+            and (hsh is not None or key.startswith("builtin:"))
+            and b.tf_version == host_info()["tensorflow"]
+            and (conf is None or conf == req.configs[0].to_dict()))
 
 
 # How many earlier runs measure the run-to-run spread of P99 (with last-pass baselines).
@@ -415,6 +487,8 @@ def render(verdicts, code: int, con=None) -> None:
         textout.show(con, title, cols, rows, head=("check",), tag_column="status")
         for m in v.mismatches:
             textout.line(con, f"  host differs: {m}", style="yellow")
+        if v.decision:
+            textout.line(con, f"  {v.decision}")
         for n in v.notes:
             textout.line(con, f"  note: {n}", style="dim")
     textout.line(con, f"gate: {VERDICT_WORDS[code]} (exit {code})")
