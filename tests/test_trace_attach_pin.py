@@ -528,6 +528,27 @@ def test_a_library_another_user_may_write_is_refused_without_the_override(root_t
     attach.plan(host, pid, symbol="libw.so:hft_infer").close()
 
 
+def test_a_library_on_fuse_is_refused_before_anything_is_opened(tmp_path):
+    """A FUSE server answers (or never answers) every open and read of its files: the
+    filesystem is told from the maps line's device and the target's mountinfo, before any
+    open (the fake /proc here has no map_files: an open would fail another way)."""
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "proc" / "123").mkdir(parents=True)
+    (tmp_path / "proc" / "123" / "mountinfo").write_text(
+        "22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+        "41 27 0:42 / /home/u/mnt rw,nosuid,nodev shared:9 - fuse.sshfs u@h:/ rw,user_id=1000\n")
+    host = Host(tmp_path, procfs=tmp_path / "proc", sysfs=tmp_path / "sys")
+    owner = attach.Owner(frozenset({1000}), frozenset({1000}), frozenset())
+    m = attach.Mapping(0x1000, 0x2000, "/home/u/mnt/libtensorflowlite_c.so", 7, "00:2a")
+    assert attach._fuse(host, 123, m) == "fuse.sshfs"
+    with pytest.raises(attach.AttachError, match=r"FUSE filesystem \(fuse.sshfs\).*overrides"):
+        attach.pin(host, 123, m, owner)
+    with pytest.raises(attach.AttachError, match="cannot be opened"):   # overridden: opened
+        attach.pin(host, 123, m, owner, unsafe_library=True)
+    other = attach.Mapping(0x1000, 0x2000, "/usr/lib/libc.so.6", 7, "00:15")
+    assert attach._fuse(host, 123, other) is None
+
+
 def test_attach_check_says_the_override_in_one_line(root_target):
     if os.geteuid() != 0:
         pytest.skip("needs root")

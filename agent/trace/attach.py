@@ -90,6 +90,7 @@ class Mapping:
     end: int
     path: str
     inode: int
+    dev: str = ""        # major:minor as /proc/PID/maps shows it (hex)
 
     @property
     def name(self) -> str:
@@ -274,8 +275,14 @@ def pin(host: Host, pid: int, m: Mapping, owner: Owner, unsafe_library: bool = F
     """Open the library of mapping ``m`` once (:class:`Pinned`): through map_files, else
     through the target's root (then only the inode the process maps, and only a file its
     owner may read). :class:`AttachError` (one line) for anything else, and for a library
-    someone other than root and the owner may write unless ``unsafe_library``."""
+    someone other than root and the owner may write, or on a FUSE filesystem (asked before
+    any open), unless ``unsafe_library``."""
     mf = host.display(host.proc(pid, "map_files", f"{m.start:x}-{m.end:x}"))
+    fuse = _fuse(host, pid, m)
+    if fuse and not unsafe_library:
+        raise AttachError(f"pid {pid}: {m.path} is on a FUSE filesystem ({fuse}), whose server "
+                          "decides what every read returns or never answers: refused "
+                          "(--attach-unsafe-library overrides)")
     try:
         fd, via, root = _open_map_file(host, pid, m), mf, False
     except ValueError as exc:
@@ -313,6 +320,25 @@ def _vet(p: Pinned, m: Mapping, owner: Owner, unsafe_library: bool) -> None:
         raise AttachError(f"pid {p.pid}: {m.path} is {who}: a uprobe there would run code "
                           "another user can change; refused (--attach-unsafe-library "
                           "overrides)")
+
+
+def _fuse(host: Host, pid: int, m: Mapping) -> str | None:
+    """The type of ``m``'s filesystem when it is FUSE (its device, from the maps line, in
+    the target's /proc/PID/mountinfo), else None. Asked before anything is opened: a FUSE
+    server, a process of whoever mounted it, answers every lookup, open and read of the
+    file, or never answers (our open or our read of the symbols would hang)."""
+    major, _, minor = m.dev.partition(":")
+    try:
+        want = f"{int(major, 16)}:{int(minor, 16)}"
+    except ValueError:
+        return None
+    for line in (host.read(host.proc(pid, "mountinfo")).value or "").splitlines():
+        f = line.split()
+        if len(f) > 2 and f[2] == want and "-" in f[3:-1]:
+            kind = f[f.index("-", 3) + 1]
+            if kind in ("fuse", "fuseblk") or kind.startswith("fuse."):
+                return kind
+    return None
 
 
 @dataclass
@@ -375,7 +401,7 @@ def exec_mappings(host: Host, pid: int) -> list[Mapping]:
             continue
         try:
             lo, _, hi = f[0].partition("-")
-            m = Mapping(int(lo, 16), int(hi, 16), path, int(f[4]))
+            m = Mapping(int(lo, 16), int(hi, 16), path, int(f[4]), f[3])
         except ValueError:
             continue
         if m.inode and m.inode not in seen:
