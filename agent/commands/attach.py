@@ -25,14 +25,15 @@ per call, and why not where it cannot be attached. `hftagent watch --attach PID`
 every call and explains each slow one. Nothing is written and no probe is placed.
 
 Each library is opened once and read through that descriptor; one that is not a regular file
-is refused, and so is one that a user other than root and the process's owner may write
-(unless --attach-unsafe-library)."""
+is refused, and so is one that a user other than root and the process's owner may write, or
+one on a FUSE filesystem (unless --attach-unsafe-library)."""
 
 UnsafeLibraryOpt = Annotated[bool, typer.Option(
     "--attach-unsafe-library", help="Read and probe a library that a user other than root "
-    "and the process's owner may write (owned by another user, group- or world-writable). "
-    "Risk: that user can change the code the uprobe lands in, in every process that maps "
-    "the file, while root's probe is there.")]
+    "and the process's owner may write (owned by another user, group- or world-writable), "
+    "or one on a FUSE filesystem. Risk: that user (or the FUSE server) can change the code "
+    "the uprobe lands in, in every process that maps the file, while root's probe is "
+    "there; a FUSE server may also never answer a read.")]
 
 
 def attach(
