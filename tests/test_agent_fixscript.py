@@ -586,3 +586,37 @@ def test_exclusive_create_leaves_nothing_on_failure(tmp_path, monkeypatch):
     assert path.read_text() == "x"
     fixscript.write_script(str(tmp_path / "new.sh"), "#!/bin/sh\n")
     assert stat.S_IMODE((tmp_path / "new.sh").stat().st_mode) == 0o700
+
+
+def test_script_text_sorts_each_kind_of_fix():
+    """Straight from findings: a tune apply fix joins the one call (its --only, --isolate), a
+    GPU finding maps to its tunable, a setting tune does not own stays marked with what it
+    was, a template and a read-only hftagent command are comments with the absolute path."""
+    from agent.fixscript import script_text
+    from tuning.findings import Finding, Status
+
+    def f(fid: str, fix: str, current: str = "x") -> Finding:
+        return Finding(fid, fid.split(".")[0], fid, Status.WARN, current=current, fix=fix)
+
+    text = script_text([
+        f("wakeup.cpuidle", "hftagent tune apply --isolate --only isolate --cpus 2"),
+        f("wakeup.pm_qos_resume_latency", "hftagent tune apply --profile hft-cpu --cpus 2 "
+          "--only wakeup.pm_qos_resume_latency"),
+        f("gpu.0.persistence", "nvidia-smi -i 0 -pm 1 (or enable nvidia-persistenced.service)"),
+        f("cpu.smt", "echo off > /sys/devices/system/cpu/smt/control  (or kernel arg nosmt)",
+          current="on"),
+        f("process.tf_threads", "hftagent run --cpus 2 --intra 1 --inter 1 -- CMD"),
+        f("noise.cpus", "hftagent cpus  (quiet candidates here: 3)"),
+    ], ["test"], profile="/etc/my profile.toml", cpus="2", hftagent=["/opt/x y/hftagent"])
+    lines = text.splitlines()
+    call = shlex.split(next(ln for ln in lines if " tune apply " in ln and ln[0] != "#"))
+    assert call == ["/opt/x y/hftagent", "tune", "apply", "--profile", "/etc/my profile.toml",
+                    "--cpus", "2", "--isolate", "--only", "isolate", "--only",
+                    "wakeup.pm_qos_resume_latency", "--only", "gpu.persistence"]
+    assert "echo off > /sys/devices/system/cpu/smt/control  # or kernel arg nosmt; not undone " \
+        "by tune rollback; to restore: echo on > /sys/devices/system/cpu/smt/control; it " \
+        "was: on" in lines
+    assert "#   start the service with: '/opt/x y/hftagent' run --cpus 2 --intra 1 --inter 1 " \
+        "-- CMD" in lines
+    assert "#   then: '/opt/x y/hftagent' cpus  # quiet candidates here: 3" in lines
+    assert subprocess.run(["sh", "-n", "-c", text]).returncode == 0
