@@ -292,3 +292,26 @@ def test_cli_attach_live_view_in_a_terminal(lib):
     text = ANSI.sub("", raw)
     heads = [int(m.group(2)) for m in HEAD.finditer(text)]   # samples in each refresh
     assert heads and max(heads) > 100, text[-2000:]
+
+
+def test_cli_attach_refuses_a_library_another_user_may_write(lib, tmp_path):
+    """issue #34: a world-writable library is refused in one line before any event is
+    defined (whoever may write it could change the code root's probe lands in)."""
+    _needs_uprobes()
+    import shutil
+    ww = tmp_path / "libhftww.so"
+    shutil.copy(lib, ww)
+    os.chmod(ww, 0o777)
+    child = _loop(ww)
+    before = (TRACEFS / "uprobe_events").read_text()
+    try:
+        r = subprocess.run([*CLI, "watch", "--attach", str(child.pid), "--attach-symbol",
+                            f"{ww.name}:hft_infer", "--duration", "2", "--no-live",
+                            "--no-history", "--trace", "on"], cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    assert r.returncode == 1 and "writable by every user" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert (TRACEFS / "uprobe_events").read_text() == before
