@@ -37,6 +37,7 @@ import mmap
 import os
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -389,8 +390,8 @@ def _open(source: str | int, shown: str | None) -> tuple[int, bool, str]:
     return fd, True, str(source)
 
 
-def resolve(source: str | int, names: list[str], progress=None, shown: str | None = None
-            ) -> tuple[ElfInfo, dict[str, Symbol | None]]:
+def resolve(source: str | int, names: list[str], progress: Callable[[str], None] | None = None,
+            shown: str | None = None) -> tuple[ElfInfo, dict[str, Symbol | None]]:
     """(what the file is, {name: Symbol or None}) for the function ``names`` in ``source``:
     a path, or an open descriptor (read only through it, by mapping it; never closed here,
     never re-opened by path). A name that matches only something a uprobe must not go at
@@ -428,7 +429,8 @@ def resolve(source: str | int, names: list[str], progress=None, shown: str | Non
 
 
 def _read(fd: int, name: str, size: int, missing: list[str],
-          known: dict[str, tuple[Symbol | None, str | None]], big) -> ElfInfo:
+          known: dict[str, tuple[Symbol | None, str | None]], big: Callable[[], None]
+          ) -> ElfInfo:
     """Map the file, look ``missing`` up into ``known``; what the file is. ``big()`` is
     called once the headers hold and the tables to read exceed 100 MB."""
     elf = _Elf(fd, name, size)
