@@ -595,16 +595,18 @@ def _final_link(w: _Walk, name: str) -> tuple[str, bool]:
 
 
 def _check_appendable(fd: int, w: _Walk, opt: str, shown: str) -> None:
-    """Refuse an opened spike log that is no place for it; then make it blocking again."""
+    """Refuse an opened spike log that is no place for it; then make it blocking again. A
+    terminal is any user's (``sudo``'s /dev/pts/N); a FIFO or a file must be root's or ours
+    (another user's FIFO in /tmp would read what we log)."""
     st = os.fstat(fd)
-    if not (os.isatty(fd) or stat.S_ISFIFO(st.st_mode)):
-        if not stat.S_ISREG(st.st_mode):  # /dev/full, /dev/null, a disk: no JSONL log there
-            raise OutputError(f"{opt} {shown} is a device, not a file")
+    if not os.isatty(fd):
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            raise OutputError(f"{opt} {shown} is a device, not a file")  # /dev/full, a disk
         if st.st_uid not in _trusted():
             sticky = os.fstat(w.fd).st_mode & stat.S_ISVTX
             where = f" in the shared directory {show(w.where)}" if sticky else ""
             raise OutputError(f"{opt} {shown} belongs to uid {st.st_uid}{where}, not to root "
                               "or us: not written")
-        if st.st_nlink > 1:  # a hard link another user made to a file of root's or ours
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:  # a hard link made by another user
             raise OutputError(f"{opt} {shown} has {st.st_nlink} hard links: not written")
     os.set_blocking(fd, True)

@@ -577,3 +577,18 @@ def test_the_spike_log_refuses_another_users_file_and_a_hard_link(tmp_path, user
     with pytest.raises(OutputError, match="has 2 hard links: not written"):
         open_append(tmp_path / "spikes.jsonl", "--spike-log")
     assert secret.read_text() == "root only\n"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    fifo = shared / "spikes"
+    os.mkfifo(fifo)  # another user's, read by them: they would get what watch logs
+    os.chown(fifo, uid, gid)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(OutputError, match=f"belongs to uid {uid} in the shared directory "
+                                              f"{shared}, not to root or us"):
+            open_append(fifo, "--spike-log")
+        os.chown(fifo, 0, 0)  # root's own FIFO with a reader: a place for the log
+        os.close(open_append(fifo, "--spike-log"))
+    finally:
+        os.close(reader)
