@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,6 +22,9 @@ from agent.commands.common import (
 )
 from agent.defaults import JITTER_THRESHOLD_US
 from agent.errors import AgentError
+
+if TYPE_CHECKING:  # numpy is imported where samples are handled
+    import numpy as np
 
 HELP = """Gate a run against its baseline: P99 change with a bootstrap 95 % interval, tail-jitter
 rate with an exact binomial test, absolute budgets. Fails only when the interval's lower bound
@@ -171,7 +174,7 @@ class Current:
 
     scenario: str
     run_id: int
-    control_ns: Any = None
+    control_ns: np.ndarray | None = None
     why: str | None = None
 
 

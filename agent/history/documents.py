@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .store import Run, Store
 
 CSV_COLUMNS = ("id", "created_utc", "kind", "command", "scenario", "model_key", "model_hash",
                "variant", "tf_version", "host_digest", "sample_count", "p50_ns", "p99_ns",
@@ -14,13 +17,13 @@ CSV_COLUMNS = ("id", "created_utc", "kind", "command", "scenario", "model_key", 
 
 
 
-def row(r) -> dict:
+def row(r: Run) -> dict:
     """A run's :data:`CSV_COLUMNS` (the listing's --json rows too)."""
     d = r.to_dict()
     return {k: d[k] for k in CSV_COLUMNS}
 
 
-def export_doc(h, r, with_samples: bool) -> dict:
+def export_doc(h: Store, r: Run, with_samples: bool) -> dict:
     """The ``hftagent.run`` v1 document (also a valid ``gate --baseline FILE``)."""
     d: dict = {"schema": "hftagent.run", "schema_version": 1, "run": r.to_dict(),
                "gate_results": h.gate_results(r.id)}
@@ -30,7 +33,7 @@ def export_doc(h, r, with_samples: bool) -> dict:
     return d
 
 
-def write_export(f: IO[str], fmt: str, runs: list, docs: list | None) -> None:
+def write_export(f: IO[str], fmt: str, runs: list[Run], docs: list[dict] | None) -> None:
     """``runs`` as CSV, or ``docs`` (their :func:`export_doc`) as one hftagent.runs JSON
     document, to ``f``."""
     if fmt == "csv":

@@ -4,11 +4,19 @@ distribution, side by side. matplotlib is imported here only, when a plot is ask
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.axes import Axes
+
+    from .store import Run
+
 PERCENTILE_SERIES = (("p50_ns", "P50", 50.0, "tab:green"), ("p99_ns", "P99", 99.0, "tab:orange"),
                      ("p999_ns", "P99.9", 99.9, "tab:red"))
 
 
-def percentiles_across_runs(ax, runs: list) -> None:
+def percentiles_across_runs(ax: Axes, runs: list[Run]) -> None:
     """P50/P99/P99.9 per run on a log axis. A percentile the run had too few samples to
     claim (agent.stats.REQUIRED_SAMPLES: 662 for P99, 6,636 for P99.9) is a hollow marker,
     as the tables mark it with ``*``; a failed gate is a red band. Every mark has a legend
@@ -56,7 +64,7 @@ def percentiles_across_runs(ax, runs: list) -> None:
               ncol=3, frameon=False)  # below the axes: never over a mark
 
 
-def distribution(ax, lat, run) -> None:
+def distribution(ax: Axes, lat: np.ndarray, run: Run) -> None:
     """The latest run's latency histogram (log-log) with its percentiles as vertical lines:
     dashed where the run's samples support the percentile, dotted and marked ``*`` where
     they do not."""
@@ -87,7 +95,7 @@ def distribution(ax, lat, run) -> None:
               frameon=False)  # below the axes: never over a bar or a line
 
 
-def draw(plt, runs: list, latest, lat, out: str) -> None:
+def draw(plt: Any, runs: list[Run], latest: Run, lat: np.ndarray | None, out: str) -> None:
     """The figure ``history plot`` writes: ``runs`` (oldest first) across the left panel,
     ``latest``'s samples ``lat`` (or None) on the right, saved to ``out`` by agent/plot.py's
     rules (a new file, or a regular one of ours)."""

@@ -6,9 +6,14 @@ text, never as markup; a percentile a run had too few samples to claim is marked
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .store import Run
 
 
 def _us(ns: Any) -> str:
@@ -27,7 +32,7 @@ def _us_marked(ns: Any, count: int | None, q: float) -> str:
     return _us(ns) + ("*" if (count or 0) < REQUIRED_SAMPLES[q] else "")
 
 
-def render_list(runs: list, path: object, con=None) -> None:
+def render_list(runs: list[Run], path: object, con: Console | None = None) -> None:
     """The run listing: one row per run (a table on a wide terminal, a list otherwise:
     agent/textout.py), titled with the database's path."""
     from agent import textout
@@ -71,7 +76,7 @@ FINGERPRINT_KEYS = ("hostname", "kernel", "cpu_model", "online_cpus", "governors
                     "gpu_driver", "audit")
 
 
-def render_run(r, gate_results: list[dict], con=None) -> None:
+def render_run(r: Run, gate_results: list[dict], con: Console | None = None) -> None:
     """One run in its kind's own shape: a probe or gate run its latency figures; an audit its
     findings; a cpus scan its ranking; a watch its causes. Then the host it ran on and its
     gate results. Every string from the database is printed as text, never as markup."""
@@ -98,7 +103,7 @@ def render_run(r, gate_results: list[dict], con=None) -> None:
                      f"{_plain(g.get('baseline_id'))}: ", (_plain(g.get("status")), "bold"))
 
 
-def _show_latency(con, r, summary: dict) -> None:
+def _show_latency(con: Console, r: Run, summary: dict) -> None:
     """probe and gate runs: the model, the variant and the latency figures."""
     from agent import textout
     pairs = [("model", Text(r.model_key or "—")), ("hash", (r.model_hash or "—")[:16]),
@@ -123,7 +128,7 @@ def _us_unit(ns: Any) -> str:
     return "—" if ns is None else f"{_us(ns)} µs"
 
 
-def _show_audit(con, r, summary: dict) -> None:
+def _show_audit(con: Console, r: Run, summary: dict) -> None:
     """An audit run: its status counts and every finding that is not ok."""
     from agent import textout
     from agent.render import STYLE
@@ -165,7 +170,7 @@ def _show_audit(con, r, summary: dict) -> None:
                      f"{r.id} --json lists them)", style="dim")
 
 
-def _show_cpus(con, r, summary: dict) -> None:
+def _show_cpus(con: Console, r: Run, summary: dict) -> None:
     """A cpus scan: the ranking with each CPU's verdict and lost time, the recommendation."""
     from agent import textout
     from collectors.parsers import format_cpulist
@@ -190,7 +195,7 @@ def _show_cpus(con, r, summary: dict) -> None:
                  else ("none", "red"))
 
 
-def _show_watch(con, r, summary: dict) -> None:
+def _show_watch(con: Console, r: Run, summary: dict) -> None:
     """A watch run: its samples and spikes, the latency figures, the spikes by cause."""
     from agent import textout
     pairs = [(k, _plain(summary.get(k))) for k in ("samples", "spikes")

@@ -24,10 +24,10 @@ import sqlite3
 import sys
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 if TYPE_CHECKING:  # numpy is imported where samples are handled: audit runs carry none
     import numpy as np
@@ -59,6 +59,7 @@ from .schema import (
 )
 
 BUSY_TIMEOUT_S = 30.0
+T = TypeVar("T")
 
 @dataclass
 class Run:
@@ -116,7 +117,7 @@ def _json_or(text: str | None, default: Any) -> Any:
         return default
 
 
-def _while_locked(fn, timeout_s: float | None = None):
+def _while_locked(fn: Callable[[], T], timeout_s: float | None = None) -> T:
     """``fn()``, again while SQLite says the database is locked, for up to ``timeout_s``
     (BUSY_TIMEOUT_S). The busy timeout does not cover every lock: switching a new database
     to WAL needs it exclusively, and SQLite answers "database is locked" at once, without
