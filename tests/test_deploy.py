@@ -332,4 +332,4 @@ def test_deploy_refuses_a_directory_others_may_write_and_allows_a_sticky_one(tmp
     (sub / "systemd").mkdir()
     (sub / "systemd").chmod(0o775)  # a directory of the tree that others may write
     assert "systemd is writable by group or others (mode 0775)" in one_line(deploy(sub))
-    assert os.listdir(sub / "systemd") == []
+    assert sorted(os.listdir(sub)) == ["systemd"] and os.listdir(sub / "systemd") == []
