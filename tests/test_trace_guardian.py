@@ -131,17 +131,26 @@ def test_on_eof_it_removes_its_parent_s_group_and_instances_and_nothing_else(tmp
         assert (inst / name / "events" / f"hftagent_{me}" / "enable").read_text() == "0"
 
 
-def test_an_empty_instance_is_removed(tmp_path):
-    me = os.getpid()
+@pytest.mark.parametrize("parent", ["ours", "dead before the check"])
+def test_an_empty_instance_is_removed(tmp_path, parent):
+    """Its parent's instance goes, another's stays; a parent that died before the guardian
+    checked it (the guardian named a process that is not its parent, the lifeline at EOF)
+    is gone all the same."""
+    if parent == "ours":
+        pid = os.getpid()
+    else:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        pid = dead.pid
     t = tmp_path / "tracing"
-    (t / "instances" / f"hftagent-{me}").mkdir(parents=True)
-    (t / "instances" / f"hftagent-{me + 1}").mkdir()
+    (t / "instances" / f"hftagent-{pid}").mkdir(parents=True)
+    (t / "instances" / f"hftagent-{pid + 1}").mkdir()
     r, w = os.pipe()
     os.close(w)
-    g = subprocess.run(_argv(me, r, t, "--instance", f"hftagent-{me}"), pass_fds=(r,),
+    g = subprocess.run(_argv(pid, r, t, "--instance", f"hftagent-{pid}"), pass_fds=(r,),
                        capture_output=True, text=True, timeout=30)
     assert g.returncode == 0, g.stderr
-    assert sorted(os.listdir(t / "instances")) == [f"hftagent-{me + 1}"]
+    assert sorted(os.listdir(t / "instances")) == [f"hftagent-{pid + 1}"]
 
 
 @pytest.mark.parametrize("names, why", [

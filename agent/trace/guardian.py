@@ -50,6 +50,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
 import signal
 import stat
 import sys
@@ -270,6 +271,11 @@ def clean(job: Job, clock: Callable[[], float] = time.monotonic) -> list[str]:
         time.sleep(0.05)
 
 
+def _at_eof(fd: int) -> bool:
+    """Whether the lifeline reads EOF now (no process holds its write end)."""
+    return bool(select.select([fd], [], [], 0)[0]) and not os.read(fd, 64)
+
+
 def _wait_for_eof(fd: int) -> None:
     while True:
         try:
@@ -287,19 +293,12 @@ def main(argv: list[str]) -> int:
         return 2
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    if os.getppid() != job.ppid:
-        try:
-            os.kill(job.ppid, 0)
-        except ProcessLookupError:
-            pass   # our parent died before we got here: clean up now
-        except PermissionError:
-            print(f"hftagent guardian: {job.ppid} is not our parent", file=sys.stderr)
-            return 2
-        else:
-            print(f"hftagent guardian: {job.ppid} is not our parent", file=sys.stderr)
-            return 2
-    else:
-        _wait_for_eof(job.fd)
+    if os.getppid() != job.ppid and not _at_eof(job.fd):
+        # reparented with the lifeline still held: whoever started us is not the process
+        # named (a parent that died before this check, a zombie yet or not, closed it)
+        print(f"hftagent guardian: {job.ppid} is not our parent", file=sys.stderr)
+        return 2
+    _wait_for_eof(job.fd)
     os.close(job.fd)
     left = clean(job)
     if left:
