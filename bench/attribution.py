@@ -74,16 +74,16 @@ from collectors.parsers import parse_proc_stat  # noqa: E402
 
 def watch_config(args, probe_cpu: int, hk_cpu: int, svc: Service | None) -> WatchConfig:
     """Watch's configuration for the source: its own probe, or the service by its pid."""
-    cfg = WatchConfig(probe=args.probe, probe_cpus=[probe_cpu], housekeeping_cpus=[hk_cpu],
-                      duration_s=None, rate_hz=args.rate, k_p50=args.k,
-                      spike_log=None, baseline_s=10.0, sampler=args.sampler,
-                      trace=args.trace, nice=args.watch_nice)
-    if svc is not None and getattr(args, "source", "probe") == "attach":  # uprobes, unmodified
-        cfg.probe, cfg.pid = "attach", svc.pid
-        cfg.attach_runtime, cfg.attach_symbol, cfg.unsafe_return = "litert", None, False
-    elif svc is not None:
-        cfg.probe, cfg.pid = "external", svc.pid
-    return cfg
+    from agent.watch.latency.attached import Attached
+    from agent.watch.latency.probe import BuiltinProbe
+    from agent.watch.latency.ring import ClientRing
+    source = BuiltinProbe(args.probe, rate_hz=args.rate)
+    if svc is not None:  # attach: uprobes on the unmodified service; else its client ring
+        source = {"attach": Attached(svc.pid, "service", runtime="litert")}.get(
+            getattr(args, "source", "probe"), ClientRing(svc.pid))
+    return WatchConfig(source=source, probe_cpus=[probe_cpu], housekeeping_cpus=[hk_cpu],
+                       duration_s=None, k_p50=args.k, spike_log=None, baseline_s=10.0,
+                       sampler=args.sampler, trace=args.trace, nice=args.watch_nice)
 
 
 def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
@@ -92,7 +92,7 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
         # started here, on the main thread: its PR_SET_PDEATHSIG follows the thread that
         # started it; it outlives the run by a margin and is stopped below
         svc = Service(cpu=probe_cpu, rate=args.rate,
-                      model=args.model or (ATTACH_MODEL if args.source == "attach" else None),
+                      model=args.model or {"attach": ATTACH_MODEL}.get(args.source),
                       seconds=args.settle + args.duration + 120)
     try:
         res = _run_watch(fault, args, probe_cpu, hk_cpu, svc)
@@ -108,7 +108,7 @@ def _run_watch(fault: str | None, args, probe_cpu: int, hk_cpu: int,
     records: list[dict] = []  # the records in memory (the same dicts as the JSONL log)
     s = WatchSession(watch_config(args, probe_cpu, hk_cpu, svc), on_record=records.append)
     s.start()
-    pid = s.cfg.pid
+    pid = s.pid
     params: dict = {"source": args.source}
     if svc is not None:
         params["service"] = {k: svc.info.get(k) for k in ("pid", "tid", "model", "cpu")}

@@ -40,7 +40,9 @@ from collectors.pcie import PcieCollector  # noqa: E402
 def collectors(host: Host, pid: int, cpu: int, source: str = "builtin") -> list:
     """The collector set `hftagent watch` samples, configured as watch configures it for a
     built-in probe (sched at 20 Hz) or an external process (sched every round)."""
-    sched_period = 0.0 if source == "external" else 0.05
+    from agent.watch.latency.probe import BuiltinProbe
+    from agent.watch.latency.ring import ClientRing
+    sched_period = {"external": ClientRing}.get(source, BuiltinProbe).sched_period_s
     return [CpuCollector(host, [cpu]), SchedCollector(host, [pid], [cpu], period_s=sched_period),
             IrqCollector(host, [cpu]), SoftirqCollector(host, [cpu]), MemoryCollector(host),
             NumaCollector(host, [cpu]), PcieCollector(host)]

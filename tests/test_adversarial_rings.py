@@ -267,6 +267,7 @@ def test_watch_probe_ring_has_a_random_name_that_planted_names_do_not_block(shm)
     accepts the ring only as ours and the worker's."""
     import re
 
+    from agent.watch.latency.probe import BuiltinProbe
     from agent.watch.session import WatchConfig, WatchSession
     d, victim = shm
     dead = _dead_pid()
@@ -274,11 +275,12 @@ def test_watch_probe_ring_has_a_random_name_that_planted_names_do_not_block(shm)
     os.symlink(victim, d / f"hftagent-watch-{os.getpid()}.ring")
     _plant_old_names(d, "hftagent-watch", 4000)
     cpu = sorted(os.sched_getaffinity(0))[-1]
-    s = WatchSession(WatchConfig(probe="numpy", ring_dir=str(d), probe_cpus=[cpu],
-                                 housekeeping_cpus=[cpu], warmup=20, rate_hz=100))
+    s = WatchSession(WatchConfig(source=BuiltinProbe("numpy", rate_hz=100, warmup=20,
+                                                     ring_dir=str(d)),
+                                 probe_cpus=[cpu], housekeeping_cpus=[cpu]))
     try:
-        s.source.start_probe()
-        assert s.reader.creator_pid == s.cfg.pid == s.proc.pid
+        s.source.start()
+        assert s.reader.creator_pid == s.pid == s.proc.pid
         final = s.reader.path
         assert final.parent == d
         assert re.fullmatch(rf"hftagent-watch-{os.getpid()}-[0-9a-f]{{16}}\.ring", final.name)
@@ -342,7 +344,8 @@ def test_pid_ring_must_be_created_by_that_process(shm, monkeypatch):
     never looked at (P maps nothing: waited for, then one error), and a ring P maps but did
     not create (its header names another creator) is refused at once."""
     from agent.errors import AgentError
-    from agent.watch import source
+    from agent.watch.latency import ring as source
+    from agent.watch.latency.ring import ClientRing
     from agent.watch.session import WatchConfig, WatchSession
     d, _ = shm
     monkeypatch.setattr(source, "EXTERNAL_WAIT_S", 0.3)
@@ -350,19 +353,19 @@ def test_pid_ring_must_be_created_by_that_process(shm, monkeypatch):
     try:
         craft(d / f"hftagent-{other.pid}.ring", 16, pid=other.pid)  # planted, not mapped
         monkeypatch.setattr(client, "ring_dir", lambda: d)
-        s = WatchSession(WatchConfig(probe="external", pid=other.pid))
+        s = WatchSession(WatchConfig(source=ClientRing(other.pid)))
         with pytest.raises(AgentError, match=f"pid {other.pid} maps no latency ring yet"):
-            s.source.attach_external()
+            s.source.start()
     finally:
         other.kill()
         other.wait()
     ring = craft(d / "foreign.ring", 16, pid=os.getpid())  # created by us, mapped by m
     m = _mapper(ring)
     try:
-        s = WatchSession(WatchConfig(probe="external", pid=m.pid))
+        s = WatchSession(WatchConfig(source=ClientRing(m.pid)))
         t = time.monotonic()
         with pytest.raises(AgentError, match=f"pid {os.getpid()}'s, not its own"):
-            s.source.attach_external()
+            s.source.start()
         assert time.monotonic() - t < 0.3  # refused at once, not waited for
     finally:
         m.kill()
@@ -376,6 +379,7 @@ def test_a_ring_planted_by_another_user_is_refused(shm, monkeypatch):
     --ring alone, as --ring with --pid, and as the ring the process maps; through the CLI, one
     line and exit 1."""
     from agent.errors import AgentError
+    from agent.watch.latency.ring import ClientRing
     from agent.watch.session import WatchConfig, WatchSession
     d, _ = shm
     now = time.monotonic_ns()
@@ -386,12 +390,12 @@ def test_a_ring_planted_by_another_user_is_refused(shm, monkeypatch):
                                for i in range(10)})
         os.chown(planted, 65534, 65534)
         for cfg, msg in (
-                (WatchConfig(probe="external", ring_path=str(planted)),
+                (WatchConfig(source=ClientRing(ring=str(planted))),
                  f"owned by uid 65534, but its creator pid {victim.pid} runs as uid 0"),
-                (WatchConfig(probe="external", ring_path=str(planted), pid=victim.pid),
+                (WatchConfig(source=ClientRing(victim.pid, str(planted))),
                  "owned by uid 65534, not 0")):
             with pytest.raises(AgentError, match=msg):
-                WatchSession(cfg).source.attach_external()
+                WatchSession(cfg).source.start()
         r = _hftagent("watch", "--ring", str(planted), "--duration", "1", "--no-live",
                       "--json", "--sampler", "python", "--trace", "off")
         _one_line_error(r, "owned by uid 65534")
@@ -401,7 +405,7 @@ def test_a_ring_planted_by_another_user_is_refused(shm, monkeypatch):
     m = _mapper(planted)  # root's process maps the other user's file
     try:
         with pytest.raises(AgentError, match="owned by uid 65534, not the process's uid 0"):
-            WatchSession(WatchConfig(probe="external", pid=m.pid)).source.attach_external()
+            WatchSession(WatchConfig(source=ClientRing(m.pid))).source.start()
     finally:
         m.kill()
         m.wait()
@@ -845,7 +849,7 @@ def test_a_flight_record_that_cannot_be_written_is_one_warning_and_the_run_goes_
     from agent.watch.attribution import Spike
     from agent.watch.session import WatchConfig, WatchSession
     fl = tmp_path / "fl"
-    s = WatchSession(WatchConfig(probe="numpy", flight_ns=1000, flight_dir=str(fl)))
+    s = WatchSession(WatchConfig(flight_ns=1000, flight_dir=str(fl)))
     s.sampler = SimpleNamespace(lock=th.Lock(), rings=lambda: [])
     s.open_outputs()
     assert fl.is_dir()

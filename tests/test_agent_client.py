@@ -210,7 +210,7 @@ def test_the_application_goes_on_when_its_ring_cannot_be_created(tmp_path):
 
 
 def test_shared_file_mappings_of_proc_pid_maps():
-    from agent.watch.source import shared_file_mappings
+    from agent.watch.latency.ring import shared_file_mappings
     maps = (
         "55d0c0a00000-55d0c0a21000 r--p 00000000 fd:00 1183  /usr/bin/python3.12\n"
         "7f00aa000000-7f00aa3a0000 rw-s 00000000 00:1a 4242  /dev/shm/hftagent-7-00ff.ring\n"

@@ -95,7 +95,7 @@ def test_the_default_rate_is_auto_and_an_empty_run_prints_no_none(fenced):
     res = cli("--probe", "numpy", "--duration", "1", "--no-history", "--no-live")
     assert res.exit_code == 0, res.output
     (cfg,) = fenced
-    assert cfg.rate_hz == 0.0 and cfg.rate_auto
+    assert cfg.source.rate_hz == 0.0  # (the worker picks it after its warm-up)
     assert "None" not in res.stdout and "watched the numpy probe on CPU" in res.stdout
     assert "(--rate auto)" in res.stdout
     assert cli("--help").stdout.count("auto") >= 1
@@ -103,7 +103,7 @@ def test_the_default_rate_is_auto_and_an_empty_run_prints_no_none(fenced):
 
 def test_a_given_rate_is_kept(fenced):
     assert cli("--probe", "numpy", "--rate", "200", "--no-history", "--no-live").exit_code == 0
-    assert fenced[0].rate_hz == 200.0 and not fenced[0].rate_auto
+    assert fenced[0].source.rate_hz == 200.0  # (0.0: auto)
 
 
 def test_durations_are_ns_from_the_option_on(fenced):
@@ -129,10 +129,8 @@ def test_a_duration_below_a_ns_or_out_of_range_is_one_line(unreached, args, need
 # -- the load figure and its advice (issue #28 item 3) -----------------------------------------
 def _flooded(rate_auto: bool, cpu_ms: float = 2.2):
     """A built-in probe at 500/s whose calls take ``cpu_ms`` of CPU each, back to back: its
-    response times (from the intended start) grow to tens of ms."""
-    from types import SimpleNamespace
-
-    from agent.watch.config import WatchConfig
+    response times (from the intended start) grow to tens of ms. (load_warning's arguments
+    but the two busy shares, histogram first.)"""
     from agent.watch.ring import LatencyRing
     from agent.watch.summary import LatencyHistogram
     n, period, cpu = 2000, 2_000_000, int(cpu_ms * 1e6)
@@ -146,15 +144,12 @@ def _flooded(rate_auto: bool, cpu_ms: float = 2.2):
     ring.extend(recs)
     hist = LatencyHistogram()
     hist.add(recs[:, F["end_ns"]] - recs[:, F["start_ns"]])
-    cfg = WatchConfig(probe="numpy", rate_hz=500.0, probe_cpus=[1])
-    cfg.rate_auto = rate_auto
-    return SimpleNamespace(cfg=cfg, lat=ring, sampler=None), hist
+    return hist, ring, [1], 500.0, rate_auto
 
 
 def test_the_load_figure_is_a_measured_share_and_never_advises_auto_to_auto():
-    from agent.watch import summary
-    s, h = _flooded(rate_auto=True)
-    (w,) = summary._load_warning(s, h)
+    from agent.watch.latency.probe import load_warning
+    (w,) = load_warning(*_flooded(rate_auto=True))
     # was: "keeps CPU [1] 19xx % busy (P50 ... × 500/s) ... (or --rate auto)" to a user on auto
     pcts = [int(x) for x in re.findall(r"(\d+) % busy", w)]
     assert pcts and all(p <= 100 for p in pcts), w
@@ -162,21 +157,21 @@ def test_the_load_figure_is_a_measured_share_and_never_advises_auto_to_auto():
 
 
 def test_a_chosen_rate_is_told_of_auto_and_other_work_of_a_quieter_cpu():
-    from agent.watch import summary
-    s, h = _flooded(rate_auto=False)
-    (w,) = summary._load_warning(s, h)
+    from agent.watch.latency.probe import calls_busy, load_warning
+    flooded = _flooded(rate_auto=False)
+    (w,) = load_warning(*flooded)
     assert "100 % busy" in w and "(or --rate auto)" in w, w
     # most of the busy CPU is someone else's: no rate advice, a quieter CPU
-    busy = summary.probe_busy(s)
-    (w,) = summary._load_warning(s, h, (0.3, busy[1]), 0.97)
+    busy = calls_busy(flooded[1], [1])
+    (w,) = load_warning(*flooded, (0.3, busy[1]), 0.97)
     assert "97 % busy (30 % the probe's own calls)" in w and "--rate" not in w, w
 
 
 def test_a_probe_with_headroom_gets_no_load_warning():
-    from agent.watch import summary
-    s, h = _flooded(rate_auto=True, cpu_ms=0.5)
-    assert summary._load_warning(s, h) == []
-    assert summary.probe_busy(s)[0] == pytest.approx(0.25, abs=0.01)
+    from agent.watch.latency.probe import calls_busy, load_warning
+    flooded = _flooded(rate_auto=True, cpu_ms=0.5)
+    assert load_warning(*flooded) == []
+    assert calls_busy(flooded[1], [1])[0] == pytest.approx(0.25, abs=0.01)
 
 
 # -- the CPUs: the one target rule (tuning/targets.py) -----------------------------------------
@@ -187,18 +182,20 @@ TREES = ["vm-dev", "gpu-h200", "synthetic-2socket", "synthetic-tuned", "syntheti
 @pytest.mark.parametrize("tree", TREES)
 def test_the_cpus_come_from_the_one_rule(tree):
     from agent.watch.config import plan_cpus
+    from agent.watch.latency.probe import BuiltinProbe
+    from agent.watch.latency.ring import ClientRing
     from collectors.host import Host
     from tuning.targets import resolve
     host = Host(FIXTURES / tree)
     rule = resolve(host)
-    probe, hk = plan_cpus(host, "tf")
+    probe, hk = plan_cpus(host, BuiltinProbe())
     assert probe == [rule.cpus[-1]] and hk == rule.housekeeping
     # --cpus checked by the resolver; the sampler still never lands on another target CPU
-    probe, hk = plan_cpus(host, "tf", str(rule.cpus[0]))
+    probe, hk = plan_cpus(host, BuiltinProbe(), str(rule.cpus[0]))
     assert probe == [rule.cpus[0]] and not set(hk) & set(rule.cpus)
-    assert plan_cpus(host, "external")[0] == rule.cpus  # a ring alone: every target CPU
+    assert plan_cpus(host, ClientRing(ring="r"))[0] == rule.cpus  # a ring alone: every target
     if rule.housekeeping:
-        assert plan_cpus(host, "tf", None, str(rule.housekeeping[0]))[1] == \
+        assert plan_cpus(host, BuiltinProbe(), None, str(rule.housekeeping[0]))[1] == \
             [rule.housekeeping[0]]
 
 
@@ -293,12 +290,14 @@ def test_attach_sets_the_config(fenced, sleeper):
               "--unsafe-return", "--no-history", "--no-live", "--trace", "on")
     assert not isinstance(res.exception, Reached) and res.exit_code == 0, res.output
     (cfg,) = fenced
-    assert (cfg.probe, cfg.pid, cfg.attach_runtime, cfg.attach_symbol, cfg.unsafe_return) == \
+    src = cfg.source
+    assert (src.kind, src.pid, src.runtime, src.symbol, src.unsafe_return) == \
         ("attach", sleeper, "auto", "libc.so.6:nanosleep", True)
     fenced.clear()
     assert cli("--attach", str(sleeper), "--attach-runtime", "litert", "--no-history",
                "--no-live").exit_code == 0
-    assert (fenced[0].attach_runtime, fenced[0].attach_symbol, fenced[0].unsafe_return) == \
+    src = fenced[0].source
+    assert (src.runtime, src.symbol, src.unsafe_return) == \
         ("litert", None, False)
 
 

@@ -5,6 +5,7 @@ ties two rooms), so a loop cannot hide behind one."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parents[1] / "agent"
@@ -94,3 +95,41 @@ def test_every_room_says_what_it_owns():
     for room in sorted(ROOMS - {"deploy"}):
         doc = ast.get_docstring(ast.parse((AGENT / room / "__init__.py").read_text()))
         assert doc and len(doc) > 80, room
+
+
+# a comparison of a latency source's kind: `probe == "attach"`, `kind in ("tf", "external")`,
+# `"ring" != source`, `cfg.probe not in (...)` (the issue #37 check's pattern, widened)
+_KINDS = r"""["'](attach|ring|external|client|pid)["']"""
+SOURCE_KIND = re.compile(
+    r"(probe|source_kind|source|kind)\)? *(==|!=|not in|in) *\(?[^)\n]*" + _KINDS
+    + r"|" + _KINDS + r" *(==|!=) *[\w.]*(probe|source|kind)")
+
+
+def test_the_latency_sources_are_one_room():
+    """agent/watch/latency/ (issue #37): one module per latency source behind one interface.
+    No module outside it compares a source's kind or imports one source's module (they ask
+    the chosen source); inside, it imports no other watch module but the probe's worker
+    process (the session, the summary and the rest sit above it)."""
+    room = AGENT / "watch" / "latency"
+    own = ("agent.watch.latency", "agent.watch.probe_worker")
+    for p in sorted(AGENT.rglob("*.py")):
+        mods = imports(p)
+        if room in p.parents:
+            above = sorted(m for m in mods if m.startswith("agent.watch.")
+                           and not m.startswith(own))
+            assert not above, (p, above)
+            continue
+        hits = [ln.strip() for ln in p.read_text().splitlines() if SOURCE_KIND.search(ln)]
+        assert not hits, (p, hits)
+        named = sorted(m for m in mods if m.startswith("agent.watch.latency.")
+                       and m.split(".")[3] not in ("base", "Given", "Source", "Running",
+                                                   "choose", "default", "sources"))
+        assert not named, (p, named)
+
+
+def test_the_source_kind_pattern_bites():
+    for line in ('if cfg.probe == "attach":', 'x = kind in ("tf", "external")',
+                 'if "ring" != source:', 'queueing=cfg.probe not in ("external", "attach")',
+                 'if (source) == "pid":'):
+        assert SOURCE_KIND.search(line), line
+    assert not SOURCE_KIND.search('source = "attach: uprobes"')

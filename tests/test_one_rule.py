@@ -108,13 +108,15 @@ def test_isolation_fix_and_tune_print_one_grub_recipe():
 @pytest.mark.parametrize("tree", TREES)
 def test_watch_defaults_follow_the_rule(tree):
     from agent.watch.config import plan_cpus
+    from agent.watch.latency.probe import BuiltinProbe
+    from agent.watch.latency.ring import ClientRing
     host = Host(FIXTURES / tree)
     plan = resolve(host)
-    want, hk = plan_cpus(host, "numpy")
+    want, hk = plan_cpus(host, BuiltinProbe("numpy"))
     assert want == [plan.cpus[-1]]
     assert hk == plan.housekeeping           # the sampler never lands on another target
-    assert plan_cpus(host, "external")[0] == plan.cpus
-    assert plan_cpus(host, "numpy", str(plan.cpus[0]))[0] == [plan.cpus[0]]
+    assert plan_cpus(host, ClientRing(ring="r"))[0] == plan.cpus
+    assert plan_cpus(host, BuiltinProbe("numpy"), str(plan.cpus[0]))[0] == [plan.cpus[0]]
 
 
 def test_probe_may_pin_outside_the_callers_current_affinity():

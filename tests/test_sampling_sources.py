@@ -488,6 +488,8 @@ def test_sched_rate_follows_the_source_evidence():
     """A built-in probe measures its own run-queue delay per call: watch samples its
     threads at 20 Hz, with stat and status on each of those rounds; an external process's
     records carry none: every sampler round, stat/status every 5th."""
+    from agent.watch.latency.probe import BuiltinProbe
+    from agent.watch.latency.ring import ClientRing
     from agent.watch.session import WatchConfig, WatchSession
     me = os.getpid()
     slow = SchedCollector(Host(), [me], [0], period_s=0.05)
@@ -496,8 +498,9 @@ def test_sched_rate_follows_the_source_evidence():
     assert (fast.period_s, fast.status_every) == (0.0, 5)
     s = Sampler([slow, fast], hz=100)
     assert [e.period_ns for e in s.entries] == [50_000_000, 10_000_000]
-    for probe, period in (("numpy", 0.05), ("external", 0.0)):
-        w = WatchSession(WatchConfig(probe=probe, pid=me, probe_cpus=[0]))
+    for probe, period in ((BuiltinProbe("numpy"), 0.05), (ClientRing(me), 0.0)):
+        w = WatchSession(WatchConfig(source=probe, probe_cpus=[0]))
+        w.source.pid = me  # (a built-in probe's once it runs)
         w.host = Host()
         w.open_collectors()
         assert w.sched.period_s == period, probe

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from agent.trace import uprobe
-from agent.watch.attached import AttachedReader
 from agent.watch.config import WatchConfig
+from agent.watch.latency.attached import Attached, AttachedReader
 from agent.watch.session import WatchSession
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,14 +66,12 @@ def _loop(lib: Path, seconds: float = 60):
 
 
 def _cfg(pid: int, lib: Path, tmp_path: Path, **kw) -> WatchConfig:
-    cfg = WatchConfig(probe="attach", pid=pid, probe_cpus=[_cpu()],
-                      housekeeping_cpus=[c for c in os.sched_getaffinity(0) if c != _cpu()],
-                      duration_s=kw.pop("duration_s", 4), trace="on",
-                      spike_log=str(tmp_path / "spikes.jsonl"), **kw)
-    cfg.attach_runtime = "auto"
-    cfg.attach_symbol = f"{lib.name}:hft_infer"
-    cfg.unsafe_return = True  # a C function that cannot throw
-    return cfg
+    # (unsafe_return: a C function that cannot throw)
+    source = Attached(pid, "loop", symbol=f"{lib.name}:hft_infer", unsafe_return=True)
+    return WatchConfig(source=source, probe_cpus=[_cpu()],
+                       housekeeping_cpus=[c for c in os.sched_getaffinity(0) if c != _cpu()],
+                       duration_s=kw.pop("duration_s", 4), trace="on",
+                       spike_log=str(tmp_path / "spikes.jsonl"), **kw)
 
 
 def _our_groups() -> list[str]:
@@ -173,11 +171,12 @@ def test_a_killed_watch_leaves_events_the_next_run_removes(lib, tmp_path):
         "import os, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from agent.watch.config import WatchConfig\n"
+        "from agent.watch.latency.attached import Attached\n"
         "from agent.watch.session import WatchSession\n"
-        f"cfg = WatchConfig(probe='attach', pid={child.pid}, probe_cpus=[{_cpu()}],"
+        f"src = Attached({child.pid}, 'loop', symbol={lib.name + ':hft_infer'!r},"
+        " unsafe_return=True)\n"
+        f"cfg = WatchConfig(source=src, probe_cpus=[{_cpu()}],"
         f" housekeeping_cpus=[0], duration_s=60, trace='on')\n"
-        "cfg.attach_runtime='auto'; cfg.unsafe_return=True\n"
-        f"cfg.attach_symbol={lib.name + ':hft_infer'!r}\n"
         "s = WatchSession(cfg, on_phase=lambda m: None)\n"
         "s.start(); print('attached', flush=True)\n"
         "time.sleep(60)\n")

@@ -107,7 +107,9 @@ def _session(opener, n_spikes=1, metrics=None, trace="auto", **spike_kw):
             return Attribution("cpu_contention", [], 0.9, sp.in_process())
 
     recs: list[dict] = []
-    cfg = WatchConfig(probe="numpy", probe_cpus=[1], housekeeping_cpus=[0], trace=trace)
+    from agent.watch.latency.probe import BuiltinProbe
+    cfg = WatchConfig(source=BuiltinProbe("numpy"), probe_cpus=[1], housekeeping_cpus=[0],
+                      trace=trace)
     s = WatchSession(cfg, clock=clock, on_record=recs.append, metrics=metrics,
                      trace_opener=opener)
     s.sampler, s.sched, s.attributor = Sampler(), Sched(), Attr()
@@ -345,9 +347,9 @@ def test_the_source_is_closed_when_start_fails_after_it_opened():
     s, _, _ = _session(lambda *a, **k: src)
     s.sampler = None
 
-    def boom(progress=None):
+    def boom(events, phase=None):
         raise AgentError("probe failed to start")
-    s.source.start_probe = boom
+    s.source.start = boom
     with pytest.raises(AgentError, match="probe failed"):
         s.run()
     assert src.closed and not s.trace.active
@@ -368,13 +370,17 @@ def test_cli_trace_on_without_tracefs_is_one_error_line():
 
 # -- item 5: what the events cover is polled less -----------------------------------------
 
-def _collector_session(opener, trace="auto", probe="numpy"):
+def _collector_session(opener, trace="auto", external=False):
     """A WatchSession over this host's /proc (read only) for this process, probe CPU 0."""
     from agent.watch.config import WatchConfig
+    from agent.watch.latency.probe import BuiltinProbe
+    from agent.watch.latency.ring import ClientRing
     from agent.watch.session import WatchSession
-    cfg = WatchConfig(probe=probe, pid=os.getpid(), probe_cpus=[0], housekeeping_cpus=[0],
-                      trace=trace)
-    return WatchSession(cfg, trace_opener=opener)
+    source = ClientRing(os.getpid()) if external else BuiltinProbe("numpy")
+    cfg = WatchConfig(source=source, probe_cpus=[0], housekeeping_cpus=[0], trace=trace)
+    s = WatchSession(cfg, trace_opener=opener)
+    s.source.pid = os.getpid()  # (a built-in probe's once it runs)
+    return s
 
 
 def _open(s):
@@ -416,7 +422,7 @@ def test_events_active_polls_irq_softirq_and_spike_scans_slower_and_the_summary_
 def test_an_external_processs_schedstat_goes_to_20_hz_with_events_only(trace):
     from agent.watch import wiring
     s = _collector_session(lambda *a, **k: FakeSource(lambda i: _canned()), trace=trace,
-                           probe="external")
+                           external=True)
     by, periods, smp = _open(s)
     try:
         if trace == "off":

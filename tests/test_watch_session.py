@@ -420,7 +420,9 @@ def _storm_session(n: int, attr_s: float, age_s: float = 0.0, **cfg):
             return Attribution("cpu_contention", [], 0.0, sp.in_process())
 
     recs: list[dict] = []
-    s = WatchSession(WatchConfig(**{"probe": "numpy", "loop_s": 0.05, **cfg}), clock=clock,
+    from agent.watch.latency.probe import BuiltinProbe
+    s = WatchSession(WatchConfig(**{"source": BuiltinProbe("numpy"), "loop_s": 0.05, **cfg}),
+                     clock=clock,
                      on_record=recs.append)
     s.sampler, s.sched, s.attributor = Sampler(), Sched(), Attr()
     now = clock()
@@ -667,7 +669,8 @@ def test_queueing_is_inferred_only_when_the_wait_explains_the_spike_and_not_for_
     s.ingest(_records_array(s.clock, [(1, 0, 1), (2, 2, 12), (3, 11.5, 17.5)]))
     assert [sp.queued_behind for sp, _ in s.pending] == [-1, -1]
     # nested / concurrent records are not a queue
-    ext, _, _ = _storm_session(0, 0.0, probe="external", min_samples=0)
+    from agent.watch.latency.ring import ClientRing
+    ext, _, _ = _storm_session(0, 0.0, source=ClientRing(1), min_samples=0)
     ext.detector.seed([1_000_000] * 30)
     ext.ingest(_records_array(ext.clock, [(1, 2, 12), (2, 0, 13)]))
     assert [sp.queued_behind for sp, _ in ext.pending] == [-1, -1]
@@ -807,7 +810,8 @@ def _waiting_session(replay_brings_rows: bool | None):
             return Attribution("cpu_contention", [], 0.0, sp.in_process())
 
     recs: list[dict] = []
-    s = WatchSession(WatchConfig(probe="numpy", loop_s=0.05), clock=clock,
+    from agent.watch.latency.probe import BuiltinProbe
+    s = WatchSession(WatchConfig(source=BuiltinProbe("numpy"), loop_s=0.05), clock=clock,
                      on_record=recs.append)
     s.sampler = Sampler() if replay_brings_rows is None else Native()
     s.sched, s.attributor = Sched(), Attr()

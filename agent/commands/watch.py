@@ -180,9 +180,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         print(line, file=sys.stderr)
     if record and summary["samples"]:
         from agent.history import record_watch
-        cfg = req.cfg
-        record_watch(summary, probe=cfg.probe, model=cfg.model, variant=cfg.variant, db=db,
-                     warn=True)
+        record_watch(summary, **req.cfg.source.history(), db=db, warn=True)
     if rc:
         raise typer.Exit(rc)
 

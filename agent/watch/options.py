@@ -5,9 +5,10 @@ Every option that is given is used or refused here, once, with one line (AgentEr
 empty value; one that applies only with another that is missing (--model without --probe tf,
 --profile or --p99-budget-us without --listen, --flight-dir without --flight-us,
 --attach-runtime without --attach); numbers out of range (NaN and infinities included); CPU
-lists by the one target rule (:func:`agent.watch.config.plan_cpus`); a --pid or --attach PID
-that is not a running process; a --ring that is not a latency ring; a bad --listen, web
-config or profile. The spike log and flight directory are opened by the session right after
+lists by the one target rule (:func:`agent.watch.config.plan`). The latency source is chosen
+here, once (:func:`agent.watch.latency.choose`: a --pid or --attach PID that is not a running
+process, a --ring that is not a latency ring, an option of another source); then a bad
+--listen, web config or profile. The spike log and flight directory are opened by the session right after
 (``WatchSession.open_outputs``), still before anything runs.
 
 Units at the edge: ``--threshold-us`` and ``--flight-us`` become whole ns here
@@ -18,19 +19,17 @@ keep the options' own spelling and unit.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from agent.defaults import MAX_THRESHOLD_US
 from agent.errors import AgentError
-from agent.watch.config import WatchConfig, plan_cpus
+from agent.watch import latency
+from agent.watch.config import WatchConfig, plan
 from collectors.host import Host
 
 MIN_SAMPLE_HZ, MAX_SAMPLE_HZ = 1.0, 1000.0  # a round costs ~100 µs: 1 kHz is 10 % of a CPU
 MAX_RATE_HZ = 100_000.0  # a probe call takes ≥ 10 µs: more starts than this only queue
-PROBES = ("tf", "numpy", "external")  # --probe (attach comes with --attach PID)
 SAMPLERS = ("auto", "native", "python")
 TRACE_MODES = ("auto", "on", "off", "mount")
 
@@ -67,19 +66,20 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
                     ("--variant", variant), ("--attach-symbol", attach_symbol)):
         if v is not None and not v.strip():
             raise AgentError(f"{name} is empty")
-    probe, pid = _source(host, probe, pid, ring, attach, attach_runtime, attach_symbol,
-                         unsafe_return)
+    rate_hz = parse_rate(rate)
+    source = latency.choose(host, latency.Given(
+        probe=probe, model=model, variant=variant, rate_hz=rate_hz, pid=pid, ring=ring,
+        attach=attach, attach_runtime=attach_runtime, attach_symbol=attach_symbol,
+        unsafe_return=unsafe_return))
     _choice("--sampler", sampler, SAMPLERS)
     _choice("--trace", trace, TRACE_MODES)
     from agent.watch.attribution.events import parse_irq_cost
     from agent.watch.priority import parse_nice
     parse_irq_cost(irq_cost)
     nice_n = parse_nice(nice)
-    _check_tf_options(probe, model, variant)
     _needs("--listen", listen, ("--profile", profile), ("--p99-budget-us", p99_budget_us),
            ("--web.config.file", web_config_file))
     _needs("--flight-us", flight_us, ("--flight-dir", flight_dir))
-    rate_hz = parse_rate(rate)
     for name, v in (("--sample-hz", sample_hz), ("--duration", duration)):
         _positive(name, v)
     threshold_ns, flight_ns = to_ns("--threshold-us", threshold_us), \
@@ -91,14 +91,9 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
     _positive("--k", k, 1.0)
     if p99_budget_us is not None and p99_budget_us <= 0:
         raise AgentError("--p99-budget-us must be > 0")
-    probe_cpus, hk_cpus = plan_cpus(host, probe, cpus, housekeeping, pid)
-    if ring is not None:
-        check_ring(ring)
-    cfg = WatchConfig(probe=probe, model=model or "lstm", variant=variant or "xla",
-                      rate_hz=rate_hz, rate_auto=rate_hz == 0.0, probe_cpus=probe_cpus,
-                      housekeeping_cpus=hk_cpus, pid=pid, ring_path=ring,
-                      attach_runtime=attach_runtime or "auto", attach_symbol=attach_symbol,
-                      unsafe_return=unsafe_return, sample_hz=sample_hz,
+    cpu = plan(host, source, cpus, housekeeping)
+    cfg = WatchConfig(source=source, probe_cpus=cpu.probe, housekeeping_cpus=cpu.housekeeping,
+                      notes=tuple(cpu.notes), sample_hz=sample_hz,
                       threshold_ns=threshold_ns, k_p50=k, flight_ns=flight_ns,
                       flight_dir=flight_dir or "hftagent-flight", spike_log=spike_log,
                       duration_s=duration, perf=perf, sampler=sampler, trace=trace,
@@ -108,59 +103,6 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
     if listen is not None:
         _exporter_inputs(req, web_config_file, profile)
     return req
-
-
-def _source(host: Host, probe: str | None, pid: int | None, ring: str | None,
-            attach: int | None, runtime: str | None, symbol: str | None,
-            unsafe_return: bool) -> tuple[str, int | None]:
-    """(probe kind, pid): the latency source the options name, checked."""
-    if attach is None:
-        for name, v in (("--attach-runtime", runtime), ("--attach-symbol", symbol),
-                        ("--unsafe-return", unsafe_return or None)):
-            if v is not None:
-                raise AgentError(f"{name} is for --attach: give --attach PID too")
-    else:
-        for name, v in (("--probe", probe), ("--pid", pid), ("--ring", ring)):
-            if v is not None:
-                raise AgentError(f"--attach and {name} name two latency sources: give one "
-                                 "(--attach times the running process itself)")
-        check_attach(host, attach, runtime, symbol, unsafe_return)
-        return "attach", attach
-    probe = "tf" if probe is None else probe
-    _choice("--probe", probe, PROBES, "tf, numpy or external")
-    if pid is not None or ring is not None:
-        probe = "external"
-    if probe == "external" and pid is None and ring is None:
-        raise AgentError("--probe external needs --pid or --ring")
-    if pid is not None and (pid <= 0 or not host.proc(pid).exists()):
-        raise AgentError(f"--pid {pid}: no such process")
-    return probe, pid
-
-
-def check_attach(host: Host, pid: int, runtime: str | None, symbol: str | None,
-                 unsafe_return: bool) -> None:
-    """``--attach PID`` and its options: a running process, a known runtime name, the
-    LIB:SYMBOL shape; --unsafe-return only for --attach-symbol (the catalogue's functions
-    get return probes anyway: they return status codes, never throw)."""
-    from agent.trace.attach import NAMES, AttachError, comm_of
-    if pid <= 0:
-        raise AgentError(f"--attach {pid}: a PID is a positive number")
-    try:
-        comm_of(host, pid)
-    except AttachError as exc:
-        raise AgentError(f"--attach: {exc}") from None
-    if runtime is not None:
-        _choice("--attach-runtime", runtime, NAMES, "one of " + ", ".join(NAMES))
-        if symbol is not None:
-            raise AgentError("--attach-runtime and --attach-symbol name two functions: give "
-                             "one (--attach-symbol times LIB:SYMBOL whatever the runtime)")
-    if symbol is not None:
-        lib, sep, sym = symbol.partition(":")
-        if not sep or not lib.strip() or not sym.strip():
-            raise AgentError(f"--attach-symbol must be LIB:SYMBOL, not {symbol!r}")
-    elif unsafe_return:
-        raise AgentError("--unsafe-return is for --attach-symbol (a runtime's own function "
-                         "is timed to its return already): give --attach-symbol too")
 
 
 def parse_rate(rate: str) -> float:
@@ -193,40 +135,6 @@ def to_ns(name: str, us: float | None) -> int | None:
     if ns < 1:
         raise AgentError(f"{name} must be at least 0.001 µs (1 ns), not {us:g}")
     return ns
-
-
-def check_ring(ring: str) -> None:
-    """A --ring that is there must be a latency ring now (a directory, a FIFO, a device, a
-    symlink, a bad header: refused before anything starts); one that is not there yet must
-    be able to appear (its directory exists): watch waits a little for it."""
-    from agent.client import RingError, RingReader
-    parent = Path(ring).parent
-    if not parent.is_dir():
-        raise AgentError(f"--ring {ring}: directory {parent} does not exist")
-    if not os.path.lexists(ring):
-        return
-    try:
-        RingReader(ring).close()
-    except RingError as exc:
-        raise AgentError(f"--ring: {exc}") from None
-
-
-def _check_tf_options(probe: str, model: str | None, variant: str | None) -> None:
-    """--model and --variant name something the TF probe can build (checked here, not after
-    the worker's TF import), and are given only with --probe tf."""
-    if probe != "tf":
-        for name, v in (("--model", model), ("--variant", variant)):
-            if v is not None:
-                raise AgentError(f"{name} is for --probe tf, not "
-                                 + ("--attach" if probe == "attach" else f"--probe {probe}"))
-        return
-    from agent.probe.models import BUILTINS
-    from agent.probe.variants import VARIANTS
-    if variant is not None and variant not in VARIANTS:
-        raise AgentError(f"--variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
-    if model is not None and model not in BUILTINS and not os.path.exists(model):
-        raise AgentError(f"--model {model!r}: neither a built-in model ({', '.join(BUILTINS)}) "
-                         "nor an existing path")
 
 
 def _exporter_inputs(req: WatchRequest, web_config_file: str | None,

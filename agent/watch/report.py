@@ -38,15 +38,11 @@ def _us(v: float | None) -> str:
 
 
 def headline(s: dict) -> list[str]:
-    kind = s.get("source_kind")
-    who = s["source"] or (f"the {kind} probe" if kind in ("tf", "numpy") else "the process")
+    who = s["source"]  # (the source says what it is: agent/watch/latency/)
     pid = f" (pid {s['pid']})" if s.get("pid") is not None and \
         f"pid {s['pid']}" not in who else ""  # (an attached source names its pid)
-    at = ""
-    if kind not in ("external", "attach"):
-        rate = s.get("rate_hz")
-        at = (f" at {rate:g}/s" if rate else "") + (" (--rate auto)" if s.get("rate_auto")
-                                                    else "")
+    rate = s.get("rate_hz")  # (None: a source without a rate of its own)
+    at = (f" at {rate:g}/s" if rate else "") + (" (--rate auto)" if s.get("rate_auto") else "")
     figures = "" if not s["samples"] else (
         f", P50 {_us(s['p50_us'])}, P99 {_us(s['p99_us'])}, P99.9 {_us(s['p999_us'])}, "
         f"max {_us(s['max_us'])}")

@@ -19,9 +19,6 @@ from agent.watch.metrics_feed import MetricsFeed, watch_metrics
 from agent.watch.options import WatchRequest
 from collectors.host import Host
 
-# the exporter's bounded source label: the built-in probe, a client ring, an attached process
-SOURCE_LABELS = {"external": "client", "attach": "attach"}
-
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
@@ -34,9 +31,8 @@ def run_watch(req: WatchRequest, host: Host, *, say: Callable[[str], None] = _st
     ``on_phase``: told each start-up phase. A spike log or flight directory that cannot be
     opened, or an exporter that cannot bind, is an error before anything runs."""
     cfg = req.cfg
-    wm = watch_metrics(threshold_ns=cfg.threshold_ns,
-                       source=SOURCE_LABELS.get(cfg.probe, "probe"),
-                       variant=cfg.variant if cfg.probe == "tf" else "",
+    wm = watch_metrics(threshold_ns=cfg.threshold_ns, source=cfg.source.exporter_label,
+                       variant=cfg.source.exporter_variant,
                        p99_budget_us=req.p99_budget_us) if req.listen is not None else None
     metrics = MetricsFeed(wm) if wm is not None else None
     view = _live_view(req, say)

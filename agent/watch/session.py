@@ -2,13 +2,14 @@
 recorder, metrics, live view, summary.
 
 One :class:`WatchSession` owns the parts and runs the loop; each part is a module of its own
-(docs/design.md): config, source (the probe worker or an external ring), wiring (the host
-collectors), detect, schedule, attribution/, output and flight, metrics_feed, summary, view.
+(docs/design.md): config, latency/ (the latency sources: the probe worker, an external
+client's ring, an attached process), wiring (the host collectors), detect, schedule,
+attribution/, output and flight, metrics_feed, summary, view.
 Every ``loop_s`` (50 ms), on a housekeeping CPU, :meth:`WatchSession.step` drains the latency
 ring, marks spikes (asking the sched collector for a task scan), attributes, inherits or drops
 what is ready — each record written to the spike log, flushed, and fed to the metrics, the
 live view and the flight recorder — and writes the flight records whose "after" part has been
-sampled. :meth:`WatchSession.run` loops and watches the source: a probe or external process
+sampled. :meth:`WatchSession.run` loops and watches the source: a probe or watched process
 that dies, or a latency ring that becomes unreadable (truncated under us: a clean error,
 never a SIGBUS), ends the run with exit code 3, the spike log kept and closed; a spike log
 that cannot be written ends it with exit code 1.
@@ -27,14 +28,12 @@ virtual one and drive :meth:`ingest` and :meth:`attribute_pending` directly. :me
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
 import numpy as np
 
 from agent.client import FIELDS, RingError
-from agent.errors import AgentError
 from agent.watch import summary as summary_
 from agent.watch.attribution import Attributor, Spike
 from agent.watch.attribution.events import SpikeEvents, apply_verdict
@@ -43,6 +42,7 @@ from agent.watch.config import WatchConfig
 from agent.watch.detect import SpikeDetector
 from agent.watch.flight import FlightRecorder
 from agent.watch.output import SpikeLog
+from agent.watch.placement import OwnCpus, place
 from agent.watch.priority import own_threads, renice
 from agent.watch.records import SpikeRecords
 from agent.watch.ring import LatencyRing
@@ -50,7 +50,6 @@ from agent.watch.sampling import open_sampler
 from agent.watch.sampling.native.sampler import NativeSampler
 from agent.watch.sampling.python import Sampler
 from agent.watch.schedule import AttributionScheduler
-from agent.watch.source import LatencySource
 from agent.watch.wiring import attributor_for, build_collectors
 from collectors.host import Host
 
@@ -71,7 +70,8 @@ class WatchSession:
     ``trace_opener``: the event source's opener (:class:`SpikeEvents`); ``on_phase``: told
     each start-up phase (:meth:`phase`); ``sampler_factory``:
     :func:`agent.watch.sampling.open_sampler`'s signature; ``irq_coster``: the interrupt-cost
-    measurement (agent.trace.irqcost.measure; tests pass fakes)."""
+    measurement (agent.trace.irqcost.measure; tests pass fakes); ``own_cpus``: how watch
+    pins itself (:class:`agent.watch.placement.OwnCpus`; tests pass fakes)."""
 
     def __init__(self, cfg: WatchConfig, host: Host | None = None, *, metrics=None,
                  view=None, collectors: list | None = None,
@@ -80,8 +80,10 @@ class WatchSession:
                  trace_opener: Callable | None = None,
                  sampler_factory: Callable = open_sampler,
                  irq_coster: Callable | None = None,
-                 on_phase: Callable[[str], None] | None = None) -> None:
+                 on_phase: Callable[[str], None] | None = None,
+                 own_cpus: OwnCpus | None = None) -> None:
         self.cfg = cfg
+        self.own_cpus = own_cpus  # how watch reads and moves itself (placement.py)
         self.on_phase = on_phase
         self.host = host or Host()
         self.metrics = metrics
@@ -90,7 +92,9 @@ class WatchSession:
         self._extra_collectors = collectors
         self._open_sampler = sampler_factory
         self.warnings: list[str] = []
-        self.source = LatencySource(cfg, self.host, self.warnings)
+        self.warnings.extend(cfg.notes)
+        # the latency source chosen by the options: this run's side of it
+        self.source = cfg.source.open(self.host, cfg.probe_cpus, self.warnings)
         # kernel events (--trace): a timeline and breakdown per attributed spike
         self.trace = SpikeEvents(cfg.trace, self.host, cfg.probe_cpus, cfg.trace_buffer_s,
                                  opener=trace_opener, irq_cost=cfg.irq_cost,
@@ -104,7 +108,7 @@ class WatchSession:
         self.reduced_by_events: dict[str, dict] = {}
         self.attributor: Attributor | None = None
         self.detector = SpikeDetector(cfg.threshold_ns, cfg.k_p50, cfg.min_samples,
-                                      queueing=cfg.probe not in ("external", "attach"),
+                                      queueing=cfg.source.queueing,
                                       clock=clock)
         self.schedule = AttributionScheduler(max_per_s=cfg.max_attributions_per_s,
                                              loop_s=cfg.loop_s, clock=clock)
@@ -128,6 +132,7 @@ class WatchSession:
     # the parts' state, read by the summary, the live view and tests
     reader = property(lambda self: self.source.reader)
     proc = property(lambda self: self.source.proc)
+    pid = property(lambda self: self.source.pid)
     probe_info = property(lambda self: self.source.info)
     pending = property(lambda self: self.schedule.pending)
     inherited = property(lambda self: self.schedule.inherited)
@@ -177,7 +182,7 @@ class WatchSession:
         sampler asks for the collectors), what the events cover is polled less:
         :attr:`reduced_by_events`."""
         c = build_collectors(self.cfg, host or self.host, self.host, self._extra_collectors,
-                             events=self.trace.active)
+                             pid=self.source.pid, events=self.trace.active)
         self.sched, self.irq, self.unavailable = c.sched, c.irq, c.unavailable
         self.reduced_by_events = c.reduced_by_events
         return c.active
@@ -185,36 +190,15 @@ class WatchSession:
     def start(self) -> None:
         cfg = self.cfg
         self.open_outputs()
-        if cfg.probe == "attach":  # the process's CPUs are the probe CPUs (traced)
-            self.source.prepare_attach()
-            self.trace.cpus = list(cfg.probe_cpus)
-            self.trace.housekeeping = [c for c in cfg.housekeeping_cpus
-                                       if c not in cfg.probe_cpus]
-        try:
-            os.sched_setaffinity(0, cfg.housekeeping_cpus)
-        except OSError as exc:
-            self.warnings.append(f"cannot pin watch to CPUs {cfg.housekeeping_cpus}: "
-                                 f"{exc.strerror}")
-        if set(cfg.housekeeping_cpus) & set(cfg.probe_cpus):
-            self.warnings.append("one CPU only: the sampler shares the probe's CPU")
-        # the probe CPUs are known (cpu_plan): the kernel ring records from before the probe
-        # starts; --trace on refuses here (closed by stop(), which run() always calls)
-        # one interrupt's cost on the probe CPUs, while nothing runs there yet and before
-        # the event source traces them (a given --irq-cost for an external client too)
-        self.trace.measure_irq_cost(measure=cfg.probe not in ("external", "attach"))
+        self.place_self()
+        # the probe CPUs are known (config.plan): the kernel ring records from before the
+        # source starts; --trace on refuses here (closed by stop(), which run() always calls).
+        # One interrupt's cost on the probe CPUs, while nothing runs there yet and before the
+        # event source traces them (a given --irq-cost for any source)
+        self.trace.measure_irq_cost(measure=cfg.source.idle_until_start)
         if (w := self.trace.open(self.clock())) is not None:
             self.warnings.append(w)
-        if cfg.probe == "attach":  # its calls come from the same instance's rings
-            if not self.trace.active:
-                raise AgentError(f"--attach needs the kernel's trace events: "
-                                 f"{self.trace.reason}")
-            self.source.attach_uprobes(self.trace.source, progress=self.phase)
-        elif cfg.probe == "external":
-            self.source.attach_external()
-        else:
-            self.phase(f"starting the {cfg.probe} probe on CPU "
-                       f"{','.join(map(str, cfg.probe_cpus))}")
-            self.source.start_probe(progress=self.phase)
+        self.source.start(self.trace, self.phase)
         # (a stop or an error while it starts leaves no helper and no shared file behind)
         self.sampler, self.sampler_note = self._open_sampler(
             cfg.sampler, self.open_collectors, cfg.sample_hz, cfg.housekeeping_cpus,
@@ -225,6 +209,13 @@ class WatchSession:
         self.renice_own()
         self.started_ns = self.clock()
         self.phase("")  # start-up is over: nothing more to say (a pending line is dropped)
+
+    def place_self(self) -> None:
+        """Pin watch to the housekeeping CPUs, never the source's: out of an inherited
+        affinity or cpuset where it may, else refused with one line
+        (:func:`agent.watch.placement.place`)."""
+        self.warnings += place(self.host, self.cfg.probe_cpus, self.cfg.housekeeping_cpus,
+                               self.own_cpus)
 
     def phase(self, what: str) -> None:
         """A start-up phase (probe build, warm-up, symbols read for --attach): told to

@@ -89,13 +89,14 @@ def build(s, *, native: bool, now_ns: int) -> dict:
     for name, reason in s.unavailable.items():
         col[name] = {"state": "unsupported", "reason": reason}
     delays = sorted(s.attr_delays_ms)
-    busy, cpu_busy = probe_busy(s), cpu_busy_share(s)
+    cpu_busy = cpu_busy_share(s)
     native_error = smp.native_error if native else None
+    own = s.source.summary(s.lat)  # the source's own lines (agent/watch/latency/)
     return {
-        "source": s.probe_info.get("probe"), "source_kind": s.cfg.probe, "pid": s.cfg.pid,
-        "probe_cpus": s.cfg.probe_cpus, "rate_hz": s.cfg.rate_hz,
-        "rate_auto": s.cfg.rate_auto, "probe_cpu_busy": cpu_busy,
-        "probe_calls_busy": busy[0] if busy else None,
+        "source": own["source"], "source_kind": own["source_kind"], "pid": own["pid"],
+        "probe_cpus": s.cfg.probe_cpus, "rate_hz": own["rate_hz"],
+        "rate_auto": own["rate_auto"], "probe_cpu_busy": cpu_busy,
+        "probe_calls_busy": own["probe_calls_busy"],
         "duration_s": round(dur, 2),
         "samples": s.samples, "lost_records": s.reader.lost if s.reader else 0,
         "invalid_records": s.reader.invalid if s.reader else 0,
@@ -116,8 +117,8 @@ def build(s, *, native: bool, now_ns: int) -> dict:
         "flight_records": s.flight_files, "collectors": col, "sampler": sampler,
         "source_error": s.source_error, "stopped_by": s.stopped_by,
         "output_error": s.output_error,
-        "warnings": s.warnings + _invalid_warning(s) + _load_warning(s, h, busy, cpu_busy) + (
-            [native_error] if native_error else []),
+        "warnings": s.warnings + _invalid_warning(s) + s.source.end_warnings(s.lat, h, cpu_busy)
+        + ([native_error] if native_error else []),
     }
 
 
@@ -147,27 +148,6 @@ def _invalid_warning(s) -> list[str]:
             "not counted in the percentiles"]
 
 
-def probe_busy(s) -> tuple[float, int] | None:
-    """(busy share, mean CPU ns a call) of the built-in probe's CPUs over its latest calls
-    (at most the :class:`~agent.watch.ring.LatencyRing`'s 20,000): the CPU time its calls
-    used (each record's ``cpu_ns``) over the wall time they span, per probe CPU — a measured
-    share, at most 1 (a response-time P50 × the rate is not: a probe that queues behind
-    itself has response times far over its calls' own time). None for an external or
-    attached source, or before two calls."""
-    if s.cfg.probe in ("external", "attach"):
-        return None
-    recs = s.lat.last(s.lat.capacity)
-    cpu = recs[:, F["cpu_ns"]]
-    cpu = cpu[cpu >= 0]  # (-1: not measured)
-    if len(recs) < 2 or not len(cpu):
-        return None
-    span = int(recs[:, F["end_ns"]].max() - recs[:, F["start_ns"]].min())
-    if span <= 0:
-        return None
-    share = float(cpu.sum()) / span / max(1, len(s.cfg.probe_cpus))
-    return min(1.0, share), int(cpu.mean())
-
-
 def cpu_busy_share(s) -> float | None:
     """The probe CPUs' measured busy share over the sampler's rows (its rings keep the last
     30 s or more): the /proc/stat ticks of those CPUs that were neither idle nor iowait, over
@@ -185,45 +165,6 @@ def cpu_busy_share(s) -> float | None:
         total += sum(ticks.values())
         busy += sum(ticks.values()) - ticks["idle"] - ticks["iowait"]
     return min(1.0, busy / total) if total > 0 else None
-
-
-def _load_warning(s, h: LatencyHistogram, busy: tuple[float, int] | None = None,
-                  cpu_busy: float | None = None) -> list[str]:
-    """A built-in probe on a CPU more than half busy measures the queue its calls wait in
-    more than the host: said with the measured busy share (/proc/stat, else the calls' own
-    CPU time) — never a response-time P50 × the rate, which exceeds 100 % once calls queue.
-    The advice fits the cause: a lower rate when the probe's own calls are most of the load
-    (``--rate auto`` named only to a user who did not choose it), else a quieter CPU."""
-    if s.cfg.probe in ("external", "attach"):
-        return []
-    busy = busy if busy is not None else probe_busy(s)  # (None: measured here)
-    cpu_busy = cpu_busy if cpu_busy is not None else cpu_busy_share(s)
-    own = busy[0] if busy is not None else None
-    load = cpu_busy if cpu_busy is not None else own
-    p50 = h.quantile(0.5)
-    if load is None or load <= 0.5 or not p50:
-        return []
-    cpus = ",".join(map(str, s.cfg.probe_cpus))
-    rate = s.cfg.rate_hz
-    text = (f"CPU {cpus} was {100 * load:.0f} % busy"
-            + (f" ({100 * own:.0f} % the probe's own calls)" if cpu_busy is not None and
-               own is not None else "")
-            + f" at {rate:g} probe calls/s (P50 {p50 / 1e3:.0f} µs from the intended start): "
-            "any disturbance queues the next calls")
-    if own is None:
-        return [text]
-    if own < load / 2:
-        return [text + "; most of it is other work on that CPU (the spikes' causes name it): "
-                "a quieter CPU for the probe (--cpus; hftagent cpus ranks them) leaves it "
-                "headroom"]
-    from agent.watch.probe_worker import auto_rate
-    lower = auto_rate(max(busy[1], 1))  # a quarter busy at the calls' measured CPU time
-    if lower < rate and s.cfg.rate_auto:
-        text += (f"; --rate auto chose {rate:g}/s at the warm-up's P50 and the calls took "
-                 f"longer since: a --rate of {lower:g} or less leaves it headroom")
-    elif lower < rate:
-        text += f"; a --rate of {lower:g} or less (or --rate auto) leaves it headroom"
-    return [text]
 
 
 def us(ns: float | None) -> float | None:

@@ -29,7 +29,8 @@ GPU_PERIOD_S = 0.05
 # The built-in probes time each call with its own run-queue delay, switches and faults
 # (in-process evidence), so their threads' schedstat at 100 Hz would only repeat it: 20 Hz
 # there (each cold /proc read after a wake-up costs 30-50 µs on a VM). An external process's
-# records carry none: every round.
+# records carry none: every round. (Each source says which: its ``sched_period_s``,
+# agent/watch/latency/; this is the reduced rate with kernel events.)
 SCHED_PERIOD_BUILTIN_S = 0.05
 
 # Polled less where the kernel events cover it (reduce_for_events). /proc/interrupts (the
@@ -66,10 +67,13 @@ class Collectors:
 
 
 def build_collectors(cfg: WatchConfig, host: Host, gpu_host: Host,
-                     extra: list | None = None, *, events: bool = False) -> Collectors:
+                     extra: list | None = None, *, pid: int | None = None,
+                     events: bool = False) -> Collectors:
     """``host``: what the collectors read through; ``gpu_host``: the GPU collector's. (The
     native reader registers the hot sources' files itself: agent/watch/sampling/native/.)
-    ``events``: kernel events run on the probe CPUs (:func:`reduce_for_events`)."""
+    ``pid``: the process the source times in (the running source's); ``events``: kernel
+    events run on the probe CPUs (:func:`reduce_for_events`). The watched threads'
+    schedstat is read at the source's ``sched_period_s``."""
     from agent.watch.sampling.sources.cpu import CpuCollector
     from agent.watch.sampling.sources.irq import IrqCollector
     from agent.watch.sampling.sources.memory import MemoryCollector
@@ -78,15 +82,14 @@ def build_collectors(cfg: WatchConfig, host: Host, gpu_host: Host,
     from agent.watch.sampling.sources.softirq import SoftirqCollector
     from collectors.pcie import PcieCollector
     cpus = cfg.probe_cpus
-    sched = SchedCollector(host, [cfg.pid], cpus,
-                           period_s=0.0 if cfg.probe == "external" else SCHED_PERIOD_BUILTIN_S)
+    sched = SchedCollector(host, [pid], cpus, period_s=cfg.source.sched_period_s)
     irq = IrqCollector(host, cpus)
     cands = [CpuCollector(host, cpus), sched, irq, SoftirqCollector(host, cpus),
              MemoryCollector(host), NumaCollector(host, cpus), PcieCollector(host)]
     if cfg.perf:
         from collectors.perf import PerfCollector
-        cands.append(PerfCollector(cfg.pid))
-    cands.extend(gpu_collectors(gpu_host, [cfg.pid]))
+        cands.append(PerfCollector(pid))
+    cands.extend(gpu_collectors(gpu_host, [pid]))
     cands.extend(extra or [])
     out = Collectors([], sched, irq)
     for c in cands:

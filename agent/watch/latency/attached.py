@@ -1,0 +1,332 @@
+"""An unmodified process (``watch --attach PID``): its inference calls,
+timed by uprobes on its runtime's once-per-call function (agent/trace/attach.py chooses it,
+agent/trace/uprobe.py defines the events) and read from watch's own tracefs instance, the same
+rings that hold the sched/irq events the spikes are explained with.
+
+Pairing, per thread: the outermost entry to its return is one call (an entry of another
+probed function inside it, e.g. LiteRT's Invoke around LiteRtRunCompiledModel, is nested), so
+threads calling at the same time stay apart. Each probed function is taken as not re-entered
+on one thread (true of every function of the catalogue): an entry of a function whose last
+entry on that thread has not returned means that return was never recorded (the kernel could
+not place the return probe, or dropped its event), so the open call is dropped and counted in
+``lost_returns`` and the new one starts — a lost return never stalls the pairing. A return
+without its entry (the call began before the attach) is skipped and counted. A call still open
+when its thread or the process ends is closed, counted in ``open_at_exit`` and not made a
+sample (its end is unknown). Events the kernel lost (a ring overwritten) make the pairing start
+again from a clean state (``resynced``) rather than pair across the gap.
+
+Each call becomes one row of :data:`agent.client.FIELDS`: ``start_ns``/``end_ns`` from the
+entry and return events (CLOCK_MONOTONIC: the instance's ``mono`` clock), ``pid`` the
+process, ``tid`` the calling thread, ``cpu_start``/``cpu_end`` the CPUs of the two events;
+the in-process evidence a client records (context switches, faults, CPU time, run-queue
+delay) is -1 (unknown): the kernel events give it per spike instead.
+
+Entry-only timing (``--attach-symbol`` without ``--unsafe-return``): a sample is the time from
+one entry to the next on the same thread, i.e. the call period, not the call's latency; the
+run header says so.
+
+Its CPUs: the CPUs the process's threads may run on (:func:`~agent.watch.latency.base.process_cpus`,
+the one rule for a process's CPUs): the event instance traces those; a --cpus that differs is
+said and not used. The PID is checked once, when the options are built (:meth:`Attached.build`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agent.client import FIELDS
+from agent.errors import AgentError
+from agent.watch.latency.base import Given, Phase, Running, Source, process_alive, process_cpus
+from collectors.host import Host
+from collectors.parsers import format_cpulist
+
+F = {name: i for i, name in enumerate(FIELDS)}
+TID_REFRESH_S = 1.0
+
+
+class AttachedReader:
+    """``read()`` → rows of :data:`FIELDS` for the calls completed since the last read."""
+
+    def __init__(self, host: Host, pid: int, events, uprobes, entry_only: bool) -> None:
+        self.host = host
+        self.pid = pid
+        self.events = events          # agent.trace.tracefs.EventSource (uprobes added)
+        self.uprobes = uprobes        # agent.trace.uprobe.Uprobes
+        self.entry_only = entry_only
+        self.path = f"uprobes {uprobes.group} on pid {pid}"
+        self.creator_pid = pid
+        self.calls = 0
+        self.unpaired_returns = 0
+        self.open_at_exit = 0
+        self.resynced = 0
+        self.lost = 0                 # for the session's counters (a ring reader's name)
+        self.invalid = 0
+        self._seq = 0
+        self.lost_returns = 0
+        # tid -> {event name of the entry: (ts, cpu)} of its calls open now
+        self._open: dict[int, dict[str, tuple[int, int]]] = {}
+        # tid -> (ts, cpu) of its outermost open entry (entry-only: of its last entry)
+        self._start: dict[int, tuple[int, int]] = {}
+        self._lost_seen = events.lost()
+        self._tids = self.threads()
+        self._tids_at = time.monotonic()
+
+    def threads(self) -> set[int]:
+        return {int(t) for t in self.host.listdir(self.host.proc(self.pid, "task"))
+                if t.isdigit()}
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._tids_at < TID_REFRESH_S:
+            return
+        self._tids_at = now
+        tids = self.threads()
+        if not tids:
+            return
+        if tids != self._tids:
+            for gone in set(self._open) - tids:  # a thread ended inside a call
+                if self._open.pop(gone, None):
+                    self.open_at_exit += 1
+                self._start.pop(gone, None)
+            self._tids = tids
+            for inst in self.uprobes.instances:
+                try:
+                    self.uprobes.set_filter(inst, sorted(tids))
+                except OSError:
+                    pass
+
+    def read(self, max_records: int | None = None) -> np.ndarray:
+        self._refresh()
+        lost = self.events.lost()
+        if lost != self._lost_seen:  # events lost: pair again from a clean state
+            self._lost_seen = lost
+            if any(self._open.values()):
+                self.resynced += 1
+            self._open.clear()
+            self._start.clear()
+        rows: list[list[int]] = []
+        is_ret = self.events.is_return
+        refreshed = False
+        for ev in self.events.uprobe_events():
+            tid = ev.pid
+            if tid not in self._tids:
+                if not refreshed:  # a thread started since the last look?
+                    refreshed = True
+                    self._tids_at = 0.0
+                    self._refresh()
+                if tid not in self._tids:
+                    continue  # another process mapping the same library (no filter applies)
+            if self.entry_only:
+                prev = self._start.get(tid)
+                self._start[tid] = (ev.ts_ns, ev.cpu)
+                if prev is not None:
+                    rows.append(self._row(prev[0], ev.ts_ns, tid, prev[1], ev.cpu))
+                continue
+            opened = self._open.setdefault(tid, {})
+            if is_ret(ev):
+                key = self._entry_of(ev.name)
+                if opened.pop(key, None) is None:
+                    self.unpaired_returns += 1
+                    continue
+                if not opened:  # the outermost call returned
+                    t0, c0 = self._start.pop(tid)
+                    rows.append(self._row(t0, ev.ts_ns, tid, c0, ev.cpu))
+            else:
+                if ev.name in opened:  # its last entry never returned: a lost return
+                    self.lost_returns += 1
+                    opened.clear()
+                if not opened:
+                    self._start[tid] = (ev.ts_ns, ev.cpu)
+                opened[ev.name] = (ev.ts_ns, ev.cpu)
+        if not rows:
+            return np.empty((0, len(FIELDS)), dtype=np.int64)
+        return np.array(rows, dtype=np.int64)
+
+    @staticmethod
+    def _entry_of(ret_name: str) -> str:
+        """The entry event of a return event: ``ret<i>`` → ``call<i>`` (agent/trace/uprobe.py
+        names them so)."""
+        return "call" + ret_name[3:] if ret_name.startswith("ret") else ret_name
+
+    def _row(self, t0: int, t1: int, tid: int, c0: int, c1: int) -> list[int]:
+        self._seq += 1
+        self.calls += 1
+        r = [-1] * len(FIELDS)
+        r[F["seq"]] = r[F["seq2"]] = self._seq
+        r[F["start_ns"]], r[F["end_ns"]] = t0, t1
+        r[F["pid"]], r[F["tid"]] = self.pid, tid
+        r[F["cpu_start"]], r[F["cpu_end"]] = c0, c1
+        return r
+
+    def finish(self) -> None:
+        """The process ended (or watch stops): calls still open are closed and counted."""
+        self.open_at_exit += sum(1 for o in self._open.values() if o)
+        self._open.clear()
+        self._start.clear()
+
+    def stats(self) -> dict:
+        return {"calls": self.calls, "unpaired_returns": self.unpaired_returns,
+                "lost_returns": self.lost_returns,
+                "open_at_exit": self.open_at_exit, "resynced": self.resynced,
+                "timing": "entry to next entry (call period)" if self.entry_only else
+                "entry to return"}
+
+    def close(self) -> None:
+        self.finish()
+
+
+@dataclass(frozen=True)
+class Attached(Source):
+    """``--attach PID``: the process (its name when checked), the runtime whose
+    once-per-call function is timed (agent.trace.attach.NAMES) or LIB:SYMBOL for any other
+    function, return probes on such a function only with ``unsafe_return`` (a C++ exception
+    unwinding through a uretprobe'd frame aborts the process)."""
+
+    process: int = 0
+    comm: str = ""
+    runtime: str = "auto"
+    symbol: str | None = None
+    unsafe_return: bool = False
+
+    RANK = 10
+    exporter_label = "attach"
+    kind = property(lambda self: "attach")
+    said = property(lambda self: "--attach")
+    pid = property(lambda self: self.process)
+
+    @classmethod
+    def named(cls, given: Given) -> bool:
+        return given.attach is not None
+
+    @classmethod
+    def build(cls, host: Host, given: Given) -> Attached:
+        """--attach and its options: the one source named, a running process (checked here,
+        once), a known runtime name, the LIB:SYMBOL shape; --unsafe-return only for
+        --attach-symbol (the catalogue's functions get return probes anyway: they return
+        status codes, never throw)."""
+        from agent.trace.attach import NAMES, AttachError, comm_of
+        for name, v in (("--probe", given.probe), ("--pid", given.pid), ("--ring", given.ring)):
+            if v is not None:
+                raise AgentError(f"--attach and {name} name two latency sources: give one "
+                                 "(--attach times the running process itself)")
+        pid, runtime, symbol = given.attach or 0, given.attach_runtime, given.attach_symbol
+        if pid <= 0:
+            raise AgentError(f"--attach {pid}: a PID is a positive number")
+        try:
+            comm = comm_of(host, pid)
+        except AttachError as exc:
+            raise AgentError(f"--attach: {exc}") from None
+        if runtime is not None and runtime not in NAMES:
+            raise AgentError(f"--attach-runtime must be one of {', '.join(NAMES)}, not "
+                             f"{runtime!r}")
+        if runtime is not None and symbol is not None:
+            raise AgentError("--attach-runtime and --attach-symbol name two functions: give "
+                             "one (--attach-symbol times LIB:SYMBOL whatever the runtime)")
+        if symbol is not None:
+            lib, sep, sym = symbol.partition(":")
+            if not sep or not lib.strip() or not sym.strip():
+                raise AgentError(f"--attach-symbol must be LIB:SYMBOL, not {symbol!r}")
+        elif given.unsafe_return:
+            raise AgentError("--unsafe-return is for --attach-symbol (a runtime's own "
+                             "function is timed to its return already): give --attach-symbol "
+                             "too")
+        return cls(process=pid, comm=comm, runtime=runtime or "auto", symbol=symbol,
+                   unsafe_return=given.unsafe_return)
+
+    @classmethod
+    def refuse(cls, given: Given, chosen: str) -> None:
+        for name, v in (("--attach-runtime", given.attach_runtime),
+                        ("--attach-symbol", given.attach_symbol),
+                        ("--unsafe-return", given.unsafe_return or None)):
+            if v is not None:
+                raise AgentError(f"{name} is for --attach: give --attach PID too")
+
+    def cpus(self, host: Host, rule: Any, given: list[int] | None,
+             keep_one_free: bool) -> list[int]:
+        return process_cpus(host, self.process, rule.online) or given or [rule.cpus[-1]]
+
+    def cpu_notes(self, given: list[int] | None, cpus: list[int]) -> list[str]:
+        notes = []
+        if given and sorted(given) != cpus:
+            notes.append(f"--attach: pid {self.process} ({self.comm}) may run on CPUs "
+                         f"{format_cpulist(cpus)}: those are traced")
+        if len(cpus) > 4:
+            notes.append(f"--attach: pid {self.process} is not pinned ({len(cpus)} CPUs): "
+                         "kernel events are recorded on all of them (pin the service for a "
+                         "smaller cost and a cleaner attribution)")
+        return notes
+
+    def open(self, host: Host, cpus: list[int], warnings: list[str]) -> AttachedRun:
+        return AttachedRun(self, host, cpus, warnings)
+
+
+class AttachedRun(Running):
+    """The uprobes of one run and their :class:`AttachedReader`."""
+
+    source: Attached
+
+    def __init__(self, source: Attached, host: Host, cpus: list[int],
+                 warnings: list[str]) -> None:
+        super().__init__(source, host, cpus, warnings)
+        self._uprobes: Any = None  # agent.trace.uprobe.Uprobes
+
+    def start(self, events: Any, phase: Phase | None = None) -> None:
+        """Uprobes on the runtime's once-per-call function, enabled in the kernel-event
+        instance of ``events`` (the session's SpikeEvents: it must be active), read by an
+        :class:`AttachedReader`. AgentError with one line when the process cannot be
+        attached."""
+        from agent.trace import attach, uprobe
+        if not events.active:
+            raise AgentError(f"--attach needs the kernel's trace events: {events.reason}")
+        src, tracing = self.source, events.source
+        try:
+            plan = attach.plan(self.host, src.process, src.runtime, src.symbol,
+                               src.unsafe_return, phase)
+        except attach.AttachError as exc:
+            raise AgentError(str(exc)) from None
+        self.warnings += [f"attach: {n}" for n in uprobe.remove_stale(self.host,
+                                                                      tracing.tracefs)]
+        u = uprobe.Uprobes(tracing.tracefs, plan.targets)
+        try:
+            u.define()
+            reader = AttachedReader(self.host, src.process, tracing, u,
+                                    entry_only=not any(t.returns for t in plan.targets))
+            tracing.add_uprobes(u, sorted(reader.threads()))
+        except (uprobe.UprobeError, OSError, ValueError) as exc:
+            u.remove()
+            raise AgentError(f"--attach {src.process}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+        self._uprobes, self.reader = u, reader
+        self._said(plan, reader.entry_only, attach)
+
+    def _said(self, plan: Any, entry_only: bool, attach: Any) -> None:
+        t = plan.targets[0]
+        self.info = {"pid": self.pid, "probe": f"attached to pid {self.pid} ({plan.comm}): "
+                     f"{t.runtime} {t.shown}", "attach": plan.to_dict()}
+        self.warnings += [f"attach: {n}" for n in attach.host_notes(self.host)]
+        self.warnings.append(
+            f"attached: {len(plan.targets)} uprobe(s) in {os.path.basename(t.library)}; every "
+            f"process that maps it pays ~{attach.COST_US} µs a call while watch runs"
+            + ("; entry-only timing: samples are call periods, not latencies"
+               if entry_only else ""))
+
+    def check(self) -> str | None:
+        if process_alive(self.host, self.source.process):
+            return None
+        return f"attached process {self.source.process} exited"
+
+    def close(self) -> None:
+        super().close()
+        if self._uprobes is not None:
+            left = self._uprobes.remove()
+            if left:
+                self.warnings.append("uprobe events not removed: " + "; ".join(left))
+            self._uprobes = None
+
+
+SOURCE = Attached
