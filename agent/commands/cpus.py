@@ -41,7 +41,8 @@ exact tune and run commands. With kernel events (--trace; root) each CPU's lost 
 attributed exactly: µs per second per IRQ, softirq, tick, work item and task, and the gaps no
 event explains as hw_or_hypervisor; without them, from /proc counter deltas. Read-only:
 nothing on the host is changed (--trace uses a private tracefs instance, removed after each
-batch).
+batch), except that, as root, what a killed hftagent left in tracefs (its instances and
+uprobe events) is removed at the start (--json: each removal a line of trace.notes).
 
 SIGTERM or SIGINT (Ctrl-C) during the scan stops it: the recorders are killed and the
 instance removed, the CPUs scanned so far are printed (marked partial; with --json nothing),
