@@ -96,17 +96,28 @@ def plain_flags() -> None:
         return shown(self, ctx)
 
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
-    _fold_long_words()
+    # rich is imported only when help is shown: a command that runs never pays for it
+    from typer.core import TyperCommand, TyperGroup
+    for cls in (TyperCommand, TyperGroup):
+        cls.format_help = _folding(cls.format_help)  # type: ignore[method-assign]
+
+
+def _folding(format_help: Callable) -> Callable:
+    def with_folding(self, ctx, formatter):  # noqa: ANN001, ANN202 - click's own signature
+        _fold_long_words()
+        return format_help(self, ctx, formatter)
+    return with_folding
 
 
 def _fold_long_words() -> None:
     """An option's help cell folds a word longer than its column (a path, a metric or a
     symbol name) onto the next line: rich's table cells cut it with "…" by default, which
-    at 80 columns hid the end of names the user must type (issue #39)."""
+    at 80 columns hid the end of names the user must type (issue #39). Once, when help is
+    first shown."""
     from typer import rich_utils
 
     helper = getattr(rich_utils, "_get_parameter_help", None)
-    if helper is None:  # another typer release renders help otherwise
+    if helper is None or getattr(helper, "folds", False):  # another typer, or done
         return
 
     def folded(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - typer's own signature
@@ -116,6 +127,7 @@ def _fold_long_words() -> None:
                 part.overflow = "fold"
         return cell
 
+    folded.folds = True  # type: ignore[attr-defined]
     rich_utils._get_parameter_help = folded
 
 
