@@ -24,7 +24,9 @@ and any other percentile follow the rule n·(1 − q) ≥ 6.62.
 
 **Intervals and tests.** :func:`wilson_interval` (score interval of a proportion),
 :func:`binom_sf` (exact binomial upper tail), :func:`clopper_pearson` (exact interval, by
-bisection on it) and :func:`fisher_greater` (one-sided Fisher exact test).
+bisection on it) and :func:`fisher_greater` (one-sided Fisher exact test);
+:func:`quantile_interval` (a percentile's distribution-free interval: two order statistics
+whose ranks come from the binomial, :func:`quantile_interval_ranks`; ``hftagent tune try``).
 """
 
 from __future__ import annotations
@@ -206,3 +208,74 @@ def fisher_greater(k_cur: int, n_cur: int, k_base: int, n_base: int) -> float:
     logs = log_h(xs)
     m = float(logs.max())
     return float(min(1.0, math.exp(m) * np.exp(logs - m).sum()))
+
+
+# -- a quantile: a distribution-free interval ------------------------------------------------
+def _lower_tail(k: int, n: int, p: float) -> float:
+    """Exact P(X ≤ k) for X ~ Binomial(n, p), as the upper tail of n − X (no 1 − x rounding)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return binom_sf(n - k, n, 1.0 - p)
+
+
+def quantile_interval_ranks(n: int, q: float, confidence: float = 0.95
+                            ) -> tuple[int | None, int | None]:
+    """1-based ranks (lo, hi) of the order statistics that bound the P``q`` (percent) of a
+    continuous distribution with at least ``confidence``, from ``n`` samples: distribution-free
+    (the count of samples below the true quantile is Binomial(n, q/100)).
+
+    ``lo`` is the largest rank with P(B ≤ lo − 1) ≤ α/2 and ``hi`` the smallest with
+    P(B ≥ hi) ≤ α/2 (α = 1 − confidence), so P(X(lo) ≤ ξ ≤ X(hi)) = P(lo ≤ B ≤ hi − 1) ≥
+    confidence. None on a side where no sample is far enough out: too few samples to bound
+    the quantile there (P99.9 from 1,000 samples has no upper bound: every sample lies below
+    it with probability 0.999^1000 = 37 %)."""
+    if n < 1:
+        return (None, None)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence out of range (0, 1): {confidence}")
+    p = float(_exact(q) / 100)
+    a = (1.0 - confidence) / 2
+    # Both ranks lie within a few sd of n·p: search there first (a tail far from the mean
+    # costs binom_sf a sum over every term in between), the whole range if that is wrong.
+    c = 12 * math.sqrt(n * p * (1 - p)) + 12
+    near_lo, near_hi = max(0, math.floor(n * p - c)), min(n + 1, math.ceil(n * p + c))
+    # lo: P(B ≤ lo − 1) grows with lo; the largest lo in 1..n with it ≤ a
+    left, right = 0, n  # invariant: rank `left` qualifies (0: none does)
+    if near_lo >= 1 and _lower_tail(near_lo - 1, n, p) <= a:
+        left, right = near_lo, min(n, near_hi)
+    while left < right:
+        mid = (left + right + 1) // 2
+        if _lower_tail(mid - 1, n, p) <= a:
+            left = mid
+        else:
+            right = mid - 1
+    lo = left or None
+    # hi: P(B ≥ hi) falls with hi; the smallest hi in 1..n with it ≤ a
+    left, right = 1, n + 1  # n + 1: none does
+    if near_hi <= n and binom_sf(near_hi, n, p) <= a:
+        left, right = max(1, near_lo), near_hi
+    while left < right:
+        mid = (left + right) // 2
+        if binom_sf(mid, n, p) <= a:
+            right = mid
+        else:
+            left = mid + 1
+    hi = left if left <= n else None
+    return (lo, hi)
+
+
+def quantile_interval(sorted_values: Sequence[Any] | np.ndarray, q: float,
+                      confidence: float = 0.95) -> tuple[Any | None, Any | None]:
+    """The distribution-free ``confidence`` interval of the P``q`` of already sorted
+    ``sorted_values``: the order statistics of :func:`quantile_interval_ranks` (observed
+    samples), None on a side the sample count cannot bound."""
+    lo, hi = quantile_interval_ranks(len(sorted_values), q, confidence)
+
+    def at(rank: int | None) -> Any | None:
+        if rank is None:
+            return None
+        v = sorted_values[rank - 1]
+        return v.item() if isinstance(v, np.generic) else v
+    return (at(lo), at(hi))

@@ -185,3 +185,77 @@ def test_light_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+# -- a quantile's distribution-free interval ---------------------------------------------------
+def pmf(k: int, n: int, p: float) -> float:
+    """Binomial(n, p) at k, in logs (math.comb(7000, k) overflows a float)."""
+    return math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                    + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+def cdf(k: int, n: int, p: float) -> float:
+    """P(B ≤ k), by plain summation."""
+    return sum(pmf(j, n, p) for j in range(k + 1))
+
+
+def coverage(lo: int, hi: int, n: int, p: float) -> float:
+    """P(lo ≤ B ≤ hi − 1), B ~ Binomial(n, p): the exact coverage of [X(lo), X(hi)]."""
+    return sum(pmf(k, n, p) for k in range(lo, hi))
+
+
+def test_quantile_interval_exact_small_cases():
+    # median of 6: [X(1), X(6)], coverage 1 − 2/64; of 5: P(B = 0) = 1/32 > 2.5 %: no bound
+    assert stats.quantile_interval_ranks(6, 50.0) == (1, 6)
+    assert coverage(1, 6, 6, 0.5) == pytest.approx(1 - 2 / 64)
+    assert stats.quantile_interval_ranks(5, 50.0) == (None, None)
+    # median of 9: P(B ≤ 1) = 10/512 ≤ 2.5 % < P(B ≤ 2) = 46/512: [X(2), X(8)]
+    assert stats.quantile_interval_ranks(9, 50.0) == (2, 8)
+    assert stats.quantile_interval_ranks(0, 50.0) == (None, None)
+    # P99.9 of 1,000: 0.999^1000 = 37 % that every sample lies below it: no upper bound
+    assert stats.quantile_interval_ranks(1000, 99.9)[1] is None
+
+
+@pytest.mark.parametrize("n,q", [(20, 50.0), (100, 90.0), (700, 99.0), (7000, 99.9),
+                                 (150, 10.0)])
+def test_quantile_interval_ranks_are_the_tightest_that_cover(n, q):
+    lo, hi = stats.quantile_interval_ranks(n, q)
+    p = q / 100
+    assert lo is not None and hi is not None
+    below, above = cdf(lo - 1, n, p), 1 - cdf(hi - 1, n, p)
+    assert below <= 0.025 + 1e-9 and above <= 0.025 + 1e-9
+    assert coverage(lo, hi, n, p) >= 0.95 - 1e-9
+    # one rank further in on either side breaks its tail's share
+    assert cdf(lo, n, p) > 0.025
+    assert 1 - cdf(hi - 2, n, p) > 0.025
+
+
+@pytest.mark.parametrize("dist", ["exponential", "lognormal", "uniform"])
+def test_quantile_interval_covers_known_quantiles(dist):
+    rng = np.random.default_rng(7)
+    n, q, trials = 8000, 99.9, 400
+    true = {"exponential": -math.log(1 - q / 100),
+            "lognormal": math.exp(3.090232306167813),   # Φ⁻¹(0.999)
+            "uniform": q / 100}[dist]
+    draw = {"exponential": lambda: rng.exponential(1.0, n),
+            "lognormal": lambda: rng.lognormal(0.0, 1.0, n),
+            "uniform": lambda: rng.random(n)}[dist]
+    hits = 0
+    for _ in range(trials):
+        lo, hi = stats.quantile_interval(np.sort(draw()), q)
+        hits += lo <= true <= hi
+    # nominal ≥ 95 %: 400 trials put 3 sd at ±3.3 points
+    assert hits / trials >= 0.91
+
+
+def test_quantile_interval_values_are_samples():
+    v = list(range(1, 101))
+    lo, hi = stats.quantile_interval(v, 50.0)
+    assert (lo, hi) == (v[stats.quantile_interval_ranks(100, 50.0)[0] - 1],
+                        v[stats.quantile_interval_ranks(100, 50.0)[1] - 1])
+    assert lo < 50 < hi
+    assert stats.quantile_interval(np.arange(10, dtype=np.int64), 99.9) == (None, None) or \
+        stats.quantile_interval(np.arange(10, dtype=np.int64), 99.9)[1] is None
+    assert isinstance(stats.quantile_interval(np.arange(100, dtype=np.int64), 50.0)[0], int)
+    with pytest.raises(ValueError):
+        stats.quantile_interval_ranks(10, 50.0, confidence=1.0)
