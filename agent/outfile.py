@@ -394,6 +394,7 @@ class Output:
                 t.restat()  # changed since it was checked? (a swap after this only replaces
                 t.check_replaceable()  # a directory entry: the rename never writes through)
                 os.rename(self._tmp, t.name, src_dir_fd=t.dfd, dst_dir_fd=t.dfd)
+            os.fsync(t.dfd)  # the new name is durable only once the directory is on disk
         except OSError as exc:
             self.discard()
             raise OutputError(f"cannot write {self.opt} {t.shown}: {exc.strerror or exc}"

@@ -595,10 +595,10 @@ def test_textfile_failure_keeps_the_old_file(tmp_path, monkeypatch):
     p = write_textfile(FINDINGS, tmp_path)
     old = p.read_bytes()
 
-    def boom(src, dst):
+    def boom(*_a, **_k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", boom)
+    monkeypatch.setattr(os, "rename", boom)  # agent/outfile.py renames it into place
     with pytest.raises(AgentError, match="No space left"):
         write_textfile(FINDINGS[2:], tmp_path)
     assert p.read_bytes() == old

@@ -4,16 +4,15 @@ For fleets that already run node_exporter with ``--collector.textfile.directory=
 audit result becomes the same ``hftagent_audit_*`` series the watch exporter serves, so the
 rules and dashboard work with either source.
 
-The write is atomic: a hidden temp file in DIR (node_exporter only reads ``*.prom``, so it
-never sees a half-written file), fsync, rename over the target, fsync of DIR. A reader sees the
-old file or the new one, never a mix; a crash leaves at most a stray ``.hftagent_audit.prom.*``
-temp file. No timestamps on samples (node_exporter refuses them).
+The write is atomic (agent/outfile.py): a hidden temp file in DIR (node_exporter only reads
+``*.prom``, so it never sees a half-written file), fsync, rename over the target, fsync of DIR.
+A reader sees the old file or the new one, never a mix; a crash leaves at most a stray
+``.hftagent-*.tmp`` file. No timestamps on samples (node_exporter refuses them).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -71,41 +70,18 @@ def render_families(families: Iterable) -> bytes:
 
 
 def write_prom(data: bytes, directory: str | os.PathLike[str], filename: str) -> Path:
-    """Write ``data`` to DIRECTORY/FILENAME atomically (see the module docstring)."""
+    """Write ``data`` to DIRECTORY/FILENAME atomically (see the module docstring), mode 0644
+    (node_exporter may run as another user), through agent/outfile.py: every directory from
+    / down root's or ours and not writable by others, no other user's link followed, only a
+    regular file of ours replaced."""
+    from agent.outfile import open_output
     d = Path(directory)
     if not d.is_dir():
         raise AgentError(f"--textfile: {d} is not a directory")
     if not filename.endswith(".prom") or "/" in filename:
         raise AgentError(f"--textfile: bad file name {filename!r} (must be NAME.prom)")
     target = d / filename
-    # agent/outfile.py's rule: every directory from / down root's or ours and not writable by
-    # others, no other user's link followed; nobody else can then redirect the path below
-    from agent.outfile import open_dir
-    os.close(open_dir(d, "--textfile"))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=d)
-    except OSError as exc:
-        raise AgentError(f"--textfile: cannot write in {d}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; node_exporter may run as another user
-        os.replace(tmp, target)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
-            raise AgentError(f"--textfile: cannot write {target}: "
-                             f"{exc.strerror or exc}") from None
-        raise
-    # The rename itself is durable only once the directory entry is on disk.
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    with open_output(target, "--textfile", binary=True) as out:
+        os.fchmod(out.fileno(), 0o644)
+        out.write(data)
     return target
