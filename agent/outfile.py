@@ -20,8 +20,9 @@ rule, the same for every output:
   everywhere): a link on the way that root or we own (``/var/run`` -> ``/run``, the
   operator's own) is read with ``readlinkat`` and its text walked by the same rule; another
   user's is refused. The file itself is never a symlink: one there is refused, not followed
-  and not replaced (the spike log alone follows a descriptor link of our own process,
-  ``/dev/stdout``: :func:`open_append`).
+  and not replaced (the spike log alone follows a link of root's or ours there, by the same
+  walk, and a descriptor link of our own process through the kernel: ``/dev/stdout``,
+  :func:`open_append`).
 - **An existing file is replaced only when it is a regular file we own** (the effective uid).
   A FIFO (which would block the open until a reader came), a directory, a device, a socket
   and another user's file are refused with one line and left as they are.
