@@ -325,6 +325,48 @@ def test_standing_counts_distinct_credentials_and_a_success_clears_it(fast_bcryp
     assert auth._peers[a].load == 0.0
 
 
+def test_in_good_standing_the_quietest_address_goes_first(monkeypatch):
+    """Addresses that guessed once a half-life ago still stand below 1 (their checks share
+    the lane of clients in good standing): with that lane's queue full, a fresh scraper
+    from a quiet address takes the worst waiter's place (503 for it) and is checked next."""
+    import bcrypt
+    clock = _Clock()
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=clock)
+    thin = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
+    for a in thin:
+        assert auth.check(basic("prom", "once " + a)["Authorization"], a) is False
+    clock.t += BasicAuth.LOAD_HALF_LIFE_S
+    real, gate, order, got = bcrypt.checkpw, threading.Event(), [], {}
+
+    def held(pw: bytes, h: bytes) -> bool:
+        order.append(pw)
+        assert gate.wait(20)
+        return real(pw, h)
+
+    monkeypatch.setattr(bcrypt, "checkpw", held)
+
+    def run(name: str, pw: str, peer: str) -> None:
+        got[name] = _outcome(auth, basic("prom", pw)["Authorization"], peer)
+
+    ts = []
+    for name, peer in zip("abc", thin, strict=True):
+        ts.append(threading.Thread(target=run, args=(name, "g" + name, peer)))
+        ts[-1].start()
+        deadline = time.monotonic() + 20
+        while len(order) + len(auth._queue) < len(ts) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert auth._running == {"clean"} and len(auth._queue) == BasicAuth.QUEUE
+    ts.append(threading.Thread(target=run, args=("good", "right", "192.0.2.7")))
+    ts[-1].start()
+    ts[2].join(20)  # c, the worst waiter, is bumped
+    assert got.get("c") == 503
+    gate.set()
+    for t in ts:
+        t.join(20)
+    assert got == {"a": False, "b": False, "c": 503, "good": True}
+    assert order == [b"ga", b"right", b"gb"]
+
+
 def _script(user: str) -> tuple[list, int, int]:
     """The same flood and scrapes against a fresh BasicAuth, guessing for ``user``."""
     clock = _Clock()

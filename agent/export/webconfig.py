@@ -35,11 +35,13 @@ Basic auth: bcrypt (the ``bcrypt`` package, constant-time compare). A check cost
 at cost 10, so each verified (user, hash, password) is remembered — under an HMAC with a
 per-process random key, never the password itself — and later scrapes cost a dictionary
 lookup. An unknown user is checked against a dummy hash of the same cost, so the answer's
-timing does not say which users exist; checks run one at a time (at most one CPU spent on
-bcrypt however many wrong guesses arrive), a wrong password is remembered apart from the
-right ones (guesses cannot push the scraper's entry out), and a flood of guesses neither
-waits ahead of a scraper from another address nor gets checked past a per-address budget
-(:class:`BasicAuth`).
+timing does not say which users exist; checks run one at a time in each of two lanes (at
+most one CPU spent on bcrypt however many wrong guesses arrive, plus a trickle for
+addresses that have been guessing), a
+wrong password is remembered apart from the right ones (guesses cannot push the scraper's
+entry out), and a flood of guesses, from however many rotating addresses, neither waits
+ahead of a scraper from another address nor gets checked past a budget that all addresses
+share (:class:`BasicAuth`).
 """
 
 from __future__ import annotations
@@ -389,11 +391,23 @@ class _Peer:
         self.throttled = False  # spent its budget; cleared when the budget is whole again
 
 
-class _Waiter:
-    __slots__ = ("prio", "seq", "bumped")
+# bcrypt lanes, one check at a time in each: clients in good standing, and addresses that
+# presented other unverified credentials lately (their checks spend the global budget)
+CLEAN, GUESSING = "clean", "guessing"
 
-    def __init__(self, prio: float, seq: int) -> None:
-        self.prio, self.seq, self.bumped = prio, seq, False
+
+class _Waiter:
+    __slots__ = ("prio", "seq", "lane", "peer", "bumped")
+
+    def __init__(self, prio: float, seq: int, lane: str, peer: _Peer | None) -> None:
+        self.prio, self.seq, self.lane, self.peer = prio, seq, lane, peer
+        self.bumped = False
+
+    def rank(self) -> tuple[float, int]:
+        """Its standing now (its address may have kept guessing while it waited: the
+        credentials since count too, less its own), then arrival order."""
+        p = self.peer
+        return (max(self.prio, p.load - 1.0) if p is not None else self.prio, self.seq)
 
 
 class BasicAuth:
@@ -430,8 +444,11 @@ class BasicAuth:
        unverified passwords get 429 without bcrypt, and a token that comes back goes only
        to a credential presented from there before (a client retrying), never to a new
        guess.
-    6. One unverified check per peer at a time (a second one gets 503), one bcrypt at a
-       time in all (at most one CPU), at most :attr:`QUEUE` waiting.
+    6. One unverified check per peer at a time (a second one gets 503). Two bcrypt lanes,
+       one check at a time in each, at most :attr:`QUEUE` waiting in each: one for peers
+       standing below 1, one for those above (4.), so a fresh scraper never waits behind a
+       flood's check. bcrypt takes at most one CPU for peers in good standing and a trickle
+       (the global budget) for the others, however many guesses arrive.
 
     Nothing here depends on whether the user exists (an unknown user is checked against a
     dummy hash of the same cost, and standings count credentials, not users): no timing
@@ -447,8 +464,8 @@ class BasicAuth:
     QUEUE = 2
     FAIL_BURST = 8.0
     FAIL_PER_S = 0.2
-    GLOBAL_FAIL_BURST = 32.0
-    GLOBAL_FAIL_PER_S = 2.0
+    GLOBAL_FAIL_BURST = 16.0
+    GLOBAL_FAIL_PER_S = 1.0
     LOAD_HALF_LIFE_S = 60.0
     PEERS = 16384
     WAIT_S = 10.0
@@ -457,6 +474,7 @@ class BasicAuth:
         self.users = users
         self._cost = max(int(h[4:6]) for h in users.values())
         self._dummy: bytes | None = None
+        self._dummy_lock = threading.Lock()
         self._key = os.urandom(32)
         self._clock = clock
         self._ok: OrderedDict[bytes, None] = OrderedDict()
@@ -466,7 +484,7 @@ class BasicAuth:
         self._global = self.GLOBAL_FAIL_BURST
         self._global_stamp = clock()
         self._cond = threading.Condition(threading.Lock())
-        self._running = False
+        self._running: set[str] = set()   # the lanes whose check is in progress
         self._queue: list[_Waiter] = []
         self._seq = 0
         self.checks = 0   # bcrypt computations done (the cache's hit rate, for tests/bench)
@@ -543,9 +561,9 @@ class BasicAuth:
         while len(cache) > bound:
             cache.popitem(last=False)
 
-    def _admit(self, key: bytes, pkey: str) -> tuple[_Peer, float]:
+    def _admit(self, key: bytes, pkey: str) -> tuple[_Peer, float, str]:
         """Account an unverified credential from ``pkey`` and decide whether it may wait for
-        bcrypt: (its peer, its priority), or AuthBusy (lock held)."""
+        bcrypt: (its peer, its priority, its lane), or AuthBusy (lock held)."""
         now = self._clock()
         p = self._peer(pkey, now)
         skey = (pkey, key)
@@ -564,10 +582,12 @@ class BasicAuth:
         g = self._global = min(self.GLOBAL_FAIL_BURST, self._global + max(
             0.0, now - self._global_stamp) * self.GLOBAL_FAIL_PER_S)
         self._global_stamp = now
-        if standing >= 1.0 and g < 1.0:  # the budget of all is spent: new clients only
+        if standing < 1.0:
+            return p, standing, CLEAN
+        if g < 1.0:  # the budget of all is spent: clients in good standing only
             self.gated += 1
             raise AuthBusy(429, max(1, int((1.0 - g) / self.GLOBAL_FAIL_PER_S) + 1))
-        return p, standing
+        return p, standing, GUESSING
 
     def check(self, header: str | None, peer: str | None = None) -> bool:
         """Whether ``header`` (an Authorization value) names a user and its password.
@@ -586,10 +606,11 @@ class BasicAuth:
                 self._bad.move_to_end(key)
                 return False
             pkey = peer_key(peer)
-            p, prio = self._admit(key, pkey) if pkey is not None else (None, 0.0)
+            p, prio, lane = (self._admit(key, pkey) if pkey is not None
+                             else (None, 0.0, CLEAN))
             self._seq += 1
-            me = _Waiter(prio, self._seq)
-            if self._running or self._queue:
+            me = _Waiter(prio, self._seq, lane, p)
+            if lane in self._running or any(w.lane == lane for w in self._queue):
                 self._enqueue(me)
                 if p is not None:
                     p.busy = True
@@ -601,19 +622,21 @@ class BasicAuth:
                     raise
             elif p is not None:
                 p.busy = True
-            self._running = True
+            self._running.add(lane)
+            self.checks += 1
         ok: bool | None = None
         try:
             ok = self._bcrypt(password, hashed)
         finally:
             with self._cond:
-                self._settle(p, key, ok, known)
+                self._settle(p, lane, key, ok, known)
         return bool(ok and known)
 
-    def _settle(self, p: _Peer | None, key: bytes, ok: bool | None, known: bool) -> None:
+    def _settle(self, p: _Peer | None, lane: str, key: bytes, ok: bool | None,
+                known: bool) -> None:
         """Book a finished check (lock held): a failure spends a token of the peer's budget
         and of the global one; a success clears the peer's standing."""
-        self._running = False
+        self._running.discard(lane)
         if p is not None:
             p.busy = False
             if ok is False:
@@ -630,10 +653,12 @@ class BasicAuth:
         self._cond.notify_all()
 
     def _enqueue(self, me: _Waiter) -> None:
-        """Join the queue, taking the place of a worse waiter when it is full (lock held)."""
-        if len(self._queue) >= self.QUEUE:
-            worst = max(self._queue, key=lambda w: (w.prio, w.seq))
-            if me.prio >= worst.prio:
+        """Join the lane's queue, taking the place of a worse waiter of the lane when it is
+        full (lock held)."""
+        mine = [w for w in self._queue if w.lane == me.lane]
+        if len(mine) >= self.QUEUE:
+            worst = max(mine, key=_Waiter.rank)
+            if me.rank()[0] >= worst.rank()[0]:
                 raise AuthBusy(503, 1)
             worst.bumped = True
             self._queue.remove(worst)
@@ -641,12 +666,14 @@ class BasicAuth:
         self._queue.append(me)
 
     def _wait_turn(self, me: _Waiter) -> None:
-        """Wait until ``me`` is first in the queue and bcrypt is free (lock held)."""
+        """Wait until ``me`` is first in its lane's queue and the lane's check is done
+        (lock held)."""
         deadline = time.monotonic() + self.WAIT_S
         while True:
             if me.bumped:
                 raise AuthBusy(503, 1)
-            if not self._running and min(self._queue, key=lambda w: (w.prio, w.seq)) is me:
+            if me.lane not in self._running and min(
+                    (w for w in self._queue if w.lane == me.lane), key=_Waiter.rank) is me:
                 self._queue.remove(me)
                 return
             left = deadline - time.monotonic()
@@ -657,14 +684,15 @@ class BasicAuth:
             self._cond.wait(left)
 
     def _bcrypt(self, password: bytes, hashed: bytes | None) -> bool:
-        """One bcrypt check (the caller holds the single slot); an unknown user is checked
+        """One bcrypt check (the caller holds its lane's slot); an unknown user is checked
         against a dummy hash of the same cost."""
         import bcrypt
         if hashed is None:
-            if self._dummy is None:
-                self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(self._cost))
+            with self._dummy_lock:  # made once, on the first unknown user
+                if self._dummy is None:
+                    self._dummy = bcrypt.hashpw(b"not a password",
+                                                bcrypt.gensalt(self._cost))
             hashed = self._dummy
-        self.checks += 1
         return bcrypt.checkpw(password, hashed)
 
 
