@@ -121,7 +121,7 @@ def test_a_user_profile_fix_names_the_profile_file(tmp_path):
     root = iso_tree(tmp_path / "t")
     prof = _profile(tmp_path, pm_qos_resume_latency_us=20)
     r = _findings(root, prof)["wakeup.pm_qos_resume_latency"]
-    assert f"--profile {prof} " in r.fix and r.expected.startswith("20 on every target CPU")
+    assert f"--profile {prof} " in r.fix and r.expected == "20 µs on every target CPU"
     argv = shlex.split(r.fix)
     res = runner.invoke(get_app(), argv[1:] + ["--root", str(root)])
     assert res.exit_code == 0, res.output
@@ -206,7 +206,8 @@ def test_live_pm_qos_finding_names_who_holds_the_device():
         rep = run_audit(Host(), load_profile("hft-cpu"), "1" if os.cpu_count() > 1 else "0",
                         families=["virt", "wakeup"])
         f = {x.id: x for x in rep.findings}["wakeup.pm_qos"]
-        assert f"[{os.getpid()}]" in f.current
+        assert f"[{os.getpid()}]" in f.current and "held by " in f.current
+        assert "nobody" not in f.current and "no request" not in f.current
     finally:
         os.close(fd)
 

@@ -684,3 +684,16 @@ def test_perf_event_paranoid_is_a_ceiling_and_rolls_back(syn):
                "kernel.perf_event_paranoid", "--json")
     assert res.exit_code == 0, res.output
     assert path.read_text() == "-1\n"
+
+
+def test_a_row_of_many_targets_names_a_few_and_counts_the_rest():
+    """tune plan --isolate printed 76 moved tasks as one line (issue #39): a row names at most
+    LISTED_TARGETS, says how many more, and --json keeps every one."""
+    from agent.commands.tune import LISTED_TARGETS, _listed
+    few = [f"task:{i}:1" for i in range(LISTED_TARGETS)]
+    assert _listed(few) == ", ".join(few)
+    many = [f"task:{i}:1" for i in range(76)]
+    shown = _listed(many)
+    assert shown.startswith("76 targets: task:0:1, ")
+    assert shown.endswith(f"and {76 - LISTED_TARGETS + 1} more (--json lists each)")
+    assert "task:75:1" not in shown

@@ -116,9 +116,21 @@ def _groups(rows, key):
         if t and all(i is not None for i in idx) and t.scope:
             where = f"{t.scope} {format_cpulist(idx)}"
         else:
-            where = ", ".join(dict.fromkeys(r["target"] for r in rs))
+            where = _listed(list(dict.fromkeys(r["target"] for r in rs)))
         out.append((k, where))
     return out
+
+
+LISTED_TARGETS = 6  # a row names at most this many targets; --json has every one
+
+
+def _listed(targets: list[str]) -> str:
+    """A row's targets: all of them when few, else the first few and how many more (tune
+    plan --isolate printed 76 moved tasks as one line)."""
+    if len(targets) <= LISTED_TARGETS:
+        return ", ".join(targets)
+    return (f"{len(targets)} targets: {', '.join(targets[:LISTED_TARGETS - 1])} and "
+            f"{len(targets) - LISTED_TARGETS + 1} more (--json lists each)")
 
 
 def _value(v: str | None) -> str:

@@ -217,16 +217,17 @@ def _pm_qos(ctx: AuditContext) -> Finding:
                            "a captured tree has no PM QoS device or processes", ev)
     eff = wk.cpu_dma_latency(host)
     holders = wk.pm_qos_holders(host)
-    held = ", ".join(f"{c}[{p}]" for p, c in holders.held_by) or "nobody"
+    held = ("held by " + ", ".join(f"{c}[{p}]" for p, c in holders.held_by)
+            if holders.held_by else "no process holds a request")
     if holders.unreadable:
         held += f" (+ {holders.unreadable} process(es) not readable: retry as root)"
     if holders.truncated:
         held += f" (stopped after {holders.scanned_fds} descriptors)"
     if eff.ok:
-        limit = "no request" if eff.value >= wk.NO_REQUEST_US else f"{eff.value} µs"
-        cur = f"effective limit {limit}; held by {held}"
+        limit = "none (no request)" if eff.value >= wk.NO_REQUEST_US else f"{eff.value} µs"
+        cur = f"effective limit {limit}; {held}"
     else:
-        cur = f"effective limit {why(host, eff.reason, eff.path)}; held by {held}"
+        cur = f"effective limit {why(host, eff.reason, eff.path)}; {held}"
     if want is None:
         return ctx.finding("cpu_dma_latency_us", "wakeup.pm_qos", FAMILY, title, True,
                            current=cur, evidence=ev, expected="any")
@@ -279,6 +280,6 @@ def _resume_latency(ctx: AuditContext) -> Finding:
            f"{format_cpulist(ctx.cpus)} --only wakeup.pm_qos_resume_latency")
     return ctx.finding("pm_qos_resume_latency_us", "wakeup.pm_qos_resume_latency", FAMILY,
                        title, not bad and not unknown, current=cur, evidence=ev,
-                       expected=f"{target} on every target CPU" + (" (polling only)"
-                                                                   if want == 0 else " µs"),
+                       expected=(f"{target} (polling only)" if want == 0 else
+                                 f"{target} µs") + " on every target CPU",
                        fix="" if status else fix, status=status)

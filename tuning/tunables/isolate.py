@@ -349,7 +349,8 @@ class IsolateTasks(Tunable):
                 if t.key in desired and t.key not in planned and current.get(t.key) is not None:
                     out.append(Change(self.id, t.key, current[t.key], desired[t.key], KEEP,
                                       detail=f"{t.name} kept at its own affinity and journalled"
-                                      ": a cpuset partition change resets IRQ threads'"))
+                                      ": a cpuset partition change resets IRQ threads' "
+                                      "affinities"))
         if s and s.stay:
             parts = []
             if s.per_cpu:
