@@ -483,6 +483,9 @@ class _Server:
       so it is answered before anyone could take its place.
     * **Workers.** ``workers`` threads answer complete requests (render + write, the write
       under ``write_timeout_s``); the connection goes back to the loop for its next head.
+      Requests wait for a worker in two lanes: those answered without bcrypt (no auth, or
+      a credential verified before) ahead of those that may need it, so a flood of
+      unverified passwords never queues ahead of a scraper whose password is cached.
     """
 
     def __init__(self, addr: tuple[str, int], registry: CollectorRegistry | WatchRegistry, *,
@@ -907,8 +910,8 @@ class Exporter:
     def stats(self) -> dict[str, int]:
         """Counters since start: errors, refused (503), evicted (dropped for a newcomer),
         timed_out (head, idle or write deadline), tls_failed, unauthorized (401), throttled
-        (429: a peer over its failed-login budget), too_large, and the connections open
-        now."""
+        (429: a peer over its own failed-login budget, or guessing while the one all peers
+        share is spent), too_large, and the connections open now."""
         s = self._server
         if s is None:
             return dict(self._last_counts) or {"errors": 0, "refused": 0}

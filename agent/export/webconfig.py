@@ -427,12 +427,14 @@ class BasicAuth:
     3. Each peer (:func:`peer_key`) has a *standing*: the distinct unverified credentials
        it presented lately (each counts 1, halving every :attr:`LOAD_HALF_LIFE_S`; a
        credential presented again from the same address is not counted twice; a verified
-       one clears it). Waiters are checked by standing, then in arrival order, and a
-       newcomer with a lower standing than the worst waiter takes its place (that one gets
-       503). A fresh scraper from an address that has not been guessing stands at 0: it
-       waits for the check in progress at most, however many addresses a flood rotates
+       one clears it). Waiters are checked by standing — their address's now: one that
+       kept guessing while its request waited falls back — then in arrival order, and a
+       newcomer with a lower standing than the worst waiter of its lane (6.) takes its
+       place (that one gets 503). A fresh scraper from an address that has not been
+       guessing stands at 0, below every address of a flood however many it rotates
        through, as long as they are fewer than :attr:`PEERS` (the table of standings, least
-       recently seen dropped first) or slower than one guess per address per half-life.
+       recently seen dropped first: past it an address comes back at 0, tied with the
+       scraper).
     4. A global budget of failed checks for all addresses together
        (:attr:`GLOBAL_FAIL_BURST`, refilled at :attr:`GLOBAL_FAIL_PER_S`): once it is
        spent, a peer whose standing is 1 or more (it guessed lately) gets 429 without
