@@ -108,3 +108,14 @@ def test_the_session_refuses_before_the_source_starts(isolated, tmp_path):
     with pytest.raises(AgentError, match="watch may run only on CPU 3"):
         s.run()
     assert s.source.proc is None and s.sampler is None  # nothing started
+
+
+def test_the_summary_says_where_watch_ran(isolated):
+    from agent.watch.config import WatchConfig
+    from agent.watch.latency.probe import BuiltinProbe
+    from agent.watch.session import WatchSession
+    me = Fake({2, 3}, allowed={2, 3}, may_leave=False)
+    cfg = WatchConfig(source=BuiltinProbe("numpy"), probe_cpus=[3], housekeeping_cpus=[0, 1])
+    s = WatchSession(cfg, isolated, own_cpus=me.own())
+    s.place_self()
+    assert s.pinned_to == [2] and "it runs on CPU 2" in s.warnings[-1]

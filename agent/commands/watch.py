@@ -36,6 +36,8 @@ Keeps a probe timed open loop on the target CPUs (--probe tf or numpy, at --rate
 default), or reads the latencies your own process reports through agent.client (--pid,
 --ring), or times every inference call of an unmodified process with uprobes (--attach PID);
 samples the host from a housekeeping CPU and gives every slow sample its ranked causes.
+Watch itself never runs on the source's CPUs: it leaves an inherited affinity or the
+isolated cpuset where it may, and refuses (exit 1) where it may run nowhere else.
 
 Every option that is given is used or refused before anything starts (one line, exit 1).
 Exit status: 0 at --duration or on SIGTERM/SIGINT (the summary printed), 3 when the probe

@@ -83,7 +83,8 @@ class WatchSession:
                  on_phase: Callable[[str], None] | None = None,
                  own_cpus: OwnCpus | None = None) -> None:
         self.cfg = cfg
-        self.own_cpus = own_cpus  # how watch reads and moves itself (placement.py)
+        self.own_cpus = own_cpus or OwnCpus()  # how watch reads and moves itself
+        self.pinned_to = list(cfg.housekeeping_cpus)  # where watch runs (place_self)
         self.on_phase = on_phase
         self.host = host or Host()
         self.metrics = metrics
@@ -216,6 +217,7 @@ class WatchSession:
         (:func:`agent.watch.placement.place`)."""
         self.warnings += place(self.host, self.cfg.probe_cpus, self.cfg.housekeeping_cpus,
                                self.own_cpus)
+        self.pinned_to = sorted(self.own_cpus.get())
 
     def phase(self, what: str) -> None:
         """A start-up phase (probe build, warm-up, symbols read for --attach): told to

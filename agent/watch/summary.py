@@ -73,7 +73,7 @@ def build(s, *, native: bool, now_ns: int) -> dict:
                    else None,
                    "mean_round_us": round(st.busy_ns / st.rounds / 1e3, 1) if st.rounds
                    else None,
-                   "pinned_to": s.cfg.housekeeping_cpus, "pin_error": smp.pin_error,
+                   "pinned_to": s.pinned_to, "pin_error": smp.pin_error,
                    "note": s.sampler_note,
                    # the sources polled less because kernel events cover them (from, to Hz)
                    "reduced_by_events": getattr(s, "reduced_by_events", None) or {}}
