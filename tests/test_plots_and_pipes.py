@@ -206,3 +206,16 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(big_db, args):
     assert rc == 0, err
     assert err == "", err
     assert "None" not in err
+
+
+def test_a_watch_run_plot_title_names_the_command_not_none():
+    """A watch or cpus run has no model, variant or scenario: the title is the command, never
+    "None None [None]" (issue #39)."""
+    from types import SimpleNamespace
+
+    from agent.history.plot import title
+    watch = SimpleNamespace(model_key=None, variant=None, scenario=None, command="watch")
+    assert title(watch) == "watch"
+    gate = SimpleNamespace(model_key="builtin:lstm", variant="xla", scenario="warm",
+                           command="gate")
+    assert title(gate) == "builtin:lstm xla [warm]"

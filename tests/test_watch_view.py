@@ -52,3 +52,26 @@ def test_the_live_view_shows_it_under_the_spikes_breakdown():
     con.print(render(session))
     text = con.export_text()
     assert "not runnable 4.0 ms (S 4.0 ms, woken by thread 4243 of the same process" in text
+
+
+def test_a_collector_that_has_not_run_shows_a_dash_not_none():
+    """A collector with no run yet has no mean: the table says "—", never "None" (issue #39)."""
+    class _St:
+        def __init__(self, mean):
+            self.mean = mean
+
+        def to_dict(self):
+            return {"state": "ok", "mean_us": self.mean}
+
+    stats = SimpleNamespace(per_collector={"cpu": _St(None), "irq": _St(12.5)})
+    session = SimpleNamespace(
+        rolling=lambda: None, probe_info={"probe": "service"},
+        cfg=SimpleNamespace(probe_cpus=[1]), samples=0, spikes=0, attributed=0,
+        cause_counts=Counter(), last_spikes=[], sampler=SimpleNamespace(stats=stats))
+    con = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    con.print(render(session))
+    text = con.export_text()
+    assert "None" not in text
+    rows = [ln.replace("│", " ").split() for ln in text.splitlines()
+            if ln.strip().startswith(("cpu", "irq"))]
+    assert rows == [["cpu", "ok", "—"], ["irq", "ok", "12.5"]]

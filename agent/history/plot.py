@@ -95,13 +95,20 @@ def distribution(ax: Axes, lat: np.ndarray, run: Run) -> None:
               frameon=False)  # below the axes: never over a bar or a line
 
 
+def title(run: Run) -> str:
+    """What the runs are: model and variant where a probe ran one, else the command (a watch
+    or cpus run has neither: its title was "None None [None]"), and the scenario."""
+    what = " ".join(p for p in (run.model_key, run.variant) if p) or run.command
+    return what + (f" [{run.scenario}]" if run.scenario else "")
+
+
 def draw(plt: Any, runs: list[Run], latest: Run, lat: np.ndarray | None, out: str) -> None:
     """The figure ``history plot`` writes: ``runs`` (oldest first) across the left panel,
     ``latest``'s samples ``lat`` (or None) on the right, saved to ``out`` by agent/plot.py's
     rules (a new file, or a regular one of ours)."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5.5))
     percentiles_across_runs(ax1, runs)
-    ax1.set_title(f"{latest.model_key} {latest.variant} [{latest.scenario}]")
+    ax1.set_title(title(latest))
     if lat is not None and lat.size:
         distribution(ax2, lat, latest)
     ax2.set_title(f"run {latest.id}: {latest.sample_count or 0:,} samples")

@@ -78,7 +78,7 @@ def render(session):
         for name, st in session.sampler.stats.per_collector.items():
             d = st.to_dict()
             cols.add_row(name, d["state"] if d["state"] == "ok" else f"[red]{d['state']}[/]",
-                         str(d["mean_us"]))
+                         "—" if d["mean_us"] is None else str(d["mean_us"]))
     parts = [head, causes, last]
     if ev_lines:
         ev = Table(title="kernel events: excess over P50", show_edge=False, show_header=False)
