@@ -416,15 +416,17 @@ def test_watch_attach_killed_leaves_no_uprobe(infer_lib, tmp_path):
         _remove_instance(inst.name)
 
 
-def test_a_cpus_start_removes_what_a_run_killed_with_its_guardian_left(unmapped_lib, defined,
-                                                                      tmp_path):
-    _needs_uprobes()
-    if shutil.which("cc") is None or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs a C compiler and two CPUs")
+ATTEMPTS = 3   # another start on this shared box may remove a dead run's state first
+
+
+def _cpus_start_after_a_killed_run(lib: Path, define, tmp_path: Path) -> bool:
+    """A run with an armed group killed with its guardian, then a ``cpus`` start: True when
+    that start removed the group and the instance, False when another start (a concurrent
+    test's) removed them first. Either way they are gone."""
     child, inst = _holder()
     group = f"hftagent_{child.pid}"
     try:
-        defined(group, unmapped_lib)
+        define(group, lib)
         (inst / "events" / group / "enable").write_text("1")
         g = _guardian_of(child.pid)
         os.kill(g, signal.SIGKILL)                # killed with it (the OOM killer, kill -9 -1)
@@ -432,7 +434,7 @@ def test_a_cpus_start_removes_what_a_run_killed_with_its_guardian_left(unmapped_
         child.send_signal(signal.SIGKILL)
         child.wait()
         time.sleep(0.5)
-        assert _has_group(group) and inst.is_dir()   # nothing removed them
+        left = _has_group(group) and inst.is_dir()   # nothing of ours removed them
         env = dict(os.environ, HFTAGENT_CACHE=str(tmp_path / "cache"))
         r = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", "cpus",
                             "--duration", "0.2", "--candidates",
@@ -441,14 +443,25 @@ def test_a_cpus_start_removes_what_a_run_killed_with_its_guardian_left(unmapped_
                            capture_output=True, text=True, timeout=300)
         assert r.returncode in (0, 2), r.stderr
         assert not _has_group(group) and not inst.exists()
-        notes = json.loads(r.stdout)["trace"]["notes"]
-        assert any(n.startswith(f"removed stale uprobe events {group}") for n in notes), notes
-        assert any(n.startswith(f"removed stale tracefs instance {inst.name}") for n in notes)
+        notes = json.loads(r.stdout)["trace"].get("notes", [])
+        return left and any(n.startswith(f"removed stale uprobe events {group}")
+                            for n in notes) and \
+            any(n.startswith(f"removed stale tracefs instance {inst.name}") for n in notes)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
         _remove_instance(inst.name)
+
+
+def test_a_cpus_start_removes_what_a_run_killed_with_its_guardian_left(unmapped_lib, defined,
+                                                                      tmp_path):
+    _needs_uprobes()
+    if shutil.which("cc") is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a C compiler and two CPUs")
+    assert any(_cpus_start_after_a_killed_run(unmapped_lib, defined, tmp_path)
+               for _ in range(ATTEMPTS)), "no cpus start removed the state (each time " \
+        "another start did first?)"
 
 
 def test_a_reused_pid_s_group_goes_a_live_hftagent_s_and_another_tool_s_stay(unmapped_lib,
@@ -469,14 +482,22 @@ def test_a_reused_pid_s_group_goes_a_live_hftagent_s_and_another_tool_s_stay(unm
         reused, gone = f"hftagent_{sleeper.pid}", f"hftagent_{dead.pid}"
         live_inst, live_guard = f"hftagent_{holder.pid}", f"hftagent_{guarded.pid}"
         other, lookalike = f"othertool_{os.getpid()}", f"hftagentx_{dead.pid}"
-        for group in (reused, gone, live_inst, live_guard, other, lookalike):
-            defined(group, unmapped_lib)
-        notes = guardian.clean_stale(Host())
-        assert not _has_group(reused) and not _has_group(gone), _events()
         for group in (live_inst, live_guard, other, lookalike):
-            assert _has_group(group), (group, notes)
-        assert any(n.startswith(f"removed stale uprobe events {reused} ") for n in notes)
-        assert not any(live_inst in n or live_guard in n or other in n for n in notes)
+            defined(group, unmapped_lib)
+        removed_by_us = []
+        for _ in range(ATTEMPTS):   # (another start may remove the stale ones first)
+            for group in (reused, gone):
+                defined(group, unmapped_lib)
+            notes = guardian.clean_stale(Host())
+            assert not _has_group(reused) and not _has_group(gone), _events()
+            for group in (live_inst, live_guard, other, lookalike):
+                assert _has_group(group), (group, notes)
+            assert not any(live_inst in n or live_guard in n or other in n for n in notes)
+            removed_by_us.append(any(n.startswith(f"removed stale uprobe events {reused} ")
+                                     for n in notes))
+            if removed_by_us[-1]:
+                break
+        assert any(removed_by_us), notes
     finally:
         for p in (sleeper, holder, guarded):
             p.kill()

@@ -69,6 +69,7 @@ INSTANCE_PREFIX = "hftagent-"    # agent.trace.instance.PREFIX
 WAKE_SUFFIX = "-wake"            # agent.trace.instance.WAKE_SUFFIX
 RETRY_S = 0.8                    # an instance busy for a moment (a reader's open file)
 SCRIPT = os.path.realpath(__file__)
+_SCRIPT_TAIL = b"/agent/trace/guardian.py"   # any install's guardian
 USAGE = ("usage: guardian.py PARENT_PID LIFELINE_FD TRACEFS [--group hftagent_PID] "
          "[--instance hftagent-PID[-wake]]...")
 
@@ -104,10 +105,11 @@ def guard(tracefs: Path) -> str | None:
 
 
 def guardian_of(host: Host, pid: int) -> bool:
-    """Whether ``pid`` has a guardian of its own: a child running this file for it, owned
-    by root or by us (an unprivileged process cannot pose as one). /proc has no children
-    list without CONFIG_PROC_CHILDREN, so every process's ``stat`` is read: only called for
-    a live process with a group and no instance of its own (rare)."""
+    """Whether ``pid`` has a guardian of its own: a child running ``.../agent/trace/
+    guardian.py`` (this install's or another's) for it, owned by root or by us (an
+    unprivileged process cannot pose as one). /proc has no children list without
+    CONFIG_PROC_CHILDREN, so every process's ``stat`` is read: only called for a live
+    process with a group and no instance of its own (rare)."""
     for c in host.pids():
         st = host.read(host.proc(c, "stat")).value
         try:
@@ -116,12 +118,13 @@ def guardian_of(host: Host, pid: int) -> bool:
         except (ValueError, IndexError):
             continue
         argv = (host.read_bytes(host.proc(c, "cmdline")).value or b"").split(b"\0")
+        at = next((i for i, a in enumerate(argv) if a.endswith(_SCRIPT_TAIL)), None)
         try:
-            at = argv.index(os.fsencode(SCRIPT))
             owner = os.stat(host.proc(c)).st_uid
-        except (ValueError, OSError):
+        except OSError:
             continue
-        if argv[at + 1:at + 2] == [str(pid).encode()] and owner in (0, os.geteuid()):
+        if at is not None and argv[at + 1:at + 2] == [str(pid).encode()] and \
+                owner in (0, os.geteuid()):
             return True
     return False
 
