@@ -91,6 +91,9 @@ def guard(tracefs: Path) -> str | None:
         return None
     from collectors.native import lifeline  # the one lifeline pipe per process
     r = lifeline()
+    if not _STARTED:
+        import atexit
+        atexit.register(_let_go)
     argv = [sys.executable, "-I", "-S", str(SCRIPT), str(pid), str(r), str(tracefs),
             "--group", f"{GROUP_PREFIX}{pid}", "--instance", f"{INSTANCE_PREFIX}{pid}",
             "--instance", f"{INSTANCE_PREFIX}{pid}{WAKE_SUFFIX}"]
@@ -102,6 +105,14 @@ def guard(tracefs: Path) -> str | None:
     except OSError as exc:
         return f"no guardian for the kernel state: {exc.strerror or exc}"
     return None
+
+
+def _let_go() -> None:
+    """At our exit: a guardian outlives us by design (it acts once we are gone, and init
+    reaps it), so its Popen is marked done rather than left to warn that it still runs."""
+    for p in _STARTED.values():
+        if p.poll() is None:
+            p.returncode = 0
 
 
 def guardian_of(host: Host, pid: int) -> bool:
