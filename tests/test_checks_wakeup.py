@@ -48,7 +48,8 @@ def test_vm_dev_haltpoll_without_polling_warns_and_isolates_before_keeping_awake
     assert c.fix == "hftagent tune apply --isolate --only isolate --cpus 1"
     assert ("keep-awake not recommended yet: CPU 1 is not isolated (on a CPU other tasks may "
             "use, the call waits behind them whatever keeps it awake") in c.current
-    assert c.current.endswith("isolate it first, then hftagent run --keep-awake")
+    assert c.current.endswith("isolate it first, then measure the wake-up levers: hftagent "
+                              "tune try")
     hp = f["wakeup.guest_halt_poll"]
     assert hp.status == Status.WARN and hp.current.startswith("guest_halt_poll_ns 0")
     assert hp.fix == "echo 200000 > /sys/module/haltpoll/parameters/guest_halt_poll_ns"
@@ -75,8 +76,8 @@ def test_the_suggested_tune_command_is_accepted_and_then_the_audit_passes(tmp_pa
     assert res.exit_code == 0 and diff(before, snapshot(root)) == []
 
 
-def test_the_isolation_fix_is_accepted_and_then_keep_awake_is_recommended(tmp_path,
-                                                                          monkeypatch):
+def test_the_isolation_fix_is_accepted_and_then_tune_try_is_recommended(tmp_path,
+                                                                        monkeypatch):
     root = iso_tree(tmp_path / "t")
     before = snapshot(root)
     monkeypatch.setattr("tuning.tunables.base.default_writer", IsoSim)
@@ -85,7 +86,7 @@ def test_the_isolation_fix_is_accepted_and_then_keep_awake_is_recommended(tmp_pa
     assert res.exit_code == 0, res.output
     c = _findings(root)["wakeup.cpuidle"]
     assert c.status == Status.WARN
-    assert c.fix == "hftagent run --cpus 1 --keep-awake -- CMD"
+    assert c.fix == "hftagent tune try --cpus 1"  # no tune try on this tree: measure first
     assert "CPU 1 isolated by the isolated cpuset /sys/fs/cgroup/cpuset/hftagent-isolated" \
         in c.current
     res = runner.invoke(get_app(), ["tune", "rollback", "--root", str(root)])
@@ -96,15 +97,17 @@ def test_isolcpus_counts_as_isolated_for_keep_awake(tmp_path):
     root = iso_tree(tmp_path / "t")
     (root / "sys/devices/system/cpu/isolated").write_text("1\n")
     f = _findings(root)
-    assert f["wakeup.cpuidle"].fix == "hftagent run --cpus 1 --keep-awake -- CMD"
+    assert f["wakeup.cpuidle"].fix == "hftagent tune try --cpus 1"
     assert "CPU 1 isolated by isolcpus" in f["wakeup.cpuidle"].current
-    assert f["wakeup.guest_halt_poll"].fix.endswith(
-        "(or: hftagent run --cpus 1 --keep-awake -- CMD)")
+    assert f["wakeup.guest_halt_poll"].fix.endswith("(or: hftagent tune try --cpus 1)")
 
 
 def test_the_suggested_run_commands_are_accepted(tmp_path):
+    from tuning.trial_state import write_state
     root = iso_tree(tmp_path / "t")
     (root / "sys/devices/system/cpu/isolated").write_text("1\n")
+    # the lever comes from the last tune try on this box (tests/test_trial_audit.py)
+    write_state(Host(root), {"cpus": [1], "winner": "keep-awake", "clear": True})
     f = _findings(root)
     for fid in ("wakeup.cpuidle", "wakeup.guest_halt_poll"):
         line = f[fid].fix.split("(or: ")[-1].rstrip(")")

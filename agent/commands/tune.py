@@ -12,8 +12,10 @@ import typer
 from agent.commands.common import (
     BuiltinOpt,
     CpusOpt,
+    DbOpt,
     JsonOpt,
     ModelOpt,
+    NoHistoryOpt,
     ProcfsOpt,
     ProfileOpt,
     RootOpt,
@@ -446,6 +448,7 @@ def register(app: typer.Typer) -> None:
     register_command(sub, "rollback", rollback_cmd)
     register_command(sub, "status", status_cmd)
     register_command(sub, "threads", threads_cmd, allow_interspersed_args=False)
+    register_command(sub, "try", try_cmd, TRY_HELP)
     app.add_typer(sub, name="tune")
 
 
@@ -583,3 +586,79 @@ def _unreproducible(config: dict) -> str | None:
         return ("TensorFlow's default thread pools and affinity: `hftagent run` always sets "
                 "the thread counts and CPUs, so run the program without it to get these")
     return None
+
+
+TRY_HELP = ("Measure which wake-up lever helps on this box: the probe (watch's numpy "
+            "LSTM-shaped one, open loop at --rate, so the CPU idles between calls) runs on the "
+            "target CPUs in interleaved blocks under each arm — none, isolation alone, "
+            "isolation + PM QoS 0, + keep-awake (pause loop), + keep-awake (busy loop), + guest "
+            "halt-polling where the guest has it — the order shuffled per round (the seed is "
+            "printed). Prints each arm's n and P50/P99/P99.9 with distribution-free 95 % "
+            "intervals and the winner: the lowest P99.9 upper bound; a lever not better than "
+            "isolation alone by its own interval never wins. Every lever is undone after each "
+            "block and on every exit (Ctrl-C, SIGTERM, an error). The result goes to history "
+            "and to ROOT/run/hftagent/tune-try.json, from which the audit recommends a "
+            "wake-up lever. Needs root. Exit 0 with a winner, 2 without one, 1 on an error.")
+
+
+def try_cmd(cpus: CpusOpt = None,
+            levers: Annotated[str | None, typer.Option(
+                "--levers", metavar="LIST", help="Lever arms to run (comma-separated: pm-qos, "
+                "keep-awake, keep-awake-busy, halt-poll; default all). none and isolation alone "
+                "always run.")] = None,
+            rounds: Annotated[int, typer.Option("--rounds", metavar="N", help="Rounds; each "
+                                                "runs every arm once.")] = 3,
+            block_s: Annotated[float, typer.Option("--block-s", metavar="SECONDS",
+                                                   help="Seconds per block.")] = 8.0,
+            rate: Annotated[float, typer.Option("--rate", metavar="HZ", help="Probe calls per "
+                                                "second (open loop).")] = 280.0,
+            seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="Seed of the "
+                                                     "block order (default: random, "
+                                                     "printed).")] = None,
+            workload: Annotated[str, typer.Option("--workload", metavar="KIND", help="numpy "
+                                                  "(default) or tflite (the bundled LSTM "
+                                                  ".tflite on LiteRT).")] = "numpy",
+            dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (arms, "
+                                                  "rounds, block length, estimated time); "
+                                                  "change nothing.")] = False,
+            json_out: JsonOpt = False, state_dir: StateOpt = None, db: DbOpt = None,
+            no_history: NoHistoryOpt = False, root: RootOpt = "/", procfs: ProcfsOpt = None,
+            sysfs: SysfsOpt = None) -> None:
+    import secrets
+
+    from agent.commands.common import Stopped, check_history_db, stop_on_signals
+    from agent.trial import record, session
+    from agent.trial.levers import trial_state_dir
+
+    host = make_host(root, procfs, sysfs)
+    sd = _state_dir(host, state_dir)
+    plan = session.prepare(host, cpus=cpus, levers=levers, rounds=rounds, block_s=block_s,
+                           rate=rate, seed=seed if seed is not None else secrets.randbelow(
+                               1 << 31), workload=workload)
+    if dry_run:
+        print(json.dumps(plan.to_dict(), indent=2) if json_out else
+              "\n".join(session.describe(plan)))
+        raise typer.Exit(0)
+
+    def say(msg: str) -> None:
+        print(f"hftagent tune try: {msg}", file=sys.stderr, flush=True)
+    session.check_host(host, trial_state_dir(sd), say)
+    history = check_history_db(db, no_history)
+    say(session.describe(plan)[0])
+    try:
+        with stop_on_signals():
+            res = session.execute(host, plan, trial_state_dir(sd), say)
+    except Stopped as exc:
+        raise fail(f"tune try stopped by {exc.name}: every lever undone, nothing recorded",
+                   exc.exit_code) from None
+    doc = record.result_doc(plan, res.run, res.arms, res.verdict)
+    where = record.keep(host, doc, res.run, state_dir=sd if state_dir else None, db=db,
+                        history=history)
+    if json_out:
+        print(json.dumps({**doc, "recorded": where}, indent=2))
+    else:
+        from agent.trial.table import notes, render
+        con = _console()
+        render(con, res.arms, res.verdict)
+        notes(con, doc, where)
+    raise typer.Exit(0 if res.verdict.winner else 2)

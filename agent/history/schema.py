@@ -45,7 +45,7 @@ SCHEMA_VERSION = 3
 APPLICATION_ID = 0x48465441
 MARKER_TABLE = "hftagent"
 MARKER_FORMAT = "hftagent.gate.history"  # the format's name since v3: never changes
-KINDS = ("probe", "watch", "audit", "gate", "cpus")  # cpus: a noise scan (hftagent cpus)
+KINDS = ("probe", "watch", "audit", "gate", "cpus", "trial")  # cpus: a noise scan; trial: tune try
 MAX_RUN_ID = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY is a signed 64-bit integer
 
 SCHEMA_V1 = """

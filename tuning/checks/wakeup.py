@@ -10,9 +10,11 @@ whose cpuidle driver halted at once). Findings, each with the exact `tune`/`run`
   ``intel_idle``/``acpi_idle`` pick C-states (their depth is cpu.cstates' and
   wakeup.pm_qos_resume_latency's business). A halting CPU in a VM is a warning unless
   `hftagent run --keep-awake` spinners hold every target CPU (profile key ``keep_awake``).
-  Its fix is ``run --keep-awake`` only where the target CPUs are isolated (``isolcpus=``, or
-  the cpuset of ``tune apply --isolate``); elsewhere it is the isolation, and the finding says
-  why: a CPU that other tasks may run on is seldom idle, the call then waits behind them
+  Where the target CPUs are isolated (``isolcpus=``, or the cpuset of ``tune apply
+  --isolate``) its fix is the wake-up lever the last ``hftagent tune try`` on this box measured
+  best (same CPUs, kernel and boot arguments: tuning/trial_state.py), or running ``tune try``
+  when there is none — which lever helps differs by box; elsewhere it is the isolation, and
+  the finding says why: a CPU that other tasks may run on is seldom idle, the call then waits behind them
   whatever keeps the vCPU awake, and since Linux 5.4 (sched_idle_cpu) the kernel counts a CPU
   running only the SCHED_IDLE spinner as idle when it places waking tasks;
 - ``wakeup.guest_halt_poll`` (only where the haltpoll module is loaded): 0 means halt at once;
@@ -77,17 +79,40 @@ def _isolated_by(ctx: AuditContext) -> str | None:
 
 
 def _keep_awake_fix(ctx: AuditContext) -> tuple[str, str]:
-    """(fix, why it is that fix): ``run --keep-awake`` on isolated CPUs, else the isolation
-    first (module docstring)."""
+    """(fix, why it is that fix): on isolated CPUs, the wake-up lever the last ``hftagent tune
+    try`` on this box picked (same CPUs, kernel and boot arguments; tuning/trial_state.py), or
+    that command itself; elsewhere the isolation first (module docstring)."""
     by = _isolated_by(ctx)
-    if by is not None:
-        return _run_fix(ctx, keep_awake=True), f"CPU {format_cpulist(ctx.cpus)} isolated by {by}"
     cpus = format_cpulist(ctx.cpus)
+    if by is not None:
+        return _trial_fix(ctx, f"CPU {cpus} isolated by {by}")
     return (f"hftagent tune apply --isolate --only isolate --cpus {cpus}",
             f"keep-awake not recommended yet: CPU {cpus} is not isolated (on a CPU other tasks "
             "may use, the call waits behind them whatever keeps it awake, and since Linux 5.4 "
             "a CPU running only the SCHED_IDLE spinner counts as idle where the kernel places "
-            "waking tasks); isolate it first, then hftagent run --keep-awake")
+            "waking tasks); isolate it first, then measure the wake-up levers: hftagent tune "
+            "try")
+
+
+def _trial_fix(ctx: AuditContext, isolated: str) -> tuple[str, str]:
+    """The lever the last ``tune try`` measured best here. Which one helps differs by box (a
+    PM QoS request, a pause or busy keep-awake loop, halt-polling can each lengthen the tail
+    on one host and shorten it on another), so without a trial the fix is to run one."""
+    from tuning.trial_state import last_trial, lever_fix
+
+    t, why_none = last_trial(ctx.host, ctx.cpus)
+    again = f"hftagent tune try --cpus {format_cpulist(ctx.cpus)}"
+    if t is None:
+        return again, (f"{isolated}; which wake-up lever helps differs by box ({why_none}): "
+                       "measure them")
+    when = f"hftagent tune try of {t.created_utc}"
+    if t.winner is None:
+        return again, f"{isolated}; the {when} found no winner (too few samples): run it longer"
+    fix = lever_fix(t.winner, ctx.cpus, isolated=True)
+    if not fix:
+        return "", f"{isolated}; the {when}: no wake-up lever beat isolation alone here"
+    return fix, (f"{isolated}; the {when} picked {t.winner}"
+                 + ("" if t.clear else " (its interval overlaps others': not a clear win)"))
 
 
 def _cpuidle(ctx: AuditContext) -> Finding:
@@ -184,8 +209,10 @@ def _halt_poll(ctx: AuditContext) -> Finding | None:
     if kept and r.value == 0:
         cur += "; target CPUs kept awake by hftagent run"
     fix = f"echo 200000 > {shown}"
-    if _isolated_by(ctx) is not None:  # keep-awake only where it helps (_keep_awake_fix)
-        fix += f"  (or: {_run_fix(ctx, keep_awake=True)})"
+    if _isolated_by(ctx) is not None:  # the lever tune try measured best (_trial_fix)
+        other = _trial_fix(ctx, "")[0]
+        if other and "guest_halt_poll_ns" not in other:
+            fix += f"  (or: {other})"
     return ctx.finding("keep_awake", "wakeup.guest_halt_poll", FAMILY, title, ok, current=cur,
                        expected="> 0 (poll before halting), or target CPUs kept awake",
                        evidence=shown, fix=fix)

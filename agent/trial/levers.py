@@ -1,0 +1,154 @@
+"""The levers of ``tune try``, each a context that undoes itself on every way out (a normal
+end, an exception, :class:`agent.commands.common.Stopped` from SIGTERM/SIGINT).
+
+- :func:`isolation`: tune's own ``apply --isolate --only isolate`` and ``rollback``, in
+  process (tuning/apply.py), journalled in a state directory of its own (``trial`` under
+  tune's): a rollback of it never touches what ``tune apply`` journalled. Equivalent:
+  ``hftagent tune apply --isolate --only isolate --cpus C --state-dir D`` then
+  ``hftagent tune rollback --state-dir D``.
+- :func:`halt_polling`: /sys/module/haltpoll/parameters/guest_halt_poll_ns written for the
+  block (through tune's writer: no symlink out of sysfs) and written back to the value read
+  before. Equivalent: ``echo 200000 > .../guest_halt_poll_ns``.
+- PM QoS and keep-awake are not held here: ``hftagent run --pm-qos 0 --keep-awake ...`` holds
+  them for the probe child (:mod:`.worker`) alone, and the kernel drops them when it exits
+  (tuning/launcher.py); :func:`run_block` kills the child on every way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from collectors.host import Host
+from collectors.parsers import format_cpulist
+
+from .arms import Arm, TrialError
+
+
+class BlockError(TrialError):
+    """One block's probe failed (that arm is reported with the error; the others go on)."""
+
+
+TRIAL_DIR = "trial"
+HALT_POLL_KEY = "/sys/module/haltpoll/parameters/guest_halt_poll_ns"  # collectors.wakeup's  # under tune's state directory: the isolation journal of tune try
+
+
+def trial_state_dir(tune_state_dir: Path) -> Path:
+    return tune_state_dir / TRIAL_DIR
+
+
+def _iso_context(host: Host, cpus: list[int] | None):
+    from tuning.apply import build_context
+    from tuning.profiles import load_profile
+    from tuning.tunables.isolate import with_isolation
+
+    prof = with_isolation(load_profile("hft-cpu"))
+    spec = format_cpulist(cpus) if cpus is not None else None
+    return prof, build_context(host, prof, spec, want_gpu=False)
+
+
+def roll_back(host: Host, state_dir: Path) -> None:
+    """``tune rollback --state-dir`` of the trial's journal. TrialError when entries are left
+    (drift, or a value that could not be written back): the user must see it."""
+    from tuning.apply import rollback
+
+    _prof, ctx = _iso_context(host, None)
+    rep = rollback(ctx, state_dir)
+    if not rep.ok:
+        raise TrialError(f"isolation not fully rolled back: {rep.remaining} entr"
+                         f"{'y' if rep.remaining == 1 else 'ies'} left in {rep.journal} "
+                         f"(hftagent tune rollback --state-dir {state_dir})")
+
+
+@contextlib.contextmanager
+def isolation(host: Host, cpus: list[int], state_dir: Path) -> Iterator[None]:
+    """The CPUs isolated for the block, rolled back after it whatever happens (the rollback
+    also runs when the apply itself fails or is interrupted half-way: the journal holds each
+    original before its write)."""
+    from tuning.apply import FAILED, apply_plan, make_plan
+
+    try:
+        prof, ctx = _iso_context(host, cpus)
+        plan = make_plan(ctx, ["isolate"], None)
+        rep = apply_plan(ctx, plan, state_dir, profile=prof.name)
+        failed = [o for o in rep.outcomes if o.result == FAILED]
+        if failed:
+            raise TrialError(f"isolation failed: {failed[0].change.target}: "
+                             f"{' '.join(failed[0].message.split())}")
+        yield
+    finally:
+        roll_back(host, state_dir)
+
+
+@contextlib.contextmanager
+def halt_polling(host: Host, value_ns: int) -> Iterator[None]:
+    """guest_halt_poll_ns at ``value_ns`` for the block, then the value it had."""
+    from collectors import wakeup as wk
+    from tuning.tunables import base
+
+    before = wk.halt_poll_ns(host)
+    if not before.ok:
+        raise TrialError(f"guest_halt_poll_ns is not readable ({before.reason})")
+    path = base.contained(host, HALT_POLL_KEY)
+    w = base.default_writer()  # tune's writer: `echo VALUE > FILE`
+    try:
+        w.write(path, str(value_ns))
+        yield
+    finally:
+        w.write(path, str(before.value))
+
+
+def hftagent_argv(*args: str) -> list[str]:
+    """argv of this hftagent (the interpreter running it: a venv's hftagent may not be on
+    root's PATH)."""
+    return [sys.executable, "-c", "from agent.cli import main; main()", *args]
+
+
+def block_argv(arm: Arm, cpus: list[int], seconds: float, rate: float, workload: str,
+               out: Path) -> list[str]:
+    """The probe child of one block: ``hftagent run --cpus C [lever flags] -- python -m
+    agent.trial.worker ...`` (the real path a user's service takes)."""
+    return hftagent_argv("run", "--cpus", format_cpulist(cpus), "--intra", "1",
+                         *arm.run_flags, "--", sys.executable, "-m", "agent.trial.worker",
+                         "--rate", f"{rate:g}", "--seconds", f"{seconds:g}",
+                         "--workload", workload, "--out", str(out))
+
+
+def run_block(arm: Arm, cpus: list[int], seconds: float, rate: float, workload: str,
+              timeout_s: float | None = None):
+    """One block's latencies (int64 ns, response time from each intended start) and the
+    lines the child wrote on stderr (a keep-awake spinner that stopped itself says so there).
+    The child is killed on every way out. TrialError when it fails."""
+    import numpy as np
+
+    tmp = Path(tempfile.mkdtemp(prefix="hftagent-try-"))  # 0700, a random name
+    out = tmp / "samples.npy"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2])] + [p for p in
+                                                       [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.Popen(block_argv(arm, cpus, seconds, rate, workload, out),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _, err = proc.communicate(timeout=timeout_s or (2 * seconds + 60))
+        if proc.returncode != 0:
+            lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+            raise BlockError(f"the {arm.name} block's probe failed: "
+                             f"{lines[-1] if lines else f'exit status {proc.returncode}'}")
+        with open(out, "rb") as f:
+            return np.load(f, allow_pickle=False), err.splitlines()
+    except subprocess.TimeoutExpired:
+        raise BlockError(f"the {arm.name} block's probe did not finish in time") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(OSError):
+            out.unlink()
+        with contextlib.suppress(OSError):
+            tmp.rmdir()
