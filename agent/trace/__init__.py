@@ -20,7 +20,10 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
   index; :mod:`.text` — the ``trace`` text, the fallback reader.
 - :mod:`.timeline` — per-sample :class:`Timeline` (µs per task, IRQ, softirq, tick, IPI,
   work item; the probe's wake-up latency), :func:`breakdown` of the excess over P50 with an
-  explicit ``unexplained`` residual, and :func:`hw_noise` (``hw_or_hypervisor``).
+  explicit ``unexplained`` residual, and :func:`hw_noise` (``hw_or_hypervisor``). Its walk
+  is two machines writing into :mod:`.accounting`'s result types: :mod:`.cpu_story` (what
+  ran on the CPU; its interrupt :mod:`.contexts`) drives :mod:`.thread_states` (the
+  followed thread's states).
 
 May import: collectors (the Host, the parsers), agent.causes, agent.errors. Never imports
 watch, noise, export or the CLI: they import it. The event verdicts (which cause a timeline
