@@ -27,7 +27,9 @@ launcher's PID. Default CPUs: the isolated CPUs, else nohz_full, else the --gpu'
 else all online CPUs but the housekeeping core. Threads: TF_NUM_INTRAOP_THREADS = number of
 CPUs, TF_NUM_INTEROP_THREADS = 1 unless given. When `tune apply --isolate` made an isolated
 cpuset and the CPUs are in it, CMD joins it. --keep-awake and --pm-qos last exactly as long as
-CMD: spinners exit with it, the PM QoS request ends when it exits."""
+CMD: spinners exit with it, the PM QoS request ends when it exits. Which wake-up lever helps
+(PM QoS, keep-awake with a pause or a busy loop, halt-polling) differs by box: `hftagent tune
+try` measures them on yours and picks one."""
 
 
 CmdArg = Annotated[list[str] | None, typer.Argument(help="Command and arguments (after --).")]
@@ -52,16 +54,17 @@ SchedOpt = Annotated[str | None, typer.Option(
 KeepAwakeOpt = Annotated[bool, typer.Option(
     "--keep-awake", help="One SCHED_IDLE spinner per CPU (C, `pause` in the loop) so the CPUs "
     "never idle: no idle-state exit, no halt in a VM. They run only while CMD runs, and stop "
-    "(one line on stderr) if CMD waits for the CPU behind them. For isolated CPUs.")]
+    "(one line on stderr) if CMD waits for the CPU behind them. For isolated CPUs; whether it "
+    "helps on this box: `hftagent tune try`.")]
 KeepAwakeLoopOpt = Annotated[str, typer.Option(
     "--keep-awake-loop", metavar="LOOP", help="The spinner's loop: pause (default; the "
     "pause hint leaves an SMT sibling the core) or busy (no pause: in a KVM guest, pause-loop "
     "exiting can hand a pausing vCPU back to the host, which then wakes it late). Measure both "
-    "with bench/tuning_effect.py --keepawake-loops.")]
+    "with `hftagent tune try`.")]
 PmQosOpt = Annotated[int | None, typer.Option(
     "--pm-qos", metavar="US", help="Hold /dev/cpu_dma_latency at US µs while CMD runs (every "
     "CPU; 0 = polling only; needs root). The open descriptor is inherited by CMD: the request "
-    "ends when CMD exits.")]
+    "ends when CMD exits. Whether it helps on this box: `hftagent tune try`.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print what would be exec'd; do not "
                                          "run it.")]
 
