@@ -33,7 +33,7 @@ needs_amtool = pytest.mark.skipif(
 
 ALERTS = ("HftTailJitterHigh", "HftP99OverBudget", "HftProbeDown", "HftProbeStale",
           "HftAuditDrift", "HftPcieLinkDegraded", "HftGpuThrottled", "HftSpikesOwnWaits",
-          "HftProcessStopped")
+          "HftProcessStopped", "HftWatchOverCpuBudget")
 
 
 def run(*cmd: str, cwd: Path | None = None, stdin: str | None = None):
@@ -88,6 +88,9 @@ def mutated_rule_test(tmp_path: Path, old: str, new: str) -> subprocess.Complete
     ('cause=~"blocked|io_wait"', 'cause=~"blocked|io_wait|cpu_contention"',
      "the host's contention is not the service's own wait"),
     ("[30m])) >= 20", "[30m])) >= 0", "a handful of spikes must not ticket"),
+    ("> on (job, instance) 1.5 * hftagent_watch_cpu_budget_ratio",
+     "> on (job, instance) 1.0 * hftagent_watch_cpu_budget_ratio",
+     "a storm's burst within 1.5 times watch's CPU budget must not ticket"),
 ])
 def test_rule_tests_catch_a_broken_rule(tmp_path, old, new, why):
     """The rule unit tests can fail: each mutation of the rules makes them fail."""

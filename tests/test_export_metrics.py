@@ -356,3 +356,50 @@ def test_exemplar_lands_on_the_bucket_of_its_latency_latest_wins():
     with pytest.raises(ValueError):
         m.exemplar("1", -1)
     assert m.snapshot().bucket_exemplars == ex  # nothing changed by the refused ones
+
+
+def test_own_cost_is_bounded_validated_and_never_goes_back():
+    """set_own_cost (agent/watch/budget.py's figures): part names are label-safe and bounded,
+    totals only grow (counters), the charged CPU is the cost per call × the samples."""
+    m = WatchMetrics()
+    m.observe_many(np.full(1000, 100_000, dtype=np.int64))
+    m.set_own_cost({"sampler": 3_000_000, "events": 2_000_000}, budget_share=0.01,
+                   exact=4, skipped=2, cost_us_per_call=1.8)
+    m.set_own_cost({"sampler": 1_000_000, "events": 5_000_000}, budget_share=0.01,
+                   exact=3, skipped=6, cost_us_per_call=1.8)  # an older reading: kept
+    s = m.snapshot()
+    assert dict(s.own_cpu_s) == {"events": 0.005, "sampler": 0.003}
+    assert dict(s.budget_spikes) == {"exact": 4, "skipped": 6}
+    assert s.cpu_budget_ratio == 0.01
+    assert s.attach_cost_per_call_s == pytest.approx(1.8e-6)
+    assert s.attach_charged_cpu_s == pytest.approx(1.8e-3)  # 1000 calls
+    for bad in ({"Bad-Name": 1}, {"x": -1}):
+        with pytest.raises(ValueError):
+            m.set_own_cost(bad, budget_share=None)
+    for share in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError):
+            m.set_own_cost({}, budget_share=share)
+    with pytest.raises(ValueError):
+        m.set_own_cost({}, budget_share=None, cost_us_per_call=float("nan"))
+    m.set_own_cost({f"p{i}": 1 for i in range(20)}, budget_share=None)
+    assert len(m.snapshot().own_cpu_s) == 16 and m.snapshot().dropped["own_cpu_part"] == 6
+    fresh = WatchMetrics().snapshot()  # nothing set: no series, no budget, nothing charged
+    assert fresh.own_cpu_s == () and fresh.cpu_budget_ratio is None
+    assert fresh.attach_charged_cpu_s is None
+
+
+def test_own_cost_series_count_matches_docs_fleet():
+    """docs/fleet.md's series table: watch's own cost is 10 series (7 parts, the budget, 2
+    decisions), 12 with --attach (the cost per call and the charged CPU)."""
+    from agent.export.server import make_registry, render
+    from agent.watch.budget import PARTS
+
+    def series(m: WatchMetrics) -> int:
+        body = render(make_registry(m))[0].decode()
+        return len([ln for ln in body.splitlines() if ln and not ln.startswith("#")])
+    base = series(WatchMetrics())
+    m = WatchMetrics()
+    m.set_own_cost(dict.fromkeys(PARTS, 1), budget_share=0.01, exact=1, skipped=0)
+    assert series(m) == base + 10
+    m.set_own_cost(dict.fromkeys(PARTS, 1), budget_share=0.01, cost_us_per_call=1.8)
+    assert series(m) == base + 12

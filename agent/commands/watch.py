@@ -132,6 +132,12 @@ JsonOutOpt = Annotated[bool, _opt("--json", help="Summary as JSON on stdout.")]
 BudgetOpt = Annotated[int | None, _opt(
     "--p99-budget-us", metavar="US", help="P99 budget exported with --listen "
     "(hftagent_probe_p99_budget_seconds; the HftP99OverBudget alert).")]
+CpuBudgetOpt = Annotated[float | None, _opt(
+    "--cpu-budget", metavar="PCT", help="watch's own CPU budget in % of one CPU (default 1; "
+    "0 < PCT <= 100): the sampler, the source's reads and the polled rules always run; a "
+    "token bucket gives each spike exact attribution (its kernel-event window) while the "
+    "budget allows, and past it the spike is still recorded with the polled rules' cause "
+    "and a note. The summary and /metrics report watch's CPU by part.")]
 ProfileOpt = Annotated[str | None, _opt(
     "--profile", metavar="NAME|FILE", help="Audit profile for the audit state exported with "
     "--listen (run once at start; default hft-cpu).")]
@@ -153,7 +159,8 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
           duration: DurationOpt = None, perf: PerfOpt = False, listen: ListenOpt = None,
           web_config_file: WebConfigOpt = None, live: LiveOpt = None,
           json_out: JsonOutOpt = False, p99_budget_us: BudgetOpt = None,
-          profile: ProfileOpt = None, db: DbOpt = None, no_history: NoHistoryOpt = False,
+          profile: ProfileOpt = None, cpu_budget: CpuBudgetOpt = None, db: DbOpt = None,
+          no_history: NoHistoryOpt = False,
           root: RootOpt = "/", procfs: ProcfsOpt = None, sysfs: SysfsOpt = None) -> None:
     """``hftagent watch`` (HELP): options → one checked request → one run → render."""
     from agent.watch import options, report
@@ -168,7 +175,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         irq_cost=irq_cost, nice=nice, threshold_us=threshold_us, k=k, flight_us=flight_us,
         flight_dir=flight_dir, spike_log=spike_log, duration=duration, perf=perf,
         listen=listen, web_config_file=web_config_file, live=live, json_out=json_out,
-        p99_budget_us=p99_budget_us, profile=profile)
+        p99_budget_us=p99_budget_us, profile=profile, cpu_budget=cpu_budget)
     record = check_history_db(db, no_history)  # (a --db that cannot be used: before the run)
     phases = _Phases(sys.stderr.isatty())
     try:

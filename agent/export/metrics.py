@@ -68,6 +68,21 @@ Attribution and sampler (slow path: Hz, not kHz)
                                    decodes NVML's clock-event-reason bitmask
                                    (``gpu.N.clock_event_reasons``) into one 0/1 gauge per
                                    reason; None removes them.
+    ``set_own_cost(cpu_ns_by_part, *, budget_share, exact, skipped, cost_us_per_call)``
+                                   watch's own CPU time so far, ns by part (agent/watch/budget.py:
+                                   sampler, source, detection, attribution, events, flight,
+                                   other; up to :data:`MAX_OWN_PARTS` names), its CPU budget
+                                   (a share of one CPU, None: none), the spikes the budget
+                                   gave exact attribution and those it refused it (totals so
+                                   far), and what each timed call costs the watched service
+                                   (µs; None: nothing charged, e.g. the built-in probe).
+                                   Feeds ``hftagent_watch_cpu_seconds_total{part}``,
+                                   ``hftagent_watch_cpu_budget_ratio``,
+                                   ``hftagent_watch_budget_spikes_total{decision}``,
+                                   ``hftagent_attach_cost_per_call_seconds`` and
+                                   ``hftagent_attach_charged_cpu_seconds_total`` (the cost ×
+                                   the samples timed). Totals only grow: a smaller one than
+                                   already set is kept at the larger (counters never go back).
     ``set_audit(findings)``        the latest audit result (list of tuning.findings.Finding);
                                    replaces the previous one. Up to :data:`MAX_AUDIT_CHECKS`.
 
@@ -86,7 +101,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +150,8 @@ AUDIT_STATUSES: tuple[str, ...] = (
     "ok", "warn", "fail", "unsupported", "pending-reboot", "error")
 
 MAX_COLLECTORS = 32
+MAX_OWN_PARTS = 16  # watch's own-cost parts (agent/watch/budget.py PARTS: 7)
+BUDGET_DECISIONS: tuple[str, ...] = ("exact", "skipped")
 MAX_AUDIT_CHECKS = 256
 MAX_SERIES_PER_GAUGE = 512
 
@@ -231,6 +248,13 @@ class Snapshot:
     # per bucket (len(bounds) + 1, the last +Inf): the latest spike whose latency falls in it,
     # (spike_id, latency s, unix time s or None), or None
     bucket_exemplars: tuple[tuple[str, float, float | None] | None, ...] = ()
+    # watch's own cost (set_own_cost): s by part, its budget (share of one CPU), the spikes
+    # the budget decided, and what the watched service is charged (s a call; s in all)
+    own_cpu_s: tuple[tuple[str, float], ...] = ()
+    cpu_budget_ratio: float | None = None
+    budget_spikes: tuple[tuple[str, int], ...] = ()
+    attach_cost_per_call_s: float | None = None
+    attach_charged_cpu_s: float | None = None
 
 
 class WatchMetrics:
@@ -286,6 +310,10 @@ class WatchMetrics:
         # the latest logged spike per bucket (exemplar): (spike_id, latency s, unix s)
         self._exemplars: list[tuple[str, float, float | None] | None] = \
             [None] * (len(self._bounds_ns) + 1)
+        self._own_ns: dict[str, int] = {}
+        self._budget_share: float | None = None
+        self._budget_spikes: dict[str, int] = {}
+        self._cost_per_call_ns: float | None = None
         # Quantile cache: at most one window computation per quantile_refresh_s, however many
         # scrapers there are (50 concurrent scrapers must not multiply the work).
         self._q_lock = threading.Lock()
@@ -403,6 +431,33 @@ class WatchMetrics:
         """Same as set_collector, from a collectors.base.CollectorResult (duck-typed)."""
         self.set_collector(result.name, result.success, result.duration_s)
 
+    def set_own_cost(self, cpu_ns_by_part: Mapping[str, int], *, budget_share: float | None,
+                     exact: int = 0, skipped: int = 0,
+                     cost_us_per_call: float | None = None) -> None:
+        """Watch's own cost so far (see the module docstring). ValueError for a bad part
+        name, a negative figure or a budget outside (0, 1]."""
+        parts = {}
+        for name, ns in cpu_ns_by_part.items():
+            if not _NAME.match(name) or int(ns) < 0:
+                raise ValueError(f"bad own-cost part {name!r}: {ns!r}")
+            parts[name] = int(ns)
+        if budget_share is not None and not 0 < budget_share <= 1:
+            raise ValueError(f"bad budget_share {budget_share!r}")
+        if exact < 0 or skipped < 0 or (cost_us_per_call is not None and
+                                        not cost_us_per_call >= 0):
+            raise ValueError("own-cost counts and the cost per call must be >= 0")
+        with self._lock:
+            for name, ns in parts.items():
+                if name not in self._own_ns and len(self._own_ns) >= MAX_OWN_PARTS:
+                    self._drop_locked("own_cpu_part")
+                    continue
+                self._own_ns[name] = max(ns, self._own_ns.get(name, 0))
+            self._budget_share = None if budget_share is None else float(budget_share)
+            for k, v in (("exact", exact), ("skipped", skipped)):
+                self._budget_spikes[k] = max(int(v), self._budget_spikes.get(k, 0))
+            self._cost_per_call_ns = None if cost_us_per_call is None else \
+                float(cost_us_per_call) * 1e3
+
     def set_audit(self, findings: Iterable[Finding]) -> None:
         """Replace the audit state with these findings (check id -> status)."""
         state, dropped = audit_state(findings)
@@ -468,6 +523,11 @@ class WatchMetrics:
             gauges = {g: dict(s) for g, s in self._gauges.items()}
             dropped = dict(self._dropped)
             exemplars = tuple(self._exemplars)
+            own = tuple(sorted((k, v / 1e9) for k, v in self._own_ns.items()))
+            budget = self._budget_share
+            decided = tuple((k, self._budget_spikes.get(k, 0)) for k in BUDGET_DECISIONS) \
+                if self._budget_spikes else ()
+            per_call = self._cost_per_call_ns
         now_mono = time.monotonic_ns()
         cum, acc = [], 0
         for c in counts:
@@ -485,7 +545,10 @@ class WatchMetrics:
             last_sample_unix_s=last_unix, spikes=spikes, cause_seconds=cause_s,
             collectors=collectors,
             audit=audit, audit_unix_s=audit_ts, gauges=gauges, dropped=dropped,
-            bucket_exemplars=exemplars)
+            bucket_exemplars=exemplars, own_cpu_s=own, cpu_budget_ratio=budget,
+            budget_spikes=decided,
+            attach_cost_per_call_s=None if per_call is None else per_call / 1e9,
+            attach_charged_cpu_s=None if per_call is None else per_call * n / 1e9)
 
     def _window_quantiles(self, now_mono: int) -> tuple[int, dict[float, float]]:
         with self._q_lock:

@@ -201,6 +201,39 @@ def gauge_families(s: Snapshot) -> Iterator[Metric]:
     yield d
 
 
+def own_cost_families(s: Snapshot) -> Iterator[Metric]:
+    """Watch's own cost (agent/watch/budget.py): its CPU by part, its budget, the spikes the
+    budget decided, and what an attached service is charged for being timed."""
+    cpu = CounterMetricFamily(P + "watch_cpu_seconds",
+                              "watch's own CPU time by part (sampler, source reads, "
+                              "detection, attribution, events: exact attribution, flight, "
+                              "other).", labels=["part"])
+    for part, v in s.own_cpu_s:
+        cpu.add_metric([part], v)
+    yield cpu
+    b = GaugeMetricFamily(P + "watch_cpu_budget_ratio",
+                          "watch's own CPU budget, a share of one CPU (--cpu-budget).")
+    if s.cpu_budget_ratio is not None:
+        b.add_metric([], s.cpu_budget_ratio)
+    yield b
+    d = CounterMetricFamily(P + "watch_budget_spikes",
+                            "Spikes the CPU budget decided: exact (kernel-event window read) "
+                            "or skipped (the polled rules' cause only).", labels=["decision"])
+    for decision, n in s.budget_spikes:
+        d.add_metric([decision], n)
+    yield d
+    c = GaugeMetricFamily(P + "attach_cost_per_call_seconds",
+                          "What the uprobes add to each call of the attached service.")
+    ch = CounterMetricFamily(P + "attach_charged_cpu_seconds",
+                             "CPU time charged to the attached service for being timed: the "
+                             "cost per call × its calls timed.")
+    if s.attach_cost_per_call_s is not None:
+        c.add_metric([], s.attach_cost_per_call_s)
+        ch.add_metric([], s.attach_charged_cpu_s or 0.0)
+    yield c
+    yield ch
+
+
 class WatchCollector:
     """prometheus_client custom collector: a fresh set of families per collect().
     ``audit=False``: without the audit families (:class:`WatchRegistry` renders those
@@ -220,6 +253,7 @@ class WatchCollector:
             yield from audit_families(s.audit, s.audit_unix_s)
         yield from collector_families(s)
         yield from gauge_families(s)
+        yield from own_cost_families(s)
         b = GaugeMetricFamily(P + "build_info", "hftagent version (always 1).",
                               labels=["version"])
         b.add_metric([self._version], 1.0)

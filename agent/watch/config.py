@@ -50,6 +50,9 @@ class WatchConfig:
     irq_cost: str = "auto"
     # watch's own threads and sampler helper (agent/watch/priority.py): 0 leaves them as is
     nice: int = 0
+    # watch's own CPU budget, a share of one CPU (--cpu-budget: 1 % → 0.01), which decides
+    # each spike's exact attribution (agent/watch/budget.py); None: no budget (library use)
+    cpu_budget: float | None = None
 
 
 class CpuPlan(NamedTuple):

@@ -82,6 +82,7 @@ class MetricsFeed:
         if t - self._last_gauges < 1.0 or session.sampler is None:
             return
         self._last_gauges = t
+        self.set_own_cost(session)
         for c in session.cfg.probe_cpus:
             v = _latest(session.sampler.ring("cpu"), f"cpu.{c}.freq_hz")
             if v is not None:
@@ -111,6 +112,19 @@ class MetricsFeed:
                     (width is not None and mwidth is not None and width < mwidth)
                 self.m.set_gauge("pcie_link_degraded", float(degraded) if known else None,
                                  device=dev)
+
+
+    def set_own_cost(self, session) -> None:
+        """Watch's own CPU by part, its budget and what it decided, and the cost charged to
+        an attached service (agent/watch/budget.py; the summary's ``own_cpu``)."""
+        own, b = getattr(session, "own", None), getattr(session, "budget", None)
+        if own is None:
+            return
+        info = getattr(session.source, "info", None) or {}
+        self.m.set_own_cost(own.by_part(), budget_share=b.share if b is not None else None,
+                            exact=b.exact if b is not None else 0,
+                            skipped=b.skipped if b is not None else 0,
+                            cost_us_per_call=(info.get("attach") or {}).get("cost_us_per_call"))
 
 
 def _unix_s(iso) -> float | None:

@@ -59,7 +59,7 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
           spike_log: str | None = None, duration: float | None = None, perf: bool = False,
           listen: str | None = None, web_config_file: str | None = None,
           live: bool | None = None, json_out: bool = False, p99_budget_us: int | None = None,
-          profile: str | None = None) -> WatchRequest:
+          profile: str | None = None, cpu_budget: float | None = None) -> WatchRequest:
     """The request of these option values (the CLI's names); AgentError with one line."""
     for name, v in (("--ring", ring), ("--spike-log", spike_log), ("--flight-dir", flight_dir),
                     ("--listen", listen), ("--profile", profile), ("--model", model),
@@ -77,6 +77,8 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
     from agent.watch.priority import parse_nice
     parse_irq_cost(irq_cost)
     nice_n = parse_nice(nice)
+    from agent.watch.budget import parse_pct
+    budget = parse_pct(cpu_budget)  # (None: the default 1 %)
     _needs("--listen", listen, ("--profile", profile), ("--p99-budget-us", p99_budget_us),
            ("--web.config.file", web_config_file))
     _needs("--flight-us", flight_us, ("--flight-dir", flight_dir))
@@ -97,7 +99,7 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
                       threshold_ns=threshold_ns, k_p50=k, flight_ns=flight_ns,
                       flight_dir=flight_dir or "hftagent-flight", spike_log=spike_log,
                       duration_s=duration, perf=perf, sampler=sampler, trace=trace,
-                      irq_cost=irq_cost, nice=nice_n)
+                      irq_cost=irq_cost, nice=nice_n, cpu_budget=budget)
     req = WatchRequest(cfg, listen=listen, p99_budget_us=p99_budget_us, live=live,
                        json_out=json_out)
     if listen is not None:

@@ -13,7 +13,8 @@ def render(s: dict, spike_log: str | None = None) -> list[str]:
     """The summary's lines, in order: what was watched, the spikes and their causes, the
     attribution delay, the collectors, perf, the sampler, the kernel events, the warnings
     and where the records went."""
-    parts = (headline, spikes, causes, delay, collectors, perf, sampler, events, warnings)
+    parts = (headline, spikes, causes, delay, collectors, perf, sampler, events, own_cost,
+             warnings)
     lines = [line for part in parts for line in part(s)]
     return lines + outputs(s, spike_log)
 
@@ -133,6 +134,27 @@ def events(s: dict) -> list[str]:
                if ev.get("read_cpu_share_of_one_cpu") else "")
             + (f"; {rate}" if rate else "") + (f"; {ev['lost']} lost" if ev.get("lost")
                                                 else "")]
+
+
+def own_cost(s: dict) -> list[str]:
+    """Watch's own CPU by part, its budget's decisions, and what an attached service is
+    charged (the summary's ``own_cpu``)."""
+    oc = s.get("own_cpu") or {}
+    if oc.get("share_of_one_cpu") is None:
+        return []
+    parts = ", ".join(f"{p} {100 * v:.2f}" for p, v in oc["by_part"].items() if v)
+    out = [f"watch's own CPU: {100 * oc['share_of_one_cpu']:.2f} % of one CPU"
+           + (f" ({parts} %)" if parts else "")]
+    b = oc.get("budget")
+    if b is not None:
+        out[0] += (f"; budget {b['pct_of_one_cpu']:g} %: {b['exact_attributions']} spike(s) "
+                   f"with exact attribution, {b['skipped_exact_attributions']} without")
+    ch = oc.get("charged_to_service")
+    if ch and ch.get("share_of_one_cpu") is not None:
+        out.append(f"charged to the attached service: ~{ch['us_per_call']:g} µs a call × "
+                   f"{ch['calls_per_s']:g} calls/s = {100 * ch['share_of_one_cpu']:.2f} % of "
+                   "one CPU")
+    return out
 
 
 def warnings(s: dict) -> list[str]:

@@ -60,7 +60,9 @@ def run_watch(req: WatchRequest, host: Host, *, say: Callable[[str], None] = _st
 
 def _own_cpu(session, summary: dict) -> None:
     """What watch's own work costs, % of one CPU: the event reads' CPU (``events``) and
-    ``own_cpu_share_of_one_cpu``, the sampler's plus theirs (issue #26's budget: ≤ 1.5 %)."""
+    ``own_cpu_share_of_one_cpu``, the sampler's plus theirs (issue #26's budget: ≤ 1.5 %);
+    the whole, by part, is ``own_cpu`` (agent/watch/budget.py), and a warning says how many
+    spikes the CPU budget left without exact attribution."""
     dur = summary.get("duration_s") or 0.0
     ev = summary["events"]
     reads = session.trace.read_cpu_ns / 1e9 / dur if dur and ev.get("active") else 0.0
@@ -69,6 +71,13 @@ def _own_cpu(session, summary: dict) -> None:
     smp = summary.get("sampler") or {}
     if smp.get("cpu_share_of_one_cpu") is not None:
         summary["own_cpu_share_of_one_cpu"] = round(smp["cpu_share_of_one_cpu"] + reads, 4)
+    budget = (summary.get("own_cpu") or {}).get("budget") or {}
+    if budget.get("skipped_exact_attributions"):
+        summary["warnings"].append(
+            f"watch's CPU budget ({budget['pct_of_one_cpu']:g} % of one CPU, --cpu-budget) "
+            f"was spent for {budget['skipped_exact_attributions']} spike(s): recorded with "
+            "the polled rules' cause, without their kernel-event window (own_cpu.by_part "
+            "says where watch's CPU went)")
 
 
 def _live_view(req: WatchRequest, say: Callable[[str], None]):

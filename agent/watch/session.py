@@ -38,6 +38,7 @@ from agent.watch import summary as summary_
 from agent.watch.attribution import Attributor, Spike
 from agent.watch.attribution.events import SpikeEvents, apply_verdict
 from agent.watch.attribution.spike import RECENT_FIELDS
+from agent.watch.budget import CpuBudget, OwnCpu, thread_clock
 from agent.watch.config import WatchConfig
 from agent.watch.detect import SpikeDetector
 from agent.watch.flight import FlightRecorder
@@ -59,6 +60,12 @@ EXIT_OUTPUT_FAILED = 1  # the spike log could not be written
 RECENT_EVIDENCE = 500  # latest samples whose faults and switches are the in-process baseline
 
 
+def _polled_only(body: dict, why: str) -> None:
+    """A record without its kernel-event window: the polled rules' cause, and why."""
+    body["events"] = {"complete": False, "reason": why}
+    body["decided_by"] = "polled"
+
+
 class StopRequested(Exception):
     """A stop (SIGTERM/SIGINT) arrived while the session was still starting."""
 
@@ -71,7 +78,10 @@ class WatchSession:
     each start-up phase (:meth:`phase`); ``sampler_factory``:
     :func:`agent.watch.sampling.open_sampler`'s signature; ``irq_coster``: the interrupt-cost
     measurement (agent.trace.irqcost.measure; tests pass fakes); ``own_cpus``: how watch
-    pins itself (:class:`agent.watch.placement.OwnCpus`; tests pass fakes)."""
+    pins itself (:class:`agent.watch.placement.OwnCpus`; tests pass fakes); ``own_cpu``:
+    watch's own CPU clocks (:class:`agent.watch.budget.OwnCpu`; tests pass virtual ones).
+    ``cfg.cpu_budget``: the share of one CPU the :class:`~agent.watch.budget.CpuBudget`
+    allows (None: every spike gets exact attribution; the cost is still measured)."""
 
     def __init__(self, cfg: WatchConfig, host: Host | None = None, *, metrics=None,
                  view=None, collectors: list | None = None,
@@ -81,7 +91,8 @@ class WatchSession:
                  sampler_factory: Callable = open_sampler,
                  irq_coster: Callable | None = None,
                  on_phase: Callable[[str], None] | None = None,
-                 own_cpus: OwnCpus | None = None) -> None:
+                 own_cpus: OwnCpus | None = None,
+                 own_cpu: OwnCpu | None = None) -> None:
         self.cfg = cfg
         self.own_cpus = own_cpus or OwnCpus()  # how watch reads and moves itself
         self.pinned_to = list(cfg.housekeeping_cpus)  # where watch runs (place_self)
@@ -129,6 +140,10 @@ class WatchSession:
         self._looping = False
         self._stopping = False
         self._recent: np.ndarray | None = None  # this step's in-process baseline
+        # watch's own CPU by part, and the budget that decides exact attribution (budget.py)
+        self.own = own_cpu or OwnCpu()
+        self.budget = CpuBudget(cfg.cpu_budget, self.own, clock) \
+            if cfg.cpu_budget is not None else None
 
     # the parts' state, read by the summary, the live view and tests
     reader = property(lambda self: self.source.reader)
@@ -209,6 +224,7 @@ class WatchSession:
         self.sampler.start()  # a NativeSampler's helper is already running
         self.renice_own()
         self.started_ns = self.clock()
+        self.begin_costs()
         self.phase("")  # start-up is over: nothing more to say (a pending line is dropped)
 
     def place_self(self) -> None:
@@ -218,6 +234,15 @@ class WatchSession:
         self.warnings += place(self.host, self.cfg.probe_cpus, self.cfg.housekeeping_cpus,
                                self.own_cpus)
         self.pinned_to = sorted(self.own_cpus.get())
+
+    def begin_costs(self) -> None:
+        """Zero watch's own-cost clocks now that start-up is over, the sampler's included
+        (its thread's CPU clock; the native helper's own count), and fill the budget."""
+        self.own.watch_sampler(thread_clock(getattr(self.sampler, "thread", None)),
+                               getattr(self.sampler, "helper_cpu_ns", None))
+        self.own.begin()
+        if self.budget is not None:
+            self.budget.begin()
 
     def phase(self, what: str) -> None:
         """A start-up phase (probe build, warm-up, symbols read for --attach): told to
@@ -239,13 +264,16 @@ class WatchSession:
 
     # -- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
-        recs = self.reader.read()
+        with self.own.part("source"):
+            recs = self.reader.read()
         now = self.clock()
         if len(recs):
-            self.ingest(recs)
+            with self.own.part("detection"):
+                self.ingest(recs)
         self.attribute_pending(now)
         self.trace.maybe_refit(now, self.samples >= self.cfg.min_samples)
-        self._flight_step()
+        with self.own.part("flight"):
+            self._flight_step()
         if self.metrics is not None:
             self.metrics.set_gauges(self)
 
@@ -293,24 +321,37 @@ class WatchSession:
     def attribute(self, sp: Spike, *, events: bool = True) -> dict:
         if self._recent is None:  # one in-process baseline for the step's spikes
             self._recent = self.lat.last(RECENT_EVIDENCE)[:, [F[k] for k in RECENT_FIELDS]]
-        with self.sampler.lock:
-            a = self.attributor.attribute(sp, self._recent)
-        body = a.to_dict()  # the polled attribution
+        with self.own.part("attribution"):
+            with self.sampler.lock:
+                a = self.attributor.attribute(sp, self._recent)
+            body = a.to_dict()  # the polled attribution
         if self.trace.active and not events:  # past the step budget (schedule.py)
-            body["events"] = {"complete": False, "reason": "not read: attribution step "
-                              "budget (spike storm): the polled rules only"}
-            body["decided_by"] = "polled"
-        elif self.trace.active:  # what the kernel events show ran instead, to the µs
+            _polled_only(body, "not read: attribution step budget (spike storm): the polled "
+                         "rules only")
+        elif self.trace.active and self.budget is not None and not self.budget.allow():
+            _polled_only(body, self.budget.note)  # watch's CPU budget is spent
+            body["note"] = self.budget.note
+        elif self.trace.active:
+            self._exact(sp, body)
+        with self.own.part("attribution"):
+            rec = self.records.log(sp, body)
+            if body["causes"] and body["cause"] != "unexplained":
+                self.records.detail(body["cause"], body["causes"][0]["detail"])
+        return rec
+
+    def _exact(self, sp: Spike, body: dict) -> None:
+        """What the kernel events show ran instead, to the µs: the window read and the
+        timeline walk, their CPU time charged to the budget."""
+        t = self.own.thread_ns()
+        with self.own.part("events"):
             body["events"], items = self.trace.for_spike(sp)
             # where they see the cause directly (a task, IRQ or softirq on the probe CPU for
             # most of the excess) the events decide it; the polled verdict is kept
             apply_verdict(body, items, sp.excess_ns, self.trace.tgid)
-            if items and self.metrics is not None:
-                self.metrics.spike_causes(items)
-        rec = self.records.log(sp, body)
-        if body["causes"] and body["cause"] != "unexplained":
-            self.records.detail(body["cause"], body["causes"][0]["detail"])
-        return rec
+        if self.budget is not None:
+            self.budget.charge(self.own.thread_ns() - t)
+        if items and self.metrics is not None:
+            self.metrics.spike_causes(items)
 
     def log(self, sp: Spike, body: dict) -> dict:
         """Log ``sp`` with a cause it inherits (:meth:`SpikeRecords.log`)."""
@@ -375,7 +416,7 @@ class WatchSession:
             self.stop()
         if self.output_error is not None and rc == 0:  # (a write of the final drain)
             rc = EXIT_OUTPUT_FAILED
-        return rc
+        return rc or self.source.exit_code()
 
     def stop(self) -> None:
         self._stopping = True
@@ -392,6 +433,7 @@ class WatchSession:
             except Exception as exc:  # noqa: BLE001 - stopping must finish
                 self.warnings.append(f"final drain failed: {exc}")
         self.ended_ns = self.clock()
+        self.own.end()  # (before the sampler's thread, and its CPU clock, ends)
         if self.metrics is not None:
             self.metrics.down()
         if self.sampler is not None:

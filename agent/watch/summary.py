@@ -14,6 +14,7 @@ import numpy as np
 from agent import stats
 from agent.causes import CAUSES
 from agent.client import FIELDS
+from agent.watch.budget import cost_summary
 
 F = {name: i for i, name in enumerate(FIELDS)}
 ROLLING_SAMPLES = 10_000  # the live view's window
@@ -115,11 +116,21 @@ def build(s, *, native: bool, now_ns: int) -> dict:
         "attribution_delay_ms": {"p50": delays[len(delays) // 2] if delays else None,
                                  "max": delays[-1] if delays else None},
         "flight_records": s.flight_files, "collectors": col, "sampler": sampler,
+        "own_cpu": own_cost(s, dur),
         "source_error": s.source_error, "stopped_by": s.stopped_by,
         "output_error": s.output_error,
         "warnings": s.warnings + _invalid_warning(s) + s.source.end_warnings(s.lat, h, cpu_busy)
         + ([native_error] if native_error else []),
     }
+
+
+def own_cost(s, dur: float) -> dict:
+    """Watch's own CPU by part, its budget and what the budget decided, and for a source
+    that charges the watched service a cost per call (an attached process: the uprobes'
+    ``cost_us_per_call`` in its attach plan) that cost × its calls a second
+    (:func:`agent.watch.budget.cost_summary`)."""
+    charged = (s.source.info.get("attach") or {}).get("cost_us_per_call")
+    return cost_summary(s.own, s.budget, dur, charged, s.samples)
 
 
 def rolling(s) -> dict:

@@ -153,6 +153,12 @@ class Sampler:
         return t
 
     # -- running ----------------------------------------------------------------------------
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The sampler's thread once started (watch's own-cost accounting reads its CPU
+        clock: agent/watch/budget.py)."""
+        return self._thread
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hftagent-sampler", daemon=True)
         self._thread.start()

@@ -1,0 +1,223 @@
+"""What watch itself costs, and the CPU budget that bounds it (``watch --cpu-budget PCT``,
+default 1 % of one CPU).
+
+:class:`OwnCpu` measures watch's own CPU time, in all and by part. The whole is the process's
+CPU time (CLOCK_PROCESS_CPUTIME_ID: every thread of watch — the loop, the sampler, the
+exporter — never the probe worker or the watched service, which are other processes) plus
+the native sampler's helper (its own CPU time, which it writes into the shared feed); the
+parts are thread CPU clocks (CLOCK_THREAD_CPUTIME_ID) around each piece of work on the loop
+thread, and the sampler thread's own clock:
+
+    sampler      the sampler thread (and the native helper): the collectors' rounds
+    source       reading the latency source: the latency ring, or for --attach the uprobe
+                 events from the tracefs instance and their pairing into calls
+    detection    the samples' bookkeeping: histogram, metrics, spike detection
+    attribution  the polled rules of every spike (agent/watch/attribution) and its record
+    events       exact attribution: a spike's kernel-event window read and timeline walk
+                 (agent/watch/attribution/events.py, agent/trace)
+    flight       the flight records (--flight-us)
+    other        the rest: the exporter's scrapes, the live view, the loop's own turns
+
+:class:`CpuBudget` is a token bucket of CPU nanoseconds that decides which spikes get exact
+attribution. It fills at the budget (``share`` × one CPU) less what the always-on parts
+(everything but ``events``) measurably spent over the same wall time, holds at most
+:data:`BURST_S` seconds of the budget, and each exact attribution is charged its measured
+cost afterwards. A spike that finds the bucket empty is still recorded, with the polled
+rules' cause and the note :attr:`CpuBudget.note`: no spike is dropped, and the budget only
+ever decides the optional part. The bucket may go into debt by one attribution's cost (the
+cost is known only after), and never further than :data:`BURST_S` of the budget, so a
+storm that ends is followed by exact attribution again within seconds.
+
+Both clocks are injected (``clock``: monotonic ns; the CPU readers of :class:`OwnCpu`):
+tests run storms on virtual time and virtual CPU time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+PARTS = ("sampler", "source", "detection", "attribution", "events", "flight", "other")
+LOOP_PARTS = ("source", "detection", "attribution", "events", "flight")  # thread clocks
+EXACT = "events"  # the part the budget decides
+BURST_S = 5.0  # the bucket holds this many seconds of the budget (1 %: 50 ms of CPU)
+DEFAULT_PCT = 1.0
+
+Clock = Callable[[], int]
+
+
+def parse_pct(value: float | None) -> float:
+    """``--cpu-budget PCT`` as a share of one CPU (1 → 0.01); AgentError with one line
+    unless 0 < PCT ≤ 100."""
+    from agent.errors import AgentError
+    if value is None:
+        return DEFAULT_PCT / 100
+    if not (0 < value <= 100):  # (NaN fails both)
+        raise AgentError(f"--cpu-budget must be a share of one CPU in % (0 < PCT ≤ 100), "
+                         f"not {value:g}")
+    return value / 100
+
+
+class OwnCpu:
+    """Watch's own CPU time (module docstring). ``process_ns``: the process's CPU clock;
+    ``thread_ns``: the calling thread's. :meth:`watch_sampler` names the sampler's readers
+    once it runs; :meth:`begin` sets the zero (after start-up: the symbol reads and the
+    interrupt-cost measurement are start-up, not watch's running cost)."""
+
+    def __init__(self, process_ns: Clock = time.process_time_ns,
+                 thread_ns: Clock = time.thread_time_ns) -> None:
+        self.process_ns = process_ns
+        self.thread_ns = thread_ns
+        self.parts = dict.fromkeys(LOOP_PARTS, 0)
+        self._sampler_ns: Clock | None = None  # the sampler thread's CPU clock
+        self._helper_ns: Clock | None = None   # the native helper's CPU time
+        self._zero = (0, 0, 0)  # (process, sampler, helper) at begin()
+        self._final: tuple[int, dict[str, int]] | None = None  # (total, by part) at end()
+
+    def watch_sampler(self, thread_ns: Clock | None, helper_ns: Clock | None) -> None:
+        """The sampler's CPU readers (None: not measured apart)."""
+        self._sampler_ns, self._helper_ns = thread_ns, helper_ns
+
+    def begin(self) -> None:
+        self._zero = (self.process_ns(), _read(self._sampler_ns), _read(self._helper_ns))
+        self.parts = dict.fromkeys(LOOP_PARTS, 0)
+        self._final = None
+
+    def end(self) -> None:
+        """Keep the figures as they are now (the session's end, before the sampler's thread
+        ends and its clock with it): later reads return these."""
+        self._final = (self.total_ns(), self.by_part())
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Charge the calling thread's CPU time in the block to part ``name``."""
+        t = self.thread_ns()
+        try:
+            yield
+        finally:
+            self.parts[name] += self.thread_ns() - t
+
+    def total_ns(self) -> int:
+        """Watch's CPU time since :meth:`begin`: its process's and the native helper's."""
+        if self._final is not None:
+            return self._final[0]
+        p0, _, h0 = self._zero
+        return self.process_ns() - p0 + _read(self._helper_ns) - h0
+
+    def by_part(self) -> dict[str, int]:
+        """ns per part (:data:`PARTS`); ``other``: the total less the measured parts (≥ 0:
+        the clocks tick at their own granularity)."""
+        if self._final is not None:
+            return dict(self._final[1])
+        _, s0, h0 = self._zero
+        out = {"sampler": _read(self._sampler_ns) - s0 + _read(self._helper_ns) - h0,
+               **self.parts}
+        out["other"] = max(0, self.total_ns() - sum(out.values()))
+        return {p: out[p] for p in PARTS}
+
+
+def _read(clock: Clock | None) -> int:
+    if clock is None:
+        return 0
+    try:
+        return int(clock())
+    except (OSError, ValueError):  # a thread that ended (its clock id is gone): count 0
+        return 0
+
+
+def thread_clock(thread: object) -> Clock | None:
+    """The CPU clock of a running :class:`threading.Thread` as a reader (None when it has not
+    started, or the platform has no per-thread clock ids)."""
+    ident = getattr(thread, "ident", None)
+    if ident is None or not hasattr(time, "pthread_getcpuclockid"):
+        return None
+    try:
+        cid = time.pthread_getcpuclockid(ident)
+    except OSError:
+        return None
+    return lambda: time.clock_gettime_ns(cid)
+
+
+class CpuBudget:
+    """The token bucket of CPU ns for exact attribution (module docstring). ``share``: of
+    one CPU (0.01: 1 %); ``own``: the measured costs; ``clock``: monotonic ns."""
+
+    def __init__(self, share: float, own: OwnCpu, clock: Clock = time.monotonic_ns,
+                 burst_s: float = BURST_S) -> None:
+        self.share = share
+        self.own = own
+        self.clock = clock
+        self.capacity_ns = share * burst_s * 1e9
+        self.tokens_ns = self.capacity_ns
+        self.exact = 0    # spikes the budget let have exact attribution
+        self.skipped = 0  # spikes it refused it (recorded with the polled rules' cause)
+        self._t: int | None = None
+        self._always = 0
+
+    @property
+    def pct(self) -> float:
+        return self.share * 100
+
+    @property
+    def note(self) -> str:
+        """What a spike refused exact attribution says."""
+        return f"exact attribution skipped: watch's CPU budget ({self.pct:g} % of one CPU) spent"
+
+    def begin(self) -> None:
+        """Start filling now (full: one burst is there at once)."""
+        self._t = self.clock()
+        self._always = self._always_on()
+        self.tokens_ns = self.capacity_ns
+
+    def _always_on(self) -> int:
+        return self.own.total_ns() - self.own.parts[EXACT]
+
+    def refill(self) -> None:
+        if self._t is None:
+            self.begin()
+            return
+        t, used = self.clock(), self._always_on()
+        earned = (t - self._t) * self.share - (used - self._always)
+        self.tokens_ns = min(self.capacity_ns,
+                             max(-self.capacity_ns, self.tokens_ns + earned))
+        self._t, self._always = t, used
+
+    def allow(self) -> bool:
+        """Whether the next spike gets exact attribution (counted either way)."""
+        self.refill()
+        ok = self.tokens_ns > 0
+        if ok:
+            self.exact += 1
+        else:
+            self.skipped += 1
+        return ok
+
+    def charge(self, cpu_ns: int) -> None:
+        """One exact attribution's measured cost."""
+        self.tokens_ns -= cpu_ns
+
+    def to_dict(self) -> dict:
+        return {"pct_of_one_cpu": round(self.pct, 3), "burst_s": round(
+            self.capacity_ns / self.share / 1e9, 3) if self.share else None,
+            "exact_attributions": self.exact, "skipped_exact_attributions": self.skipped}
+
+
+def cost_summary(own: OwnCpu, budget: CpuBudget | None, duration_s: float,
+                 charged_us_per_call: float | None, calls: int) -> dict:
+    """The summary's ``own_cpu``: watch's CPU share of one CPU in all and by part, the budget
+    and what it decided, and for an attached process the cost charged to it: µs a call (the
+    attach overhead figure, bench/attach_overhead.py) × its calls a second."""
+    def share(ns: int) -> float | None:
+        return round(ns / 1e9 / duration_s, 5) if duration_s > 0 else None
+    out: dict = {"share_of_one_cpu": share(own.total_ns()),
+                 "by_part": {p: share(ns) for p, ns in own.by_part().items()},
+                 "budget": budget.to_dict() if budget is not None else None}
+    if charged_us_per_call is not None:
+        rate = calls / duration_s if duration_s > 0 else None
+        out["charged_to_service"] = {
+            "us_per_call": charged_us_per_call,
+            "calls_per_s": round(rate, 1) if rate is not None else None,
+            "share_of_one_cpu": round(charged_us_per_call * rate / 1e6, 5)
+            if rate is not None else None}
+    return out

@@ -1,0 +1,284 @@
+"""agent/watch/budget.py: watch's own CPU by part and the CPU budget that decides each spike's
+exact attribution (issue #38 item 2).
+
+Every clock is virtual: the session's monotonic clock, the process CPU clock and the thread
+CPU clock are counters the tests move, so a storm's decisions are exact and nothing here
+depends on how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from agent.errors import AgentError
+from agent.watch.budget import BURST_S, PARTS, CpuBudget, OwnCpu, cost_summary, parse_pct
+from tests.test_watch_events import PROBE_TID, T0, T1, FakeSource, _canned
+
+MS = 1_000_000
+S = 1_000_000_000
+
+
+class Clocks:
+    """Virtual wall time (monotonic ns), process CPU and thread CPU (ns)."""
+
+    def __init__(self) -> None:
+        self.wall = T1 + S  # (a second after the canned spike)
+        self.process = 0
+        self.thread = 0
+
+    def spend(self, ns: int, *, thread: bool = True) -> None:
+        """CPU spent by watch: on the loop thread (``thread``), else on another of its
+        threads (the sampler's)."""
+        self.process += ns
+        if thread:
+            self.thread += ns
+
+    def own(self) -> OwnCpu:
+        return OwnCpu(process_ns=lambda: self.process, thread_ns=lambda: self.thread)
+
+
+def test_parse_pct_takes_a_share_of_one_cpu_and_refuses_the_rest():
+    assert parse_pct(None) == 0.01  # the default: 1 % of one CPU
+    assert parse_pct(2.5) == 0.025
+    assert parse_pct(100) == 1.0
+    for bad in (0, -1, 100.5, float("nan"), float("inf")):
+        with pytest.raises(AgentError, match="--cpu-budget must be"):
+            parse_pct(bad)
+
+
+def test_own_cpu_by_part_other_is_the_rest_and_end_freezes_it():
+    c = Clocks()
+    sampler = [0]
+    own = c.own()
+    own.watch_sampler(lambda: sampler[0], lambda: 7 * MS)  # the helper's 7 ms before begin
+    c.spend(50 * MS)  # start-up: not counted
+    own.begin()
+    with own.part("source"):
+        c.spend(2 * MS)
+    with own.part("events"):
+        c.spend(5 * MS)
+    sampler[0] += 3 * MS
+    c.spend(3 * MS, thread=False)  # the sampler thread
+    c.spend(1 * MS, thread=False)  # an exporter scrape: "other"
+    parts = own.by_part()
+    assert list(parts) == list(PARTS)
+    assert parts["source"] == 2 * MS and parts["events"] == 5 * MS
+    assert parts["sampler"] == 3 * MS and parts["other"] == 1 * MS
+    assert own.total_ns() == 11 * MS == sum(parts.values())
+    own.end()
+    c.spend(40 * MS)
+    sampler[0] = 0  # (a thread that ended: its clock is gone)
+    assert own.total_ns() == 11 * MS and own.by_part() == parts
+
+
+def test_own_cpu_counts_the_native_helper_and_a_part_that_raises():
+    c = Clocks()
+    helper = [100 * MS]
+    own = c.own()
+    own.watch_sampler(None, lambda: helper[0])
+    own.begin()
+    helper[0] += 4 * MS
+    with pytest.raises(RuntimeError), own.part("attribution"):
+        c.spend(MS)
+        raise RuntimeError("a rule failed")
+    assert own.by_part()["attribution"] == MS  # charged all the same
+    assert own.by_part()["sampler"] == 4 * MS
+    assert own.total_ns() == 5 * MS
+
+
+def _bucket(share: float = 0.01):
+    c = Clocks()
+    own = c.own()
+    b = CpuBudget(share, own, clock=lambda: c.wall)
+    own.begin()
+    b.begin()
+    return c, own, b
+
+
+def test_the_burst_is_there_at_once_and_exact_costs_drain_it():
+    c, own, b = _bucket()
+    assert b.capacity_ns == 0.01 * BURST_S * S  # 50 ms of CPU at 1 %
+    n = 0
+    while b.allow():
+        with own.part("events"):
+            c.spend(10 * MS)
+        b.charge(10 * MS)
+        n += 1
+    assert n == 5  # 50 ms of burst, 10 ms an exact attribution; no time passed
+    assert (b.exact, b.skipped) == (5, 1)
+    assert "watch's CPU budget (1 % of one CPU) spent" in b.note
+
+
+def test_refill_is_the_budget_less_the_always_on_parts():
+    c, own, b = _bucket()
+    b.tokens_ns = 0
+    c.wall += S
+    c.spend(4 * MS, thread=False)  # always-on: 0.4 % of the second
+    b.refill()
+    assert b.tokens_ns == pytest.approx(6 * MS)  # 10 ms earned, 4 ms used
+    # exact attribution is the bucket's own charge, not counted again as always-on
+    with own.part("events"):
+        c.spend(3 * MS)
+    b.charge(3 * MS)
+    c.wall += S
+    b.refill()
+    assert b.tokens_ns == pytest.approx(13 * MS)
+
+
+def test_always_on_over_the_budget_skips_exact_attribution_then_recovers():
+    c, own, b = _bucket()
+    for _ in range(60):  # a minute of always-on parts at 3 %: 20 ms a second over
+        c.wall += S
+        c.spend(30 * MS, thread=False)
+        b.allow()
+    assert b.exact == 2  # the 50 ms burst lasted two seconds, then nothing more
+    assert b.tokens_ns == -b.capacity_ns  # debt is bounded by one burst
+    assert b.skipped == 58
+    c.wall += 11 * S  # quiet again (no CPU): back within 2 bursts of the budget
+    assert b.allow()
+
+
+def test_a_storm_stays_within_the_budget_over_a_minute():
+    """Spikes every 20 ms for 60 s, exact attribution costing 8 ms of CPU each, always-on
+    parts at 0.4 %: watch's whole CPU over the minute is within the budget plus one burst."""
+    c, own, b = _bucket()
+    for _ in range(3000):
+        c.wall += 20 * MS
+        c.spend(80_000, thread=False)  # 0.4 % of 20 ms
+        if b.allow():
+            with own.part("events"):
+                c.spend(8 * MS)
+            b.charge(8 * MS)
+    assert b.exact + b.skipped == 3000
+    assert b.exact > 50  # it did attribute exactly, at the budget's pace
+    assert own.total_ns() <= 0.01 * 60 * S + b.capacity_ns + 8 * MS
+
+
+def _session(c: Clocks, pct: float | None = 1.0):
+    """A WatchSession on virtual clocks with a fake event source and a polled attributor
+    (cpu_contention); each event window read costs 20 ms of thread CPU."""
+    from agent.watch.attribution import Attribution, Spike
+    from agent.watch.config import WatchConfig
+    from agent.watch.latency.probe import BuiltinProbe
+    from agent.watch.session import WatchSession
+
+    class Costly(FakeSource):
+        def window(self, *a, **k):
+            c.spend(20 * MS)
+            return super().window(*a, **k)
+
+    src = Costly(lambda i: _canned())
+
+    class Sampler:
+        lock = threading.Lock()
+        stats = SimpleNamespace(per_collector={})
+
+        def covered_ns(self):
+            return c.wall + S
+
+        def poke(self):
+            pass
+
+    class Attr:
+        slack_ns = MS
+
+        def attribute(self, sp, recent):
+            c.spend(MS // 2)
+            return Attribution("cpu_contention", [], 0.9, sp.in_process())
+
+    recs: list[dict] = []
+    cfg = WatchConfig(source=BuiltinProbe("numpy"), probe_cpus=[1], housekeeping_cpus=[0],
+                      cpu_budget=None if pct is None else pct / 100)
+    s = WatchSession(cfg, clock=lambda: c.wall, on_record=recs.append,
+                     trace_opener=lambda *a, **k: src, own_cpu=c.own())
+    s.sampler, s.attributor = Sampler(), Attr()
+    s.sched = SimpleNamespace(latest_scan_ns=lambda: c.wall + S)
+    assert s.trace.open(c.wall) is None and s.trace.active
+    s.begin_costs()
+    return s, recs, lambda i: Spike(i, T0, T1, 99, PROBE_TID, 500_000, cpu_end=1)
+
+
+def test_a_storm_past_the_budget_records_every_spike_with_a_cause_and_a_note():
+    c = Clocks()
+    s, recs, spike = _session(c)
+    for i in range(1, 11):  # ten spikes in one step: 50 ms of burst, 20 ms a window
+        s.schedule.add(spike(i), c.wall)
+    s.attribute_pending(c.wall)
+    assert len(recs) == 10 and all(r["cause"] == "cpu_contention" for r in recs)
+    exact = [r for r in recs if r["events"]["complete"]]
+    skipped = [r for r in recs if not r["events"]["complete"]]
+    assert len(exact) == 3  # 50 ms: 20, 20, 20 (the third goes 10 ms into debt)
+    note = "exact attribution skipped: watch's CPU budget (1 % of one CPU) spent"
+    assert all(r["note"] == note and r["events"]["reason"] == note and
+               r["decided_by"] == "polled" for r in skipped)
+    assert (s.budget.exact, s.budget.skipped) == (3, 7)
+    parts = s.own.by_part()
+    assert parts["events"] == 60 * MS and parts["attribution"] == 5 * MS
+    # a quiet minute later the budget allows exact attribution again
+    c.wall += 60 * S
+    s.schedule.add(spike(11), c.wall)
+    s.attribute_pending(c.wall)
+    assert recs[-1]["events"]["complete"] is True
+
+
+def test_without_a_budget_every_spike_gets_its_window_and_the_cost_is_still_measured():
+    c = Clocks()
+    s, recs, spike = _session(c, pct=None)
+    for i in range(1, 11):
+        s.schedule.add(spike(i), c.wall)
+    s.attribute_pending(c.wall)
+    assert all(r["events"]["complete"] for r in recs) and len(recs) == 10
+    assert s.own.by_part()["events"] == 200 * MS and s.budget is None
+
+
+def test_the_summary_and_metrics_report_own_cpu_the_budget_and_the_charged_cost():
+    from agent.export.metrics import WatchMetrics
+    from agent.export.server import make_registry, render
+    from agent.watch.metrics_feed import MetricsFeed
+    c = Clocks()
+    s, recs, spike = _session(c)
+    for i in range(1, 5):
+        s.schedule.add(spike(i), c.wall)
+    s.attribute_pending(c.wall)
+    c.wall += 10 * S
+    s.samples = 20_000  # 2,000 calls a second
+    s.source.info = {"attach": {"cost_us_per_call": 1.8}}
+    m = WatchMetrics()
+    MetricsFeed(m).set_own_cost(s)
+    text = render(make_registry(m))[0].decode()
+    assert 'hftagent_watch_cpu_seconds_total{part="events"} 0.06' in text
+    assert "hftagent_watch_cpu_budget_ratio 0.01" in text
+    assert 'hftagent_watch_budget_spikes_total{decision="skipped"} 1.0' in text
+    assert "hftagent_attach_cost_per_call_seconds 1.8e-06" in text
+    oc = cost_summary(s.own, s.budget, 10.0, 1.8, s.samples)
+    assert oc["share_of_one_cpu"] == pytest.approx(0.0062)  # 62 ms over 10 s
+    assert oc["by_part"]["events"] == 0.006 and oc["budget"]["skipped_exact_attributions"] == 1
+    assert oc["charged_to_service"] == {"us_per_call": 1.8, "calls_per_s": 2000.0,
+                                        "share_of_one_cpu": 0.0036}
+    from agent.watch import report
+    lines = report.own_cost({"own_cpu": oc})
+    assert lines[0].startswith("watch's own CPU: 0.62 % of one CPU (")
+    assert "budget 1 %: 3 spike(s) with exact attribution, 1 without" in lines[0]
+    assert lines[1] == ("charged to the attached service: ~1.8 µs a call × 2000 calls/s = "
+                        "0.36 % of one CPU")
+
+
+def test_nothing_is_charged_without_a_cost_per_call_and_no_share_without_time():
+    c = Clocks()
+    oc = cost_summary(c.own(), None, 0.0, None, 0)
+    assert oc["share_of_one_cpu"] is None and oc["budget"] is None
+    assert "charged_to_service" not in oc
+
+
+def test_cpu_budget_option_is_refused_in_one_line():
+    from typer.testing import CliRunner
+
+    from agent.cli import get_app
+    r = CliRunner().invoke(get_app(), ["watch", "--probe", "numpy", "--cpu-budget", "0",
+                                       "--duration", "1"])
+    assert r.exit_code == 1
+    assert r.output.strip().splitlines() == [
+        "hftagent: error: --cpu-budget must be a share of one CPU in % (0 < PCT ≤ 100), not 0"]
