@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from agent.trace.tracefs import CpuStats
+from agent.trace.instance import CpuStats
 from bench.abstats import VERDICT_DIFFERS, VERDICT_INCONCLUSIVE
 from bench.events_p99_ab import (
     InstanceEvents,
@@ -72,7 +72,7 @@ def test_assign_keeps_samples_by_start_in_half_open_windows():
 
 
 def test_written_counts_consumed_and_overwritten_events():
-    from agent.trace.tracefs import parse_stats
+    from agent.trace.instance import parse_stats
     a = parse_stats(STATS.format(e=10, o=0, r=0), 1)
     b = parse_stats(STATS.format(e=3, o=5, r=40), 1)  # watch drained 40, 5 overwritten
     assert written(b) - written(a) == 38

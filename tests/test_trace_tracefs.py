@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.trace import EventSource, Unsupported, breakdown, instance, timeline, wake
+from agent.trace import EventSource, Unsupported, breakdown, instance, sizing, timeline, wake
 from agent.trace import tracefs as tfs
 from collectors.host import Host
 
@@ -92,7 +92,7 @@ def test_instance_settings_and_global_state_untouched(host):
         assert int((p / "tracing_cpumask").read_text().replace(",", ""), 16) == 1 << CPU
         assert (p / "tracing_on").read_text().strip() == "1"
         kb = int((p / "per_cpu" / f"cpu{CPU}" / "buffer_size_kb").read_text())
-        assert kb == src.buffer_kb >= tfs.MIN_CPU_KB
+        assert kb == src.buffer_kb >= sizing.MIN_CPU_KB
         for c in range(os.cpu_count() or 1):
             if c != CPU and (p / "per_cpu" / f"cpu{c}").is_dir():
                 assert int((p / "per_cpu" / f"cpu{c}" / "buffer_size_kb").read_text()) < 64
@@ -473,11 +473,11 @@ def test_no_permission_is_one_line(host):
 def test_refit_resizes_from_the_measured_rate(host):
     src = _open(host, buffer_s=1, rate_hint=10_000_000)  # far too big: bounded to the max
     try:
-        assert src.buffer_kb >= tfs.MAX_CPU_KB - 8 and "bounded" in src.sizing
+        assert src.buffer_kb >= sizing.MAX_CPU_KB - 8 and "bounded" in src.sizing
         time.sleep(0.3)
         line = src.refit()
         assert line is not None and "measured" in line
-        assert src.buffer_kb < tfs.MAX_CPU_KB // 2
+        assert src.buffer_kb < sizing.MAX_CPU_KB // 2
         assert src.rate()[CPU] >= 0
     finally:
         src.close()
@@ -496,9 +496,9 @@ def test_grow_enlarges_the_rings_within_the_bound(host):
         for _ in range(12):  # up to the bound, never past it
             if src.grow() is None:
                 break
-            assert src.buffer_kb <= tfs.MAX_CPU_KB + 8
-        assert src.grow() is None and src.buffer_kb >= tfs.MAX_CPU_KB // 2
-        assert src.keep_bytes <= tfs.KEEP_MAX_BYTES
+            assert src.buffer_kb <= sizing.MAX_CPU_KB + 8
+        assert src.grow() is None and src.buffer_kb >= sizing.MAX_CPU_KB // 2
+        assert src.keep_bytes <= sizing.KEEP_MAX_BYTES
     finally:
         src.close()
     assert src.grow() is None  # closed
@@ -529,9 +529,9 @@ def test_not_mounted_is_unsupported_and_mount_only_on_a_live_root(tmp_path):
 def test_cpumask_and_sizing():
     assert instance.cpumask_hex([1]) == "00000002"
     assert instance.cpumask_hex([0, 33]) == "00000002,00000001"
-    kb, why = tfs.size_ring_kb(10, 1)
-    assert kb == 10 * tfs.ASSUMED_RATE_EPS * tfs.ASSUMED_EVENT_BYTES // 1024 + 1
+    kb, why = sizing.size_ring_kb(10, 1)
+    assert kb == 10 * sizing.ASSUMED_RATE_EPS * sizing.ASSUMED_EVENT_BYTES // 1024 + 1
     assert "10 s at 20,000 events/s" in why
-    kb, why = tfs.size_ring_kb(10, 64, rate_eps=1e6)
-    assert kb == tfs.MAX_TOTAL_KB // 64 and "bounded" in why
-    assert tfs.size_ring_kb(0.001, 1)[0] == tfs.MIN_CPU_KB
+    kb, why = sizing.size_ring_kb(10, 64, rate_eps=1e6)
+    assert kb == sizing.MAX_TOTAL_KB // 64 and "bounded" in why
+    assert sizing.size_ring_kb(0.001, 1)[0] == sizing.MIN_CPU_KB

@@ -9,10 +9,12 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
 - :mod:`.tracefs` — :class:`EventSource`, a private tracefs instance
   ``instances/hftagent-<pid>`` on the probe CPUs whose kernel ring is the flight recorder;
   only the windows around spikes are read (binary ``trace_pipe_raw`` pages). It is opened,
-  sized and closed there, and put together from :mod:`.instance` (an instance's life:
+  read and closed there, and put together from :mod:`.instance` (an instance's life:
   create, settings, remove, stale ones of a killed run), :mod:`.window` (the per-CPU pages
   kept and read back as a :class:`Window`), :mod:`.wake` (the second instance that sees
-  wake-ups and signals from the other CPUs) and :mod:`.uprobe`'s ``UprobeEvents``.
+  wake-ups and signals from the other CPUs), :mod:`.uprobe`'s ``UprobeEvents``,
+  :mod:`.sizing` (the rings' size, the rate, the losses) and :mod:`.recording` (the events
+  enabled, their formats, the reader).
 - :mod:`.event` — :class:`Event` and its decoder, built from the kernel's event ``format``
   files (the derived fields both readers share); :mod:`.symbols` — kernel addresses to
   names (kallsyms, loaded in a thread).

@@ -13,9 +13,13 @@
   wake-ups and signals from the other CPUs;
 - :mod:`.uprobe` — :class:`~agent.trace.uprobe.UprobeEvents`: our uprobe events (watch
   ``--attach``) in the same instance;
+- :mod:`.sizing` — :class:`~agent.trace.sizing.RingSizing`: the rings' size (at open,
+  :meth:`~agent.trace.sizing.RingSizing.refit`, :meth:`~agent.trace.sizing.RingSizing.grow`),
+  the rate and the losses;
+- :mod:`.recording` — :class:`~agent.trace.recording.Recording`: the events enabled, their
+  formats, and the reader (raw pages or the text fallback);
 
-and this module: opening (what is set, in which order), the ring sizing (:func:`size_ring_kb`,
-:meth:`EventSource.refit`, :meth:`EventSource.grow`), the rate and losses, and closing.
+and this module: opening (what is set, in which order), a window's read, and closing.
 
 Set-up (kernel Documentation/trace/ftrace.rst, "Instances"): ``mkdir
 instances/hftagent-<pid>``; in it ``tracing_on`` 0 while it is set up; ``trace_clock``
@@ -25,7 +29,7 @@ same clock on Linux, so a sample's intended start and end select events directly
 room, the writer never stops); ``tracing_cpumask`` = the probe CPUs;
 ``per_cpu/cpuN/buffer_size_kb`` sized for ``buffer_s`` seconds on the probe CPUs and the
 minimum on the others (the mask does not stop the kernel allocating every CPU's buffer);
-the events of :data:`WANTED` that the instance's ``events/`` directory has, each through its
+the events of :data:`.recording.WANTED` that the instance's ``events/`` directory has, each through its
 own ``enable`` file; then ``tracing_on`` 1. Removed by :meth:`EventSource.close`, at exit
 and on SIGTERM (:mod:`.instance`); commands that handle SIGTERM themselves (watch, cpus)
 unwind to ``close``.
@@ -44,11 +48,9 @@ from pathlib import Path
 
 from collectors.host import Host
 
-from .event import FormatError, parse_format
 from .guardian import guard
 from .instance import (
     _HELD,
-    CpuStats,
     Unsupported,
     _at_exit_and_term,
     _instance_name,
@@ -60,65 +62,43 @@ from .instance import (
     cpumask_hex,
     find_tracefs,
     online_cpus,
-    parse_stats,
     remove_instance,
     remove_stale,
 )
-from .pages import PageLayout, check_header_event, parse_header_page
+from .recording import Recording
+from .sizing import ASSUMED_RATE_EPS, KEEP_MAX_BYTES, RingSizing
 from .symbols import SymbolResolver
 from .uprobe import UprobeEvents
 from .uprobe import remove_stale as remove_stale_uprobes
 from .wake import WakeInstance
 from .window import Window, WindowReader, _close_rings, _CpuRing
 
-# (system, event) in the order of the issue; each enabled only where the instance has it.
-WANTED: tuple[tuple[str, str], ...] = (
-    ("sched", "sched_switch"), ("sched", "sched_waking"), ("sched", "sched_wakeup"),
-    ("sched", "sched_migrate_task"),
-    ("irq", "irq_handler_entry"), ("irq", "irq_handler_exit"),
-    ("irq", "softirq_entry"), ("irq", "softirq_exit"),
-    ("workqueue", "workqueue_execute_start"), ("workqueue", "workqueue_execute_end"),
-    ("tlb", "tlb_flush"), ("ipi", "ipi_send_cpu"), ("ipi", "ipi_send_cpumask"),
-    # the probe CPUs' own block requests: issued by the probe (its common_pid), completed in
-    # an interrupt there (an I/O wait's end). Issue #26 item 1; cheap: only I/O on the probe
-    # CPUs fires them
-    ("block", "block_rq_issue"), ("block", "block_rq_complete"),
-)
 
-# irq_vectors: every *_entry/*_exit pair (local_timer, call_function(_single), reschedule,
-# irq_work, thermal_apic, ...); the vector_* allocation events are not time spent on a CPU.
-VECTOR_SYSTEM = "irq_vectors"
-
-# Ring sizing. The assumed rate is what a probe CPU showed on a 2-vCPU guest with a
-# CPU hog and a 500 Hz probe (sched + tlb + irq events, ~6k/s) with headroom for a storm
-# burst; bytes/event is the measured mean (30-40 B: tlb_flush 24 B, sched_switch 68 B).
-ASSUMED_RATE_EPS = 20_000
-ASSUMED_EVENT_BYTES = 40
-MIN_CPU_KB = 512
-MAX_CPU_KB = 32 * 1024
-MAX_TOTAL_KB = 256 * 1024
-OTHER_CPU_KB = 4  # the kernel rounds up to its minimum (2 pages)
-KEEP_MAX_BYTES = 16 << 20
-# After lost events: ×4, so that a flood at ~50× the warm-up rate (a 16-vCPU 6.18 guest: 2,000 →
-# ~50,000 events/s, 700,000/s inside its bursts) is covered after two resizes, not five.
-GROW_FACTOR = 4
+def _tracefs_root(host: Host, mount: bool, notes: list[str]) -> Path:
+    """The tracefs mount; with ``mount``, tracefs mounted at /sys/kernel/tracing first when
+    it is not (a live root only; a note says so)."""
+    root = find_tracefs(host)
+    if root is not None:
+        return root
+    target = host.sys("kernel", "tracing")
+    shown = host.display(target)
+    if not mount:
+        raise _Refused(f"unsupported: tracefs not mounted at {shown} "
+                       "(watch --trace mount mounts it)")
+    if not host.live:
+        raise _Refused(f"unsupported: tracefs not mounted at {shown} "
+                       "(not mounting under a non-live root)")
+    if not target.is_dir():
+        raise _Refused(f"unsupported: no {shown} to mount tracefs on")
+    _mount_tracefs(target)
+    root = find_tracefs(host)
+    if root is None:
+        raise _Refused(f"unsupported: tracefs mounted at {shown} has no instances/")
+    notes.append(f"mounted tracefs at {shown}")
+    return root
 
 
-def size_ring_kb(buffer_s: float, ncpus: int, rate_eps: float = ASSUMED_RATE_EPS,
-                 event_bytes: float = ASSUMED_EVENT_BYTES) -> tuple[int, str]:
-    """(per-CPU KiB, one line saying why) for ``buffer_s`` seconds at ``rate_eps`` events a
-    second of ``event_bytes`` each, within [MIN_CPU_KB, MAX_CPU_KB] and MAX_TOTAL_KB over
-    the probe CPUs."""
-    want = int(buffer_s * rate_eps * event_bytes / 1024) + 1
-    kb = max(MIN_CPU_KB, min(MAX_CPU_KB, want, MAX_TOTAL_KB // max(1, ncpus)))
-    cover = kb * 1024 / max(1.0, rate_eps * event_bytes)
-    why = (f"{kb} KiB per probe CPU: {buffer_s:g} s at {rate_eps:,.0f} events/s × "
-           f"{event_bytes:.0f} B" + ("" if kb == want else
-                                      f" (bounded; covers {cover:.1f} s at that rate)"))
-    return kb, why
-
-
-class EventSource(WindowReader, WakeInstance, UprobeEvents):
+class EventSource(WindowReader, WakeInstance, UprobeEvents, RingSizing, Recording):
     """A private tracefs instance on the probe CPUs (module docstring). Build it with
     :meth:`open`; read with :meth:`window`; :meth:`close` (or ``with``) removes it."""
 
@@ -129,18 +109,10 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents):
         self.name = ""
         self.path: Path = Path()
         self.cpus: list[int] = []
-        self.events: list[str] = []  # "system:name" enabled
-        self.missing: list[str] = []  # wanted but not offered by this kernel
-        self.reader = "raw"
-        self.buffer_s = 0.0
-        self.buffer_kb = 0
-        self.sizing = ""
         self.notes: list[str] = []  # stale instances removed, mount done...
         self.started_ns = 0
         self._creator = 0
         self._closed = True
-        self._t_open = 0.0
-        self._stats0: dict[int, CpuStats] = {}
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -183,35 +155,38 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents):
         if reader not in ("auto", "raw", "text"):
             raise _Refused(f"unsupported: unknown event reader {reader!r}")
         self.host = host
-        root = find_tracefs(host)
-        if root is None:
-            target = host.sys("kernel", "tracing")
-            shown = host.display(target)
-            if not mount:
-                raise _Refused(f"unsupported: tracefs not mounted at {shown} "
-                               "(watch --trace mount mounts it)")
-            if not host.live:
-                raise _Refused(f"unsupported: tracefs not mounted at {shown} "
-                               "(not mounting under a non-live root)")
-            if not target.is_dir():
-                raise _Refused(f"unsupported: no {shown} to mount tracefs on")
-            _mount_tracefs(target)
-            root = find_tracefs(host)
-            if root is None:
-                raise _Refused(f"unsupported: tracefs mounted at {shown} has no instances/")
-            self.notes.append(f"mounted tracefs at {shown}")
-        self.tracefs = root
-        inst_dir = root / "instances"
+        self.tracefs = _tracefs_root(host, mount, self.notes)
+        inst_dir = self.tracefs / "instances"
         # what killed runs left: their uprobe groups first (their instance is a witness)
-        self.notes += remove_stale_uprobes(host, root)
+        self.notes += remove_stale_uprobes(host, self.tracefs)
         remove_stale(host, inst_dir, self.notes)
+        self._create(host, inst_dir)
+        online = online_cpus(host)
+        bad = [c for c in cpus if c not in online]
+        if bad:
+            raise _Refused(f"unsupported: probe CPU(s) {bad} not online")
+        self.cpus = cpus
+        self._configure(reader)
+        self.buffer_s = buffer_s
+        self._size_rings(online, rate_hint or ASSUMED_RATE_EPS)
+        self.keep_ns = int((buffer_s if keep_s is None else keep_s) * 1e9)
+        self.keep_bytes = min(KEEP_MAX_BYTES, self.buffer_kb * 1024)
+        self._enable_events()
+        for c in cpus:
+            self._rings[c] = _CpuRing(c)
+        self._load_formats()
+        self._start(host, inst_dir, online)
+
+    def _create(self, host: Host, inst_dir: Path) -> None:
+        """``mkdir instances/hftagent-<pid>`` (after our guardian is started: a SIGKILL
+        removes it too), held from then on: removed at exit and on SIGTERM."""
         self.name = _instance_name()
         self.path = inst_dir / self.name
         shown = host.display(self.path)
         if str(self.path) in _HELD:
             raise _Refused(f"unsupported: tracefs instance {shown} is already in use by "
                            "this process")
-        no_guardian = guard(root)   # before the instance: a SIGKILL removes it too
+        no_guardian = guard(self.tracefs)   # before the instance: a SIGKILL removes it too
         if no_guardian:
             self.notes.append(no_guardian)
         try:
@@ -226,107 +201,43 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents):
         self._closed = False
         _HELD[str(self.path)] = weakref.ref(self)
         _at_exit_and_term()
+
+    def _configure(self, reader: str) -> None:
+        """Stopped while it is set up: the mono clock, overwrite, the probe CPUs' mask, the
+        page size and the reader."""
         p = self.path
-        online = online_cpus(host)
-        bad = [c for c in cpus if c not in online]
-        if bad:
-            raise _Refused(f"unsupported: probe CPU(s) {bad} not online")
-        self.cpus = cpus
         _write(p / "tracing_on", "0")
         clocks = _read(p / "trace_clock")
         if "mono" not in clocks.replace("[", " ").replace("]", " ").split():
             raise _Refused(f"unsupported: trace clock 'mono' not offered ({clocks.strip()})")
         _write(p / "trace_clock", "mono")
         _write(p / "options" / "overwrite", "1")
-        _write(p / "tracing_cpumask", cpumask_hex(cpus))
+        _write(p / "tracing_cpumask", cpumask_hex(self.cpus))
         # page (sub-buffer) size: buffer_subbuf_size_kb where the kernel has it (6.8+)
         try:
             self.page_size = int(_read(p / "buffer_subbuf_size_kb").split()[0]) * 1024
         except (OSError, ValueError, IndexError):
             self.page_size = 4096
         self.reader = self._choose_reader(reader)
-        self.buffer_s = buffer_s
-        self._size_rings(online, rate_hint or ASSUMED_RATE_EPS)
-        self.keep_ns = int((buffer_s if keep_s is None else keep_s) * 1e9)
-        self.keep_bytes = min(KEEP_MAX_BYTES, self.buffer_kb * 1024)
-        self._enable_events()
-        for c in cpus:
-            self._rings[c] = _CpuRing(c)
-        self._load_formats()
+
+    def _start(self, host: Host, inst_dir: Path, online: set[int]) -> None:
+        """The pipes opened (raw reader), the wake instance made, tracing on; the rings
+        cover from now; the rate counted from now; kallsyms loaded in a thread."""
         if self.reader == "raw":
-            for c in cpus:
-                self._rings[c].fd = os.open(p / "per_cpu" / f"cpu{c}" / "trace_pipe_raw",
+            for c in self.cpus:
+                self._rings[c].fd = os.open(self.path / "per_cpu" / f"cpu{c}" / "trace_pipe_raw",
                                             os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._open_wake(inst_dir, online)
-        _write(p / "tracing_on", "1")
+        _write(self.path / "tracing_on", "1")
         if self._wake_rings:
             _write(self.wake_path / "tracing_on", "1")
         self.started_ns = time.monotonic_ns()
         for ring in (*self._rings.values(), *self._wake_rings.values()):
             ring.cover_from_ns = self.started_ns
-        self._t_open = time.monotonic()
-        self._stats0 = {c: self.cpu_stats(c) for c in cpus}
+        self._start_counting()
         kallsyms = host.proc("kallsyms")
         self._symbols = SymbolResolver(lambda: _read_bytes(kallsyms))
         self._symbols.load_async()
-
-    def _choose_reader(self, reader: str) -> str:
-        if reader == "text":
-            return "text"
-        events_dir = self.tracefs / "events"
-        try:
-            self._layout = parse_header_page(_read(events_dir / "header_page"))
-            check_header_event(_read(events_dir / "header_event"))
-        except (OSError, FormatError) as exc:
-            if reader == "raw":
-                raise _Refused(f"unsupported: binary ring-buffer layout not readable: "
-                               f"{exc}") from None
-            self.notes.append(f"text reader: {exc}")
-            return "text"
-        if self._layout.page_size != self.page_size:
-            self._layout = PageLayout(self._layout.ts_offset, self._layout.commit_offset,
-                                      self._layout.commit_size, self._layout.data_offset,
-                                      self.page_size)
-        return "raw"
-
-    def _size_rings(self, online: set[int], rate: float) -> None:
-        kb, why = size_ring_kb(self.buffer_s, len(self.cpus), rate)
-        pc = self.path / "per_cpu"
-        for c in sorted(online):
-            _write(pc / f"cpu{c}" / "buffer_size_kb", str(kb if c in self.cpus else OTHER_CPU_KB))
-        got = _read(pc / f"cpu{self.cpus[0]}" / "buffer_size_kb").split()[0]
-        self.buffer_kb = int(got) if got.isdigit() else kb
-        self.sizing = why
-
-    def _enable_events(self) -> None:
-        ev_dir = self.path / "events"
-        wanted = list(WANTED)
-        vec_dir = ev_dir / VECTOR_SYSTEM
-        for name in sorted(os.listdir(vec_dir)) if vec_dir.is_dir() else ():
-            if name.endswith(("_entry", "_exit")) and not name.startswith("vector_"):
-                wanted.append((VECTOR_SYSTEM, name))
-        for system, name in wanted:
-            enable = ev_dir / system / name / "enable"
-            if not enable.exists():
-                self.missing.append(f"{system}:{name}")
-                continue
-            _write(enable, "1")
-            self.events.append(f"{system}:{name}")
-        if not any(e.endswith(":sched_switch") for e in self.events):
-            raise _Refused("unsupported: this kernel has no sched:sched_switch event")
-
-    def _load_formats(self) -> None:
-        ev_dir = self.path / "events"
-        for full in self.events:
-            system, name = full.split(":", 1)
-            try:
-                fmt = parse_format(_read(ev_dir / system / name / "format"), system)
-            except (OSError, FormatError) as exc:
-                raise _Refused(f"unsupported: cannot read the format of {full}: {exc}") from None
-            self._formats[fmt.id] = fmt
-            self._names.add(fmt.name)
-            if fmt.name == "sched_switch":
-                self._switch_ids = {fmt.id}
 
     # -- reading ---------------------------------------------------------------------------
     def window(self, t_from_ns: int, t_to_ns: int, *, margin_ns: int = 2_000_000,
@@ -358,82 +269,6 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents):
         return win
 
     # -- state -------------------------------------------------------------------------------
-    def cpu_stats(self, cpu: int) -> CpuStats:
-        try:
-            return parse_stats(_read(self.path / "per_cpu" / f"cpu{cpu}" / "stats"), cpu)
-        except OSError:
-            return CpuStats(cpu)
-
-    def rate(self) -> dict[int, float]:
-        """Events a second per probe CPU since :meth:`open` (written: entries + overrun +
-        read, as the kernel counts them)."""
-        dt = max(1e-3, time.monotonic() - self._t_open)
-        out = {}
-        for c in self.cpus:
-            a, b = self._stats0.get(c, CpuStats(c)), self.cpu_stats(c)
-            written = (b.entries + b.overrun + b.read) - (a.entries + a.overrun + a.read)
-            out[c] = max(0, written) / dt
-        return out
-
-    def lost(self) -> int:
-        """Events lost so far on the probe CPUs as the reads reported them."""
-        return sum(r.lost for r in self._rings.values())
-
-    def refit(self) -> str | None:
-        """Re-size the rings for ``buffer_s`` at the rate measured since open (content is
-        kept: the kernel resizes in place). Returns the new sizing line, None if unchanged
-        (within a factor of 2) or closed."""
-        if self._closed:
-            return None
-        rates = self.rate()
-        if not rates:
-            return None
-        rate = max(rates.values())
-        bpe = [s.bytes / s.entries for s in map(self.cpu_stats, self.cpus) if s.entries]
-        ebytes = max(bpe) if bpe else ASSUMED_EVENT_BYTES
-        kb, why = size_ring_kb(self.buffer_s, len(self.cpus), max(rate, 1.0), ebytes)
-        if self.buffer_kb // 2 <= kb <= self.buffer_kb * 2:
-            return None
-        refused = self._resize(kb)
-        if refused:
-            return refused
-        self.sizing = why + " (measured)"
-        return self.sizing
-
-    def grow(self) -> str | None:
-        """Grow the probe CPUs' rings GROW_FACTOR-fold after events were lost (a storm beyond
-        the rate the ring was sized for: :meth:`refit` measures the rate once, after warm-up),
-        within MAX_CPU_KB and MAX_TOTAL_KB: memory stays bounded whatever the rate, and what
-        was lost stays counted. Content is kept (the kernel resizes in place). Returns the new
-        sizing line; None at the bound or closed."""
-        if self._closed:
-            return None
-        kb = min(MAX_CPU_KB, MAX_TOTAL_KB // max(1, len(self.cpus)),
-                 self.buffer_kb * GROW_FACTOR)
-        if kb <= self.buffer_kb:
-            return None
-        refused = self._resize(kb)
-        if refused:
-            return refused
-        self.sizing = (f"{self.buffer_kb} KiB per probe CPU (grown ×{GROW_FACTOR} after "
-                       f"{self.lost():,} events were lost)")
-        return self.sizing
-
-    def _resize(self, kb: int) -> str | None:
-        """Give the probe CPUs' rings ``kb`` KiB each (the kernel resizes in place, content
-        kept) and take the size it made of it (it rounds up to whole pages) as
-        ``buffer_kb``, with the kept pages' bound; the "resize refused" line if it refused."""
-        pc = self.path / "per_cpu"
-        try:
-            for c in self.cpus:
-                _write(pc / f"cpu{c}" / "buffer_size_kb", str(kb))
-            got = _read(pc / f"cpu{self.cpus[0]}" / "buffer_size_kb").split()
-        except OSError as exc:
-            return f"resize refused: {exc.strerror or exc}"
-        self.buffer_kb = int(got[0]) if got and got[0].isdigit() else kb
-        self.keep_bytes = min(KEEP_MAX_BYTES, self.buffer_kb * 1024)
-        return None
-
     def describe(self) -> dict:
         """What the source is, for the run header / --json."""
         return {"instance": self.host.display(self.path) if self.host else str(self.path),
