@@ -171,3 +171,25 @@ def test_halt_polling_is_written_back_to_the_value_it_had(tmp_path, monkeypatch)
     p.unlink()
     with pytest.raises(TrialError, match="not readable"), halt_polling(host, 1):
         pass
+
+
+def test_a_task_that_joined_the_isolated_cpuset_is_named_and_the_next_try_rolls_back(
+        tmp_path, monkeypatch):
+    """A task that joins the cpuset during the block (`hftagent run` joins it while it
+    exists) keeps rollback from removing it: one error naming the task; once it has left,
+    the journal's rollback (the next tune try's first step) finishes the job."""
+    from agent.trial.levers import roll_back
+    root, host, sim = _tree(tmp_path, monkeypatch)
+    before = snapshot(root)
+    sd = tmp_path / "state" / "trial"
+    procs = root / "sys/fs/cgroup/cpuset/hftagent-isolated/cgroup.procs"
+    with pytest.raises(TrialError) as ei, isolation(host, [1], sd):
+        saved = procs.read_text()
+        procs.write_text(saved + "907\n")
+    msg = str(ei.value)
+    assert msg.startswith("isolation not fully rolled back: ")
+    assert "task 907 (pinned) joined the isolated cpuset" in msg
+    assert (sd / "journal.json").exists()
+    procs.write_text(saved)
+    roll_back(host, sd)
+    assert not (sd / "journal.json").exists() and diff(before, snapshot(root)) == []

@@ -61,8 +61,28 @@ def roll_back(host: Host, state_dir: Path) -> None:
     rep = rollback(ctx, state_dir)
     if not rep.ok:
         raise TrialError(f"isolation not fully rolled back: {rep.remaining} entr"
-                         f"{'y' if rep.remaining == 1 else 'ies'} left in {rep.journal} "
-                         f"(hftagent tune rollback --state-dir {state_dir})")
+                         f"{'y' if rep.remaining == 1 else 'ies'} left in {rep.journal}"
+                         f"{_joined(host)}; hftagent tune rollback --state-dir {state_dir} "
+                         "once they have left (the next tune try does it first)")
+
+
+def _joined(host: Host) -> str:
+    """Who keeps the isolated cpuset from being removed: tasks that joined it during the
+    block (`hftagent run` and the probe workers join it while it exists)."""
+    from tuning.tunables.isolate import isolated_cpuset
+
+    iso = isolated_cpuset(host)
+    r = host.read(iso.procs) if iso is not None else None
+    pids = (r.value or "").split() if r is not None else []
+    if not pids:
+        return ""
+    names = []
+    for pid in pids[:3]:
+        c = host.read(host.proc(pid, "comm"))
+        names.append(f"{pid} ({(c.value or '?').strip()})")
+    more = f" and {len(pids) - 3} more" if len(pids) > 3 else ""
+    return (f": task {', '.join(names)}{more} joined the isolated cpuset {iso.path} during the "
+            "block, so it cannot be removed")
 
 
 @contextlib.contextmanager
