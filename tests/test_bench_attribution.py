@@ -266,9 +266,9 @@ def test_the_service_is_watched_by_its_pid():
                      watch_nice=0)
     svc = Namespace(pid=4321)
     cfg = watch_config(args, 1, 0, svc)
-    assert (cfg.probe, cfg.pid, cfg.probe_cpus, cfg.housekeeping_cpus) == ("external", 4321,
-                                                                           [1], [0])
-    assert watch_config(args, 1, 0, None).probe == "numpy"
+    assert (cfg.source.kind, cfg.source.pid, cfg.probe_cpus, cfg.housekeeping_cpus) == (
+        "external", 4321, [1], [0])
+    assert watch_config(args, 1, 0, None).source.kind == "numpy"
 
 
 # -- the not-runnable faults' mechanisms, on bench/service.py, without watch ---------------------
