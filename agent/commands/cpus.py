@@ -1,7 +1,8 @@
 """`hftagent cpus`: rank the CPUs by measured noise and recommend the inference CPUs.
 
 Thin: the options become a :class:`CpusRequest` (checked once, before the scan; the CPUs by
-tuning/targets.py's rules), :func:`execute` scans and ranks, :func:`show` renders."""
+tuning/targets.py's rules), :func:`execute` has agent/noise/survey.py scan, judge and rank
+(and writes the outputs), :func:`show` renders."""
 
 from __future__ import annotations
 
@@ -157,68 +158,45 @@ class CpusOutcome:
 
 
 def scan(req: CpusRequest) -> tuple[list, Stopped | None, dict]:
-    """The candidates, a batch at a time (agent/noise/scan.py); a stop keeps the batches that
-    finished (the one in flight is lost: its recorders are killed). With the kernel events'
-    state (agent.noise.events.Tracer.info)."""
-    from agent.noise import scan as sc
+    """The candidates, a batch at a time (agent/noise/survey.py); a stop keeps the batches
+    that finished (the one in flight is lost: its recorders are killed). With the kernel
+    events' state (agent.noise.events.Tracer.info)."""
     from agent.noise.events import Tracer
+    from agent.noise.survey import scan_candidates
     from collectors.parsers import format_cpulist
 
-    def progress(group: list[int]) -> None:
+    def say(line: str) -> None:
         if not req.json:
-            print(f"scanning CPU {format_cpulist(group)} for {req.duration_s:g} s ...",
-                  file=sys.stderr, flush=True)
+            print(line, file=sys.stderr, flush=True)
 
     results: list = []
     tracer = Tracer(req.trace, req.host)
-    exe = None
     try:
         with stop_on_signals():
-            # built first: a cache refused (another user's HOME) is one line, alone
-            exe = sc.build()
-            if not req.json:
-                print(f"hftagent cpus: {len(req.candidates)} candidate CPU(s), "
-                      f"{req.duration_s:g} s each", file=sys.stderr, flush=True)
-            for group in sc.batches(req.candidates, len(req.online)):
-                results.extend(sc.scan(req.host, group, len(req.online), req.duration_s,
-                                       int(req.threshold_us * 1000), exe=exe,
-                                       progress=progress, tracer=tracer,
-                                       irq_sender=req.housekeeping[0]))
+            scan_candidates(
+                req.host, req.candidates, len(req.online), req.duration_s, req.threshold_us,
+                into=results, tracer=tracer, irq_sender=req.housekeeping[0],
+                built=lambda: say(f"hftagent cpus: {len(req.candidates)} candidate CPU(s), "
+                                  f"{req.duration_s:g} s each"),
+                progress=lambda group: say(f"scanning CPU {format_cpulist(group)} for "
+                                           f"{req.duration_s:g} s ..."))
     except Stopped as stop:
         return sorted(results, key=lambda r: r.cpu), stop, tracer.info()
-    finally:
-        if exe is not None:
-            exe.close()
     return sorted(results, key=lambda r: r.cpu), None, tracer.info()
 
 
 def execute(req: CpusRequest) -> CpusOutcome:
-    """Scan, judge (agent/noise/rank.py), rank; write the plot and the textfile and record
-    the run when the scan finished."""
-    from agent.noise import rank as rk
-    from agent.noise import scan as sc
-    from collectors import cpu as cpuc
-    from collectors.parsers import format_cpulist
-    from collectors.system import numa_nodes
+    """Scan, judge and rank (agent/noise/survey.py); write the plot and the textfile and
+    record the run when the scan finished."""
+    from agent.noise import survey
 
     results, stopped, trace = scan(req)
-    rk.judge(results)
-    host = req.host
-    nodes = numa_nodes(host)
-    choice = rk.rank(results, siblings=cpuc.smt(host, req.candidates).siblings,
-                     cpu_node={c: n for n, cs in nodes.items() for c in cs},
-                     device_nodes=device_nodes(host),
-                     pinned=sc.pinned_processes(host, req.candidates), count=req.count,
-                     allow_siblings=req.allow_siblings)
-    rec = format_cpulist(choice.recommended) if choice.recommended and not stopped else None
-    commands = ([f"hftagent tune plan --cpus {rec}", f"hftagent tune apply --cpus {rec}",
-                 f"hftagent run --cpus {rec} -- CMD"] if rec else [])
-    doc = {"duration_s": req.duration_s, "threshold_us": req.threshold_us,
-           "online": req.online, "housekeeping": req.housekeeping,
-           "candidates": req.candidates, "cpus": [r.to_dict() for r in results],
-           "ranked": choice.ranked, "recommended": choice.recommended if rec else [],
-           "left_out": choice.left_out, "device_nodes": choice.device_nodes,
-           "commands": commands, "trace": trace}
+    choice = survey.recommend(req.host, results, req.candidates, count=req.count,
+                              allow_siblings=req.allow_siblings)
+    doc = survey.document(results, choice, trace, duration_s=req.duration_s,
+                          threshold_us=req.threshold_us, online=req.online,
+                          housekeeping=req.housekeeping, candidates=req.candidates,
+                          complete=stopped is None)
     scanned = {r.cpu for r in results}
     out = CpusOutcome(results, choice, doc, stopped,
                       [c for c in req.candidates if c not in scanned])
@@ -266,13 +244,6 @@ def cpus(duration: DurationOpt = 1.0, candidates: CandidatesOpt = None,
     show(req, execute(req))
 
 
-def device_nodes(host) -> list[int]:
-    """NUMA nodes of the GPUs and NICs (PCI class display/3D or network), when known."""
-    from collectors.pcie import is_gpu, is_nic, pci_devices
-    return sorted({d.numa_node for d in pci_devices(host)
-                   if d.numa_node is not None and d.numa_node >= 0 and (is_gpu(d) or is_nic(d))})
-
-
 VERDICT_STYLE = {"quiet": "green", "noisy": "bold red", "unranked": "yellow", "error": "red"}
 
 
@@ -280,14 +251,23 @@ def render(out: CpusOutcome, house: list[int], con=None) -> None:
     """The ranking (a table on a wide terminal, a list otherwise), each CPU's causes, what
     was left out and why, the verdicts' basis (said once), the recommendation."""
     from agent import textout
-    from agent.probe.report import fmt_ns
-    from collectors.parsers import format_cpulist
 
     con = con or textout.console()
-    choice, doc = out.choice, out.doc
     if out.stopped is not None:
         textout.line(con, ("partial result", "bold yellow"),
                      f": stopped by {out.stopped.name}; CPUs scanned before the stop only")
+    _table(con, out, house)
+    _causes(con, out)
+    _recommendation(con, out)
+
+
+def _table(con, out: CpusOutcome, house: list[int]) -> None:
+    """One row per CPU in the ranking's order: its verdict, loss, gaps, top cause."""
+    from agent import textout
+    from agent.probe.report import fmt_ns
+    from collectors.parsers import format_cpulist
+
+    choice = out.choice
     cols = [textout.Column("cpu", label="CPU"), textout.Column("verdict"),
             textout.Column("noise µs/s", right=True, label="lost µs/s"),
             textout.Column("gaps/s", right=True), textout.Column("P99 gap", right=True),
@@ -311,9 +291,16 @@ def render(out: CpusOutcome, house: list[int], con=None) -> None:
         rows.append(textout.Row(cells, tag=verdict, tag_style=style))
     textout.show(con, f"CPU noise (housekeeping core: CPU {format_cpulist(house)})", cols, rows,
                  head=("cpu",), tag_column="verdict")
+
+
+def _causes(con, out: CpusOutcome) -> None:
+    """The verdicts' basis (once each), where the attribution came from, one interrupt's
+    cost, and each CPU's causes."""
+    from agent import textout
+
     for basis, _n in textout.said_once(r.basis for r in out.results if r.basis):
         textout.line(con, f"verdicts judged {basis}", style="dim")
-    trace = doc.get("trace") or {}
+    trace = out.doc.get("trace") or {}
     if not trace.get("active") and trace.get("reason"):
         textout.line(con, f"kernel events: {trace['reason']}; attributed from /proc counters")
     costs = [r.irq_cost["cost_us"] for r in out.results
@@ -331,15 +318,22 @@ def render(out: CpusOutcome, house: list[int], con=None) -> None:
             causes = (", ".join(f"{k} {v:g}" for k, v in r.causes.items())
                       or "nothing counted")
             textout.line(con, f"  CPU {r.cpu} (/proc counts per s): {causes}")
+
+
+def _recommendation(con, out: CpusOutcome) -> None:
+    """The --cpus to use and the commands; after a stop, what was not scanned instead."""
+    from agent import textout
+    from collectors.parsers import format_cpulist
+
     if out.stopped is not None:
         if out.not_scanned:
             textout.line(con, ("partial result", "bold yellow"), ": not scanned: CPU "
                          f"{format_cpulist(out.not_scanned)}; no recommendation from a "
                          "partial scan")
         return
-    rec = doc["commands"]
+    rec = out.doc["commands"]
     if rec:
-        textout.line(con, "recommended: ", (f"--cpus {format_cpulist(choice.recommended)}",
+        textout.line(con, "recommended: ", (f"--cpus {format_cpulist(out.choice.recommended)}",
                                             "bold"))
         for c in rec:
             textout.line(con, f"  {c}")
