@@ -846,9 +846,11 @@ def _auth_config(users: dict[str, str], cost: int):
 def test_fresh_scraper_is_served_under_a_flood_from_1000_rotating_addresses():
     """A flood of distinct wrong passwords (half for a user that exists) from 1,000 rotating
     loopback addresses, 127.0.0.2-127.0.3.251 around the scraper's 127.0.0.1, bcrypt cost
-    10; 20 fresh scrapers, each with a credential never verified before: at least 19 are
-    served (before: 503 on 81 of 81 tries, every flood address stood as clean as the
-    scraper). The ≤ 1 s figure is bench/scrape_bench.py --auth-flood's."""
+    10, from more threads than the server takes connections; 20 fresh scrapers, each with a
+    credential never verified before: at least 19 are served (before: 503 on 81 of 81
+    tries, every flood address stood as clean as the scraper; then, with the flood's
+    requests waiting for workers, every connection slot was taken). The ≤ 1 s figure is
+    bench/scrape_bench.py --auth-flood's."""
     import base64
     import multiprocessing as mp
 
@@ -856,10 +858,10 @@ def test_fresh_scraper_is_served_under_a_flood_from_1000_rotating_addresses():
     creds = [(f"scraper{i}", f"pw{i}") for i in range(20)]
     cfg = _auth_config(dict(creds), cost=10)
     ctx = mp.get_context("spawn")
-    with Exporter(populated(), "127.0.0.1:0", web_config=cfg) as ex:
+    with Exporter(populated(), "127.0.0.1:0", web_config=cfg, max_connections=24) as ex:
         stop, q = ctx.Event(), ctx.Queue()
         flood = ctx.Process(target=auth_flood_proc,
-                            args=(ex.port, "scraper0", 1000, 120.0, 16, stop, q), daemon=True)
+                            args=(ex.port, "scraper0", 1000, 120.0, 32, stop, q), daemon=True)
         flood.start()
         try:
             # under the flood: every address has guessed, about three times on average
@@ -911,8 +913,9 @@ def _status(s: socket.socket) -> int:
 def test_verified_credential_is_answered_ahead_of_a_full_queue(monkeypatch):
     """bcrypt held (one check running, the auth queue full) and every worker taken: the
     requests still waiting for a worker are answered in lanes, a credential verified
-    before first (a dictionary lookup), then the unverified ones in arrival order (before:
-    one FIFO, the scraper behind every guess)."""
+    before first (a dictionary lookup), then the others in arrival order (before: one
+    FIFO, the scraper behind every one). The others here are malformed credentials (a
+    guess the loop can refuse itself never waits for a worker)."""
     import base64
     import threading
 
@@ -939,14 +942,53 @@ def test_verified_credential_is_answered_ahead_of_a_full_queue(monkeypatch):
                       for i in range(1, auth.QUEUE + 2)]   # one running, QUEUE waiting
         assert wait_until(lambda: auth._running and len(auth._queue) == auth.QUEUE, 20)
         work = ex._server._work
-        slow = [_raw_get(ex.port, f"127.0.6.{i}", hdr("prom", f"s{i}")) for i in range(1, 6)]
+        slow = [_raw_get(ex.port, f"127.0.6.{i}", f"Basic !{i}") for i in range(1, 6)]
         assert wait_until(lambda: work.qsize() == 5, 20), work.qsize()
         good = _raw_get(ex.port, "127.0.0.1", hdr("prom", "right"))
         assert wait_until(lambda: work.qsize() == 6, 20), work.qsize()
         gate.release()  # the running check ends: its worker takes the verified one first
         assert _status(good) == 200
         gate.release(10)
-        assert all(_status(s) in (401, 503) for s in slow)  # refused, checked or not
+        assert [_status(s) for s in slow] == [401] * 5
         assert [_status(s) for s in held_socks] == [401] * (auth.QUEUE + 1)
     good_at = picked.index(hdr("prom", "right"))
-    assert all(picked.index(hdr("prom", f"s{i}")) > good_at for i in range(1, 6)), picked
+    assert all(picked.index(f"Basic !{i}") > good_at for i in range(1, 6)), picked
+
+
+def _answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    data = b""
+    try:
+        while chunk := s.recv(4096):
+            data += chunk
+    finally:
+        s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(ln.split(": ", 1) for ln in lines[1:])
+    return int(lines[0][9:12]), headers, body
+
+
+def test_a_refusal_the_loop_answers_is_the_workers_answer():
+    """A password refused before is answered by the event loop (no worker): the same
+    status, headers and body as the worker's answer to its first try (Date, Server and
+    Connection aside), the configured headers included, no body for HEAD."""
+    import base64
+    cfg = _auth_config({"prom": "right"}, cost=4)
+    cfg.headers = {"X-Content-Type-Options": "nosniff"}
+    wrong = "Basic " + base64.b64encode(b"prom:wrong").decode()
+    with Exporter(populated(), "127.0.0.1:0", web_config=cfg) as ex:
+        first = _answer(_raw_get(ex.port, "127.0.0.1", wrong))      # a worker's: bcrypt
+        checks = cfg.auth.checks
+        again = _answer(_raw_get(ex.port, "127.0.0.1", wrong))      # the loop's
+        s = socket.create_connection(("127.0.0.1", ex.port), timeout=30)
+        s.sendall(f"HEAD /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {wrong}\r\n\r\n"
+                  .encode())
+        head = _answer(s)
+        assert cfg.auth.checks == checks and ex.stats["unauthorized"] == 3
+    drop = ("Date", "Server", "Connection")
+    same = [(code, {k: v for k, v in h.items() if k not in drop}, body)
+            for code, h, body in (first, again)]
+    assert same[0] == same[1] and first[0] == 401, (first, again)
+    assert again[1]["Connection"] == "close" and first[1]["X-Content-Type-Options"] == "nosniff"
+    assert head[0] == 401 and head[2] == b"" and head[1]["Content-Length"] == \
+        first[1]["Content-Length"]

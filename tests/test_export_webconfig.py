@@ -367,6 +367,34 @@ def test_in_good_standing_the_quietest_address_goes_first(monkeypatch):
     assert order == [b"ga", b"right", b"gb"]
 
 
+def test_triage_answers_what_check_would_refuse_without_bcrypt(fast_bcrypt):
+    """The server's event loop answers, without a worker, what check() would refuse
+    without bcrypt, counted once; it hands a worker the rest, holding a place in the lane
+    for it so a burst cannot all be handed on."""
+    clock = _Clock()
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=clock)
+    hdr = lambda pw: basic("prom", pw)["Authorization"]  # noqa: E731
+    assert auth.triage(None, "10.0.0.1") is None and auth.triage("Basic !!", "10.0.0.1") is None
+    assert auth.triage(hdr("right"), "10.0.0.1") is None      # a check to run: a worker's
+    assert auth.check(hdr("right"), "10.0.0.1") and not auth._pending
+    assert auth._peers["10.0.0.1"].load == 0.0
+    assert auth.triage(hdr("right"), "10.0.0.9") is None      # verified: a worker's, at once
+    assert auth.triage(hdr("x"), "10.0.0.2") is None
+    assert auth.check(hdr("x"), "10.0.0.2") is False
+    assert auth._peers["10.0.0.2"].load == 1.0                 # counted once, not twice
+    assert auth.triage(hdr("x"), "10.0.0.3") == (401, 0)       # refused before
+    auth._global = 0.0                                         # the shared budget spent
+    checks = auth.checks
+    assert auth.triage(hdr("y"), "10.0.0.2")[0] == 429 and auth.checks == checks
+    # places in a lane: QUEUE + 1 admitted at most (none running), equals refused
+    for i in range(BasicAuth.QUEUE + 1):
+        assert auth.triage(hdr(f"n{i}"), f"192.0.2.{i}") is None
+    assert auth.triage(hdr("late"), "192.0.2.99") == (503, 1)
+    assert len(auth._pending) == BasicAuth.QUEUE + 1
+    clock.t += BasicAuth.PENDING_S + 1                         # never reached check()
+    assert auth.triage(hdr("later"), "192.0.2.98") is None and len(auth._pending) == 1
+
+
 def _script(user: str) -> tuple[list, int, int]:
     """The same flood and scrapes against a fresh BasicAuth, guessing for ``user``."""
     clock = _Clock()

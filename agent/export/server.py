@@ -380,7 +380,11 @@ def exposure_warning(host: str, port: int, web_config: WebConfig | None) -> str 
 HANDSHAKE, HEAD, IDLE, BUSY = "handshake", "head", "idle", "busy"
 MAX_HEAD_BYTES = 65536
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
-_AUTHORIZATION = re.compile(rb"(?im)^authorization:[ \t]*([^\r\n]*)")
+# The first Authorization line, unless folded onto the next one (then the handler's parser
+# reads more than this line: the worker decides)
+_AUTHORIZATION = re.compile(rb"(?im)^authorization:[ \t]*([^\r\n]*)\r?\n(?![ \t])")
+_GET_OR_HEAD = re.compile(rb"(GET|HEAD) [^ \r\n]+ HTTP/1\.[01]\r?\n")
+_REASONS = {401: "Unauthorized", 429: "Too Many Requests", 503: "Service Unavailable"}
 # Work lanes: requests the workers can answer at once (no auth, or a credential verified
 # before) go ahead of those that may wait for bcrypt; the stop sentinels after everything.
 FAST, SLOW, STOP = 0, 1, 2
@@ -414,6 +418,28 @@ class _Writer(io.BufferedIOBase):
     def write(self, b: Any) -> int:
         self._sock.sendall(b)
         return len(b)
+
+
+def _refusal(code: int, retry_after_s: int) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    """Body and headers of a refused request: 401, or 429/503 with Retry-After."""
+    if code == 401:
+        return b"Unauthorized\n", (("WWW-Authenticate",
+                                     'Basic realm="hftagent", charset="UTF-8"'),)
+    body = b"busy\n" if code == 503 else b"too many failed logins\n"
+    return body, (("Retry-After", str(retry_after_s)),)
+
+
+def _refusal_bytes(code: int, retry_after_s: int, head_only: bool,
+                   headers: dict[str, str]) -> bytes:
+    """The whole answer the event loop sends for a refusal it decides itself: what the
+    handler sends for the same refusal, and ``Connection: close``."""
+    import email.utils
+    body, extra = _refusal(code, retry_after_s)
+    lines = [f"HTTP/1.1 {code} {_REASONS[code]}", f"Server: {_Handler.server_version}",
+             f"Date: {email.utils.formatdate(usegmt=True)}", "Content-Type: text/plain",
+             f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in extra),
+             *(f"{k}: {v}" for k, v in headers.items()), "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else body)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -450,7 +476,7 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.server.auth
         path = self.path.split("?", 1)[0]
         extra: tuple[tuple[str, str], ...] = ()
-        retry = "1"
+        retry = 1
         try:
             allowed = auth is None or auth.check(self.headers.get("Authorization"),
                                                  self.client_address[0])
@@ -458,16 +484,14 @@ class _Handler(BaseHTTPRequestHandler):
             # failure budget: 429): come back later, without holding this worker
             self.server.count("refused" if busy.status == 503 else "throttled")
             allowed, code = False, busy.status
-            retry = str(busy.retry_after_s)
+            retry = busy.retry_after_s
         else:
             code = 401
-        if not allowed and code in (429, 503):
-            body = b"busy\n" if code == 503 else b"too many failed logins\n"
-            ctype, extra = "text/plain", (("Retry-After", retry),)
-        elif not allowed:
-            self.server.count("unauthorized")
-            body, ctype = b"Unauthorized\n", "text/plain"
-            extra = (("WWW-Authenticate", 'Basic realm="hftagent", charset="UTF-8"'),)
+        if not allowed:
+            if code == 401:
+                self.server.count("unauthorized")
+            body, extra = _refusal(code, retry)
+            ctype = "text/plain"
         elif path == "/metrics":
             try:
                 body, ctype = render(self.server.registry, self.headers.get("Accept", ""))
@@ -638,7 +662,15 @@ class _Server:
             else:
                 return True
             if victim is None:
-                return False
+                # reading the candidates may have answered and closed some (a refusal the
+                # loop decides itself), and workers may have handed some back since this
+                # round began: room, unless both bounds still hold
+                per = self.by_ip.get(ip, {})
+                if len(per) < self.max_per_client and len(self.conns) < self.max_connections:
+                    return True
+                if not self._take_back(time.monotonic()):
+                    return False
+                continue
             if id(victim) in self.conns:
                 self.count("evicted")
                 self._close(victim)
@@ -742,6 +774,9 @@ class _Server:
 
     def _dispatch(self, c: _Conn, end: int) -> None:
         head, c.buf = c.buf[:end], c.buf[end:]
+        refusal = self._triage(c, head)
+        if refusal is not None:  # answered here: it never waits for a worker
+            return self._close(c, refusal)
         self._sel.unregister(c.sock)
         c.state = BUSY
         c.last = time.monotonic()
@@ -752,6 +787,22 @@ class _Server:
             c.state = IDLE
             return self._close(c)
         self._work.put((self._lane(head), next(self._work_seq), (c, head)))
+
+    def _triage(self, c: _Conn, head: bytes) -> bytes | None:
+        """The answer to a GET or HEAD the loop refuses itself (BasicAuth.triage: a
+        password refused before, or one that would be refused now without bcrypt); None:
+        a worker's. Plain HTTP only (a TLS write may have to wait for the peer)."""
+        if self.auth is None or isinstance(c.sock, ssl.SSLSocket):
+            return None
+        m = _AUTHORIZATION.search(head)
+        if m is None or not _GET_OR_HEAD.match(head):
+            return None
+        verdict = self.auth.triage(m.group(1).decode("latin-1").strip(), c.ip)
+        if verdict is None:
+            return None
+        code, retry = verdict
+        self.count({401: "unauthorized", 429: "throttled"}.get(code, "refused"))
+        return _refusal_bytes(code, retry, head.startswith(b"HEAD "), self.extra_headers)
 
     def _lane(self, head: bytes) -> int:
         """FAST for a request a worker answers without bcrypt: no auth configured, or the
@@ -787,6 +838,17 @@ class _Server:
         if m is not None:
             return self._dispatch(c, m.end())
         self._progress(c)  # TLS may hold decrypted bytes that select() cannot see
+
+    def _take_back(self, now: float) -> int:
+        """Take the connections the workers handed back (loop thread): how many."""
+        n = 0
+        while True:
+            try:
+                c, keep = self._returned.get_nowait()
+            except queue.Empty:
+                return n
+            self._back(c, keep, now)
+            n += 1
 
     def _sweep(self, now: float) -> None:
         for c in list(self.conns.values()):
@@ -846,12 +908,7 @@ class _Server:
                             pass
                     elif id(d) in self.conns:
                         self._progress(d)
-                while True:
-                    try:
-                        c, keep = self._returned.get_nowait()
-                    except queue.Empty:
-                        break
-                    self._back(c, keep, now)
+                self._take_back(now)
                 if now >= next_sweep:
                     next_sweep = now + 0.1
                     self._sweep(now)

@@ -469,6 +469,8 @@ class BasicAuth:
     GLOBAL_FAIL_BURST = 16.0
     GLOBAL_FAIL_PER_S = 1.0
     LOAD_HALF_LIFE_S = 60.0
+    PENDING = 64
+    PENDING_S = 2.0
     PEERS = 16384
     WAIT_S = 10.0
 
@@ -482,6 +484,7 @@ class BasicAuth:
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._bad: OrderedDict[bytes, None] = OrderedDict()
         self._seen: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._pending: OrderedDict[tuple[str, bytes], tuple[_Waiter, float]] = OrderedDict()
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         self._global = self.GLOBAL_FAIL_BURST
         self._global_stamp = clock()
@@ -608,6 +611,8 @@ class BasicAuth:
                 self._bad.move_to_end(key)
                 return False
             pkey = peer_key(peer)
+            if pkey is not None:
+                self._pending.pop((pkey, key), None)  # triage's place: this is it
             p, prio, lane = (self._admit(key, pkey) if pkey is not None
                              else (None, 0.0, CLEAN))
             self._seq += 1
@@ -653,6 +658,58 @@ class BasicAuth:
         elif ok is not None:
             self._remember(self._bad, key, self.BAD_CACHE)
         self._cond.notify_all()
+
+    def triage(self, header: str | None, peer: str | None) -> tuple[int, int] | None:
+        """What the server's event loop may answer itself, without a worker: (401, 0) for
+        a password refused before, (429 or 503, Retry-After seconds) for one :meth:`check`
+        would refuse now without bcrypt (counted the same: check() does not count it
+        again). None: a worker's — no credential, a verified one, or a check to run. A
+        flood's requests then never hold a connection waiting for a worker."""
+        k = self._key_of(header)
+        pkey = peer_key(peer)
+        if k is None or pkey is None:
+            return None
+        key, hashed, _ = k
+        with self._cond:
+            if hashed is not None and key in self._ok:
+                return None
+            if key in self._bad:
+                self._bad.move_to_end(key)
+                return 401, 0
+            try:
+                p, prio, lane = self._admit(key, pkey)
+            except AuthBusy as busy:
+                return busy.status, busy.retry_after_s
+            if not self._room(_Waiter(prio, self._seq + 1, lane, p), (pkey, key)):
+                return 503, 1
+        return None
+
+    def _room(self, me: _Waiter, pair: tuple[str, bytes]) -> bool:
+        """Whether ``me``, admitted by :meth:`triage`, has a place in its lane: counting
+        the requests the loop admitted that have not reached :meth:`check` yet, so a burst
+        of them cannot all be handed to workers (lock held). Admitted: it holds a place
+        until check() takes it, for :attr:`PENDING_S` at most."""
+        now = self._clock()
+        while self._pending:
+            old, (_, t) = next(iter(self._pending.items()))
+            if now - t <= self.PENDING_S:
+                break
+            del self._pending[old]
+        rivals = [w for w in self._queue if w.lane == me.lane]
+        rivals += [w for w, _ in self._pending.values() if w.lane == me.lane]
+        if len(rivals) >= self.QUEUE + (me.lane not in self._running):
+            worst = max(rivals, key=_Waiter.rank)
+            if me.rank()[0] >= worst.rank()[0]:
+                return False
+            for k, (w, _) in self._pending.items():  # a waiter is bumped in check()
+                if w is worst:
+                    del self._pending[k]
+                    break
+        self._pending[pair] = (me, now)
+        self._pending.move_to_end(pair)
+        while len(self._pending) > self.PENDING:
+            self._pending.popitem(last=False)
+        return True
 
     def _enqueue(self, me: _Waiter) -> None:
         """Join the lane's queue, taking the place of a worse waiter of the lane when it is
