@@ -10,7 +10,9 @@ user owns. Whatever that user can rename there, they can swap for a link or a di
 their own after we looked (root then writes a systemd unit where they can replace it). One
 rule, the same for every output:
 
-- **Every directory from / down is safe** (:class:`_Walk`): owned by root or by us, and not
+- **Every directory from / down is safe** (:class:`_Walk`, tuning/safepath.py's
+  :class:`~tuning.safepath.Walk`: the one walk, which tune's state directory and the
+  history database's default directory use too): owned by root or by us, and not
   writable by group or others unless sticky (a root-owned sticky directory like /tmp is safe:
   nobody else can rename or remove what we create there). The walk opens each component with
   ``openat(O_PATH|O_DIRECTORY|O_NOFOLLOW)`` below the one before and checks it with
@@ -52,10 +54,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from agent.errors import AgentError
-from tuning.safepath import MAX_LINKS, UnsafePath
+from tuning.safepath import UnsafePath, Walk, show, unsafe_dir
+from tuning.safepath import trusted_uids as _trusted
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_STEP_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # a descriptor link of a process (/dev/stdout -> /proc/self/fd/1 -> "pipe:[123]"): the
 # kernel opens the open file itself, no path; the walk has checked the directory is ours
 _FD_DIR = re.compile(r"/proc/\d+(/task/\d+)?/fd")
@@ -68,13 +70,6 @@ class OutputError(AgentError):
     def __init__(self, message: str, *, missing: bool = False) -> None:
         super().__init__(message)
         self.missing = missing
-
-
-def show(path: str | os.PathLike[str]) -> str:
-    """``path`` as a message prints it: a name with a newline or another control character in
-    it is shown quoted, so that the error stays one line."""
-    s = os.fspath(path)
-    return s if s.isprintable() else ascii(s)
 
 
 def _kind(st: os.stat_result) -> str | None:
@@ -158,21 +153,6 @@ class Target:
         self.close()
 
 
-def _trusted() -> tuple[int, ...]:
-    return (0, os.geteuid())
-
-
-def unsafe_dir(st: os.stat_result) -> str | None:
-    """Why a directory is unsafe to write below (module docstring), or None: owned by
-    someone other than root or us, or writable by group or others and not sticky."""
-    if st.st_uid not in _trusted():
-        return f"belongs to uid {st.st_uid}, not to root or us"
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return (f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}) and "
-                "not sticky")
-    return None
-
-
 def _parts(path: str) -> list[str]:
     """The components of ``path`` from /, as given (``..`` is the walk's: after a link)."""
     if not path.startswith("/"):
@@ -184,117 +164,16 @@ def _parts(path: str) -> list[str]:
     return path.split("/")
 
 
-class _Walk:
-    """A walk from / by the module docstring's rule: every directory entered is opened
-    ``O_PATH|O_DIRECTORY|O_NOFOLLOW`` below the last and passes :func:`unsafe_dir`; a link is
-    followed only when root or we own it (its text walked in its place). :attr:`fd` and
-    :attr:`where` (the real path) are the last directory; refusals name ``opt`` and
-    ``shown``. Close it (a context manager)."""
+class _Walk(Walk):
+    """The walk of every directory on the way (tuning/safepath.py's :class:`Walk`, the one
+    rule of the module docstring), its refusals OutputErrors naming ``opt`` and ``shown``."""
 
     def __init__(self, opt: str, shown: str) -> None:
         self.opt, self.shown = opt, shown
-        self.stack: list[tuple[int, str]] = []  # (descriptor, real path) from / down
-        self.links = 0
-        self.to_root()
+        super().__init__()
 
     def fail(self, why: str, *, missing: bool = False) -> OutputError:
         return OutputError(f"{self.opt} {self.shown}: {why}", missing=missing)
-
-    @property
-    def fd(self) -> int:
-        return self.stack[-1][0]
-
-    @property
-    def where(self) -> str:
-        return self.stack[-1][1]
-
-    def join(self, name: str) -> str:
-        return f"/{name}" if self.where == "/" else f"{self.where}/{name}"
-
-    def close(self) -> None:
-        while self.stack:
-            os.close(self.stack.pop()[0])
-
-    def __enter__(self) -> _Walk:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def to_root(self) -> None:
-        self.close()
-        self._push(os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), "/")
-
-    def _push(self, fd: int, where: str) -> None:
-        try:
-            why = unsafe_dir(os.fstat(fd))
-        except BaseException:
-            os.close(fd)
-            raise
-        if why:
-            os.close(fd)
-            raise self.fail(f"{show(where)} {why}: refused")
-        self.stack.append((fd, where))
-
-    def go(self, parts: list[str]) -> None:
-        """Walk ``parts`` (names, ``..``, ``.``) from the last directory."""
-        todo = list(parts)
-        while todo:
-            name = todo.pop(0)
-            if name in ("", "."):
-                continue
-            if name == "..":
-                if len(self.stack) > 1:  # every entry is a real directory: its real parent
-                    os.close(self.stack.pop()[0])
-                continue
-            text = self.step(name, todo)
-            if text is not None:  # a link we may follow: its text in its place
-                if text.startswith("/"):
-                    self.to_root()
-                todo[:0] = text.split("/")
-
-    def step(self, name: str, rest: list[str] | None = None) -> str | None:
-        """Enter directory ``name``, or return the text of the link ``name`` when root or we
-        own it. ``rest``: what is left to walk (for the message of a missing directory)."""
-        nxt = self.join(name)
-        try:
-            fd = os.open(name, _STEP_FLAGS, dir_fd=self.fd)
-        except FileNotFoundError:
-            full = "/".join([nxt, *(p for p in rest or () if p)])
-            raise self.fail(f"directory {show(full)} does not exist (create it first)",
-                            missing=True) from None
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise self.fail(f"{show(nxt)}: {exc.strerror or exc}") from None
-            return self.link_text(name)
-        self._push(fd, nxt)
-        return None
-
-    def link_text(self, name: str) -> str:
-        """The text of the link ``name`` of the last directory, when root or we own it;
-        OutputError for anything else (not a directory, another user's link)."""
-        nxt = show(self.join(name))
-        try:
-            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-            if not stat.S_ISLNK(st.st_mode):
-                raise self.fail(f"{nxt} is not a directory" if not stat.S_ISDIR(st.st_mode)
-                                else f"{nxt} changed while it was checked: refused")
-            if st.st_uid not in _trusted():
-                raise self.fail(f"{nxt} is a symbolic link owned by uid {st.st_uid}: not "
-                                "followed (only root's and our own are)")
-            self.links += 1
-            if self.links > MAX_LINKS:
-                raise self.fail(f"{nxt}: too many levels of symbolic links")
-            return os.readlink(name, dir_fd=self.fd)
-        except OSError as exc:
-            raise self.fail(f"{nxt}: {exc.strerror or exc}") from None
-
-    def open_last(self) -> int:
-        """A read-only descriptor of the last directory (the walk's own stay open)."""
-        try:
-            return os.open(".", _DIR_FLAGS, dir_fd=self.fd)
-        except OSError as exc:
-            raise self.fail(f"{show(self.where)}: {exc.strerror or exc}") from None
 
 
 def _open_parent(parent: str, opt: str, shown: str) -> tuple[Path, int]:

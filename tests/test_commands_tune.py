@@ -4,6 +4,7 @@ copy (tree copies of real captures, the lead's synthetic bare-metal trees, or ou
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -697,3 +698,67 @@ def test_a_row_of_many_targets_names_a_few_and_counts_the_rest():
     assert shown.startswith("76 targets: task:0:1, ")
     assert shown.endswith(f"and {76 - LISTED_TARGETS + 1} more (--json lists each)")
     assert "task:75:1" not in shown
+
+
+# ---- the state directory by the one rule (issue #34 item 2) ---------------------------------
+#
+# Every directory from / down to the state directory must be root's or ours and writable by
+# nobody else (a root-owned sticky one like /tmp excepted), and no other user's link is
+# followed: the layouts of tests/test_agent_outfile.py, with a throw-away user (``user``).
+
+
+def _state_refused(res, named: tuple) -> None:
+    component, why = named
+    _one_line_error(res, f"{component} {why}")
+
+
+@pytest.mark.adversarial
+def test_state_dir_below_another_users_directory_is_refused_nothing_made(syn, tmp_path, user):
+    """`tune status/apply --state-dir` under a directory another user owns (or below one),
+    through their link, or in a group- or world-writable directory that is not sticky: one
+    line naming that component, exit 1, nothing created anywhere (the journal's directory
+    was created before only its last level was checked). Root's sticky directory and
+    root's own link are followed."""
+    import subprocess
+    import sys
+
+    from tests.test_agent_outfile import ALLOWED, REFUSED, _layout, _tree
+    _name, uid, gid = user
+    cli = [sys.executable, "-c", "from agent.cli import main; main()"]
+    for kind in REFUSED + ALLOWED:
+        give, land, named = _layout(tmp_path / kind, kind, uid, gid)
+        sd = give / "state"
+        before, tree = _tree(tmp_path / kind), snapshot(syn)
+        st = subprocess.run([*cli, "tune", "status", "--state-dir", str(sd)],
+                            capture_output=True, text=True, timeout=120)
+        ap = tune("apply", "--root", str(syn), "--cpus", "2-3", "--only", "memory",
+                  "--state-dir", str(sd))
+        if named is None:
+            assert st.returncode == 0 and "nothing applied" in st.stdout, (kind, st.stderr)
+            assert ap.exit_code == 0, (kind, ap.output)
+            assert (land / "state" / "journal.json").is_file(), kind
+            assert tune("rollback", "--root", str(syn), "--state-dir", str(sd)).exit_code == 0
+            continue
+        lines = st.stderr.strip().splitlines()
+        assert st.returncode == 1 and len(lines) == 1, (kind, st.stderr)
+        assert f"{named[0]} {named[1]}" in lines[0], (kind, st.stderr)
+        _state_refused(ap, named)
+        assert _tree(tmp_path / kind) == before, f"{kind}: something was created"
+        assert diff(tree, snapshot(syn)) == [], f"{kind}: the tree was written"
+
+
+@pytest.mark.adversarial
+def test_the_default_state_dir_of_a_tree_below_another_users_directory_is_refused(
+        tmp_path, user):
+    """ROOT/run/hftagent of a --root tree that lies below another user's directory: they
+    could swap the tree's run/ for a link after the check. Refused at their directory."""
+    _name, uid, gid = user
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    syn = make_synthetic(theirs / "syn")
+    os.chown(theirs, uid, gid)
+    tree = snapshot(syn, exclude=())
+    named = (theirs, f"belongs to uid {uid}, not to root or us")
+    _state_refused(tune("apply", "--root", str(syn), "--only", "memory"), named)
+    _state_refused(tune("status", "--root", str(syn)), named)
+    assert snapshot(syn, exclude=()) == tree and not (syn / "run" / "hftagent").exists()

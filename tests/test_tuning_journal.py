@@ -938,13 +938,13 @@ def test_state_dir_owned_or_redirected_by_another_user_is_refused(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 4242, 4242)
-    with pytest.raises(JournalError, match="owned by uid 4242"):
+    with pytest.raises(JournalError, match="belongs to uid 4242"):
         with locked(theirs):
             pass
     link = tmp_path / "link"
     link.symlink_to(victim)
     os.lchown(link, 4242, 4242)  # a symlink another user planted (in /tmp, say)
-    with pytest.raises(JournalError, match="symlink owned by uid 4242"):
+    with pytest.raises(JournalError, match="symbolic link owned by uid 4242"):
         with locked(link / "sd"):
             pass
     assert list(victim.iterdir()) == [] and list(theirs.iterdir()) == []
