@@ -543,7 +543,10 @@ class _Server:
       under ``write_timeout_s``); the connection goes back to the loop for its next head.
       Requests wait for a worker in two lanes: those answered without bcrypt (no auth, or
       a credential verified before) ahead of those that may need it, so a flood of
-      unverified passwords never queues ahead of a scraper whose password is cached.
+      unverified passwords never queues ahead of a scraper whose password is cached. A
+      refusal decided without bcrypt (BasicAuth.triage: a password refused before, a guess
+      over a budget, a full bcrypt lane) the loop answers itself on plain HTTP, so such a
+      flood never holds the connection slots waiting for workers.
     """
 
     def __init__(self, addr: tuple[str, int], registry: CollectorRegistry | WatchRegistry, *,

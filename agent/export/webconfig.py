@@ -452,6 +452,9 @@ class BasicAuth:
        flood's check. bcrypt takes at most one CPU for peers in good standing and a trickle
        (the global budget) for the others, however many guesses arrive.
 
+    :meth:`triage` applies the same rules for the server's event loop, which answers a
+    refusal decided without bcrypt itself, without a worker.
+
     Nothing here depends on whether the user exists (an unknown user is checked against a
     dummy hash of the same cost, and standings count credentials, not users): no timing
     says which users exist. Memory is bounded by the class constants whatever the flood.
