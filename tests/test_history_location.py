@@ -3,8 +3,11 @@ and the store's check_writable that commands call before a run)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +89,59 @@ def test_check_writable(tmp_path):
         hs.check_writable(notdb / "under-a-file.sqlite")
     record_run("probe", {}, lat(10), command="probe", fingerprint=FP, db=new)
     assert hs.check_writable(new) == new
+
+
+# ---- the one rule for the database's directory (issue #34 item 2) ---------------------------
+
+
+def _where(how: str, give: Path) -> tuple[list[str], dict[str, str], Path]:
+    """(options, environment, database path) for a database below ``give`` named by ``how``:
+    --db, $HFTAGENT_DB or the default in $XDG_STATE_HOME."""
+    if how == "--db":
+        return ["--db", str(give / "h.sqlite")], {}, give / "h.sqlite"
+    if how == "HFTAGENT_DB":
+        return [], {"HFTAGENT_DB": str(give / "h.sqlite")}, give / "h.sqlite"
+    return [], {"XDG_STATE_HOME": str(give / "st")}, give / "st" / "hftagent" / "history.sqlite"
+
+
+def _cli(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("HFTAGENT_DB", "XDG_STATE_HOME")}
+    return subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", *argv],
+                          capture_output=True, text=True, timeout=120,
+                          env={**base, "HOME": "/nonexistent", **env})
+
+
+@pytest.mark.parametrize("how", ["--db", "HFTAGENT_DB", "XDG_STATE_HOME"])
+def test_a_database_below_another_users_directory_is_refused_real_cli(how, tmp_path, user):
+    """A run that would create the database (audit records one) and a listing of one that
+    is there, with it below another user's directory, through their link, or in a group- or
+    world-writable directory that is not sticky: one line naming that component (exit 1; a
+    warning that the run is not recorded where the database was not named by --db), nothing
+    created or changed (the default directory was made before its parents were
+    checked). Root's sticky directory and root's own link: recorded and listed."""
+    from tests.test_agent_outfile import ALLOWED, REFUSED, _layout, _tree, make_db
+    _name, uid, gid = user
+    src = make_db(tmp_path / "src.sqlite")
+    for kind in REFUSED + ALLOWED:
+        give, land, named = _layout(tmp_path / kind, kind, uid, gid)
+        opts, env, db = _where(how, give)
+        for argv, there in ((["audit", "--steal-window", "0", *opts], False),
+                            (["history", *opts], True)):
+            if there and named is not None:  # a database of ours waiting there
+                real = land / db.relative_to(give)
+                real.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, real)
+            before = _tree(tmp_path / kind)
+            r = _cli(argv, env)
+            lines = r.stderr.strip().splitlines()
+            shown = f"{kind} {argv[0]}: rc={r.returncode} stderr={r.stderr!r}"
+            if named is None:
+                assert r.returncode in ((0,) if there else (0, 2)), shown
+                assert (land / db.relative_to(give)).is_file(), shown
+                continue
+            assert len(lines) == 1 and f"{named[0]} {named[1]}" in lines[0], shown
+            if there or how == "--db":
+                assert r.returncode == 1 and lines[0].startswith("hftagent: error: "), shown
+            else:  # a database nobody asked for by name: the run goes on, unrecorded
+                assert lines[0].startswith("hftagent: warning: run will not be recorded"), shown
+            assert _tree(tmp_path / kind) == before, f"{shown}: something was created"

@@ -303,3 +303,45 @@ def test_history_commands_on_rows_of_the_wrong_type(tmp_path):
         assert "Traceback" not in r.output
     r = runner.invoke(get_app(), ["history", "--db", db])
     assert "skipped: values of the wrong type" in r.output
+
+
+@pytest.mark.adversarial
+@pytest.mark.parametrize("what", ["directory", "directory-same-file", "file"])
+def test_a_database_swapped_between_the_walk_and_sqlites_open_is_refused(what, tmp_path,
+                                                                         monkeypatch):
+    """SQLite opens the database by its path after the walk checked it (issue #34 item 2).
+    Under the rule only root or we can change a name on that path; here we do, between the
+    walk and the open (the directory, or the file in it, replaced by another; or another
+    directory with a hard link of the same file, where SQLite would have replayed a -wal
+    file planted beside it into our database): the store walks again after the open and
+    refuses, and the one swapped in is not touched."""
+    import os
+    import shutil
+
+    d = tmp_path / "d"
+    d.mkdir()
+    db = d / "h.sqlite"
+    record_run("probe", {}, lat(10), command="probe", fingerprint=FP, db=db)
+    spare = tmp_path / "spare"
+    spare.mkdir()
+    if what == "directory-same-file":
+        os.link(db, spare / "h.sqlite")
+    else:
+        shutil.copy(db, spare / "h.sqlite")
+    before = (spare / "h.sqlite").read_bytes()
+    connect, swapped = st.sqlite3.connect, []
+
+    def swap(path, *args, **kwargs):
+        if Path(path) == db and not swapped:
+            swapped.append(path)
+            if what.startswith("directory"):
+                d.rename(tmp_path / "moved")
+                spare.rename(d)
+            else:
+                os.rename(spare / "h.sqlite", db)
+        return connect(path, *args, **kwargs)
+
+    monkeypatch.setattr(st.sqlite3, "connect", swap)
+    with pytest.raises(HistoryError, match="changed while it was opened: refused"):
+        History(db, create=False)
+    assert db.read_bytes() == before and sorted(os.listdir(d)) == ["h.sqlite"]

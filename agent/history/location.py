@@ -5,7 +5,10 @@ Location (read at call time, never at import): ``--db`` > ``$HFTAGENT_DB`` >
 
 The path is checked by the output opener's rules first (agent/outfile.py): never a symlink,
 a regular file we own, in a directory nobody else can change; its directory is never
-created, except the default one in the state directory (0700, tuning/safepath.py).
+created, except the default one in the state directory (0700, tuning/safepath.py, by the
+same rule, checked before anything is made). SQLite then opens the file by its path: the
+store checks after the open that the path still leads to the directory and the file it
+walked (agent/history/store.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import stat
 from pathlib import Path
 
 from agent.errors import AgentError
-from agent.outfile import OutputError, Target, locate
+from agent.outfile import OutputError, Target, locate, show
 
 
 class HistoryError(AgentError):
@@ -130,16 +133,22 @@ def try_write(t: Target, exists: bool) -> None:
             raise HistoryError(f"{WHAT} {t.shown} is not writable ({exc.strerror})") from None
 
 
-def make_default_dir(path: Path) -> None:
-    """The state directory of the default database, created (0700) when missing, resolved as
-    tuning/safepath.py's open_dir does: only symlinks of root or ours followed, and refused
-    unless it is ours (or root's) and nobody else may write in it."""
+def default_dir(path: Path, *, create: bool) -> bool:
+    """Whether the state directory of the default database exists, made (0700, each missing
+    level) when ``create``. Every directory from / down is walked by the one rule
+    (tuning/safepath.py's Walk: root's or ours, writable by nobody else unless root's and
+    sticky, no other user's link followed) before anything is made in it: a refusal names
+    the component and leaves nothing behind. The directory itself is writable by nobody
+    else at all. HistoryError."""
     from tuning.safepath import UnsafePath, open_dir
     try:
-        fd = open_dir(path.parent, create=True)
+        fd = open_dir(path.parent, create=create)
     except UnsafePath as exc:
-        raise HistoryError(f"{WHAT} {path}: {exc}") from None
+        raise HistoryError(f"{WHAT} {show(path)}: {exc}") from None
     except OSError as exc:
-        raise HistoryError(f"cannot create {WHAT} {path}: {exc.strerror or exc}") from None
-    if fd is not None:
-        os.close(fd)
+        raise HistoryError(f"cannot create {WHAT} {show(path)}: {exc.strerror or exc}"
+                           ) from None
+    if fd is None:
+        return False
+    os.close(fd)
+    return True

@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 if TYPE_CHECKING:  # numpy is imported where samples are handled: audit runs carry none
     import numpy as np
 
-from agent.outfile import OutputError
+from agent.outfile import OutputError, Target
 
 from .location import (
     SQLITE_MAGIC,
     WHAT,
     HistoryError,
+    default_dir,
     header,
     is_default,
     locate_db,
-    make_default_dir,
     resolve_db,
     try_write,
 )
@@ -60,6 +60,16 @@ from .schema import (
 
 BUSY_TIMEOUT_S = 30.0
 T = TypeVar("T")
+_Seen = tuple[tuple[int, int], tuple[int, int]]  # (st_dev, st_ino): the directory, the file
+
+
+def _seen(t: Target) -> _Seen:
+    """The (st_dev, st_ino) of a located database's directory and file (HistoryError when
+    nothing is there)."""
+    if t.st is None:
+        raise HistoryError(f"{WHAT} {t.shown} was removed while it was opened")
+    d = os.fstat(t.dfd)
+    return (d.st_dev, d.st_ino), (t.st.st_dev, t.st.st_ino)
 
 @dataclass
 class Run:
@@ -165,40 +175,21 @@ class Store:
         self._bad_runs: set[int] = set()
         self._bad_gates: set[int] = set()
         if create and is_default(path):
-            make_default_dir(self.path)
+            default_dir(self.path, create=True)
         elif not create and not os.path.lexists(self.path):
             raise HistoryError(f"no {WHAT} at {self.path}")
-        try:
-            with locate_db(self.path) as t:
-                if t.st is None:
-                    if not create:
-                        raise HistoryError(f"no {WHAT} at {self.path}")
-                    create_file(t)
-                    t.restat()
-                    t.check_replaceable()
-                if t.st is None:
-                    raise HistoryError(f"{WHAT} {self.path} was removed while it was opened")
-                real, ident = t.real, (t.st.st_dev, t.st.st_ino)
-        except OutputError as exc:
-            raise HistoryError(str(exc)) from None
-        except OSError as exc:
-            raise HistoryError(f"cannot create {WHAT} {self.path}: {exc.strerror or exc}"
-                               ) from None
-        except sqlite3.Error as exc:
-            raise HistoryError(f"cannot create {WHAT} {self.path}: {exc}") from None
-        self._real = real
+        self._real, seen = self._locate(create)
         try:
             self._check_sqlite()
         except sqlite3.DatabaseError as exc:
             raise self._corrupt(exc) from None
         try:
-            self.con = sqlite3.connect(real, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self.con = sqlite3.connect(self._real, timeout=BUSY_TIMEOUT_S,
+                                       isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise HistoryError(f"cannot open {WHAT} {self.path}: {exc}") from None
         try:
-            st = os.stat(real, follow_symlinks=False)
-            if (st.st_dev, st.st_ino) != ident:  # swapped between the check and the open
-                raise HistoryError(f"{WHAT} {self.path} changed while it was opened: refused")
+            self._check_opened(seen)
             self.con.text_factory = _text
             _while_locked(self._ensure_schema)
             self.con.execute("PRAGMA foreign_keys = ON")
@@ -212,6 +203,49 @@ class Store:
         except HistoryError:
             self.con.close()
             raise
+
+    def _locate(self, create: bool) -> tuple[Path, _Seen]:
+        """The database's real path and what the walk found there (its directory's and its
+        own (st_dev, st_ino)); made first when missing and ``create``."""
+        try:
+            with locate_db(self.path) as t:
+                if t.st is None:
+                    if not create:
+                        raise HistoryError(f"no {WHAT} at {self.path}")
+                    create_file(t)
+                    t.restat()
+                    t.check_replaceable()
+                return t.real, _seen(t)
+        except OutputError as exc:
+            raise HistoryError(str(exc)) from None
+        except OSError as exc:
+            raise HistoryError(f"cannot create {WHAT} {self.path}: {exc.strerror or exc}"
+                               ) from None
+        except sqlite3.Error as exc:
+            raise HistoryError(f"cannot create {WHAT} {self.path}: {exc}") from None
+
+    def _check_opened(self, seen: _Seen) -> None:
+        """Refuse the file SQLite opened unless it is the one the walk checked.
+
+        SQLite opens by path: even ``/proc/self/fd/N/history.sqlite`` (our walked directory's
+        descriptor) is no help, as SQLite resolves every link on a path itself (3.35+,
+        unixFullPathname) and then opens the directory's path text. The window is closed
+        instead: every directory on the path passed the rule (root's or ours, writable by
+        nobody else unless root's and sticky), so nobody else can rename, replace or re-link
+        a name on it between the walk and the open; SQLite holds the file open once connect
+        returns, and makes its -wal, -shm and -journal files beside it, in that directory.
+        Then the path is walked again: it must lead to the same directory and file, and SQLite
+        must name that same path as the one it opened."""
+        rows = self.con.execute("PRAGMA database_list").fetchall()
+        opened = next((r[2] for r in rows if r[1] == "main"), None)
+        try:
+            with locate_db(self.path) as t:
+                now = _seen(t)
+        except HistoryError as exc:
+            raise HistoryError(f"{WHAT} {self.path} changed while it was opened: {exc}"
+                               ) from None
+        if now != seen or opened != str(self._real):
+            raise HistoryError(f"{WHAT} {self.path} changed while it was opened: refused")
 
     @property
     def skipped(self) -> int:
@@ -476,7 +510,7 @@ def check_writable(db: str | os.PathLike | None = None) -> Path:
     with a file removed at once); an old hftagent database is stamped as ours. Returns the
     path."""
     path = resolve_db(db)
-    if is_default(db) and not os.path.lexists(path.parent):
+    if is_default(db) and not default_dir(path, create=False):
         parent = path.parent
         while not os.path.lexists(parent) and parent != parent.parent:
             parent = parent.parent  # History() creates the missing directories (0700)
