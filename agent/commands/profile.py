@@ -55,6 +55,27 @@ def profile(
     from collectors.nsight import profile as run_profile
 
     cmd = list(ctx.args)
+    _check(nsight, cmd, timeout_s, wall_us, keep_csv, ncu)
+    # ncu runs CMD for as long as it takes: say so now, not only at the end
+    print(f"hftagent profile: running {cmd[0]} under {ncu} (kernels serialised; this takes "
+          "longer than the command alone)", file=sys.stderr, flush=True)
+    kw = dict(inferences=inferences,
+              wall_ns_per_inference=None if wall_us is None else wall_us * 1e3, ncu=ncu,
+              launch_skip=launch_skip, launch_count=launch_count, top=top, timeout_s=timeout_s)
+    try:
+        rep = (run_profile(cmd, **kw) if keep_csv is None
+               else _profile_keeping_csv(cmd, keep_csv, **kw))
+    except NsightError as exc:
+        raise fail(str(exc)) from None
+    print(json.dumps(rep.to_dict(), indent=2) if json_out else rep.render())
+    if rep.returncode:
+        print(f"hftagent: note: the profiled command exited {rep.returncode}",
+              file=sys.stderr)
+
+
+def _check(nsight: bool, cmd: list[str], timeout_s: float, wall_us: float | None,
+           keep_csv: str | None, ncu: str) -> None:
+    """Every option checked before ncu starts (one line, exit 1)."""
     if not nsight:
         raise fail("only --nsight profiling exists: hftagent profile --nsight -- CMD ...")
     if not cmd:
@@ -72,26 +93,6 @@ def profile(
     if not ncu.strip() or shutil.which(ncu) is None:
         raise fail(f"--ncu {ncu!r}: not found or not executable: install Nsight Compute (ncu) "
                    "or pass --ncu PATH")
-    # ncu runs CMD for as long as it takes: say so now, not only at the end
-    print(f"hftagent profile: running {cmd[0]} under {ncu} (kernels serialised; this takes "
-          "longer than the command alone)", file=sys.stderr, flush=True)
-    try:
-        if keep_csv is None:
-            rep = run_profile(cmd, inferences=inferences,
-                              wall_ns_per_inference=None if wall_us is None else wall_us * 1e3,
-                              ncu=ncu, launch_skip=launch_skip, launch_count=launch_count,
-                              top=top, timeout_s=timeout_s)
-        else:
-            rep = _profile_keeping_csv(cmd, keep_csv, inferences=inferences,
-                                       wall_ns_per_inference=None if wall_us is None
-                                       else wall_us * 1e3, ncu=ncu, launch_skip=launch_skip,
-                                       launch_count=launch_count, top=top, timeout_s=timeout_s)
-    except NsightError as exc:
-        raise fail(str(exc)) from None
-    print(json.dumps(rep.to_dict(), indent=2) if json_out else rep.render())
-    if rep.returncode:
-        print(f"hftagent: note: the profiled command exited {rep.returncode}",
-              file=sys.stderr)
 
 
 def _profile_keeping_csv(cmd: list[str], keep_csv: str, **kw):
