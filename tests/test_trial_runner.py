@@ -183,6 +183,7 @@ def test_a_task_that_joined_the_isolated_cpuset_is_named_and_the_next_try_rolls_
     before = snapshot(root)
     sd = tmp_path / "state" / "trial"
     procs = root / "sys/fs/cgroup/cpuset/hftagent-isolated/cgroup.procs"
+    monkeypatch.setattr("agent.trial.levers.JOINED_WAIT_S", 0.0)
     with pytest.raises(TrialError) as ei, isolation(host, [1], sd):
         saved = procs.read_text()
         procs.write_text(saved + "907\n")
@@ -192,4 +193,25 @@ def test_a_task_that_joined_the_isolated_cpuset_is_named_and_the_next_try_rolls_
     assert (sd / "journal.json").exists()
     procs.write_text(saved)
     roll_back(host, sd)
+    assert not (sd / "journal.json").exists() and diff(before, snapshot(root)) == []
+
+
+def test_the_rollback_waits_for_a_task_that_joined_to_leave(tmp_path, monkeypatch):
+    from agent.trial.levers import roll_back
+    root, host, sim = _tree(tmp_path, monkeypatch)
+    before = snapshot(root)
+    sd = tmp_path / "state" / "trial"
+    procs = root / "sys/fs/cgroup/cpuset/hftagent-isolated/cgroup.procs"
+    monkeypatch.setattr("agent.trial.levers.JOINED_WAIT_S", 0.0)
+    with pytest.raises(TrialError), isolation(host, [1], sd):
+        saved = procs.read_text()
+        procs.write_text(saved + "907\n")
+    naps: list[float] = []
+
+    def nap(s: float) -> None:  # the task leaves during the second wait
+        naps.append(s)
+        if len(naps) == 2:
+            procs.write_text(saved)
+    roll_back(host, sd, wait_s=10, sleep=nap)
+    assert naps == [0.5, 0.5]
     assert not (sd / "journal.json").exists() and diff(before, snapshot(root)) == []

@@ -21,7 +21,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from collectors.host import Host
@@ -52,13 +53,25 @@ def _iso_context(host: Host, cpus: list[int] | None):
     return prof, build_context(host, prof, spec, want_gpu=False)
 
 
-def roll_back(host: Host, state_dir: Path) -> None:
-    """``tune rollback --state-dir`` of the trial's journal. TrialError when entries are left
-    (drift, or a value that could not be written back): the user must see it."""
+JOINED_WAIT_S = 15.0  # how long a rollback waits for tasks that joined the cpuset to leave
+
+
+def roll_back(host: Host, state_dir: Path, *, wait_s: float | None = None,
+              sleep: Callable[[float], None] = time.sleep) -> None:
+    """``tune rollback --state-dir`` of the trial's journal. A task that joined the isolated
+    cpuset during the block keeps it from being removed: the rollback is tried again every
+    0.5 s while such a task is there, for up to ``wait_s`` (a short-lived worker leaves). Then
+    TrialError when entries are left (drift, a value that could not be written back, a task
+    still in the cpuset): the user must see it."""
     from tuning.apply import rollback
 
     _prof, ctx = _iso_context(host, None)
     rep = rollback(ctx, state_dir)
+    waited, limit = 0.0, JOINED_WAIT_S if wait_s is None else wait_s
+    while not rep.ok and _joined(host) and waited < limit:
+        sleep(0.5)
+        waited += 0.5
+        rep = rollback(ctx, state_dir)
     if not rep.ok:
         raise TrialError(f"isolation not fully rolled back: {rep.remaining} entr"
                          f"{'y' if rep.remaining == 1 else 'ies'} left in {rep.journal}"
