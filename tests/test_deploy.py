@@ -184,11 +184,15 @@ def test_systemd_analyze_verify(tmp_path):
     exe = str(Path(sys.executable).with_name("hftagent"))
     if not Path(exe).exists():
         pytest.skip(f"{exe} not installed (pip install -e .)")
-    for name in ("hftagent-watch.service", "hftagent-tune.service"):
+    for name in ("hftagent-watch.service", "hftagent-tune.service",
+                 "hftagent-attach@.service"):
         (tmp_path / name).write_text(
             (UNITS / name).read_text().replace("/opt/hftagent/.venv/bin/hftagent", exe))
+    # the template through an instance of it (verify checks the template as well)
+    (tmp_path / "hftagent-attach@litert.service").write_text(
+        (tmp_path / "hftagent-attach@.service").read_text())
     r = run("systemd-analyze", "verify", "hftagent-watch.service", "hftagent-tune.service",
-            cwd=tmp_path)
+            "hftagent-attach@litert.service", cwd=tmp_path)
     noise = [ln for ln in r.stderr.splitlines()
              if "hftagent" in ln and ("Unknown" in ln or "ignoring" in ln or "rror" in ln)]
     assert r.returncode == 0 and not noise, r.stderr
@@ -210,15 +214,18 @@ def cli_params(path: list[str]):
 
 @pytest.mark.parametrize("name,key", [("hftagent-watch.service", "ExecStart"),
                                       ("hftagent-tune.service", "ExecStart"),
-                                      ("hftagent-tune.service", "ExecStopPost")])
+                                      ("hftagent-tune.service", "ExecStopPost"),
+                                      ("hftagent-attach@.service", "ExecStart")])
 def test_unit_command_lines_match_the_cli(name, key):
     argv = shlex.split(unit(name)[key][0])[1:]
-    words = [a for a in argv if not a.startswith(("-", "$"))]
+    words = [a for a in argv if not a.startswith(("-", "$", "%"))]
     path = words[:2] if words[:1] == ["tune"] else words[:1]
     opts = cli_params(path)
     if opts is None:
         pytest.skip(f"`hftagent {' '.join(path)}` is not registered in agent/cli.py yet")
     used = {a for a in argv if a.startswith("--")}
+    if "--attach-unit" in used and "--attach-unit" not in opts:
+        pytest.skip("watch --attach-unit is not registered yet (issue #38 item 1)")
     assert used <= opts, f"unknown options {used - opts} for hftagent {' '.join(path)}"
 
 
@@ -308,7 +315,8 @@ def test_deploy_follows_our_own_link_to_a_directory_and_never_one_below_it(tmp_p
     (tmp_path / "mine").symlink_to(real)  # ours (or root's): the operator's own
     r = deploy(tmp_path / "mine")
     assert r.returncode == 0, r.stderr
-    assert (real / WATCH_UNIT).read_bytes() == (UNITS / "hftagent-watch.service").read_bytes()
+    assert (real / "prometheus" / "hftagent.rules.yml").read_bytes() == RULES.read_bytes()
+    assert (real / WATCH_UNIT).is_file()
     out = tmp_path / "out"
     out.mkdir()
     victim = tmp_path / "victim"
@@ -336,3 +344,118 @@ def test_deploy_refuses_a_directory_others_may_write_and_allows_a_sticky_one(tmp
     (sub / "systemd").chmod(0o775)  # a directory of the tree that others may write
     assert "systemd is writable by group or others (mode 0775)" in one_line(deploy(sub))
     assert sorted(os.listdir(sub)) == ["systemd"] and os.listdir(sub / "systemd") == []
+
+
+# ---- hftagent deploy --out: units that start this box's hftagent (issue #38 item 3) -------
+
+INSTALLED = Path(sys.executable).with_name("hftagent")  # this checkout's entry point
+SERVICES = ("hftagent-watch.service", "hftagent-tune.service", "hftagent-attach@.service")
+
+
+def written_unit(path: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith(("#", "[")):
+            k, _, v = line.strip().partition("=")
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def deploy_as(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return run(*CLI, "deploy", "--out", str(out), *args,
+               cwd=Path(__file__).resolve().parents[1])
+
+
+@pytest.mark.skipif(not INSTALLED.exists(), reason=f"{INSTALLED} not installed")
+def test_deployed_units_start_the_hftagent_that_wrote_them(tmp_path):
+    r = deploy_as(tmp_path / "d")
+    assert r.returncode == 0, r.stderr
+    assert f"units start {INSTALLED}" in r.stdout
+    for name in SERVICES:
+        u = written_unit(tmp_path / "d" / "systemd" / name)
+        for key in ("ExecStart", "ExecStopPost", "ConditionPathExists"):
+            for v in u.get(key, []):
+                exe = shlex.split(v)[0]
+                assert exe == str(INSTALLED), (name, key, v)
+                assert os.path.isfile(exe) and os.access(exe, os.X_OK)
+        assert "/opt/hftagent/.venv" not in (tmp_path / "d" / "systemd" / name).read_text()
+    assert written_unit(tmp_path / "d" / "systemd" / "hftagent-tune.service")[
+        "ConditionPathExists"] == [str(INSTALLED)]
+
+
+@pytest.mark.parametrize("root,cpus,house", [
+    ("vm-dev", "1", "0"),                       # 2 CPUs: never the shipped 2-3
+    ("synthetic-tuned", "4-7", "0-3,8-15"),     # the isolated CPUs
+])
+def test_deployed_cpu_lists_follow_the_boxs_target_rule(tmp_path, root, cpus, house):
+    r = deploy_as(tmp_path / "d", "--root", str(Path(__file__).parent / "fixtures" / root),
+                  "--exec", str(INSTALLED))
+    assert r.returncode == 0, r.stderr
+    default = (tmp_path / "d" / "systemd" / "hftagent.default").read_text()
+    assert re.findall(r"^HFTAGENT_PROBE_CPUS=(.*)$", default, re.M) == [cpus]
+    for name in ("hftagent-watch.service", "hftagent-attach@.service"):
+        u = written_unit(tmp_path / "d" / "systemd" / name)
+        assert u["CPUAffinity"] == [house], name
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze absent")
+@pytest.mark.skipif(not INSTALLED.exists(), reason=f"{INSTALLED} not installed")
+def test_systemd_analyze_verifies_the_written_units(tmp_path):
+    r = deploy_as(tmp_path / "d")
+    assert r.returncode == 0, r.stderr
+    units = tmp_path / "d" / "systemd"
+    (units / "hftagent-attach@litert.service").write_text(
+        (units / "hftagent-attach@.service").read_text())
+    r = run("systemd-analyze", "verify", "hftagent-watch.service", "hftagent-tune.service",
+            "hftagent-attach@litert.service", cwd=units)
+    noise = [ln for ln in r.stderr.splitlines()
+             if "hftagent" in ln and ("Unknown" in ln or "ignoring" in ln or "rror" in ln
+                                      or "not executable" in ln)]
+    assert r.returncode == 0 and not noise, r.stderr
+    # and verify would catch a unit naming an hftagent that is not there
+    bad = units / "hftagent-watch.service"
+    bad.write_text(bad.read_text().replace(str(INSTALLED), str(tmp_path / "gone")))
+    assert run("systemd-analyze", "verify", bad.name, cwd=units).returncode != 0
+
+
+def _exec_refused(tmp_path: Path, exe: str, why: str) -> None:
+    r = deploy_as(tmp_path / "d", "--exec", exe)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("hftagent: error: --exec ") and why in lines[0], lines[0]
+    assert not (tmp_path / "d").exists()  # nothing written
+
+
+def test_deploy_exec_must_be_a_plain_executable_file_of_root_or_ours(tmp_path):
+    script = tmp_path / "hft"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    _exec_refused(tmp_path, "hft", "give an absolute path")
+    _exec_refused(tmp_path, str(tmp_path / "missing"), "No such file or directory")
+    _exec_refused(tmp_path, str(tmp_path), "is not a regular file")
+    (tmp_path / "link").symlink_to(script)
+    _exec_refused(tmp_path, str(tmp_path / "link"), f"is a symbolic link: give the file it "
+                  f"points to ({script})")
+    odd = tmp_path / "a b"
+    odd.write_text("#!/bin/sh\n")
+    odd.chmod(0o755)
+    _exec_refused(tmp_path, str(odd), "systemd would not read this path as it is")
+    script.chmod(0o775)
+    _exec_refused(tmp_path, str(script), "is writable by group or others (mode 0775)")
+    script.chmod(0o644)
+    _exec_refused(tmp_path, str(script), "is not executable")
+    script.chmod(0o755)
+    r = deploy_as(tmp_path / "d", "--exec", str(script))
+    assert r.returncode == 0, r.stderr
+    u = written_unit(tmp_path / "d" / "systemd" / "hftagent-watch.service")
+    assert shlex.split(u["ExecStart"][0])[0] == str(script)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_deploy_exec_refuses_another_users_file(tmp_path, user):
+    _name, uid, gid = user
+    script = tmp_path / "hft"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    os.chown(script, uid, gid)
+    _exec_refused(tmp_path, str(script), f"belongs to uid {uid}, not to root or you")
