@@ -71,7 +71,8 @@ def test_steal_stands_unless_the_sample_hid_no_time():
     for hidden, corrected in ((0.0, True), (0, True), (450.0, False), (None, False)):
         b = _body("steal")
         b["events"]["hw_noise"] = {"hidden_us": hidden}
-        apply_verdict(b, [("task", "hog", 1_200 * US)], 1_300 * US)
+        hw = [("hw_or_hypervisor", "hw_or_hypervisor", int(hidden * US))] if hidden else []
+        apply_verdict(b, [("task", "hog", 1_200 * US), *hw], 1_300 * US)
         assert (b["cause"] == "cpu_contention") is corrected, hidden
         assert (b.get("polled_cause") == "steal") is corrected
     b = _body("steal")  # no hw_noise at all: it stands
@@ -113,14 +114,19 @@ def test_events_name_the_task_where_no_scan_covered_the_spike():
     assert [(r["comm"], r["tid"], r["run_us"]) for r in ran] == [("hog", 777, 1200),
                                                                 ("kworker/1:0", 55, 20)]
     assert all(r["from"] == "kernel events" and r["cpu"] == 1 for r in ran)
-    assert b["causes"][0]["detail"].endswith("hog (pid 777) ran on CPU 1")
-    # a scan that named them already is kept as it was
+    assert b["causes"][0]["detail"] == ("other tasks ran 1,220 µs on CPU 1 (kernel events); "
+                                        "hog (pid 777) ran on CPU 1")
+    assert b["causes"][0]["polled_detail"] == "waited 1500 µs on the run queue"
+    # a scan that named another task (it ran on the probe CPUs in the scan's rows, not in
+    # the call: a kdamond while the timeline showed tokio-rt-worker) is replaced, and kept
     b2 = _body("cpu_contention")
-    b2["causes"][0]["evidence"] = {"ran_on_cpu": [{"comm": "x", "pid": 1}]}
+    b2["causes"][0]["evidence"] = {"ran_on_cpu": [{"comm": "kdamond", "pid": 1}]}
     b2["events"]["timeline"] = b["events"]["timeline"]
     name_tasks(b2, b2["events"])
-    assert b2["causes"][0]["evidence"]["ran_on_cpu"] == [{"comm": "x", "pid": 1}]
-    assert b2["causes"][0]["detail"] == "polled"
+    assert [r["comm"] for r in b2["causes"][0]["evidence"]["ran_on_cpu"]] == \
+        ["hog", "kworker/1:0"]
+    assert b2["causes"][0]["evidence"]["polled_ran_on_cpu"] == [{"comm": "kdamond", "pid": 1}]
+    assert "kdamond" not in b2["causes"][0]["detail"]
     # the thread group where /proc has it
     b3 = _body("cpu_contention")
     b3["events"]["timeline"] = _tl(("worker[778]", "task", 900.0))
@@ -134,7 +140,9 @@ def test_a_corrected_verdict_of_contention_names_the_tasks_too():
     apply_verdict(b, [("task", "hog", 1_200 * US)], 1_300 * US)
     assert b["cause"] == "cpu_contention" and b["polled_cause"] == "softirq"
     assert b["causes"][0]["evidence"]["ran_on_cpu"][0]["comm"] == "hog"
-    assert b["causes"][0]["detail"] == "hog ran on CPU 1 (kernel events)"  # stable
+    # the summary's example (summary.short) is the stable "who ran" part
+    from agent.watch.summary import short
+    assert short(b["causes"][0]["detail"]) == "hog (pid 777) ran on CPU 1"
 
 
 def test_watch_looks_the_thread_group_up_through_its_host():

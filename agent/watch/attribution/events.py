@@ -48,6 +48,7 @@ from agent.trace.timeline import (
     timeline,
 )
 from agent.trace.tracefs import EventSource
+from agent.watch.attribution import verdict
 
 MODES = ("auto", "on", "off", "mount")
 # The window read around a spike: events from MARGIN_BEFORE_NS before its intended start
@@ -177,6 +178,27 @@ def _check_probe_seen(tl, sp, cpu: int) -> None:
         tl.reason = (f"the probe was switched out {switched} time(s) in this sample, but the "
                      f"window shows no switch of it and nothing else on CPU {cpu} (switches "
                      "the kernel did not record)")
+
+
+# The call's own run-queue wait (schedstat, read around the call) that a window must show:
+# beyond WAIT_SEEN_SLACK_NS and twice the runnable time the window followed, it lacks a
+# preemption (the wait may begin in the spin before the window's start: the slack).
+WAIT_SEEN_SLACK_NS = 200_000
+
+
+def _check_wait_seen(tl, sp) -> None:
+    """A timeline that shows the thread running through a run-queue wait its own schedstat
+    measured in the call lacks a preemption (a 2-vCPU guest: the probe running 1.5 ms with
+    0.4 ms of CPU time and 1.1 ms on its run queue): marked incomplete, with why, so that it
+    neither decides nor contradicts the contention the call's own figure shows."""
+    runnable = tl.state_ns.get("runnable")
+    if not tl.complete or runnable is None or sp.rq_delay_ns < 0:
+        return
+    if sp.rq_delay_ns > 2 * runnable + WAIT_SEEN_SLACK_NS:
+        tl.complete = False
+        tl.reason = (f"the call waited {sp.rq_delay_ns / 1e3:,.0f} µs on its run queue (its "
+                     f"own schedstat), the window shows {runnable / 1e3:,.0f} µs runnable "
+                     "(a preemption the kernel did not record)")
 
 
 class SpikeEvents:
@@ -325,6 +347,7 @@ class SpikeEvents:
                           tgid_of=self._tgid_or_none,
                           wake_reason=getattr(win, "wake_reason", None))
             _check_probe_seen(tl, sp, cpu)
+            _check_wait_seen(tl, sp)
             # a stall at the call's start: the thread's earlier calls ran first (queued);
             # unless the call's own run-queue wait says it was waiting then, not running (a
             # window that lacks a preemption: a 2-vCPU guest, an RT hog's 2.9 ms read as the probe's)
@@ -509,48 +532,93 @@ def event_verdict(triples: list[tuple[str, str, int]], excess_ns: int
 
 def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: int,
                   tgid_of: Callable[[int], int] | None = None) -> None:
-    """Correct the polled verdict in a spike record's ``body`` with the kernel events where
-    they decide a cause the polled rules can get wrong (:data:`EVENTS_MAY_CORRECT`; any
-    polled cause for a thread that was not runnable: :data:`NOT_RUNNABLE_CAUSES`): the
-    record's ``cause`` becomes the events', the polled one is kept as ``polled_cause``, and
-    ``decided_by`` says which decided. The events' cause entry carries the evidence of
-    bench/attribution.py's contract (:func:`part_evidence`: the state, the waker's process
-    and thread, the signal's sender). Where no cause leads but the thread was not runnable
-    for at least VERDICT_MIN_SHARE of the excess, a polled host cause
-    (:data:`HOST_POLLED`) becomes unexplained: it cannot explain time the thread could not
-    run in. A complete timeline only: a partial one may miss what ran."""
+    """Correct the polled verdict in a spike record's ``body`` with the kernel events of a
+    complete timeline (a partial one may miss what ran: ``decided_by: polled``).
+
+    1. Where the events decide a cause (:func:`event_verdict`) that the polled rules can
+       get wrong (:data:`EVENTS_MAY_CORRECT`; any polled cause for a thread that was not
+       runnable: :data:`NOT_RUNNABLE_CAUSES`), or where the timeline contradicts the polled
+       cause (:func:`~.verdict.contradiction`: contention without a run-queue wait in it,
+       steal counted on another CPU...), the record's ``cause`` becomes the events', the
+       polled one is kept as ``polled_cause`` (``decided_by: events``). The events' cause
+       entry carries the evidence of bench/attribution.py's contract (:func:`part_evidence`:
+       the state, the waker's process and thread, the signal's sender).
+    2. Where no cause leads but the thread was not runnable for at least VERDICT_MIN_SHARE
+       of the excess, a polled host cause (:data:`HOST_POLLED`) becomes unexplained: it
+       cannot explain time the thread could not run in.
+    3. Where no cause leads and the timeline contradicts the polled cause, it is overruled
+       (:func:`~.verdict.overrule`: an on-CPU cause, the next polled cause the timeline
+       allows, else unexplained with its µs).
+    4. The cause that stands, where the timeline sees it, takes its detail and culprit from
+       the timeline (:func:`name_tasks`, :func:`~.verdict.from_timeline`)."""
     polled = body.get("cause")
     ev = body.get("events") or {}
     body["decided_by"] = "polled"
     if not ev.get("complete"):
         return
+    per, top = per_cause(triples)
+    entry = next((c for c in body.get("causes") or [] if c.get("cause") == polled), None)
+    why = verdict.contradiction(entry, ev, per, excess_ns) if entry is not None else None
     v = event_verdict(triples, excess_ns)
-    if v is None:
-        _not_runnable_unexplained(body, triples, excess_ns)
-        return
+    if v is not None:
+        _events_decide(body, v, ev, excess_ns, tgid_of, contradicted=why)
+    elif not _not_runnable_unexplained(body, triples, excess_ns) and why is not None:
+        verdict.overrule(body, ev, per, excess_ns,
+                         sum(ns for kind, _c, ns in triples if kind == UNEXPLAINED))
+    lead = next((c for c in body.get("causes") or [] if c.get("cause") == body["cause"]),
+                None)
+    if lead is None or verdict.contradiction(lead, ev, per, excess_ns) is not None:
+        return  # (a guard: every path above leaves a cause the timeline allows)
+    if body["cause"] == "cpu_contention":
+        name_tasks(body, ev, tgid_of)
+    else:
+        verdict.from_timeline(lead, ev, per, top)
+
+
+def per_cause(triples: list[tuple[str, str, int]]
+              ) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
+    """The timeline's ns per cause over the excess (hidden time as ``steal``: what the
+    hypervisor or firmware took while the thread was on the CPU) and each cause's largest
+    culprit with its ns."""
+    per: dict[str, int] = {}
+    top: dict[str, tuple[str, int]] = {}
+    for kind, culprit, ns in triples:
+        cause = "steal" if kind == HW else _cause_of(kind, culprit)
+        if cause is None or ns <= 0:
+            continue
+        per[cause] = per.get(cause, 0) + ns
+        if ns > top.get(cause, ("", -1))[1]:
+            top[cause] = (culprit, ns)
+    return per, top
+
+
+def _events_decide(body: dict, v: tuple[str, str, int], ev: dict, excess_ns: int,
+                   tgid_of: Callable[[int], int] | None, contradicted: str | None) -> None:
+    """Rule 1 of :func:`apply_verdict`: the events' cause ``v`` replaces the polled one
+    where they may correct it, or where the timeline contradicts it."""
+    polled = body.get("cause")
     cause, culprit, ns = v
     if cause in NOT_RUNNABLE_CAUSES:
         if polled == "page_faults" and _state_of(ev, cause) == "D":
             return
-    elif not (polled in EVENTS_MAY_CORRECT or polled == "steal" and _no_hidden_time(ev)):
+    elif not (polled in EVENTS_MAY_CORRECT or polled == "steal" and _no_hidden_time(ev)
+              or contradicted is not None):
         return
     body["decided_by"] = "events"
+    if cause == polled:
+        return
     tl = ev.get("timeline") or {}
     evidence = {"events_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
                 "culprit": culprit, **part_evidence(tl, cause, tgid_of)}
-    if cause == polled:
-        if cause == "cpu_contention":
-            name_tasks(body, ev, tgid_of)
-        return
     body["polled_cause"] = polled
+    if contradicted is not None:
+        body["contradicted"] = {"cause": polled, "why": contradicted}
     body["cause"] = cause
     body.setdefault("causes", []).insert(0, {
         "cause": cause, "score": round(min(1.0, ns / excess_ns), 3), "strength": 1.0,
         # stable (the summary counts details), in the polled rules' words
         "detail": _verdict_detail(cause, culprit, tl.get("cpu", "?"), evidence),
         "evidence": evidence})
-    if cause == "cpu_contention":
-        name_tasks(body, ev, tgid_of)
 
 
 # The timeline part kinds (Part.to_dict) of each not-runnable cause, and of wakeup_latency
@@ -609,13 +677,14 @@ def part_evidence(tl: dict, cause: str, tgid_of: Callable[[int], int] | None = N
 
 
 def _not_runnable_unexplained(body: dict, triples: list[tuple[str, str, int]],
-                              excess_ns: int) -> None:
+                              excess_ns: int) -> bool:
     """No cause leads, but the thread was not runnable for most of the excess: a polled
-    host cause cannot be right (a 73 µs wait never explains a 150 ms stall)."""
+    host cause cannot be right (a 73 µs wait never explains a 150 ms stall). True when it
+    made the record unexplained."""
     off = sum(ns for kind, _c, ns in triples if kind in NOT_RUNNABLE and ns > 0)
     polled = body.get("cause")
     if polled not in HOST_POLLED or off < VERDICT_MIN_SHARE * excess_ns:
-        return
+        return False
     body["decided_by"] = "events"
     body["polled_cause"] = polled
     body["cause"] = "unexplained"
@@ -625,6 +694,7 @@ def _not_runnable_unexplained(body: dict, triples: list[tuple[str, str, int]],
                   "of it (kernel events): the polled host cause cannot explain it",
         "evidence": {"not_runnable_us": round(off / 1e3, 1),
                      "excess_us": round(excess_ns / 1e3, 1)}})
+    return True
 
 
 def _no_hidden_time(ev: dict) -> bool:
@@ -663,17 +733,47 @@ TASKS_NAMED = 3  # as attribution.cpu.WHO_RAN_SHOWN
 
 
 def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None) -> None:
-    """The tasks the events saw on the probe CPU, as the contention cause's ``ran_on_cpu``
-    evidence (and "comm (pid N) ran on CPU c" in its detail) where the polled rule had no
-    task scan covering the spike to name them (with kernel events, records no longer wait
-    for one: agent/watch/wiring.py reduce_for_events). ``pid`` is the thread group of the
-    event's task where /proc still has it (``tgid_of``: :meth:`SpikeEvents.tgid` in watch),
-    else its tid."""
+    """The contention cause of a record with a complete timeline, named from it: the tasks
+    the events saw on the call's CPU as its ``ran_on_cpu`` evidence (largest first, ``"from":
+    "kernel events"``) and its detail, "waited N µs for CPU c (kernel events); comm (pid N)
+    ran on CPU c", every number the timeline's (the wait: its ``state_us.runnable`` where it
+    followed the thread, else what other tasks ran). A task scan's naming (its tasks ran on
+    the probe CPUs in the scan's rows, not necessarily in the call: a kdamond named while
+    the timeline showed tokio-rt-worker) is kept as ``polled_ran_on_cpu``, the polled detail
+    as ``polled_detail``. ``pid`` is the thread group of the event's task where /proc still
+    has it (``tgid_of``: :meth:`SpikeEvents.tgid` in watch), else its tid."""
     cause = next((c for c in body.get("causes") or [] if c.get("cause") == "cpu_contention"),
                  None)
     tl = ev.get("timeline") or {}
-    if cause is None or (cause.get("evidence") or {}).get("ran_on_cpu"):
+    if cause is None or not tl:
         return
+    runs = _timeline_tasks(tl)
+    tg = tgid_of or (lambda tid: tid)
+    cpu = tl.get("cpu")
+    named = [{"comm": comm, "pid": tg(tid), "tid": tid, "cpu": cpu, "run_us": round(us),
+              "from": "kernel events"} for comm, tid, us in runs[:TASKS_NAMED]]
+    evidence = cause.setdefault("evidence", {})
+    old = evidence.pop("ran_on_cpu", None)
+    if old and any(r.get("from") != "kernel events" for r in old):
+        evidence["polled_ran_on_cpu"] = old
+    if named:
+        evidence["ran_on_cpu"] = named
+    detail = cause.get("detail") or ""
+    if detail and "(kernel events)" not in detail:
+        cause["polled_detail"] = detail
+    st = tl.get("state_us") or {}
+    if "runnable" in st:
+        wait = f"waited {st['runnable']:,.0f} µs for CPU {cpu}"
+    else:
+        others = sum(e.get("us") or 0 for e in tl.get("entities") or []
+                     if e.get("kind") in ("task", "workqueue"))
+        wait = f"other tasks ran {others:,.0f} µs on CPU {cpu}"
+    who = f"; {named[0]['comm']} (pid {named[0]['pid']}) ran on CPU {cpu}" if named else ""
+    cause["detail"] = f"{wait} (kernel events){who}"
+
+
+def _timeline_tasks(tl: dict) -> list[tuple[str, int, float]]:
+    """(comm, tid, µs) of the tasks a timeline dict shows, largest first."""
     runs = []
     for e in tl.get("entities") or []:
         if e.get("kind") != "task" or not e.get("label", "").endswith("]"):
@@ -682,18 +782,8 @@ def name_tasks(body: dict, ev: dict, tgid_of: Callable[[int], int] | None = None
         if not tid.isdigit() or not int(tid):
             continue
         runs.append((comm, int(tid), e.get("us") or 0))
-    if not runs:
-        return
     runs.sort(key=lambda r: -r[2])
-    tg = tgid_of or (lambda tid: tid)
-    cpu = tl.get("cpu")
-    named = [{"comm": comm, "pid": tg(tid), "tid": tid, "cpu": cpu, "run_us": round(us),
-              "from": "kernel events"} for comm, tid, us in runs[:TASKS_NAMED]]
-    cause.setdefault("evidence", {})["ran_on_cpu"] = named
-    if not cause.get("detail", "").endswith("(kernel events)"):  # apply_verdict's own
-        top = named[0]
-        cause["detail"] = "; ".join(x for x in (cause.get("detail"), f"{top['comm']} (pid "
-                                                f"{top['pid']}) ran on CPU {cpu}") if x)
+    return runs
 
 
 def _triples(tl, items: list[tuple[str, int]], irq_cost_ns: int | None = None,

@@ -1,0 +1,170 @@
+"""What a complete timeline says of a polled verdict (issue #35 item 1).
+
+The polled rules read counters of a window around the call (the thread's run-queue wait
+summed over 10-50 ms rows, steal ticks and IRQ counts of a CPU, the task scan's who-ran):
+context, never proof that the call itself was delayed so. Where the call's own kernel-event
+timeline is complete it is proof: :func:`contradiction` says when a cause the timeline sees
+directly is not in it, :func:`overrule` replaces such a verdict, and :func:`from_timeline`
+rewrites the surviving cause's detail and culprit from the timeline, so that every number
+of a verdict on a complete timeline is the timeline's. The polled detail stays
+(``polled_detail``) as context.
+
+A cause the timeline sees directly (:data:`SEEN`) must hold at least
+:data:`SUPPORT_MIN_SHARE` of the excess over P50 on the call's CPU: contention a run-queue
+wait in which another task or work item ran, irq or softirq their handlers' time (and
+their hidden entry/exit), steal the time hidden from the thread while it was on the CPU
+(``hw_or_hypervisor``, where the call's CPU time was measured) and the steal counted on the
+CPU the call ran on. Contention may also lie in time the timeline cannot account (hidden
+time, a state no event says: a switch the window lacks); a thread the timeline never shows
+on its CPU is not covered by it. What the timeline cannot see (page faults, frequency, NUMA, a move,
+the GPU, PCIe) happens inside the thread's own time on the CPU and is never contradicted.
+
+A contradicted verdict is replaced, in this order, by the first of:
+
+1. an **on-CPU rule** (:data:`ON_CPU_RULES`): a cause found inside the thread's own time on
+   the CPU (hidden time, page faults in the call, the SMT sibling: issue #35 item 2 adds
+   them there), ``decided_by: events``;
+2. the next polled cause (strength ≥ ``MIN_STRENGTH``) the timeline does not contradict,
+   ``decided_by: events+polled`` (the events overruled the first, the polled evidence named
+   this one);
+3. ``unexplained`` with its µs, ``decided_by: events``: not a polled guess.
+
+The replaced cause is kept as ``polled_cause`` and why as ``contradicted``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agent.watch.attribution.rules import MIN_STRENGTH
+
+SUPPORT_MIN_SHARE = 0.2  # a cause the timeline sees holds at least this share of the excess
+# The causes a timeline sees directly, and what each one's time is in it
+SEEN = {"cpu_contention": "time another task ran while the thread waited for the CPU",
+        "irq": "interrupt time", "softirq": "softirq time",
+        "steal": "time hidden from the thread while it was on the CPU"}
+# On-CPU rules: (record body, its events dict, the timeline's ns per cause, excess ns) → a
+# cause entry ({"cause", "detail", "evidence", "score", "strength"}) or None. Each names a
+# cause with its own evidence from inside the thread's time on the CPU; the first that
+# names one decides. Empty until the on-CPU breakdown (issue #35 item 2) fills it.
+OnCpuRule = Callable[[dict, dict, dict[str, int], int], dict | None]
+ON_CPU_RULES: list[OnCpuRule] = []
+
+
+def steal_cpu(entry: dict) -> int | None:
+    """The CPU a polled steal cause counted its ticks on (its evidence's
+    ``cpu.<N>.steal_ticks``), None when it does not say."""
+    for key in (entry.get("evidence") or {}):
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "cpu" and parts[2] == "steal_ticks" and \
+                parts[1].isdigit():
+            return int(parts[1])
+    return None
+
+
+def contradiction(entry: dict, ev: dict, per: dict[str, int], excess_ns: int) -> str | None:
+    """Why the complete timeline of ``ev`` contradicts the cause ``entry`` names (one line),
+    or None. ``per``: the timeline's ns per cause over the excess (steal: hidden time)."""
+    cause = entry.get("cause")
+    tl = ev.get("timeline") or {}
+    cpu = tl.get("cpu", "?")
+    if cause == "steal":
+        counted = steal_cpu(entry)
+        if counted is not None and isinstance(cpu, int) and counted != cpu:
+            return f"steal was counted on CPU {counted}; the call ran on CPU {cpu}"
+        if (ev.get("hw_noise") or {}).get("hidden_us") is None:
+            return None  # the thread's CPU time was not measured: the timeline cannot say
+    if cause not in SEEN or not (tl.get("probe_run_us") or 0) > 0:
+        return None  # (a thread never seen on the CPU: the timeline does not cover it)
+    got = per.get(cause, 0)
+    room = got
+    if cause == "cpu_contention":
+        # time the timeline cannot account: hidden from the thread while it was current (a
+        # switch the window lacks looks the same as the hypervisor: docs/events.md), or in
+        # no known state — a preemption may lie there
+        unknown_us = (tl.get("state_us") or {}).get("unknown") or 0
+        room += per.get("steal", 0) + int(unknown_us * 1e3)
+    if room >= SUPPORT_MIN_SHARE * max(1, excess_ns):
+        return None
+    return (f"the timeline shows {got / 1e3:,.0f} µs of {SEEN[cause]} on CPU {cpu} in a "
+            f"{excess_ns / 1e3:,.0f} µs excess")
+
+
+def overrule(body: dict, ev: dict, per: dict[str, int], excess_ns: int,
+             unexplained_ns: int) -> bool:
+    """Replace the record's cause where its complete timeline contradicts it (see the module
+    docstring); True when it did."""
+    causes = body.get("causes") or []
+    polled = body.get("cause")
+    entry = next((c for c in causes if c.get("cause") == polled), None)
+    if entry is None:
+        return False
+    why = contradiction(entry, ev, per, excess_ns)
+    if why is None:
+        return False
+    body["polled_cause"] = polled
+    body["contradicted"] = {"cause": polled, "why": why}
+    for rule in ON_CPU_RULES:
+        found = rule(body, ev, per, excess_ns)
+        if found is not None:
+            _lead(body, found, "events")
+            return True
+    for c in causes:
+        if c is not entry and c.get("cause") not in ("unexplained", polled) and \
+                (c.get("strength") or 0) >= MIN_STRENGTH and \
+                contradiction(c, ev, per, excess_ns) is None:
+            causes.remove(c)
+            _lead(body, c, "events+polled")
+            return True
+    _lead(body, unexplained(ev, excess_ns, unexplained_ns, why), "events")
+    return True
+
+
+def _lead(body: dict, entry: dict, decided_by: str) -> None:
+    body["cause"] = entry["cause"]
+    body["decided_by"] = decided_by
+    body.setdefault("causes", []).insert(0, entry)
+
+
+def unexplained(ev: dict, excess_ns: int, unexplained_ns: int, why: str) -> dict:
+    """The ``unexplained`` entry of a call whose timeline contradicts the polled cause and
+    shows nothing else: its µs, and how long the thread was on the CPU."""
+    tl = ev.get("timeline") or {}
+    st = tl.get("state_us") or {}
+    evidence = {"unexplained_us": round(unexplained_ns / 1e3, 1),
+                "excess_us": round(excess_ns / 1e3, 1), "wall_us": tl.get("wall_us")}
+    on = ""
+    if "on_cpu" in st:
+        evidence.update(on_cpu_us=st["on_cpu"], runnable_us=st.get("runnable"))
+        on = f"; the thread was on CPU {tl.get('cpu', '?')} {st['on_cpu']:,.0f} of " \
+             f"{tl.get('wall_us') or 0:,.0f} µs"
+    return {"cause": "unexplained", "score": 1.0, "strength": 0.0, "evidence": evidence,
+            "detail": f"nothing the timeline shows explains {unexplained_ns / 1e3:,.0f} µs of "
+                      f"the {excess_ns / 1e3:,.0f} µs excess (kernel events){on}; not the "
+                      f"polled cause: {why}"}
+
+
+def from_timeline(entry: dict, ev: dict, per: dict[str, int],
+                  top: dict[str, tuple[str, int]]) -> None:
+    """The detail of a cause the timeline sees and supports, from the timeline: its time on
+    the call's CPU and its top culprit (the polled detail kept as ``polled_detail``).
+    Contention is named by :func:`~agent.watch.attribution.events.name_tasks`; steal only
+    where hidden time was measured."""
+    cause = entry.get("cause")
+    if cause not in ("irq", "softirq", "steal") or per.get(cause, 0) <= 0:
+        return
+    if cause == "steal" and (ev.get("hw_noise") or {}).get("hidden_us") is None:
+        return
+    detail = entry.get("detail") or ""
+    if detail.endswith("(kernel events)"):
+        return
+    cpu = (ev.get("timeline") or {}).get("cpu", "?")
+    us = per[cause] / 1e3
+    if cause == "steal":
+        new = (f"{us:,.0f} µs hidden from the thread while it was on CPU {cpu}: the "
+               "hypervisor ran something else (kernel events)")
+    else:
+        new = f"{top[cause][0]} ran {us:,.0f} µs on CPU {cpu} (kernel events)"
+    entry["polled_detail"] = detail
+    entry["detail"] = new
+    entry.setdefault("evidence", {})["events_us"] = round(us, 1)
