@@ -30,7 +30,7 @@ WHO_RAN_SHOWN = 3  # tasks named in the evidence
 
 
 def contention(ctx: Context) -> CauseScore | None:
-    sp, views, cpus = ctx.spike, ctx.views, ctx.cpus
+    sp, views, cpus = ctx.spike, ctx.views, ctx.call_cpus
     s = 0.0
     ev: dict = {}
     details = []
@@ -92,7 +92,7 @@ def late_wake_up(ctx: Context, ev: dict, details: list) -> float:
     if ctx.others_share is None or off < LATE_MIN_NS or off < LATE_SHARE * sp.excess_ns or \
             sp.queued_behind >= 0 or sp.nvcsw != 0 or sp.nivcsw != 0 or sp.majflt > 0:
         return 0.0
-    share = ctx.others_share(sp.start_ns - 1, sp.end_ns + 1, ctx.cpus)
+    share = ctx.others_share(sp.start_ns - 1, sp.end_ns + 1, ctx.call_cpus)
     if share is None or share < LATE_OTHERS_MIN:
         return 0.0
     ev["off_cpu_us"] = round(off / 1e3, 1)

@@ -84,7 +84,7 @@ def irq_time(views, cpus) -> dict[str, dict[int, dict]]:
 
 
 def interrupts(ctx: Context) -> CauseScore | None:
-    sp, views, cpus = ctx.spike, ctx.views, ctx.cpus
+    sp, views, cpus = ctx.spike, ctx.views, ctx.call_cpus
     best: dict[str, tuple[float, SignalWindow | None, str]] = {
         "irq": (0.0, None, ""), "softirq": (0.0, None, "")}
     ev: dict = {}

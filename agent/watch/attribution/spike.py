@@ -121,6 +121,16 @@ class Context:
     gpu_detail: Callable | None = None  # GpuCollector.causes(t0, t1)
     slack_ns: int = 0  # the window is [start − slack, end + slack]
 
+    @property
+    def call_cpus(self) -> set[int]:
+        """The CPUs the call itself ran on: where it started and ended when the source says
+        (the built-in probes, an attached process's uprobes), else the probe CPUs. Another
+        CPU's counters never name a call that did not run there: a thread of a service on
+        CPU 14 is not slowed by a steal tick or a LOC burst on CPU 1, where its process's
+        other threads run (issue #35)."""
+        own = {c for c in (self.spike.cpu_start, self.spike.cpu_end) if c >= 0}
+        return own or set(self.probe_cpus)
+
 
 # The in-process baseline's columns, in order (agent/watch/session.py builds it from these
 # fields of the latest RECENT_EVIDENCE samples): minor and major faults, involuntary and
