@@ -64,7 +64,13 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.trace.timeline import BACKLOG, HW, IDLE_BEFORE_WAKE, SLOWED  # noqa: E402
+from agent.trace.timeline import (  # noqa: E402
+    BACKLOG,
+    HIDDEN_IRQ,
+    HW,
+    IDLE_BEFORE_WAKE,
+    SLOWED,
+)
 from agent.watch.probe_worker import auto_rate  # noqa: E402
 from agent.watch.session import WatchConfig, WatchSession  # noqa: E402
 from bench.faults import kit  # noqa: E402
@@ -296,8 +302,20 @@ def score(fault: str | None, records: list[dict], params: dict) -> dict:
             "unexplained_own": len(gaps),
             "unexplained_lost_ms_p50": round(gaps[len(gaps) // 2], 2) if gaps else None,
             "events": event_figures(fault, exp, recs, params.get("pids") or [], set(bg)),
+            **contradiction_figures(recs),
             **(who_figures(fault, exp, recs, params.get("who") or {}, set(bg))
                if fault in kit.EXPECTED_BY else {})}
+
+
+def contradiction_figures(recs: list[dict]) -> dict:
+    """How many verdicts contradict their call's complete timeline (:func:`contradiction`;
+    the target: 0), of how many with one, by why, with up to 5 of their seqs."""
+    complete = [r for r in recs if r.get("inherited_from") is None
+                and (r.get("events") or {}).get("complete")]
+    found = [(r["seq"], why) for r in complete if (why := contradiction(r)) is not None]
+    return {"complete_timelines": len(complete), "contradictions": len(found),
+            "contradiction_kinds": dict(Counter(w for _s, w in found)),
+            "contradiction_seqs": [seq for seq, _w in found[:5]]}
 
 
 # What a not-runnable fault must never be named: a cause of the host or of another task on
@@ -562,6 +580,72 @@ def _host(r: dict, excess: float, exp: str | None, fault: str | None = None) -> 
     return None
 
 
+# A verdict contradicts its call's complete timeline (issue #35; the target: none) when the
+# timeline shows the call's thread on its CPU and the record names
+# - contention, an IRQ or a softirq for which the timeline holds less than
+#   CONTRADICTION_SHARE of the excess (contention: a task or work item that ran while the
+#   thread waited; also time the timeline cannot account, where a preemption may lie:
+#   hidden time, a state no event says), or steal with no time hidden from the thread
+#   while it was on the CPU, where its CPU time was measured;
+# - steal counted on another CPU than the call's;
+# - a culprit (``ran_on_cpu``) the timeline does not show on the call's CPU.
+# Looser than watch's own rule (agent/watch/attribution/verdict.py: 20 %): what is counted
+# here is a verdict the timeline plainly denies.
+CONTRADICTION_SHARE = 0.1
+_TIMED = {"cpu_contention": ("task", "workqueue"), "irq": ("irq", "vector", "timer", "ipi"),
+          "softirq": ("softirq",)}
+
+
+def contradiction(r: dict) -> str | None:
+    """Why the record's verdict contradicts its call's complete timeline (one of "steal on
+    another CPU", "culprit not on the call's CPU", "<cause> not in the timeline"), or None
+    (also for a record without a complete timeline, or whose thread the timeline never
+    shows on its CPU)."""
+    ev = r.get("events") or {}
+    tl = ev.get("timeline") or {}
+    if not ev.get("complete") or not tl or r.get("inherited_from") is not None:
+        return None
+    cause, entry, cpu = r.get("cause"), _cause_entry(r), tl.get("cpu")
+    evidence = entry.get("evidence") or {}
+    if cause == "steal" and any(k.startswith("cpu.") and k.endswith(".steal_ticks") and
+                                k != f"cpu.{cpu}.steal_ticks" for k in evidence):
+        return "steal on another CPU"
+    labels = [e.get("label", "") for e in tl.get("entities") or []
+              if e.get("kind") in ("task", "workqueue")]
+    for who in evidence.get("ran_on_cpu") or []:
+        if who.get("cpu") != cpu or not any(lb.startswith(f"{who.get('comm')}[")
+                                            for lb in labels):
+            return "culprit not on the call's CPU"
+    excess = r.get("latency_us", 0.0) - (r.get("p50_us") or 0.0)
+    if not (tl.get("probe_run_us") or 0) > 0 or excess <= 0:
+        return None
+    held = _timeline_us(r, cause)
+    if held is not None and held < CONTRADICTION_SHARE * excess:
+        return f"{cause} not in the timeline"
+    return None
+
+
+def _timeline_us(r: dict, cause: str) -> float | None:
+    """The µs the record's breakdown gives ``cause`` (with what the timeline cannot account,
+    for contention); None for a cause the timeline does not see."""
+    ev = r["events"]
+    kinds = {e.get("label"): e.get("kind") for e in ev["timeline"].get("entities") or []}
+    bd = ev.get("breakdown") or []
+    if cause == "steal":
+        if (ev.get("hw_noise") or {}).get("hidden_us") is None:
+            return None
+        return sum(b["us"] for b in bd if b["what"] == HW)
+    if cause not in _TIMED:
+        return None
+    us = sum(b["us"] for b in bd if kinds.get(b["what"]) in _TIMED[cause])
+    if cause == "cpu_contention":
+        us += sum(b["us"] for b in bd if b["what"] == HW)
+        us += (ev["timeline"].get("state_us") or {}).get("unknown") or 0.0
+    else:  # the interrupts' hidden entry/exit and the slowdown after them
+        us += sum(b["us"] for b in bd if b["what"] in (HIDDEN_IRQ, SLOWED))
+    return us
+
+
 def fault_check(pid: int) -> dict:
     """What each fault claims to produce, read from the kernel: NET_RX/NET_TX and softirq
     ticks per CPU, the probe's own faults, its threads' CPUs and migration counts."""
@@ -774,6 +858,11 @@ def report(out: list[dict]) -> None:
                   f"{pct(w['right_share']):>11}{st:>13}"
                   f"{pct(r['host_named_share']):>12}  {w['by']} {w['whom']} "
                   f"{w.get('pids', '')}{' tid ' + str(w['tids']) if w.get('tids') else ''}")
+    n = sum(r.get("contradictions", 0) for r in out)
+    of = sum(r.get("complete_timelines", 0) for r in out)
+    print(f"\nverdicts that contradict the call's complete timeline: {n} of {of} (target 0)"
+          + "".join(f"; {r['fault']} {r['contradictions']} {r['contradiction_kinds']}"
+                    for r in out if r.get("contradictions")))
     for r in out:
         if r.get("fault_error"):
             print(f"{r['fault']}: the fault did not run: {r['fault_error']}")

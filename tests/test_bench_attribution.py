@@ -555,3 +555,57 @@ def test_service_refuses_a_file_that_is_no_model(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.count("\n") == 1
     assert p.stderr.startswith(f"service: --model {junk}: ")
+
+
+def _timed(seq, cause, *, cpu=1, entities=(), breakdown=(), state=None, hidden=0.0,
+           evidence=None, complete=True):
+    """A record with a complete timeline of its call (the thread on CPU ``cpu``)."""
+    tl = {"cpu": cpu, "probe_run_us": 1_000.0,
+          "entities": [{"label": "probe svc[9]", "kind": "probe", "us": 1_000.0},
+                       *({"label": lb, "kind": k, "us": us} for lb, k, us in entities)]}
+    if state is not None:
+        tl["state_us"] = state
+    return {"seq": seq, "cause": cause, "latency_us": 1_400.0, "p50_us": 400.0,
+            "attributed_after_ms": 50.0,
+            "causes": [{"cause": cause, "evidence": evidence or {}}],
+            "events": {"complete": complete, "timeline": tl, "hw_noise": {"hidden_us": hidden},
+                       "breakdown": [{"what": w, "us": us} for w, us in breakdown]}}
+
+
+def test_verdicts_that_contradict_the_calls_complete_timeline_are_counted(capsys):
+    """Issue #35: the summary counts them (the target: 0) — contention for a call that never
+    waited, steal counted on another CPU, a culprit the timeline never shows there."""
+    from bench.attribution import contradiction, contradiction_figures, report
+    ok = [_timed(1, "cpu_contention", entities=[("hog[77]", "task", 900.0)],
+                 breakdown=[("hog[77]", 900.0)],
+                 evidence={"ran_on_cpu": [{"comm": "hog", "cpu": 1}]}),
+          _timed(2, "page_faults"),  # on-CPU: the timeline cannot see it
+          _timed(3, "cpu_contention", breakdown=[("hw_or_hypervisor", 700.0)],
+                 hidden=700.0),  # hidden time: a switch the window may lack
+          _timed(4, "cpu_contention", complete=False),
+          _timed(5, "steal", breakdown=[("hw_or_hypervisor", 800.0)], hidden=800.0,
+                 evidence={"cpu.1.steal_ticks": {}}),
+          _timed(6, "unexplained")]
+    bad = [_timed(11, "cpu_contention", state={"on_cpu": 1_400.0, "runnable": 0.0,
+                                              "unknown": 0.0}),
+           _timed(12, "steal", cpu=14, breakdown=[("hw_or_hypervisor", 800.0)], hidden=800.0,
+                  evidence={"cpu.1.steal_ticks": {}}),
+           _timed(13, "cpu_contention", entities=[("tokio-rt-worker[5]", "task", 900.0)],
+                  breakdown=[("tokio-rt-worker[5]", 900.0)],
+                  evidence={"ran_on_cpu": [{"comm": "kdamond.0", "cpu": 1}]}),
+           _timed(14, "softirq", breakdown=[("softirq NET_RX", 30.0)],
+                  entities=[("softirq NET_RX", "softirq", 30.0)]),
+           _timed(15, "steal", hidden=0.0)]
+    assert [contradiction(r) for r in ok] == [None] * len(ok)
+    assert [contradiction(r) for r in bad] == [
+        "cpu_contention not in the timeline", "steal on another CPU",
+        "culprit not on the call's CPU", "softirq not in the timeline",
+        "steal not in the timeline"]
+    fig = contradiction_figures(ok + bad)
+    assert (fig["complete_timelines"], fig["contradictions"]) == (len(ok) + len(bad) - 1, 5)
+    assert fig["contradiction_seqs"] == [11, 12, 13, 14, 15]
+    s = score("cpu_hog", ok + bad, {"pids": [77]})
+    assert s["contradictions"] == 5
+    report([{**s, "fault": "cpu_hog", "p50_us": 400, "p99_us": 900}])
+    assert "verdicts that contradict the call's complete timeline: 5 of 10 (target 0)" in \
+        capsys.readouterr().out
