@@ -474,9 +474,25 @@ def threads_cmd(
     """Pick intra/inter/affinity from the probe's thread sweep and print the `hftagent run`
     command that reproduces the winner (lowest P99 among runs with enough samples that `run`
     can reproduce; a faster caller-thread or TF-default run is mentioned separately)."""
-    from agent.probe.runner import eligible
+    result = _thread_sweep(from_file, model=model, builtin=builtin, variant=variant,
+                           cpus=cpus, duration=duration)
+    rec, faster = _recommend_threads(result)
+    c = rec["config"]
     from tuning.launcher import command_line
+    command = command_line(cmd or ["<your inference command>"], cpus=c["cpus"],
+                           intra=c["intra"], inter=c["inter"])
+    if json_out:
+        print(json.dumps({"recommendation": rec, "command": command, "faster_unreproducible":
+                          faster, "runs": [{"config": r.config.get("id"), "status": r.status,
+                                            "p99_ns": r.p99_ns()} for r in result.runs]},
+                         indent=2))
+        raise typer.Exit(0)
+    _render_threads(result, rec, command, faster)
 
+
+def _thread_sweep(from_file: str | None, *, model, builtin, variant, cpus, duration):
+    """The sweep: read from ``--from`` (then the sweep's own options are refused) or run now
+    (agent/probe, batch 1, with progress on stderr)."""
     if from_file is not None:
         given = [opt for opt, v in (("--model", model), ("--builtin", builtin),
                                     ("--variant", variant), ("--cpus", cpus),
@@ -484,20 +500,28 @@ def threads_cmd(
         if given:
             raise fail(f"--from reads a saved sweep: {', '.join(given)} would not be used "
                        "(run the sweep without --from to use them)")
-        result = _saved_sweep(from_file)
-    else:
-        from agent.probe import options
-        from agent.probe.runner import run_probe
+        return _saved_sweep(from_file)
+    from agent.probe import options
+    from agent.probe.progress import progress_hook
+    from agent.probe.runner import run_probe
 
-        settings, configs = options.build(
-            model=model, builtin=builtin if builtin is not None else "lstm",
-            signature="serving_default", shape=None,
-            input_data="random", variant=variant, samples=None, duration=duration, warmup=200,
-            rate=None, threshold_us=5000.0, calib=None, intra=None, inter=None, cpus=cpus,
-            sweep="threads", batch="1")
-        from agent.probe.progress import progress_hook
-        with progress_hook(prefix="hftagent tune threads: ") as hook:
-            result, _arrays = run_probe(settings, configs, on_event=hook)
+    settings, configs = options.build(
+        model=model, builtin=builtin if builtin is not None else "lstm",
+        signature="serving_default", shape=None,
+        input_data="random", variant=variant, samples=None, duration=duration, warmup=200,
+        rate=None, threshold_us=5000.0, calib=None, intra=None, inter=None, cpus=cpus,
+        sweep="threads", batch="1")
+    with progress_hook(prefix="hftagent tune threads: ") as hook:
+        result, _arrays = run_probe(settings, configs, on_event=hook)
+    return result
+
+
+def _recommend_threads(result) -> tuple[dict, dict | None]:
+    """(the recommendation: the lowest P99 of the eligible batch-1 runs `hftagent run` can
+    reproduce; the fastest run when it is not that one and cannot be reproduced, else None).
+    None eligible and reproducible: one line, exit 1."""
+    from agent.probe.runner import eligible
+
     cands = sorted((r for r in result.runs if r.batch == 1 and eligible(r)[0]),
                    key=lambda r: r.p99_ns())
     repro = [r for r in cands if _unreproducible(r.config) is None]
@@ -508,22 +532,20 @@ def threads_cmd(
     rec = {"variant": best.variant, "batch": best.batch, "config": best.config,
            "p99_ns": best.p99_ns(), "reason": f"lowest P99 of {len(repro)} passing run(s) "
            "that `hftagent run` can reproduce"}
-    c = best.config
-    command = command_line(cmd or ["<your inference command>"], cpus=c["cpus"],
-                           intra=c["intra"], inter=c["inter"])
     faster = None
     if cands[0] is not best:  # the fastest run cannot be expressed as a `run` line
         f = cands[0]
         faster = {"variant": f.variant, "config": f.config, "p99_ns": f.p99_ns(),
                   "note": _unreproducible(f.config)}
-    if json_out:
-        print(json.dumps({"recommendation": rec, "command": command, "faster_unreproducible":
-                          faster, "runs": [{"config": r.config.get("id"), "status": r.status,
-                                            "p99_ns": r.p99_ns()} for r in result.runs]},
-                         indent=2))
-        raise typer.Exit(0)
+    return rec, faster
+
+
+def _render_threads(result, rec: dict, command: str, faster: dict | None) -> None:
+    """The sweep's runs by P99 (the best tagged, why each other is not recommended), the
+    command that reproduces the best, and the faster run that cannot be reproduced."""
     from rich.text import Text
 
+    from agent.probe.runner import eligible
     from agent.textout import Column, Row, line, show
 
     con = _console()
