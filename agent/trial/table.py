@@ -163,8 +163,9 @@ def render(con, arms: list[ArmFigures], verdict: Verdict) -> None:
          head=("arm",), tag_column="")
     short = [f.label for f in arms if f.n and not f.sufficient]
     if short:
+        which = "every arm" if len(short) == len(arms) else ", ".join(short)
         line(con, f"* P99.9 from fewer than {stats.required_samples(99.9):,} samples: an "
-             "order statistic, not a claim (" + ", ".join(short) + ")")
+             f"order statistic, not a claim ({which})")
     if verdict.winner is None:
         line(con, "winner: none. " + verdict.note, style="yellow")
         return
