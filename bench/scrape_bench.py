@@ -40,7 +40,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
-import socket
+import subprocess
 import sys
 import threading
 import time
@@ -261,16 +261,23 @@ def tls_auth_bench(m: WatchMetrics, n: int = 2000) -> dict:
 
 # ---- basic-auth flood from rotating loopback addresses (own process) -------------------------
 
-def flood_addr(i: int) -> str:
-    """The i-th flood source: 127.0.x.y, y in 2..251, so 1,000 of them cover the scraper's
-    own /24 (127.0.0.0/24) and its neighbours, never 127.0.0.1 itself."""
-    return f"127.0.{(i // 250) % 256}.{2 + i % 250}"
+# The flood client, standard library only, so that a test can run it as an unprivileged
+# user with the system Python: `python3 -c FLOOD_CLIENT PORT USER N_ADDRS SECONDS THREADS`.
+# Distinct wrong passwords, each on a new connection from the next of N_ADDRS rotating
+# loopback addresses (127.0.x.y, y in 2..251: 1,000 of them cover the scraper's own /24,
+# 127.0.0.0/24, and its neighbours, never 127.0.0.1 itself), half for USER (one that exists),
+# half for users that do not. Bounded: it stops at SECONDS or when its stdin closes (its
+# parent stopped it, or died), then prints {status: count} as JSON.
+FLOOD_CLIENT = r'''
+import base64, collections, json, os, socket, sys, threading, time
+port, user, n_addrs = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+deadline = time.monotonic() + float(sys.argv[4])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+lock, counts, seq = threading.Lock(), collections.Counter(), iter(range(10**9))
 
-
-def _flood_one(port: int, src: str, user: str, password: str) -> str:
-    """One request with a wrong password from ``src`` on a new connection: its status."""
-    import base64
-    cred = base64.b64encode(f"{user}:{password}".encode()).decode()
+def one(src, who, pw):
+    cred = base64.b64encode(f"{who}:{pw}".encode()).decode()
     s = socket.socket()
     try:
         s.settimeout(5.0)
@@ -290,34 +297,49 @@ def _flood_one(port: int, src: str, user: str, password: str) -> str:
     finally:
         s.close()
 
+def run():
+    while time.monotonic() < deadline and not stop.is_set():
+        with lock:
+            n = next(seq)
+        i = n % n_addrs
+        src = f"127.0.{(i // 250) % 256}.{2 + i % 250}"
+        st = one(src, user if n % 2 else f"nobody{n % 5}", f"guess-{os.getpid()}-{n}")
+        with lock:
+            counts[st] += 1
 
-def auth_flood_proc(port: int, user: str, n_addrs: int, seconds: float, threads: int,
-                    stop, out: mp.Queue) -> None:
-    """Distinct wrong passwords, each on a new connection from the next of ``n_addrs``
-    rotating loopback addresses (:func:`flood_addr`), half for ``user`` (one that exists),
-    half for users that do not, from ``threads`` threads, until ``seconds`` have passed or
-    ``stop`` is set: bounded in time, it stops by itself. Puts {status: count}."""
-    import collections
-    deadline = time.monotonic() + seconds
-    lock = threading.Lock()
-    counts: collections.Counter = collections.Counter()
-    seq = iter(range(10**9))
+ts = [threading.Thread(target=run, daemon=True) for _ in range(int(sys.argv[5]))]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(json.dumps(dict(counts)))
+'''
 
-    def run() -> None:
-        while time.monotonic() < deadline and not stop.is_set():
-            with lock:
-                n = next(seq)
-            who = user if n % 2 else f"nobody{n % 5}"
-            st = _flood_one(port, flood_addr(n % n_addrs), who, f"guess-{os.getpid()}-{n}")
-            with lock:
-                counts[st] += 1
 
-    ts = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(seconds + 10)
-    out.put(dict(counts))
+def start_auth_flood(port: int, user: str, n_addrs: int, seconds: float, threads: int, *,
+                     python: str = sys.executable,
+                     as_user: tuple[int, int] | None = None) -> subprocess.Popen:
+    """The flood client (:data:`FLOOD_CLIENT`) in its own process, as ``as_user`` (uid,
+    gid) when given (root only); stop it with :func:`stop_auth_flood`."""
+    ids: dict = {} if as_user is None else {"user": as_user[0], "group": as_user[1],
+                                            "extra_groups": []}
+    return subprocess.Popen([python, "-c", FLOOD_CLIENT, str(port), user, str(n_addrs),
+                             str(seconds), str(threads)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd="/", env={"PATH": "/usr/bin:/bin"}, **ids)
+
+
+def stop_auth_flood(p: subprocess.Popen, timeout_s: float = 30.0) -> dict[str, int]:
+    """Stop the flood (its stdin closes) and return its {status: count}."""
+    try:
+        out, err = p.communicate(input="", timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"client failed": p.returncode, "stderr": err.strip()[-300:]}  # type: ignore[dict-item]
 
 
 def fresh_scrapes(port: int, creds: list[tuple[str, str]], *, interval_s: float = 0.2,
@@ -335,11 +357,12 @@ def fresh_scrapes(port: int, creds: list[tuple[str, str]], *, interval_s: float 
     return out
 
 
-def auth_flood_bench(a: argparse.Namespace, m: WatchMetrics, ctx) -> dict:
+def auth_flood_bench(a: argparse.Namespace, m: WatchMetrics) -> dict:
     """A fresh scraper (a credential the exporter never verified: the first scrape after a
     restart) under a flood of distinct wrong passwords from --auth-flood rotating loopback
     addresses, bcrypt cost 10: the share of its scrapes served (200) within 1 s, and their
-    latency. The flood runs in its own process, the scrapes in this one."""
+    latency. The flood runs in its own process (:data:`FLOOD_CLIENT`), the scrapes in this
+    one."""
     import bcrypt
 
     from agent.export.webconfig import BasicAuth, WebConfig
@@ -350,18 +373,15 @@ def auth_flood_bench(a: argparse.Namespace, m: WatchMetrics, ctx) -> dict:
     cfg = WebConfig(path="(bench)", users=users, auth=BasicAuth(users))
     out: dict = {"command": " ".join(sys.argv), "bcrypt_cost": 10, "addresses": a.auth_flood}
     with Exporter(m, "127.0.0.1:0", web_config=cfg) as ex:
-        stop, q = ctx.Event(), ctx.Queue()
-        fl = ctx.Process(target=auth_flood_proc, args=(ex.port, "scraper0", a.auth_flood,
-                                                       n * 2.0 + 30.0, 16, stop, q))
-        fl.start()
-        warm = time.monotonic() + 30.0  # every address has guessed once
-        while len(cfg.auth._peers) < a.auth_flood and time.monotonic() < warm:
-            time.sleep(0.1)
-        out["warmup_s"] = round(30.0 - (warm - time.monotonic()), 1)
-        res = fresh_scrapes(ex.port, [(u, f"pw{i}") for i, u in enumerate(users)])
-        stop.set()
-        out["flood"] = q.get(timeout=60)
-        fl.join(30)
+        fl = start_auth_flood(ex.port, "scraper0", a.auth_flood, n * 2.0 + 60.0, 16)
+        try:
+            warm = time.monotonic() + 30.0  # every address has guessed once
+            while len(cfg.auth._peers) < a.auth_flood and time.monotonic() < warm:
+                time.sleep(0.1)
+            out["warmup_s"] = round(30.0 - (warm - time.monotonic()), 1)
+            res = fresh_scrapes(ex.port, [(u, f"pw{i}") for i, u in enumerate(users)])
+        finally:
+            out["flood"] = stop_auth_flood(fl)
         out["server"] = ex.stats
         out["bcrypt_checks"], out["gated"] = cfg.auth.checks, cfg.auth.gated
     lat = np.array([t for st, t in res if st == 200]) * 1e3
@@ -462,7 +482,7 @@ def main() -> int:
                       f"{v['new_conn_p99_ms']:.2f} ms; bcrypt checks {v['bcrypt_checks']}")
         return 0
     if a.auth_flood:
-        res = auth_flood_bench(a, m, ctx)
+        res = auth_flood_bench(a, m)
         if a.json:
             print(json.dumps(res, indent=2))
         else:
