@@ -161,18 +161,52 @@ class StatSnapshot:
 
 
 def stat_snapshot(host: Host) -> StatSnapshot:
-    """Open a steal window now; :func:`steal_share` closes it."""
+    """Open a steal window now; :func:`steal_window` closes it."""
     path = host.proc("stat")
     return StatSnapshot(host.read(path).map(parse_proc_stat), str(path), time.monotonic())
 
 
-def steal_share(host: Host, cpus: list[int], window_s: float = 0.2,
-                start: StatSnapshot | None = None) -> Reading[dict[int, float]]:
-    """Share (0..1) of each CPU's time stolen by the hypervisor over ``window_s`` seconds,
-    from two /proc/stat reads. ``start``: a window opened earlier by :func:`stat_snapshot`;
-    only what is left of ``window_s`` is slept, so that work done since overlaps the window
-    (audit runs its checks in it). On a fixture tree (not live) a single read is all there
-    is: the share since boot is returned instead."""
+@dataclass(frozen=True)
+class StealWindow:
+    """One CPU's steal over a window of two /proc/stat reads (or since boot), in USER_HZ
+    ticks: ``steal_ticks`` of the steal column, ``ticks`` of all its columns (guest time
+    left out: it is in user already).
+
+    The kernel keeps steal per CPU in ns (``cpustat[CPUTIME_STEAL]``, from the paravirt
+    steal clock) and /proc/stat prints it truncated to whole ticks (fs/proc/stat.c
+    ``nsec_to_clock_t``, Linux 4.11+); no mainline kernel (6.18 included) gives user space
+    the ns figure. A delta of k ticks is therefore more than k − 1 and less than k + 1
+    ticks of steal — one tick may be a few µs that crossed a boundary — and the kernel
+    folds steal in at its next tick, which the same ±1 covers: :attr:`min_share` and
+    :attr:`max_share` bound the share it can be. One tick in a 0.2 s window (20 ticks) reads
+    as 5 % and may be 0: a verdict on the lower bound never turns on one tick."""
+
+    steal_ticks: int
+    ticks: int
+
+    @property
+    def share(self) -> float:
+        """The share as read (0..1)."""
+        return self.steal_ticks / self.ticks if self.ticks > 0 else 0.0
+
+    @property
+    def min_share(self) -> float:
+        """The least share the ticks can be: (k − 1) / window ticks, at least 0."""
+        return max(0, self.steal_ticks - 1) / self.ticks if self.ticks > 0 else 0.0
+
+    @property
+    def max_share(self) -> float:
+        """The most share the ticks can be: (k + 1) / window ticks, at most 1."""
+        return min(1.0, (self.steal_ticks + 1) / self.ticks) if self.ticks > 0 else 1.0
+
+
+def steal_window(host: Host, cpus: list[int], window_s: float = 0.2,
+                 start: StatSnapshot | None = None) -> Reading[dict[int, StealWindow]]:
+    """Each CPU's steal (:class:`StealWindow`) over ``window_s`` seconds, from two
+    /proc/stat reads (``vmstat 1``'s ``st`` column, per CPU). ``start``: a window opened
+    earlier by :func:`stat_snapshot`; only what is left of ``window_s`` is slept, so that
+    work done since overlaps the window (audit runs its checks in it). On a fixture tree
+    (not live) a single read is all there is: the steal since boot instead."""
     path = host.proc("stat")
     if start is None or start.source != str(path):  # a window opened on another host's file
         start = stat_snapshot(host)
@@ -194,11 +228,24 @@ def steal_share(host: Host, cpus: list[int], window_s: float = 0.2,
     for c in cpus:
         if c not in a or c not in b:
             continue
-        total = sum(b[c].get(k, 0) - a[c].get(k, 0) for k in b[c]
-                    if k not in ("guest", "guest_nice"))  # guest time is already in user
-        steal = b[c].get("steal", 0) - a[c].get("steal", 0)
-        out[c] = steal / total if total > 0 else 0.0
+        out[c] = steal_between(a[c], b[c])
     return Reading(out, first.path)
+
+
+def steal_between(a: dict[str, int], b: dict[str, int]) -> StealWindow:
+    """The steal of one CPU between two of its parsed /proc/stat lines (``a`` first)."""
+    total = sum(b[k] - a.get(k, 0) for k in b if k not in ("guest", "guest_nice"))
+    return StealWindow(max(0, b.get("steal", 0) - a.get("steal", 0)), max(0, total))
+
+
+def steal_share(host: Host, cpus: list[int], window_s: float = 0.2,
+                start: StatSnapshot | None = None) -> Reading[dict[int, float]]:
+    """Share (0..1) of each CPU's time stolen by the hypervisor over ``window_s`` seconds
+    as read (:func:`steal_window`; its bounds there)."""
+    r = steal_window(host, cpus, window_s, start)
+    if not r.ok:
+        return Reading(None, r.path, r.reason)
+    return Reading({c: w.share for c, w in r.value.items()}, r.path)
 
 
 # --------------------------------------------------------------------------------------------

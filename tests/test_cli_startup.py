@@ -174,15 +174,15 @@ def test_audit_opens_its_window_before_typer_is_imported(tmp_path):
     code = """import sys, time
 import collectors.system as system
 opened, closed = [], []
-real_open, real_share = system.stat_snapshot, system.steal_share
+real_open, real_window = system.stat_snapshot, system.steal_window
 def stat_snapshot(host):
     snap = real_open(host)
     opened.append((snap, 'typer' in sys.modules or 'pydantic' in sys.modules))
     return snap
-def steal_share(host, cpus, window_s=0.2, start=None):
+def steal_window(host, cpus, window_s=0.2, start=None):
     closed.append(start)
-    return real_share(host, cpus, window_s, start)
-system.stat_snapshot, system.steal_share = stat_snapshot, steal_share
+    return real_window(host, cpus, window_s, start)
+system.stat_snapshot, system.steal_window = stat_snapshot, steal_window
 sys.argv = ['hftagent', 'audit', '--json', '--no-history']
 from agent.cli import main
 try:

@@ -20,9 +20,10 @@ def check_virt(ctx: AuditContext) -> list[Finding]:
     devices); ``unsupported`` when none of them can tell, never "bare metal" for want of
     evidence (``error`` when one of them is there but unreadable). A partition whose CPUs
     are its own (s390 LPAR or PowerVM in dedicated mode) is ``ok``: no hypervisor
-    time-shares them. ``virt.steal``: the steal column of /proc/stat
-    on the target CPUs (``unsupported`` without /proc/stat; ``error`` when a target CPU has
-    no line in it)."""
+    time-shares them. ``virt.steal``: the steal column of /proc/stat on the target CPUs over
+    the steal window (``audit --steal-window``), judged on the least share its whole ticks
+    can be (:func:`_steal_finding`; ``unsupported`` without /proc/stat; ``error`` when a
+    target CPU has no line in it)."""
     v = ctx.cache.get("virt") or system.virtualization(ctx.host)
     out = []
     if not v.known and v.unreadable:  # a source is there but could not be read
@@ -48,7 +49,8 @@ def check_virt(ctx: AuditContext) -> list[Finding]:
         out.append(Finding("virt.hypervisor", "virt", "Virtualization", Status.OK,
                            current="bare metal", expected="bare metal", evidence=v.evidence))
     # the window opened before the other families ran (tuning/audit.py runs this family last)
-    st = system.steal_share(ctx.host, ctx.cpus, ctx.steal_window_s, ctx.cache.get("steal_start"))
+    st = system.steal_window(ctx.host, ctx.cpus, ctx.steal_window_s,
+                             ctx.cache.get("steal_start"))
     if not st.ok:
         if st.reason == ABSENT:
             out.append(unsupported("virt.steal", "virt", "CPU steal",
@@ -58,24 +60,43 @@ def check_virt(ctx: AuditContext) -> list[Finding]:
                                current=f"unreadable: {why(ctx.host, st.reason, st.path)}",
                                evidence=st.path))
         return out
+    out.append(_steal_finding(ctx, st.value, st.path))
+    return out
+
+
+def _steal_finding(ctx: AuditContext, win: dict[int, system.StealWindow],
+                   path: str) -> Finding:
+    """``virt.steal`` from each target CPU's steal window: over the limit only where the
+    least share its ticks can be (:attr:`~collectors.system.StealWindow.min_share`) is,
+    so one tick (5 % of a 0.2 s window as read, possibly none) never flips the audit; a
+    share read over the limit that the ticks cannot prove is said so."""
     limit = float(ctx.profile.expected("steal_max_pct", 1.0))
-    pct = {c: round(100 * s, 2) for c, s in st.value.items()}
+    pct = {c: round(100 * w.share, 2) for c, w in win.items()}
     worst = max(pct.values(), default=0.0)
-    window = (f"over {ctx.steal_window_s:.1f} s" if ctx.host.live and ctx.steal_window_s > 0
-              else "since boot")
+    proven = max((100 * w.min_share for w in win.values()), default=0.0)
+    live = ctx.host.live and ctx.steal_window_s > 0
+    window = f"over {ctx.steal_window_s:.1f} s" if live else "since boot"
     missing = [c for c in ctx.cpus if c not in pct]
-    unknown = bool(missing) and worst <= limit  # what was read passes; the rest is unknown
+    unknown = bool(missing) and proven <= limit  # what was read passes; the rest is unknown
     cur = (f"max {worst:.2f}% {window} "
            f"({group_by_value({c: f'{p:.2f}%' for c, p in pct.items()})})") if pct else "none"
+    if worst > limit >= proven:
+        c, w = max(win.items(), key=lambda kv: kv[1].share)
+        cur += (f"; {w.steal_ticks} steal tick(s) of {w.ticks} on CPU {c} can be "
+                f"{100 * w.min_share:.1f}-{100 * w.max_share:.1f}% (whole USER_HZ ticks): "
+                "not shown over the limit")
     if missing:  # /proc/stat prints every online CPU: a target without its line is unknown
-        cur += f"; CPU {format_cpulist(missing)} not in {st.path}"
-    out.append(ctx.finding(
-        "steal_max_pct", "virt.steal", "virt", "CPU steal (hypervisor)", worst <= limit,
-        current=cur, expected=f"<= {limit}%", evidence=f"{st.path} (steal column)",
+        cur += f"; CPU {format_cpulist(missing)} not in {path}"
+    data: dict = {"steal_pct": pct}
+    if live:
+        data.update(steal_ticks={c: w.steal_ticks for c, w in win.items()},
+                    window_ticks={c: w.ticks for c, w in win.items()},
+                    steal_pct_min={c: round(100 * w.min_share, 2) for c, w in win.items()})
+    return ctx.finding(
+        "steal_max_pct", "virt.steal", "virt", "CPU steal (hypervisor)", proven <= limit,
+        current=cur, expected=f"<= {limit}%", evidence=f"{path} (steal column)",
         fix="" if unknown else "ask the host for dedicated (pinned, not overcommitted) vCPUs",
-        status=Status.ERROR if unknown else None,
-        data={"steal_pct": pct}))
-    return out
+        status=Status.ERROR if unknown else None, data=data)
 
 
 # ------------------------------------------------------------------------------------------
