@@ -10,7 +10,7 @@ from pathlib import Path
 
 AGENT = Path(__file__).resolve().parents[1] / "agent"
 ROOMS = {"commands", "probe", "watch", "noise", "trace", "export", "gate", "history",
-         "deploy"}
+         "deploy", "trial"}
 
 
 def room_of(module: str) -> str | None:
@@ -78,7 +78,7 @@ def test_no_loop_between_rooms():
 def test_lower_rooms_never_import_upper_ones():
     g = graph()
     upper = {"cli", "commands"}
-    for low in ("trace", "export", "gate", "history", "probe", "noise", "watch"):
+    for low in ("trace", "export", "gate", "history", "probe", "noise", "watch", "trial"):
         assert not (g.get(low, set()) & upper), (low, g.get(low))
     assert not (g.get("trace", set()) & {"watch", "noise", "export", "gate", "probe"}), g["trace"]
     assert not (g.get("export", set()) & {"watch", "noise", "gate", "probe", "trace"}), \

@@ -623,26 +623,26 @@ TRY_HELP = ("Measure which wake-up lever helps on this box: the probe (watch's n
             "wake-up lever. Needs root. Exit 0 with a winner, 2 without one, 1 on an error.")
 
 
-def try_cmd(cpus: CpusOpt = None,
-            levers: Annotated[str | None, typer.Option(
-                "--levers", metavar="LIST", help="Lever arms to run (comma-separated: pm-qos, "
-                "keep-awake, keep-awake-busy, halt-poll; default all). none and isolation alone "
-                "always run.")] = None,
-            rounds: Annotated[int, typer.Option("--rounds", metavar="N", help="Rounds; each "
-                                                "runs every arm once.")] = 3,
-            block_s: Annotated[float, typer.Option("--block-s", metavar="SECONDS",
-                                                   help="Seconds per block.")] = 8.0,
-            rate: Annotated[float, typer.Option("--rate", metavar="HZ", help="Probe calls per "
-                                                "second (open loop).")] = 280.0,
-            seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="Seed of the "
-                                                     "block order (default: random, "
-                                                     "printed).")] = None,
-            workload: Annotated[str, typer.Option("--workload", metavar="KIND", help="numpy "
-                                                  "(default) or tflite (the bundled LSTM "
-                                                  ".tflite on LiteRT).")] = "numpy",
-            dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (arms, "
-                                                  "rounds, block length, estimated time); "
-                                                  "change nothing.")] = False,
+LeversOpt = Annotated[str | None, typer.Option(
+    "--levers", metavar="LIST", help="Lever arms to run (comma-separated: pm-qos, keep-awake, "
+    "keep-awake-busy, halt-poll; default all). none and isolation alone always run.")]
+RoundsOpt = Annotated[int, typer.Option("--rounds", metavar="N", help="Rounds; each runs every "
+                                        "arm once.")]
+BlockOpt = Annotated[float, typer.Option("--block-s", metavar="SECONDS", help="Seconds per "
+                                         "block.")]
+RateOpt = Annotated[float, typer.Option("--rate", metavar="HZ", help="Probe calls per second "
+                                        "(open loop).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", metavar="N", help="Seed of the block "
+                                             "order (default: random, printed).")]
+WorkloadOpt = Annotated[str, typer.Option("--workload", metavar="KIND", help="numpy (default) "
+                                          "or tflite (the bundled LSTM .tflite on LiteRT).")]
+TryDryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan (arms, rounds, block "
+                                         "length, estimated time); change nothing.")]
+
+
+def try_cmd(cpus: CpusOpt = None, levers: LeversOpt = None, rounds: RoundsOpt = 3,
+            block_s: BlockOpt = 8.0, rate: RateOpt = 280.0, seed: SeedOpt = None,
+            workload: WorkloadOpt = "numpy", dry_run: TryDryOpt = False,
             json_out: JsonOpt = False, state_dir: StateOpt = None, db: DbOpt = None,
             no_history: NoHistoryOpt = False, root: RootOpt = "/", procfs: ProcfsOpt = None,
             sysfs: SysfsOpt = None) -> None:
