@@ -35,7 +35,7 @@ ModelOpt = Annotated[str | None, typer.Option("--model", metavar="TEXT", help="O
                                               "this.")]
 LimitOpt = Annotated[int, typer.Option("--limit", metavar="N", help="Newest N runs.")]
 KindOpt = Annotated[str | None, typer.Option("--kind", metavar="KIND", help="probe | watch | "
-                                             "audit | gate | cpus")]
+                                             "audit | gate | cpus | trial (tune try)")]
 
 
 
