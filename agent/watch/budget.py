@@ -20,7 +20,9 @@ thread, and the sampler thread's own clock:
 
 :class:`CpuBudget` is a token bucket of CPU nanoseconds that decides which spikes get exact
 attribution. It fills at the budget (``share`` × one CPU) less what the always-on parts
-(everything but ``events``) measurably spent over the same wall time, holds at most
+(everything but ``events``) measurably spent over the same wall time, but never slower than
+:data:`RESERVED` of the budget (so watch's whole cost is at most the always-on parts plus half
+the budget when those alone are over it: the summary shows both), holds at most
 :data:`BURST_S` seconds of the budget, and each exact attribution is charged its measured
 cost afterwards. A spike that finds the bucket empty is still recorded, with the polled
 rules' cause and the note :attr:`CpuBudget.note`: no spike is dropped, and the budget only
@@ -42,6 +44,10 @@ PARTS = ("sampler", "source", "detection", "attribution", "events", "flight", "o
 LOOP_PARTS = ("source", "detection", "attribution", "events", "flight")  # thread clocks
 EXACT = "events"  # the part the budget decides
 BURST_S = 5.0  # the bucket holds this many seconds of the budget (1 %: 50 ms of CPU)
+# exact attribution always earns at least this share of the budget: where the always-on parts
+# alone spend the budget (a loaded or slow box), spikes would otherwise never get the exact
+# story again, and skipping them would not bring the always-on parts under the budget anyway
+RESERVED = 0.5
 DEFAULT_PCT = 1.0
 
 Clock = Callable[[], int]
@@ -178,7 +184,8 @@ class CpuBudget:
             self.begin()
             return
         t, used = self.clock(), self._always_on()
-        earned = (t - self._t) * self.share - (used - self._always)
+        budget = (t - self._t) * self.share
+        earned = max(budget - (used - self._always), budget * RESERVED)
         self.tokens_ns = min(self.capacity_ns,
                              max(-self.capacity_ns, self.tokens_ns + earned))
         self._t, self._always = t, used
