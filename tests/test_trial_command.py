@@ -103,10 +103,11 @@ def _affinities() -> dict[int, str]:
 def test_a_real_run_prints_the_table_and_undoes_every_lever(tmp_path):
     """End to end on this box: tiny blocks (the figures are not the point), every lever arm
     the guest supports, then nothing left set."""
+    import time
+
     from collectors import wakeup as wk
     from collectors.host import Host
     from tuning.tunables.isolate import isolated_cpuset
-    import time
     host = Host()
     for _ in range(240):  # another run's isolation (a shared box): wait for its rollback
         if isolated_cpuset(host) is None:

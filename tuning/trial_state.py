@@ -102,7 +102,7 @@ class LastTrial:
     path: str
 
 
-def _read(host: Host, path: Path) -> dict | None:
+def _read(path: Path) -> dict | None:
     """The state file's JSON, or None when there is none. ValueError when it cannot be used."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -135,7 +135,7 @@ def last_trial(host: Host, cpus: list[int]) -> tuple[LastTrial | None, str]:
     path = state_file(host)
     shown = host.display(path)
     try:
-        doc = _read(host, path)
+        doc = _read(path)
     except ValueError as exc:
         return None, f"{shown}: {exc}"
     if doc is None:
