@@ -888,12 +888,15 @@ def test_fresh_scraper_is_served_under_a_flood_from_1000_rotating_addresses(user
     assert stats["refused"] + stats["throttled"] >= 2000, stats
 
 
-def _raw_get(port: int, src: str, header: str, timeout_s: float = 30.0) -> socket.socket:
-    """A request sent from ``src`` (not read yet): the socket."""
+def _raw_get(port: int, src: str, header: str, timeout_s: float = 30.0,
+             tls=None) -> socket.socket:
+    """A request sent from ``src`` (not read yet): the socket (``tls``: a client context)."""
     s = socket.socket()
     s.settimeout(timeout_s)
     s.bind((src, 0))
     s.connect(("127.0.0.1", port))
+    if tls is not None:
+        s = tls.wrap_socket(s, server_hostname="127.0.0.1")
     s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {header}\r\n"
               "Connection: close\r\n\r\n".encode())
     return s
@@ -965,19 +968,32 @@ def _answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0][9:12]), headers, body
 
 
-def test_a_refusal_the_loop_answers_is_the_workers_answer():
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_refusal_the_loop_answers_is_the_workers_answer(tls, tmp_path):
     """A password refused before is answered by the event loop (no worker): the same
     status, headers and body as the worker's answer to its first try (Date, Server and
-    Connection aside), the configured headers included, no body for HEAD."""
+    Connection aside), the configured headers included, no body for HEAD; over TLS too."""
     import base64
+
+    from agent.export.webconfig import TLSServer, TLSSettings
+    from tests.pki import OPENSSL, make_pki
     cfg = _auth_config({"prom": "right"}, cost=4)
     cfg.headers = {"X-Content-Type-Options": "nosniff"}
+    ctx = None
+    if tls:
+        if OPENSSL is None:
+            pytest.skip("openssl CLI not installed")
+        p = make_pki(tmp_path / "pki")
+        cfg.tls_settings = TLSSettings(str(p.server_crt), str(p.server_key))
+        cfg.tls, ctx = TLSServer(cfg.tls_settings), p.client_context()
     wrong = "Basic " + base64.b64encode(b"prom:wrong").decode()
     with Exporter(populated(), "127.0.0.1:0", web_config=cfg) as ex:
-        first = _answer(_raw_get(ex.port, "127.0.0.1", wrong))      # a worker's: bcrypt
+        first = _answer(_raw_get(ex.port, "127.0.0.1", wrong, tls=ctx))   # a worker's
         checks = cfg.auth.checks
-        again = _answer(_raw_get(ex.port, "127.0.0.1", wrong))      # the loop's
+        again = _answer(_raw_get(ex.port, "127.0.0.1", wrong, tls=ctx))   # the loop's
         s = socket.create_connection(("127.0.0.1", ex.port), timeout=30)
+        if ctx is not None:
+            s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
         s.sendall(f"HEAD /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {wrong}\r\n\r\n"
                   .encode())
         head = _answer(s)
@@ -986,6 +1002,7 @@ def test_a_refusal_the_loop_answers_is_the_workers_answer():
     same = [(code, {k: v for k, v in h.items() if k not in drop}, body)
             for code, h, body in (first, again)]
     assert same[0] == same[1] and first[0] == 401, (first, again)
-    assert again[1]["Connection"] == "close" and first[1]["X-Content-Type-Options"] == "nosniff"
+    assert first[1]["X-Content-Type-Options"] == "nosniff"
+    assert again[1]["Connection"] == "close" and "Connection" not in first[1]  # the loop's
     assert head[0] == 401 and head[2] == b"" and head[1]["Content-Length"] == \
         first[1]["Content-Length"]

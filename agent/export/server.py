@@ -545,8 +545,8 @@ class _Server:
       a credential verified before) ahead of those that may need it, so a flood of
       unverified passwords never queues ahead of a scraper whose password is cached. A
       refusal decided without bcrypt (BasicAuth.triage: a password refused before, a guess
-      over a budget, a full bcrypt lane) the loop answers itself on plain HTTP, so such a
-      flood never holds the connection slots waiting for workers.
+      over a budget, a full bcrypt lane) the loop answers itself, so such a flood never
+      holds the connection slots waiting for workers.
     """
 
     def __init__(self, addr: tuple[str, int], registry: CollectorRegistry | WatchRegistry, *,
@@ -779,7 +779,11 @@ class _Server:
         head, c.buf = c.buf[:end], c.buf[end:]
         refusal = self._triage(c, head)
         if refusal is not None:  # answered here: it never waits for a worker
-            return self._close(c, refusal)
+            try:
+                c.sock.send(refusal)  # a fresh connection's empty buffer takes it whole
+            except (OSError, ValueError):  # ssl.SSLWantWriteError included: dropped
+                pass
+            return self._close(c)
         self._sel.unregister(c.sock)
         c.state = BUSY
         c.last = time.monotonic()
@@ -794,8 +798,8 @@ class _Server:
     def _triage(self, c: _Conn, head: bytes) -> bytes | None:
         """The answer to a GET or HEAD the loop refuses itself (BasicAuth.triage: a
         password refused before, or one that would be refused now without bcrypt); None:
-        a worker's. Plain HTTP only (a TLS write may have to wait for the peer)."""
-        if self.auth is None or isinstance(c.sock, ssl.SSLSocket):
+        a worker's."""
+        if self.auth is None:
             return None
         m = _AUTHORIZATION.search(head)
         if m is None or not _GET_OR_HEAD.match(head):
