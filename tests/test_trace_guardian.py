@@ -419,10 +419,12 @@ def test_watch_attach_killed_leaves_no_uprobe(infer_lib, tmp_path):
 ATTEMPTS = 3   # another start on this shared box may remove a dead run's state first
 
 
-def _cpus_start_after_a_killed_run(lib: Path, define, tmp_path: Path) -> bool:
-    """A run with an armed group killed with its guardian, then a ``cpus`` start: True when
-    that start removed the group and the instance, False when another start (a concurrent
-    test's) removed them first. Either way they are gone."""
+def _start_after_a_killed_run(lib: Path, define, tmp_path: Path, argv: list[str],
+                              notes_of, codes: tuple[int, ...] = (0,)) -> bool:
+    """A run with an armed group killed with its guardian, then a start of ``hftagent
+    ARGV``: True when that start removed the group and the instance and said so
+    (``notes_of(completed) -> [note]``), False when another start (a concurrent test's)
+    removed them first. Either way they are gone."""
     child, inst = _holder()
     group = f"hftagent_{child.pid}"
     try:
@@ -436,14 +438,11 @@ def _cpus_start_after_a_killed_run(lib: Path, define, tmp_path: Path) -> bool:
         time.sleep(0.5)
         left = _has_group(group) and inst.is_dir()   # nothing of ours removed them
         env = dict(os.environ, HFTAGENT_CACHE=str(tmp_path / "cache"))
-        r = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", "cpus",
-                            "--duration", "0.2", "--candidates",
-                            str(max(os.sched_getaffinity(0))), "--trace", "off",
-                            "--no-history", "--json"], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode in (0, 2), r.stderr
+        r = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", *argv],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode in codes, r.stderr
         assert not _has_group(group) and not inst.exists()
-        notes = json.loads(r.stdout)["trace"].get("notes", [])
+        notes = notes_of(r)
         return left and any(n.startswith(f"removed stale uprobe events {group}")
                             for n in notes) and \
             any(n.startswith(f"removed stale tracefs instance {inst.name}") for n in notes)
@@ -459,9 +458,55 @@ def test_a_cpus_start_removes_what_a_run_killed_with_its_guardian_left(unmapped_
     _needs_uprobes()
     if shutil.which("cc") is None or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs a C compiler and two CPUs")
-    assert any(_cpus_start_after_a_killed_run(unmapped_lib, defined, tmp_path)
-               for _ in range(ATTEMPTS)), "no cpus start removed the state (each time " \
+    argv = ["cpus", "--duration", "0.2", "--candidates", str(max(os.sched_getaffinity(0))),
+            "--trace", "off", "--no-history", "--json"]
+    assert any(_start_after_a_killed_run(
+        unmapped_lib, defined, tmp_path, argv, codes=(0, 2),
+        notes_of=lambda r: json.loads(r.stdout)["trace"].get("notes", []))
+        for _ in range(ATTEMPTS)), "no cpus start removed the state (each time another " \
+        "start did first?)"
+
+
+def test_a_watch_start_without_events_removes_what_a_killed_run_left(unmapped_lib, defined,
+                                                                      tmp_path):
+    """``watch --trace off`` never opens tracefs, yet its start removes a dead hftagent's
+    group and instance (issue #34 Build 4) and says so among its warnings."""
+    _needs_uprobes()
+    argv = ["watch", "--probe", "numpy", "--duration", "1", "--trace", "off", "--no-history",
+            "--no-live"]
+
+    def warnings(r) -> list[str]:
+        return [ln.split("warning: ", 1)[1] for ln in (r.stdout + r.stderr).splitlines()
+                if "warning: " in ln]
+    assert any(_start_after_a_killed_run(unmapped_lib, defined, tmp_path, argv,
+                                         notes_of=warnings)
+               for _ in range(ATTEMPTS)), "no watch start removed the state (each time " \
         "another start did first?)"
+
+
+def test_attach_check_removes_what_a_killed_run_left(unmapped_lib, defined, tmp_path):
+    """``attach --check`` (as root) removes our own dead state: a line each on stderr,
+    ``removed_stale`` in --json (read-only about the process: tests/test_trace_attach.py)."""
+    _needs_uprobes()
+    sleeper = subprocess.Popen(["sleep", "120"])
+    argv = ["attach", str(sleeper.pid), "--check", "--attach-symbol", "libc.so.6:nanosleep",
+            "--json"]
+    said: list[list[str]] = []
+
+    def notes(r) -> list[str]:
+        doc = json.loads(r.stdout)
+        lines = [ln.removeprefix("attach: ") for ln in r.stderr.splitlines()
+                 if ln.startswith("attach: removed stale ")]
+        said.append(doc["removed_stale"])
+        assert lines == doc["removed_stale"], (lines, doc["removed_stale"])
+        return doc["removed_stale"]
+    try:
+        assert any(_start_after_a_killed_run(unmapped_lib, defined, tmp_path, argv,
+                                             notes_of=notes)
+                   for _ in range(ATTEMPTS)), said
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_a_reused_pid_s_group_goes_a_live_hftagent_s_and_another_tool_s_stay(unmapped_lib,

@@ -22,7 +22,10 @@ For process PID: the inference runtime found in its mapped libraries (LiteRT fro
 the LiteRT, TFLite and TF C APIs, TF2 from Python), the library, the function that runs once
 per inference call, its file offset, the instruction at its entry, what a uprobe there costs
 per call, and why not where it cannot be attached. `hftagent watch --attach PID` then times
-every call and explains each slow one. Nothing is written and no probe is placed.
+every call and explains each slow one. Nothing is written and no probe is placed: read-only
+about the process and its libraries. Only our own dead state is removed: as root, what a
+killed hftagent left in tracefs (its uprobe events and instances, never another tool's), a
+line each on stderr (--json: removed_stale), as every start of watch and cpus does.
 
 Each library is opened once and read through that descriptor; one that is not a regular file
 is refused, and so is one that a user other than root and the process's owner may write, or
@@ -51,6 +54,10 @@ def attach(
     if pid <= 0:
         raise fail(f"PID must be a positive process id, not {pid}")
     host = Host()
+    from agent.trace.guardian import clean_stale
+    stale = clean_stale(host)   # a killed hftagent's leftovers, never the target's state
+    for note in stale:
+        print(f"attach: {note}", file=sys.stderr, flush=True)
     try:
         p = plan(host, pid, runtime or "auto", symbol,
                  progress=lambda msg: print(msg + " ...", file=sys.stderr, flush=True),
@@ -59,7 +66,8 @@ def attach(
         raise fail(str(exc)) from None
     p.close()   # read-only: nothing is defined on the pinned libraries
     if as_json:
-        print(json.dumps({**p.to_dict(), "kernel": host_notes(host)}, indent=2))
+        print(json.dumps({**p.to_dict(), "kernel": host_notes(host), "removed_stale": stale},
+                         indent=2))
     else:
         print("\n".join(check_text(p, host)))
 

@@ -206,6 +206,10 @@ class WatchSession:
     def start(self) -> None:
         cfg = self.cfg
         self.open_outputs()
+        # what killed hftagents left in tracefs (uprobe groups, instances), --trace off too:
+        # a note each (issue #34 Build 4; as root where tracefs is mounted, else nothing)
+        from agent.trace.guardian import clean_stale
+        self.warnings += clean_stale(self.host)
         self.place_self()
         # the probe CPUs are known (config.plan): the kernel ring records from before the
         # source starts; --trace on refuses here (closed by stop(), which run() always calls).
