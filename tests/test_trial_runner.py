@@ -215,3 +215,43 @@ def test_the_rollback_waits_for_a_task_that_joined_to_leave(tmp_path, monkeypatc
     roll_back(host, sd, wait_s=10, sleep=nap)
     assert naps == [0.5, 0.5]
     assert not (sd / "journal.json").exists() and diff(before, snapshot(root)) == []
+
+
+def test_a_stop_during_the_rollback_still_rolls_everything_back(tmp_path, monkeypatch):
+    """SIGTERM arriving while a block's isolation is being rolled back: the rollback is run
+    again to the end (the stop ignores further signals), then the stop goes on."""
+    root, host, sim = _tree(tmp_path, monkeypatch)
+    before = snapshot(root)
+    sd = tmp_path / "state" / "trial"
+    fired = []
+
+    def stop_in_rollback(path) -> None:
+        if rolling and not fired:
+            fired.append(str(path))
+            raise Stopped(signal.SIGTERM)
+    rolling = False
+    sim.after_write = stop_in_rollback
+    with pytest.raises(Stopped), isolation(host, [1], sd):
+        rolling = True
+    assert fired and diff(before, snapshot(root)) == []
+    assert not (sd / "journal.json").exists()
+
+
+def test_one_tune_try_at_a_time(tmp_path):
+    """A second tune try would roll the first one's isolation back as a stopped run's: it is
+    refused while the first holds the lock, and runs once it is released."""
+    from agent.trial.levers import LOCKNAME, one_at_a_time
+    host = Host()
+    sd = tmp_path / "state"
+    with one_at_a_time(host, sd):
+        with pytest.raises(TrialError, match="another hftagent tune try is running"), \
+                one_at_a_time(host, sd):
+            pass
+    with one_at_a_time(host, sd):
+        pass
+    assert (sd / LOCKNAME).is_file() and not (sd / LOCKNAME).is_symlink()
+    (sd / LOCKNAME).unlink()
+    (sd / LOCKNAME).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(TrialError, match=LOCKNAME), one_at_a_time(host, sd):
+        pass
+    assert not (tmp_path / "elsewhere").exists()

@@ -650,7 +650,7 @@ def try_cmd(cpus: CpusOpt = None, levers: LeversOpt = None, rounds: RoundsOpt = 
 
     from agent.commands.common import Stopped, check_history_db, stop_on_signals
     from agent.trial import record, session
-    from agent.trial.levers import trial_state_dir
+    from agent.trial.levers import one_at_a_time, trial_state_dir
 
     host = make_host(root, procfs, sysfs)
     sd = _state_dir(host, state_dir)
@@ -664,11 +664,12 @@ def try_cmd(cpus: CpusOpt = None, levers: LeversOpt = None, rounds: RoundsOpt = 
 
     def say(msg: str) -> None:
         print(f"hftagent tune try: {msg}", file=sys.stderr, flush=True)
-    session.check_host(host, trial_state_dir(sd), say)
+    session.check_host(host, None, say)  # root on the live host, before any file is made
     history = check_history_db(db, no_history)
-    say(session.describe(plan)[0])
     try:
-        with stop_on_signals():
+        with one_at_a_time(host, sd), stop_on_signals():
+            session.check_host(host, trial_state_dir(sd), say)
+            say(session.describe(plan)[0])
             res = session.execute(host, plan, trial_state_dir(sd), say)
     except Stopped as exc:
         raise fail(f"tune try stopped by {exc.name}: every lever undone, nothing recorded",

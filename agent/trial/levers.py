@@ -43,6 +43,47 @@ def trial_state_dir(tune_state_dir: Path) -> Path:
     return tune_state_dir / TRIAL_DIR
 
 
+LOCKNAME = "tune-try.lock"  # in tune's state directory: one tune try at a time on a box
+
+
+@contextlib.contextmanager
+def one_at_a_time(host: Host, tune_state_dir: Path) -> Iterator[None]:
+    """An exclusive lock held for the whole trial: a second ``tune try`` would take the first
+    one's isolation journal for a stopped run's and roll it back under it. The directory is
+    opened as tune's journal opens it (no symlink out of a ``--root`` tree, owned by root or
+    us, not writable by others); the lock file is never a symlink."""
+    import fcntl
+    import stat
+
+    from tuning.apply import state_beneath
+    from tuning.safepath import UnsafePath, open_dir
+
+    try:
+        dfd = open_dir(tune_state_dir, create=True,
+                       beneath=state_beneath(host, tune_state_dir))
+    except (OSError, UnsafePath) as exc:
+        raise TrialError(f"cannot use state directory {tune_state_dir}: {exc}") from None
+    assert dfd is not None
+    try:
+        fd = os.open(LOCKNAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dfd)
+    except OSError as exc:
+        os.close(dfd)
+        raise TrialError(f"{tune_state_dir}/{LOCKNAME}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TrialError(f"{tune_state_dir}/{LOCKNAME} is not a regular file: refused")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TrialError(f"another hftagent tune try is running on this box (it holds "
+                             f"{tune_state_dir}/{LOCKNAME})") from None
+        yield
+    finally:
+        os.close(fd)
+        os.close(dfd)
+
+
 def _iso_context(host: Host, cpus: list[int] | None):
     from tuning.apply import build_context
     from tuning.profiles import load_profile
@@ -115,7 +156,7 @@ def isolation(host: Host, cpus: list[int], state_dir: Path) -> Iterator[None]:
                              f"{' '.join(failed[0].message.split())}")
         yield
     finally:
-        roll_back(host, state_dir)
+        _finish(lambda: roll_back(host, state_dir))
 
 
 @contextlib.contextmanager
@@ -133,7 +174,18 @@ def halt_polling(host: Host, value_ns: int) -> Iterator[None]:
         w.write(path, str(value_ns))
         yield
     finally:
-        w.write(path, str(before.value))
+        _finish(lambda: w.write(path, str(before.value)))
+
+
+def _finish(undo: Callable[[], None]) -> None:
+    """Run ``undo``; when SIGTERM/SIGINT (a KeyboardInterrupt: agent.commands.common.Stopped)
+    cuts it short, run it again — the stop ignores any further signal, tune's rollback and a
+    write of the old value are idempotent — and then let the stop go on."""
+    try:
+        undo()
+    except KeyboardInterrupt:
+        undo()
+        raise
 
 
 def hftagent_argv(*args: str) -> list[str]:

@@ -45,9 +45,10 @@ def prepare(host: Host, *, cpus: str | None, levers: str | None, rounds: int, bl
                      rate=rate, seed=seed, workload=workload)
 
 
-def check_host(host: Host, trial_dir: Path, note: Callable[[str], None]) -> None:
-    """Before the first block: root on the live host, the CPUs not isolated already (the
-    ``none`` arm would not be none), and a journal a killed ``tune try`` left rolled back."""
+def check_host(host: Host, trial_dir: Path | None, note: Callable[[str], None]) -> None:
+    """Before the first block: root on the live host; then (``trial_dir`` given, under the
+    trial's lock) a journal a killed ``tune try`` left rolled back, and the CPUs not isolated
+    already (the ``none`` arm would not be none)."""
     from tuning.apply import require_privilege
     from tuning.journal import JournalError, load
     from tuning.tunables.base import TuneError
@@ -62,6 +63,8 @@ def check_host(host: Host, trial_dir: Path, note: Callable[[str], None]) -> None
         require_privilege(host)
     except TuneError as exc:
         raise TrialError(f"tune try sets levers: {exc}") from None
+    if trial_dir is None:
+        return
     try:
         left = load(trial_dir)
     except JournalError as exc:
