@@ -54,10 +54,6 @@ def attach(
     if pid <= 0:
         raise fail(f"PID must be a positive process id, not {pid}")
     host = Host()
-    from agent.trace.guardian import clean_stale
-    stale = clean_stale(host)   # a killed hftagent's leftovers, never the target's state
-    for note in stale:
-        print(f"attach: {note}", file=sys.stderr, flush=True)
     try:
         p = plan(host, pid, runtime or "auto", symbol,
                  progress=lambda msg: print(msg + " ...", file=sys.stderr, flush=True),
@@ -65,6 +61,12 @@ def attach(
     except AttachError as exc:
         raise fail(str(exc)) from None
     p.close()   # read-only: nothing is defined on the pinned libraries
+    # a killed hftagent's leftovers, never the target's state (after the PID and the runtime
+    # are known: bad input stays one line)
+    from agent.trace.guardian import clean_stale
+    stale = clean_stale(host)
+    for note in stale:
+        print(f"attach: {note}", file=sys.stderr, flush=True)
     if as_json:
         print(json.dumps({**p.to_dict(), "kernel": host_notes(host), "removed_stale": stale},
                          indent=2))
