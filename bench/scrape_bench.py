@@ -262,12 +262,13 @@ def tls_auth_bench(m: WatchMetrics, n: int = 2000) -> dict:
 # ---- basic-auth flood from rotating loopback addresses (own process) -------------------------
 
 # The flood client, standard library only, so that a test can run it as an unprivileged
-# user with the system Python: `python3 -c FLOOD_CLIENT PORT USER N_ADDRS SECONDS THREADS`.
-# Distinct wrong passwords, each on a new connection from the next of N_ADDRS rotating
-# loopback addresses (127.0.x.y, y in 2..251: 1,000 of them cover the scraper's own /24,
-# 127.0.0.0/24, and its neighbours, never 127.0.0.1 itself), half for USER (one that exists),
-# half for users that do not. Bounded: it stops at SECONDS or when its stdin closes (its
-# parent stopped it, or died), then prints {status: count} as JSON.
+# user with the system Python: `python3 -c FLOOD_CLIENT PORT USER N_ADDRS SECONDS THREADS
+# [ALSO]`. Distinct wrong passwords, each on a new connection from the next of N_ADDRS
+# rotating loopback addresses (127.0.x.y, y in 2..251: 1,000 of them cover the scraper's own
+# /24, 127.0.0.0/24, and its neighbours, never 127.0.0.1 itself; ALSO, comma-separated,
+# take the first places), half for USER (one that exists), half for users that do not.
+# Bounded: it stops at SECONDS or when its stdin closes (its parent stopped it, or died),
+# then prints {status: count} as JSON.
 FLOOD_CLIENT = r'''
 import base64, collections, json, os, socket, sys, threading, time
 port, user, n_addrs = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -275,6 +276,9 @@ deadline = time.monotonic() + float(sys.argv[4])
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 lock, counts, seq = threading.Lock(), collections.Counter(), iter(range(10**9))
+also = [a for a in (sys.argv[6] if len(sys.argv) > 6 else "").split(",") if a]
+sources = also + [f"127.0.{(i // 250) % 256}.{2 + i % 250}" for i in range(n_addrs)]
+sources = sources[:n_addrs]
 
 def one(src, who, pw):
     cred = base64.b64encode(f"{who}:{pw}".encode()).decode()
@@ -301,9 +305,8 @@ def run():
     while time.monotonic() < deadline and not stop.is_set():
         with lock:
             n = next(seq)
-        i = n % n_addrs
-        src = f"127.0.{(i // 250) % 256}.{2 + i % 250}"
-        st = one(src, user if n % 2 else f"nobody{n % 5}", f"guess-{os.getpid()}-{n}")
+        st = one(sources[n % n_addrs], user if n % 2 else f"nobody{n % 5}",
+                 f"guess-{os.getpid()}-{n}")
         with lock:
             counts[st] += 1
 
@@ -317,14 +320,16 @@ print(json.dumps(dict(counts)))
 
 
 def start_auth_flood(port: int, user: str, n_addrs: int, seconds: float, threads: int, *,
-                     python: str = sys.executable,
-                     as_user: tuple[int, int] | None = None) -> subprocess.Popen:
+                     python: str = sys.executable, as_user: tuple[int, int] | None = None,
+                     also: tuple[str, ...] = ()) -> subprocess.Popen:
     """The flood client (:data:`FLOOD_CLIENT`) in its own process, as ``as_user`` (uid,
-    gid) when given (root only); stop it with :func:`stop_auth_flood`."""
+    gid) when given (root only), ``also`` among its addresses; stop it with
+    :func:`stop_auth_flood`."""
     ids: dict = {} if as_user is None else {"user": as_user[0], "group": as_user[1],
                                             "extra_groups": []}
     return subprocess.Popen([python, "-c", FLOOD_CLIENT, str(port), user, str(n_addrs),
-                             str(seconds), str(threads)], stdin=subprocess.PIPE,
+                             str(seconds), str(threads), ",".join(also)],
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd="/", env={"PATH": "/usr/bin:/bin"}, **ids)
 
@@ -339,7 +344,8 @@ def stop_auth_flood(p: subprocess.Popen, timeout_s: float = 30.0) -> dict[str, i
     try:
         return json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"client failed": p.returncode, "stderr": err.strip()[-300:]}  # type: ignore[dict-item]
+        return {"client failed": p.returncode,
+                "stderr": err.strip()[-300:]}  # type: ignore[dict-item]
 
 
 def fresh_scrapes(port: int, creds: list[tuple[str, str]], *, interval_s: float = 0.2,

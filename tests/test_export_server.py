@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import shutil
 import socket
 import stat
@@ -886,6 +887,41 @@ def test_fresh_scraper_is_served_under_a_flood_from_1000_rotating_addresses(user
     # the flood was on throughout and was refused: 429/503/401, never served
     assert counts.get("200", 0) == 0 and sum(counts.values()) >= 2000, counts
     assert stats["refused"] + stats["throttled"] >= 2000, stats
+
+
+@pytest.mark.adversarial
+def test_a_retrying_scraper_gets_through_a_flood_that_uses_its_own_address(user):
+    """The flood's 1,000 addresses include the scraper's own 127.0.0.1, which then stands as
+    low as any of the flood's: its first try may be refused (429 or 503 with Retry-After),
+    but its retries of the same password take the shared budget's returning tokens, which
+    the flood's new guesses never get. It is served, then from the cache."""
+    import base64
+
+    from bench.scrape_bench import start_auth_flood, stop_auth_flood
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 for the unprivileged flood client")
+    cfg = _auth_config({"prom": "right"}, cost=10)
+    right = "Basic " + base64.b64encode(b"prom:right").decode()
+    with Exporter(populated(), "127.0.0.1:0", web_config=cfg) as ex:
+        flood = start_auth_flood(ex.port, "prom", 1000, 120.0, 16, python=python,
+                                 as_user=user[1:], also=("127.0.0.1",))
+        tries: list[int] = []
+        try:
+            assert wait_until(lambda: cfg.auth.gated >= 1000, 60), (cfg.auth.gated, ex.stats)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (not tries or tries[-1] != 200):
+                s = _raw_get(ex.port, "127.0.0.1", right)
+                data = s.recv(4096)
+                s.close()
+                tries.append(int(data[9:12]))
+                m = re.search(rb"Retry-After: (\d+)", data)
+                time.sleep(min(2, int(m.group(1))) if m else 0.5)
+            later = [_status(_raw_get(ex.port, "127.0.0.1", right)) for _ in range(10)]
+        finally:
+            counts = stop_auth_flood(flood)
+    assert tries[-1] == 200 and later == [200] * 10, (tries, counts, ex.stats)
+    assert counts.get("200", 0) == 0, counts
 
 
 def _raw_get(port: int, src: str, header: str, timeout_s: float = 30.0,

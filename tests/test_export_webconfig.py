@@ -299,9 +299,13 @@ def test_rotating_addresses_share_one_failure_budget_and_new_clients_keep_theirs
     assert auth.check(basic("prom", "right")["Authorization"], "127.0.0.1")
     assert auth.check(basic("prom", "wrong")["Authorization"], "192.0.2.1") is False
     assert auth.checks == 1002
-    # the budget comes back at GLOBAL_FAIL_PER_S, for all the flood's addresses together
+    # the budget comes back at GLOBAL_FAIL_PER_S, for all the flood's addresses together,
+    # and while it is spent a returning token goes to a retry, never to a new guess
     clock.t += 1 / BasicAuth.GLOBAL_FAIL_PER_S
     got = [_outcome(auth, basic("prom", f"c{i}")["Authorization"], a)
+           for i, a in enumerate(ROTATING[:50])]
+    assert got == [429] * 50 and auth.checks == 1002
+    got = [_outcome(auth, basic("prom", f"b{i}")["Authorization"], a)
            for i, a in enumerate(ROTATING[:50])]
     assert got.count(False) == 1 and got.count(429) == 49 and auth.checks == 1003
     # the verified credential is served from the cache whatever the budget

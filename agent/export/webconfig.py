@@ -438,8 +438,11 @@ class BasicAuth:
     4. A global budget of failed checks for all addresses together
        (:attr:`GLOBAL_FAIL_BURST`, refilled at :attr:`GLOBAL_FAIL_PER_S`): once it is
        spent, a peer whose standing is 1 or more (it guessed lately) gets 429 without
-       bcrypt; a peer at a standing below 1 is always queued, so the budget is left to new
-       clients. Rotating addresses therefore buys a flood no more bcrypt than one address.
+       bcrypt, and until it is whole again a token that comes back goes only to a
+       credential presented from the same address before (a scraper retrying), never to a
+       new guess; a peer at a standing below 1 is always queued, so the budget is left to
+       new clients. Rotating addresses therefore buys a flood no more bcrypt than one
+       address.
     5. Each peer also has its own budget of failed checks: :attr:`FAIL_BURST`, refilled at
        :attr:`FAIL_PER_S`; a scraper with a wrong password (one try per scrape interval)
        never spends it. Once a peer has spent it, and until it is whole again, its
@@ -491,6 +494,7 @@ class BasicAuth:
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         self._global = self.GLOBAL_FAIL_BURST
         self._global_stamp = clock()
+        self._global_spent = False  # cleared when the budget is whole again
         self._cond = threading.Condition(threading.Lock())
         self._running: set[str] = set()   # the lanes whose check is in progress
         self._queue: list[_Waiter] = []
@@ -590,9 +594,14 @@ class BasicAuth:
         g = self._global = min(self.GLOBAL_FAIL_BURST, self._global + max(
             0.0, now - self._global_stamp) * self.GLOBAL_FAIL_PER_S)
         self._global_stamp = now
+        if g >= self.GLOBAL_FAIL_BURST:
+            self._global_spent = False
         if standing < 1.0:
             return p, standing, CLEAN
-        if g < 1.0:  # the budget of all is spent: clients in good standing only
+        if g < 1.0 or (self._global_spent and not again):
+            # the budget of all is spent: clients in good standing only, and a returning
+            # token goes to a credential presented before (a client retrying), never to a
+            # new guess, until the budget is whole again
             self.gated += 1
             raise AuthBusy(429, max(1, int((1.0 - g) / self.GLOBAL_FAIL_PER_S) + 1))
         return p, standing, GUESSING
@@ -656,6 +665,7 @@ class BasicAuth:
                 p.load = 0.0
         if ok is False or (ok and not known):
             self._global = max(0.0, self._global - 1.0)
+            self._global_spent = self._global_spent or self._global < 1.0
         if ok and known:
             self._remember(self._ok, key, self.CACHE)
         elif ok is not None:
