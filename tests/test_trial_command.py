@@ -118,10 +118,18 @@ def test_a_real_run_prints_the_table_and_undoes_every_lever(tmp_path):
     hp = wk.halt_poll_ns(host)
     before = _affinities()
     sd, db = tmp_path / "state", tmp_path / "h.sqlite"
-    p = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()", "tune",
-                        "try", "--rounds", "1", "--block-s", "0.5", "--rate", "100",
-                        "--seed", "3", "--state-dir", str(sd), "--db", str(db), "--json"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    argv = [sys.executable, "-c", "from agent.cli import main; main()", "tune", "try",
+            "--rounds", "1", "--block-s", "0.5", "--rate", "100", "--seed", "3", "--state-dir",
+            str(sd), "--db", str(db), "--json"]
+    for _ in range(20):  # a shared box: another tune try (or isolation) may hold the CPUs
+        p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+        if p.returncode != 1 or not any(w in p.stderr for w in (
+                "another hftagent tune try is running", "already isolated")):
+            break
+        time.sleep(5)
+        before = _affinities()
+    else:
+        pytest.skip("another tune try or isolation held the CPUs throughout")
     assert p.returncode in (0, 2), p.stderr  # 2: no winner from 49 calls an arm
     doc = json.loads(p.stdout)
     names = [f["name"] for f in doc["figures"]]

@@ -162,15 +162,33 @@ def test_halt_polling_is_written_back_to_the_value_it_had(tmp_path, monkeypatch)
     root, host, sim = _tree(tmp_path, monkeypatch)
     p = root / "sys/module/haltpoll/parameters/guest_halt_poll_ns"
     p.write_text("7\n")
-    with halt_polling(host, 200_000):
+    td = tmp_path / "state" / "trial"
+    with halt_polling(host, 200_000, td):
         assert p.read_text() == "200000\n"
-    assert p.read_text() == "7\n"
-    with pytest.raises(KeyboardInterrupt), halt_polling(host, 200_000):
+        assert (td / "guest_halt_poll_ns.original").read_text() == "7\n"  # saved first
+    assert p.read_text() == "7\n" and not (td / "guest_halt_poll_ns.original").exists()
+    with pytest.raises(KeyboardInterrupt), halt_polling(host, 200_000, td):
         raise KeyboardInterrupt
     assert p.read_text() == "7\n"
     p.unlink()
-    with pytest.raises(TrialError, match="not readable"), halt_polling(host, 1):
+    with pytest.raises(TrialError, match="not readable"), halt_polling(host, 1, td):
         pass
+
+
+def test_halt_polling_a_killed_run_left_is_restored_by_the_next(tmp_path, monkeypatch):
+    """SIGKILL in a halt-poll block: nothing runs the write-back, but the original was saved
+    before the write; the next tune try's first step writes it back."""
+    from agent.trial.levers import restore_halt_polling
+    root, host, sim = _tree(tmp_path, monkeypatch)
+    p = root / "sys/module/haltpoll/parameters/guest_halt_poll_ns"
+    p.write_text("7\n")
+    td = tmp_path / "state" / "trial"
+    cm = halt_polling(host, 200_000, td)
+    cm.__enter__()  # ... and never left: the process was killed
+    assert p.read_text() == "200000\n"
+    assert restore_halt_polling(host, td) == 7
+    assert p.read_text() == "7\n" and restore_halt_polling(host, td) is None
+    cm.gen.close()  # (the killed run's frame, finalised here rather than at collection)
 
 
 def test_a_task_that_joined_the_isolated_cpuset_is_named_and_the_next_try_rolls_back(
@@ -249,6 +267,9 @@ def test_one_tune_try_at_a_time(tmp_path):
             pass
     with one_at_a_time(host, sd):
         pass
+    tree = Host(iso_tree(tmp_path / "t"))  # by default in ROOT/run/hftagent
+    with one_at_a_time(tree):
+        assert (tmp_path / "t/run/hftagent" / LOCKNAME).is_file()
     assert (sd / LOCKNAME).is_file() and not (sd / LOCKNAME).is_symlink()
     (sd / LOCKNAME).unlink()
     (sd / LOCKNAME).symlink_to(tmp_path / "elsewhere")

@@ -667,7 +667,7 @@ def try_cmd(cpus: CpusOpt = None, levers: LeversOpt = None, rounds: RoundsOpt = 
     session.check_host(host, None, say)  # root on the live host, before any file is made
     history = check_history_db(db, no_history)
     try:
-        with one_at_a_time(host, sd), stop_on_signals():
+        with one_at_a_time(host), stop_on_signals():
             session.check_host(host, trial_state_dir(sd), say)
             say(session.describe(plan)[0])
             res = session.execute(host, plan, trial_state_dir(sd), say)

@@ -43,15 +43,18 @@ def trial_state_dir(tune_state_dir: Path) -> Path:
     return tune_state_dir / TRIAL_DIR
 
 
-LOCKNAME = "tune-try.lock"  # in tune's state directory: one tune try at a time on a box
+LOCKNAME = "tune-try.lock"  # in ROOT/run/hftagent: one tune try at a time on a box
 
 
 @contextlib.contextmanager
-def one_at_a_time(host: Host, tune_state_dir: Path) -> Iterator[None]:
-    """An exclusive lock held for the whole trial: a second ``tune try`` would take the first
-    one's isolation journal for a stopped run's and roll it back under it. The directory is
-    opened as tune's journal opens it (no symlink out of a ``--root`` tree, owned by root or
-    us, not writable by others); the lock file is never a symlink."""
+def one_at_a_time(host: Host, lock_dir: Path | None = None) -> Iterator[None]:
+    """An exclusive lock held for the whole trial, in ROOT/run/hftagent whatever
+    ``--state-dir`` says (the isolated cpuset is one per box): a second ``tune try`` would
+    measure under the first one's levers, or take its isolation journal for a stopped run's
+    and roll it back under it. The directory is opened as tune's journal opens it (no symlink
+    out of a ``--root`` tree, owned by root or us, not writable by others); the lock file is
+    never a symlink. ``lock_dir``: another directory (tests)."""
+    tune_state_dir = lock_dir if lock_dir is not None else host.run_dir("hftagent")
     import fcntl
     import stat
 
@@ -159,9 +162,15 @@ def isolation(host: Host, cpus: list[int], state_dir: Path) -> Iterator[None]:
         _finish(lambda: roll_back(host, state_dir))
 
 
+HALT_POLL_SAVED = "guest_halt_poll_ns.original"  # in the trial's state directory
+
+
 @contextlib.contextmanager
-def halt_polling(host: Host, value_ns: int) -> Iterator[None]:
-    """guest_halt_poll_ns at ``value_ns`` for the block, then the value it had."""
+def halt_polling(host: Host, value_ns: int, trial_dir: Path) -> Iterator[None]:
+    """guest_halt_poll_ns at ``value_ns`` for the block, then the value it had. The original
+    is saved in ``trial_dir`` (durably, before the write) and the file removed once it is
+    written back, so a run killed outright (SIGKILL) leaves it for the next ``tune try`` to
+    restore first (:func:`restore_halt_polling`)."""
     from collectors import wakeup as wk
     from tuning.tunables import base
 
@@ -170,11 +179,72 @@ def halt_polling(host: Host, value_ns: int) -> Iterator[None]:
         raise TrialError(f"guest_halt_poll_ns is not readable ({before.reason})")
     path = base.contained(host, HALT_POLL_KEY)
     w = base.default_writer()  # tune's writer: `echo VALUE > FILE`
+    _save(host, trial_dir, before.value)
     try:
         w.write(path, str(value_ns))
         yield
     finally:
-        _finish(lambda: w.write(path, str(before.value)))
+        _finish(lambda: (w.write(path, str(before.value)), _drop(host, trial_dir)))
+
+
+def _in_dir(host: Host, trial_dir: Path) -> int:
+    from tuning.apply import state_beneath
+    from tuning.safepath import open_dir
+    dfd = open_dir(trial_dir, create=True, beneath=state_beneath(host, trial_dir))
+    assert dfd is not None
+    return dfd
+
+
+def _save(host: Host, trial_dir: Path, value: int) -> None:
+    """The original value, written whole (O_EXCL|O_NOFOLLOW, fsync'd) before the lever's."""
+    dfd = _in_dir(host, trial_dir)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(HALT_POLL_SAVED, dir_fd=dfd)  # restore_halt_polling ran before: stale
+        fd = os.open(HALT_POLL_SAVED, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            os.write(fd, f"{value}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _drop(host: Host, trial_dir: Path) -> None:
+    dfd = _in_dir(host, trial_dir)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(HALT_POLL_SAVED, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def restore_halt_polling(host: Host, trial_dir: Path) -> int | None:
+    """A guest_halt_poll_ns that a killed ``tune try`` left set: written back from the saved
+    original, the file removed. Returns the value restored, or None when nothing was left."""
+    from tuning.tunables import base
+
+    dfd = _in_dir(host, trial_dir)
+    try:
+        try:
+            fd = os.open(HALT_POLL_SAVED, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        try:
+            text = os.read(fd, 64).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+    if not text.isdigit():
+        raise TrialError(f"{trial_dir}/{HALT_POLL_SAVED} does not hold a value: {text!r}")
+    base.default_writer().write(base.contained(host, HALT_POLL_KEY), text)
+    _drop(host, trial_dir)
+    return int(text)
 
 
 def _finish(undo: Callable[[], None]) -> None:

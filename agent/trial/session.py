@@ -54,7 +54,7 @@ def check_host(host: Host, trial_dir: Path | None, note: Callable[[str], None]) 
     from tuning.tunables.base import TuneError
     from tuning.tunables.isolate import isolated_cpuset
 
-    from .levers import roll_back
+    from .levers import restore_halt_polling, roll_back
 
     if not host.live:
         raise TrialError("--root/--procfs/--sysfs describe a captured tree: tune try measures "
@@ -73,6 +73,9 @@ def check_host(host: Host, trial_dir: Path | None, note: Callable[[str], None]) 
         note(f"rolling back the isolation a stopped tune try left ({len(left.entries)} "
              f"entries in {trial_dir})")
         roll_back(host, trial_dir)
+    hp = restore_halt_polling(host, trial_dir)
+    if hp is not None:
+        note(f"guest_halt_poll_ns written back to {hp} (a stopped tune try left it set)")
     iso = isolated_cpuset(host)
     if iso is not None:
         raise TrialError(f"CPU {format_cpulist(iso.cpus)} already isolated ({iso.path}): the "
@@ -86,7 +89,7 @@ def execute(host: Host, plan: TrialPlan, trial_dir: Path,
     from . import levers
 
     hooks = Hooks(isolate=lambda: levers.isolation(host, plan.cpus, trial_dir),
-                  halt_poll=lambda ns: levers.halt_polling(host, ns),
+                  halt_poll=lambda ns: levers.halt_polling(host, ns, trial_dir),
                   block=lambda arm: levers.run_block(arm, plan.cpus, plan.block_s, plan.rate,
                                                      plan.workload))
     run = run_trial(plan, hooks, progress)
