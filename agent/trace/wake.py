@@ -30,9 +30,14 @@ from .window import Window, _close_rings, _CpuRing, event_ts, page_ts
 #   from any CPU (those fired on the probe CPUs repeat the main instance's, whose window is
 #   read from ``lo``: the reader keeps this ring's copies only from before it, the lookback
 #   below); sched_wakeup only where sched_waking is missing (before 4.3);
-# - stop and continue signals, and SIGKILL: who stopped a thread (T) and who ended it.
+# - stop and continue signals, and SIGKILL: who stopped a thread (T) and who ended it;
+# - every task's exit, unfiltered (one record per thread that exits: its comm and tid), so
+#   a waker or a sender that exits before its window is read keeps its name (issue #35
+#   item 4: a `kill -STOP` is gone within a millisecond).
 WAKE_EVENTS: tuple[tuple[str, str], ...] = (
-    ("sched", "sched_waking"), ("sched", "sched_wakeup"), ("signal", "signal_generate"))
+    ("sched", "sched_waking"), ("sched", "sched_wakeup"), ("signal", "signal_generate"),
+    ("sched", "sched_process_exit"))
+EXIT_EVENT = "sched_process_exit"
 # SIGKILL 9, SIGCONT 18, SIGSTOP 19, SIGTSTP 20, SIGTTIN 21, SIGTTOU 22 (x86/arm64 numbers;
 # asm-generic/signal.h)
 SIGNAL_FILTER = "sig == 9 || (sig >= 18 && sig <= 22)"
@@ -126,13 +131,16 @@ class WakeInstance:
             if not (d / "enable").exists():
                 self.wake_missing.append(f"{system}:{ev}")
                 continue
-            f = SIGNAL_FILTER if ev == "signal_generate" else targets
+            f = SIGNAL_FILTER if ev == "signal_generate" else "" if ev == EXIT_EVENT else \
+                targets
             try:
-                _write(d / "filter", f)
+                if f:
+                    _write(d / "filter", f)
             except OSError:
                 raise _Refused(f"unsupported: the kernel refused the filter {f!r} of "
                                f"{system}:{ev}") from None
-            self.wake_filters[f"{system}:{ev}"] = f
+            if f:
+                self.wake_filters[f"{system}:{ev}"] = f
             _write(d / "enable", "1")
             self.wake_events.append(f"{system}:{ev}")
             if not any(fmt.name == ev for fmt in self._formats.values()):
@@ -234,6 +242,27 @@ class WakeInstance:
                           f"from {(ring.cover_from_ns - need_from) / 1e3:.0f} µs after the "
                           "window's start")
         return out, complete, reason, walked, decoded
+
+    def _exit_comms(self, pids: set[int], since_ns: int) -> dict[int, str]:
+        """The comm of each of ``pids`` whose ``sched_process_exit`` the wake rings hold from
+        ``since_ns`` on (a task that exited after its window: /proc no longer has it). Read
+        only for tasks /proc lacks; raw reader only (the text reader's window has the exits
+        up to its end)."""
+        if self.wake_reason is not None or self.reader != "raw" or not pids:
+            return {}
+        out: dict[int, str] = {}
+        ids = frozenset(self._switch_ids)
+        store = self._symbols is None or self._symbols.ready
+        for ring in self._wake_rings.values():
+            pages = ring.pages
+            for i in range(max(0, bisect_left(pages, since_ns, key=page_ts) - 1), len(pages)):
+                got, _b, _k, _m = self._page_events(ring, pages[i], ids, since_ns, 1 << 62,
+                                                    False, store)
+                for e in got:
+                    pid = e.fields.get("pid")
+                    if e.name == EXIT_EVENT and pid in pids:
+                        out.setdefault(pid, e.fields.get("comm", "?"))
+        return out
 
     def _wake_text(self, lo: int, hi: int) -> tuple[list[Event], bool, str | None, int, int]:
         out: list[Event] = []

@@ -179,17 +179,29 @@ class WindowReader:
         return got, b, k, made
 
     def _fill_comms(self, win: Window, limit: int = 256) -> None:
-        named = named_pids(win.events)
-        for pid in sorted({e.pid for e in win.events} - named - {0})[:limit]:
+        """``win.comms``: the comm of each task current in an event that no event names
+        (a waker or a signal's sender on another CPU). Names as seen: a task's own
+        ``sched_process_exit`` (the wake instance records every exit) in the window, else
+        /proc/PID/comm now (cached), else its exit after the window (:meth:`_exit_comms`);
+        only a task gone before any of these shows as "?[pid]" in the timeline."""
+        for e in win.events:
+            if e.name == "sched_process_exit" and isinstance(e.fields.get("pid"), int):
+                win.comms.setdefault(e.fields["pid"], e.fields.get("comm", "?"))
+        named = named_pids([e for e in win.events if e.name != "sched_process_exit"])
+        gone: set[int] = set()
+        for pid in sorted({e.pid for e in win.events} - named - set(win.comms) - {0})[:limit]:
             comm = self._comm_cache.get(pid)
             if comm is None:
                 comm = self.host.read(self.host.proc(pid, "comm")).value if self.host else None
                 if comm is None:
-                    continue  # gone: the timeline shows "?[pid]"
+                    gone.add(pid)
+                    continue
                 if len(self._comm_cache) > 4096:
                     self._comm_cache.clear()
                 self._comm_cache[pid] = comm
             win.comms[pid] = comm
+        if gone:
+            win.comms.update(self._exit_comms(gone, win.t_to_ns))
 
     def drain(self) -> int:
         """Move every page the kernel holds for the probe CPUs into the kept pages (raw
