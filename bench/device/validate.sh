@@ -30,6 +30,14 @@
 #   attach_cost  bench/attach_overhead.py on bench/models/dense-16.tflite (~1 µs a call): the
 #                added µs per call resolved                              -> attach_cost.json
 #   roundtrip    bench/device/tuning_roundtrip.sh: every tunable applied and rolled back
+#   tune_try     hftagent tune try on CPU $cpu with $BUSY (32) busy processes elsewhere (the
+#                lever table, the winner; every lever undone: the cpuset and journal checked)
+#                                                                      -> tune_try.txt/.json
+#   fix_script   bench/fix_roundtrip.py: the audit's fix script run, then tune rollback; every
+#                value the script touched compared with the snapshot before  -> fix_script.txt
+#   gate_rerun   bench/gate_rerun.py: $RERUNS identical gate reruns with a busy loop on each
+#                housekeeping CPU, then $BURSTS runs with SCHED_FIFO bursts on CPU $cpu
+#                                                                       -> gate_rerun.txt
 #   (LiteRT is not on that machine: carry its cp312 wheel in .whl and install it first, as
 #   the device tool's README shows; the steps that need it say so when it is missing)
 #   gpu          bench/device/gpu_validation.sh (read-only NVML and nsight checks)
@@ -249,6 +257,32 @@ step "attach_cost, CPU $cpu"; tracefs
 timeout 240 python3 bench/attach_overhead.py --cpu "$cpu" --pairs "${PAIRS:-20}" --calls 20000 \
   --model bench/models/dense-16.tflite --json "$out/attach_cost.json" > "$out/attach_cost.txt" 2>> "$log"
 rc
+fi
+
+if want tune_try; then
+step "tune_try, CPU $cpu, ${BUSY:-32} busy processes"
+busy=()
+for _ in $(seq "${BUSY:-32}"); do python3 -c 'while True: pass' & busy+=($!); done
+timeout 420 "${HFT[@]}" tune try --cpus "$cpu" --rounds "${ROUNDS:-3}" --block-s "${BLOCK_S:-8}" \
+  --no-history > "$out/tune_try.txt" 2>> "$log"
+echo "tune try rc=$?" >> "$log"
+kill "${busy[@]}" 2>/dev/null; wait "${busy[@]}" 2>/dev/null
+{ echo "after: isolated cpusets: $(ls -d /sys/fs/cgroup/hftagent-* /sys/fs/cgroup/cpuset/hftagent-* 2>/dev/null | tr '\n' ' ')"
+  echo "after: journal: $(ls /run/hftagent/trial 2>/dev/null | tr '\n' ' ')"
+  echo "after: state file:"; cat /run/hftagent/tune-try.json 2>/dev/null | head -c 3000; } >> "$out/tune_try.txt"
+"${HFT[@]}" audit --cpus "$cpu" 2>/dev/null | grep -A3 "wakeup.cpuidle" >> "$out/tune_try.txt"
+fi
+
+if want fix_script; then
+step "fix_script"
+timeout 300 python3 bench/fix_roundtrip.py --cpus "$cpu" --json "$out/fix_script.json" \
+  > "$out/fix_script.txt" 2>> "$log"; rc
+fi
+
+if want gate_rerun; then
+step "gate_rerun, probe CPU $cpu"
+timeout 590 python3 bench/gate_rerun.py --cpu "$cpu" --reruns "${RERUNS:-20}" \
+  --bursts "${BURSTS:-20}" --json "$out/gate_rerun.json" > "$out/gate_rerun.txt" 2>> "$log"; rc
 fi
 
 if want roundtrip; then step roundtrip; bash bench/device/tuning_roundtrip.sh >> "$log" 2>&1; rc; fi
