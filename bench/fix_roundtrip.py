@@ -87,7 +87,7 @@ def diff(a: dict, b: dict) -> tuple[dict[str, tuple], int]:
     changed = {k: (a[k], b[k]) for k in sorted(common) if a[k] != b[k]}
     only = len((a.keys() | b.keys()) - common)
     # a cgroup directory that exists after but not before is a difference, not a come-and-go
-    for k in sorted((b.keys() - a.keys())):
+    for k in sorted(b.keys() - a.keys()):
         if k.endswith("/(exists)"):
             changed[k] = (None, b[k])
             only -= 1
