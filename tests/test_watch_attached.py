@@ -156,12 +156,55 @@ def test_pairing_keeps_threads_apart_and_counts_what_it_cannot_pair():
     r.calls = r.unpaired_returns = r.open_at_exit = r.resynced = r.lost = r.invalid = 0
     r.lost_returns, r._seq, r._open, r._start, r._lost_seen = 0, 0, {}, {}, 0
     r._tids, r._tids_at = {11, 12, 13, 14}, time.monotonic()
+    r.trial, r.on_choice, r._dropped = None, None, set()
     rows = r.read()
     got = sorted((int(x[1]), int(x[2]), int(x[4])) for x in rows)  # start, end, tid
     assert got == [(100, 140, 11), (120, 130, 12), (200, 230, 14)]
     assert r.unpaired_returns == 2 and r.lost_returns == 1
     r.finish()
     assert r.open_at_exit == 1                    # 11's last call never returned
+
+
+def test_a_trials_choice_forgets_the_losers_open_calls():
+    """issue #36: when the trial drops a runtime, its calls open now are forgotten and a
+    kept call nested in a loser's starts at its own entry; the losers' later hits are
+    skipped."""
+    from agent.trace.event import Event
+    from agent.trace.trial import Trial
+
+    class Src:
+        evs: list = []
+
+        def lost(self):
+            return 0
+
+        def uprobe_events(self):
+            out, self.evs = self.evs, []
+            return out
+
+        def is_return(self, ev):
+            return ev.name.startswith("ret")
+
+    class U:
+        group, instances = "g", []
+
+    r = AttachedReader.__new__(AttachedReader)
+    r.host, r.pid, r.events, r.uprobes, r.entry_only = None, 10, Src(), U(), False
+    r.calls = r.unpaired_returns = r.open_at_exit = r.resynced = r.lost = r.invalid = 0
+    r.lost_returns, r._seq, r._open, r._start, r._lost_seen = 0, 0, {}, {}, 0
+    r._tids, r._tids_at, r._dropped = {11}, time.monotonic(), set()
+    names = {"call0": "a", "ret0": "a", "call1": "b", "ret1": "b"}
+    r.trial = Trial(names, ["a", "b"], lambda n: n.startswith("ret"), calls=2)
+    r.on_choice = lambda trial: {"call0", "ret0"}   # "b" kept, "a" dropped
+    ev = lambda t, n: Event(t, 1, n, 11, {})  # noqa: E731
+    r.events.evs = [ev(10, "call1"), ev(20, "ret1"), ev(30, "call1"), ev(40, "ret1"),
+                    ev(50, "call0"), ev(60, "call1")]  # decided; b open inside a
+    rows = r.read()
+    assert r.trial is None and len(rows) == 2
+    r.events.evs = [ev(70, "ret1"), ev(80, "ret0"), ev(90, "call0")]
+    rows = r.read()
+    assert [(int(x[1]), int(x[2])) for x in rows] == [(60, 70)]   # b's own entry
+    assert not r._open.get(11) and r.unpaired_returns == 0
 
 
 def test_a_killed_watch_leaves_events_the_next_run_removes(lib, tmp_path):
@@ -314,3 +357,38 @@ def test_cli_attach_refuses_a_library_another_user_may_write(lib, tmp_path):
     assert r.returncode == 1 and "writable by every user" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert (TRACEFS / "uprobe_events").read_text() == before
+
+
+def test_cli_attach_unsafe_library_accepts_a_world_writable_library(lib, tmp_path):
+    """The refusal above, overridden: with --attach-unsafe-library watch times the calls of
+    the same world-writable library, and says nothing is left behind."""
+    _needs_uprobes()
+    import shutil
+    ww = tmp_path / "libhftww.so"
+    shutil.copy(lib, ww)
+    os.chmod(ww, 0o777)
+    child = _loop(ww)
+    before = (TRACEFS / "uprobe_events").read_text()
+    try:
+        r = subprocess.run([*CLI, "watch", "--attach", str(child.pid), "--attach-symbol",
+                            f"{ww.name}:hft_infer", "--unsafe-return",
+                            "--attach-unsafe-library", "--duration", "2", "--no-live",
+                            "--no-history", "--trace", "on", "--json"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["samples"] > 0
+    assert (TRACEFS / "uprobe_events").read_text() == before
+
+
+def test_attach_unsafe_library_without_attach_is_refused():
+    from agent.errors import AgentError
+    from agent.watch import latency
+    from collectors.host import Host
+    with pytest.raises(AgentError, match="--attach-unsafe-library is for --attach"):
+        latency.choose(Host(), latency.Given(probe="numpy", attach_unsafe_library=True))
+    src = latency.choose(Host(), latency.Given(attach=os.getpid(),
+                                               attach_unsafe_library=True))
+    assert src.unsafe_library

@@ -41,8 +41,9 @@ isolated cpuset where it may, and refuses (exit 1) where it may run nowhere else
 
 Every option that is given is used or refused before anything starts (one line, exit 1).
 Exit status: 0 at --duration or on SIGTERM/SIGINT (the summary printed), 3 when the probe
-or the watched process died or its ring became unreadable, 1 on bad input or a spike log
-that could not be written. A run with samples is recorded in history (--db, --no-history):
+or the watched process died or its ring became unreadable, 4 when --attach timed no call
+(said on stderr after a few seconds), 1 on bad input or a spike log that could not be
+written. A run with samples is recorded in history (--db, --no-history):
 its summary, spikes by cause and the host fingerprint."""
 ProbeOpt = Annotated[str | None, _opt(
     "--probe", metavar="tf|numpy|external", help="Latency source: tf (built-in TF probe, the "
@@ -74,6 +75,12 @@ AttachOpt = Annotated[int | None, _opt(
     "process with uprobes on its runtime's once-per-call function (LiteRT, the TFLite/TF C "
     "APIs, TF2 from Python), read from watch's own tracefs instance; not with --probe, --pid "
     "or --ring. Needs root; docs/attach.md.")]
+AttachUnsafeLibraryOpt = Annotated[bool, _opt(
+    "--attach-unsafe-library", help="With --attach: read and probe a library that a user "
+    "other than root and the process's owner may write (owned by another user, group- or "
+    "world-writable), or one on a FUSE filesystem. Risk: that user (or the FUSE server) can "
+    "change the code the uprobe lands in, in every process that maps the file, while root's "
+    "probe is there; a FUSE server may also never answer a read.")]
 UnsafeReturnOpt = Annotated[bool, _opt(
     "--unsafe-return", help="With --attach-symbol: time the function to its return too. "
     "Unsafe: a C++ exception that unwinds through a function with a return probe aborts the "
@@ -151,7 +158,8 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
           rate: RateOpt = "auto", cpus: CpusOpt = None, housekeeping: HousekeepingOpt = None,
           pid: PidOpt = None, ring: RingOpt = None, attach: AttachOpt = None,
           attach_runtime: AttachRuntimeOpt = None, attach_symbol: AttachSymbolOpt = None,
-          unsafe_return: UnsafeReturnOpt = False, sample_hz: SampleHzOpt = 100.0,
+          unsafe_return: UnsafeReturnOpt = False,
+          attach_unsafe_library: AttachUnsafeLibraryOpt = False, sample_hz: SampleHzOpt = 100.0,
           sampler: SamplerOpt = "auto", trace: TraceOpt = "auto",
           irq_cost: IrqCostOpt = "auto", nice: NiceOpt = "0",
           threshold_us: ThresholdOpt = None, k: KOpt = 3.0, flight_us: FlightOpt = None,
@@ -171,7 +179,8 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         host, probe=probe, model=model, variant=variant, rate=rate, cpus=cpus,
         housekeeping=housekeeping, pid=pid, ring=ring, attach=attach,
         attach_runtime=attach_runtime, attach_symbol=attach_symbol,
-        unsafe_return=unsafe_return, sample_hz=sample_hz, sampler=sampler, trace=trace,
+        unsafe_return=unsafe_return, attach_unsafe_library=attach_unsafe_library,
+        sample_hz=sample_hz, sampler=sampler, trace=trace,
         irq_cost=irq_cost, nice=nice, threshold_us=threshold_us, k=k, flight_us=flight_us,
         flight_dir=flight_dir, spike_log=spike_log, duration=duration, perf=perf,
         listen=listen, web_config_file=web_config_file, live=live, json_out=json_out,

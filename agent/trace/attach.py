@@ -15,7 +15,15 @@ tflite-c    libtensorflowlite_c.so                 TfLiteInterpreterInvoke
 tf-c        libtensorflow.so.2, libtensorflow_cc   TF_SessionRun
 tf-python   lib_pywrap_tensorflow_common.so        TFE_Py_ExecuteCancelable (one per
                                                    tf.function / signature call)
+tf-session  libtensorflow_cc, tensorflow_model_    tensorflow::DirectSession::Run (the
+            server                                 ThreadPoolOptions overload every Run
+                                                   reaches: a C++ TF server's session run)
 ==========  =====================================  =========================================
+
+A process may map several of these (every TF2 Python process maps ``libtensorflow_cc.so.2``,
+whose ``TF_SessionRun`` it never calls): with ``auto`` the plan holds every runtime the process
+maps (:attr:`Plan.runtimes`, the candidates), and watch arms them all and keeps the one whose
+calls arrive, the outermost per call (agent/watch/latency/attached.py, agent/trace/trial.py).
 
 Every function there returns a status (or NULL on a Python error) rather than throwing: a
 C++ exception that unwinds through a frame with a uretprobe aborts the process (the return
@@ -72,6 +80,16 @@ RUNTIMES: tuple[Runtime, ...] = (
                                     r"^_pywrap_tensorflow_internal\.so$"),
             ("_Z24TFE_Py_ExecuteCancelableP11TFE_Context*",),
             "TFE_Py_ExecuteCancelable (one per tf.function call)"),
+    # Run(options, inputs, outputs, targets, tensors, metadata, ThreadPoolOptions): the other
+    # overloads call it (direct_session.cc), so one probe sees every session run; TF 2.21's
+    # mangled name ends in ...RunMetadataERKN3tsl6thread17ThreadPoolOptionsE (older TF:
+    # tensorflow::thread), hence the prefix. TF_SessionRun calls it: nested, not outermost.
+    Runtime("tf-session", re.compile(r"^libtensorflow(_cc)?\.so(\.\d+)*$|"
+                                     r"^tensorflow_model_server$"),
+            ("_ZN10tensorflow13DirectSession3RunERKNS_10RunOptionsERKSt6vectorISt4pairI"
+             "NSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEENS_6TensorEESaISD_EERKS4_I"
+             "SB_SaISB_EESL_PS4_ISC_SaISC_EEPNS_11RunMetadataERK*",),
+            "tensorflow::DirectSession::Run (a C++ TF server's session run)"),
 )
 NAMES = ("auto",) + tuple(r.name for r in RUNTIMES)
 
@@ -365,10 +383,19 @@ class Plan:
     comm: str
     targets: list[Target] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)     # why something is not attached
+    mapped: list[str] = field(default_factory=list)    # the libraries it maps (basenames)
+
+    @property
+    def runtimes(self) -> list[str]:
+        """The runtimes of the targets, in catalogue order: more than one are candidates
+        that watch tries (the choice is made by trial at attach time)."""
+        return list(dict.fromkeys(t.runtime for t in self.targets))
 
     def to_dict(self) -> dict:
         return {"pid": self.pid, "comm": self.comm,
                 "targets": [t.to_dict() for t in self.targets], "notes": self.notes,
+                "candidates": self.runtimes,
+                "choice": "by trial at attach time" if len(self.runtimes) > 1 else None,
                 "cost_us_per_call": COST_US if self.targets else None}
 
     def close(self) -> None:
@@ -470,7 +497,9 @@ def plan(host: Host, pid: int, runtime: str = "auto", symbol: str | None = None,
     if runtime not in NAMES:
         raise AttachError(f"--attach-runtime must be one of {', '.join(NAMES)}, not {runtime!r}")
     p = Plan(pid, comm_of(host, pid))
-    r = _Reader(host, pid, exec_mappings(host, pid), owner_of(host, pid), unsafe_library,
+    maps = exec_mappings(host, pid)
+    p.mapped = sorted({m.name for m in maps if ".so" in m.name})
+    r = _Reader(host, pid, maps, owner_of(host, pid), unsafe_library,
                 progress)
     try:
         if symbol is not None:
@@ -510,26 +539,20 @@ class _Reader:
         self.add(p, libs[0], [sym], "symbol", sym, unsafe_return, required=True)
 
     def runtimes(self, p: Plan, runtime: str) -> None:
-        found: list[Plan] = []
+        """Every runtime of the catalogue (or the one named) whose function the process
+        maps: with ``auto`` they are all candidates (the process may map several and call
+        one: watch's trial keeps the one whose calls arrive)."""
+        chosen = [r for r in RUNTIMES if runtime in ("auto", r.name)]
+        self.warm(chosen)
         notes: list[str] = []
-        for r in RUNTIMES:
-            if runtime not in ("auto", r.name):
-                continue
+        for r in chosen:
             one = Plan(self.pid, p.comm)
             for m in self.maps:
                 if r.library.search(m.name):
                     self.add(one, m, list(r.symbols), r.name, r.shown, True)
             notes += one.notes
-            if one.targets:
-                found.append(one)
-        if found:
-            # auto: the first runtime of the catalogue the process maps (the Python LiteRT
-            # wrapper before the C APIs it embeds; TF's C API before its Python dispatch);
-            # the others are named, so the user can choose one of them instead
-            p.targets = found[0].targets
-            p.notes += [f"also maps {f.targets[0].runtime} ({f.targets[0].shown}): "
-                        f"--attach-runtime {f.targets[0].runtime} times that instead"
-                        for f in found[1:]]
+            p.targets += one.targets
+        if p.targets:
             return
         # nothing found: every candidate library's reason reaches the line
         known = ", ".join(sorted({m.name for m in self.maps if ".so" in m.name})[:12])
@@ -538,6 +561,18 @@ class _Reader:
         raise AttachError(f"pid {self.pid} ({p.comm}) maps no function of {which} "
                           f"(libraries: {known or 'none'}){extra}; "
                           "--attach-symbol LIB:SYMBOL names another")
+
+    def warm(self, runtimes: list[Runtime]) -> None:
+        """Read each library's symbols of every runtime it may hold in one pass (TF's C API
+        and its session run share the 788 MB ``libtensorflow_cc.so.2``; the reader keeps
+        what it found): :meth:`add` then finds them read. A failure here is said by add."""
+        for m in self.maps:
+            names = [n for r in runtimes if r.library.search(m.name) for n in r.symbols]
+            if len(names) > 1:
+                try:
+                    elf.resolve(self.pin(m).fd, names, self.progress, m.name)
+                except (AttachError, elf.ElfError):
+                    continue
 
     def pin(self, m: Mapping) -> Pinned:
         key = (m.inode, m.path)
@@ -597,6 +632,10 @@ def host_notes(host: Host) -> list[str]:
 def check_text(p: Plan, host: Host | None = None) -> list[str]:
     """``hftagent attach --check``'s report, one fact a line."""
     lines = [f"pid {p.pid} ({p.comm}): {len(p.targets)} function(s) can be attached"]
+    if len(p.runtimes) > 1:
+        lines.append(f"  choice    by trial at attach time: watch --attach arms the candidates "
+                     f"({', '.join(p.runtimes)}) together and keeps the one whose calls arrive "
+                     "(the outermost per call); --attach-runtime R takes one without a trial")
     for t in p.targets:
         lines += [f"  runtime   {t.runtime}: {t.shown}",
                   f"  library   {t.library}",

@@ -161,25 +161,45 @@ class Uprobes:
         for name in self.names:
             (instance / "events" / self.group / name / "filter").write_text(expr)
 
+    def drop(self, indices: set[int]) -> list[str]:
+        """Disable and remove the events of targets ``indices`` (a trial's losers: watch
+        --attach keeps the runtime whose calls arrive); the others keep their names. Closes
+        the pinned libraries no kept target uses. Returns what could not be removed."""
+        gone = [n for n in self.names if int(n.removeprefix("call").removeprefix("ret"))
+                in indices]
+        left = self._remove_names(gone)
+        failed = {n for n in gone if any(x.startswith(f"{self.group}/{n}:") for x in left)}
+        self.names = [n for n in self.names if n not in gone or n in failed]
+        keep = {id(t.pin) for i, t in enumerate(self.targets) if i not in indices}
+        for pinned in self._pins:
+            if id(pinned) not in keep:
+                pinned.close()
+        self._pins = [p for p in self._pins if id(p) in keep]
+        return left
+
+    def _remove_names(self, names: list[str]) -> list[str]:
+        for inst in self.instances:
+            for name in names:
+                try:
+                    (inst / "events" / self.group / name / "enable").write_text("0")
+                except OSError:
+                    pass   # the instance is already gone: nothing is enabled there
+        left: list[str] = []
+        for name in reversed(names):
+            try:
+                _append(self.tracefs / "uprobe_events", f"-:{self.group}/{name}")
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    left.append(f"{self.group}/{name}: {exc.strerror or exc}")
+        return left
+
     def remove(self) -> list[str]:
         """Disable the events in every instance and remove their definitions; returns what
         could not be removed (empty when all went). Safe to call twice."""
         if self._removed:
             self._close_pins()
             return []
-        left: list[str] = []
-        for inst in self.instances:
-            for name in self.names:
-                try:
-                    (inst / "events" / self.group / name / "enable").write_text("0")
-                except OSError:
-                    pass   # the instance is already gone: nothing is enabled there
-        for name in reversed(self.names):
-            try:
-                _append(self.tracefs / "uprobe_events", f"-:{self.group}/{name}")
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    left.append(f"{self.group}/{name}: {exc.strerror or exc}")
+        left = self._remove_names(self.names)
         self._removed = not left
         _AT_EXIT.discard(self)
         self._close_pins()   # a definition left behind holds the kernel's own reference

@@ -53,7 +53,8 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
           housekeeping: str | None = None, pid: int | None = None, ring: str | None = None,
           attach: int | None = None, attach_runtime: str | None = None,
           attach_symbol: str | None = None, unsafe_return: bool = False,
-          sample_hz: float = 100.0, sampler: str = "auto", trace: str = "auto",
+          attach_unsafe_library: bool = False, sample_hz: float = 100.0,
+          sampler: str = "auto", trace: str = "auto",
           irq_cost: str = "auto", nice: str = "0", threshold_us: float | None = None,
           k: float = 3.0, flight_us: float | None = None, flight_dir: str | None = None,
           spike_log: str | None = None, duration: float | None = None, perf: bool = False,
@@ -70,7 +71,7 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
     source = latency.choose(host, latency.Given(
         probe=probe, model=model, variant=variant, rate_hz=rate_hz, pid=pid, ring=ring,
         attach=attach, attach_runtime=attach_runtime, attach_symbol=attach_symbol,
-        unsafe_return=unsafe_return))
+        unsafe_return=unsafe_return, attach_unsafe_library=attach_unsafe_library))
     _choice("--sampler", sampler, SAMPLERS)
     _choice("--trace", trace, TRACE_MODES)
     from agent.watch.attribution.events import parse_irq_cost

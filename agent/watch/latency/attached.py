@@ -33,7 +33,10 @@ said and not used. The PID is checked once, when the options are built (:meth:`A
 from __future__ import annotations
 
 import os
+import re
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +78,11 @@ class AttachedReader:
         self._lost_seen = events.lost()
         self._tids = self.threads()
         self._tids_at = time.monotonic()
+        # the choice among candidate runtimes (agent/trace/trial.py), while it is open;
+        # on_choice(trial) is told once it is made, and returns the event names it dropped
+        self.trial: Any = None
+        self.on_choice: Callable[[Any], set[str]] | None = None
+        self._dropped: set[str] = set()
 
     def threads(self) -> set[int]:
         return {int(t) for t in self.host.listdir(self.host.proc(self.pid, "task"))
@@ -121,6 +129,10 @@ class AttachedReader:
                     self._refresh()
                 if tid not in self._tids:
                     continue  # another process mapping the same library (no filter applies)
+            if ev.name in self._dropped:
+                continue  # a trial's loser, hit before its removal
+            if self.trial is not None:
+                self.trial.feed(tid, ev.name, ev.ts_ns)
             if self.entry_only:
                 prev = self._start.get(tid)
                 self._start[tid] = (ev.ts_ns, ev.cpu)
@@ -143,9 +155,27 @@ class AttachedReader:
                 if not opened:
                     self._start[tid] = (ev.ts_ns, ev.cpu)
                 opened[ev.name] = (ev.ts_ns, ev.cpu)
+        if self.trial is not None and self.trial.decided(time.monotonic_ns()):
+            self._decide()
         if not rows:
             return np.empty((0, len(FIELDS)), dtype=np.int64)
         return np.array(rows, dtype=np.int64)
+
+    def _decide(self) -> None:
+        """The trial's choice is made: its losers' events are dropped (``on_choice``) and
+        forgotten in the calls open now (an open call whose outermost entry was a loser's
+        starts at its earliest kept entry)."""
+        trial, self.trial = self.trial, None
+        self._dropped = self.on_choice(trial) if self.on_choice is not None else set()
+        for tid, opened in self._open.items():
+            if not self._dropped & set(opened):
+                continue
+            for name in self._dropped & set(opened):
+                del opened[name]
+            if opened:
+                self._start[tid] = min(opened.values())
+            else:
+                self._start.pop(tid, None)
 
     @staticmethod
     def _entry_of(ret_name: str) -> str:
@@ -192,6 +222,7 @@ class Attached(Source):
     runtime: str = "auto"
     symbol: str | None = None
     unsafe_return: bool = False
+    unsafe_library: bool = False
 
     RANK = 10
     exporter_label = "attach"
@@ -236,13 +267,15 @@ class Attached(Source):
                              "function is timed to its return already): give --attach-symbol "
                              "too")
         return cls(process=pid, comm=comm, runtime=runtime or "auto", symbol=symbol,
-                   unsafe_return=given.unsafe_return)
+                   unsafe_return=given.unsafe_return,
+                   unsafe_library=given.attach_unsafe_library)
 
     @classmethod
     def refuse(cls, given: Given, chosen: str) -> None:
         for name, v in (("--attach-runtime", given.attach_runtime),
                         ("--attach-symbol", given.attach_symbol),
-                        ("--unsafe-return", given.unsafe_return or None)):
+                        ("--unsafe-return", given.unsafe_return or None),
+                        ("--attach-unsafe-library", given.attach_unsafe_library or None)):
             if v is not None:
                 raise AgentError(f"{name} is for --attach: give --attach PID too")
 
@@ -265,28 +298,47 @@ class Attached(Source):
         return AttachedRun(self, host, cpus, warnings)
 
 
+# libraries worth naming when nothing was timed: other inference runtimes and accelerators
+_ML = re.compile(r"tensorflow|tflite|litert|onnx|torch|cuda|cudnn|xla|jax|openvino|tensorrt|"
+                 r"nvinfer|dnnl|mkl|paddle|mxnet|ncnn|mnn|rknn|triton", re.IGNORECASE)
+QUIET_S = 5.0            # nothing timed this long after the attach: said on stderr, once
+EXIT_NOTHING_TIMED = 4   # watch's exit status for a run that timed no call (watch --help)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 class AttachedRun(Running):
-    """The uprobes of one run and their :class:`AttachedReader`."""
+    """The uprobes of one run and their :class:`AttachedReader`. Several candidate runtimes
+    (``auto`` on a process that maps more than one) are armed together and tried
+    (agent/trace/trial.py): the one whose calls arrive is kept, the others' events removed,
+    and the choice said on stderr with each candidate's count. ``say``: where such lines go
+    while the run goes on (stderr)."""
 
     source: Attached
 
     def __init__(self, source: Attached, host: Host, cpus: list[int],
-                 warnings: list[str]) -> None:
+                 warnings: list[str], say: Callable[[str], None] = _stderr) -> None:
         super().__init__(source, host, cpus, warnings)
         self._uprobes: Any = None  # agent.trace.uprobe.Uprobes
+        self._plan: Any = None     # agent.trace.attach.Plan
+        self.say = say
+        self._armed_at = 0.0
+        self._quiet_said = False
 
     def start(self, events: Any, phase: Phase | None = None) -> None:
-        """Uprobes on the runtime's once-per-call function, enabled in the kernel-event
-        instance of ``events`` (the session's SpikeEvents: it must be active), read by an
-        :class:`AttachedReader`. AgentError with one line when the process cannot be
-        attached."""
+        """Uprobes on the runtime's once-per-call function (every candidate's, when the
+        process maps several), enabled in the kernel-event instance of ``events`` (the
+        session's SpikeEvents: it must be active), read by an :class:`AttachedReader`.
+        AgentError with one line when the process cannot be attached."""
         from agent.trace import attach, uprobe
         if not events.active:
             raise AgentError(f"--attach needs the kernel's trace events: {events.reason}")
         src, tracing = self.source, events.source
         try:
             plan = attach.plan(self.host, src.process, src.runtime, src.symbol,
-                               src.unsafe_return, phase)
+                               src.unsafe_return, phase, unsafe_library=src.unsafe_library)
         except attach.AttachError as exc:
             raise AgentError(str(exc)) from None
         self.warnings += [f"attach: {n}" for n in uprobe.remove_stale(self.host,
@@ -301,24 +353,92 @@ class AttachedRun(Running):
             u.remove()
             raise AgentError(f"--attach {src.process}: "
                              f"{getattr(exc, 'strerror', None) or exc}") from None
-        self._uprobes, self.reader = u, reader
+        self._uprobes, self.reader, self._plan = u, reader, plan
+        if len(plan.runtimes) > 1 and not reader.entry_only:
+            self._arm_trial(reader, u)
         self._said(plan, reader.entry_only, attach)
+        self._armed_at = time.monotonic()
+
+    def _arm_trial(self, reader: AttachedReader, u: Any) -> None:
+        from agent.trace.trial import Trial
+        runtime_of = {n: u.targets[int(n.removeprefix("call").removeprefix("ret"))].runtime
+                      for n in u.names}
+        reader.trial = Trial(runtime_of, self._plan.runtimes, lambda n: n in u.returns)
+        reader.on_choice = self._chosen
+
+    def _chosen(self, trial: Any) -> set[str]:
+        """The trial chose: drop the other candidates' events, say which and why."""
+        win = trial.winner()
+        losers = {i for i, t in enumerate(self._uprobes.targets) if t.runtime != win}
+        before = set(self._uprobes.names)
+        left = self._uprobes.drop(losers)
+        if left:
+            self.warnings.append("uprobe events not removed: " + "; ".join(left))
+        kept = [t for t in self._uprobes.targets if t.runtime == win]
+        line = (f"attach: timing {win}: {kept[0].shown}, chosen by trial ("
+                f"{trial.tally[win].outermost} outermost calls); calls per candidate: "
+                f"{trial.counts()}; the others' probes removed")
+        self.say(f"hftagent: {line}")
+        self.info["probe"] = (f"attached to pid {self.pid} ({self._plan.comm}): {win} "
+                              f"{kept[0].shown}")
+        self.info["attach"]["chosen"] = {"runtime": win, "by": "trial",
+                                         "counts": trial.to_dict()}
+        return before - set(self._uprobes.names)
 
     def _said(self, plan: Any, entry_only: bool, attach: Any) -> None:
         t = plan.targets[0]
+        tried = plan.runtimes if len(plan.runtimes) > 1 else []
+        what = (f"candidates {', '.join(tried)} (chosen by trial)" if tried else
+                f"{t.runtime} {t.shown}")
         self.info = {"pid": self.pid, "probe": f"attached to pid {self.pid} ({plan.comm}): "
-                     f"{t.runtime} {t.shown}", "attach": plan.to_dict()}
+                     f"{what}", "attach": plan.to_dict()}
         self.warnings += [f"attach: {n}" for n in attach.host_notes(self.host)]
+        libs = ", ".join(dict.fromkeys(os.path.basename(x.library) for x in plan.targets))
         self.warnings.append(
-            f"attached: {len(plan.targets)} uprobe(s) in {os.path.basename(t.library)}; every "
-            f"process that maps it pays ~{attach.COST_US} µs a call while watch runs"
+            f"attached: {len(plan.targets)} uprobe(s) in {libs}; every process that maps "
+            f"it pays ~{attach.COST_US} µs a call while watch runs"
             + ("; entry-only timing: samples are call periods, not latencies"
                if entry_only else ""))
 
     def check(self) -> str | None:
+        """Why the process is gone, or None; meanwhile, once, the line that nothing has been
+        timed :data:`QUIET_S` after the attach (on stderr while the run goes on)."""
+        if not self._quiet_said and self.reader is not None and not self.reader.calls and \
+                time.monotonic() - self._armed_at >= QUIET_S:
+            self._say_quiet()
         if process_alive(self.host, self.source.process):
             return None
         return f"attached process {self.source.process} exited"
+
+    def _say_quiet(self) -> None:
+        """What is armed, what else the process maps, and what to try instead."""
+        from agent.trace.attach import RUNTIMES
+        self._quiet_said = True
+        p, src = self._plan, self.source
+        armed = "; ".join(f"{r} {next(t.shown for t in p.targets if t.runtime == r)}"
+                          for r in p.runtimes)
+        ours = {os.path.basename(t.library) for t in p.targets}
+        libs = [n for n in p.mapped if ".so" in n and ".cpython-" not in n and n not in ours]
+        other = [n for n in libs if _ML.search(n)] or libs
+        more = f" and {len(other) - 8} more" if len(other) > 8 else ""
+        untried = [r.name for r in RUNTIMES if r.name not in p.runtimes
+                   and any(r.library.search(n) for n in p.mapped)]
+        hint = (f"--attach-runtime {' or '.join(untried)}" if untried else
+                "--attach-symbol LIB:SYMBOL (the function it calls once per inference)")
+        line = (f"--attach {src.process} ({p.comm}): nothing timed in "
+                f"{time.monotonic() - self._armed_at:.0f} s; armed: {armed}; it also maps "
+                f"{', '.join(other[:8]) or 'no other library'}{more}; if it is serving, try "
+                f"{hint}")
+        self.say(f"hftagent: warning: {line}")
+        self.warnings.append(line)
+
+    def exit_code(self) -> int:
+        """:data:`EXIT_NOTHING_TIMED` when the run timed no call (said on stderr too)."""
+        if self.reader is None or self.reader.calls:
+            return 0
+        if not self._quiet_said:
+            self._say_quiet()
+        return EXIT_NOTHING_TIMED
 
     def close(self) -> None:
         super().close()

@@ -43,6 +43,7 @@ class Given:
     attach_runtime: str | None = None
     attach_symbol: str | None = None
     unsafe_return: bool = False
+    attach_unsafe_library: bool = False
 
 
 class Source(ABC):
@@ -150,6 +151,11 @@ class Running(ABC):
     def end_warnings(self, lat: Any, hist: Any, cpu_busy: float | None) -> list[str]:
         """Its warnings at the end of the run (the built-in probe's load)."""
         return []
+
+    def exit_code(self) -> int:
+        """The run's exit status when nothing else failed: non-zero for a run that did not
+        do its job (an attached process of which no call was timed); 0 by default."""
+        return 0
 
     def stop(self) -> None:
         """Stop what it started (a worker, a ring it owns): nothing by default."""

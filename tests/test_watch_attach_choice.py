@@ -1,0 +1,260 @@
+"""`watch --attach PID` chooses the runtime whose calls arrive (issue #36 build 1): with
+several runtimes mapped, every candidate is armed, the trial (agent/trace/trial.py) keeps
+the outermost one per call and drops the others. A TF2 Keras model through `tf.function`, a
+TF1 `Session.run` loop and a LiteRT loop — each counting its own calls — are timed with the
+default choice (≥ 90 % of their calls); a TF process that makes no call gets the stderr line
+and exit 4.
+
+The real tests need root and tracefs with uprobe events (skipped otherwise), and TensorFlow
+or LiteRT in the venv; each starts one process of its own (TF's import takes seconds) and
+attaches only to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.trace import uprobe
+from agent.trace.attach import Plan, Target, check_text
+from agent.trace.trial import Trial
+from agent.watch.config import WatchConfig
+from agent.watch.latency.attached import EXIT_NOTHING_TIMED, Attached
+from agent.watch.session import WatchSession
+
+REPO = Path(__file__).resolve().parents[1]
+TRACEFS = Path("/sys/kernel/tracing")
+CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
+
+# A service that counts its own calls: it loads its model, says "ready", starts calling when
+# a line arrives on stdin, and on SIGTERM stops and prints how many calls it made.
+SERVICE = r"""
+import os, signal, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+os.sched_setaffinity(0, {int(sys.argv[2])})
+kind, stop = sys.argv[1], []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+if kind == "keras":
+    import tensorflow as tf
+    model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(16,
+                                 activation="relu"), tf.keras.layers.Dense(4)])
+    f, x = tf.function(model), tf.random.normal([4, 32])
+    call = lambda: f(x)
+elif kind == "tf1":
+    import numpy as np
+    import tensorflow as tf
+    g = tf.Graph()
+    with g.as_default():
+        ph = tf.compat.v1.placeholder(tf.float32, [4, 32])
+        out = tf.nn.relu(tf.matmul(ph, tf.ones([32, 16])))
+    sess, feed = tf.compat.v1.Session(graph=g), {ph: np.ones((4, 32), np.float32)}
+    call = lambda: sess.run(out, feed)
+elif kind == "litert":
+    import numpy as np
+    from ai_edge_litert.interpreter import Interpreter
+    it = Interpreter(model_path=sys.argv[3])
+    it.allocate_tensors()
+    inp = it.get_input_details()[0]
+    it.set_tensor(inp["index"], np.zeros(inp["shape"], inp["dtype"]))
+    call = it.invoke
+else:  # "idle": TF loaded, no inference ever
+    import tensorflow as tf
+    call = None
+if call is not None:
+    call()  # warm-up (traced or compiled), not counted
+print("ready", flush=True)
+sys.stdin.readline()
+n = 0
+while not stop:
+    if call is None:
+        time.sleep(0.05)
+        continue
+    call()
+    n += 1
+    time.sleep(0.002)
+print(n, flush=True)
+sys.stdin.readline()  # alive until told: watch is stopped first
+"""
+
+
+def _needs(module: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if not (TRACEFS / "instances").is_dir():
+        pytest.skip("tracefs not mounted at /sys/kernel/tracing")
+    why = uprobe.available(TRACEFS)
+    if why:
+        pytest.skip(why)
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    pytest.importorskip(module)
+
+
+def _cpu() -> int:
+    return max(os.sched_getaffinity(0))
+
+
+def _service(kind: str, *args: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", SERVICE, kind, str(_cpu()), *args],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    line = p.stdout.readline().strip()
+    if line != "ready":
+        p.kill()
+        pytest.fail(f"the {kind} service did not start: {line!r}")
+    return p
+
+
+def _timed(kind: str, *args: str) -> tuple[int, int, dict]:
+    """(calls the service made, calls watch timed, the attach info) for a service whose
+    calls all fall inside the attached run: it starts calling once the probes are armed and
+    stops (SIGTERM) before watch does."""
+    svc = _service(kind, *args)
+    cfg = WatchConfig(source=Attached(svc.pid, "python"), probe_cpus=[_cpu()],
+                      housekeeping_cpus=[c for c in os.sched_getaffinity(0) if c != _cpu()],
+                      duration_s=120, trace="on")
+    s = WatchSession(cfg, on_phase=lambda m: None)
+    rc: list[int] = []
+    t = threading.Thread(target=lambda: rc.append(s.run()), daemon=True)
+    try:
+        t.start()
+        deadline = time.monotonic() + 90  # (TF's 788 MB library: its symbols read cold)
+        while s.source.reader is None and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert s.source.reader is not None, s.warnings
+        svc.stdin.write("go\n")
+        svc.stdin.flush()
+        time.sleep(4)
+        svc.send_signal(signal.SIGTERM)
+        made = int(svc.stdout.readline())
+        time.sleep(1.0)  # the last calls' events read
+    finally:
+        s.request_stop()
+        t.join(60)
+        svc.kill()
+        svc.wait()
+    assert rc == [0], s.warnings
+    return made, s.samples, s.source.info
+
+
+@pytest.mark.slow
+def test_a_keras_model_through_tf_function_is_timed_by_default():
+    _needs("tensorflow")
+    made, timed, info = _timed("keras")
+    assert made >= 100, made
+    assert info["attach"]["candidates"][0:1] and "tf-python" in info["attach"]["candidates"]
+    assert info["attach"]["chosen"]["runtime"] == "tf-python", info["attach"]
+    assert timed >= 0.9 * made and timed <= made, (timed, made)
+
+
+@pytest.mark.slow
+def test_a_tf1_session_loop_is_timed_by_its_outermost_call():
+    _needs("tensorflow")
+    made, timed, info = _timed("tf1")
+    assert made >= 100, made
+    chosen = info["attach"]["chosen"]
+    assert chosen["runtime"] == "tf-c", chosen          # TF_SessionRun, not inside it
+    assert chosen["counts"]["tf-session"]["inside"].get("tf-c"), chosen
+    assert timed >= 0.9 * made and timed <= made, (timed, made)
+
+
+@pytest.mark.slow
+def test_a_litert_loop_is_timed_by_default():
+    _needs("ai_edge_litert")
+    made, timed, info = _timed("litert", str(REPO / "bench/models/lstm-64x32.tflite"))
+    assert made >= 100, made
+    assert info["attach"]["candidates"][0] == "litert"  # (its wheel maps libLiteRt.so too)
+    if len(info["attach"]["candidates"]) > 1:
+        assert info["attach"]["chosen"]["runtime"] == "litert", info["attach"]
+    assert timed >= 0.9 * made and timed <= made, (timed, made)
+
+
+@pytest.mark.slow
+def test_a_tf_process_that_makes_no_call_is_said_and_exits_non_zero():
+    _needs("tensorflow")
+    svc = _service("idle")
+    before = (TRACEFS / "uprobe_events").read_text()
+    try:
+        r = subprocess.run([*CLI, "watch", "--attach", str(svc.pid), "--duration", "7",
+                            "--no-live", "--no-history", "--trace", "on", "--json"],
+                           cwd=REPO, capture_output=True, text=True, timeout=180)
+    finally:
+        svc.kill()
+        svc.wait()
+    assert r.returncode == EXIT_NOTHING_TIMED, r.stderr
+    said = [ln for ln in r.stderr.splitlines() if "nothing timed" in ln]
+    assert len(said) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "armed: " in said[0] and "tf-python" in said[0] and "tf-c" in said[0], said
+    assert "try --attach-symbol" in said[0], said
+    assert json.loads(r.stdout)["samples"] == 0
+    assert (TRACEFS / "uprobe_events").read_text() == before
+
+
+# -- the trial's counting, on events given by hand ------------------------------------------
+
+def _trial(**kw) -> Trial:
+    runtime_of = {"call0": "tf-c", "ret0": "tf-c", "call1": "tf-python", "ret1": "tf-python",
+                  "call2": "tf-session", "ret2": "tf-session"}
+    return Trial(runtime_of, ["tf-c", "tf-python", "tf-session"],
+                 lambda n: n.startswith("ret"), **kw)
+
+
+def test_the_outermost_runtime_wins_and_the_nested_one_is_counted_inside():
+    t = _trial(calls=3)
+    for i in range(3):
+        base = 1000 * i
+        for name, ts in (("call0", 1), ("call2", 2), ("ret2", 3), ("ret0", 4)):
+            t.feed(7, name, base + ts)
+    assert t.winner() == "tf-c"
+    assert t.tally["tf-session"].inside == {"tf-c": 3} and t.tally["tf-session"].outermost == 0
+    assert t.decided(now_ns=3000)
+    assert t.counts() == "tf-c 3 outermost; tf-python 0; tf-session 3 (3 inside tf-c)"
+
+
+def test_threads_are_apart_and_a_lost_return_starts_afresh():
+    t = _trial()
+    t.feed(1, "call0", 10)
+    t.feed(2, "call1", 11)      # another thread: outermost too, not inside tf-c
+    t.feed(1, "call0", 20)      # thread 1's first return was lost
+    t.feed(1, "call1", 21)      # inside thread 1's open tf-c call
+    assert t.tally["tf-c"].outermost == 2 and t.tally["tf-python"].outermost == 1
+    assert t.tally["tf-python"].inside == {"tf-c": 1}
+    t.feed(3, "ret1", 30)       # a return without its entry: nothing
+    assert t.tally["tf-python"].entries == 2
+
+
+def test_nothing_is_decided_before_a_call_and_time_decides_a_slow_caller():
+    t = _trial(calls=20, seconds=2.0)
+    assert t.winner() is None and not t.decided(now_ns=10**12)
+    t.feed(5, "call1", 1_000_000_000)
+    t.feed(5, "ret1", 1_000_100_000)
+    assert t.winner() == "tf-python" and not t.decided(now_ns=2_500_000_000)
+    assert t.decided(now_ns=3_000_000_000)
+
+
+def test_a_tie_goes_to_the_catalogue_order():
+    t = _trial()
+    t.feed(1, "call1", 1)
+    t.feed(1, "ret1", 2)
+    t.feed(1, "call0", 3)
+    t.feed(1, "ret0", 4)
+    assert t.winner() == "tf-c"
+
+
+def test_attach_check_says_the_choice_is_made_by_trial():
+    def tgt(rt: str, shown: str) -> Target:
+        return Target(rt, "/x/lib.so", "/proc/1/map_files/1-2", shown, shown, 0x10,
+                      "push %rbp", ".dynsym", True)
+    p = Plan(1, "python", [tgt("tf-c", "TF_SessionRun"),
+                           tgt("tf-python", "TFE_Py_ExecuteCancelable")])
+    text = "\n".join(check_text(p))
+    assert "by trial at attach time" in text and "(tf-c, tf-python)" in text
+    assert p.to_dict()["candidates"] == ["tf-c", "tf-python"]
+    one = Plan(1, "python", [tgt("litert", "Invoke")])
+    assert "by trial" not in "\n".join(check_text(one)) and one.to_dict()["choice"] is None
