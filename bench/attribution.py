@@ -8,8 +8,9 @@ own tasks or the host (hidden time, a late wake-up of an idle CPU: :func:`backgr
 counted apart, with right/wrong and culprit naming over the rest. ``--rescore`` scores the
 spike logs of an earlier run (``--log-dir``) again without running anything. The
 softirq flood's sender and receiver run on a third CPU where the host has one
-(:func:`helper_cpu`; on a 2-CPU VM they share watch's). Needs root for softirq_flood (RPS) and
-memory_pressure (process_madvise, and swapon of a temporary swap file when there is none).
+(:func:`helper_cpu`; on a 2-CPU VM they share watch's). Needs root for softirq_flood (RPS),
+memory_pressure and weights_pageout (process_madvise, and for memory_pressure swapon of a
+temporary swap file when there is none).
 
     .venv/bin/python bench/attribution.py --probe numpy --duration 20 --json out.json
 
@@ -19,7 +20,12 @@ model, or ``--model m.tflite`` on LiteRT) watched as an external process (``watc
 its calls come through agent.client's ring). ``attach`` (``watch --attach``, the same service
 timed by uprobes without the client) plugs in at :func:`watch_config`. The faults that need the
 service's switches (lock_holder, pipe_late, sleep_in_call, idle_wakeup) run only with
-``--source service``; sigstop stops either.
+``--source service``; sigstop stops either. weights_pageout (issue #35) drops the pages of the
+service's weights, mapped from a file (the numpy model is started with ``--mapped-weights``;
+LiteRT maps its .tflite); smt_sibling_hog is skipped with one line where the probe CPU has no
+SMT sibling. ``--gpu`` (issue #36) runs bench/gpu_service.py (a jitted JAX model) and the GPU
+faults (kit.GPU_FAULTS) instead, with ``--source service`` or ``attach`` (JAX's dispatch,
+:data:`GPU_ATTACH_SYMBOL`); where JAX or its GPU is missing it says so in one line and exits 0.
 
 The not-runnable faults (kit.EXPECTED_BY) are scored on the cause's name and, where the spike
 record carries it, on who ended the stall. The contract the watch side follows: the entry of
@@ -85,8 +91,12 @@ def watch_config(args, probe_cpu: int, hk_cpu: int, svc: Service | None) -> Watc
     from agent.watch.latency.ring import ClientRing
     source = BuiltinProbe(args.probe, rate_hz=args.rate)
     if svc is not None:  # attach: uprobes on the unmodified service; else its client ring
-        source = {"attach": Attached(svc.pid, "service", runtime="litert")}.get(
-            getattr(args, "source", "probe"), ClientRing(svc.pid))
+        attached = Attached(svc.pid, "service", runtime="litert")
+        if getattr(args, "gpu", False):  # JAX: no runtime of the catalogue, a symbol
+            attached = Attached(svc.pid, "service", symbol=args.attach_symbol,
+                                unsafe_return=True)
+        source = {"attach": attached}.get(getattr(args, "source", "probe"),
+                                          ClientRing(svc.pid))
     return WatchConfig(source=source, probe_cpus=[probe_cpu], housekeeping_cpus=[hk_cpu],
                        duration_s=None, k_p50=args.k, spike_log=None, baseline_s=10.0,
                        sampler=args.sampler, trace=args.trace, nice=args.watch_nice)
@@ -97,9 +107,17 @@ def run_one(fault: str | None, args, probe_cpu: int, hk_cpu: int) -> dict:
     if args.source in ("service", "attach"):
         # started here, on the main thread: its PR_SET_PDEATHSIG follows the thread that
         # started it; it outlives the run by a margin and is stopped below
-        svc = Service(cpu=probe_cpu, rate=args.rate,
-                      model=args.model or {"attach": ATTACH_MODEL}.get(args.source),
-                      seconds=args.settle + args.duration + 120)
+        seconds = args.settle + args.duration + 120
+        if args.gpu:
+            from bench.gpu_service import GpuService
+            svc = GpuService(cpu=probe_cpu, rate=args.rate, seconds=seconds)
+        else:
+            model = args.model or {"attach": ATTACH_MODEL}.get(args.source)
+            # weights_pageout drops the pages of the numpy model's mapped weights (LiteRT
+            # maps its .tflite itself)
+            mapped = "/var/tmp" if fault == "weights_pageout" and not model else None
+            svc = Service(cpu=probe_cpu, rate=args.rate, model=model, seconds=seconds,
+                          mapped_weights=mapped)
     try:
         res = _run_watch(fault, args, probe_cpu, hk_cpu, svc)
     finally:
@@ -214,6 +232,37 @@ def _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, svc=None
     elif fault == "migration":
         stack.enter_context(kit.migration(pid, (probe_cpu, hk_cpu),
                                           hz=args.migration_hz))
+    else:
+        _start_new_fault(fault, stack, args, pid, probe_cpu, hk_cpu, params, svc)
+
+
+def _start_new_fault(fault, stack, args, pid, probe_cpu, hk_cpu, params, svc) -> None:
+    """The on-CPU faults (issue #35) and the GPU faults (issue #36): ``params["injected"]``
+    is the fault's own account, filled when it ends."""
+    helper = helper_cpu(probe_cpu, hk_cpu)
+    if fault == "smt_sibling_hog":
+        inj = stack.enter_context(kit.smt_sibling_hog(probe_cpu))
+    elif fault == "gpu_other_process":
+        inj = stack.enter_context(kit.gpu_other_process(cpu=helper))
+    elif fault == "gpu_enqueue_hog":  # cpu_hog_rt's bursts on the service's CPU
+        params["rt_burst_ms"] = burst = kit.rt_burst_for((params.get("p50_us") or 500.0) / 1e3)
+        rt = kit.rt_permitted()
+        inj = kit.Injected(stack.enter_context(kit.cpu_hog(
+            probe_cpu, burst_ms=burst, rt_prio=1 if rt else 0, nice=0 if rt else -10)))
+    elif svc is None:
+        raise RuntimeError(f"{fault} needs --source service or attach")
+    elif fault == "weights_pageout":
+        if not svc.info.get("weights"):
+            raise RuntimeError("weights_pageout: the service reads no weights from a file")
+        inj = stack.enter_context(kit.weights_pageout(svc.pid, svc.info["weights"],
+                                                      hz=args.stalls_per_s, cpu=helper))
+    elif fault == "gpu_long_kernel":
+        inj = stack.enter_context(kit.gpu_long_kernel(svc, args.stalls_per_s))
+    elif fault == "gpu_big_copy":
+        inj = stack.enter_context(kit.gpu_big_copy(svc, args.stalls_per_s))
+    else:
+        raise RuntimeError(f"{fault}: not a fault of bench/faults/kit.py")
+    params.update(pids=list(inj), injected=inj.info)
 
 
 def _start_not_runnable(fault, stack, args, pid, helper, params, svc) -> None:
@@ -699,7 +748,8 @@ def _check_delta(a: dict, b: dict, dt: float, probe_cpu: int) -> dict:
                              for k in ("nr_throttled", "throttled_usec")} if a["cgroup"] else None}
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (main's)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--probe", default="numpy", choices=("numpy", "tf"))
     ap.add_argument("--rate", default="500",
@@ -721,7 +771,15 @@ def main() -> int:
     ap.add_argument("--model", help="--source service: a .tflite model the service runs on "
                     "LiteRT (default: the numpy LSTM-shaped probe)")
     ap.add_argument("--faults", help="comma-separated: none and kit.EXPECTED's names "
-                    f"(default: {DEFAULT_FAULTS} for the probe, every fault for the service)")
+                    f"(default: {DEFAULT_FAULTS} for the probe, every fault but the GPU's "
+                    f"for the service, {GPU_DEFAULT_FAULTS} with --gpu)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU fault group: bench/gpu_service.py (a jitted JAX model) "
+                    "instead of bench/service.py (--source service or attach); skipped with "
+                    "one line, exit 0, where JAX or its GPU is missing")
+    ap.add_argument("--attach-symbol", default=GPU_ATTACH_SYMBOL,
+                    help="--gpu --source attach: the LIB:SYMBOL timed (default: jaxlib's "
+                    "dispatch of a jitted call, which returns before the GPU is done)")
     ap.add_argument("--hold-ms", type=float, default=5.0,
                     help="not-runnable faults: how long each stall is")
     ap.add_argument("--stalls-per-s", type=float, default=4.0,
@@ -738,7 +796,12 @@ def main() -> int:
     ap.add_argument("--rescore", metavar="JSON",
                     help="run nothing: score again the spike logs in --log-dir of the run "
                     "that wrote JSON (its faults and their parameters), and print the tables")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
     if args.rescore:
         if not args.log_dir:
             ap.error("--rescore needs the --log-dir that run wrote")
@@ -752,11 +815,15 @@ def main() -> int:
             with open(args.json, "w") as fh:
                 json.dump({"rescored": args.rescore, "results": out}, fh, indent=1)
         return 0
-    faults = fault_list(args.faults, args.source)
-    if isinstance(faults, str) or args.model and args.source == "probe":
-        why = faults if isinstance(faults, str) else "--model is the service's (--source service)"
+    faults = fault_list(args.faults, args.source, args.gpu)
+    if isinstance(faults, str) or args.model and (args.source == "probe" or args.gpu):
+        why = faults if isinstance(faults, str) else \
+            "--model is bench/service.py's (--source service, no --gpu)"
         print(f"attribution: {why}", file=sys.stderr)
         return 2
+    if args.gpu and (why := kit.jax_gpu_missing()):
+        print(f"attribution: --gpu skipped: {why}", file=sys.stderr)
+        return 0
     online = sorted(os.sched_getaffinity(0))
     probe_cpu, hk_cpu = online[-1], online[0]
     if args.rate == "auto":
@@ -769,6 +836,9 @@ def main() -> int:
         args.rate = float(args.rate)
     out = []
     for f in faults:
+        if why := unsupported(f, probe_cpu):
+            print(f"attribution: {f} skipped: {why}", file=sys.stderr)
+            continue
         try:
             res = run_one(None if f == "none" else f, args, probe_cpu, hk_cpu)
         except RuntimeError as exc:  # the service did not start (ServiceError), one line
@@ -786,24 +856,48 @@ def main() -> int:
 
 ATTACH_MODEL = str(Path(__file__).resolve().parent / "models" / "lstm-64x32.tflite")
 DEFAULT_FAULTS = ("none,cpu_hog,cpu_hog_rt,softirq_flood,memory_pressure,oversubscription,"
-                  "migration")
+                  "migration,smt_sibling_hog")
+# --gpu: bench/gpu_service.py and its faults
+GPU_DEFAULT_FAULTS = ",".join(["none", *kit.GPU_FAULTS])
+# What --source attach times in bench/gpu_service.py (JAX has no runtime in
+# agent/trace/attach.py's catalogue): jaxlib's vectorcall of a jitted function, once per
+# call, returning NULL on an error (no C++ exception crosses it: a return probe is safe).
+# JAX dispatches asynchronously: the call returns once the work is queued, and the copy
+# back, which waits for the GPU, comes after it — attach times the enqueue part only.
+GPU_ATTACH_SYMBOL = "libjax_common:PjitFunction_tp_vectorcall"
 
 
-def fault_list(text: str | None, source: str) -> list[str] | str:
+def fault_list(text: str | None, source: str, gpu: bool = False) -> list[str] | str:
     """The faults to run, in order, or why not (one line): ``none`` and kit.EXPECTED's
-    names; the service's switches only with ``--source service``."""
+    names; the service's switches only with ``--source service`` (or attach); the GPU
+    faults only with ``--gpu`` (bench/gpu_service.py), which has no probe source."""
     if text is None:
-        text = DEFAULT_FAULTS if source == "probe" else ",".join(["none", *kit.EXPECTED])
+        text = GPU_DEFAULT_FAULTS if gpu else DEFAULT_FAULTS if source == "probe" else \
+            ",".join(["none", *(f for f in kit.EXPECTED if f not in kit.GPU_FAULTS)])
     names = [f.strip() for f in text.split(",") if f.strip()]
     if not names:
         return "--faults: no fault named"
     unknown = [f for f in names if f != "none" and f not in kit.EXPECTED]
     if unknown:
         return f"--faults: unknown {', '.join(unknown)} (known: none, {', '.join(kit.EXPECTED)})"
+    if gpu and source == "probe":
+        return "--gpu times bench/gpu_service.py: --source service or attach"
     need = [f for f in names if f in kit.SERVICE_FAULTS]
     if need and source == "probe":
         return f"--faults: {', '.join(need)} need the service's switches (--source service)"
+    need = [f for f in names if f in kit.GPU_FAULTS]
+    if need and not gpu:
+        return f"--faults: {', '.join(need)} need --gpu (bench/gpu_service.py)"
+    if gpu and "weights_pageout" in names:
+        return "--faults: weights_pageout is bench/service.py's (not with --gpu)"
     return names
+
+
+def unsupported(fault: str, probe_cpu: int) -> str | None:
+    """Why ``fault`` cannot run on this box (one line), or None."""
+    if fault == "smt_sibling_hog" and not kit.smt_siblings(probe_cpu):
+        return f"unsupported: no SMT sibling of CPU {probe_cpu}"
+    return None
 
 
 def rescore(path: str, log_dir: str) -> list[dict]:

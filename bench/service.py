@@ -9,6 +9,9 @@ reads through the client's latency ring today and ``watch --attach PID`` will ti
 the client (uprobes on LiteRT's invoke). The model is the numpy LSTM-shaped recurrence of
 watch's built-in probe (:func:`agent.watch.probe_worker.build_numpy_probe`) by default, or a
 ``.tflite`` file run by LiteRT's ``ai_edge_litert.interpreter.Interpreter`` (one thread).
+``--mapped-weights`` reads the numpy model's weights from a file it maps (written to
+``--weights-dir``, unlinked at once: :func:`map_weights`), so reclaim of those pages
+(kit.weights_pageout) makes the calls that read them take page faults.
 
 The loop is the probe worker's (agent/watch/probe_worker.py): call ``i`` is intended to start
 at ``begin + i / rate``; it sleeps until ``SPIN_US`` before that, spins up to it, and records
@@ -49,7 +52,8 @@ on stdout, ``{"ctl": KIND, "ok": true, ...}`` or ``{"ctl": KIND, "ok": false, "e
 Nothing inside the service is needed for SIGSTOP/SIGCONT (kit.sigstop sends them).
 
 Start-up prints one JSON line on stdout: ``{"ready": true, "pid", "tid" (the call thread),
-"ring", "dir", "model", "rate_hz", "cpu", "warmup_p50_us"}``, or ``{"error": ...}`` (and one
+"ring", "dir", "model", "weights" (the file its weights are read from, or null), "rate_hz",
+"cpu", "warmup_p50_us"}``, or ``{"error": ...}`` (and one
 line on stderr) with exit 2 on bad input (a CPU not allowed, a bad rate, a missing model,
 LiteRT not installed). ``DIR`` is a private directory (``mkdtemp``, mode 0700) holding the
 FIFOs, removed at exit with the ring. The service stops by itself after ``--seconds``, on
@@ -111,16 +115,17 @@ class Switches:
         self.idle = False
         self.slack_ns = 0
         self.idle_per_s = 0.0
-        self.next_ns = dict.fromkeys(KINDS, 0)
+        self.gpu: dict[str, float] = {}  # bench/gpu_service.py's switches: kind → PER_S
+        self.next_ns: dict[str, int] = {}  # per switch kind (a subclass's kinds too)
         self.counts = {"lock_holds": 0, "pipe_asks": 0, "pipe_broken": 0, "sleeps": 0,
                        "slack_sleeps": 0}
 
     def due(self, kind: str, per_s: float, now: int) -> bool:
         """Whether a stall of ``kind`` is due now (``per_s`` a second on average, each
         interval uniform in 0.5-1.5 × the mean: never in phase with the call schedule)."""
-        if per_s <= 0 or now < self.next_ns[kind]:
+        if per_s <= 0 or now < self.next_ns.get(kind, 0):
             return False
-        first = self.next_ns[kind] == 0
+        first = self.next_ns.get(kind, 0) == 0
         self.next_ns[kind] = now + int(self.rng.uniform(0.5, 1.5) * 1e9 / per_s)
         return not first  # the first interval starts when the switch is turned on
 
@@ -158,7 +163,10 @@ def _number(text: str, what: str, lo: float, hi: float) -> float:
 
 class Control:
     """The control FIFO (``DIR/ctl``, opened O_RDWR|O_NONBLOCK: it never waits for a writer
-    and never reads EOF), its commands, and their answers on stdout."""
+    and never reads EOF), its commands, and their answers on stdout. A subclass adds
+    switches: its ``KINDS`` and an ``on``/``off`` that handle them (bench/gpu_service.py)."""
+
+    KINDS: tuple[str, ...] = KINDS
 
     def __init__(self, directory: Path, sw: Switches) -> None:
         self.dir = directory
@@ -188,8 +196,9 @@ class Control:
         try:
             if kind == "stats":
                 return {"ctl": kind, "ok": True, **self.sw.counts}
-            if kind not in KINDS:
-                raise ValueError(f"unknown switch {kind!r} (known: {', '.join(KINDS)}, stats)")
+            if kind not in self.KINDS:
+                raise ValueError(f"unknown switch {kind!r} (known: {', '.join(self.KINDS)}, "
+                                 "stats)")
             if words[1:] == ["off"]:
                 self.off(kind)
                 return {"ctl": kind, "ok": True, "off": True, **self.sw.counts}
@@ -297,16 +306,62 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def build_model(path: str | None):
-    """(callable, description): the numpy LSTM-shaped probe, or a ``.tflite`` model on
-    LiteRT's interpreter (one thread, a fixed random input of its input's shape and dtype,
-    dynamic dims 1). Raises ValueError with the reason."""
+def map_weights(w, directory: str):
+    """(a read-only array of ``w``'s values mapped from a file, the file's path): ``w``
+    written to a new file in ``directory`` (``mkstemp``: O_EXCL, an unpredictable name, mode
+    0600), mapped MAP_SHARED read-only, and unlinked at once — nothing is left behind on any
+    exit path, and the mapping (``/proc/PID/maps``: the path with " (deleted)") keeps the
+    inode. Its pages are page-cache pages of that file: reclaim (kit.weights_pageout) drops
+    them and the next call that reads them takes page faults. ``directory`` must be on a
+    block-backed filesystem (on tmpfs without swap the pages cannot be dropped)."""
+    import mmap
+
+    import numpy as np
+    try:
+        fd, path = tempfile.mkstemp(prefix="hftagent-weights-", suffix=".bin", dir=directory)
+    except OSError as exc:
+        raise ValueError(f"--mapped-weights: cannot create a file in {directory}: "
+                         f"{exc.strerror}") from None
+    try:
+        data = np.ascontiguousarray(w).tobytes()
+        os.write(fd, data)
+        # written back now: reclaim frees a clean file page at once, a dirty one only after
+        # writeback (MADV_PAGEOUT of a dirty page left it cached: minor faults, not major)
+        os.fsync(fd)
+        mm = mmap.mmap(fd, len(data), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        # no readahead, no fault-around: each page is read back on a major fault of its own,
+        # as the pages of weights scattered over a larger model file are (with readahead the
+        # 80 pages came back in 1 major and 5 minor faults: a call 2× its P50, no spike)
+        mm.madvise(mmap.MADV_RANDOM)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return np.frombuffer(mm, dtype=w.dtype).reshape(w.shape), path
+
+
+def build_model(path: str | None, weights_dir: str | None = None):
+    """(callable, description): the numpy LSTM-shaped probe (its weights mapped from a file
+    in ``weights_dir`` when given: :func:`map_weights`), or a ``.tflite`` model on LiteRT's
+    interpreter (one thread, a fixed random input of its input's shape and dtype, dynamic
+    dims 1). The callable's ``weights`` attribute is the file its weights are read from (the
+    mapped file; the .tflite, which LiteRT maps), None for numpy's own arrays. Raises
+    ValueError with the reason."""
     if not path:
-        from agent.watch.probe_worker import build_numpy_probe
-        return build_numpy_probe()
+        from agent.probe.numpy_model import NumpyLSTM
+        m = NumpyLSTM()
+        weights = None
+        if weights_dir is not None:
+            m.w, weights = map_weights(m.w, weights_dir)
+        fn = m.bind(m.sample)
+        fn.weights = weights  # type: ignore[attr-defined]
+        return fn, f"numpy-lstm [1,{m.steps},{m.features}]→{m.hidden}" + (
+            " (weights mapped)" if weights else "")
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"--model {path}: no such file")
+    if weights_dir is not None:
+        raise ValueError("--mapped-weights is for the numpy model (LiteRT maps the .tflite "
+                         "itself: kit.weights_pageout targets that file)")
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
@@ -332,10 +387,20 @@ def build_model(path: str | None):
         set_tensor(idx, x)
         invoke()
     call.interpreter = it  # type: ignore[attr-defined]  # keeps it alive
+    call.weights = str(p.resolve())  # type: ignore[attr-defined]
     return call, f"litert {p.name} {shape}"
 
 
-def serve(args: argparse.Namespace) -> int:
+def _build(args: argparse.Namespace, sw: Switches):
+    """The model of the command line (:func:`build_model`); ``sw``: for a model whose call
+    path has switches of its own (bench/gpu_service.py's), unused here."""
+    return build_model(args.model, args.weights_dir if args.mapped_weights else None)
+
+
+def serve(args: argparse.Namespace, build=_build, control=None) -> int:
+    """Serve until ``--seconds``, a signal or the parent's end. ``build(args, sw)`` makes
+    the model's (callable, description); ``control(dir, sw)`` the control FIFO's reader
+    (:class:`Control`, or a subclass with more switches: bench/gpu_service.py)."""
     if not args.rate > 0 or args.rate > 100_000:
         return _fail(f"--rate must be in (0, 100000] calls a second, not {args.rate:g}")
     if not 0 < args.seconds <= 1e7:
@@ -366,8 +431,9 @@ def serve(args: argparse.Namespace) -> int:
         stop["flag"] = True
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    sw = Switches()
     try:
-        fn, desc = build_model(args.model)
+        fn, desc = build(args, sw)
     except ValueError as exc:
         return _fail(str(exc))
     from agent.client import LatencyRing, RingError
@@ -379,8 +445,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         for name in ("ctl", "req", "rsp"):
             os.mkfifo(directory / name, 0o600)
-        sw = Switches()
-        ctl = Control(directory, sw)
+        ctl = (control or Control)(directory, sw)
         try:
             from agent.probe.harness import warm_up
             try:
@@ -392,6 +457,7 @@ def serve(args: argparse.Namespace) -> int:
             p50 = int(np.median(wu.latency_ns)) if len(wu.latency_ns) else 0
             _say({"ready": True, "pid": os.getpid(), "tid": threading.get_native_id(),
                   "ring": str(ring.path), "dir": str(directory), "model": desc,
+                  "weights": getattr(fn, "weights", None),
                   "rate_hz": args.rate, "cpu": cpu, "warmup_p50_us": round(p50 / 1e3, 1)})
             calls = _loop(args, fn, ring, sw, ctl, stop, parent, libc)
         finally:
@@ -515,12 +581,17 @@ class ServiceError(RuntimeError):
 class Service:
     """A running bench/service.py: ``pid``, ``tid`` (its call thread), ``ring``, ``dir``,
     ``info`` (its ready line). Start it from a thread that outlives it (see the module
-    docstring: PR_SET_PDEATHSIG)."""
+    docstring: PR_SET_PDEATHSIG). ``mapped_weights``: the numpy model's weights mapped from a
+    file in that directory (``--mapped-weights --weights-dir``); ``extra``: more arguments of
+    the ``SCRIPT`` (a subclass's: bench/gpu_service.py)."""
+
+    SCRIPT = Path(__file__).resolve()
 
     def __init__(self, cpu: int | None = None, rate: float = 500.0, seconds: float = 600.0,
                  model: str | None = None, plain: bool = False, warmup: int = 200,
-                 start_timeout: float = 120.0) -> None:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--rate", str(rate),
+                 start_timeout: float = 120.0, mapped_weights: str | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        cmd = [sys.executable, str(self.SCRIPT), *extra, "--rate", str(rate),
                "--seconds", str(seconds), "--warmup", str(warmup),
                "--parent", str(os.getpid())]
         if cpu is not None:
@@ -529,6 +600,8 @@ class Service:
             cmd += ["--model", model]
         if plain:
             cmd.append("--plain")
+        if mapped_weights:
+            cmd += ["--mapped-weights", "--weights-dir", mapped_weights]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, bufsize=0, cwd=str(ROOT),
                                      start_new_session=True)
@@ -625,18 +698,29 @@ class Service:
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/service.py", description=__doc__.split("\n\n")[0])
+def parser(prog: str = "bench/service.py", description: str = "") -> argparse.ArgumentParser:
+    """The options every service shares (bench/gpu_service.py adds its own)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--cpu", type=int, help="the CPU it runs on (default: the last online)")
     ap.add_argument("--rate", type=float, default=500.0, help="calls a second (open loop)")
     ap.add_argument("--seconds", type=float, default=600.0, help="stop after this long")
-    ap.add_argument("--model", help="a .tflite model run by LiteRT (default: the numpy "
-                    "LSTM-shaped probe)")
     ap.add_argument("--plain", action="store_true", help="record calls as an application "
                     "does (agent.client start/end: no in-process evidence)")
     ap.add_argument("--ring", help="the latency ring's path (default: agent.client's)")
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--parent", type=int, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="a .tflite model run by LiteRT (default: the numpy "
+                    "LSTM-shaped probe)")
+    ap.add_argument("--mapped-weights", action="store_true", help="the numpy model's weights "
+                    "read from a file mapped read-only (written to --weights-dir and unlinked "
+                    "at once): kit.weights_pageout drops its pages, calls fault them back")
+    ap.add_argument("--weights-dir", default="/var/tmp", help="where --mapped-weights writes "
+                    "its file (a block-backed filesystem; default /var/tmp)")
     return serve(ap.parse_args(argv))
 
 

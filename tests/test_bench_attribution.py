@@ -243,7 +243,8 @@ def test_fault_list_accepts_the_new_names_for_the_service_only():
     from bench.attribution import DEFAULT_FAULTS, fault_list
     from bench.faults import kit
     assert fault_list(None, "probe") == DEFAULT_FAULTS.split(",")
-    assert fault_list(None, "service") == ["none", *kit.EXPECTED]
+    assert fault_list(None, "service") == [
+        "none", *(f for f in kit.EXPECTED if f not in kit.GPU_FAULTS)]
     assert fault_list("none,sigstop,cpu_hog", "probe") == ["none", "sigstop", "cpu_hog"]
     assert "need the service's switches" in fault_list("lock_holder", "probe")
     assert fault_list("lock_holder, idle_wakeup", "service") == ["lock_holder", "idle_wakeup"]
@@ -609,3 +610,219 @@ def test_verdicts_that_contradict_the_calls_complete_timeline_are_counted(capsys
     report([{**s, "fault": "cpu_hog", "p50_us": 400, "p99_us": 900}])
     assert "verdicts that contradict the call's complete timeline: 5 of 10 (target 0)" in \
         capsys.readouterr().out
+
+
+# -- on-CPU faults (issue #35): page faults inside the call, a busy SMT sibling -----------------
+
+
+@pytest.mark.slow
+def test_weights_pageout_makes_the_calls_read_the_weights_back_in_major_faults(tmp_path):
+    """The service's weights mapped from a file (--mapped-weights), their pages dropped 5 times
+    a second: the calls that carry major faults (the service's getrusage delta) follow the
+    rounds that dropped pages, and their faults the pages dropped."""
+    from agent.client import RingReader
+    from bench.faults import kit
+    from bench.service import Service
+    online = sorted(os.sched_getaffinity(0))
+    with Service(cpu=online[-1], rate=RATE, seconds=120, warmup=20,
+                 mapped_weights="/var/tmp") as svc:
+        path = svc.info["weights"]
+        assert path and not os.path.exists(path)  # unlinked once mapped
+        assert kit.file_mappings(svc.pid, path)  # ... and mapped
+        reader = RingReader(svc.ring)
+        reader.read()
+        with kit.weights_pageout(svc.pid, path, hz=PER_S, cpu=online[0]) as inj:
+            time.sleep(2.0)
+        recs = reader.read()
+        reader.close()
+    n, pages = inj.info["injected"], inj.info["pages"]
+    if n == 0:
+        pytest.skip(f"no page of {path} was dropped: its filesystem keeps them (tmpfs?)")
+    majflt = _col(recs, "majflt")
+    faulted = int((majflt >= 1).sum())
+    # a round during a call splits its pages over that call and the next; one after the
+    # helper's last count may be in the records too
+    assert 0.8 * n <= faulted <= 2 * n + 2, (faulted, n)
+    assert majflt.sum() >= 0.8 * pages
+    assert not list(Path("/var/tmp").glob("hftagent-weights-*"))
+
+
+def test_weights_pageout_of_a_file_the_process_does_not_map_is_one_error(tmp_path):
+    from bench.faults import kit
+    with pytest.raises(RuntimeError, match=f"maps no file {tmp_path}/w.bin$"):
+        with kit.weights_pageout(os.getpid(), str(tmp_path / "w.bin")):
+            pass
+
+
+def test_mapped_weights_are_for_the_numpy_model(tmp_path):
+    p = subprocess.run([sys.executable, str(SERVICE), "--mapped-weights", "--model",
+                        str(SERVICE)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert p.stderr.startswith("service: --mapped-weights is for the numpy model")
+    p = subprocess.run([sys.executable, str(SERVICE), "--mapped-weights", "--weights-dir",
+                        str(tmp_path / "none")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr == (f"service: --mapped-weights: cannot create a file in {tmp_path}/none: "
+                        "No such file or directory\n")
+
+
+def _siblings_tree(tmp_path, cpu: int, siblings: str):
+    from collectors.host import Host
+    topo = tmp_path / "sys" / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+    topo.mkdir(parents=True)
+    (topo / "thread_siblings_list").write_text(siblings + "\n")
+    return Host(sysfs=tmp_path / "sys")
+
+
+def test_smt_sibling_hog_is_unsupported_without_a_sibling(tmp_path):
+    from bench.attribution import unsupported
+    from bench.faults import kit
+    host = _siblings_tree(tmp_path, 1, "1")
+    with pytest.raises(kit.Unsupported) as e:
+        with kit.smt_sibling_hog(1, host=host):
+            pass
+    assert str(e.value) == "smt_sibling_hog: unsupported: no SMT sibling of CPU 1"
+    assert kit.smt_siblings(1, _siblings_tree(tmp_path / "b", 1, "1,9")) == [9]
+    # the bench skips it with one line where this box's CPU has none
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    assert (unsupported("smt_sibling_hog", cpu) is None) == bool(kit.smt_siblings(cpu))
+    if not kit.smt_siblings(cpu):
+        assert unsupported("smt_sibling_hog", cpu) == f"unsupported: no SMT sibling of CPU {cpu}"
+
+
+@pytest.mark.slow
+def test_smt_sibling_hog_runs_its_bursts_on_the_sibling_only(tmp_path):
+    """A tree saying another online CPU is the probe CPU's sibling: the hog runs there (its
+    affinity, the CPU it last ran on) and counts the bursts it ran while it used CPU time."""
+    from bench.faults import kit
+    from collectors.host import Host
+    online = sorted(os.sched_getaffinity(0))
+    if len(online) < 2:
+        pytest.skip("one CPU")
+    probe, other = online[-1], online[0]
+    live = Host()
+    with kit.smt_sibling_hog(probe, on_ms=20, period_ms=100,
+                             host=_siblings_tree(tmp_path, probe, f"{other},{probe}")) as inj:
+        pid = inj[0]
+        assert os.sched_getaffinity(pid) == {other} and inj.info["sibling"] == other
+
+        def stat() -> list[str]:
+            f = live.read(live.proc(pid, "stat")).value
+            return f[f.rfind(")") + 2:].split()
+        ready = int(stat()[11]) + int(stat()[12])  # its start (numpy's import) before bursts
+        for _ in range(600):  # until its bursts ran 5 ticks (conditions, not a wall time)
+            f = stat()
+            if int(f[11]) + int(f[12]) >= ready + 5:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the hog never ran")
+        assert int(f[36]) == other
+    assert inj.info["injected"] >= 1
+    assert not live.exists(live.proc(pid))  # stopped by its pid
+
+
+# -- GPU faults (issue #36): what runs without a GPU ---------------------------------------------
+
+GPU_SERVICE = Path(__file__).resolve().parents[1] / "bench" / "gpu_service.py"
+
+
+def test_gpu_faults_need_gpu_and_a_service():
+    from bench.attribution import GPU_DEFAULT_FAULTS, fault_list
+    from bench.faults import kit
+    assert fault_list(None, "service", gpu=True) == GPU_DEFAULT_FAULTS.split(",") == [
+        "none", *kit.GPU_FAULTS]
+    assert not set(fault_list(None, "service")) & set(kit.GPU_FAULTS)
+    assert fault_list("none,gpu_big_copy,sigstop", "attach", gpu=True) == [
+        "none", "gpu_big_copy", "sigstop"]
+    assert fault_list("gpu_big_copy", "service") == (
+        "--faults: gpu_big_copy need --gpu (bench/gpu_service.py)")
+    assert fault_list(None, "probe", gpu=True) == (
+        "--gpu times bench/gpu_service.py: --source service or attach")
+    assert fault_list("weights_pageout", "service", gpu=True).endswith("(not with --gpu)")
+    assert {kit.EXPECTED[f] for f in kit.GPU_FAULTS} == {
+        "gpu_foreign_process", "gpu_kernel", "cpu_contention", "gpu_copy"}
+
+
+def test_gpu_service_is_attached_at_jaxs_dispatch():
+    from argparse import Namespace
+
+    from bench.attribution import GPU_ATTACH_SYMBOL, parser, watch_config
+    args = parser().parse_args(["--gpu", "--source", "attach"])
+    assert args.gpu and args.attach_symbol == GPU_ATTACH_SYMBOL
+    cfg = watch_config(args, 1, 0, Namespace(pid=4321))
+    assert (cfg.source.kind, cfg.source.process, cfg.source.symbol,
+            cfg.source.unsafe_return) == ("attach", 4321, GPU_ATTACH_SYMBOL, True)
+    args = parser().parse_args(["--source", "attach"])
+    assert watch_config(args, 1, 0, Namespace(pid=4321)).source.runtime == "litert"
+
+
+def test_gpu_group_without_a_gpu_is_skipped_in_one_line():
+    from bench.faults import kit
+    why = kit.jax_gpu_missing()
+    if why is None:
+        pytest.skip("JAX has a GPU here: the group would run")
+    assert why.startswith(("no JAX (", "no GPU for JAX ("))
+    p = subprocess.run([sys.executable, str(BENCH), "--gpu", "--source", "attach"],
+                       capture_output=True, text=True, timeout=300)
+    assert (p.returncode, p.stdout) == (0, "")
+    assert p.stderr == f"attribution: --gpu skipped: {why}\n"
+    with pytest.raises(kit.Unsupported, match="^gpu_other_process: unsupported: no GPU for "):
+        with kit.gpu_other_process():
+            pass
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--width", "0"], "--width must be in 1..16384, not 0"),
+    (["--copy-mb", "99999"], "--copy-mb must be in 1..16384, not 99999"),
+    (["--rate", "0"], "--rate must be in (0, 100000] calls a second, not 0"),
+])
+def test_gpu_service_bad_input_is_one_line(argv, why):
+    p = subprocess.run([sys.executable, str(GPU_SERVICE), *argv], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr == f"service: {why}\n" and json.loads(p.stdout)["error"] == why
+
+
+def test_gpu_service_without_jax_is_one_line():
+    import importlib.util
+    if importlib.util.find_spec("jax") is not None:
+        pytest.skip("JAX is installed here")
+    p = subprocess.run([sys.executable, str(GPU_SERVICE)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert p.stderr.startswith("service: no JAX (No module named 'jax')")
+    from bench.gpu_service import GpuService
+    from bench.service import ServiceError
+    with pytest.raises(ServiceError, match="^service did not start: no JAX"):
+        GpuService(rate=RATE, seconds=5, warmup=5)
+
+
+@pytest.mark.slow
+def test_gpu_service_paces_its_calls_and_counts_its_switches():
+    """On JAX's CPU backend (no GPU needed): the switches' calls are counted by the service,
+    and the calls that ran the big input are the slow ones (their own mark: the count)."""
+    pytest.importorskip("jax")
+    from agent.client import RingReader
+    from bench.faults import kit
+    from bench.gpu_service import GpuService
+    from bench.service import ServiceError
+    online = sorted(os.sched_getaffinity(0))
+    with GpuService(cpu=online[-1], rate=RATE, seconds=120, platform="cpu", big_batch=8192,
+                    copy_mb=16, warmup=20) as svc:
+        assert svc.info["model"].startswith("jax mlp 4x[1,512] on cpu:0")
+        reader = RingReader(svc.ring)
+        reader.read()
+        with kit.gpu_long_kernel(svc, PER_S) as inj:
+            time.sleep(2.0)
+        recs = reader.read()
+        with kit.gpu_big_copy(svc, PER_S) as cp:
+            time.sleep(1.0)
+        with pytest.raises(ServiceError, match="PER_S must be a number, not 'x'"):
+            svc.command("kernel x")
+        stats = svc.command("stats")
+        reader.close()
+    assert inj.info["injected"] >= 3 and cp.info["injected"] >= 2
+    assert stats["big_inputs"] == inj.info["injected"]
+    assert stats["big_copies"] == cp.info["injected"]
+    assert len(recs) >= 50  # paced: ~100 a second

@@ -63,7 +63,30 @@ idle_wakeup         (service) the service sleeps until each call's      wakeup_l
                     start (no spin) on its otherwise idle CPU, and      (waker: "timer")
                     ``per_s`` of those sleeps a second carry a timer
                     slack of ``slack_us``: see :func:`idle_wakeup`
+weights_pageout     (service ``--mapped-weights``, or a .tflite LiteRT  page_faults (a
+                    maps) a helper drops the pages of the file the      fault count:
+                    service's weights are mapped from, ``hz`` times a   the pages read
+                    second (process_madvise(MADV_PAGEOUT) on that       back)
+                    mapping): the next call reads them back in major
+                    page faults inside it (getrusage's majflt delta)
+smt_sibling_hog     a memory-bound (or busy) helper pinned to the SMT   smt_sibling
+                    sibling of the probe CPU (thread_siblings_list),
+                    in bursts: the call keeps its CPU and runs slower;
+                    "unsupported: no SMT sibling" without SMT
+gpu_other_process   (GPU) a second process runs JAX matmuls in bursts   gpu_foreign_process
+                    on the same GPU
+gpu_long_kernel     (bench/gpu_service.py) ``per_s`` calls a second     gpu_kernel (new:
+                    run the model on a big device-resident input:       the GPU wait part)
+                    longer kernels, the caller waits longer
+gpu_enqueue_hog     (GPU) the RT burst hog of cpu_hog_rt on the         cpu_contention (the
+                    service's CPU: the launches are late                enqueue part)
+gpu_big_copy        (gpu_service) ``per_s`` calls a second copy         gpu_copy (new: a
+                    ``--copy-mb`` MiB device-to-host                    slow copy)
 ==================  ==================================================  =================
+
+The GPU faults need JAX and a GPU (:func:`jax_gpu_missing` says why not); gpu_kernel and
+gpu_copy are the names of issue #36's GPU split, not yet causes of agent/causes.py.
+smt_sibling and the page fault count are issue #35's on-CPU breakdown.
 
 The last five make the service not runnable for a known time (``hold_ms``, default 5 ms,
 ``per_s`` = 4 times a second at random moments: intervals uniform in 0.5-1.5 × the mean, never
@@ -96,7 +119,10 @@ EXPECTED = {"cpu_hog": "cpu_contention", "cpu_hog_rt": "cpu_contention",
             "memory_pressure": "page_faults", "oversubscription": "cpu_contention",
             "migration": "migration",
             "lock_holder": "blocked", "pipe_late": "blocked", "sigstop": "stopped",
-            "sleep_in_call": "blocked", "idle_wakeup": "wakeup_latency"}
+            "sleep_in_call": "blocked", "idle_wakeup": "wakeup_latency",
+            "weights_pageout": "page_faults", "smt_sibling_hog": "smt_sibling",
+            "gpu_other_process": "gpu_foreign_process", "gpu_long_kernel": "gpu_kernel",
+            "gpu_enqueue_hog": "cpu_contention", "gpu_big_copy": "gpu_copy"}
 
 # Who the kernel events should name as the end of each not-runnable stretch: the waker
 # (sched_waking's task) or the sender of the stopping signal (signal_generate's), as
@@ -108,7 +134,10 @@ EXPECTED_BY = {"lock_holder": ("waker", "service", "S"), "pipe_late": ("waker", 
                "sigstop": ("sender", "helper", "T"), "sleep_in_call": ("waker", "timer", "S"),
                "idle_wakeup": ("waker", "timer", "S")}
 # the faults that need bench/service.py's switches (sigstop takes any pid)
-SERVICE_FAULTS = ("lock_holder", "pipe_late", "sleep_in_call", "idle_wakeup")
+SERVICE_FAULTS = ("lock_holder", "pipe_late", "sleep_in_call", "idle_wakeup",
+                  "weights_pageout")
+# the faults of bench/gpu_service.py (bench/attribution.py --gpu): JAX and a GPU
+GPU_FAULTS = ("gpu_other_process", "gpu_long_kernel", "gpu_enqueue_hog", "gpu_big_copy")
 
 _HOG = "import os,sys\nif sys.argv[1]: os.sched_setaffinity(0,[int(c) for c in " \
        "sys.argv[1].split(',')])\nos.setpriority(os.PRIO_PROCESS,0,int(sys.argv[2]))\nx=0\nwhile True:\n    x+=1\n"
@@ -441,26 +470,42 @@ leave()
 def _start_helper(code: str, cpu: int | None, args: list[str], what: str,
                   timeout: float = 30.0) -> subprocess.Popen:
     """Start a helper and wait for its "ready" line (raises RuntimeError when it dies or
-    does not say it in ``timeout``)."""
+    does not say it in ``timeout``; :class:`Unsupported` when it says "unsupported: WHY").
+    A helper that says "error: WHY" instead has WHY in the error."""
     p = subprocess.Popen([sys.executable, "-c", code, "" if cpu is None else str(cpu), *args],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     import select
-    if select.select([p.stdout], [], [], timeout)[0] and p.stdout.readline().strip() == "ready":
-        return p
+    said = ""
+    if select.select([p.stdout], [], [], timeout)[0]:
+        said = p.stdout.readline().strip()
+        if said == "ready":
+            return p
     _stop([p])
-    raise RuntimeError(f"{what}: helper pid {p.pid} did not start (status {p.returncode})")
+    if said.startswith("unsupported: "):
+        raise Unsupported(f"{what}: {said}")
+    why = f": {said.removeprefix('error: ')}" if said.startswith("error: ") else ""
+    raise RuntimeError(f"{what}: helper pid {p.pid} did not start (status {p.returncode})"
+                       f"{why}")
 
 
-def _stop_counted(p: subprocess.Popen) -> int | None:
-    """Stop a helper (SIGTERM, by its pid) and return the count it printed (None: killed)."""
+def _stop_said(p: subprocess.Popen) -> dict[str, int] | None:
+    """Stop a helper (SIGTERM, by its pid) and return what its "injected N [KEY V]..." line
+    said ({"injected": N, KEY: V...}; None: killed, it said nothing)."""
     _stop([p])
     out = p.stdout.read() if p.stdout else ""
     if p.stdout:
         p.stdout.close()
     for line in out.splitlines():
         if line.startswith("injected "):
-            return int(line.split()[1])
+            words = line.split()
+            return {k: int(v) for k, v in zip(words[::2], words[1::2])}
     return None
+
+
+def _stop_counted(p: subprocess.Popen) -> int | None:
+    """Stop a helper (SIGTERM, by its pid) and return the count it printed (None: killed)."""
+    said = _stop_said(p)
+    return None if said is None else said["injected"]
 
 
 def _switch(service: ServiceLike, kind: str, settings: str, count: str, inj: Injected
@@ -708,3 +753,301 @@ def udp_port_free(port: int) -> bool:
         return False
     finally:
         s.close()
+
+
+# -- on-CPU faults (issue #35): page faults inside the call, a busy SMT sibling ----------------
+
+
+class Unsupported(RuntimeError):
+    """The fault cannot run on this box (one line: "FAULT: unsupported: WHY"): no SMT
+    sibling, no GPU for JAX. Not an error of the run: the bench reports it and goes on."""
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def file_mappings(pid: int, path: str, host: object | None = None) -> list[tuple[int, int]]:
+    """(start, length) of the mappings of the file ``path`` in process ``pid``, from
+    /proc/PID/maps through the Host (also once the file is unlinked: maps then says
+    "PATH (deleted)")."""
+    from collectors.host import Host
+    h = host or Host()
+    r = h.read(h.proc(pid, "maps"))
+    if not r.ok:
+        raise OSError(errno.ESRCH, f"/proc/{pid}/maps: {r.reason}")
+    out = []
+    for line in r.value.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) > 5 and parts[5].strip() in (path, f"{path} (deleted)"):
+            a, b = (int(x, 16) for x in parts[0].split("-"))
+            out.append((a, b - a))
+    return out
+
+
+def resident_pages(pid: int, maps: list[tuple[int, int]], host: object | None = None) -> int:
+    """How many pages of ``maps`` are present in ``pid``'s page tables: bit 63 of each
+    /proc/PID/pagemap entry (Documentation/admin-guide/mm/pagemap.rst; readable by root, the
+    present bit also without CAP_SYS_ADMIN since Linux 4.2)."""
+    from collectors.host import Host
+    h = host or Host()
+    fd = os.open(h.proc(pid, "pagemap"), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        n = 0
+        for a, length in maps:
+            data = os.pread(fd, length // PAGE * 8, a // PAGE * 8)
+            n += sum(1 for i in range(7, len(data), 8) if data[i] & 0x80)
+        return n
+    finally:
+        os.close(fd)
+
+
+def _pageout_ranges(pid: int, maps: list[tuple[int, int]]) -> int:
+    """process_madvise(MADV_PAGEOUT) over ``maps`` of ``pid`` (see :func:`pageout`)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(_SYS_PIDFD_OPEN, pid, 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), f"pidfd_open({pid})")
+    try:
+        iov = (_Iovec * len(maps))(*[_Iovec(a, n) for a, n in maps])
+        r = libc.syscall(_SYS_PROCESS_MADVISE, fd, iov, len(maps), MADV_PAGEOUT, 0)
+        if r < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"process_madvise(MADV_PAGEOUT): {os.strerror(err)}")
+        return r
+    finally:
+        os.close(fd)
+
+
+def weights_pageout_main(argv: list[str]) -> None:
+    """The weights_pageout helper (a child process: ``CPU PID PATH HZ``): drops the pages of
+    PID's mappings of PATH at random moments HZ times a second (intervals uniform in 0.5-1.5 ×
+    1 / HZ) and counts the rounds that dropped any ("injected N pages M" when SIGTERM ends it;
+    gone with its parent). process_madvise(MADV_PAGEOUT) on a file mapping unmaps the pages
+    and frees the clean ones from the page cache (Linux ≥ 5.10; a file page only for a caller
+    that may write the file or owns it, e.g. root: can_do_file_pageout), so the target's next
+    read of them is a major fault (the file read again; readahead brings its neighbours, which
+    fault-around maps as minor faults)."""
+    import random
+    if argv[0]:
+        os.sched_setaffinity(0, [int(c) for c in argv[0].split(",")])
+    pid, path, hz = int(argv[1]), argv[2], float(argv[3])
+    parent, done = os.getppid(), {"n": 0, "pages": 0}
+
+    def leave(*_: object) -> None:
+        print(f"injected {done['n']} pages {done['pages']}", flush=True)
+        os._exit(0)
+    try:
+        maps = file_mappings(pid, path)
+        if not maps:
+            print(f"error: process {pid} maps no file {path}", flush=True)
+            return
+        _pageout_ranges(pid, maps)  # fails here, before "ready", without root
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc}", flush=True)
+        return
+    signal.signal(signal.SIGTERM, leave)
+    print("ready", flush=True)
+    while os.getppid() == parent:
+        time.sleep(random.uniform(0.5, 1.5) / hz)
+        try:
+            before = resident_pages(pid, maps)
+            _pageout_ranges(pid, maps)
+            dropped = before - resident_pages(pid, maps)
+        except OSError:  # the target is gone
+            break
+        if dropped > 0:
+            done["n"] += 1
+            done["pages"] += dropped
+    leave()
+
+
+_PAGEOUT = ("import sys\nsys.path.insert(0, sys.argv[-1])\n"
+            "from bench.faults.kit import weights_pageout_main\n"
+            "weights_pageout_main(sys.argv[1:-1])\n")
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@contextlib.contextmanager
+def weights_pageout(pid: int, path: str, hz: float = 4.0, cpu: int | None = None
+                    ) -> Iterator[Injected]:
+    """The pages of ``pid``'s mapping of the file ``path`` (the model weights it reads in
+    every call: bench/service.py ``--mapped-weights``, or the .tflite LiteRT maps) dropped
+    ``hz`` times a second by a helper process pinned to ``cpu`` (:func:`weights_pageout_main`),
+    as reclaim drops the clean file pages of a process on a box short of memory. The next
+    call reads them back: page faults inside the call (major: the file read again; minor:
+    the pages readahead brought in), counted by the service's own getrusage deltas.
+    Expected: page_faults, with a fault count. Needs root (process_madvise on another
+    process, a file page) and a block-backed file (tmpfs pages without swap stay).
+    ``info["injected"]``: rounds that dropped pages, ``info["pages"]``: pages dropped."""
+    p = _start_helper(_PAGEOUT, cpu, [str(pid), path, f"{hz:g}", ROOT], "weights_pageout")
+    inj = Injected([p.pid], target_pid=pid, weights=path, hz=hz)
+    try:
+        yield inj
+    finally:
+        said = _stop_said(p) or {}
+        inj.info["injected"], inj.info["pages"] = said.get("injected"), said.get("pages")
+
+
+def smt_siblings(cpu: int, host: object | None = None) -> list[int]:
+    """The other hardware threads of ``cpu``'s core (sysfs
+    devices/system/cpu/cpuN/topology/thread_siblings_list, through the Host; ``lscpu -e``'s
+    CORE column): [] without SMT, or where the file is missing."""
+    from collectors.host import Host
+    from collectors.parsers import parse_cpulist
+    h = host or Host()
+    r = h.read(h.sys("devices", "system", "cpu", f"cpu{cpu}", "topology",
+                     "thread_siblings_list"))
+    try:
+        return sorted(set(parse_cpulist(r.value.strip())) - {cpu}) if r.ok else []
+    except ValueError:
+        return []
+
+
+# Busy ``on`` s of every ``period`` s (jittered ±20 %), on the CPU it is pinned to: a Python
+# loop (the integer units) or, with argv[2] == "1", numpy copies over 2 × 16 MiB (loads and
+# stores that miss the L1/L2 the two hardware threads share, and the memory bandwidth).
+_SMT_HOG = _HELPER_HEAD + """memory, on, period = sys.argv[2] == "1", float(sys.argv[3]) / 1e3, \\
+    float(sys.argv[4]) / 1e3
+if memory:
+    import numpy as np
+    a, b = np.ones(4 << 20, np.float32), np.empty(4 << 20, np.float32)
+def leave(*_):
+    print("injected", n, flush=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, leave)
+print("ready", flush=True)
+clock, x = time.monotonic, 0
+while os.getppid() == parent:
+    end = clock() + on
+    while clock() < end:
+        if memory:
+            np.copyto(b, a)
+        else:
+            x += 1
+    n += 1
+    time.sleep(max(0.0, period - on) * random.uniform(0.8, 1.2))
+leave()
+"""
+
+
+@contextlib.contextmanager
+def smt_sibling_hog(cpu: int, memory: bool = True, on_ms: float = 40.0,
+                    period_ms: float = 250.0, host: object | None = None
+                    ) -> Iterator[Injected]:
+    """A helper pinned to the SMT sibling of ``cpu`` (the other hardware thread of its core:
+    :func:`smt_siblings`), busy ``on_ms`` of every ``period_ms`` (jittered), memory-bound
+    (``memory``: numpy copies) or a plain busy loop: the probe keeps its CPU but shares the
+    core's execution units, L1/L2 and memory bandwidth, so its calls run slower without
+    leaving the CPU. Bursts, not a constant load: a constant one is a level shift the
+    rolling-P50 detector absorbs. Expected: smt_sibling (what ran on the sibling during the
+    call). Raises :class:`Unsupported` ("unsupported: no SMT sibling of CPU N") where the
+    core has one thread. ``info["injected"]``: bursts run; ``info["sibling"]``: its CPU."""
+    sib = smt_siblings(cpu, host)
+    if not sib:
+        raise Unsupported(f"smt_sibling_hog: unsupported: no SMT sibling of CPU {cpu}")
+    p = _start_helper(_SMT_HOG, sib[0], ["1" if memory else "0", f"{on_ms:g}",
+                                         f"{period_ms:g}"], "smt_sibling_hog")
+    inj = Injected([p.pid], cpu=cpu, sibling=sib[0], memory=memory, on_ms=on_ms,
+                   period_ms=period_ms)
+    try:
+        yield inj
+    finally:
+        inj.info["injected"] = _stop_counted(p)
+
+
+# -- GPU faults (issue #36): bench/gpu_service.py's switches and a second GPU process ---------
+
+
+def gpu_long_kernel(service: ServiceLike, per_s: float = 4.0
+                    ) -> contextlib.AbstractContextManager[Injected]:
+    """``per_s`` calls a second of bench/gpu_service.py run its model on the big input (rows
+    ``--big-batch``, resident on the device): the same launches, kernels that run longer, so
+    the caller waits longer for the GPU. Expected: gpu_kernel (the GPU wait part)."""
+    inj = Injected(service_pid=service.pid, per_s=per_s)
+    return _switch(service, "kernel", f"{per_s:g}", "big_inputs", inj)
+
+
+def gpu_big_copy(service: ServiceLike, per_s: float = 4.0
+                 ) -> contextlib.AbstractContextManager[Injected]:
+    """``per_s`` calls a second of bench/gpu_service.py also copy ``--copy-mb`` MiB from the
+    device to pageable host memory. Expected: gpu_copy (a slow copy)."""
+    inj = Injected(service_pid=service.pid, per_s=per_s)
+    return _switch(service, "copy", f"{per_s:g}", "big_copies", inj)
+
+
+# A second process on the same GPU: JAX matmuls of [size, size] busy ``on`` s of every
+# ``period`` s (jittered ±20 %), each burst's kernels queued back to back and waited for.
+# Its device memory is not preallocated (XLA_PYTHON_CLIENT_PREALLOCATE=false): the service's
+# JAX holds its own. "unsupported: ..." when JAX or its GPU is missing.
+_GPU_OTHER = _HELPER_HEAD + """size, on, period = int(sys.argv[2]), float(sys.argv[3]) / 1e3, \\
+    float(sys.argv[4]) / 1e3
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ["JAX_PLATFORMS"] = "cuda"
+try:
+    import jax, jax.numpy as jnp
+    dev = jax.devices()[0]
+except Exception as exc:
+    print("unsupported: no GPU for JAX:",
+          (str(exc).strip().splitlines() or [type(exc).__name__])[0], flush=True)
+    sys.exit(0)
+a = jax.device_put(jnp.ones((size, size), jnp.float32) / size, dev)
+step = jax.jit(lambda x: jnp.tanh(x @ x))
+step(a).block_until_ready()
+def leave(*_):
+    print("injected", n, flush=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, leave)
+print("ready", flush=True)
+clock = time.monotonic
+while os.getppid() == parent:
+    end, x = clock() + on, a
+    while clock() < end:
+        x = step(x)
+        x.block_until_ready()
+    n += 1
+    time.sleep(max(0.0, period - on) * random.uniform(0.8, 1.2))
+leave()
+"""
+
+
+@contextlib.contextmanager
+def gpu_other_process(cpu: int | None = None, size: int = 8192, on_ms: float = 40.0,
+                      period_ms: float = 250.0) -> Iterator[Injected]:
+    """A second process (pinned to ``cpu``) running JAX matmuls of [``size``, ``size``] on
+    the same GPU, busy ``on_ms`` of every ``period_ms`` (jittered): the service's kernels wait
+    for the GPU's engines behind another process's (time-sliced between contexts). Bursts,
+    not a constant load (a level shift is absorbed by the rolling P50). Expected:
+    gpu_foreign_process (agent/causes.py: another process on the GPU, from NVML's process
+    list and utilization). :class:`Unsupported` without JAX or a GPU.
+    ``info["injected"]``: bursts run."""
+    p = _start_helper(_GPU_OTHER, cpu, [str(size), f"{on_ms:g}", f"{period_ms:g}"],
+                      "gpu_other_process", timeout=300.0)
+    inj = Injected([p.pid], size=size, on_ms=on_ms, period_ms=period_ms)
+    try:
+        yield inj
+    finally:
+        inj.info["injected"] = _stop_counted(p)
+
+
+_JAX_GPU = ("import os, sys\nos.environ['JAX_PLATFORMS'] = 'cuda'\n"
+            "os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')\n"
+            "try:\n    import jax\nexcept ImportError as e:\n"
+            "    print('no JAX (%s)' % e); sys.exit(1)\n"
+            "try:\n    d = jax.devices()[0]\nexcept Exception as e:\n"
+            "    print('no GPU for JAX (%s)' % (str(e).strip().splitlines() or "
+            "[type(e).__name__])[0]); sys.exit(1)\nprint('ok', d)\n")
+
+
+def jax_gpu_missing(python: str | None = None) -> str | None:
+    """Why the GPU faults cannot run here (one line: "no JAX (...)", "no GPU for JAX (...)"),
+    or None: ``import jax`` and its first CUDA device, tried in a child (nothing of JAX or
+    CUDA is loaded into the caller)."""
+    try:
+        p = subprocess.run([python or sys.executable, "-c", _JAX_GPU], capture_output=True,
+                           text=True, timeout=300, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "no GPU for JAX (its start took over 300 s)"
+    out = p.stdout.strip().splitlines()
+    if p.returncode == 0 and out and out[-1].startswith("ok "):
+        return None
+    return out[-1] if out else f"no JAX (the check exited {p.returncode})"
