@@ -3,7 +3,7 @@ several runtimes mapped, every candidate is armed, the trial (agent/trace/trial.
 the outermost one per call and drops the others. A TF2 Keras model through `tf.function`, a
 TF1 `Session.run` loop and a LiteRT loop — each counting its own calls — are timed with the
 default choice (≥ 90 % of their calls); a TF process that makes no call gets the stderr line
-and exit 4.
+and exit 4, and `attach --check` lists its candidates, the choice made by trial.
 
 The real tests need root and tracefs with uprobe events (skipped otherwise), and TensorFlow
 or LiteRT in the venv; each starts one process of its own (TF's import takes seconds) and
@@ -184,6 +184,8 @@ def test_a_tf_process_that_makes_no_call_is_said_and_exits_non_zero():
         r = subprocess.run([*CLI, "watch", "--attach", str(svc.pid), "--duration", "7",
                             "--no-live", "--no-history", "--trace", "on", "--json"],
                            cwd=REPO, capture_output=True, text=True, timeout=180)
+        chk = subprocess.run([*CLI, "attach", str(svc.pid), "--check"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
     finally:
         svc.kill()
         svc.wait()
@@ -194,6 +196,10 @@ def test_a_tf_process_that_makes_no_call_is_said_and_exits_non_zero():
     assert "try --attach-symbol" in said[0], said
     assert json.loads(r.stdout)["samples"] == 0
     assert (TRACEFS / "uprobe_events").read_text() == before
+    assert chk.returncode == 0, chk.stderr
+    assert "by trial at attach time" in chk.stdout, chk.stdout
+    for rt in ("tf-c", "tf-python", "tf-session"):
+        assert f"runtime   {rt}:" in chk.stdout, chk.stdout
 
 
 # -- the trial's counting, on events given by hand ------------------------------------------

@@ -19,13 +19,17 @@ from agent.commands.common import (
 HELP = """Show what can be attached in a running process, read-only.
 
 For process PID: the inference runtime found in its mapped libraries (LiteRT from Python,
-the LiteRT, TFLite and TF C APIs, TF2 from Python), the library, the function that runs once
-per inference call, its file offset, the instruction at its entry, what a uprobe there costs
-per call, and why not where it cannot be attached. `hftagent watch --attach PID` then times
-every call and explains each slow one. Nothing is written and no probe is placed: read-only
-about the process and its libraries. Only our own dead state is removed: as root, what a
+the LiteRT, TFLite and TF C APIs, TF2 from Python, a C++ TF server's session run), the
+library, the function that runs once per inference call, its file offset, the instruction at
+its entry, what a uprobe there costs per call, and why not where it cannot be attached.
+`hftagent watch --attach PID` then times every call and explains each slow one. Nothing is
+written and no probe is placed: read-only about the process and its libraries. Only our own dead state is removed: as root, what a
 killed hftagent left in tracefs (its uprobe events and instances, never another tool's), a
 line each on stderr (--json: removed_stale), as every start of watch and cpus does.
+
+A process that maps several runtimes (every TF2 Python process maps the TF C API it never
+calls) lists them all as candidates: the choice is made by trial at attach time, where watch
+arms them together and keeps the one whose calls arrive (the outermost per call).
 
 Each library is opened once and read through that descriptor; one that is not a regular file
 is refused, and so is one that a user other than root and the process's owner may write, or
