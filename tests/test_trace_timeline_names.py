@@ -160,10 +160,11 @@ def _stopped_page() -> bytes:
     return w.build()
 
 
-def test_live_a_waker_on_another_cpu_that_exited_keeps_its_name():
-    """Live (root, tracefs): a writer on another CPU names itself (prctl), wakes a reader
-    pinned to the probe CPU three times and exits before the window is read: the wake
-    instance's exit record names it."""
+def test_live_a_waker_on_another_cpu_that_exited_keeps_its_name(tmp_path):
+    """Live (root, tracefs): a writer on another CPU from its fork on, named hft-waker from
+    its exec on (run through a link of that name), wakes a reader pinned to the probe CPU
+    three times and exits before the window is read: the wake instance's exit record names
+    it."""
     if os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs root (tracefs) and two CPUs")
     host = Host()
@@ -188,14 +189,19 @@ def test_live_a_waker_on_another_cpu_that_exited_keeps_its_name():
             """)], pass_fds=(r,), stdout=subprocess.PIPE, text=True)
         assert reader.stdout.readline().strip() == "ready"
         t0 = time.monotonic_ns()
-        writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-            import ctypes, os, time
-            ctypes.CDLL(None).prctl(15, b"hft-waker", 0, 0, 0)  # PR_SET_NAME
-            os.sched_setaffinity(0, {{{other}}})
-            for _ in range(3):
-                time.sleep(0.005)
-                os.write({w}, b"x")
-            """)], pass_fds=(w,))
+        named = tmp_path / "hft-waker"
+        named.symlink_to(os.path.realpath(sys.executable))
+        mine = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {other})  # (the child never runs on the probe CPU)
+        try:
+            writer = subprocess.Popen([str(named), "-c", textwrap.dedent(f"""
+                import os, time
+                for _ in range(3):
+                    time.sleep(0.005)
+                    os.write({w}, b"x")
+                """)], pass_fds=(w,))
+        finally:
+            os.sched_setaffinity(0, mine)
         writer.wait(timeout=30)
         reader.wait(timeout=30)
         t1 = time.monotonic_ns()
