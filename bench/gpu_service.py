@@ -17,7 +17,8 @@ Its own switches, on the control FIFO beside bench/service.py's (lock, pipe, sle
 =====================  ========================================================================
 ``kernel PER_S``       PER_S calls a second (at random) run the model on the big input instead:
                        [``--big-batch``, width], resident on the device (no bigger copy), so
-                       its kernels run longer (compiled at start-up). Count: ``big_inputs``.
+                       its kernels run longer (compiled at start-up; by default the fewest
+                       rows whose call takes ``--big-ms``, 3 ms). Count: ``big_inputs``.
 ``copy PER_S``         PER_S calls a second also copy ``--copy-mb`` MiB from the device to
                        pageable host memory (a fresh result each time: JAX caches an array's
                        host copy). Count: ``big_copies``.
@@ -115,10 +116,9 @@ def build_jax_model(args: argparse.Namespace, sw: service.Switches):
         return base + x[0, 0]  # one elementwise kernel: the copy of its result is the cost
 
     x = rng.standard_normal((1, w)).astype(np.float32)
-    x_big = jax.device_put(rng.standard_normal((args.big_batch, w)).astype(np.float32), dev)
+    np.asarray(model(x, ws))
+    x_big, rows, big_ms = _big_input(jax, lambda a: np.asarray(model(a, ws)), w, args)
     base = jax.device_put(np.zeros(args.copy_mb << 18, np.float32), dev)  # MiB of float32
-    for a in (x, x_big):
-        np.asarray(model(a, ws))
     np.asarray(big_result(x, base))
     sw.gpu = dict.fromkeys(GPU_KINDS, 0.0)
     sw.counts.update(big_inputs=0, big_copies=0)
@@ -136,14 +136,42 @@ def build_jax_model(args: argparse.Namespace, sw: service.Switches):
             counts["big_copies"] += 1
     call.weights = None  # type: ignore[attr-defined]
     return call, (f"jax mlp {LAYERS}x[1,{w}] on {dev.platform}:{dev.id} (big input "
-                  f"[{args.big_batch},{w}], copy {args.copy_mb} MiB)")
+                  f"[{rows},{w}] {big_ms:.1f} ms, copy {args.copy_mb} MiB)")
+
+
+MAX_ROWS = 1 << 20
+
+
+def _big_input(jax, run, w: int, args: argparse.Namespace):
+    """(the big input on the device, its rows, ms of a call on it): ``--big-batch`` rows, or
+    (0) the fewest rows, doubling from 4,096, whose call takes ``--big-ms`` (the median of 3;
+    at most :data:`MAX_ROWS`): a kernel long enough to make a spike on any GPU (TF32 matmuls
+    of 16,384 × 512 take ~0.1 ms on an H200, less than a call's P50). Drawn on the device
+    (jax.random): no host array of that size, no copy; each size compiled once here."""
+    import jax.numpy as jnp
+    rows = args.big_batch or 4096
+    while True:
+        x_big = jax.random.normal(jax.random.key(2), (rows, w), jnp.float32)
+        run(x_big)  # compiles this shape
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run(x_big)
+            times.append(time.perf_counter() - t0)
+        ms = sorted(times)[1] * 1e3
+        if args.big_batch or ms >= args.big_ms or rows >= MAX_ROWS:
+            return x_big, rows, ms
+        del x_big
+        rows *= 2
 
 
 def _build(args: argparse.Namespace, sw: service.Switches):
-    for name, v, hi in (("--width", args.width, 16384), ("--big-batch", args.big_batch, 1 << 20),
-                        ("--copy-mb", args.copy_mb, 16384)):
-        if not 1 <= v <= hi:
-            raise ValueError(f"{name} must be in 1..{hi}, not {v}")
+    for name, v, lo, hi in (("--width", args.width, 1, 16384),
+                            ("--big-batch", args.big_batch, 0, MAX_ROWS),
+                            ("--copy-mb", args.copy_mb, 1, 16384),
+                            ("--big-ms", args.big_ms, 0.01, 1000)):
+        if not lo <= v <= hi:
+            raise ValueError(f"{name} must be in {lo:g}..{hi:g}, not {v:g}")
     try:
         return build_jax_model(args, sw)
     except ValueError:
@@ -161,7 +189,7 @@ class GpuService(service.Service):
     SCRIPT = Path(__file__).resolve()
 
     def __init__(self, cpu: int | None = None, rate: float = 500.0, seconds: float = 600.0,
-                 platform: str = "gpu", big_batch: int = 16384, copy_mb: int = 256,
+                 platform: str = "gpu", big_batch: int = 0, copy_mb: int = 256,
                  warmup: int = 200, start_timeout: float = 300.0) -> None:
         super().__init__(cpu=cpu, rate=rate, seconds=seconds, warmup=warmup,
                          start_timeout=start_timeout,
@@ -174,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--platform", default="gpu", choices=tuple(PLATFORMS),
                     help="JAX's backend (default gpu; cpu: the loop without a GPU)")
     ap.add_argument("--width", type=int, default=512, help="the model's width")
-    ap.add_argument("--big-batch", type=int, default=16384,
-                    help="the kernel switch's input rows (on the device)")
+    ap.add_argument("--big-batch", type=int, default=0,
+                    help="the kernel switch's input rows, on the device (default 0: the "
+                    "fewest, doubling from 4096, whose call takes --big-ms)")
+    ap.add_argument("--big-ms", type=float, default=3.0,
+                    help="with --big-batch 0: how long a call on the big input should take")
     ap.add_argument("--copy-mb", type=int, default=256,
                     help="the copy switch's device-to-host copy, MiB")
     return service.serve(ap.parse_args(argv), build=_build, control=GpuControl)

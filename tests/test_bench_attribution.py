@@ -808,7 +808,7 @@ def test_gpu_service_paces_its_calls_and_counts_its_switches():
     from bench.gpu_service import GpuService
     from bench.service import ServiceError
     online = sorted(os.sched_getaffinity(0))
-    with GpuService(cpu=online[-1], rate=RATE, seconds=120, platform="cpu", big_batch=8192,
+    with GpuService(cpu=online[-1], rate=RATE, seconds=120, platform="cpu", big_batch=512,
                     copy_mb=16, warmup=20) as svc:
         assert svc.info["model"].startswith("jax mlp 4x[1,512] on cpu:0")
         reader = RingReader(svc.ring)
