@@ -145,8 +145,9 @@ MAX_ROWS = 1 << 20
 def _big_input(jax, run, w: int, args: argparse.Namespace):
     """(the big input on the device, its rows, ms of a call on it): ``--big-batch`` rows, or
     (0) the fewest rows, doubling from 4,096, whose call takes ``--big-ms`` (the median of 3;
-    at most :data:`MAX_ROWS`): a kernel long enough to make a spike on any GPU (TF32 matmuls
-    of 16,384 × 512 take ~0.1 ms on an H200, less than a call's P50). Drawn on the device
+    at most :data:`MAX_ROWS`): a kernel long enough to make a spike on any GPU (a fixed
+    16,384 × 512 input is ~34 GFLOP over the 4 layers: by arithmetic, not measured, ~0.1 ms at
+    an H200's TF32 rate, under a call's P50). Drawn on the device
     (jax.random): no host array of that size, no copy; each size compiled once here."""
     import jax.numpy as jnp
     rows = args.big_batch or 4096
