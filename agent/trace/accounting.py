@@ -32,6 +32,12 @@ NO_RUN_SEEN = "no event after its wake-up (its run not recorded)"
 SIGNAL_NAMES = {9: "SIGKILL", 18: "SIGCONT", 19: "SIGSTOP", 20: "SIGTSTP", 21: "SIGTTIN",
                 22: "SIGTTOU"}
 STOP_SIGNALS = frozenset({19, 20, 21, 22})
+# exceptions:page_fault_user, and one fault's time at most: from its entry to the next event
+# on the CPU, but never more than this (a minor fault of a 4 KiB page, with fault-around,
+# takes ~1-5 µs; beyond this the thread ran its own code after the fault returned, with no
+# event to say when; a 2 MiB huge page's zeroing, ~100-200 µs, is counted up to this only)
+FAULT_EVENT = "page_fault_user"
+FAULT_CAP_NS = 50_000
 
 
 class Entity(NamedTuple):
@@ -209,6 +215,15 @@ class Timeline:
     parts: list[Part] = field(default_factory=list)
     # why the wake-ups of other CPUs may be missing (the source's wake instance), if so
     wake_reason: str | None = None
+    # The followed thread's user page faults inside [t0, t1] (exceptions:page_fault_user,
+    # filtered to it): None where they were not recorded over the whole window. fault_ns:
+    # each fault's entry to the next event on its CPU (the handler has returned or the
+    # thread left the CPU by then; it has no exit event), capped at FAULT_CAP_NS per fault;
+    # faults_slept: those after which the thread switched out not runnable (it slept in
+    # the fault: a read from the disk, a page lock; its off-CPU time is in its parts).
+    faults: int | None = None
+    fault_ns: int = 0
+    faults_slept: int = 0
 
     @property
     def wall_ns(self) -> int:
@@ -290,6 +305,9 @@ class Timeline:
             d["parts"] = [p.to_dict(self.t0_ns) for p in shown[-16:]]
         if self.wake_reason:
             d["wake_reason"] = self.wake_reason
+        if self.faults is not None:
+            d["page_faults"] = {"count": self.faults, "us": us(self.fault_ns),
+                                "slept": self.faults_slept}
         return d
 
 

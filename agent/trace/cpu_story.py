@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .accounting import (
+    FAULT_CAP_NS,
+    FAULT_EVENT,
     IDLE,
     IDLE_ABSENT,
     IDLE_BEFORE_WAKE,
@@ -91,6 +93,7 @@ class CpuStory:
         self.waking_name = ""
         self.switch_ins: list[tuple[int | None, int]] = []  # (wake-up, switch-in)
         self._tasks: dict[int, Entity] = {}  # pid -> its entity (task_entity's cache)
+        self.fault_at: int | None = None  # the followed thread's open page fault's entry
 
     def run(self, evs: Sequence[Event]) -> Timeline:
         """Walk ``evs`` (time order: this CPU's, and the followed thread's wake-ups,
@@ -195,6 +198,10 @@ class CpuStory:
             tl.anomalies += 1
         if pid == th.tid and th.pstate != RUN:
             self._ran(self.last)  # it ran: the interval before is its own
+        if self.fault_at is not None:
+            self._fault_ends(ts, ev if code == OP_SWITCH else None)
+        if code == OP_OTHER and ev.name == FAULT_EVENT:
+            self._fault(ts, pid)
         # 1. the interval up to this event: the innermost context, or the one an exit
         # whose entry the stack lacks closes
         at, who = self._closes(code, ev, vent) if code in EXITS else (-1, None)
@@ -284,6 +291,26 @@ class CpuStory:
             th.to_run(ev.ts_ns, "switch")
         self.task = nxt
 
+    # -- the followed thread's page faults ----------------------------------------------------
+    def _fault(self, ts: int, pid: int) -> None:
+        """A user page fault (its entry) of the followed thread inside the window, where
+        faults are recorded (``Timeline.faults`` not None)."""
+        tl = self.tl
+        if tl.faults is not None and pid == self.thread.tid and tl.t0_ns <= ts <= tl.t1_ns:
+            tl.faults += 1
+            self.fault_at = ts
+
+    def _fault_ends(self, ts: int, switch: Event | None) -> None:
+        """The open fault's time ends at the next event on the CPU (``ts``; the window's
+        end at most), capped at FAULT_CAP_NS; a switch of the thread out, not runnable,
+        says it slept in the fault."""
+        tl, at = self.tl, self.fault_at
+        self.fault_at = None
+        tl.fault_ns += max(0, min(ts, tl.t1_ns, at + FAULT_CAP_NS) - at)
+        if switch is not None and switch.fields.get("prev_pid") == self.thread.tid and \
+                not str(switch.fields.get("prev_state", "R")).startswith("R"):
+            tl.faults_slept += 1
+
     # -- the probe's wake-ups -------------------------------------------------------------------
     def _probe_waking(self, ev: Event) -> None:
         # sched_waking comes first where both are enabled: keep the earlier of a pair
@@ -325,6 +352,9 @@ class CpuStory:
         records no sched_switch from idle at all), so the task after the last event can be
         stale where the next one is not."""
         t1, th = self.tl.t1_ns, self.thread
+        if self.fault_at is not None:
+            self._fault_ends(after.ts_ns if after is not None else t1, after if after is not
+                             None and after.name == "sched_switch" else None)
         if after is not None:
             code, vent = op(after.name)
             pid = self.pid_of(after)

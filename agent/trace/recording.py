@@ -9,11 +9,20 @@ into the decoders (:mod:`.event`); and the reader: ``raw`` (binary ``trace_pipe_
 pages, :mod:`.pages`) where ``events/header_page`` and ``header_event`` describe a layout the
 parser knows, else ``text`` (:mod:`.text`) with the reason in the notes. ``reader="raw"``
 refuses instead of falling back.
+
+The followed threads' user page faults (:data:`FAULT_EVENT`, issue #35 item 2) are not in
+:data:`WANTED`: a process can fault hundreds of thousands of times a second, so the event is
+enabled only once the threads to follow are known (:meth:`Recording.follow_faults`, from
+the first spike of each), filtered to them in the kernel (``common_pid == tid || ...``,
+evaluated before the record is committed), and :meth:`Recording.faults_from` says from
+when each thread's faults are recorded (a window that begins earlier does not have them all).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterable
 
 from .event import FormatError, parse_format
 from .instance import _read, _Refused, _write
@@ -33,6 +42,12 @@ WANTED: tuple[tuple[str, str], ...] = (
     ("block", "block_rq_issue"), ("block", "block_rq_complete"),
 )
 
+# A user page fault (x86's exceptions:page_fault_user; 6.18 has it on x86 only: arm64 and
+# others have no fault tracepoint) fires at the fault's entry in the faulting task's context
+# (arch/x86/mm/fault.c); it has no exit event. Filtered to at most MAX_FAULT_TIDS threads.
+FAULT_EVENT = ("exceptions", "page_fault_user")
+MAX_FAULT_TIDS = 64
+
 # irq_vectors: every *_entry/*_exit pair (local_timer, call_function(_single), reschedule,
 # irq_work, thermal_apic, ...); the vector_* allocation events are not time spent on a CPU.
 VECTOR_SYSTEM = "irq_vectors"
@@ -48,6 +63,9 @@ class Recording:
         self.events: list[str] = []  # "system:name" enabled
         self.missing: list[str] = []  # wanted but not offered by this kernel
         self.reader = "raw"
+        # tid -> CLOCK_MONOTONIC ns from which its page faults are recorded
+        self.fault_tids: dict[int, int] = {}
+        self.faults_reason: str | None = "no thread followed yet"
 
     def _choose_reader(self, reader: str) -> str:
         if reader == "text":
@@ -97,3 +115,46 @@ class Recording:
             self._names.add(fmt.name)
             if fmt.name == "sched_switch":
                 self._switch_ids = {fmt.id}
+
+    def follow_faults(self, tids: Iterable[int]) -> str | None:
+        """Record the user page faults of ``tids`` too (the threads already followed stay
+        followed; see the module docstring): None, or why not ("unsupported: ...", also in
+        ``faults_reason``). The filter is rewritten only when a thread is new; a thread
+        that is gone stays in it (its pid matches nothing until reused). Beyond
+        MAX_FAULT_TIDS threads in all, the first of ``tids`` that fit are followed."""
+        new = list(dict.fromkeys(int(t) for t in tids if int(t) not in self.fault_tids))
+        if not new or self.faults_reason is not None and self.fault_tids:
+            return self.faults_reason
+        new = new[:MAX_FAULT_TIDS - len(self.fault_tids)]
+        if not new:
+            return None  # (the bound is reached: these threads' faults stay unknown)
+        d = self.path / "events" / FAULT_EVENT[0] / FAULT_EVENT[1]
+        full = ":".join(FAULT_EVENT)
+        if not (d / "enable").exists():
+            self.faults_reason = f"unsupported: no {full} event (x86 kernels only)"
+            self.fault_tids[0] = 0  # (asked once: never again)
+            return self.faults_reason
+        expr = " || ".join(f"common_pid == {t}" for t in sorted({*self.fault_tids, *new}))
+        try:
+            if full not in self.events:
+                fmt = parse_format(_read(d / "format"), FAULT_EVENT[0])
+            _write(d / "filter", expr)
+            if full not in self.events:
+                _write(d / "enable", "1")
+                self._formats[fmt.id] = fmt
+                self._names.add(fmt.name)
+                self.events.append(full)
+        except (OSError, FormatError) as exc:
+            self.faults_reason = f"unsupported: {full}: {getattr(exc, 'strerror', None) or exc}"
+            self.fault_tids[0] = 0
+            return self.faults_reason
+        now = time.monotonic_ns()  # (the filter holds from here on)
+        for t in new:
+            self.fault_tids[t] = now
+        self.faults_reason = None
+        return None
+
+    def faults_from(self, tid: int) -> int | None:
+        """From when thread ``tid``'s page faults are recorded (CLOCK_MONOTONIC ns), None
+        when they are not."""
+        return None if self.faults_reason is not None else self.fault_tids.get(tid)

@@ -107,7 +107,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
              t1_ns: int, *, comms: dict[int, str] | None = None, complete: bool = True,
              reason: str | None = None, follow: bool = False, probe_pid: int | None = None,
              tgid_of: Callable[[int], int | None] | None = None,
-             wake_reason: str | None = None) -> Timeline:
+             wake_reason: str | None = None, faults_from_ns: int | None = None) -> Timeline:
     """Account ``[t0_ns, t1_ns]`` on ``cpu`` (see the module docstring). ``events``: the
     window's events (other CPUs' are skipped, except the wake-ups and signals of the probe
     thread: who woke or stopped it), including some before ``t0_ns`` so that the state at
@@ -118,13 +118,17 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     ``comms``: pid → comm for tasks no event names (``Window.comms``). ``probe_pid``: its
     process (a signal to the process stops the thread; a waker in it is "the same
     process"), ``tgid_of``: a task's process id (None when gone). ``wake_reason``: why the
-    other CPUs' wake-ups may be missing (Window.wake_reason)."""
+    other CPUs' wake-ups may be missing (Window.wake_reason). ``faults_from_ns``: from when
+    the followed thread's page faults are recorded (EventSource.faults_from): at or before
+    ``t0_ns``, the timeline counts them (``Timeline.faults``), else they are unknown (None)."""
     probe = {int(t) for t in probe_tids}
     one = next(iter(probe)) if follow and len(probe) == 1 else None
     evs = sorted((e for e in events if e.cpu == cpu or one is not None and (
         e.name in _REMOTE and e.fields.get("pid") in (one, probe_pid) or
         e.name == "hrtimer_start" and e.pid == one)), key=lambda e: e.ts_ns)
     walk = CpuStory(cpu, probe, t0_ns, t1_ns, _names(evs, comms), probe_pid, tgid_of, follow)
+    if one is not None and faults_from_ns is not None and faults_from_ns <= t0_ns:
+        walk.tl.faults = 0
     tl = walk.run(evs)
     tl.complete = complete
     tl.reason = reason

@@ -338,6 +338,7 @@ class SpikeEvents:
         """The spike record's ``events`` part and the breakdown as (cause, culprit, ns)
         triples for the metrics (empty when the window could not be read)."""
         cpu = sp.cpu_end if sp.cpu_end >= 0 and sp.cpu_end in self.cpus else self.cpus[0]
+        faults_from = self._follow_faults(sp)
         try:
             win = self.source.window(sp.start_ns, sp.end_ns, margin_ns=MARGIN_BEFORE_NS,
                                      after_ns=MARGIN_AFTER_NS)
@@ -345,7 +346,8 @@ class SpikeEvents:
                           comms=win.comms, complete=win.complete, reason=win.reason,
                           follow=True, probe_pid=sp.pid if sp.pid > 0 else None,
                           tgid_of=self._tgid_or_none,
-                          wake_reason=getattr(win, "wake_reason", None))
+                          wake_reason=getattr(win, "wake_reason", None),
+                          faults_from_ns=faults_from)
             _check_probe_seen(tl, sp, cpu)
             _check_wait_seen(tl, sp)
             # a stall at the call's start: the thread's earlier calls ran first (queued);
@@ -397,6 +399,22 @@ class SpikeEvents:
             if q:  # the record says so: this call queued behind its thread's stall
                 out["queued_behind_stall_us"] = round(q / 1e3, 1)
         return out, _triples(tl, items, cost, queued)
+
+    def _follow_faults(self, sp) -> int | None:
+        """From when the page faults of the spike's thread are recorded (None: not, or a
+        source without them). The first spike of a process asks the source to follow the
+        faults of all its threads (/proc/PID/task; a thread first seen later is added at
+        its first spike): a call before that has them unknown, never zero."""
+        src = self.source
+        if not hasattr(src, "follow_faults") or sp.tid <= 0:
+            return None
+        if src.faults_from(sp.tid) is None:
+            tids = [sp.tid]  # first: the one that must fit the filter's bound
+            if self.host is not None and sp.pid > 0:
+                tids += [int(t) for t in self.host.listdir(self.host.proc(sp.pid, "task"))
+                         if t.isdigit()]
+            src.follow_faults(tids)
+        return src.faults_from(sp.tid)
 
     def tgid(self, tid: int) -> int:
         """The thread group of task ``tid`` through the session's Host
@@ -548,7 +566,8 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
        cannot explain time the thread could not run in.
     3. Where no cause leads and the timeline contradicts the polled cause, it is overruled
        (:func:`~.verdict.overrule`: an on-CPU cause, the next polled cause the timeline
-       allows, else unexplained with its µs).
+       allows, else unexplained with its µs); where the polled rules named nothing, an
+       on-CPU cause may (:func:`~.verdict.on_cpu`: the call's page faults).
     4. The cause that stands, where the timeline sees it, takes its detail and culprit from
        the timeline (:func:`name_tasks`, :func:`~.verdict.from_timeline`)."""
     polled = body.get("cause")
@@ -562,9 +581,12 @@ def apply_verdict(body: dict, triples: list[tuple[str, str, int]], excess_ns: in
     v = event_verdict(triples, excess_ns)
     if v is not None:
         _events_decide(body, v, ev, excess_ns, tgid_of, contradicted=why)
-    elif not _not_runnable_unexplained(body, triples, excess_ns) and why is not None:
-        verdict.overrule(body, ev, per, excess_ns,
-                         sum(ns for kind, _c, ns in triples if kind == UNEXPLAINED))
+    elif not _not_runnable_unexplained(body, triples, excess_ns):
+        if why is not None:
+            verdict.overrule(body, ev, per, excess_ns,
+                             sum(ns for kind, _c, ns in triples if kind == UNEXPLAINED))
+        elif polled in (None, "unexplained"):
+            verdict.on_cpu(body, ev, per, excess_ns)
     lead = next((c for c in body.get("causes") or [] if c.get("cause") == body["cause"]),
                 None)
     if lead is None or verdict.contradiction(lead, ev, per, excess_ns) is not None:

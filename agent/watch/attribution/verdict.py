@@ -16,14 +16,17 @@ their hidden entry/exit), steal the time hidden from the thread while it was on 
 (``hw_or_hypervisor``, where the call's CPU time was measured) and the steal counted on the
 CPU the call ran on. Contention may also lie in time the timeline cannot account (hidden
 time, a state no event says: a switch the window lacks); a thread the timeline never shows
-on its CPU is not covered by it. What the timeline cannot see (page faults, frequency, NUMA, a move,
-the GPU, PCIe) happens inside the thread's own time on the CPU and is never contradicted.
+on its CPU is not covered by it. What the timeline cannot see (frequency, NUMA, a move, the
+GPU, PCIe; page faults where they were not recorded) happens inside the thread's own time on
+the CPU and is never contradicted.
 
 A contradicted verdict is replaced, in this order, by the first of:
 
 1. an **on-CPU rule** (:data:`ON_CPU_RULES`): a cause found inside the thread's own time on
-   the CPU (hidden time, page faults in the call, the SMT sibling: issue #35 item 2 adds
-   them there), ``decided_by: events``;
+   the CPU, ``decided_by: events``: :func:`page_faults` (the call's own faults, counted by
+   the timeline, hold :data:`PAGE_FAULT_MIN_SHARE` of the excess); hidden time and the SMT
+   sibling (issue #35 item 2) belong there too. A call the polled rules left unexplained
+   asks the same rules (:func:`on_cpu`);
 2. the next polled cause (strength ≥ ``MIN_STRENGTH``) the timeline does not contradict,
    ``decided_by: events+polled`` (the events overruled the first, the polled evidence named
    this one);
@@ -46,9 +49,10 @@ SEEN = {"cpu_contention": "time another task ran while the thread waited for the
 # On-CPU rules: (record body, its events dict, the timeline's ns per cause, excess ns) → a
 # cause entry ({"cause", "detail", "evidence", "score", "strength"}) or None. Each names a
 # cause with its own evidence from inside the thread's time on the CPU; the first that
-# names one decides. Empty until the on-CPU breakdown (issue #35 item 2) fills it.
+# names one decides (ON_CPU_RULES, at the end of this module).
 OnCpuRule = Callable[[dict, dict, dict[str, int], int], dict | None]
-ON_CPU_RULES: list[OnCpuRule] = []
+# page faults name a call when their time holds at least this share of the excess
+PAGE_FAULT_MIN_SHARE = 0.3
 
 
 def steal_cpu(entry: dict) -> int | None:
@@ -168,3 +172,43 @@ def from_timeline(entry: dict, ev: dict, per: dict[str, int],
     entry["polled_detail"] = detail
     entry["detail"] = new
     entry.setdefault("evidence", {})["events_us"] = round(us, 1)
+
+
+def page_faults(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
+    """``page_faults`` where the call's own user page faults (the timeline's
+    ``page_faults``: exceptions:page_fault_user of the followed thread inside the call)
+    took at least :data:`PAGE_FAULT_MIN_SHARE` of the excess: their count and µs (each
+    fault's entry to the next event on the CPU, capped: an upper bound of the handler's
+    time) in the detail; those the thread slept in (a read) apart."""
+    tl = ev.get("timeline") or {}
+    pf = tl.get("page_faults") or {}
+    n, us = pf.get("count") or 0, pf.get("us") or 0.0
+    if n <= 0 or us * 1e3 < PAGE_FAULT_MIN_SHARE * max(1, excess_ns):
+        return None
+    slept = pf.get("slept") or 0
+    cpu = tl.get("cpu", "?")
+    more = f"; the thread slept in {slept} of them (a read)" if slept else ""
+    return {"cause": "page_faults", "score": round(min(1.0, us * 1e3 / max(1, excess_ns)), 3),
+            "strength": 1.0,
+            "detail": f"{n:,} page faults inside the call took up to {us:,.0f} µs of the "
+                      f"{excess_ns / 1e3:,.0f} µs excess on CPU {cpu} (kernel events: each "
+                      f"fault's entry to the thread's next event){more}",
+            "evidence": {"page_faults": n, "page_fault_us": us, "faults_slept": slept,
+                         "excess_us": round(excess_ns / 1e3, 1)}}
+
+
+ON_CPU_RULES: list[OnCpuRule] = [page_faults]
+
+
+def on_cpu(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> bool:
+    """The first on-CPU rule that names a cause leads the record (``decided_by: events``):
+    for a call the polled rules left unexplained, whose complete timeline decided nothing
+    else. True when one did."""
+    for rule in ON_CPU_RULES:
+        found = rule(body, ev, per, excess_ns)
+        if found is not None:
+            if body.get("cause") not in (None, found["cause"]):
+                body["polled_cause"] = body.get("cause")
+            _lead(body, found, "events")
+            return True
+    return False

@@ -1,0 +1,284 @@
+"""The on-CPU part of a slow call (issue #35 item 2): page faults inside the call, counted
+from the followed thread's exceptions:page_fault_user events (filtered to it in the kernel
+from its process's first spike on), and the ``page_faults`` on-CPU rule
+(verdict.ON_CPU_RULES) that names them where they hold a meaningful share of the excess —
+through watch's wiring (SpikeEvents.for_spike + apply_verdict) on the kernel's event text."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from agent.trace import timeline
+from agent.trace.recording import FAULT_EVENT, MAX_FAULT_TIDS, Recording
+from agent.trace.text import parse_text
+from agent.trace.tracefs import Window
+from agent.watch.attribution import verdict
+from agent.watch.attribution.events import SpikeEvents, apply_verdict
+from agent.watch.attribution.spike import Spike
+from collectors.host import Host
+from tests.eventpages import trace_line as line
+from tests.eventpages import trace_switch as sw
+
+PROBE, PROC, OTHER = 4242, 4240, 4243
+T0, T1 = 100_001_000_000, 100_003_000_000  # a 2 ms call, P50 400 µs: 1.6 ms excess
+P50 = 400_000
+
+
+def ts(ns: int) -> str:
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000 // 1000:06d}"
+
+
+def fault(at_ns: int, pid: int = PROBE, comm: str = "probe") -> str:
+    return line(comm, pid, ts(at_ns), "page_fault_user: address=0x7f3a00001000 "
+                                      "ip=0x55d0004011e0 error_code=0x4", "d....")
+
+
+def tick(at_ns: int) -> list[str]:
+    return [line("probe", PROBE, ts(at_ns), "local_timer_entry: vector=236", "d.h1."),
+            line("probe", PROBE, ts(at_ns + 2_000), "local_timer_exit: vector=236", "d.h1.")]
+
+
+def on_cpu(*extra: str) -> str:
+    """The call's thread on CPU 1 from before the call to after it: ticks, and ``extra``."""
+    rows = [sw("swapper/1", 0, "100.000500", "probe", PROBE, "R"),
+            *tick(100_001_500_000), *tick(100_002_500_000), *tick(100_003_200_000), *extra]
+    return "\n".join(sorted(rows, key=lambda r: r.split("]")[1].split()[1]))
+
+
+def faulting(n: int, every_ns: int = 5_000, start: int = T0 + 100_000, pid: int = PROBE) -> list[str]:
+    return [fault(start + i * every_ns, pid) for i in range(n)]
+
+
+class Source:
+    """Canned windows; faults recorded from ``faults_at`` (None: the kernel has no fault
+    event) for the threads asked."""
+
+    def __init__(self, text: str, faults_at: int | None = 0) -> None:
+        self.events = parse_text(text.splitlines())
+        self.faults_at = faults_at
+        self.asked: list[list[int]] = []
+
+    def __bool__(self) -> bool:
+        return True
+
+    def window(self, t_from, t_to, *, margin_ns=0, after_ns=0):
+        return Window(t_from, t_to, self.events, read_ns=1_000)
+
+    def follow_faults(self, tids):
+        self.asked.append(list(tids))
+        return None if self.faults_at is not None else "unsupported: no fault event"
+
+    def faults_from(self, tid):
+        return self.faults_at if self.asked and tid in self.asked[-1] else None
+
+
+def attribute(src: Source, body: dict, host=None) -> dict:
+    ev = SpikeEvents("on", host, [1], opener=lambda *a, **k: src)
+    assert ev.open(0) is None
+    sp = Spike(1, T0, T1, PROC, PROBE, P50, cpu_start=1, cpu_end=1)
+    body = copy.deepcopy(body)
+    body["events"], triples = ev.for_spike(sp)
+    apply_verdict(body, triples, sp.excess_ns)
+    return body
+
+
+UNEXPLAINED = {"cause": "unexplained", "causes": [], "latency_us": 2000.0, "p50_us": 400.0}
+CONTENTION = {"cause": "cpu_contention", "latency_us": 2000.0, "p50_us": 400.0, "causes": [
+    {"cause": "cpu_contention", "score": 0.6, "strength": 0.8, "evidence": {},
+     "detail": "thread waited 2,575 µs on the run queue in the window"}]}
+
+
+def test_faults_inside_the_call_are_counted_with_their_time():
+    """150 faults 5 µs apart between two ticks: 150 counted, 149 × 5 µs (each fault's entry
+    to the next) + 50 µs (the last one's, capped: the next event is 155 µs later); a fault
+    of another task on the CPU and the followed thread's outside the call are not."""
+    text = on_cpu(*faulting(150, start=T0 + 600_000), fault(T0 - 300_000),
+                  fault(T1 + 100_000))
+    tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
+                  faults_from_ns=0).to_dict()
+    assert tl["page_faults"] == {"count": 150, "us": 795.0, "slept": 0}
+    others = on_cpu(*faulting(300, pid=OTHER))
+    tl = timeline(parse_text(others.splitlines()), 1, {PROBE}, T0, T1, follow=True,
+                  faults_from_ns=0).to_dict()
+    assert tl["page_faults"]["count"] == 0
+
+
+def test_a_faults_time_is_capped_and_a_fault_it_slept_in_is_told_apart():
+    """A lone fault 400 µs before the next event counts FAULT_CAP_NS (the thread ran its own
+    code after it); a fault followed by the thread's switch out in D slept in the fault."""
+    text = "\n".join([sw("swapper/1", 0, "100.000500", "probe", PROBE, "R"),
+                      fault(T0 + 100_000), *tick(T0 + 500_000), fault(T0 + 700_000),
+                      sw("probe", PROBE, ts(T0 + 703_000), "swapper/1", 0, "D"),
+                      sw("swapper/1", 0, ts(T0 + 1_500_000), "probe", PROBE, "R")])
+    tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
+                  faults_from_ns=0).to_dict()
+    assert tl["page_faults"] == {"count": 2, "us": 53.0, "slept": 1}
+
+
+def test_faults_not_recorded_over_the_whole_call_are_unknown_not_zero():
+    text = on_cpu(*faulting(300))
+    for since in (None, T0 + 1):  # never, or from inside the call on
+        tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
+                      faults_from_ns=since).to_dict()
+        assert "page_faults" not in tl
+
+
+def test_an_unexplained_call_full_of_page_faults_is_named_page_faults():
+    body = attribute(Source(on_cpu(*faulting(300))), UNEXPLAINED)
+    assert body["cause"] == "page_faults" and body["decided_by"] == "events"
+    lead = body["causes"][0]
+    assert lead["evidence"]["page_faults"] == 300
+    assert lead["evidence"]["page_fault_us"] == 1539.0  # (two ticks cut two faults short)
+    assert lead["detail"].startswith("300 page faults inside the call took up to 1,539 µs "
+                                     "of the 1,600 µs excess on CPU 1")
+
+
+def test_a_contradicted_contention_verdict_gives_way_to_the_calls_page_faults():
+    body = attribute(Source(on_cpu(*faulting(300))), CONTENTION)
+    assert body["cause"] == "page_faults" and body["decided_by"] == "events"
+    assert body["polled_cause"] == "cpu_contention"
+    assert body["contradicted"]["cause"] == "cpu_contention"
+
+
+def test_a_few_faults_or_faults_not_recorded_name_nothing():
+    few = attribute(Source(on_cpu(*faulting(3, every_ns=300_000))), UNEXPLAINED)
+    assert few["events"]["timeline"]["page_faults"]["count"] == 3
+    assert few["cause"] == "unexplained"  # 150 µs of a 1,600 µs excess
+    late = attribute(Source(on_cpu(*faulting(300)), faults_at=T0 + 1), UNEXPLAINED)
+    assert "page_faults" not in late["events"]["timeline"] and late["cause"] == "unexplained"
+    none = attribute(Source(on_cpu(*faulting(300)), faults_at=None), UNEXPLAINED)
+    assert "page_faults" not in none["events"]["timeline"] and none["cause"] == "unexplained"
+
+
+def test_the_first_spike_follows_the_faults_of_its_thread_and_of_its_process(tmp_path):
+    tasks = tmp_path / "proc" / str(PROC) / "task"
+    for t in (PROC, PROBE, OTHER):
+        (tasks / str(t)).mkdir(parents=True)
+    (tmp_path / "sys").mkdir()
+    src = Source(on_cpu(*faulting(300)))
+    attribute(src, UNEXPLAINED, host=Host(tmp_path))
+    assert src.asked == [[PROBE, PROC, PROBE, OTHER]]  # its own thread first
+    # followed from now on: the next spike of the same thread asks nothing more
+    ev = SpikeEvents("on", Host(tmp_path), [1], opener=lambda *a, **k: src)
+    ev.open(0)
+    ev.for_spike(Spike(2, T0, T1, PROC, PROBE, P50, cpu_start=1, cpu_end=1))
+    assert len(src.asked) == 1
+
+
+def test_the_on_cpu_rules_hold_page_faults():
+    assert verdict.page_faults in verdict.ON_CPU_RULES
+
+
+# -- the instance's side: the event, filtered to the followed threads --------------------
+
+FORMAT = (Path(__file__).parent / "fixtures" / "events" / "formats" / "sched" / "sched_waking"
+          / "format").read_text().replace("name: sched_waking", "name: page_fault_user") \
+    .replace("ID: ", "ID: 9")
+
+
+class Rec(Recording):
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.path = root
+        self._formats: dict = {}
+        self._names: set = set()
+
+
+def fake_instance(tmp_path: Path, with_event: bool = True) -> Path:
+    d = tmp_path / "events" / FAULT_EVENT[0] / FAULT_EVENT[1]
+    if with_event:
+        d.mkdir(parents=True)
+        for name in ("enable", "filter"):
+            (d / name).write_text("0\n")
+        (d / "format").write_text(FORMAT)
+    return d
+
+
+def test_follow_faults_filters_the_event_to_the_threads_and_enables_it(tmp_path):
+    d = fake_instance(tmp_path)
+    rec = Rec(tmp_path)
+    assert rec.faults_from(PROBE) is None
+    assert rec.follow_faults([PROBE, PROC]) is None
+    assert (d / "filter").read_text() == f"common_pid == {PROC} || common_pid == {PROBE}"
+    assert (d / "enable").read_text() == "1"
+    assert "exceptions:page_fault_user" in rec.events and "page_fault_user" in rec._names
+    since = rec.faults_from(PROBE)
+    assert since is not None and rec.faults_from(OTHER) is None
+    assert rec.follow_faults([OTHER]) is None
+    assert (d / "filter").read_text().endswith(f"|| common_pid == {OTHER}")
+    assert rec.faults_from(PROBE) == since and rec.faults_from(OTHER) >= since
+    assert rec.events.count("exceptions:page_fault_user") == 1
+
+
+def test_follow_faults_is_bounded_and_says_why_where_the_kernel_has_no_event(tmp_path):
+    fake_instance(tmp_path)
+    rec = Rec(tmp_path)
+    rec.follow_faults(range(1000, 1000 + MAX_FAULT_TIDS + 10))
+    assert rec.faults_from(1000 + MAX_FAULT_TIDS - 1) is not None
+    assert rec.faults_from(1000 + MAX_FAULT_TIDS) is None
+    none = tmp_path / "none"
+    fake_instance(none, with_event=False)
+    rec = Rec(none)
+    why = rec.follow_faults([PROBE])
+    assert why == "unsupported: no exceptions:page_fault_user event (x86 kernels only)"
+    assert rec.faults_from(PROBE) is None and rec.follow_faults([OTHER]) == why
+
+
+def test_live_the_faults_of_a_followed_thread_are_recorded_and_counted():
+    """Live (root, tracefs, x86): a child pinned to the probe CPU touches 2,000 fresh pages
+    of an anonymous mapping between two marks on its stdout; its faults are followed from
+    before, the window between the marks counts at least 2,000 of them (each page's first
+    touch faults; fault-around does not apply to anonymous memory)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    import pytest
+
+    from agent.trace import tracefs as tfs
+    if os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs root (tracefs) and two CPUs")
+    host = Host()
+    if tfs.find_tracefs(host) is None:
+        pytest.skip("tracefs not mounted")
+    cpu = max(os.sched_getaffinity(0))
+    src = tfs.EventSource.open(host, [cpu], buffer_s=2)
+    if not src:
+        pytest.skip(src.reason)
+    child = None
+    try:
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import mmap, os, sys, time
+            os.sched_setaffinity(0, {{{cpu}}})
+            m = mmap.mmap(-1, 2000 * 4096)
+            print("ready", flush=True)
+            sys.stdin.readline()
+            t0 = time.monotonic_ns()
+            for i in range(2000):
+                m[i * 4096] = 1
+            print(t0, time.monotonic_ns(), flush=True)
+            """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        why = src.follow_faults([child.pid])
+        if why is not None:
+            pytest.skip(why)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        t0, t1 = map(int, child.stdout.readline().split())
+        child.wait(timeout=30)
+        time.sleep(0.01)
+        win = src.window(t0, t1)
+        assert src.faults_from(child.pid) <= t0
+        tl = timeline(win.events, cpu, {child.pid}, t0, t1, comms=win.comms, follow=True,
+                      faults_from_ns=src.faults_from(child.pid))
+        pf = tl.to_dict()["page_faults"]
+        assert pf["count"] >= 2000 and 0 < pf["us"] <= pf["count"] * 50, pf
+        assert not [e for e in win.events if e.name == "page_fault_user" and e.pid != child.pid]
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        src.close()
