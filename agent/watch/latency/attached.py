@@ -272,12 +272,15 @@ class Attached(Source):
 
     @classmethod
     def refuse(cls, given: Given, chosen: str) -> None:
+        if chosen.startswith("--attach-"):  # a service by identity (identity.py) takes them
+            return
         for name, v in (("--attach-runtime", given.attach_runtime),
                         ("--attach-symbol", given.attach_symbol),
                         ("--unsafe-return", given.unsafe_return or None),
                         ("--attach-unsafe-library", given.attach_unsafe_library or None)):
             if v is not None:
-                raise AgentError(f"{name} is for --attach: give --attach PID too")
+                raise AgentError(f"{name} is for --attach: give --attach PID (or "
+                                 "--attach-name/--attach-unit/--attach-cgroup) too")
 
     def cpus(self, host: Host, rule: Any, given: list[int] | None,
              keep_one_free: bool) -> list[int]:
@@ -303,6 +306,11 @@ _ML = re.compile(r"tensorflow|tflite|litert|onnx|torch|cuda|cudnn|xla|jax|openvi
                  r"nvinfer|dnnl|mkl|paddle|mxnet|ncnn|mnn|rknn|triton", re.IGNORECASE)
 QUIET_S = 5.0            # nothing timed this long after the attach: said on stderr, once
 EXIT_NOTHING_TIMED = 4   # watch's exit status for a run that timed no call (watch --help)
+
+
+def _index(event: str) -> int:
+    """The target of an event: ``call<i>``/``ret<i>`` → i (agent/trace/uprobe.py)."""
+    return int(event.removeprefix("call").removeprefix("ret"))
 
 
 def _stderr(line: str) -> None:
@@ -361,8 +369,7 @@ class AttachedRun(Running):
 
     def _arm_trial(self, reader: AttachedReader, u: Any) -> None:
         from agent.trace.trial import Trial
-        runtime_of = {n: u.targets[int(n.removeprefix("call").removeprefix("ret"))].runtime
-                      for n in u.names}
+        runtime_of = {n: u.targets[_index(n)].runtime for n in u.names}
         reader.trial = Trial(runtime_of, self._plan.runtimes, lambda n: n in u.returns)
         reader.on_choice = self._chosen
 
@@ -370,20 +377,23 @@ class AttachedRun(Running):
         """The trial chose: drop the other candidates' events, say which and why."""
         win = trial.winner()
         losers = {i for i, t in enumerate(self._uprobes.targets) if t.runtime != win}
-        before = set(self._uprobes.names)
-        left = self._uprobes.drop(losers)
-        if left:
-            self.warnings.append("uprobe events not removed: " + "; ".join(left))
+        try:
+            dropped = set(self._uprobes.drop(losers))
+        except OSError as exc:  # (kept armed: their hits are skipped, their cost stays)
+            self.warnings.append(f"attach: the other candidates' probes could not be "
+                                 f"disabled: {exc.strerror or exc}")
+            dropped = {n for n in self._uprobes.names
+                       if self._uprobes.targets[_index(n)].runtime != win}
         kept = [t for t in self._uprobes.targets if t.runtime == win]
         line = (f"attach: timing {win}: {kept[0].shown}, chosen by trial ("
                 f"{trial.tally[win].outermost} outermost calls); calls per candidate: "
-                f"{trial.counts()}; the others' probes removed")
+                f"{trial.counts()}; the others' probes disabled")
         self.say(f"hftagent: {line}")
         self.info["probe"] = (f"attached to pid {self.pid} ({self._plan.comm}): {win} "
                               f"{kept[0].shown}")
         self.info["attach"]["chosen"] = {"runtime": win, "by": "trial",
                                          "counts": trial.to_dict()}
-        return before - set(self._uprobes.names)
+        return dropped
 
     def _said(self, plan: Any, entry_only: bool, attach: Any) -> None:
         t = plan.targets[0]
