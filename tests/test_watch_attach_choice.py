@@ -112,10 +112,13 @@ def _service(kind: str, *args: str) -> subprocess.Popen:
 
 
 def _timed(kind: str, *args: str) -> tuple[int, int, dict]:
+    return _run_timed(_service(kind, *args))
+
+
+def _run_timed(svc: subprocess.Popen) -> tuple[int, int, dict]:
     """(calls the service made, calls watch timed, the attach info) for a service whose
     calls all fall inside the attached run: it starts calling once the probes are armed and
     stops (SIGTERM) before watch does."""
-    svc = _service(kind, *args)
     cfg = WatchConfig(source=Attached(svc.pid, "python"), probe_cpus=[_cpu()],
                       housekeeping_cpus=[c for c in os.sched_getaffinity(0) if c != _cpu()],
                       duration_s=120, trace="on")
@@ -264,3 +267,97 @@ def test_attach_check_says_the_choice_is_made_by_trial():
     assert p.to_dict()["candidates"] == ["tf-c", "tf-python"]
     one = Plan(1, "python", [tgt("litert", "Invoke")])
     assert "by trial" not in "\n".join(check_text(one)) and one.to_dict()["choice"] is None
+
+
+# -- the same choice without TensorFlow: two libraries named and shaped as TF's -------------
+
+FAKE_TF_C = r"""
+/* TF_SessionRun calling DirectSession::Run inside it (through a volatile pointer: not
+   inlined), as libtensorflow_cc.so.2 does; the mangled name is TF 2.21's. */
+int ds_run(int n) __asm__("_ZN10tensorflow13DirectSession3RunERKNS_10RunOptionsERKSt6vectorISt4p"
+    "airINSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEENS_6TensorEESaISD_EERKS4_ISB_SaI"
+    "SB_EESL_PS4_ISC_SaISC_EEPNS_11RunMetadataERKN3tsl6thread17ThreadPoolOptionsE");
+int ds_run(int n) { volatile int s = 0; for (int i = 0; i < n; i++) s += i; return s; }
+int (*volatile ds)(int) = ds_run;
+int TF_SessionRun(int n) { return ds(n) + 1; }
+"""
+FAKE_TF_PY = r"""
+int tfe(int n) __asm__("_Z24TFE_Py_ExecuteCancelableP11TFE_ContextPKcS2_fake");
+int tfe(int n) { volatile int s = 0; for (int i = 0; i < n; i++) s += i; return s; }
+"""
+FAKE_SERVICE = r"""
+import ctypes, os, signal, sys, time
+os.sched_setaffinity(0, {int(sys.argv[3])})
+c = ctypes.CDLL(sys.argv[1] + "/libtensorflow_cc.so.2")
+py = ctypes.CDLL(sys.argv[1] + "/lib_pywrap_tensorflow_common.so")
+call = c.TF_SessionRun if sys.argv[2] == "c" else \
+    getattr(py, "_Z24TFE_Py_ExecuteCancelableP11TFE_ContextPKcS2_fake")
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+print("ready", flush=True)
+sys.stdin.readline()
+n = 0
+while not stop:
+    call(100000)
+    n += 1
+    time.sleep(0.002)
+print(n, flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_tf(tmp_path_factory) -> Path:
+    import shutil
+    if not shutil.which("cc"):
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("faketf")
+    for src, name in ((FAKE_TF_C, "libtensorflow_cc.so.2"),
+                      (FAKE_TF_PY, "lib_pywrap_tensorflow_common.so")):
+        (d / "x.c").write_text(src)
+        subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(d / name), str(d / "x.c")],
+                       check=True)
+    return d
+
+
+@pytest.mark.parametrize("api, chosen", [("c", "tf-c"), ("py", "tf-python")])
+def test_the_outermost_runtime_that_fires_is_kept_without_tensorflow(fake_tf, api, chosen):
+    _needs("ctypes")
+    svc = subprocess.Popen([sys.executable, "-c", FAKE_SERVICE, str(fake_tf), api,
+                            str(_cpu())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+    assert svc.stdout.readline().strip() == "ready"
+    made, timed, info = _run_timed(svc)
+    assert info["attach"]["candidates"] == ["tf-c", "tf-python", "tf-session"]
+    got = info["attach"]["chosen"]
+    assert got["runtime"] == chosen, got
+    if api == "c":   # DirectSession::Run fired, inside TF_SessionRun: not chosen
+        assert got["counts"]["tf-session"]["inside"].get("tf-c"), got
+    assert made >= 100 and made * 0.9 <= timed <= made, (timed, made)
+
+
+def test_no_call_at_all_is_said_once_and_exits_4_without_tensorflow(fake_tf):
+    _needs("ctypes")
+    svc = subprocess.Popen([sys.executable, "-c", FAKE_SERVICE, str(fake_tf), "c",
+                            str(_cpu())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        assert svc.stdout.readline().strip() == "ready"   # and never told to start
+        r = subprocess.run([*CLI, "watch", "--attach", str(svc.pid), "--duration", "6",
+                            "--no-live", "--no-history", "--trace", "on"],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        short = subprocess.run([*CLI, "watch", "--attach", str(svc.pid), "--duration", "1",
+                                "--attach-runtime", "tf-python", "--no-live",
+                                "--no-history", "--trace", "on"],
+                               cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        svc.kill()
+        svc.wait()
+    assert r.returncode == EXIT_NOTHING_TIMED, r.stderr
+    said = [ln for ln in r.stderr.splitlines() if "nothing timed" in ln]
+    assert len(said) == 1 and "armed: tf-c TF_SessionRun; tf-python" in said[0], r.stderr
+    assert "libtensorflow_cc.so.2" not in said[0].split("also maps")[-1], said
+    # a run shorter than the quiet time says it at its end; a runtime not armed is the hint
+    assert short.returncode == EXIT_NOTHING_TIMED, short.stderr
+    said = [ln for ln in short.stderr.splitlines() if "nothing timed" in ln]
+    assert len(said) == 1 and "try --attach-runtime tf-c or tf-session" in said[0], said
