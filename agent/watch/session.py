@@ -373,8 +373,9 @@ class WatchSession:
 
     def run(self) -> int:
         """Start, loop until ``duration_s``, a requested stop or the source dying; stop.
-        Returns the exit code: 0 (duration reached or stop requested), 3 (source died) or
-        1 (the spike log could not be written)."""
+        Returns the exit code: 0 (duration reached or stop requested), 3 (source died), 1
+        (the spike log could not be written), else the source's own (``exit_code``: 4 for an
+        attached process of which no call was timed)."""
         cfg = self.cfg
         rc = 0
         try:

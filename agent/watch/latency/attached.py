@@ -21,6 +21,15 @@ process, ``tid`` the calling thread, ``cpu_start``/``cpu_end`` the CPUs of the t
 the in-process evidence a client records (context switches, faults, CPU time, run-queue
 delay) is -1 (unknown): the kernel events give it per spike instead.
 
+The runtime, when the process maps several (``auto``): every candidate is armed at once and
+the trial (agent/trace/trial.py) keeps the one whose calls arrive, the outermost per call;
+the others' events are disabled (their definitions go with the rest at the end: removing one
+mid-run empties every ring buffer) and their hits still in the rings skipped. The calls made
+during the trial are samples already: the pairing takes the outermost entry, whichever
+candidate's. The choice is said on stderr with each candidate's count. Nothing timed
+:data:`QUIET_S` after the attach: one line on stderr (what is armed, what else is mapped,
+what to try); a run that timed no call exits :data:`EXIT_NOTHING_TIMED`.
+
 Entry-only timing (``--attach-symbol`` without ``--unsafe-return``): a sample is the time from
 one entry to the next on the same thread, i.e. the call period, not the call's latency; the
 run header says so.
