@@ -54,7 +54,8 @@ def test_each_source_is_chosen_by_its_own_options():
                                      unsafe_return=True))
     assert isinstance(src, Attached) and (src.pid, src.symbol, src.runtime) == \
         (me, "libc.so.6:nanosleep", "auto")
-    assert [c.__name__ for c in latency.sources()] == ["Attached", "ClientRing", "BuiltinProbe"]
+    assert [c.__name__ for c in latency.sources()] == ["Service", "Attached", "ClientRing",
+                                                      "BuiltinProbe"]
 
 
 @pytest.mark.parametrize("given,needle", [

@@ -34,7 +34,8 @@ HELP = """Attribute every slow probe sample to a named cause, continuously.
 
 Keeps a probe timed open loop on the target CPUs (--probe tf or numpy, at --rate auto by
 default), or reads the latencies your own process reports through agent.client (--pid,
---ring), or times every inference call of an unmodified process with uprobes (--attach PID);
+--ring), or times every inference call of an unmodified process with uprobes (--attach PID,
+or a service across its restarts: --attach-name, --attach-unit, --attach-cgroup);
 samples the host from a housekeeping CPU and gives every slow sample its ranked causes.
 Watch itself never runs on the source's CPUs: it leaves an inherited affinity or the
 isolated cpuset where it may, and refuses (exit 1) where it may run nowhere else.
@@ -81,6 +82,20 @@ AttachUnsafeLibraryOpt = Annotated[bool, _opt(
     "world-writable), or one on a FUSE filesystem. Risk: that user (or the FUSE server) can "
     "change the code the uprobe lands in, in every process that maps the file, while root's "
     "probe is there; a FUSE server may also never answer a read.")]
+AttachNameOpt = Annotated[str | None, _opt(
+    "--attach-name", metavar="NAME", help="Time a service by name across its restarts: every "
+    "process whose name (comm) is NAME or whose command line the regular expression NAME "
+    "matches (watch and its parents never), timed as --attach times one (one probe set per "
+    "library file, shared by its processes); an exit is said on stderr and the next process "
+    "is timed within a second of mapping its runtime. Takes --attach-runtime, "
+    "--attach-symbol, --unsafe-return, --attach-unsafe-library. docs/attach.md.")]
+AttachUnitOpt = Annotated[str | None, _opt(
+    "--attach-unit", metavar="UNIT", help="As --attach-name, for a systemd unit's main "
+    "process (systemctl show -p MainPID; without systemd, the processes of the unit's "
+    "cgroup); .service is added to a name without a suffix.")]
+AttachCgroupOpt = Annotated[str | None, _opt(
+    "--attach-cgroup", metavar="PATH", help="As --attach-name, for every process of a cgroup "
+    "directory (and its descendants) under /sys/fs/cgroup, absolute or relative to it.")]
 UnsafeReturnOpt = Annotated[bool, _opt(
     "--unsafe-return", help="With --attach-symbol: time the function to its return too. "
     "Unsafe: a C++ exception that unwinds through a function with a return probe aborts the "
@@ -159,7 +174,9 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
           pid: PidOpt = None, ring: RingOpt = None, attach: AttachOpt = None,
           attach_runtime: AttachRuntimeOpt = None, attach_symbol: AttachSymbolOpt = None,
           unsafe_return: UnsafeReturnOpt = False,
-          attach_unsafe_library: AttachUnsafeLibraryOpt = False, sample_hz: SampleHzOpt = 100.0,
+          attach_unsafe_library: AttachUnsafeLibraryOpt = False,
+          attach_name: AttachNameOpt = None, attach_unit: AttachUnitOpt = None,
+          attach_cgroup: AttachCgroupOpt = None, sample_hz: SampleHzOpt = 100.0,
           sampler: SamplerOpt = "auto", trace: TraceOpt = "auto",
           irq_cost: IrqCostOpt = "auto", nice: NiceOpt = "0",
           threshold_us: ThresholdOpt = None, k: KOpt = 3.0, flight_us: FlightOpt = None,
@@ -180,6 +197,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         housekeeping=housekeeping, pid=pid, ring=ring, attach=attach,
         attach_runtime=attach_runtime, attach_symbol=attach_symbol,
         unsafe_return=unsafe_return, attach_unsafe_library=attach_unsafe_library,
+        attach_name=attach_name, attach_unit=attach_unit, attach_cgroup=attach_cgroup,
         sample_hz=sample_hz, sampler=sampler, trace=trace,
         irq_cost=irq_cost, nice=nice, threshold_us=threshold_us, k=k, flight_us=flight_us,
         flight_dir=flight_dir, spike_log=spike_log, duration=duration, perf=perf,

@@ -7,6 +7,11 @@ One ``WatchMetrics`` per process, built in the composition function (nothing at 
     m = WatchMetrics(thresholds_ns=(500_000, 1_000_000, 5_000_000), source="probe",
                      variant="xla", p99_budget_us=2000)  # optional: the box's P99 budget
 
+``service``: the service a source times, by the name watch was given (``--attach-name``,
+``--attach-unit``, ``--attach-cgroup``), never a pid, so its series survive the service's
+restarts: ``hftagent_probe_info``'s ``service`` label (absent for a source without one; at
+most :data:`MAX_SERVICE_LABEL` characters, control characters replaced).
+
 ``thresholds_ns``: the exceedance counters' thresholds, whole ns (1 ns to 1e9 µs), labelled in
 µs as the fleet's rules name them (``threshold_us="5000"``, or ``"2500.5"`` for 2,500,500 ns);
 `hftagent watch` passes :data:`DEFAULT_THRESHOLDS_NS` plus its ``--threshold-us``, converted
@@ -172,6 +177,13 @@ _CPU = re.compile(r"^(0|[1-9][0-9]{0,3})$")           # 0..9999
 _GPU = re.compile(r"^(0|[1-9][0-9]?)$")               # 0..99
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")  # 0000:17:00.0
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+MAX_SERVICE_LABEL = 128
+
+
+def service_label(name: str) -> str:
+    """The ``service`` label of ``name`` (what the options named: a regex, a unit, a cgroup
+    path): control characters replaced by ``?``, at most :data:`MAX_SERVICE_LABEL`."""
+    return "".join("?" if ord(c) < 32 or c == "\x7f" else c for c in name)[:MAX_SERVICE_LABEL]
 _CHECK = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}$")
 
 
@@ -255,13 +267,14 @@ class Snapshot:
     budget_spikes: tuple[tuple[str, int], ...] = ()
     attach_cost_per_call_s: float | None = None
     attach_charged_cpu_s: float | None = None
+    service: str = ""                       # hftagent_probe_info's service label ("": none)
 
 
 class WatchMetrics:
     """Thread-safe metric state for `hftagent watch` (see the module docstring)."""
 
     def __init__(self, thresholds_ns: Iterable[int] = DEFAULT_THRESHOLDS_NS, *,
-                 source: str = "probe", variant: str = "",
+                 source: str = "probe", variant: str = "", service: str = "",
                  buckets_us: Iterable[int] = DEFAULT_BUCKETS_US,
                  window_s: float = 60.0, window_capacity: int = 1 << 16,
                  quantile_refresh_s: float = 1.0, p99_budget_us: int | None = None) -> None:
@@ -277,6 +290,7 @@ class WatchMetrics:
             raise ValueError("window_s must be > 0 and window_capacity >= 1024")
         self.source = source
         self.variant = variant
+        self.service = service_label(service)
         # Exported as hftagent_probe_p99_budget_seconds; HftP99OverBudget compares the
         # histogram P99 with it (and with a 2 ms default where a box exports none).
         self.p99_budget_us = None if p99_budget_us is None else int(p99_budget_us)
@@ -537,7 +551,7 @@ class WatchMetrics:
         wn, quant = self._window_quantiles(now_mono)
         last_unix = None if last is None else time.time() - (now_mono - last) / 1e9
         return Snapshot(
-            source=self.source, variant=self.variant,
+            source=self.source, variant=self.variant, service=self.service,
             p99_budget_s=None if self.p99_budget_us is None else self.p99_budget_us / 1e6,
             bucket_bounds_s=self._bounds_s,
             bucket_cumulative=tuple(cum), count=n, sum_s=sum_ns / 1e9, exceedances=exceed,

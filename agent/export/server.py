@@ -130,9 +130,11 @@ def probe_families(s: Snapshot) -> Iterator[Metric]:
     if s.p99_budget_s is not None:
         budget.add_metric([], s.p99_budget_s)
     yield budget
+    # a service (watch --attach-name/-unit/-cgroup) is labelled by its name, never a pid
+    extra = ["service"] if s.service else []
     info = GaugeMetricFamily(P + "probe_info", "What the probe measures (always 1).",
-                             labels=["source", "variant"])
-    info.add_metric([s.source, s.variant], 1.0)
+                             labels=["source", "variant", *extra])
+    info.add_metric([s.source, s.variant, *([s.service] if extra else [])], 1.0)
     yield info
 
 

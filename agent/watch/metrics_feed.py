@@ -25,13 +25,13 @@ import numpy as np
 
 
 def watch_metrics(*, threshold_ns: int | None, source: str, variant: str,
-                  p99_budget_us: int | None):
+                  p99_budget_us: int | None, service: str = ""):
     """The WatchMetrics of one watch run (``source``: "probe" or "client")."""
     from agent.export.metrics import DEFAULT_THRESHOLDS_NS, WatchMetrics
     thresholds = (*DEFAULT_THRESHOLDS_NS, threshold_ns) if threshold_ns else \
         DEFAULT_THRESHOLDS_NS
     return WatchMetrics(thresholds_ns=thresholds, source=source, variant=variant,
-                        p99_budget_us=p99_budget_us)
+                        p99_budget_us=p99_budget_us, service=service)
 
 
 class MetricsFeed:

@@ -7,8 +7,9 @@ empty value; one that applies only with another that is missing (--model without
 --attach-runtime without --attach); numbers out of range (NaN and infinities included); CPU
 lists by the one target rule (:func:`agent.watch.config.plan`). The latency source is chosen
 here, once (:func:`agent.watch.latency.choose`: a --pid or --attach PID that is not a running
-process, a --ring that is not a latency ring, an option of another source); then a bad
---listen, web config or profile. The spike log and flight directory are opened by the session right after
+process, an --attach-name that is not a regular expression, an --attach-unit that does not
+exist, an --attach-cgroup out of /sys/fs/cgroup, a --ring that is not a latency ring, an
+option of another source); then a bad --listen, web config or profile. The spike log and flight directory are opened by the session right after
 (``WatchSession.open_outputs``), still before anything runs.
 
 Units at the edge: ``--threshold-us`` and ``--flight-us`` become whole ns here
@@ -53,7 +54,9 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
           housekeeping: str | None = None, pid: int | None = None, ring: str | None = None,
           attach: int | None = None, attach_runtime: str | None = None,
           attach_symbol: str | None = None, unsafe_return: bool = False,
-          attach_unsafe_library: bool = False, sample_hz: float = 100.0,
+          attach_unsafe_library: bool = False, attach_name: str | None = None,
+          attach_unit: str | None = None, attach_cgroup: str | None = None,
+          sample_hz: float = 100.0,
           sampler: str = "auto", trace: str = "auto",
           irq_cost: str = "auto", nice: str = "0", threshold_us: float | None = None,
           k: float = 3.0, flight_us: float | None = None, flight_dir: str | None = None,
@@ -71,7 +74,8 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
     source = latency.choose(host, latency.Given(
         probe=probe, model=model, variant=variant, rate_hz=rate_hz, pid=pid, ring=ring,
         attach=attach, attach_runtime=attach_runtime, attach_symbol=attach_symbol,
-        unsafe_return=unsafe_return, attach_unsafe_library=attach_unsafe_library))
+        unsafe_return=unsafe_return, attach_unsafe_library=attach_unsafe_library,
+        attach_name=attach_name, attach_unit=attach_unit, attach_cgroup=attach_cgroup))
     _choice("--sampler", sampler, SAMPLERS)
     _choice("--trace", trace, TRACE_MODES)
     from agent.watch.attribution.events import parse_irq_cost

@@ -33,6 +33,7 @@ def run_watch(req: WatchRequest, host: Host, *, say: Callable[[str], None] = _st
     cfg = req.cfg
     wm = watch_metrics(threshold_ns=cfg.threshold_ns, source=cfg.source.exporter_label,
                        variant=cfg.source.exporter_variant,
+                       service=cfg.source.exporter_service,
                        p99_budget_us=req.p99_budget_us) if req.listen is not None else None
     metrics = MetricsFeed(wm) if wm is not None else None
     view = _live_view(req, say)

@@ -44,6 +44,9 @@ class Given:
     attach_symbol: str | None = None
     unsafe_return: bool = False
     attach_unsafe_library: bool = False
+    attach_name: str | None = None
+    attach_unit: str | None = None
+    attach_cgroup: str | None = None
 
 
 class Source(ABC):
@@ -78,6 +81,13 @@ class Source(ABC):
 
     @property
     def exporter_variant(self) -> str:
+        return ""
+
+    @property
+    def exporter_service(self) -> str:
+        """The service it times, by the name the options gave (``--attach-name``,
+        ``--attach-unit``, ``--attach-cgroup``; never a pid): the exporter's ``service``
+        label, "" for none."""
         return ""
 
     def history(self) -> dict[str, Any]:

@@ -1,0 +1,462 @@
+"""A service followed by identity (``watch --attach-name NAME``, ``--attach-unit UNIT``,
+``--attach-cgroup PATH``): every process that is the service (:mod:`.procs` decides which),
+timed as ``--attach`` times one (:mod:`.attached`), across its restarts.
+
+One probe set: uprobes are per inode, so the processes that map the same runtime library
+file share one set of events (``hftagent_<watch's pid>``), filtered to the union of their
+threads, and their calls are told apart by thread (:class:`ServiceReader`: a row's ``pid``
+is its process). The set is armed on the first process whose runtime is mapped (the trial
+between candidate runtimes, as ``--attach``'s), and stays armed while the service lives or
+restarts onto the same file: a restart is a new thread filter, nothing defined again. A
+process that maps another copy of the runtime while the set's file is still used by a live
+process is said and not timed; once no live process uses the set, the set is removed and
+armed again on the new file.
+
+Polling, from the loop's reads (:meth:`ServiceRun.poll`, every :data:`POLL_S`): the identity's
+pids (/proc: comm and cmdline of new pids only), and each new process's maps until its
+runtime library is mapped; then it is timed. So a restarted service is timed within
+~2 × POLL_S of its first mapping of the runtime. An exit is said on stderr; the run keeps its
+history and metrics and goes on. The calls a process made before it was timed are not
+countable from outside (the runtime keeps no count watch can read): the summary says so.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.client import FIELDS
+from agent.errors import AgentError
+from agent.watch.latency import procs
+from agent.watch.latency.attached import (
+    EXIT_NOTHING_TIMED,
+    Attached,
+    AttachedReader,
+    AttachedRun,
+)
+from agent.watch.latency.base import Given, Phase, Running, Source, process_alive, process_cpus
+from collectors.host import Host
+from collectors.parsers import format_cpulist
+
+F = {name: i for i, name in enumerate(FIELDS)}
+POLL_S = 0.15            # the identity and the waiting processes' maps: ~6.7 Hz
+SLOW_AFTER_S, SLOW_POLL_S = 10.0, 1.0   # a process waiting longer: its maps read at 1 Hz
+NO_THREAD = [0]          # a filter no user thread passes (pid 0 is the idle task)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class ServiceReader(AttachedReader):
+    """An :class:`AttachedReader` over several processes of one probe set: its threads are
+    the union of theirs (``pids``), each row's pid its thread's process, calls counted per
+    process (``per_pid``)."""
+
+    def __init__(self, host: Host, pids: list[int], events: Any, uprobes: Any,
+                 entry_only: bool, label: str) -> None:
+        self.pids: list[int] = list(pids)
+        self.tid_pid: dict[int, int] = {}
+        self.per_pid: dict[int, int] = {}
+        super().__init__(host, pids[0], events, uprobes, entry_only)
+        self.path = f"uprobes {uprobes.group} on {label}"
+
+    def threads(self) -> set[int]:
+        out: dict[int, int] = {}
+        for pid in self.pids:
+            for t in self.host.listdir(self.host.proc(pid, "task")):
+                if t.isdigit():
+                    out[int(t)] = pid
+        self.tid_pid.update(out)
+        return set(out)
+
+    def _row(self, t0: int, t1: int, tid: int, c0: int, c1: int) -> list[int]:
+        r = super()._row(t0, t1, tid, c0, c1)
+        pid = self.tid_pid.get(tid, self.pid)
+        r[F["pid"]] = pid
+        self.per_pid[pid] = self.per_pid.get(pid, 0) + 1
+        return r
+
+    def follow(self, pid: int) -> None:
+        """Time process ``pid`` too (it maps the set's library)."""
+        if pid not in self.pids:
+            self.pids.append(pid)
+        self.refilter()
+
+    def forget(self, pid: int) -> None:
+        """Process ``pid`` exited: its open calls are closed and counted (``open_at_exit``),
+        its threads leave the filter."""
+        self.pids = [p for p in self.pids if p != pid]
+        for tid in [t for t, p in self.tid_pid.items() if p == pid]:
+            del self.tid_pid[tid]
+            if self._open.pop(tid, None):
+                self.open_at_exit += 1
+            self._start.pop(tid, None)
+        self.refilter()
+
+    def refilter(self) -> None:
+        """The filter of every instance: the processes' threads now (none: a filter no
+        thread passes, never an empty one, which would record every process's hits)."""
+        self._tids, self._tids_at = self.threads(), time.monotonic()
+        for inst in self.uprobes.instances:
+            try:
+                self.uprobes.set_filter(inst, sorted(self._tids) or NO_THREAD)
+            except OSError:
+                pass
+
+
+@dataclass(frozen=True)
+class Service(Source):
+    """``--attach-name/--attach-unit/--attach-cgroup``: the service (:class:`procs.Identity`)
+    and what to time in each of its processes (as ``--attach``'s options); ``found``: its
+    pids when the options were checked (their CPUs are traced)."""
+
+    ident: procs.Identity = procs.Identity("name", "")
+    runtime: str = "auto"
+    symbol: str | None = None
+    unsafe_return: bool = False
+    unsafe_library: bool = False
+    found: tuple[int, ...] = field(default=())
+
+    RANK = 9    # before --attach: given together, this source refuses --attach
+    exporter_label = "attach"
+    kind = property(lambda self: "attach")
+    said = property(lambda self: self.ident.said)
+    exporter_service = property(lambda self: self.ident.label)
+
+    @classmethod
+    def named(cls, given: Given) -> bool:
+        return any(v is not None for v in (given.attach_name, given.attach_unit,
+                                           given.attach_cgroup))
+
+    @classmethod
+    def build(cls, host: Host, given: Given) -> Service:
+        """The identity checked (:func:`procs.identity`), --attach's function options
+        checked as --attach checks them, the pids that match now."""
+        try:
+            ident = procs.identity(host, given.attach_name, given.attach_unit,
+                                   given.attach_cgroup)
+        except procs.IdentityError as exc:
+            raise AgentError(str(exc)) from None
+        for name, v in (("--attach", given.attach), ("--probe", given.probe),
+                        ("--pid", given.pid), ("--ring", given.ring)):
+            if v is not None:
+                raise AgentError(f"{ident.said} and {name} name two latency sources: give "
+                                 "one")
+        runtime, symbol = _function(given)
+        found = tuple(sorted(procs.Matcher(host, ident).poll()))
+        return cls(ident=ident, runtime=runtime, symbol=symbol,
+                   unsafe_return=given.unsafe_return,
+                   unsafe_library=given.attach_unsafe_library, found=found)
+
+    def cpus(self, host: Host, rule: Any, given: list[int] | None,
+             keep_one_free: bool) -> list[int]:
+        mine = sorted({c for p in self.found for c in process_cpus(host, p, rule.online)})
+        return mine or given or [rule.cpus[-1]]
+
+    def cpu_notes(self, given: list[int] | None, cpus: list[int]) -> list[str]:
+        at = f"CPUs {format_cpulist(cpus)} are traced"
+        if not self.found:
+            return [f"{self.said}: no process of it runs yet: {at} (calls on other CPUs are "
+                    "not seen; pin the service)"]
+        if given and sorted(given) != cpus:
+            return [f"{self.said}: its processes may run on CPUs {format_cpulist(cpus)}: "
+                    "those are traced"]
+        return []
+
+    def open(self, host: Host, cpus: list[int], warnings: list[str]) -> ServiceRun:
+        return ServiceRun(self, host, cpus, warnings)
+
+
+def _function(given: Given) -> tuple[str, str | None]:
+    """--attach-runtime / --attach-symbol / --unsafe-return, checked as --attach checks
+    them: (runtime, symbol)."""
+    from agent.trace.attach import NAMES
+    runtime, symbol = given.attach_runtime, given.attach_symbol
+    if runtime is not None and runtime not in NAMES:
+        raise AgentError(f"--attach-runtime must be one of {', '.join(NAMES)}, not "
+                         f"{runtime!r}")
+    if runtime is not None and symbol is not None:
+        raise AgentError("--attach-runtime and --attach-symbol name two functions: give one")
+    if symbol is not None:
+        lib, sep, sym = symbol.partition(":")
+        if not sep or not lib.strip() or not sym.strip():
+            raise AgentError(f"--attach-symbol must be LIB:SYMBOL, not {symbol!r}")
+    elif given.unsafe_return:
+        raise AgentError("--unsafe-return is for --attach-symbol: give --attach-symbol too")
+    return runtime or "auto", symbol
+
+
+@dataclass
+class Proc:
+    """One process of the service, as the run saw it (times: time.monotonic())."""
+
+    pid: int
+    comm: str
+    seen_at: float
+    armed_at: float | None = None
+    exited_at: float | None = None
+    state: str = "waiting for its runtime"
+    maps_at: float = 0.0
+
+    def to_dict(self, calls: int) -> dict[str, Any]:
+        def rel(t: float | None) -> float | None:
+            return None if t is None else round(t - self.seen_at, 3)
+        return {"pid": self.pid, "comm": self.comm, "state": self.state, "calls": calls,
+                "armed_after_s": rel(self.armed_at), "exited_after_s": rel(self.exited_at)}
+
+
+class ServiceRun(Running):
+    """The run of a :class:`Service` (module docstring): the probe set armed now (an
+    :class:`AttachedRun` whose reader is a :class:`ServiceReader`), the processes seen."""
+
+    source: Service
+    unstarted = "the service"
+
+    def __init__(self, source: Service, host: Host, cpus: list[int], warnings: list[str],
+                 say: Callable[[str], None] = _stderr,
+                 matcher: procs.Matcher | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(source, host, cpus, warnings)
+        self.say, self.clock = say, clock
+        self.matcher = matcher
+        self.procs: dict[int, Proc] = {}
+        self.armed: AttachedRun | None = None
+        self.key: frozenset | None = None   # the armed set's library files (dev, inode)
+        self.events: Any = None
+        self.phase: Phase | None = None
+        self.calls_before: dict[int, int] = {}  # pid -> calls timed by sets removed
+        self._polled = -POLL_S
+
+    def start(self, events: Any, phase: Phase | None = None) -> None:
+        """Arm on the processes that run now (none is fine: the run waits for one)."""
+        if not events.active:
+            raise AgentError(f"{self.source.said} needs the kernel's trace events: "
+                             f"{events.reason}")
+        self.events, self.phase = events, phase
+        self.matcher = self.matcher or procs.Matcher(self.host, self.source.ident)
+        self.reader = _Feed(self)
+        self.info = {"probe": self._described(), "attach": {}}
+        self.poll()
+        self.phase = None   # start-up is over: a later arming says its own line
+        if not self.procs:
+            self.say(f"hftagent: {self.source.said}: no process of it runs yet; waiting")
+
+    def poll(self) -> None:
+        """The identity's pids now: new ones noted, gone ones said, waiting ones armed
+        once their runtime is mapped."""
+        now = self.clock()
+        if now - self._polled < POLL_S:
+            return
+        self._polled = now
+        pids = self.matcher.poll() if self.matcher is not None else set()
+        for pid in sorted(pids - set(self.procs)):
+            self.procs[pid] = Proc(pid, _comm(self.host, pid), now)
+        for p in self.procs.values():
+            if p.exited_at is None and (p.pid not in pids or
+                                        not process_alive(self.host, p.pid)):
+                self._exited(p, now)
+            elif p.exited_at is None and p.armed_at is None and \
+                    not p.state.startswith("not timed"):
+                self._arm(p)
+
+    def _exited(self, p: Proc, now: float) -> None:
+        p.exited_at, was = now, p.state
+        p.state = "exited"
+        if self.armed is not None and was == "timed":
+            reader: ServiceReader = self.armed.reader
+            reader.forget(p.pid)
+        self.say(f"hftagent: {self.source.said}: pid {p.pid} ({p.comm}) exited after "
+                 f"{self.calls_of(p.pid)} call(s) timed; watching for the next")
+        self.info["probe"] = self._described()
+
+    def _arm(self, p: Proc) -> None:
+        """Time ``p`` once its runtime is mapped: on the armed set when it maps the same
+        file(s), else on a new set (the old one removed when no live process uses it)."""
+        now = self.clock()
+        if now - p.seen_at > SLOW_AFTER_S and now - p.maps_at < SLOW_POLL_S:
+            return   # (a process that never maps the runtime: its maps read at 1 Hz)
+        p.maps_at = now
+        key = _runtime_files(self.host, p.pid, self.source)
+        if key is None:
+            return   # not mapped yet (or gone: the next poll says so)
+        p.comm = _comm(self.host, p.pid)   # (first seen between its fork and its exec)
+        if self.armed is not None and key != self.key:
+            if any(q.state == "timed" for q in self.procs.values()):
+                p.state = "not timed: it maps another copy of the runtime than the one armed"
+                self.say(f"hftagent: warning: {self.source.said}: pid {p.pid} ({p.comm}) "
+                         "maps another copy of the runtime than the armed one: not timed "
+                         "while a process uses that one")
+                return
+            self._drop_set()
+        try:
+            if self.armed is None:
+                self._new_set(p, key)
+            else:
+                self.armed.reader.follow(p.pid)
+        except AgentError as exc:
+            p.state = f"not timed: {exc}"
+            self.say(f"hftagent: warning: {self.source.said}: pid {p.pid} ({p.comm}): {exc}")
+            return
+        p.armed_at, p.state = self.clock(), "timed"
+        self.say(f"hftagent: {self.source.said}: timing pid {p.pid} ({p.comm})")
+        self.info["probe"] = self._described()
+
+    def _new_set(self, p: Proc, key: frozenset) -> None:
+        """Arm a probe set on process ``p`` (:meth:`AttachedRun.start`: the plan, the
+        events, a trial between candidate runtimes) and read it with a
+        :class:`ServiceReader`, before a single event is read. AgentError with one line."""
+        src = self.source
+        one = Attached(process=p.pid, comm=p.comm, runtime=src.runtime, symbol=src.symbol,
+                       unsafe_return=src.unsafe_return, unsafe_library=src.unsafe_library)
+        # its own warnings, merged into the run's once each (a set armed on each restart
+        # onto another file says the same host notes again)
+        run = AttachedRun(one, self.host, self.cpus, [], say=self.say)
+        try:
+            run.start(self.events, self.phase)
+        finally:
+            self._merge(run)
+        old: AttachedReader = run.reader
+        new = ServiceReader(self.host, [p.pid], old.events, old.uprobes, old.entry_only,
+                            src.said)
+        new.trial, new.on_choice = old.trial, old.on_choice
+        run.reader = new
+        self.armed, self.key = run, key
+        self.info["attach"] = run.info.get("attach", {})
+
+    def _drop_set(self) -> None:
+        """Remove the armed set (no live process uses its library any more)."""
+        run, self.armed, self.key = self.armed, None, None
+        if run is None:
+            return
+        for pid, n in run.reader.per_pid.items():
+            self.calls_before[pid] = self.calls_before.get(pid, 0) + n
+        left = self.events.source.drop_uprobes(run.reader.uprobes)
+        if left:
+            self.warnings.append("uprobe events not removed: " + "; ".join(left))
+        run.close()
+        self._merge(run)
+
+    def _merge(self, run: AttachedRun) -> None:
+        self.warnings += [w for w in dict.fromkeys(run.warnings) if w not in self.warnings]
+
+    def calls_of(self, pid: int) -> int:
+        now = self.armed.reader.per_pid.get(pid, 0) if self.armed is not None else 0
+        return self.calls_before.get(pid, 0) + now
+
+    @property
+    def calls(self) -> int:
+        return sum(self.calls_of(p) for p in self.procs)
+
+    def _described(self) -> str:
+        timed = [f"{p.pid} ({p.comm})" for p in self.procs.values() if p.state == "timed"]
+        gone = sum(1 for p in self.procs.values() if p.exited_at is not None)
+        now = f"timing pid {', '.join(timed)}" if timed else "waiting for a process"
+        return f"service {self.source.said}: {now}" + (f"; {gone} exited" if gone else "")
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Each process seen: its state, calls timed, when it was armed and exited (s
+        after it was first seen)."""
+        return [p.to_dict(self.calls_of(p.pid)) for p in self.procs.values()]
+
+    def summary(self, lat: Any) -> dict[str, Any]:
+        out = super().summary(lat)
+        out["source"] = self._described()
+        return out
+
+    def end_warnings(self, lat: Any, hist: Any, cpu_busy: float | None) -> list[str]:
+        """A line per process seen, and what cannot be counted."""
+        lines = []
+        for d in self.processes():
+            armed = "" if d["armed_after_s"] is None else \
+                f", timed {d['armed_after_s']:.2f} s after it was seen"
+            gone = "" if d["exited_after_s"] is None else \
+                f", exited after {d['exited_after_s']:.1f} s"
+            lines.append(f"{self.source.said}: pid {d['pid']} ({d['comm']}): {d['calls']} "
+                         f"call(s) timed{armed}{gone}; {d['state']}")
+        if len(self.procs) > 1 or any(p.armed_at for p in self.procs.values()):
+            lines.append(f"{self.source.said}: calls missed between a start and its timing: "
+                         "not countable (the runtime keeps no count of its own that watch "
+                         "can read)")
+        return lines
+
+    def check(self) -> str | None:
+        """None: the service may restart (its exits are said, never the run's end)."""
+        return None
+
+    def exit_code(self) -> int:
+        """:data:`EXIT_NOTHING_TIMED` when no call of the service was timed (said)."""
+        if self.calls:
+            return 0
+        self.say(f"hftagent: warning: {self.source.said}: no call timed "
+                 f"({len(self.procs)} process(es) seen)")
+        return EXIT_NOTHING_TIMED
+
+    def close(self) -> None:
+        super().close()
+        if self.armed is not None:
+            self.armed.close()   # (its uprobes removed; the run's warnings say what is left)
+            self._merge(self.armed)
+
+
+class _Feed:
+    """The session's reader: polls the service, then reads the armed set (rows of
+    :data:`FIELDS`), else nothing."""
+
+    lost = 0
+    invalid = 0
+
+    def __init__(self, run: ServiceRun) -> None:
+        self.run = run
+
+    @property
+    def path(self) -> str:
+        armed = self.run.armed
+        return armed.reader.path if armed is not None else f"uprobes of {self.run.source.said}"
+
+    @property
+    def calls(self) -> int:
+        return self.run.calls
+
+    def read(self, max_records: int | None = None) -> np.ndarray:
+        self.run.poll()
+        if self.run.armed is None:
+            return np.empty((0, len(FIELDS)), dtype=np.int64)
+        return self.run.armed.reader.read()
+
+    def stats(self) -> dict:
+        armed = self.run.armed
+        return armed.reader.stats() if armed is not None else {"calls": 0}
+
+    def close(self) -> None:
+        return None
+
+
+def _comm(host: Host, pid: int) -> str:
+    return (host.read(host.proc(pid, "comm")).value or "?").strip()
+
+
+def _runtime_files(host: Host, pid: int, src: Service) -> frozenset | None:
+    """The (dev, inode) of the libraries of ``src``'s function that process ``pid`` maps
+    (the runtime's, or --attach-symbol's LIB), or None when it maps none (yet)."""
+    from agent.trace.attach import RUNTIMES, AttachError, exec_mappings
+    try:
+        maps = exec_mappings(host, pid)
+    except AttachError:
+        return None
+    if src.symbol is not None:
+        lib = src.symbol.partition(":")[0]
+        files = {(m.dev, m.inode) for m in maps
+                 if m.name == lib or m.name.startswith(lib) or m.path == lib}
+    else:
+        libs = [r.library for r in RUNTIMES if src.runtime in ("auto", r.name)]
+        files = {(m.dev, m.inode) for m in maps if any(r.search(m.name) for r in libs)}
+    return frozenset(files) or None
+
+
+SOURCE = Service

@@ -1,0 +1,400 @@
+"""`watch --attach-name/--attach-unit/--attach-cgroup` (issue #38 Build 1): which processes
+are the service (agent/watch/latency/procs.py, on fixture /proc and /sys trees), bad input as
+one line, and a service killed and restarted while watch runs (agent/watch/latency/
+identity.py): its calls after the restart are timed, and 20 restarts leave no uprobe event and
+no extra file descriptor of watch behind.
+
+The live tests need root and tracefs with uprobe events (skipped otherwise); every process
+they attach to or kill is one they started (a loop calling a C function of a library the
+tests build, its command line carrying a marker of this test run)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from agent.client import FIELDS
+from agent.trace import uprobe
+from agent.watch.latency import procs
+from agent.watch.latency.procs import Identity, IdentityError, Matcher
+from collectors.host import Host
+
+REPO = Path(__file__).resolve().parents[1]
+TRACEFS = Path("/sys/kernel/tracing")
+CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
+F = {name: i for i, name in enumerate(FIELDS)}
+
+
+# -- fixture trees ---------------------------------------------------------------------------
+def _proc(root: Path, pid: int, comm: str, argv: list[str], ppid: int = 1) -> None:
+    d = root / "proc" / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "comm").write_text(comm + "\n")
+    (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 0 0\n")
+
+
+def _tree(tmp_path: Path) -> Path:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "sys" / "fs" / "cgroup").mkdir(parents=True)
+    # watch (999) run by sudo (998): both name the service on their command lines
+    _proc(tmp_path, 998, "sudo", ["sudo", "hftagent", "watch", "--attach-name", "serve.py"])
+    _proc(tmp_path, 999, "hftagent", ["hftagent", "watch", "--attach-name", "serve.py"], 998)
+    return tmp_path
+
+
+def test_a_name_matches_the_comm_or_a_regex_on_the_command_line(tmp_path):
+    root = _tree(tmp_path)
+    _proc(root, 100, "svc", ["/usr/bin/svc", "--port", "8080"])
+    _proc(root, 101, "python3", ["python3", "serve.py", "--model", "m.tflite"])
+    _proc(root, 102, "kworker/0:1", [])                   # a kernel thread: no cmdline
+    _proc(root, 103, "python3", ["python3", "other.py"])
+    host = Host(root=root)
+    assert Matcher(host, procs.identity(host, "serve.py", None, None), own=999).poll() == {101}
+    assert Matcher(host, procs.identity(host, "svc", None, None), own=999).poll() == {100}
+    # comm is 15 bytes (TASK_COMM_LEN): a longer name matches its truncation
+    _proc(root, 104, "inference-serve", ["/opt/bin/inference-server-x"])
+    m = Matcher(host, Identity("name", "inference-server"), own=999)
+    assert 104 in m.poll()
+    # a regex on the whole command line, arguments joined by spaces
+    assert Matcher(host, Identity("name", r"serve\.py --model \S+\.tflite"),
+                   own=999).poll() == {101}
+    # watch itself and its ancestors never match, though their command lines do
+    assert not {998, 999} & Matcher(host, Identity("name", "hftagent"), own=999).poll()
+
+
+def test_a_new_process_is_read_again_until_it_execs_and_a_gone_one_is_forgotten(tmp_path):
+    root = _tree(tmp_path)
+    host = Host(root=root)
+    now = [0.0]
+    m = Matcher(host, Identity("name", "serve"), own=999, clock=lambda: now[0])
+    assert m.poll() == set()
+    _proc(root, 200, "bash", ["bash", "run.sh"])         # forked, not yet exec'd
+    now[0] = 0.2
+    assert m.poll() == set()
+    _proc(root, 200, "python3", ["python3", "serve.py"])  # exec'd: seen on the next poll
+    now[0] = 0.4
+    assert m.poll() == {200}
+    _proc(root, 201, "bash", ["bash", "x.sh"])
+    now[0] = 0.6
+    assert m.poll() == {200}
+    now[0] = 0.6 + procs.RECHECK_S + 0.1                   # no longer young: not read again
+    m.poll()
+    _proc(root, 201, "python3", ["python3", "serve.py"])
+    now[0] += 0.2
+    assert m.poll() == {200}
+    import shutil
+    shutil.rmtree(root / "proc" / "200")
+    now[0] += 0.2
+    assert m.poll() == set() and 200 not in m._verdict
+
+
+def test_a_unit_without_systemd_is_its_cgroup_and_with_systemd_its_main_pid(tmp_path):
+    root = _tree(tmp_path)
+    cg = root / "sys" / "fs" / "cgroup" / "unified" / "system.slice" / "infer.service"
+    cg.mkdir(parents=True)
+    (cg / "cgroup.procs").write_text("300\n301\n")
+    host = Host(root=root)
+    ident = procs.identity(host, None, "infer", None)
+    assert ident.unit == "infer.service" and ident.label == "infer.service"
+    assert Matcher(host, ident, own=999).poll() == {300, 301}
+    # systemd runs (sd_booted): the main pid, asked again only when cgroup.procs changes
+    (root / "run" / "systemd" / "system").mkdir(parents=True)
+    asked: list[str] = []
+
+    def systemctl(unit: str) -> dict[str, str]:
+        asked.append(unit)
+        return {"LoadState": "loaded", "MainPID": "301"}
+    ident = procs.identity(host, None, "infer.service", None, systemctl=systemctl)
+    m = Matcher(host, ident, own=999, systemctl=systemctl)
+    assert m.poll() == {301} and m.poll() == {301}
+    assert len(asked) == 2                                  # identity() and the first poll
+    (cg / "cgroup.procs").write_text("302\n")
+    asked.clear()
+    assert m.poll() == {301} and asked == ["infer.service"]
+    with pytest.raises(IdentityError, match="no such unit"):
+        procs.identity(host, None, "nosuch", None,
+                       systemctl=lambda u: {"LoadState": "not-found", "MainPID": "0"})
+
+
+def test_a_cgroup_is_its_processes_and_its_descendants_and_stays_under_the_root(tmp_path):
+    root = _tree(tmp_path)
+    base = root / "sys" / "fs" / "cgroup"
+    (base / "svc" / "worker").mkdir(parents=True)
+    (base / "svc" / "cgroup.procs").write_text("400\n")
+    (base / "svc" / "worker" / "cgroup.procs").write_text("401\n402\n")
+    (base / "link").symlink_to(base / "svc")
+    host = Host(root=root)
+    for given in ("/sys/fs/cgroup/svc", "svc", "/sys/fs/cgroup/svc/"):
+        ident = procs.identity(host, None, None, given)
+        assert ident.cgroup in ("svc", "svc/") or ident.cgroup.rstrip("/") == "svc"
+        assert Matcher(host, ident, own=999).poll() == {400, 401, 402}
+    for bad, said in (("/etc", "under /sys/fs/cgroup"), ("svc/../..", "'..' is refused"),
+                      ("/sys/fs/cgroup/../../etc", "under /sys/fs/cgroup"),
+                      ("link", "symbolic link"), ("nosuch", "no cgroup directory")):
+        with pytest.raises(IdentityError, match=said):
+            procs.identity(host, None, None, bad)
+
+
+def test_bad_names_and_two_identities_are_refused(tmp_path):
+    host = Host(root=_tree(tmp_path))
+    for args, said in ((("", None, None), "--attach-name is empty"),
+                       (("  ", None, None), "--attach-name is empty"),
+                       (("(", None, None), "not a regular expression"),
+                       ((None, "a b", None), "not a unit name"),
+                       ((None, "-x", None), "not a unit name"),
+                       ((None, "nosuch", None), "no such unit"),
+                       (("x", "y", None), "name two services")):
+        with pytest.raises(IdentityError, match=said):
+            procs.identity(host, *args)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--attach-name", ""], "--attach-name is empty"),
+    (["--attach-name", "(["], "not a regular expression"),
+    (["--attach-unit", "hftagent-no-such-unit-38"], "no such unit"),
+    (["--attach-cgroup", "/etc"], "must be under /sys/fs/cgroup"),
+    (["--attach-name", "x", "--attach", "1"], "name two latency sources"),
+    (["--attach-name", "x", "--unsafe-return"], "--unsafe-return is for --attach-symbol"),
+])
+def test_cli_bad_input_is_one_line(args, said):
+    r = subprocess.run([*CLI, "watch", *args, "--duration", "1", "--no-history"],
+                       capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+# -- a live service, killed and restarted -----------------------------------------------------
+LOOP = r"""
+import ctypes, os, signal, sys, time
+os.sched_setaffinity(0, {int(sys.argv[2])})
+lib = ctypes.CDLL(sys.argv[1])
+mapped = time.monotonic_ns()          # the runtime is mapped from here on
+n = after = 0
+def done(*_):
+    print(f"{mapped} {n} {after}", flush=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, done)
+print("ready", flush=True)
+while True:
+    late = time.monotonic_ns() - mapped >= 1_000_000_000
+    lib.hft_infer(50000)
+    n += 1
+    after += late
+    time.sleep(0.002)
+"""
+
+
+def _needs_uprobes() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if not (TRACEFS / "instances").is_dir():
+        pytest.skip("tracefs not mounted at /sys/kernel/tracing")
+    why = uprobe.available(TRACEFS)
+    if why:
+        pytest.skip(why)
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+
+
+def _cpu() -> int:
+    return max(os.sched_getaffinity(0))
+
+
+def _start(lib: Path, marker: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", LOOP, str(lib), str(_cpu()), marker],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def _stop(p: subprocess.Popen) -> tuple[int, int, int]:
+    """SIGTERM: the loop's own count — (mapped at ns, calls, calls after its first second)."""
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=10)
+    mapped, n, after = map(int, out.split())
+    return mapped, n, after
+
+
+def _timed(run, pid: int) -> bool:
+    p = getattr(run, "procs", {}).get(pid)
+    return p is not None and p.state == "timed"
+
+
+def _exited(run, pid: int) -> bool:
+    return run.procs[pid].exited_at is not None
+
+
+def _said(lines: list[str], *parts: str) -> str | None:
+    return next((ln for ln in list(lines) if all(x in ln for x in parts)), None)
+
+
+def _until(cond, timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_restarted_service_is_timed_after_its_first_second(infer_lib, tmp_path):
+    """Killed and started again twice while watch --attach-name runs: each process's calls
+    after its first second (by its own count) are timed ≥ 90 %; each exit is said, the run
+    goes on and ends with exit 0, its history kept."""
+    _needs_uprobes()
+    from agent.watch.config import WatchConfig
+    from agent.watch.latency.identity import Service
+    from agent.watch.session import WatchSession
+    marker = f"hftident-{secrets.token_hex(4)}"
+    first = _start(infer_lib, marker)
+    src = Service(ident=Identity("name", marker), symbol=f"{infer_lib.name}:hft_infer",
+                  unsafe_return=True, found=(first.pid,))
+    cfg = WatchConfig(source=src, probe_cpus=[_cpu()],
+                      housekeeping_cpus=[c for c in os.sched_getaffinity(0) if c != _cpu()],
+                      duration_s=60, trace="on", spike_log=str(tmp_path / "spikes.jsonl"))
+    s = WatchSession(cfg, on_phase=lambda m: None)
+    rc: list[int] = []
+    t = threading.Thread(target=lambda: rc.append(s.run()))
+    counts, pids = [], []
+    try:
+        t.start()
+        cur = first
+        for i in range(3):
+            assert _until(partial(_timed, s.source, cur.pid)), (i, s.warnings)
+            time.sleep(2.5)
+            pids.append(cur.pid)
+            counts.append(_stop(cur))
+            assert _until(partial(_exited, s.source, cur.pid)), (i, s.warnings)
+            if i < 2:
+                cur = _start(infer_lib, marker)
+        s.request_stop("test")
+        t.join(30)
+    finally:
+        if t.is_alive():
+            s.request_stop("test")
+            t.join(30)
+    assert rc == [0], s.warnings
+    rows = s.lat.last(20000)
+    for pid, (mapped, n, after) in zip(pids, counts):
+        mine = rows[(rows[:, F["pid"]] == pid) &
+                    (rows[:, F["start_ns"]] >= mapped + 1_000_000_000)]
+        assert after > 300 and len(mine) >= 0.9 * after, (pid, len(mine), n, after)
+    st = {p["pid"]: p for p in s.source.processes()}
+    assert [st[p]["state"] for p in pids] == ["exited"] * 3
+    summ = s.summary()
+    assert summ["samples"] == sum(st[p]["calls"] for p in pids)
+    assert any("not countable" in w for w in summ["warnings"]), summ["warnings"]
+    assert not [ln for ln in (TRACEFS / "uprobe_events").read_text().splitlines()
+                if f"hftagent_{os.getpid()}/" in ln]
+
+
+def _fds(pid: int) -> int:
+    """The fewest open descriptors of ``pid`` over a few looks (a read in flight is not
+    growth)."""
+    n = []
+    for _ in range(5):
+        n.append(len(os.listdir(f"/proc/{pid}/fd")))
+        time.sleep(0.05)
+    return min(n)
+
+
+def test_20_restarts_leave_no_uprobe_and_no_descriptor_behind(infer_lib, tmp_path):
+    """hftagent watch --attach-name as a person runs it, the service SIGKILLed and started
+    again 20 times, every other time on another copy of its library (another inode: the
+    probe set is removed and armed again): each start is timed and each exit said; watch's
+    descriptors do not grow, and after Ctrl-C no uprobe event or instance of it is left."""
+    _needs_uprobes()
+    import shutil
+    marker = f"hftident-{secrets.token_hex(4)}"
+    libs = [infer_lib, tmp_path / "libhftinfer2.so"]
+    shutil.copyfile(infer_lib, libs[1])
+    w = subprocess.Popen([*CLI, "watch", "--attach-name", marker, "--attach-symbol",
+                          "libhftinfer:hft_infer", "--unsafe-return", "--duration", "300",
+                          "--no-history", "--no-live", "--trace", "on"],
+                         stderr=subprocess.PIPE, stdout=(tmp_path / "out").open("w"),
+                         text=True, cwd=REPO)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(w.stderr.readline, "")),
+                              daemon=True)
+    reader.start()
+    fds = []
+    try:
+        for i in range(20):
+            p = _start(libs[i % 2], marker)
+            assert _until(partial(_said, lines, f"timing pid {p.pid} ")), lines
+            if i in (2, 19):
+                fds.append(_fds(w.pid))
+            time.sleep(0.3)
+            p.kill()
+            p.wait()
+            assert _until(partial(_said, lines, f"pid {p.pid} (", ") exited")), lines
+            gone = _said(lines, f"pid {p.pid} (", ") exited")
+            assert int(re.search(r"after (\d+) call", gone).group(1)) > 0, gone
+        w.send_signal(signal.SIGINT)
+        assert w.wait(timeout=60) == 0, lines
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    reader.join(5)
+    assert fds[1] <= fds[0], fds
+    out = (tmp_path / "out").read_text()   # a set armed on each copy in turn
+    assert "uprobe(s) in libhftinfer.so" in out and "uprobe(s) in libhftinfer2.so" in out
+    assert "not removed" not in out, out
+    assert not [ln for ln in (TRACEFS / "uprobe_events").read_text().splitlines()
+                if f"hftagent_{w.pid}/" in ln]
+    assert not any(n.startswith(f"hftagent-{w.pid}")
+                   for n in os.listdir(TRACEFS / "instances"))
+
+
+def test_the_exporter_labels_the_service_by_its_name_never_a_pid(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agent.export.metrics import MAX_SERVICE_LABEL, WatchMetrics
+    from agent.export.server import make_registry, render
+    from agent.watch.latency.identity import Service
+    from agent.watch.latency.probe import BuiltinProbe
+    src = Service(ident=Identity("unit", "infer", unit="infer.service"), found=(4242,))
+    assert src.exporter_service == "infer.service" and BuiltinProbe("tf").exporter_service == ""
+
+    def info(m: WatchMetrics) -> dict:
+        body, _ = render(make_registry(m))
+        fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+        return fams["hftagent_probe_info"].samples[0].labels
+    assert info(WatchMetrics(source="attach", service=src.exporter_service)) == \
+        {"source": "attach", "variant": "", "service": "infer.service"}
+    assert info(WatchMetrics(source="probe", variant="xla")) == \
+        {"source": "probe", "variant": "xla"}                 # no service: no label
+    odd = WatchMetrics(source="attach", service="serve\\.py\n" + "x" * 500)
+    assert odd.service.startswith("serve\\.py?") and len(odd.service) == MAX_SERVICE_LABEL
+    assert info(odd)["service"] == odd.service
+
+
+def test_options_choose_the_service_and_hand_it_the_attach_options(tmp_path):
+    from agent.watch import latency
+    from agent.watch.latency.base import Given
+    from agent.watch.latency.identity import Service
+    me = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
+                           f"hftident-{secrets.token_hex(4)}"])
+    try:
+        src = latency.choose(Host(), Given(attach_name=me.args[-1],
+                                           attach_symbol="libc.so.6:nanosleep",
+                                           unsafe_return=True))
+    finally:
+        me.kill()
+        me.wait()
+    assert isinstance(src, Service) and src.found == (me.pid,)
+    assert (src.symbol, src.runtime, src.unsafe_return, src.said) == \
+        ("libc.so.6:nanosleep", "auto", True, f"--attach-name {me.args[-1]}")
