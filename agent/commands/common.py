@@ -295,9 +295,10 @@ def stop_on_signals() -> Iterator[None]:
 # (agent.trace.attach: the runtimes' catalogue, NAMES; the LIB:SYMBOL form).
 AttachRuntimeOpt = Annotated[str | None, typer.Option(
     "--attach-runtime", metavar="RUNTIME",
-    help="The runtime whose once-per-call function is timed: auto (the first the process "
-    "maps), litert (LiteRT from Python), litert-c, tflite-c, tf-c (TF_SessionRun) or "
-    "tf-python (TFE_Py_ExecuteCancelable).")]
+    help="The runtime whose once-per-call function is timed: auto (every one the process "
+    "maps, tried at attach time: the one whose calls arrive is kept), litert (LiteRT from "
+    "Python), litert-c, tflite-c, tf-c (TF_SessionRun), tf-python (TFE_Py_ExecuteCancelable) "
+    "or tf-session (tensorflow::DirectSession::Run).")]
 AttachSymbolOpt = Annotated[str | None, typer.Option(
     "--attach-symbol", metavar="LIB:SYMBOL", help="Time another function: SYMBOL in the "
     "mapped library whose name is or starts with LIB (entry-only timing unless "

@@ -81,7 +81,8 @@ AttachUnsafeLibraryOpt = Annotated[bool, _opt(
     "other than root and the process's owner may write (owned by another user, group- or "
     "world-writable), or one on a FUSE filesystem. Risk: that user (or the FUSE server) can "
     "change the code the uprobe lands in, in every process that maps the file, while root's "
-    "probe is there; a FUSE server may also never answer a read.")]
+    "probe is there; a FUSE server may also never answer a read.",
+    rich_help_panel="--attach overrides")]  # (its own panel: the name fits its column)
 AttachNameOpt = Annotated[str | None, _opt(
     "--attach-name", metavar="NAME", help="Time a service by name across its restarts: every "
     "process whose name (comm) is NAME or whose command line the regular expression NAME "
