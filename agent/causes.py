@@ -14,6 +14,9 @@ CAUSES: dict[str, str] = {
     "softirq": "softirq on the probe CPU",
     "freq_drop": "CPU frequency drop / thermal throttle",
     "steal": "hypervisor steal",
+    # the kernel events only: wall time on the CPU that the scheduler did not count as the
+    # thread's runtime (sched_stat_runtime): the vCPU preempted by the hypervisor, an SMI/NMI
+    "hidden": "time hidden from the thread on its CPU (hypervisor, SMI/NMI)",
     "migration": "migration to another CPU",
     "page_faults": "page faults / reclaim / compaction",
     "numa_remote": "NUMA remote memory",

@@ -10,7 +10,7 @@ import copy
 from pathlib import Path
 
 from agent.trace import timeline
-from agent.trace.recording import FAULT_EVENT, MAX_FAULT_TIDS, Recording
+from agent.trace.recording import FAULT_EVENT, MAX_FAULT_TIDS, RUNTIME_EVENT, Recording
 from agent.trace.text import parse_text
 from agent.trace.tracefs import Window
 from agent.watch.attribution import verdict
@@ -54,9 +54,11 @@ class Source:
     """Canned windows; faults recorded from ``faults_at`` (None: the kernel has no fault
     event) for the threads asked."""
 
-    def __init__(self, text: str, faults_at: int | None = 0) -> None:
+    def __init__(self, text: str, faults_at: int | None = 0,
+                 runtime_at: int | None = None) -> None:
         self.events = parse_text(text.splitlines())
         self.faults_at = faults_at
+        self.runtime_at = runtime_at
         self.asked: list[list[int]] = []
 
     def __bool__(self) -> bool:
@@ -65,12 +67,15 @@ class Source:
     def window(self, t_from, t_to, *, margin_ns=0, after_ns=0):
         return Window(t_from, t_to, self.events, read_ns=1_000)
 
-    def follow_faults(self, tids):
+    def follow_threads(self, tids):
         self.asked.append(list(tids))
         return None if self.faults_at is not None else "unsupported: no fault event"
 
     def faults_from(self, tid):
         return self.faults_at if self.asked and tid in self.asked[-1] else None
+
+    def runtime_from(self, tid):
+        return self.runtime_at if self.asked and tid in self.asked[-1] else None
 
 
 def attribute(src: Source, body: dict, host=None) -> dict:
@@ -166,15 +171,96 @@ def test_the_first_spike_follows_the_faults_of_its_thread_and_of_its_process(tmp
     assert len(src.asked) == 1
 
 
-def test_the_on_cpu_rules_hold_page_faults():
-    assert verdict.page_faults in verdict.ON_CPU_RULES
+def test_the_on_cpu_rules_hold_page_faults_and_hidden_time():
+    assert verdict.ON_CPU_RULES == [verdict.page_faults, verdict.hidden]
+
+
+# -- hidden time: the thread's runtime against its time on the CPU -------------------------
+
+def update(at_ns: int, runtime_ns: int, pid: int = PROBE) -> str:
+    """sched_stat_runtime of ``pid`` on CPU 1 (at a tick: in the hard IRQ)."""
+    return line("probe", pid, ts(at_ns), f"sched_stat_runtime: comm=probe pid={pid} "
+                                         f"runtime={runtime_ns} [ns]", "d.h1.")
+
+
+def updates(*runtimes_us: int) -> list[str]:
+    """Updates every 400 µs from T0 + 100 µs; the first reports a full 400 µs, each next
+    one its runtime."""
+    return [update(T0 + 100_000 + i * 400_000, r * 1000)
+            for i, r in enumerate((400, *runtimes_us))]
+
+
+def test_the_runtime_is_compared_with_the_time_on_the_cpu_between_updates():
+    """Four stretches of 400 µs inside the call (the first update opens them; the one after
+    the call is outside): 1,600 µs on the CPU, 1,000 µs of runtime; the 2 µs of each tick
+    inside a stretch are interrupts (own time)."""
+    text = on_cpu(*updates(400, 100, 100, 400, 400))
+    tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
+                  runtime_from_ns=0).to_dict()
+    assert tl["runtime"] == {"runtime_us": 1000.0, "wall_us": 1600.0, "own_us": 1596.0,
+                             "stretches": 4, "skipped": 0}
+    late = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
+                    runtime_from_ns=T0 + 1).to_dict()
+    assert "runtime" not in late
+
+
+def test_a_stretch_a_remote_wakeup_onto_the_cpu_cuts_is_left_out():
+    """A task woken onto CPU 1 from CPU 0 inside the second stretch: that enqueue updated
+    the thread's runtime on CPU 0 (not traced), so the stretch is not compared."""
+    woke = line("waker", 77, ts(T0 + 700_000), "sched_waking: comm=other pid=999 prio=120 "
+                                               "target_cpu=001", "d..2.", cpu=0)
+    text = on_cpu(*updates(400, 100, 400, 400, 400), woke)
+    tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
+                  runtime_from_ns=0).to_dict()
+    assert tl["runtime"]["stretches"] == 3 and tl["runtime"]["skipped"] == 1
+    assert tl["runtime"]["runtime_us"] == 1200.0
+
+
+def test_an_unexplained_call_with_time_hidden_from_its_runtime_is_named_hidden():
+    body = attribute(Source(on_cpu(*updates(400, 100, 100, 400, 400)), runtime_at=0),
+                     UNEXPLAINED)
+    assert body["cause"] == "hidden" and body["decided_by"] == "events"
+    rt = body["events"]["timeline"]["runtime"]
+    assert rt["hidden_us"] == 596.0 and rt["compared_us"] == 1596.0  # (interrupts left out)
+    lead = body["causes"][0]
+    assert lead["evidence"]["hidden_us"] == 596.0
+    assert lead["detail"].startswith("596 µs of the 1,600 µs excess on CPU 1 was not the "
+                                     "thread's runtime (1,000 µs counted in 1,596 µs")
+
+
+def test_runtime_that_matches_the_time_on_the_cpu_hides_nothing():
+    body = attribute(Source(on_cpu(*updates(400, 399, 400, 398, 400)), runtime_at=0),
+                     UNEXPLAINED)
+    assert body["events"]["timeline"]["runtime"]["hidden_us"] == 0
+    assert body["cause"] == "unexplained"
+
+
+def test_the_on_cpu_cause_with_the_largest_share_leads():
+    """300 faults (1,539 µs) and 596 µs hidden in one call: page faults lead."""
+    body = attribute(Source(on_cpu(*faulting(300), *updates(400, 100, 100, 400, 400)),
+                            runtime_at=0), CONTENTION)
+    assert body["cause"] == "page_faults" and body["decided_by"] == "events"
 
 
 # -- the instance's side: the event, filtered to the followed threads --------------------
 
-FORMAT = (Path(__file__).parent / "fixtures" / "events" / "formats" / "sched" / "sched_waking"
-          / "format").read_text().replace("name: sched_waking", "name: page_fault_user") \
-    .replace("ID: ", "ID: 9")
+FIXTURE_WAKING = (Path(__file__).parent / "fixtures" / "events" / "formats" / "sched" /
+                  "sched_waking" / "format").read_text()
+
+
+def fake_instance(tmp_path: Path, *events: tuple[str, str]) -> dict[str, Path]:
+    """An instance's events/ tree with ``events`` (formats borrowed from sched_waking's,
+    renamed, other ids)."""
+    out = {}
+    for i, (system, name) in enumerate(events):
+        d = tmp_path / "events" / system / name
+        d.mkdir(parents=True)
+        for f in ("enable", "filter"):
+            (d / f).write_text("0\n")
+        (d / "format").write_text(FIXTURE_WAKING.replace("name: sched_waking", f"name: {name}")
+                                  .replace("ID: ", f"ID: 9{i}"))
+        out[name] = d
+    return out
 
 
 class Rec(Recording):
@@ -185,44 +271,41 @@ class Rec(Recording):
         self._names: set = set()
 
 
-def fake_instance(tmp_path: Path, with_event: bool = True) -> Path:
-    d = tmp_path / "events" / FAULT_EVENT[0] / FAULT_EVENT[1]
-    if with_event:
-        d.mkdir(parents=True)
-        for name in ("enable", "filter"):
-            (d / name).write_text("0\n")
-        (d / "format").write_text(FORMAT)
-    return d
-
-
-def test_follow_faults_filters_the_event_to_the_threads_and_enables_it(tmp_path):
-    d = fake_instance(tmp_path)
+def test_follow_threads_filters_both_events_to_the_threads_and_enables_them(tmp_path):
+    ds = fake_instance(tmp_path, FAULT_EVENT, RUNTIME_EVENT)
     rec = Rec(tmp_path)
-    assert rec.faults_from(PROBE) is None
-    assert rec.follow_faults([PROBE, PROC]) is None
-    assert (d / "filter").read_text() == f"common_pid == {PROC} || common_pid == {PROBE}"
-    assert (d / "enable").read_text() == "1"
-    assert "exceptions:page_fault_user" in rec.events and "page_fault_user" in rec._names
+    assert rec.faults_from(PROBE) is None and rec.runtime_from(PROBE) is None
+    assert rec.follow_threads([PROBE, PROC]) is None
+    for d in ds.values():
+        assert (d / "filter").read_text() == f"common_pid == {PROC} || common_pid == {PROBE}"
+        assert (d / "enable").read_text() == "1"
+    assert {"exceptions:page_fault_user", "sched:sched_stat_runtime"} <= set(rec.events)
     since = rec.faults_from(PROBE)
-    assert since is not None and rec.faults_from(OTHER) is None
-    assert rec.follow_faults([OTHER]) is None
-    assert (d / "filter").read_text().endswith(f"|| common_pid == {OTHER}")
+    assert since is not None and rec.runtime_from(PROBE) == since
+    assert rec.faults_from(OTHER) is None
+    assert rec.follow_threads([OTHER]) is None
+    assert ds["page_fault_user"].joinpath("filter").read_text().endswith(
+        f"|| common_pid == {OTHER}")
     assert rec.faults_from(PROBE) == since and rec.faults_from(OTHER) >= since
     assert rec.events.count("exceptions:page_fault_user") == 1
 
 
-def test_follow_faults_is_bounded_and_says_why_where_the_kernel_has_no_event(tmp_path):
-    fake_instance(tmp_path)
+def test_follow_threads_is_bounded_and_says_why_where_the_kernel_lacks_an_event(tmp_path):
+    fake_instance(tmp_path, RUNTIME_EVENT)  # (an arm64 kernel: no fault tracepoint)
     rec = Rec(tmp_path)
-    rec.follow_faults(range(1000, 1000 + MAX_FAULT_TIDS + 10))
-    assert rec.faults_from(1000 + MAX_FAULT_TIDS - 1) is not None
-    assert rec.faults_from(1000 + MAX_FAULT_TIDS) is None
+    assert rec.follow_threads(range(1000, 1000 + MAX_FAULT_TIDS + 10)) is None
+    assert rec.follow_reasons["exceptions:page_fault_user"] == \
+        "unsupported: no exceptions:page_fault_user event (x86 kernels only)"
+    assert rec.runtime_from(1000 + MAX_FAULT_TIDS - 1) is not None
+    assert rec.runtime_from(1000 + MAX_FAULT_TIDS) is None
+    assert rec.faults_from(1000) is None
     none = tmp_path / "none"
-    fake_instance(none, with_event=False)
+    none.mkdir()
     rec = Rec(none)
-    why = rec.follow_faults([PROBE])
-    assert why == "unsupported: no exceptions:page_fault_user event (x86 kernels only)"
-    assert rec.faults_from(PROBE) is None and rec.follow_faults([OTHER]) == why
+    why = rec.follow_threads([PROBE])
+    assert why == ("unsupported: no exceptions:page_fault_user event (x86 kernels only); "
+                   "unsupported: no sched:sched_stat_runtime event")
+    assert rec.faults_from(PROBE) is None and rec.follow_threads([OTHER]) == why
 
 
 def test_live_the_faults_of_a_followed_thread_are_recorded_and_counted():
@@ -262,7 +345,7 @@ def test_live_the_faults_of_a_followed_thread_are_recorded_and_counted():
             print(t0, time.monotonic_ns(), flush=True)
             """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert child.stdout.readline().strip() == "ready"
-        why = src.follow_faults([child.pid])
+        why = src.follow_threads([child.pid])
         if why is not None:
             pytest.skip(why)
         child.stdin.write("go\n")
@@ -277,6 +360,60 @@ def test_live_the_faults_of_a_followed_thread_are_recorded_and_counted():
         pf = tl.to_dict()["page_faults"]
         assert pf["count"] >= 2000 and 0 < pf["us"] <= pf["count"] * 50, pf
         assert not [e for e in win.events if e.name == "page_fault_user" and e.pid != child.pid]
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        src.close()
+
+
+def test_live_a_spinning_threads_runtime_is_compared_with_its_time_on_the_cpu():
+    """Live (root, tracefs): a child pinned to the probe CPU spins 40 ms between two marks;
+    its runtime updates (every tick, HZ 250-1000) are recorded from before: the timeline
+    compares at least two stretches, and the runtime they report is never more than their
+    wall time (the task clock leaves steal out: it can only be less)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    import pytest
+
+    from agent.trace import tracefs as tfs
+    if os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs root (tracefs) and two CPUs")
+    host = Host()
+    if tfs.find_tracefs(host) is None:
+        pytest.skip("tracefs not mounted")
+    cpu = max(os.sched_getaffinity(0))
+    src = tfs.EventSource.open(host, [cpu], buffer_s=2)
+    if not src:
+        pytest.skip(src.reason)
+    child = None
+    try:
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import os, sys, time
+            os.sched_setaffinity(0, {{{cpu}}})
+            print("ready", flush=True)
+            sys.stdin.readline()
+            t0 = time.monotonic_ns()
+            while time.monotonic_ns() - t0 < 40_000_000:
+                pass
+            print(t0, time.monotonic_ns(), flush=True)
+            """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        src.follow_threads([child.pid])
+        if src.runtime_from(child.pid) is None:
+            pytest.skip(str(src.follow_reasons))
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        t0, t1 = map(int, child.stdout.readline().split())
+        child.wait(timeout=30)
+        win = src.window(t0, t1)
+        tl = timeline(win.events, cpu, {child.pid}, t0, t1, comms=win.comms, follow=True,
+                      runtime_from_ns=src.runtime_from(child.pid))
+        assert tl.runtime_stretches >= 2, tl.to_dict().get("runtime")
+        assert 0 < tl.runtime_ns <= tl.runtime_wall_ns * 1.02 + 20_000, tl.to_dict()["runtime"]
     finally:
         if child is not None and child.poll() is None:
             child.kill()

@@ -38,6 +38,7 @@ STOP_SIGNALS = frozenset({19, 20, 21, 22})
 # event to say when; a 2 MiB huge page's zeroing, ~100-200 µs, is counted up to this only)
 FAULT_EVENT = "page_fault_user"
 FAULT_CAP_NS = 50_000
+RUNTIME_EVENT = "sched_stat_runtime"
 
 
 class Entity(NamedTuple):
@@ -224,6 +225,19 @@ class Timeline:
     faults: int | None = None
     fault_ns: int = 0
     faults_slept: int = 0
+    # The followed thread's runtime as the scheduler counted it (sched_stat_runtime, filtered
+    # to it) against its time on the CPU, over the stretches between two of its updates on
+    # this CPU inside [t0, t1] while it was current throughout (from a switch-in, or an
+    # update, to the next update): runtime_ns its runtime there, runtime_wall_ns the
+    # stretches' wall time, runtime_own_ns the same less the interrupts recorded in them.
+    # None where its updates were not recorded over the whole window. runtime_skipped: the
+    # stretches left out because a wake-up onto this CPU from another one came in them (the
+    # enqueue there updates the thread's runtime on that CPU, which is not traced).
+    runtime_ns: int | None = None
+    runtime_wall_ns: int = 0
+    runtime_own_ns: int = 0
+    runtime_stretches: int = 0
+    runtime_skipped: int = 0
 
     @property
     def wall_ns(self) -> int:
@@ -308,6 +322,11 @@ class Timeline:
         if self.faults is not None:
             d["page_faults"] = {"count": self.faults, "us": us(self.fault_ns),
                                 "slept": self.faults_slept}
+        if self.runtime_ns is not None:
+            d["runtime"] = {"runtime_us": us(self.runtime_ns), "wall_us": us(self.runtime_wall_ns),
+                            "own_us": us(self.runtime_own_ns),
+                            "stretches": self.runtime_stretches,
+                            "skipped": self.runtime_skipped}
         return d
 
 

@@ -35,6 +35,7 @@ from .accounting import (
     IDLE_BLOCKED,
     NO_RUN_SEEN,
     PROBE,
+    RUNTIME_EVENT,
     TASK,
     UNKNOWN,
     WORK,
@@ -94,6 +95,11 @@ class CpuStory:
         self.switch_ins: list[tuple[int | None, int]] = []  # (wake-up, switch-in)
         self._tasks: dict[int, Entity] = {}  # pid -> its entity (task_entity's cache)
         self.fault_at: int | None = None  # the followed thread's open page fault's entry
+        # its runtime stretch: where it began (a switch-in or an update; None while it is not
+        # current), the interrupts charged in it, whether a remote enqueue may have updated it
+        self.rt_at: int | None = None
+        self.rt_irq = 0
+        self.rt_remote = False
 
     def run(self, evs: Sequence[Event]) -> Timeline:
         """Walk ``evs`` (time order: this CPU's, and the followed thread's wake-ups,
@@ -202,6 +208,8 @@ class CpuStory:
             self._fault_ends(ts, ev if code == OP_SWITCH else None)
         if code == OP_OTHER and ev.name == FAULT_EVENT:
             self._fault(ts, pid)
+        elif code == OP_OTHER and ev.name == RUNTIME_EVENT:
+            self._runtime(ev)
         # 1. the interval up to this event: the innermost context, or the one an exit
         # whose entry the stack lacks closes
         at, who = self._closes(code, ev, vent) if code in EXITS else (-1, None)
@@ -224,6 +232,8 @@ class CpuStory:
                 self.probe_ran = True
             if pid in self.probe:
                 tl.probe_current_ns += b - a
+                if who.kind != PROBE and self.rt_at is not None:
+                    self.rt_irq += b - a
         if ts > last:
             self.last = ts
         # 2. the event's own effect
@@ -284,11 +294,13 @@ class CpuStory:
             tl.switched_out_before += 1
         if prev == th.tid and prev != nxt:
             th.switched_out(ev.ts_ns, str(f.get("prev_state", "")) or None, runnable)
+            self.rt_at = None
         if nxt in self.probe:
             self.switch_ins.append((self.waking, ev.ts_ns))
             self.waking = None
         if nxt == th.tid:
             th.to_run(ev.ts_ns, "switch")
+            self._stretch(ev.ts_ns)  # (its task clock starts again at its switch-in)
         self.task = nxt
 
     # -- the followed thread's page faults ----------------------------------------------------
@@ -311,6 +323,28 @@ class CpuStory:
                 not str(switch.fields.get("prev_state", "R")).startswith("R"):
             tl.faults_slept += 1
 
+    # -- the followed thread's runtime ---------------------------------------------------------
+    def _stretch(self, at: int | None) -> None:
+        self.rt_at, self.rt_irq, self.rt_remote = at, 0, False
+
+    def _runtime(self, ev: Event) -> None:
+        """A runtime update of the followed thread on this CPU: the stretch since the last
+        one (or its switch-in) is compared with the runtime it reports, where the whole
+        stretch lies in the window and no remote enqueue came in it."""
+        tl, f = self.tl, ev.fields
+        if tl.runtime_ns is None or f.get("pid") != self.thread.tid or ev.pid != f.get("pid"):
+            return
+        at, ts = self.rt_at, ev.ts_ns
+        if at is not None and tl.t0_ns <= at and ts <= tl.t1_ns:
+            if self.rt_remote:
+                tl.runtime_skipped += 1
+            else:
+                tl.runtime_ns += int(f.get("runtime") or 0)
+                tl.runtime_wall_ns += ts - at
+                tl.runtime_own_ns += ts - at - self.rt_irq
+                tl.runtime_stretches += 1
+        self._stretch(ts)
+
     # -- the probe's wake-ups -------------------------------------------------------------------
     def _probe_waking(self, ev: Event) -> None:
         # sched_waking comes first where both are enabled: keep the earlier of a pair
@@ -328,6 +362,9 @@ class CpuStory:
     def remote(self, ev: Event) -> None:
         """A wake-up, signal or sleep timer of the followed thread on another CPU."""
         th = self.thread
+        if ev.fields.get("target_cpu") == self.tl.cpu and ev.fields.get("pid") != th.tid:
+            self.rt_remote = True  # an enqueue here from there: see _runtime
+            return
         if ev.name == "signal_generate":
             th.signalled(ev)
             return

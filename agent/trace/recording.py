@@ -10,12 +10,14 @@ pages, :mod:`.pages`) where ``events/header_page`` and ``header_event`` describe
 parser knows, else ``text`` (:mod:`.text`) with the reason in the notes. ``reader="raw"``
 refuses instead of falling back.
 
-The followed threads' user page faults (:data:`FAULT_EVENT`, issue #35 item 2) are not in
-:data:`WANTED`: a process can fault hundreds of thousands of times a second, so the event is
-enabled only once the threads to follow are known (:meth:`Recording.follow_faults`, from
+The followed threads' own events (:data:`FOLLOWED`, issue #35 item 2: their user page
+faults, :data:`FAULT_EVENT`, and their runtime updates, :data:`RUNTIME_EVENT`) are not in
+:data:`WANTED`: a process can fault hundreds of thousands of times a second, so they are
+enabled only once the threads to follow are known (:meth:`Recording.follow_threads`, from
 the first spike of each), filtered to them in the kernel (``common_pid == tid || ...``,
-evaluated before the record is committed), and :meth:`Recording.faults_from` says from
-when each thread's faults are recorded (a window that begins earlier does not have them all).
+evaluated before the record is committed), and :meth:`Recording.faults_from` /
+:meth:`Recording.runtime_from` say from when each thread's are recorded (a window that
+begins earlier does not have them all).
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ WANTED: tuple[tuple[str, str], ...] = (
 # others have no fault tracepoint) fires at the fault's entry in the faulting task's context
 # (arch/x86/mm/fault.c); it has no exit event. Filtered to at most MAX_FAULT_TIDS threads.
 FAULT_EVENT = ("exceptions", "page_fault_user")
+# The scheduler's runtime update of the current task (kernel/sched/fair.c update_curr: at
+# each tick, at its switch out, when a task is enqueued on its CPU): the ns of task clock
+# since its last update (rq_clock_task: steal left out with PARAVIRT_TIME_ACCOUNTING, IRQ
+# time with IRQ_TIME_ACCOUNTING). Fair-class tasks only (6.18: CFS/EEVDF).
+RUNTIME_EVENT = ("sched", "sched_stat_runtime")
+FOLLOWED = (FAULT_EVENT, RUNTIME_EVENT)
 MAX_FAULT_TIDS = 64
 
 # irq_vectors: every *_entry/*_exit pair (local_timer, call_function(_single), reschedule,
@@ -63,9 +71,10 @@ class Recording:
         self.events: list[str] = []  # "system:name" enabled
         self.missing: list[str] = []  # wanted but not offered by this kernel
         self.reader = "raw"
-        # tid -> CLOCK_MONOTONIC ns from which its page faults are recorded
+        # tid -> CLOCK_MONOTONIC ns from which its FOLLOWED events are recorded
         self.fault_tids: dict[int, int] = {}
-        self.faults_reason: str | None = "no thread followed yet"
+        # "system:name" of each FOLLOWED event asked -> None (on) or why not
+        self.follow_reasons: dict[str, str | None] = {}
 
     def _choose_reader(self, reader: str) -> str:
         if reader == "text":
@@ -116,45 +125,65 @@ class Recording:
             if fmt.name == "sched_switch":
                 self._switch_ids = {fmt.id}
 
-    def follow_faults(self, tids: Iterable[int]) -> str | None:
-        """Record the user page faults of ``tids`` too (the threads already followed stay
-        followed; see the module docstring): None, or why not ("unsupported: ...", also in
-        ``faults_reason``). The filter is rewritten only when a thread is new; a thread
-        that is gone stays in it (its pid matches nothing until reused). Beyond
-        MAX_FAULT_TIDS threads in all, the first of ``tids`` that fit are followed."""
+    def follow_threads(self, tids: Iterable[int]) -> str | None:
+        """Record the :data:`FOLLOWED` events of ``tids`` too (the threads already followed
+        stay followed; see the module docstring): None when at least one of them is on,
+        else why not ("unsupported: ..."; each event's own reason in ``follow_reasons``).
+        The filters are rewritten only when a thread is new; a thread that is gone stays in
+        them (its pid matches nothing until reused). Beyond MAX_FAULT_TIDS threads in all,
+        the first of ``tids`` that fit are followed."""
         new = list(dict.fromkeys(int(t) for t in tids if int(t) not in self.fault_tids))
-        if not new or self.faults_reason is not None and self.fault_tids:
-            return self.faults_reason
         new = new[:MAX_FAULT_TIDS - len(self.fault_tids)]
-        if not new:
-            return None  # (the bound is reached: these threads' faults stay unknown)
-        d = self.path / "events" / FAULT_EVENT[0] / FAULT_EVENT[1]
-        full = ":".join(FAULT_EVENT)
-        if not (d / "enable").exists():
-            self.faults_reason = f"unsupported: no {full} event (x86 kernels only)"
-            self.fault_tids[0] = 0  # (asked once: never again)
-            return self.faults_reason
+        if not new or self.follow_reasons and all(self.follow_reasons.values()):
+            return self._follow_reason()
         expr = " || ".join(f"common_pid == {t}" for t in sorted({*self.fault_tids, *new}))
+        for system, name in FOLLOWED:
+            full = f"{system}:{name}"
+            if self.follow_reasons.get(full, "") is not None and full in self.follow_reasons:
+                continue  # refused before: never asked again
+            self.follow_reasons[full] = self._follow_one(system, name, expr)
+        now = time.monotonic_ns()  # (the filters hold from here on)
+        for t in new:
+            self.fault_tids[t] = now
+        return self._follow_reason()
+
+    def _follow_one(self, system: str, name: str, expr: str) -> str | None:
+        """Filter one followed event to ``expr`` (enabling it the first time): None, or why
+        it cannot be."""
+        d = self.path / "events" / system / name
+        full = f"{system}:{name}"
+        if not (d / "enable").exists():
+            return f"unsupported: no {full} event" + (
+                " (x86 kernels only)" if (system, name) == FAULT_EVENT else "")
         try:
-            if full not in self.events:
-                fmt = parse_format(_read(d / "format"), FAULT_EVENT[0])
+            fmt = parse_format(_read(d / "format"), system) if full not in self.events else None
             _write(d / "filter", expr)
-            if full not in self.events:
+            if fmt is not None:
                 _write(d / "enable", "1")
                 self._formats[fmt.id] = fmt
                 self._names.add(fmt.name)
                 self.events.append(full)
         except (OSError, FormatError) as exc:
-            self.faults_reason = f"unsupported: {full}: {getattr(exc, 'strerror', None) or exc}"
-            self.fault_tids[0] = 0
-            return self.faults_reason
-        now = time.monotonic_ns()  # (the filter holds from here on)
-        for t in new:
-            self.fault_tids[t] = now
-        self.faults_reason = None
+            return f"unsupported: {full}: {getattr(exc, 'strerror', None) or exc}"
         return None
+
+    def _follow_reason(self) -> str | None:
+        if not self.follow_reasons:
+            return "no thread followed yet"
+        bad = [r for r in self.follow_reasons.values() if r is not None]
+        return None if len(bad) < len(self.follow_reasons) else "; ".join(bad)
+
+    def _followed_from(self, event: tuple[str, str], tid: int) -> int | None:
+        if self.follow_reasons.get(":".join(event), "no") is not None:
+            return None
+        return self.fault_tids.get(tid)
 
     def faults_from(self, tid: int) -> int | None:
         """From when thread ``tid``'s page faults are recorded (CLOCK_MONOTONIC ns), None
         when they are not."""
-        return None if self.faults_reason is not None else self.fault_tids.get(tid)
+        return self._followed_from(FAULT_EVENT, tid)
+
+    def runtime_from(self, tid: int) -> int | None:
+        """From when thread ``tid``'s ``sched_stat_runtime`` updates are recorded
+        (CLOCK_MONOTONIC ns), None when they are not."""
+        return self._followed_from(RUNTIME_EVENT, tid)

@@ -101,13 +101,15 @@ __all__ = [
 # The events of other CPUs the walk takes (the source's wake instance): who woke or stopped
 # the followed thread; they never charge time on this CPU.
 _REMOTE = frozenset({"sched_waking", "sched_wakeup", "signal_generate"})
+_WAKES = frozenset({"sched_waking", "sched_wakeup"})
 
 
 def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns: int,
              t1_ns: int, *, comms: dict[int, str] | None = None, complete: bool = True,
              reason: str | None = None, follow: bool = False, probe_pid: int | None = None,
              tgid_of: Callable[[int], int | None] | None = None,
-             wake_reason: str | None = None, faults_from_ns: int | None = None) -> Timeline:
+             wake_reason: str | None = None, faults_from_ns: int | None = None,
+             runtime_from_ns: int | None = None) -> Timeline:
     """Account ``[t0_ns, t1_ns]`` on ``cpu`` (see the module docstring). ``events``: the
     window's events (other CPUs' are skipped, except the wake-ups and signals of the probe
     thread: who woke or stopped it), including some before ``t0_ns`` so that the state at
@@ -120,15 +122,21 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
     process"), ``tgid_of``: a task's process id (None when gone). ``wake_reason``: why the
     other CPUs' wake-ups may be missing (Window.wake_reason). ``faults_from_ns``: from when
     the followed thread's page faults are recorded (EventSource.faults_from): at or before
-    ``t0_ns``, the timeline counts them (``Timeline.faults``), else they are unknown (None)."""
+    ``t0_ns``, the timeline counts them (``Timeline.faults``), else they are unknown (None);
+    ``runtime_from_ns`` the same for its runtime updates (``Timeline.runtime_ns``: the other
+    CPUs' wake-ups onto ``cpu`` are taken too, to leave out the stretches they may cut)."""
     probe = {int(t) for t in probe_tids}
     one = next(iter(probe)) if follow and len(probe) == 1 else None
+    runtime = one is not None and runtime_from_ns is not None and runtime_from_ns <= t0_ns
     evs = sorted((e for e in events if e.cpu == cpu or one is not None and (
         e.name in _REMOTE and e.fields.get("pid") in (one, probe_pid) or
-        e.name == "hrtimer_start" and e.pid == one)), key=lambda e: e.ts_ns)
+        e.name == "hrtimer_start" and e.pid == one) or runtime and e.name in _WAKES and
+        e.fields.get("target_cpu") == cpu), key=lambda e: e.ts_ns)
     walk = CpuStory(cpu, probe, t0_ns, t1_ns, _names(evs, comms), probe_pid, tgid_of, follow)
     if one is not None and faults_from_ns is not None and faults_from_ns <= t0_ns:
         walk.tl.faults = 0
+    if runtime:
+        walk.tl.runtime_ns = 0
     tl = walk.run(evs)
     tl.complete = complete
     tl.reason = reason

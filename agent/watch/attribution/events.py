@@ -114,6 +114,7 @@ class SlowdownEstimate:
         return int(med), n
 
 
+HIDDEN_NOISE_NS = 20_000  # hidden time under this (or 2 % of the time compared) is clock noise
 IRQ_IN_CPU_MIN_NS = 100_000  # interrupt time in a sample that lets it say how CPU time is kept
 IRQ_IN_CPU_VOTES = 5         # samples that said so before it is used
 
@@ -338,7 +339,7 @@ class SpikeEvents:
         """The spike record's ``events`` part and the breakdown as (cause, culprit, ns)
         triples for the metrics (empty when the window could not be read)."""
         cpu = sp.cpu_end if sp.cpu_end >= 0 and sp.cpu_end in self.cpus else self.cpus[0]
-        faults_from = self._follow_faults(sp)
+        faults_from, runtime_from = self._follow(sp)
         try:
             win = self.source.window(sp.start_ns, sp.end_ns, margin_ns=MARGIN_BEFORE_NS,
                                      after_ns=MARGIN_AFTER_NS)
@@ -347,7 +348,7 @@ class SpikeEvents:
                           follow=True, probe_pid=sp.pid if sp.pid > 0 else None,
                           tgid_of=self._tgid_or_none,
                           wake_reason=getattr(win, "wake_reason", None),
-                          faults_from_ns=faults_from)
+                          faults_from_ns=faults_from, runtime_from_ns=runtime_from)
             _check_probe_seen(tl, sp, cpu)
             _check_wait_seen(tl, sp)
             # a stall at the call's start: the thread's earlier calls ran first (queued);
@@ -387,6 +388,8 @@ class SpikeEvents:
                "complete": tl.complete, "reason": tl.reason,
                "read_us": round(win.read_ns / 1e3, 1),
                "read_cpu_us": round(win.cpu_ns / 1e3, 1)}
+        if tl.runtime_ns is not None:
+            out["timeline"]["runtime"].update(self._hidden(tl))
         if cost is not None:
             out["irq_cost_us"] = round(cost / 1e3, 2)
         if slow is not None:
@@ -400,21 +403,40 @@ class SpikeEvents:
                 out["queued_behind_stall_us"] = round(q / 1e3, 1)
         return out, _triples(tl, items, cost, queued)
 
-    def _follow_faults(self, sp) -> int | None:
-        """From when the page faults of the spike's thread are recorded (None: not, or a
-        source without them). The first spike of a process asks the source to follow the
-        faults of all its threads (/proc/PID/task; a thread first seen later is added at
-        its first spike): a call before that has them unknown, never zero."""
+    def _follow(self, sp) -> tuple[int | None, int | None]:
+        """From when the page faults and the runtime updates of the spike's thread are
+        recorded (None: not, or a source without them). The first spike of a process asks
+        the source to follow all its threads (/proc/PID/task; a thread first seen later is
+        added at its first spike): a call before that has them unknown, never zero."""
         src = self.source
-        if not hasattr(src, "follow_faults") or sp.tid <= 0:
-            return None
-        if src.faults_from(sp.tid) is None:
+        if not hasattr(src, "follow_threads") or sp.tid <= 0:
+            return None, None
+        if src.faults_from(sp.tid) is None and src.runtime_from(sp.tid) is None:
             tids = [sp.tid]  # first: the one that must fit the filter's bound
             if self.host is not None and sp.pid > 0:
                 tids += [int(t) for t in self.host.listdir(self.host.proc(sp.pid, "task"))
                          if t.isdigit()]
-            src.follow_faults(tids)
-        return src.faults_from(sp.tid)
+            src.follow_threads(tids)
+        return src.faults_from(sp.tid), src.runtime_from(sp.tid)
+
+    def _hidden(self, tl) -> dict:
+        """The followed thread's time on the CPU that its runtime updates do not count
+        (``hidden_us``; 0 under max(HIDDEN_NOISE_NS, 2 %): the trace clock and the task
+        clock are read µs apart at each update), over the stretches the timeline compared.
+        Interrupts are in the runtime where this kernel charges them to the task
+        (:class:`IrqInCpuTime`, also voted on here: the runtime is the task's CPU time);
+        until that is known the comparison leaves them out (the conservative one)."""
+        wall, own, run = tl.runtime_wall_ns, tl.runtime_own_ns, tl.runtime_ns
+        if wall - own >= IRQ_IN_CPU_MIN_NS and tl.complete:
+            if abs(run - wall) < abs(run - own):
+                self.irq_in_cpu.included += 1
+            else:
+                self.irq_in_cpu.excluded += 1
+        on = wall if self.irq_in_cpu.includes is True else own
+        h = on - run
+        if h < max(HIDDEN_NOISE_NS, int(0.02 * on)):
+            h = 0
+        return {"compared_us": round(on / 1e3, 1), "hidden_us": round(h / 1e3, 1)}
 
     def tgid(self, tid: int) -> int:
         """The thread group of task ``tid`` through the session's Host

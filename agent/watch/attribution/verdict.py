@@ -24,9 +24,10 @@ A contradicted verdict is replaced, in this order, by the first of:
 
 1. an **on-CPU rule** (:data:`ON_CPU_RULES`): a cause found inside the thread's own time on
    the CPU, ``decided_by: events``: :func:`page_faults` (the call's own faults, counted by
-   the timeline, hold :data:`PAGE_FAULT_MIN_SHARE` of the excess); hidden time and the SMT
-   sibling (issue #35 item 2) belong there too. A call the polled rules left unexplained
-   asks the same rules (:func:`on_cpu`);
+   the timeline, hold :data:`PAGE_FAULT_MIN_SHARE` of the excess), :func:`hidden` (time on
+   the CPU that was not the thread's runtime, :data:`HIDDEN_MIN_SHARE`); the one with the
+   largest share leads; the SMT sibling (issue #35 item 2) belongs there too. A call the
+   polled rules left unexplained asks the same rules (:func:`on_cpu`);
 2. the next polled cause (strength ≥ ``MIN_STRENGTH``) the timeline does not contradict,
    ``decided_by: events+polled`` (the events overruled the first, the polled evidence named
    this one);
@@ -51,8 +52,9 @@ SEEN = {"cpu_contention": "time another task ran while the thread waited for the
 # cause with its own evidence from inside the thread's time on the CPU; the first that
 # names one decides (ON_CPU_RULES, at the end of this module).
 OnCpuRule = Callable[[dict, dict, dict[str, int], int], dict | None]
-# page faults name a call when their time holds at least this share of the excess
+# page faults, hidden time name a call when their time holds at least this share of the excess
 PAGE_FAULT_MIN_SHARE = 0.3
+HIDDEN_MIN_SHARE = 0.3
 
 
 def steal_cpu(entry: dict) -> int | None:
@@ -108,11 +110,10 @@ def overrule(body: dict, ev: dict, per: dict[str, int], excess_ns: int,
         return False
     body["polled_cause"] = polled
     body["contradicted"] = {"cause": polled, "why": why}
-    for rule in ON_CPU_RULES:
-        found = rule(body, ev, per, excess_ns)
-        if found is not None:
-            _lead(body, found, "events")
-            return True
+    found = on_cpu_cause(body, ev, per, excess_ns)
+    if found is not None:
+        _lead(body, found, "events")
+        return True
     for c in causes:
         if c is not entry and c.get("cause") not in ("unexplained", polled) and \
                 (c.get("strength") or 0) >= MIN_STRENGTH and \
@@ -197,18 +198,48 @@ def page_faults(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> di
                          "excess_us": round(excess_ns / 1e3, 1)}}
 
 
-ON_CPU_RULES: list[OnCpuRule] = [page_faults]
+def hidden(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
+    """``hidden`` where the call's time on the CPU that the scheduler did not count as the
+    thread's runtime (the timeline's ``runtime.hidden_us``: wall time of its stretches
+    between two runtime updates minus the runtime sched_stat_runtime reported for them)
+    holds at least :data:`HIDDEN_MIN_SHARE` of the excess. The task clock leaves out what
+    the hypervisor stole from the vCPU (PARAVIRT_TIME_ACCOUNTING) and an SMI's or NMI's
+    time; a lower bound: only the stretches the events bound are measured."""
+    tl = ev.get("timeline") or {}
+    rt = tl.get("runtime") or {}
+    h = rt.get("hidden_us") or 0.0
+    if h * 1e3 < HIDDEN_MIN_SHARE * max(1, excess_ns):
+        return None
+    cpu = tl.get("cpu", "?")
+    return {"cause": "hidden", "score": round(min(1.0, h * 1e3 / max(1, excess_ns)), 3),
+            "strength": 1.0,
+            "detail": f"{h:,.0f} µs of the {excess_ns / 1e3:,.0f} µs excess on CPU {cpu} was "
+                      f"not the thread's runtime ({rt.get('runtime_us', 0):,.0f} µs counted "
+                      f"in {rt.get('compared_us', 0):,.0f} µs on the CPU: sched_stat_runtime): "
+                      "the hypervisor preempted the vCPU, or an SMI/NMI ran (kernel events)",
+            "evidence": {"hidden_us": h, "runtime_us": rt.get("runtime_us"),
+                         "on_cpu_compared_us": rt.get("compared_us"),
+                         "excess_us": round(excess_ns / 1e3, 1)}}
+
+
+ON_CPU_RULES: list[OnCpuRule] = [page_faults, hidden]
+
+
+def on_cpu_cause(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
+    """The on-CPU rules' cause with the largest share of the excess, None when none names
+    one."""
+    found = [c for rule in ON_CPU_RULES if (c := rule(body, ev, per, excess_ns)) is not None]
+    return max(found, key=lambda c: c["score"], default=None)
 
 
 def on_cpu(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> bool:
     """The first on-CPU rule that names a cause leads the record (``decided_by: events``):
     for a call the polled rules left unexplained, whose complete timeline decided nothing
     else. True when one did."""
-    for rule in ON_CPU_RULES:
-        found = rule(body, ev, per, excess_ns)
-        if found is not None:
-            if body.get("cause") not in (None, found["cause"]):
-                body["polled_cause"] = body.get("cause")
-            _lead(body, found, "events")
-            return True
-    return False
+    found = on_cpu_cause(body, ev, per, excess_ns)
+    if found is None:
+        return False
+    if body.get("cause") not in (None, found["cause"]):
+        body["polled_cause"] = body.get("cause")
+    _lead(body, found, "events")
+    return True
