@@ -36,16 +36,20 @@ F = {name: i for i, name in enumerate(FIELDS)}
 
 
 # -- fixture trees ---------------------------------------------------------------------------
-def _proc(root: Path, pid: int, comm: str, argv: list[str], ppid: int = 1) -> None:
+def _proc(root: Path, pid: int, comm: str, argv: list[str], ppid: int = 1,
+          started_s: float = 0.0) -> None:
     d = root / "proc" / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     (d / "comm").write_text(comm + "\n")
     (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
-    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 0 0\n")
+    ticks = int(started_s * os.sysconf("SC_CLK_TCK"))   # field 22: starttime
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 0 {' '.join(['0'] * 12)}"
+                            f" {ticks} 0 0\n")
 
 
 def _tree(tmp_path: Path) -> Path:
     (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "uptime").write_text("1000.00 1900.00\n")
     (tmp_path / "sys" / "fs" / "cgroup").mkdir(parents=True)
     # watch (999) run by sudo (998): both name the service on their command lines
     _proc(tmp_path, 998, "sudo", ["sudo", "hftagent", "watch", "--attach-name", "serve.py"])
@@ -97,6 +101,15 @@ def test_a_new_process_is_read_again_until_it_execs_and_a_gone_one_is_forgotten(
     shutil.rmtree(root / "proc" / "200")
     now[0] += 0.2
     assert m.poll() == set() and 200 not in m._verdict
+    # at the first poll, a process started within RECHECK_S (by /proc/uptime) is young too
+    _proc(root, 300, "bash", ["bash"], started_s=999.0)
+    _proc(root, 301, "bash", ["bash"], started_s=10.0)
+    m = Matcher(host, Identity("name", "serve"), own=999, clock=lambda: now[0])
+    assert m.poll() == {201}
+    _proc(root, 300, "python3", ["python3", "serve.py"])
+    _proc(root, 301, "python3", ["python3", "serve.py"])
+    now[0] += 0.2
+    assert m.poll() == {201, 300}
 
 
 def test_a_unit_without_systemd_is_its_cgroup_and_with_systemd_its_main_pid(tmp_path):
@@ -388,6 +401,7 @@ def test_options_choose_the_service_and_hand_it_the_attach_options(tmp_path):
     from agent.watch.latency.identity import Service
     me = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
                            f"hftident-{secrets.token_hex(4)}"])
+    assert _until(lambda: me.args[-1].encode() in Path(f"/proc/{me.pid}/cmdline").read_bytes())
     try:
         src = latency.choose(Host(), Given(attach_name=me.args[-1],
                                            attach_symbol="libc.so.6:nanosleep",
@@ -398,3 +412,57 @@ def test_options_choose_the_service_and_hand_it_the_attach_options(tmp_path):
     assert isinstance(src, Service) and src.found == (me.pid,)
     assert (src.symbol, src.runtime, src.unsafe_return, src.said) == \
         ("libc.so.6:nanosleep", "auto", True, f"--attach-name {me.args[-1]}")
+
+
+def _service(tmp_path: Path, marker: str, n: int) -> subprocess.Popen:
+    """bench/service.py: a LiteRT loop (dense-16.tflite) at 300 calls/s for 3 s that records
+    every call in its agent.client ring (its own count; the ring's path carries the marker)."""
+    p = subprocess.Popen([sys.executable, str(REPO / "bench" / "service.py"), "--cpu",
+                          str(_cpu()), "--rate", "300", "--seconds", "3", "--warmup", "1",
+                          "--model", str(REPO / "bench" / "models" / "dense-16.tflite"),
+                          "--ring", str(tmp_path / f"{marker}-{n}.ring")],
+                         stdout=subprocess.PIPE, text=True, cwd=REPO)
+    return p
+
+
+def test_a_litert_service_restarted_is_timed_and_its_missed_calls_counted(tmp_path):
+    """A LiteRT loop that keeps its own count (an agent.client ring) ends and starts again
+    while watch --attach-name runs: the new process is timed from within its first second
+    (≥ 90 % of its calls after it), and the calls it made before are counted by its ring."""
+    _needs_uprobes()
+    pytest.importorskip("ai_edge_litert")
+    import json
+
+    from agent.watch.config import WatchConfig
+    from agent.watch.latency.identity import Service
+    from agent.watch.session import WatchSession
+    marker = f"hftident-{secrets.token_hex(4)}"
+    src = Service(ident=Identity("name", marker))
+    cfg = WatchConfig(source=src, probe_cpus=[_cpu()],
+                      housekeeping_cpus=[c for c in os.sched_getaffinity(0) if c != _cpu()],
+                      duration_s=60, trace="on")
+    s = WatchSession(cfg, on_phase=lambda m: None)
+    rc: list[int] = []
+    t = threading.Thread(target=lambda: rc.append(s.run()))
+    done = []
+    try:
+        t.start()
+        assert _until(lambda: s.started_ns > 0)
+        for n in range(2):
+            p = _service(tmp_path, marker, n)
+            out, _ = p.communicate(timeout=120)
+            done.append((p.pid, json.loads(out.strip().splitlines()[-1])))
+        assert _until(partial(_exited, s.source, done[-1][0]))
+    finally:
+        s.request_stop("test")
+        t.join(30)
+    assert rc == [0], s.warnings
+    st = {d["pid"]: d for d in s.source.processes()}
+    for pid, end in done:
+        d = st[pid]
+        assert d["own_calls"] == end["calls"], d
+        assert isinstance(d["missed"], int) and 0 <= d["missed"] <= 300, d   # ≤ 1 s of calls
+        # every recorded call after the first second is timed (≥ 90 %; the runtime's calls
+        # it does not record, its warm-up, are timed too)
+        assert d["calls"] >= 0.9 * (end["calls"] - 300), d
+    assert any("calls missed between a start and its timing" in w for w in s.summary()["warnings"])

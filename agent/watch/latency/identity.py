@@ -16,12 +16,19 @@ Polling, from the loop's reads (:meth:`ServiceRun.poll`, every :data:`POLL_S`): 
 pids (/proc: comm and cmdline of new pids only), and each new process's maps until its
 runtime library is mapped; then it is timed. So a restarted service is timed within
 ~2 × POLL_S of its first mapping of the runtime. An exit is said on stderr; the run keeps its
-history and metrics and goes on. The calls a process made before it was timed are not
-countable from outside (the runtime keeps no count watch can read): the summary says so.
+history and metrics and goes on.
+
+The calls a process started during the run made before it was timed: counted by the
+process's own count where it keeps one watch can read — an :mod:`agent.client` latency ring
+(found as ``--pid`` finds it, :func:`~agent.watch.latency.ring.find_ring`: owned by the
+process's user, created by it), whose last sequence number, read when the process exits or
+the run ends, is the calls it recorded — as that count less the calls timed; else "not
+countable" (the runtime keeps no count of its own).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -45,7 +52,11 @@ from collectors.parsers import format_cpulist
 
 F = {name: i for i, name in enumerate(FIELDS)}
 POLL_S = 0.15            # the identity and the waiting processes' maps: ~6.7 Hz
+RECHECK_S, RECHECK_EVERY_S = 5.0, 0.5   # a timed process with no call: its maps again
+LOAD_WAIT_S = 2.0        # a process mapping part of the armed set's files: waited for
 SLOW_AFTER_S, SLOW_POLL_S = 10.0, 1.0   # a process waiting longer: its maps read at 1 Hz
+RING_TRIES = 8           # a process's agent.client ring is looked for this often
+RING_READS = 64          # reads of it to its newest record (each bounded: agent.client)
 NO_THREAD = [0]          # a filter no user thread passes (pid 0 is the idle task)
 
 
@@ -63,6 +74,7 @@ class ServiceReader(AttachedReader):
         self.pids: list[int] = list(pids)
         self.tid_pid: dict[int, int] = {}
         self.per_pid: dict[int, int] = {}
+        self.first_ns: dict[int, int] = {}    # pid -> the start of its first timed call
         super().__init__(host, pids[0], events, uprobes, entry_only)
         self.path = f"uprobes {uprobes.group} on {label}"
 
@@ -80,6 +92,7 @@ class ServiceReader(AttachedReader):
         pid = self.tid_pid.get(tid, self.pid)
         r[F["pid"]] = pid
         self.per_pid[pid] = self.per_pid.get(pid, 0) + 1
+        self.first_ns.setdefault(pid, t0)
         return r
 
     def follow(self, pid: int) -> None:
@@ -203,12 +216,73 @@ class Proc:
     exited_at: float | None = None
     state: str = "waiting for its runtime"
     maps_at: float = 0.0
+    files: frozenset | None = None # its runtime files at the last look
+    started_in_run: bool = False   # not there at the run's first poll: its start was missed
+    ring: Any = None               # its agent.client RingReader, where it keeps one
+    ring_tries: int = 0
+    own_calls: int | None = None   # its own count (the ring's last sequence number)
+    missed: int | None = None      # its calls recorded before its first timed one
+    why: str = "the process keeps no count watch can read (an agent.client ring)"
 
     def to_dict(self, calls: int) -> dict[str, Any]:
         def rel(t: float | None) -> float | None:
             return None if t is None else round(t - self.seen_at, 3)
+        missed: int | str | None = None
+        if self.started_in_run and self.armed_at is not None:
+            missed = self.missed if self.missed is not None else \
+                f"not countable ({self.why})"
         return {"pid": self.pid, "comm": self.comm, "state": self.state, "calls": calls,
-                "armed_after_s": rel(self.armed_at), "exited_after_s": rel(self.exited_at)}
+                "armed_after_s": rel(self.armed_at), "exited_after_s": rel(self.exited_at),
+                "own_calls": self.own_calls, "missed": missed}
+
+    def find_ring(self, host: Host) -> None:
+        """Its agent.client ring, looked for at most :data:`RING_TRIES` times (once a poll
+        round after it is timed): a process keeps one or does not."""
+        from agent.client import RingError
+        from agent.watch.latency.ring import find_ring
+        if self.ring is not None or self.ring_tries >= RING_TRIES:
+            return
+        self.ring_tries += 1
+        try:
+            self.ring = find_ring(host, self.pid)
+        except RingError:
+            return
+
+    def count_own(self, first_ns: int | None) -> None:
+        """The calls it recorded before its first timed call (``first_ns``: that call's
+        start), by its own ring: read to its newest record (our descriptor keeps an
+        unlinked ring readable after the process exits), then closed. A record's sequence
+        number counts the calls recorded up to it, so the last record that ended before
+        ``first_ns`` says how many were missed; none left of that time (the ring lapped
+        them) is not countable."""
+        from agent.client import RingError
+        if self.ring is None:
+            return
+        got: list[np.ndarray] = []
+        try:
+            for _ in range(RING_READS):
+                r = self.ring.read()
+                if not len(r):
+                    break
+                got.append(r[:, [F["seq"], F["end_ns"]]])
+            self.own_calls = int(self.ring.pos)
+        except RingError as exc:
+            self.why = f"its ring: {exc}"
+        finally:
+            self.ring.close()
+            self.ring = None
+        if self.own_calls is None:
+            return
+        rows = np.concatenate(got) if got else np.empty((0, 2), dtype=np.int64)
+        before = rows[rows[:, 1] < first_ns] if first_ns is not None else rows
+        if first_ns is None:
+            self.missed = self.own_calls
+        elif len(before):
+            self.missed = int(before[:, 0].max())
+        elif not len(rows) or int(rows[:, 0].min()) == 1:
+            self.missed = 0
+        else:
+            self.why = "its ring no longer holds the calls before the first one timed"
 
 
 class ServiceRun(Running):
@@ -227,11 +301,13 @@ class ServiceRun(Running):
         self.matcher = matcher
         self.procs: dict[int, Proc] = {}
         self.armed: AttachedRun | None = None
-        self.key: frozenset | None = None   # the armed set's library files (dev, inode)
+        self.key: frozenset | None = None   # the armed set's files (dev, inode, path)
         self.events: Any = None
         self.phase: Phase | None = None
         self.calls_before: dict[int, int] = {}  # pid -> calls timed by sets removed
+        self.first_ns: dict[int, int] = {}      # pid -> its first timed call's start (ditto)
         self._polled = -POLL_S
+        self._polls = 0
 
     def start(self, events: Any, phase: Phase | None = None) -> None:
         """Arm on the processes that run now (none is fine: the run waits for one)."""
@@ -256,8 +332,14 @@ class ServiceRun(Running):
         self._polled = now
         pids = self.matcher.poll() if self.matcher is not None else set()
         for pid in sorted(pids - set(self.procs)):
-            self.procs[pid] = Proc(pid, _comm(self.host, pid), now)
-        for p in self.procs.values():
+            self.procs[pid] = Proc(pid, _comm(self.host, pid), now,
+                                   started_in_run=self._polls > 0)
+        self._polls += 1
+        for p in list(self.procs.values()):
+            if p.state == "timed" and p.started_in_run:
+                p.find_ring(self.host)
+            if p.state == "timed" and p.pid in pids:
+                self._recheck(p, now)
             if p.exited_at is None and (p.pid not in pids or
                                         not process_alive(self.host, p.pid)):
                 self._exited(p, now)
@@ -268,6 +350,7 @@ class ServiceRun(Running):
     def _exited(self, p: Proc, now: float) -> None:
         p.exited_at, was = now, p.state
         p.state = "exited"
+        p.count_own(self._first_ns(p.pid))
         if self.armed is not None and was == "timed":
             reader: ServiceReader = self.armed.reader
             reader.forget(p.pid)
@@ -285,14 +368,20 @@ class ServiceRun(Running):
         key = _runtime_files(self.host, p.pid, self.source)
         if key is None:
             return   # not mapped yet (or gone: the next poll says so)
+        if key != p.files:   # settled: the same runtime files on two polls (an import
+            p.files = key    # maps libLiteRt.so before the Python wrapper's library)
+            return
         p.comm = _comm(self.host, p.pid)   # (first seen between its fork and its exec)
-        if self.armed is not None and key != self.key:
-            if any(q.state == "timed" for q in self.procs.values()):
-                p.state = "not timed: it maps another copy of the runtime than the one armed"
-                self.say(f"hftagent: warning: {self.source.said}: pid {p.pid} ({p.comm}) "
-                         "maps another copy of the runtime than the armed one: not timed "
-                         "while a process uses that one")
-                return
+        fit = self._fits(p, key, now)
+        if fit == "wait":
+            return
+        if fit == "refuse":
+            p.state = "not timed: it maps another copy of the runtime than the one armed"
+            self.say(f"hftagent: warning: {self.source.said}: pid {p.pid} ({p.comm}) "
+                     "maps another copy of the runtime than the armed one: not timed "
+                     "while a process uses that one")
+            return
+        if fit == "new":
             self._drop_set()
         try:
             if self.armed is None:
@@ -306,6 +395,50 @@ class ServiceRun(Running):
         p.armed_at, p.state = self.clock(), "timed"
         self.say(f"hftagent: {self.source.said}: timing pid {p.pid} ({p.comm})")
         self.info["probe"] = self._described()
+
+    def _recheck(self, p: Proc, now: float) -> None:
+        """A timed process none of whose calls has come, in its first :data:`RECHECK_S`:
+        when it maps runtime files the set lacks (the library it calls, loaded after the
+        set was armed) and no other process uses the set, the set is armed again."""
+        assert p.armed_at is not None
+        if self.calls_of(p.pid) or now - p.armed_at > RECHECK_S or \
+                now - p.maps_at < RECHECK_EVERY_S or self.key is None:
+            return
+        p.maps_at = now
+        files = _runtime_files(self.host, p.pid, self.source)
+        if not files or files <= self.key or \
+                any(q.state == "timed" and q.pid != p.pid for q in self.procs.values()):
+            return
+        new = ", ".join(sorted(os.path.basename(f[2]) for f in files - self.key))
+        self.say(f"hftagent: {self.source.said}: pid {p.pid} ({p.comm}) mapped {new} since "
+                 "it was armed, before any call: armed again")
+        self._drop_set()
+        p.armed_at, p.state, p.files = None, "waiting for its runtime", files
+        self._arm(p)
+
+    def _fits(self, p: Proc, files: frozenset, now: float) -> str:
+        """How process ``p``, mapping runtime ``files``, is timed: "follow" (it maps every
+        file the armed set still probes), "wait" (a subset: still loading them, for
+        :data:`LOAD_WAIT_S`), "refuse" (another copy while a live process uses the armed
+        one) or "new" (a set of its own)."""
+        if self.armed is None or self.key is None:
+            return "new"
+        if self._armed_files() <= files:
+            return "follow"
+        if files < self.key and now - p.seen_at < LOAD_WAIT_S:
+            return "wait"
+        if any(q.state == "timed" for q in self.procs.values()):
+            return "refuse"
+        return "new"
+
+    def _armed_files(self) -> frozenset:
+        """The files of the armed set's enabled targets (a trial's losers disabled)."""
+        assert self.armed is not None and self.key is not None
+        u = self.armed.reader.uprobes
+        gone = getattr(u, "dropped", set())
+        kept = {u.targets[int(n.removeprefix("call").removeprefix("ret"))].library
+                for n in u.names if n not in gone}
+        return frozenset(f for f in self.key if f[2] in kept) or self.key
 
     def _new_set(self, p: Proc, key: frozenset) -> None:
         """Arm a probe set on process ``p`` (:meth:`AttachedRun.start`: the plan, the
@@ -336,6 +469,8 @@ class ServiceRun(Running):
             return
         for pid, n in run.reader.per_pid.items():
             self.calls_before[pid] = self.calls_before.get(pid, 0) + n
+        for pid, t in run.reader.first_ns.items():
+            self.first_ns.setdefault(pid, t)
         left = self.events.source.drop_uprobes(run.reader.uprobes)
         if left:
             self.warnings.append("uprobe events not removed: " + "; ".join(left))
@@ -344,6 +479,12 @@ class ServiceRun(Running):
 
     def _merge(self, run: AttachedRun) -> None:
         self.warnings += [w for w in dict.fromkeys(run.warnings) if w not in self.warnings]
+
+    def _first_ns(self, pid: int) -> int | None:
+        """The start of process ``pid``'s first timed call (CLOCK_MONOTONIC ns), or None."""
+        firsts = [self.first_ns.get(pid)] + ([self.armed.reader.first_ns.get(pid)]
+                                             if self.armed is not None else [])
+        return min((t for t in firsts if t is not None), default=None)
 
     def calls_of(self, pid: int) -> int:
         now = self.armed.reader.per_pid.get(pid, 0) if self.armed is not None else 0
@@ -379,10 +520,13 @@ class ServiceRun(Running):
                 f", exited after {d['exited_after_s']:.1f} s"
             lines.append(f"{self.source.said}: pid {d['pid']} ({d['comm']}): {d['calls']} "
                          f"call(s) timed{armed}{gone}; {d['state']}")
-        if len(self.procs) > 1 or any(p.armed_at for p in self.procs.values()):
+        missed = [d for d in self.processes() if d["missed"] is not None]
+        if missed:
             lines.append(f"{self.source.said}: calls missed between a start and its timing: "
-                         "not countable (the runtime keeps no count of its own that watch "
-                         "can read)")
+                         + "; ".join(f"pid {d['pid']}: {d['missed']}"
+                                     + (f" (of its own count {d['own_calls']})"
+                                        if isinstance(d["missed"], int) else "")
+                                     for d in missed))
         return lines
 
     def check(self) -> str | None:
@@ -399,6 +543,8 @@ class ServiceRun(Running):
 
     def close(self) -> None:
         super().close()
+        for p in self.procs.values():
+            p.count_own(self._first_ns(p.pid))
         if self.armed is not None:
             self.armed.close()   # (its uprobes removed; the run's warnings say what is left)
             self._merge(self.armed)
@@ -442,8 +588,8 @@ def _comm(host: Host, pid: int) -> str:
 
 
 def _runtime_files(host: Host, pid: int, src: Service) -> frozenset | None:
-    """The (dev, inode) of the libraries of ``src``'s function that process ``pid`` maps
-    (the runtime's, or --attach-symbol's LIB), or None when it maps none (yet)."""
+    """The (dev, inode, path) of the libraries of ``src``'s function that process ``pid``
+    maps (the runtime's, or --attach-symbol's LIB), or None when it maps none (yet)."""
     from agent.trace.attach import RUNTIMES, AttachError, exec_mappings
     try:
         maps = exec_mappings(host, pid)
@@ -451,11 +597,12 @@ def _runtime_files(host: Host, pid: int, src: Service) -> frozenset | None:
         return None
     if src.symbol is not None:
         lib = src.symbol.partition(":")[0]
-        files = {(m.dev, m.inode) for m in maps
+        files = {(m.dev, m.inode, m.path) for m in maps
                  if m.name == lib or m.name.startswith(lib) or m.path == lib}
     else:
         libs = [r.library for r in RUNTIMES if src.runtime in ("auto", r.name)]
-        files = {(m.dev, m.inode) for m in maps if any(r.search(m.name) for r in libs)}
+        files = {(m.dev, m.inode, m.path) for m in maps
+                 if any(r.search(m.name) for r in libs)}
     return frozenset(files) or None
 
 

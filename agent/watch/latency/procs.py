@@ -237,6 +237,7 @@ class Matcher:
 
     def _by_name(self) -> set[int]:
         live, now = set(self.host.pids()), self.clock()
+        up = self.host.read(self.host.proc("uptime")).value if self._first else None
         for gone in set(self._verdict) - live:
             del self._verdict[gone]
             self._young.pop(gone, None)
@@ -246,10 +247,21 @@ class Matcher:
             yes = self._verdict[pid] = pid not in self.exclude and self.matches(pid)
             if yes:
                 self._young.pop(pid, None)
-            elif pid not in self.exclude and not self._first:
+            elif pid not in self.exclude and (not self._first or self._recent(pid, up)):
                 self._young.setdefault(pid, now)
         self._first = False
         return {p for p, yes in self._verdict.items() if yes}
+
+    def _recent(self, pid: int, up: str | None) -> bool:
+        """Whether ``pid`` started less than :data:`RECHECK_S` ago (the first poll's
+        processes: one may be between its fork and its exec), by its start time in
+        /proc/PID/stat against /proc/uptime (``up``)."""
+        st = self.host.read(self.host.proc(pid, "stat")).value or ""
+        try:
+            started = int(st[st.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+            return float((up or "").split()[0]) - started < RECHECK_S
+        except (ValueError, IndexError):
+            return False
 
     def matches(self, pid: int) -> bool:
         """Whether process ``pid`` is the named service (its comm, else its cmdline)."""
