@@ -25,7 +25,7 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
   explicit ``unexplained`` residual, and :func:`hw_noise` (``hw_or_hypervisor``). Its walk
   is two machines writing into :mod:`.accounting`'s result types: :mod:`.cpu_story` (what
   ran on the CPU; its interrupt :mod:`.contexts`) drives :mod:`.thread_states` (the
-  followed thread's states).
+  followed thread's states) and feeds :mod:`.oncpu` (its page faults and runtime).
 
 May import: collectors (the Host, the parsers), agent.causes, agent.errors. Never imports
 watch, noise, export or the CLI: they import it. The event verdicts (which cause a timeline

@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .accounting import (
-    FAULT_CAP_NS,
     FAULT_EVENT,
     IDLE,
     IDLE_ABSENT,
@@ -62,6 +61,7 @@ from .contexts import (
     op,
 )
 from .event import Event
+from .oncpu import OnCpu
 from .thread_states import RUN, WOKEN, ThreadStates
 
 
@@ -94,12 +94,7 @@ class CpuStory:
         self.waking_name = ""
         self.switch_ins: list[tuple[int | None, int]] = []  # (wake-up, switch-in)
         self._tasks: dict[int, Entity] = {}  # pid -> its entity (task_entity's cache)
-        self.fault_at: int | None = None  # the followed thread's open page fault's entry
-        # its runtime stretch: where it began (a switch-in or an update; None while it is not
-        # current), the interrupts charged in it, whether a remote enqueue may have updated it
-        self.rt_at: int | None = None
-        self.rt_irq = 0
-        self.rt_remote = False
+        self.oncpu = OnCpu(self.tl, self.thread.tid)  # its page faults and runtime
 
     def run(self, evs: Sequence[Event]) -> Timeline:
         """Walk ``evs`` (time order: this CPU's, and the followed thread's wake-ups,
@@ -151,11 +146,9 @@ class CpuStory:
 
     def pid_of(self, ev: Event) -> int:
         """Who was current when ``ev`` fired: its ``common_pid``, except for the switch's
-        own TLB flush (switch_mm, before ``current`` changes), which carries the task just
-        switched out, right after the sched_switch that left it. Trusting that pid charged
-        the switched-in task's run to the one it replaced (on a 6.18 KVM guest's kernel (16
-        vCPUs) every switch between processes flushes so: under an RT hog a third of the
-        windows showed the hog through the probe's own run)."""
+        own TLB flush (switch_mm, before ``current`` changes: it carries the task just
+        switched out; trusted, it charged the switched-in task's run to the one it replaced:
+        on 6.18 KVM guests every switch between processes flushes so)."""
         if ev.name == "tlb_flush" and self.task is not None and _on_switch(ev.fields):
             return self.task
         return ev.pid
@@ -204,12 +197,13 @@ class CpuStory:
             tl.anomalies += 1
         if pid == th.tid and th.pstate != RUN:
             self._ran(self.last)  # it ran: the interval before is its own
-        if self.fault_at is not None:
-            self._fault_ends(ts, ev if code == OP_SWITCH else None)
+        oncpu = self.oncpu
+        if oncpu.fault_at is not None:
+            oncpu.fault_ends(ts, ev if code == OP_SWITCH else None)
         if code == OP_OTHER and ev.name == FAULT_EVENT:
-            self._fault(ts, pid)
+            oncpu.fault(ts, pid)
         elif code == OP_OTHER and ev.name == RUNTIME_EVENT:
-            self._runtime(ev)
+            oncpu.runtime(ev)
         # 1. the interval up to this event: the innermost context, or the one an exit
         # whose entry the stack lacks closes
         at, who = self._closes(code, ev, vent) if code in EXITS else (-1, None)
@@ -232,8 +226,8 @@ class CpuStory:
                 self.probe_ran = True
             if pid in self.probe:
                 tl.probe_current_ns += b - a
-                if who.kind != PROBE and self.rt_at is not None:
-                    self.rt_irq += b - a
+                if who.kind != PROBE:
+                    oncpu.interrupted(b - a)
         if ts > last:
             self.last = ts
         # 2. the event's own effect
@@ -294,56 +288,14 @@ class CpuStory:
             tl.switched_out_before += 1
         if prev == th.tid and prev != nxt:
             th.switched_out(ev.ts_ns, str(f.get("prev_state", "")) or None, runnable)
-            self.rt_at = None
+            self.oncpu.stretch(None)
         if nxt in self.probe:
             self.switch_ins.append((self.waking, ev.ts_ns))
             self.waking = None
         if nxt == th.tid:
             th.to_run(ev.ts_ns, "switch")
-            self._stretch(ev.ts_ns)  # (its task clock starts again at its switch-in)
+            self.oncpu.stretch(ev.ts_ns)  # (its task clock starts again at its switch-in)
         self.task = nxt
-
-    # -- the followed thread's page faults ----------------------------------------------------
-    def _fault(self, ts: int, pid: int) -> None:
-        """A user page fault (its entry) of the followed thread inside the window, where
-        faults are recorded (``Timeline.faults`` not None)."""
-        tl = self.tl
-        if tl.faults is not None and pid == self.thread.tid and tl.t0_ns <= ts <= tl.t1_ns:
-            tl.faults += 1
-            self.fault_at = ts
-
-    def _fault_ends(self, ts: int, switch: Event | None) -> None:
-        """The open fault's time ends at the next event on the CPU (``ts``; the window's
-        end at most), capped at FAULT_CAP_NS; a switch of the thread out, not runnable,
-        says it slept in the fault."""
-        tl, at = self.tl, self.fault_at
-        self.fault_at = None
-        tl.fault_ns += max(0, min(ts, tl.t1_ns, at + FAULT_CAP_NS) - at)
-        if switch is not None and switch.fields.get("prev_pid") == self.thread.tid and \
-                not str(switch.fields.get("prev_state", "R")).startswith("R"):
-            tl.faults_slept += 1
-
-    # -- the followed thread's runtime ---------------------------------------------------------
-    def _stretch(self, at: int | None) -> None:
-        self.rt_at, self.rt_irq, self.rt_remote = at, 0, False
-
-    def _runtime(self, ev: Event) -> None:
-        """A runtime update of the followed thread on this CPU: the stretch since the last
-        one (or its switch-in) is compared with the runtime it reports, where the whole
-        stretch lies in the window and no remote enqueue came in it."""
-        tl, f = self.tl, ev.fields
-        if tl.runtime_ns is None or f.get("pid") != self.thread.tid or ev.pid != f.get("pid"):
-            return
-        at, ts = self.rt_at, ev.ts_ns
-        if at is not None and tl.t0_ns <= at and ts <= tl.t1_ns:
-            if self.rt_remote:
-                tl.runtime_skipped += 1
-            else:
-                tl.runtime_ns += int(f.get("runtime") or 0)
-                tl.runtime_wall_ns += ts - at
-                tl.runtime_own_ns += ts - at - self.rt_irq
-                tl.runtime_stretches += 1
-        self._stretch(ts)
 
     # -- the probe's wake-ups -------------------------------------------------------------------
     def _probe_waking(self, ev: Event) -> None:
@@ -363,7 +315,7 @@ class CpuStory:
         """A wake-up, signal or sleep timer of the followed thread on another CPU."""
         th = self.thread
         if ev.fields.get("target_cpu") == self.tl.cpu and ev.fields.get("pid") != th.tid:
-            self.rt_remote = True  # an enqueue here from there: see _runtime
+            self.oncpu.enqueued_from_elsewhere()  # see OnCpu.runtime
             return
         if ev.name == "signal_generate":
             th.signalled(ev)
@@ -389,9 +341,8 @@ class CpuStory:
         records no sched_switch from idle at all), so the task after the last event can be
         stale where the next one is not."""
         t1, th = self.tl.t1_ns, self.thread
-        if self.fault_at is not None:
-            self._fault_ends(after.ts_ns if after is not None else t1, after if after is not
-                             None and after.name == "sched_switch" else None)
+        self.oncpu.fault_ends(after.ts_ns if after is not None else t1, after if after is
+                              not None and after.name == "sched_switch" else None)
         if after is not None:
             code, vent = op(after.name)
             pid = self.pid_of(after)
