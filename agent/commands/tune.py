@@ -34,9 +34,10 @@ HELP = ("Plan, apply, verify and roll back runtime host settings from a profile.
 StateOpt = Annotated[str | None, typer.Option("--state-dir", metavar="DIR",
                                               help="Journal directory (default "
                                               "ROOT/run/hftagent: tmpfs on a live box). It "
-                                              "must be owned by root or you and not writable "
-                                              "by others; only symlinks owned by root or you "
-                                              "are followed to it.")]
+                                              "and every directory above it must be owned by "
+                                              "root or you and not writable by others (a "
+                                              "sticky one like /tmp may be); only symlinks "
+                                              "owned by root or you are followed to it.")]
 OnlyOpt = Annotated[list[str] | None, typer.Option("--only", metavar="NAME",
                                                    help="Only these tunables or "
                                                    "families (repeatable): cpu, irq.affinity, "
