@@ -309,6 +309,7 @@ def test_a_restarted_service_is_timed_after_its_first_second(infer_lib, tmp_path
     summ = s.summary()
     assert summ["samples"] == sum(st[p]["calls"] for p in pids)
     assert any("not countable" in w for w in summ["warnings"]), summ["warnings"]
+    assert "sched" not in s.unavailable, s.unavailable   # its task scans run without a pid
     assert not [ln for ln in (TRACEFS / "uprobe_events").read_text().splitlines()
                 if f"hftagent_{os.getpid()}/" in ln]
 

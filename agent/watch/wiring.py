@@ -82,14 +82,16 @@ def build_collectors(cfg: WatchConfig, host: Host, gpu_host: Host,
     from agent.watch.sampling.sources.softirq import SoftirqCollector
     from collectors.pcie import PcieCollector
     cpus = cfg.probe_cpus
-    sched = SchedCollector(host, [pid], cpus, period_s=cfg.source.sched_period_s)
+    # (no pid: a ring alone, a service's changing processes: the task scans still run)
+    pids = [pid] if pid is not None else []
+    sched = SchedCollector(host, pids, cpus, period_s=cfg.source.sched_period_s)
     irq = IrqCollector(host, cpus)
     cands = [CpuCollector(host, cpus), sched, irq, SoftirqCollector(host, cpus),
              MemoryCollector(host), NumaCollector(host, cpus), PcieCollector(host)]
     if cfg.perf:
         from collectors.perf import PerfCollector
         cands.append(PerfCollector(pid))
-    cands.extend(gpu_collectors(gpu_host, [pid]))
+    cands.extend(gpu_collectors(gpu_host, pids))
     cands.extend(extra or [])
     out = Collectors([], sched, irq)
     for c in cands:
