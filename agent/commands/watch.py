@@ -42,8 +42,9 @@ isolated cpuset where it may, and refuses (exit 1) where it may run nowhere else
 
 Every option that is given is used or refused before anything starts (one line, exit 1).
 Exit status: 0 at --duration or on SIGTERM/SIGINT (the summary printed), 3 when the probe
-or the watched process died or its ring became unreadable, 4 when --attach timed no call
-(said on stderr after a few seconds), 1 on bad input or a spike log that could not be
+or the watched process died or its ring became unreadable (a service followed by
+--attach-name/-unit/-cgroup may exit and restart: watch goes on), 4 when --attach or a
+service timed no call (said on stderr), 1 on bad input or a spike log that could not be
 written. A run with samples is recorded in history (--db, --no-history):
 its summary, spikes by cause and the host fingerprint."""
 ProbeOpt = Annotated[str | None, _opt(
