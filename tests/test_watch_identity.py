@@ -467,3 +467,31 @@ def test_a_litert_service_restarted_is_timed_and_its_missed_calls_counted(tmp_pa
         # it does not record, its warm-up, are timed too)
         assert d["calls"] >= 0.9 * (end["calls"] - 300), d
     assert any("calls missed between a start and its timing" in w for w in s.summary()["warnings"])
+
+
+def test_two_processes_of_one_service_share_one_probe_set(infer_lib, tmp_path):
+    """Two processes of the service at once, mapping the same library: one set of uprobe
+    events (uprobes are per inode), both timed, each call given to its own process."""
+    _needs_uprobes()
+    from agent.watch.config import WatchConfig
+    from agent.watch.latency.identity import Service
+    from agent.watch.session import WatchSession
+    marker = f"hftident-{secrets.token_hex(4)}"
+    loops = [_start(infer_lib, marker), _start(infer_lib, marker)]
+    try:
+        src = Service(ident=Identity("name", marker), symbol=f"{infer_lib.name}:hft_infer",
+                      unsafe_return=True, found=tuple(p.pid for p in loops))
+        cfg = WatchConfig(source=src, probe_cpus=[_cpu()],
+                          housekeeping_cpus=[c for c in os.sched_getaffinity(0)
+                                             if c != _cpu()], duration_s=3, trace="on")
+        s = WatchSession(cfg, on_phase=lambda m: None)
+        assert s.run() == 0, s.warnings
+        rows = s.lat.last(20000)
+    finally:
+        counts = [_stop(p) for p in loops]
+    st = {d["pid"]: d for d in s.source.processes()}
+    for p, (_, n, _) in zip(loops, counts):
+        mine = int((rows[:, F["pid"]] == p.pid).sum())
+        assert st[p.pid]["state"] == "timed" and mine == st[p.pid]["calls"] > 100, st
+        assert mine <= n
+    assert sum(1 for w in s.warnings if w.startswith("attached: ")) == 1, s.warnings
