@@ -495,3 +495,48 @@ def test_two_processes_of_one_service_share_one_probe_set(infer_lib, tmp_path):
         assert st[p.pid]["state"] == "timed" and mine == st[p.pid]["calls"] > 100, st
         assert mine <= n
     assert sum(1 for w in s.warnings if w.startswith("attached: ")) == 1, s.warnings
+
+
+def test_a_unit_is_asked_about_only_when_its_cgroup_changes(tmp_path):
+    """systemd runs: a unit in another slice is found by the ControlGroup systemd names; a
+    stopped unit (no cgroup) costs no systemctl call until its cgroup reappears; a unit
+    whose cgroup was never found is asked about once a second."""
+    root = _tree(tmp_path)
+    (root / "run" / "systemd" / "system").mkdir(parents=True)
+    cg = root / "sys" / "fs" / "cgroup" / "app.slice" / "infer.service"
+    state = {"LoadState": "loaded", "MainPID": "0", "ControlGroup": ""}
+    asked: list[float] = []
+    now = [0.0]
+
+    def systemctl(unit: str) -> dict[str, str]:
+        asked.append(now[0])
+        return dict(state)
+    host = Host(root=root)
+    m = Matcher(host, procs.identity(host, None, "infer", None, systemctl=systemctl),
+                own=999, systemctl=systemctl, clock=lambda: now[0])
+    asked.clear()
+    for _ in range(5):                     # never seen a cgroup: once a second
+        now[0] += 0.2
+        assert m.poll() == set()
+    assert len(asked) == 1
+    cg.mkdir(parents=True)
+    (cg / "cgroup.procs").write_text("500\n")
+    state.update(MainPID="500", ControlGroup="/app.slice/infer.service")
+    now[0] += 1.0
+    assert m.poll() == {500}
+    asked.clear()
+    for _ in range(10):                     # unchanged: not asked
+        now[0] += 0.2
+        assert m.poll() == {500}
+    (cg / "cgroup.procs").unlink()
+    cg.rmdir()                              # stopped
+    state.update(MainPID="0", ControlGroup="")
+    for _ in range(10):
+        now[0] += 0.2
+        m.poll()
+    assert len(asked) == 1 and m.poll() == set()   # the change to no cgroup, then quiet
+    cg.mkdir()
+    (cg / "cgroup.procs").write_text("501\n")
+    state.update(MainPID="501", ControlGroup="/app.slice/infer.service")
+    now[0] += 0.2
+    assert m.poll() == {501} and len(asked) == 2

@@ -15,7 +15,9 @@ shell), writes nothing.
 - ``--attach-unit UNIT``: the unit's main process (``systemctl show -p MainPID -p LoadState
   UNIT``: what ``systemctl show -p MainPID --value UNIT`` prints) where systemd runs (sd_booted:
   ``/run/systemd/system``); systemctl is asked again only when the unit's cgroup.procs
-  changes (a poll reads that file). Without systemd: every process of
+  changes (a poll reads that file: system.slice/UNIT, or the ``ControlGroup`` systemd named;
+  a stopped unit has none, and its reappearance is the change), and once a second only
+  while no cgroup of the unit has ever been found. Without systemd: every process of
   ``/sys/fs/cgroup[/unified|/systemd]/system.slice/UNIT/cgroup.procs``. ``.service`` is
   added to a name without a unit suffix, as systemctl does.
 - ``--attach-cgroup PATH``: every process of a cgroup directory under /sys/fs/cgroup (its
@@ -123,10 +125,11 @@ def systemd_runs(host: Host) -> bool:
 
 
 def run_systemctl(unit: str) -> dict[str, str] | None:
-    """``systemctl show -p MainPID -p LoadState -- UNIT`` (argv, no shell): its properties,
-    None when it cannot be run or fails."""
+    """``systemctl show -p MainPID -p LoadState -p ControlGroup -- UNIT`` (argv, no shell):
+    its properties, None when it cannot be run or fails."""
     try:
-        r = subprocess.run(["systemctl", "show", "-p", "MainPID", "-p", "LoadState", "--",
+        r = subprocess.run(["systemctl", "show", "-p", "MainPID", "-p", "LoadState", "-p",
+                            "ControlGroup", "--",
                             unit], capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S,
                            check=False)
     except (OSError, subprocess.SubprocessError):
@@ -226,6 +229,8 @@ class Matcher:
         self._asked_at = -ASK_EVERY_S
         self._first = True                      # what runs at the first poll is not young
         self._main: set[int] = set()
+        self._cgroup: Path | None = None        # the unit's cgroup as systemd named it
+        self._seen_cgroup = False
 
     def poll(self) -> set[int]:
         """The pids that are the service now."""
@@ -263,6 +268,17 @@ class Matcher:
         except (ValueError, IndexError):
             return False
 
+    def _learned(self, cg: str) -> Path | None:
+        """The unit's cgroup directory as systemd names it (``ControlGroup``: a unit in
+        another slice than system.slice), on the unified hierarchy or the hybrid layout's."""
+        if not cg.startswith("/") or ".." in Path(cg).parts:
+            return self._cgroup
+        for base in ((), ("unified",), ("systemd",)):
+            d = _cgroup_root(self.host).joinpath(*base, cg.lstrip("/"))
+            if _real_dir(d):
+                return d
+        return self._cgroup
+
     def matches(self, pid: int) -> bool:
         """Whether process ``pid`` is the named service (its comm, else its cmdline)."""
         raw = self.host.read_bytes(self.host.proc(pid, "cmdline")).value
@@ -276,14 +292,22 @@ class Matcher:
         return bool(self._regex.search(line))
 
     def _by_unit(self) -> set[int]:
-        d = unit_cgroup(self.host, self.ident.unit)
+        d = self._cgroup or unit_cgroup(self.host, self.ident.unit)
         procs = self.host.read(d / "cgroup.procs").value if d is not None else None
         if not systemd_runs(self.host):
             return cgroup_pids(self.host, d) if d is not None else set()
         now = self.clock()
-        if procs != self._procs or (procs is None and now - self._asked_at >= ASK_EVERY_S):
+        self._seen_cgroup = self._seen_cgroup or d is not None
+        # no cgroup where one was seen: the unit is stopped (asked again when it reappears);
+        # none ever seen (a layout we do not know yet): asked once a second
+        blind = procs is None and not self._seen_cgroup
+        if procs != self._procs or (blind and now - self._asked_at >= ASK_EVERY_S):
             self._procs, self._asked_at = procs, now
             props = self.systemctl(self.ident.unit) or {}
+            self._cgroup = self._learned(props.get("ControlGroup", ""))
+            if self._cgroup is not None and self._cgroup != d:   # learned now: its state
+                self._procs = self.host.read(self._cgroup / "cgroup.procs").value
+                self._seen_cgroup = True
             main = props.get("MainPID", "0")
             self._main = {int(main)} if main.isdigit() and int(main) > 0 else set()
         return set(self._main)
