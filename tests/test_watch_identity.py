@@ -540,3 +540,20 @@ def test_a_unit_is_asked_about_only_when_its_cgroup_changes(tmp_path):
     state.update(MainPID="501", ControlGroup="/app.slice/infer.service")
     now[0] += 0.2
     assert m.poll() == {501} and len(asked) == 2
+
+
+def test_the_summary_keeps_the_latest_processes_and_sums_the_others():
+    from agent.watch.latency.identity import MAX_LINES, Proc, Service, ServiceRun
+    run = ServiceRun(Service(ident=Identity("name", "svc")), Host(), [0], [])
+    for i in range(MAX_LINES + 5):
+        p = run.procs[100 + i] = Proc(100 + i, "svc", 0.0, armed_at=0.1, exited_at=1.0,
+                                      state="exited", started_in_run=i > 0)
+        run.calls_before[p.pid] = 10
+        if i % 2:
+            p.own_calls, p.missed = 12, 2
+    lines = run.end_warnings(None, None, None)
+    assert lines[0] == ("--attach-name svc: 5 earlier process(es): 50 call(s) timed; missed "
+                        "before their timing: 4 counted, 2 process(es) not countable")
+    assert len([x for x in lines if ": pid " in x and "call(s) timed" in x]) == MAX_LINES
+    assert "pid 113: 2 (of its own count 12)" in lines[-1]
+    assert "pid 114: not countable (the process keeps no count" in lines[-1]

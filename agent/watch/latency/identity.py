@@ -57,6 +57,8 @@ LOAD_WAIT_S = 2.0        # a process mapping part of the armed set's files: wait
 SLOW_AFTER_S, SLOW_POLL_S = 10.0, 1.0   # a process waiting longer: its maps read at 1 Hz
 RING_TRIES = 8           # a process's agent.client ring is looked for this often
 RING_READS = 64          # reads of it to its newest record (each bounded: agent.client)
+COPY = "waiting: it maps another copy of the runtime than the one armed"
+MAX_LINES = 10           # the summary's lines of processes (the latest; the others summed)
 NO_THREAD = [0]          # a filter no user thread passes (pid 0 is the idle task)
 
 
@@ -222,7 +224,7 @@ class Proc:
     ring_tries: int = 0
     own_calls: int | None = None   # its own count (the ring's last sequence number)
     missed: int | None = None      # its calls recorded before its first timed one
-    why: str = "the process keeps no count watch can read (an agent.client ring)"
+    why: str = "the process keeps no count watch can read: no agent.client ring"
 
     def to_dict(self, calls: int) -> dict[str, Any]:
         def rel(t: float | None) -> float | None:
@@ -375,11 +377,12 @@ class ServiceRun(Running):
         fit = self._fits(p, key, now)
         if fit == "wait":
             return
-        if fit == "refuse":
-            p.state = "not timed: it maps another copy of the runtime than the one armed"
-            self.say(f"hftagent: warning: {self.source.said}: pid {p.pid} ({p.comm}) "
-                     "maps another copy of the runtime than the armed one: not timed "
-                     "while a process uses that one")
+        if fit == "refuse":   # (tried again each poll: timed once the armed set is free)
+            if p.state != COPY:
+                p.state = COPY
+                self.say(f"hftagent: warning: {self.source.said}: pid {p.pid} ({p.comm}) "
+                         "maps another copy of the runtime than the armed one: not timed "
+                         "while a process uses that one")
             return
         if fit == "new":
             self._drop_set()
@@ -512,15 +515,23 @@ class ServiceRun(Running):
 
     def end_warnings(self, lat: Any, hist: Any, cpu_busy: float | None) -> list[str]:
         """A line per process seen, and what cannot be counted."""
-        lines = []
-        for d in self.processes():
+        lines, every = [], self.processes()
+        if len(every) > MAX_LINES:
+            older, every = every[:-MAX_LINES], every[-MAX_LINES:]
+            counted = [d["missed"] for d in older if isinstance(d["missed"], int)]
+            unknown = sum(1 for d in older if isinstance(d["missed"], str))
+            lines.append(f"{self.source.said}: {len(older)} earlier process(es): "
+                         f"{sum(d['calls'] for d in older)} call(s) timed; missed before "
+                         f"their timing: {sum(counted)} counted"
+                         + (f", {unknown} process(es) not countable" if unknown else ""))
+        for d in every:
             armed = "" if d["armed_after_s"] is None else \
                 f", timed {d['armed_after_s']:.2f} s after it was seen"
             gone = "" if d["exited_after_s"] is None else \
                 f", exited after {d['exited_after_s']:.1f} s"
             lines.append(f"{self.source.said}: pid {d['pid']} ({d['comm']}): {d['calls']} "
                          f"call(s) timed{armed}{gone}; {d['state']}")
-        missed = [d for d in self.processes() if d["missed"] is not None]
+        missed = [d for d in every if d["missed"] is not None]
         if missed:
             lines.append(f"{self.source.said}: calls missed between a start and its timing: "
                          + "; ".join(f"pid {d['pid']}: {d['missed']}"
