@@ -393,7 +393,9 @@ class _Peer:
 
 # bcrypt lanes, one check at a time in each: clients in good standing, and addresses that
 # presented other unverified credentials lately (their checks spend the global budget)
-CLEAN, GUESSING = "clean", "guessing"
+# the bcrypt lanes (6.): peers in good standing, peers that guessed lately, and credentials
+# retried from a guessing peer once the global budget is spent (their own trickle, 4.)
+CLEAN, GUESSING, RETRYING = "clean", "guessing", "retrying"
 
 
 class _Waiter:
@@ -441,7 +443,10 @@ class BasicAuth:
        bcrypt, and until it is whole again a token that comes back goes only to a
        credential presented from the same address before (a scraper retrying), never to a
        new guess; a peer at a standing below 1 is always queued, so the budget is left to
-       new clients. Rotating addresses therefore buys a flood no more bcrypt than one
+       new clients. Such a retry also has a trickle of its own (:attr:`RETRY_FAIL_BURST`,
+       refilled at :attr:`RETRY_FAIL_PER_S`, its own bcrypt lane), which the fresh
+       addresses of a rotating flood (queued as new clients) cannot drain: a scraper whose
+       address a flood shares gets through on a retry. Rotating addresses therefore buys a flood no more bcrypt than one
        address.
     5. Each peer also has its own budget of failed checks: :attr:`FAIL_BURST`, refilled at
        :attr:`FAIL_PER_S`; a scraper with a wrong password (one try per scrape interval)
@@ -474,6 +479,8 @@ class BasicAuth:
     FAIL_PER_S = 0.2
     GLOBAL_FAIL_BURST = 16.0
     GLOBAL_FAIL_PER_S = 1.0
+    RETRY_FAIL_BURST = 2.0
+    RETRY_FAIL_PER_S = 0.5
     LOAD_HALF_LIFE_S = 60.0
     PENDING = 64
     PENDING_S = 2.0
@@ -495,6 +502,8 @@ class BasicAuth:
         self._global = self.GLOBAL_FAIL_BURST
         self._global_stamp = clock()
         self._global_spent = False  # cleared when the budget is whole again
+        self._retry = self.RETRY_FAIL_BURST  # the retried credentials' budget (4.)
+        self._retry_stamp = self._global_stamp
         self._cond = threading.Condition(threading.Lock())
         self._running: set[str] = set()   # the lanes whose check is in progress
         self._queue: list[_Waiter] = []
@@ -601,10 +610,20 @@ class BasicAuth:
         if g < 1.0 or (self._global_spent and not again):
             # the budget of all is spent: clients in good standing only, and a returning
             # token goes to a credential presented before (a client retrying), never to a
-            # new guess, until the budget is whole again
+            # new guess, until the budget is whole again; such a retry also has a trickle of
+            # its own, which new guesses (even in good standing) never drain
+            if again and self._retry_tokens(now) >= 1.0:
+                return p, standing, RETRYING
             self.gated += 1
             raise AuthBusy(429, max(1, int((1.0 - g) / self.GLOBAL_FAIL_PER_S) + 1))
         return p, standing, GUESSING
+
+    def _retry_tokens(self, now: float) -> float:
+        """The retried credentials' budget, refilled to ``now`` (lock held)."""
+        self._retry = min(self.RETRY_FAIL_BURST, self._retry + max(
+            0.0, now - self._retry_stamp) * self.RETRY_FAIL_PER_S)
+        self._retry_stamp = now
+        return self._retry
 
     def check(self, header: str | None, peer: str | None = None) -> bool:
         """Whether ``header`` (an Authorization value) names a user and its password.
@@ -663,7 +682,9 @@ class BasicAuth:
                 p.throttled = p.throttled or p.tokens < 1.0
             elif ok and known:
                 p.load = 0.0
-        if ok is False or (ok and not known):
+        if (ok is False or (ok and not known)) and lane == RETRYING:
+            self._retry = max(0.0, self._retry - 1.0)
+        elif ok is False or (ok and not known):
             self._global = max(0.0, self._global - 1.0)
             self._global_spent = self._global_spent or self._global < 1.0
         if ok and known:
