@@ -202,7 +202,10 @@ def _start_in_thread(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, erro
 
 
 def _start_fault(fault, stack, args, s, pid, probe_cpu, hk_cpu, params, svc=None) -> None:
-    """Enter the fault's context (kit raises when a helper dies at once)."""
+    """Enter the fault's context (kit raises when a helper dies at once); None: the control
+    run, no fault."""
+    if fault is None:
+        return
     if fault in kit.EXPECTED_BY:
         _start_not_runnable(fault, stack, args, pid, helper_cpu(probe_cpu, hk_cpu), params,
                             svc)
