@@ -419,3 +419,48 @@ def test_live_a_spinning_threads_runtime_is_compared_with_its_time_on_the_cpu():
             child.kill()
             child.wait()
         src.close()
+
+
+def _major_fault_call() -> str:
+    """The call's thread takes a page fault, the fault issues the block read of its page in
+    the thread's context, and the thread sleeps in D until the read completes 1.2 ms later:
+    a major fault of a mapped file's page (bench/faults weights_pageout)."""
+    at = T0 + 200_000
+    return "\n".join([
+        sw("swapper/1", 0, "100.000500", "probe", PROBE, "R"), fault(at),
+        line("probe", PROBE, ts(at + 4_000), "block_rq_issue: 8,0 R 4096 () 2048 + 8 "
+             "none,0,0 [probe]"),
+        sw("probe", PROBE, ts(at + 6_000), "swapper/1", 0, "D"),
+        line("<idle>", 0, ts(at + 1_200_000), "block_rq_complete: 8,0 R () 2048 + 8 "
+             "none,0,0 [0]", "d.h2."),
+        line("<idle>", 0, ts(at + 1_201_000),
+             f"sched_waking: comm=probe pid={PROBE} prio=120 target_cpu=001", "d.h2."),
+        sw("swapper/1", 0, ts(at + 1_206_000), "probe", PROBE, "R"),
+        *tick(T1 + 200_000)])
+
+
+def test_a_fault_that_issued_its_read_then_slept_in_d_slept_in_the_fault():
+    tl = timeline(parse_text(_major_fault_call().splitlines()), 1, {PROBE}, T0, T1,
+                  follow=True, faults_from_ns=0).to_dict()
+    assert tl["page_faults"]["count"] == 1 and tl["page_faults"]["slept"] == 1
+
+
+def test_an_io_wait_inside_the_calls_own_fault_is_named_page_faults():
+    """The events see an I/O wait (D, ended by the block completion); the thread entered it
+    inside its own page fault: the cause is the fault (major), not io_wait (weights_pageout
+    on the GPU box: 22 % of its spikes were named io_wait)."""
+    io = {"cause": "io_wait", "latency_us": 2000.0, "p50_us": 400.0, "causes": [
+        {"cause": "io_wait", "score": 0.6, "strength": 0.8, "evidence": {},
+         "detail": "waited for I/O (D)"}]}
+    body = attribute(Source(_major_fault_call()), io)
+    assert body["cause"] == "page_faults" and body["decided_by"] == "events"
+    lead = body["causes"][0]
+    assert lead["evidence"]["faults_slept"] == 1 and lead["evidence"]["state"] == "D"
+    assert "1 of them major: the thread waited 1,195 µs for I/O (D)" in lead["detail"]
+    assert body["polled_cause"] == "io_wait"
+
+
+def test_an_io_wait_with_no_fault_before_it_stays_io_wait():
+    text = _major_fault_call().replace(fault(T0 + 200_000) + "\n", "")
+    body = attribute(Source(text), UNEXPLAINED)
+    assert body["cause"] == "io_wait" and "faults_slept" not in body["causes"][0]["evidence"]

@@ -198,8 +198,9 @@ class CpuStory:
         if pid == th.tid and th.pstate != RUN:
             self._ran(self.last)  # it ran: the interval before is its own
         oncpu = self.oncpu
-        if oncpu.fault_at is not None:
-            oncpu.fault_ends(ts, ev if code == OP_SWITCH else None)
+        if oncpu.fault_at is not None or oncpu.reading:
+            oncpu.fault_ends(ts, ev if code == OP_SWITCH else None,
+                             reads=code == OP_IO_ISSUE and pid == th.tid)
         if code == OP_OTHER and ev.name == FAULT_EVENT:
             oncpu.fault(ts, pid)
         elif code == OP_OTHER and ev.name == RUNTIME_EVENT:

@@ -6,7 +6,9 @@ its user page faults inside the window and its runtime as the scheduler counted 
 - **page faults** (``exceptions:page_fault_user``, x86, filtered to the followed threads):
   each fault's entry inside ``[t0, t1]`` counts; its time runs to the next event on the CPU
   (the window's end at most), capped at :data:`~.accounting.FAULT_CAP_NS` (the event has no
-  exit); a switch of the thread out, not runnable, right after says it slept in the fault;
+  exit); a switch of the thread out, not runnable, right after says it slept in the fault,
+  also after the block I/O the fault issued in the thread's context (a major fault of a
+  file page: ``block_rq_issue``, then the switch out in D);
 - **runtime** (``sched:sched_stat_runtime``, emitted for CFS tasks at each tick and switch out
   on 6.18): each update covers the *stretch* since the thread's switch-in or its previous
   update on this CPU; a stretch wholly in the window is compared with the runtime it reports
@@ -32,6 +34,7 @@ class OnCpu:
         self.tl = tl
         self.tid = tid
         self.fault_at: int | None = None  # the open page fault's entry
+        self.reading = False  # the last fault issued block I/O: its switch out is a sleep
         # the runtime stretch: where it began (a switch-in or an update; None while the
         # thread is not current), the interrupts charged in it, whether a remote enqueue came
         self.rt_at: int | None = None
@@ -45,17 +48,20 @@ class OnCpu:
             tl.faults += 1
             self.fault_at = ts
 
-    def fault_ends(self, ts: int, switch: Event | None) -> None:
-        """The open fault ends at ``ts`` (the next event on the CPU); ``switch``: that event
-        when it is a sched_switch."""
+    def fault_ends(self, ts: int, switch: Event | None, reads: bool = False) -> None:
+        """The open fault's time ends at ``ts`` (the next event on the CPU); ``switch``: that
+        event when it is a sched_switch; ``reads``: it is block I/O the thread issued (the
+        fault reading its page: the switch out that follows is still the fault's sleep)."""
         tl, at = self.tl, self.fault_at
-        if at is None:
+        if at is None and not self.reading:
             return
-        self.fault_at = None
-        tl.fault_ns += max(0, min(ts, tl.t1_ns, at + FAULT_CAP_NS) - at)
+        if at is not None:
+            self.fault_at = None
+            tl.fault_ns += max(0, min(ts, tl.t1_ns, at + FAULT_CAP_NS) - at)
         if switch is not None and switch.fields.get("prev_pid") == self.tid and \
                 not str(switch.fields.get("prev_state", "R")).startswith("R"):
             tl.faults_slept += 1
+        self.reading = reads and (at is not None or self.reading)
 
     def stretch(self, at: int | None) -> None:
         """A runtime stretch begins at ``at`` (None: the thread left the CPU)."""

@@ -642,6 +642,9 @@ def _events_decide(body: dict, v: tuple[str, str, int], ev: dict, excess_ns: int
     where they may correct it, or where the timeline contradicts it."""
     polled = body.get("cause")
     cause, culprit, ns = v
+    if cause == "io_wait" and _faults_read(ev):
+        _major_faults(body, ev, ns, excess_ns, tgid_of)
+        return
     if cause in NOT_RUNNABLE_CAUSES:
         if polled == "page_faults" and _state_of(ev, cause) == "D":
             return
@@ -663,6 +666,38 @@ def _events_decide(body: dict, v: tuple[str, str, int], ev: dict, excess_ns: int
         # stable (the summary counts details), in the polled rules' words
         "detail": _verdict_detail(cause, culprit, tl.get("cpu", "?"), evidence),
         "evidence": evidence})
+
+
+def _faults_read(ev: dict) -> bool:
+    """The call's thread slept in one of its own page faults (the timeline's
+    ``page_faults.slept``: a fault, the block I/O it issued, its switch out in D): a major
+    fault reading its page, whose I/O wait is the fault's."""
+    return bool(((ev.get("timeline") or {}).get("page_faults") or {}).get("slept"))
+
+
+def _major_faults(body: dict, ev: dict, ns: int, excess_ns: int,
+                  tgid_of: Callable[[int], int] | None) -> None:
+    """An I/O wait the thread entered inside its own page faults is the faults' (a mapped
+    file's pages read back: the weights of a model that were reclaimed): ``page_faults``,
+    with their count, how many it slept in and the µs it waited for the reads."""
+    tl = ev.get("timeline") or {}
+    pf = tl.get("page_faults") or {}
+    n, slept = pf.get("count") or 0, pf.get("slept") or 0
+    waker = part_evidence(tl, "io_wait", tgid_of).get("waker") or "unknown"
+    polled = body.get("cause")
+    body["decided_by"] = "events"
+    if polled != "page_faults":
+        body["polled_cause"] = polled
+    body["cause"] = "page_faults"
+    body.setdefault("causes", []).insert(0, {
+        "cause": "page_faults", "score": round(min(1.0, ns / max(1, excess_ns)), 3),
+        "strength": 1.0,
+        "detail": f"{n:,} page faults inside the call, {slept:,} of them major: the thread "
+                  f"waited {ns / 1e3:,.0f} µs for I/O (D) reading their pages, ended by "
+                  f"{waker} (kernel events)",
+        "evidence": {"page_faults": n, "faults_slept": slept, "page_fault_us": pf.get("us"),
+                     "io_wait_us": round(ns / 1e3, 1), "excess_us": round(excess_ns / 1e3, 1),
+                     "state": "D"}})
 
 
 # The timeline part kinds (Part.to_dict) of each not-runnable cause, and of wakeup_latency
