@@ -91,3 +91,20 @@ def user():
         subprocess.run(["userdel", name], capture_output=True)
         if shutil.which("groupdel"):
             subprocess.run(["groupdel", name], capture_output=True)  # where userdel left it
+
+
+def needs_uprobes(cpus: int = 2) -> None:
+    """Skip unless this run can define uprobe events: root, tracefs at /sys/kernel/tracing
+    with instances, CONFIG_UPROBE_EVENTS, and at least ``cpus`` CPUs to pin the target and
+    watch apart. The tests that attach to their own processes call it first."""
+    from agent.trace import uprobe
+    tracefs = Path("/sys/kernel/tracing")
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if not (tracefs / "instances").is_dir():
+        pytest.skip("tracefs not mounted at /sys/kernel/tracing")
+    why = uprobe.available(tracefs)
+    if why:
+        pytest.skip(why)
+    if len(os.sched_getaffinity(0)) < cpus:
+        pytest.skip(f"needs {cpus} CPUs")

@@ -32,6 +32,7 @@ import pytest
 
 from agent.trace import attach, elf, uprobe
 from collectors.host import Host
+from tests.conftest import needs_uprobes
 
 REPO = Path(__file__).resolve().parents[1]
 TRACEFS = Path("/sys/kernel/tracing")
@@ -135,15 +136,6 @@ def _needs_cc() -> None:
     if not shutil.which("cc"):
         pytest.skip("no C compiler")
 
-
-def _needs_uprobes() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if not (TRACEFS / "instances").is_dir():
-        pytest.skip("tracefs not mounted at /sys/kernel/tracing")
-    why = uprobe.available(TRACEFS)
-    if why:
-        pytest.skip(why)
 
 
 def _dir(owner: tuple[int, int] | None = None, mode: int = 0o755) -> Path:
@@ -270,7 +262,7 @@ def _one_try(host: Host, kit: dict, inst: Path, after_read: bool, monkeypatch) -
 
 def test_a_mapping_swapped_after_the_read_changes_no_root_service_value(swap_kit,
                                                                         monkeypatch):
-    _needs_uprobes()
+    needs_uprobes(cpus=1)
     host = Host()
     inst = TRACEFS / "instances" / f"hftpintest-{os.getpid()}"
     inst.mkdir()
@@ -311,7 +303,7 @@ def test_a_mapping_swapped_before_our_open_is_refused(swap_kit, monkeypatch):
 def test_events_are_defined_on_our_descriptor_and_the_descriptor_lives_with_them(infer_lib):
     """The definition names /proc/self/fd/N of the descriptor the symbols were read from; the
     probe fires in the target; remove() closes the descriptor."""
-    _needs_uprobes()
+    needs_uprobes(cpus=1)
     child = subprocess.Popen([sys.executable, "-c", LOOP.replace(
         "sys.stdin.read()", "while True:\n    lib.hft_infer(100); time.sleep(0.002)"),
         str(infer_lib)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
@@ -350,7 +342,7 @@ def test_watch_attach_refuses_a_target_that_swaps_on_our_open(swap_kit):
     """`hftagent watch --attach` as a person runs it, against a target that swaps its
     mapping as soon as anyone opens the crafted file (inotify IN_OPEN), run SCHED_FIFO so
     the swap comes before our parse is done: one line, exit 1, the service unchanged."""
-    _needs_uprobes()
+    needs_uprobes(cpus=1)
     target = _start_target(swap_kit, "inotify")
     try:
         try:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.trace import uprobe
 from agent.trace.attach import Plan, Target, check_text
 from agent.trace.trial import Trial
 from agent.watch.config import WatchConfig
 from agent.watch.latency.attached import EXIT_NOTHING_TIMED, Attached
 from agent.watch.session import WatchSession
+from tests.conftest import needs_uprobes
 
 REPO = Path(__file__).resolve().parents[1]
 TRACEFS = Path("/sys/kernel/tracing")
@@ -85,15 +85,7 @@ sys.stdin.readline()  # alive until told: watch is stopped first
 
 
 def _needs(module: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if not (TRACEFS / "instances").is_dir():
-        pytest.skip("tracefs not mounted at /sys/kernel/tracing")
-    why = uprobe.available(TRACEFS)
-    if why:
-        pytest.skip(why)
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
+    needs_uprobes(cpus=2)
     pytest.importorskip(module)
 
 

@@ -22,6 +22,7 @@ from agent.trace import uprobe
 from agent.watch.config import WatchConfig
 from agent.watch.latency.attached import Attached, AttachedReader
 from agent.watch.session import WatchSession
+from tests.conftest import needs_uprobes
 
 REPO = Path(__file__).resolve().parents[1]
 TRACEFS = Path("/sys/kernel/tracing")
@@ -36,17 +37,6 @@ while time.monotonic() < end:
     time.sleep(0.002)
 """
 
-
-def _needs_uprobes() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if not (TRACEFS / "instances").is_dir():
-        pytest.skip("tracefs not mounted at /sys/kernel/tracing")
-    why = uprobe.available(TRACEFS)
-    if why:
-        pytest.skip(why)
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +70,7 @@ def _our_groups() -> list[str]:
 
 
 def test_the_calls_of_an_unmodified_process_are_samples(lib, tmp_path):
-    _needs_uprobes()
+    needs_uprobes()
     child = _loop(lib)
     try:
         s = WatchSession(_cfg(child.pid, lib, tmp_path))
@@ -99,7 +89,7 @@ def test_the_calls_of_an_unmodified_process_are_samples(lib, tmp_path):
 
 
 def test_a_hog_on_the_attached_process_cpu_is_named(lib, tmp_path):
-    _needs_uprobes()
+    needs_uprobes()
     sys.path.insert(0, str(REPO))
     from bench.faults.kit import cpu_hog, rt_permitted
     child = _loop(lib)
@@ -208,7 +198,7 @@ def test_a_trials_choice_forgets_the_losers_open_calls():
 
 
 def test_a_killed_watch_leaves_events_the_next_run_removes(lib, tmp_path):
-    _needs_uprobes()
+    needs_uprobes()
     child = _loop(lib)
     code = (
         "import os, sys, time\n"
@@ -260,7 +250,7 @@ def test_cli_attach_metrics_spike_log_and_ctrl_c_leave_nothing(lib, tmp_path):
     """`hftagent watch --attach PID` as a person runs it: its calls reach /metrics and the
     spike log, Ctrl-C (SIGINT) ends it with exit 0 and no uprobe event of it is left."""
     import urllib.request
-    _needs_uprobes()
+    needs_uprobes()
     child = _loop(lib)
     log = tmp_path / "spikes.jsonl"
     p = subprocess.Popen([*CLI, "watch", "--attach", str(child.pid), "--attach-symbol",
@@ -300,7 +290,7 @@ def test_cli_attach_metrics_spike_log_and_ctrl_c_leave_nothing(lib, tmp_path):
 
 
 def test_cli_attach_bad_input_is_one_line_and_leaves_nothing(lib, tmp_path):
-    _needs_uprobes()
+    needs_uprobes()
     child = _loop(lib)
     before = (TRACEFS / "uprobe_events").read_text()
     try:
@@ -320,7 +310,7 @@ def test_cli_attach_bad_input_is_one_line_and_leaves_nothing(lib, tmp_path):
 
 
 def test_cli_attach_live_view_in_a_terminal(lib):
-    _needs_uprobes()
+    needs_uprobes()
     from tests.test_watch_live_perf import ANSI, HEAD, _in_pty
     child = _loop(lib)
     try:
@@ -339,7 +329,7 @@ def test_cli_attach_live_view_in_a_terminal(lib):
 def test_cli_attach_refuses_a_library_another_user_may_write(lib, tmp_path):
     """issue #34: a world-writable library is refused in one line before any event is
     defined (whoever may write it could change the code root's probe lands in)."""
-    _needs_uprobes()
+    needs_uprobes()
     import shutil
     ww = tmp_path / "libhftww.so"
     shutil.copy(lib, ww)
@@ -362,7 +352,7 @@ def test_cli_attach_refuses_a_library_another_user_may_write(lib, tmp_path):
 def test_cli_attach_unsafe_library_accepts_a_world_writable_library(lib, tmp_path):
     """The refusal above, overridden: with --attach-unsafe-library watch times the calls of
     the same world-writable library, and says nothing is left behind."""
-    _needs_uprobes()
+    needs_uprobes()
     import shutil
     ww = tmp_path / "libhftww.so"
     shutil.copy(lib, ww)

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from agent.client import FIELDS
-from agent.trace import uprobe
 from agent.watch.latency import procs
 from agent.watch.latency.procs import Identity, IdentityError, Matcher
 from collectors.host import Host
+from tests.conftest import needs_uprobes
 
 REPO = Path(__file__).resolve().parents[1]
 TRACEFS = Path("/sys/kernel/tracing")
@@ -209,17 +209,6 @@ while True:
 """
 
 
-def _needs_uprobes() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if not (TRACEFS / "instances").is_dir():
-        pytest.skip("tracefs not mounted at /sys/kernel/tracing")
-    why = uprobe.available(TRACEFS)
-    if why:
-        pytest.skip(why)
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
-
 
 def _cpu() -> int:
     return max(os.sched_getaffinity(0))
@@ -266,7 +255,7 @@ def test_a_restarted_service_is_timed_after_its_first_second(infer_lib, tmp_path
     """Killed and started again twice while watch --attach-name runs: each process's calls
     after its first second (by its own count) are timed ≥ 90 %; each exit is said, the run
     goes on and ends with exit 0, its history kept."""
-    _needs_uprobes()
+    needs_uprobes()
     from agent.watch.config import WatchConfig
     from agent.watch.latency.identity import Service
     from agent.watch.session import WatchSession
@@ -329,7 +318,7 @@ def test_20_restarts_leave_no_uprobe_and_no_descriptor_behind(infer_lib, tmp_pat
     again 20 times, every other time on another copy of its library (another inode: the
     probe set is removed and armed again): each start is timed and each exit said; watch's
     descriptors do not grow, and after Ctrl-C no uprobe event or instance of it is left."""
-    _needs_uprobes()
+    needs_uprobes()
     import shutil
     marker = f"hftident-{secrets.token_hex(4)}"
     libs = [infer_lib, tmp_path / "libhftinfer2.so"]
@@ -430,7 +419,7 @@ def test_a_litert_service_restarted_is_timed_and_its_missed_calls_counted(tmp_pa
     """A LiteRT loop that keeps its own count (an agent.client ring) ends and starts again
     while watch --attach-name runs: the new process is timed from within its first second
     (≥ 90 % of its calls after it), and the calls it made before are counted by its ring."""
-    _needs_uprobes()
+    needs_uprobes()
     pytest.importorskip("ai_edge_litert")
     import json
 
@@ -472,7 +461,7 @@ def test_a_litert_service_restarted_is_timed_and_its_missed_calls_counted(tmp_pa
 def test_two_processes_of_one_service_share_one_probe_set(infer_lib, tmp_path):
     """Two processes of the service at once, mapping the same library: one set of uprobe
     events (uprobes are per inode), both timed, each call given to its own process."""
-    _needs_uprobes()
+    needs_uprobes()
     from agent.watch.config import WatchConfig
     from agent.watch.latency.identity import Service
     from agent.watch.session import WatchSession
