@@ -35,13 +35,36 @@ needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                                     reason="needs a probe CPU and a housekeeping CPU")
 
 
+def pinned_spinners(cpu: int) -> set[int]:
+    """Processes other than ours bound to ``cpu`` alone and running now: the busy loop a busy
+    CI pins on each CPU (tests/README.md). On the probe CPU it is a hog like the test's own,
+    and a call it preempted is rightly named after it (the timeline names who ran, issue
+    #35), so it counts as a right culprit."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "R" and os.sched_getaffinity(int(d)) == {cpu}:
+                out.add(int(d))
+        except (OSError, IndexError):
+            continue
+    return out
+
+
 def _check_contention(recs: list[dict], pids: list[int], min_spikes: int, summary: dict) -> None:
     assert len(recs) >= min_spikes, summary
     contention = [x for x in recs if x["cause"] == "cpu_contention"]
     assert len(contention) / len(recs) >= 0.9, summary["causes"]
-    named = [x for x in contention if any(t["pid"] in pids for t in
+    hogs = set(pids) | pinned_spinners(summary["probe_cpus"][0])
+    named = [x for x in contention if any(t["pid"] in hogs for t in
                                           x["causes"][0]["evidence"].get("ran_on_cpu", []))]
     assert len(named) / len(contention) >= 0.8, summary["causes"]  # the hog is the task named
+    # the test's own hog among them, whatever else ran on the CPU
+    ours = [x for x in contention if any(t["pid"] in pids for t in
+                                         x["causes"][0]["evidence"].get("ran_on_cpu", []))]
+    assert len(ours) / len(contention) >= 0.15, summary["causes"]
     # Most were preempted in the call itself (the rest follow a preemption in the same
     # 10 ms row: cache refill after the hog ran, seen by the thread's run-queue delay).
     # (Samples queued behind a preempted one, or over the rate limit, inherit its cause and
@@ -83,8 +106,11 @@ def test_cpu_hog_is_attributed_to_cpu_contention(tmp_path):
         # 200 Hz: the numpy probe takes 0.4-1.5 ms a call depending on the host; at 500 Hz
         # a slow host's probe CPU is 75 % busy before the hog, and response times (from the
         # intended start) measure the queue the hog builds rather than its preemptions.
+        # what is tested is the verdicts, not watch's CPU budget (on a busy box the default
+        # 1 % leaves most spikes the polled rules: tests/test_watch_budget.py)
         r = _hftagent("watch", "--probe", "numpy", "--rate", "200", "--duration", "8",
-                      "--cpus", str(probe_cpu), "--spike-log", str(log), "--json", "--no-live")
+                      "--cpus", str(probe_cpu), "--spike-log", str(log), "--json", "--no-live",
+                      "--cpu-budget", "100")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["samples"] > 1200  # 1600 scheduled
@@ -327,7 +353,7 @@ def test_tf_probe_end_to_end_with_a_cpu_hog(tmp_path):
     with hog as pids:
         r = _hftagent("watch", "--probe", "tf", "--variant", "xla", "--duration", "8",
                       "--cpus", str(probe_cpu), "--spike-log", str(log), "--json", "--no-live",
-                      timeout=180)
+                      "--cpu-budget", "100", timeout=180)
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["source"].startswith("builtin:lstm xla")
