@@ -21,7 +21,7 @@ import pytest
 from agent.errors import AgentError
 from agent.export.metrics import WatchMetrics
 from agent.export.server import Exporter
-from agent.export.webconfig import AuthBusy, BasicAuth, load_web_config
+from agent.export.webconfig import AuthBusy, BasicAuth, _Seen, load_web_config
 from tests.pki import OPENSSL, bcrypt_hash, make_pki, write_web_config
 
 needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="openssl CLI not installed")
@@ -449,16 +449,62 @@ def test_auth_memory_is_bounded_under_a_flood_of_addresses(fast_bcrypt):
                     tracemalloc.take_snapshot().compare_to(before, "filename"))
     finally:
         tracemalloc.stop()
-    assert len(auth._peers) == BasicAuth.PEERS
-    assert len(auth._seen) == BasicAuth.SEEN and len(auth._bad) == BasicAuth.BAD_CACHE
+    assert len(auth._peers) == BasicAuth.PEERS and len(auth._bad) == BasicAuth.BAD_CACHE
+    assert len(auth._seen._new) + len(auth._seen._old) <= 2 * _Seen.BITS // 8
     assert not auth._queue and not auth._running
     assert grown < 16 << 20, grown
     # smaller bounds hold the same way (the constants are the instance's to lower)
     small = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=_Clock())
-    small.PEERS, small.SEEN, small.BAD_CACHE = 100, 150, 50
+    small.PEERS, small.BAD_CACHE = 100, 50
+    small._seen.CAPACITY = 150
     for i, a in enumerate(ROTATING * 2):
         _outcome(small, basic("prom", f"g{i}")["Authorization"], a)
-    assert (len(small._peers), len(small._seen), len(small._bad)) == (100, 150, 50)
+    assert (len(small._peers), len(small._bad)) == (100, 50)
+    assert small._seen._count <= 150 and len(small._seen._old) == _Seen.BITS // 8
+
+
+def test_a_retry_is_known_after_a_flood_of_fresh_guesses(fast_bcrypt):
+    """The CI's fast runner: a flood of ~10,000 distinct guesses a second pushed the
+    scraper's refused credential out of a seen-table of 8,192 before its retry 1-2 s later,
+    so every retry counted as a new guess (429 for 60 s). Pairs are now kept for a time
+    (two Bloom generations), whatever the flood's rate: the retry after 100,000 guesses from
+    the flood's addresses, the scraper's own among them, takes the retries' trickle."""
+    clock = _Clock()
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, clock=clock)
+    hosts = ["127.0.0.1", *ROTATING]
+    for i, a in enumerate(hosts):   # the budget of all is spent, every address guessed
+        _outcome(auth, basic("prom", f"a{i}")["Authorization"], a)
+    right = basic("prom", "right")["Authorization"]
+    assert _outcome(auth, right, "127.0.0.1") == 429   # first try: a new guess, gated
+    for i in range(100_000):
+        assert _outcome(auth, basic("prom", f"f{i}")["Authorization"],
+                        hosts[i % len(hosts)]) == 429
+    clock.t += 2.0
+    assert auth.check(right, "127.0.0.1") is True      # its retry: known, checked
+    assert auth.cached(right)
+    # a flood's new guess is still refused, and the filter's false positives stay rare
+    seen = _Seen(b"k" * 32, 0.0)
+    assert sum(seen.check_and_add("127.0.0.1", i.to_bytes(8, "big"), 0.0)
+               for i in range(200_000)) <= 2
+
+
+def test_seen_pairs_are_kept_for_a_time_then_forgotten():
+    seen = _Seen(b"k" * 32, 0.0)
+    assert not seen.check_and_add("a", b"x", 0.0)
+    assert seen.check_and_add("a", b"x", 1.0) and not seen.check_and_add("b", b"x", 1.0)
+    # a generation later the next new pair starts a fresh one: "a" is still known (old)
+    assert not seen.check_and_add("c", b"y", _Seen.SPAN_S + 1)
+    assert seen._old and seen.check_and_add("a", b"x", _Seen.SPAN_S + 1)
+    # two generations on, "b" (presented once, in the first) is forgotten
+    assert not seen.check_and_add("d", b"y", 2 * _Seen.SPAN_S + 2)
+    assert not seen.check_and_add("e", b"y", 3 * _Seen.SPAN_S + 3)
+    assert not seen.check_and_add("b", b"x", 3 * _Seen.SPAN_S + 3)
+    # and a full generation rotates before its span: at most CAPACITY pairs in one
+    small = _Seen(b"k" * 32, 0.0)
+    small.CAPACITY = 10
+    for i in range(25):
+        small.check_and_add("a", bytes([i]), 0.0)
+    assert small._count == 5
 
 
 def test_live_basic_auth_401_and_200(tmp_path):

@@ -412,6 +412,52 @@ class _Waiter:
         return (max(self.prio, p.load - 1.0) if p is not None else self.prio, self.seq)
 
 
+class _Seen:
+    """The (peer, credential) pairs presented lately, kept for a time, not a count: two
+    generations of a Bloom filter (:attr:`BITS` bits each, :attr:`HASHES` bits a pair), the
+    current one replaced by a fresh one when it holds :attr:`CAPACITY` pairs or is
+    :attr:`SPAN_S` old; a pair is seen if either generation has it. A flood of distinct
+    guesses therefore cannot push a scraper's credential out before its retry: at 20,000
+    guesses a second a pair is kept 15 s or more (an LRU table of 8,192 lost it in half a
+    second). False positives: about 2 in a million per generation at capacity. Memory:
+    2 x BITS / 8 bytes, touched only as pairs arrive."""
+
+    BITS = 1 << 25
+    HASHES = 4
+    CAPACITY = 300_000
+    SPAN_S = 60.0
+
+    def __init__(self, key: bytes, now: float) -> None:
+        self._key = key
+        self._old = bytearray(0)
+        self._new = bytearray(self.BITS // 8)
+        self._count, self._since = 0, now
+
+    def _bits(self, pkey: str, key: bytes) -> list[int]:
+        d = hashlib.blake2b(pkey.encode() + b"\0" + key, key=self._key,
+                            digest_size=4 * self.HASHES).digest()
+        return [int.from_bytes(d[i:i + 4], "little") % self.BITS
+                for i in range(0, 4 * self.HASHES, 4)]
+
+    @staticmethod
+    def _has(bits: bytearray, idx: list[int]) -> bool:
+        return bool(bits) and all(bits[i >> 3] & (1 << (i & 7)) for i in idx)
+
+    def check_and_add(self, pkey: str, key: bytes, now: float) -> bool:
+        """Whether the pair was presented lately; it is remembered from now on."""
+        idx = self._bits(pkey, key)
+        if self._has(self._new, idx):
+            return True
+        seen = self._has(self._old, idx)
+        if self._count >= self.CAPACITY or now - self._since >= self.SPAN_S:
+            self._old, self._new = self._new, bytearray(self.BITS // 8)
+            self._count, self._since = 0, now
+        for i in idx:
+            self._new[i >> 3] |= 1 << (i & 7)
+        self._count += 1
+        return seen
+
+
 class BasicAuth:
     """``basic_auth_users`` checks (see the module docstring).
 
@@ -473,7 +519,6 @@ class BasicAuth:
 
     CACHE = 64
     BAD_CACHE = 4096
-    SEEN = 8192
     QUEUE = 2
     FAIL_BURST = 8.0
     FAIL_PER_S = 0.2
@@ -496,7 +541,7 @@ class BasicAuth:
         self._clock = clock
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._bad: OrderedDict[bytes, None] = OrderedDict()
-        self._seen: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._seen = _Seen(os.urandom(32), clock())
         self._pending: OrderedDict[tuple[str, bytes], tuple[_Waiter, float]] = OrderedDict()
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         self._global = self.GLOBAL_FAIL_BURST
@@ -587,13 +632,9 @@ class BasicAuth:
         bcrypt: (its peer, its priority, its lane), or AuthBusy (lock held)."""
         now = self._clock()
         p = self._peer(pkey, now)
-        skey = (pkey, key)
-        again = skey in self._seen
+        again = self._seen.check_and_add(pkey, key, now)
         standing = max(0.0, p.load - 1.0) if again else p.load  # not counting itself
-        if again:
-            self._seen.move_to_end(skey)
-        else:
-            self._remember(self._seen, skey, self.SEEN)
+        if not again:
             p.load += 1.0
         if p.throttled and (not again or p.tokens < 1.0):
             # over its own budget: a returning token goes to a credential tried before
