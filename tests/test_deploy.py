@@ -239,7 +239,8 @@ def dashboard_queries() -> list[str]:
 def test_dashboard_shape():
     d = json.loads(DASHBOARD.read_text())
     titles = " | ".join(p["title"] for p in d["panels"])
-    for want in ("percentiles", "jitter ratio", "Spikes by cause", "Audit"):
+    for want in ("percentiles", "jitter ratio", "Spikes by cause", "Audit",
+                 "watch's own CPU", "charged to the attached service", "budget decision"):
         assert want.lower() in titles.lower(), want
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
     for p in d["panels"]:
@@ -247,6 +248,11 @@ def test_dashboard_shape():
         assert p["datasource"]["uid"] == "${datasource}"
     exprs = dashboard_queries()
     assert any("0.0005" in e for e in exprs)  # the budget line
+    # watch's own cost (issue #38): its CPU by part against its budget, the service's charge
+    for name in ("hftagent_watch_cpu_seconds_total", "hftagent_watch_cpu_budget_ratio",
+                 "hftagent_attach_charged_cpu_seconds_total",
+                 "hftagent_watch_budget_spikes_total"):
+        assert any(name in e for e in exprs), name
     # every metric the dashboard reads is one the exporter or the rules produce
     from agent.export.metrics import WatchMetrics
     from agent.export.server import make_registry, render
