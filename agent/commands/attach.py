@@ -27,6 +27,11 @@ written and no probe is placed: read-only about the process and its libraries. O
 killed hftagent left in tracefs (its uprobe events and instances, never another tool's), a
 line each on stderr (--json: removed_stale), as every start of watch and cpus does.
 
+A process that maps libcuda also gets the GPU probes watch --attach would place there
+(--gpu-probes LEVEL, default `default`): each driver function, its library, its expected
+hits per call (counts of one JAX inference) and the expected cost per call at ~1.75 µs a
+hit; nothing is printed for them when the process maps no libcuda.
+
 A process that maps several runtimes (every TF2 Python process maps the TF C API it never
 calls) lists them all as candidates: the choice is made by trial at attach time, where watch
 arms them together and keeps the one whose calls arrive (the outermost per call).
@@ -43,6 +48,12 @@ UnsafeLibraryOpt = Annotated[bool, typer.Option(
     "there; a FUSE server may also never answer a read.")]
 
 
+GpuProbesCheckOpt = Annotated[str, typer.Option(
+    "--gpu-probes", metavar="off|launches|default|full", help="The GPU probes' level to show "
+    "for a process that maps libcuda (watch --attach's --gpu-probes): each driver function, "
+    "its expected hits per call and their cost.")]
+
+
 def attach(
     pid: Annotated[int, typer.Argument(help="The process to look at.")],
     check: Annotated[bool, typer.Option("--check", help="Report only (the one mode: "
@@ -51,12 +62,18 @@ def attach(
     symbol: AttachSymbolOpt = None,
     as_json: JsonOpt = False,
     unsafe_library: UnsafeLibraryOpt = False,
+    gpu_probes: GpuProbesCheckOpt = "default",
 ) -> None:
+    from agent.trace import gpu_probes as gp
     from agent.trace.attach import AttachError, check_text, host_notes, plan
     from collectors.host import Host
 
     if pid <= 0:
         raise fail(f"PID must be a positive process id, not {pid}")
+    try:
+        gp.check_level(gpu_probes)
+    except gp.GpuProbeError as exc:
+        raise fail(str(exc)) from None
     host = Host()
     try:
         p = plan(host, pid, runtime or "auto", symbol,
@@ -65,6 +82,7 @@ def attach(
     except AttachError as exc:
         raise fail(str(exc)) from None
     p.close()   # read-only: nothing is defined on the pinned libraries
+    gpu = _gpu_plan(host, pid, gpu_probes, unsafe_library)
     # a killed hftagent's leftovers, never the target's state (after the PID and the runtime
     # are known: bad input stays one line)
     from agent.trace.guardian import clean_stale
@@ -72,10 +90,24 @@ def attach(
     for note in stale:
         print(f"attach: {note}", file=sys.stderr, flush=True)
     if as_json:
-        print(json.dumps({**p.to_dict(), "kernel": host_notes(host), "removed_stale": stale},
-                         indent=2))
+        print(json.dumps({**p.to_dict(), "kernel": host_notes(host), "removed_stale": stale,
+                          "gpu_probes": gpu.to_dict() if gpu else None}, indent=2))
     else:
-        print("\n".join(check_text(p, host)))
+        print("\n".join(check_text(p, host) + gp.check_lines(gpu)))
+
+
+def _gpu_plan(host, pid: int, level: str, unsafe_library: bool):
+    """The GPU probes watch --attach would place (None: no libcuda, or level off); their
+    pinned libcuda closed again (read-only)."""
+    from agent.trace import gpu_probes as gp
+    from agent.trace.attach import AttachError
+    try:
+        gpu = gp.plan(host, pid, level, unsafe_library)
+    except AttachError as exc:
+        raise fail(str(exc)) from None
+    if gpu is not None:
+        gpu.close()
+    return gpu
 
 
 def register(app: typer.Typer) -> None:

@@ -98,6 +98,13 @@ AttachUnitOpt = Annotated[str | None, _opt(
 AttachCgroupOpt = Annotated[str | None, _opt(
     "--attach-cgroup", metavar="PATH", help="As --attach-name, for every process of a cgroup "
     "directory (and its descendants) under /sys/fs/cgroup, absolute or relative to it.")]
+GpuProbesOpt = Annotated[str | None, _opt(
+    "--gpu-probes", metavar="off|launches|default|full", help="With --attach, on a process "
+    "that maps libcuda: which driver calls get a uprobe, for each slow call's GPU split "
+    "(enqueue, copies, GPU wait, completion lag). default: kernel launches, copies (with "
+    "their bytes), cuLaunchHostFunc and the sync calls; launches: launches and sync calls "
+    "only; full: also cuEventRecord, cuStreamWaitEvent, cuEventQuery; off: none. attach "
+    "--check shows their expected cost per call. docs/attach.md.")]
 UnsafeReturnOpt = Annotated[bool, _opt(
     "--unsafe-return", help="With --attach-symbol: time the function to its return too. "
     "Unsafe: a C++ exception that unwinds through a function with a return probe aborts the "
@@ -178,7 +185,8 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
           unsafe_return: UnsafeReturnOpt = False,
           attach_unsafe_library: AttachUnsafeLibraryOpt = False,
           attach_name: AttachNameOpt = None, attach_unit: AttachUnitOpt = None,
-          attach_cgroup: AttachCgroupOpt = None, sample_hz: SampleHzOpt = 100.0,
+          attach_cgroup: AttachCgroupOpt = None, gpu_probes: GpuProbesOpt = None,
+          sample_hz: SampleHzOpt = 100.0,
           sampler: SamplerOpt = "auto", trace: TraceOpt = "auto",
           irq_cost: IrqCostOpt = "auto", nice: NiceOpt = "0",
           threshold_us: ThresholdOpt = None, k: KOpt = 3.0, flight_us: FlightOpt = None,
@@ -200,7 +208,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         attach_runtime=attach_runtime, attach_symbol=attach_symbol,
         unsafe_return=unsafe_return, attach_unsafe_library=attach_unsafe_library,
         attach_name=attach_name, attach_unit=attach_unit, attach_cgroup=attach_cgroup,
-        sample_hz=sample_hz, sampler=sampler, trace=trace,
+        gpu_probes=gpu_probes, sample_hz=sample_hz, sampler=sampler, trace=trace,
         irq_cost=irq_cost, nice=nice, threshold_us=threshold_us, k=k, flight_us=flight_us,
         flight_dir=flight_dir, spike_log=spike_log, duration=duration, perf=perf,
         listen=listen, web_config_file=web_config_file, live=live, json_out=json_out,

@@ -56,7 +56,7 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
           attach_symbol: str | None = None, unsafe_return: bool = False,
           attach_unsafe_library: bool = False, attach_name: str | None = None,
           attach_unit: str | None = None, attach_cgroup: str | None = None,
-          sample_hz: float = 100.0,
+          gpu_probes: str | None = None, sample_hz: float = 100.0,
           sampler: str = "auto", trace: str = "auto",
           irq_cost: str = "auto", nice: str = "0", threshold_us: float | None = None,
           k: float = 3.0, flight_us: float | None = None, flight_dir: str | None = None,
@@ -75,7 +75,8 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
         probe=probe, model=model, variant=variant, rate_hz=rate_hz, pid=pid, ring=ring,
         attach=attach, attach_runtime=attach_runtime, attach_symbol=attach_symbol,
         unsafe_return=unsafe_return, attach_unsafe_library=attach_unsafe_library,
-        attach_name=attach_name, attach_unit=attach_unit, attach_cgroup=attach_cgroup))
+        attach_name=attach_name, attach_unit=attach_unit, attach_cgroup=attach_cgroup,
+        gpu_probes=gpu_probes))
     _choice("--sampler", sampler, SAMPLERS)
     _choice("--trace", trace, TRACE_MODES)
     from agent.watch.attribution.events import parse_irq_cost

@@ -337,6 +337,8 @@ class WatchSession:
             body["note"] = self.budget.note
         elif self.trace.active:
             self._exact(sp, body)
+        if getattr(self.source, "gpu", None) is not None:  # --attach --gpu-probes
+            self.source.gpu.annotate(sp, body)  # the call's GPU split (attribution/gpu_split.py)
         with self.own.part("attribution"):
             rec = self.records.log(sp, body)
             if body["causes"] and body["cause"] != "unexplained":

@@ -92,6 +92,7 @@ class AttachedReader:
         self.trial: Any = None
         self.on_choice: Callable[[Any], set[str]] | None = None
         self._dropped: set[str] = set()
+        self.gpu: Any = None   # --gpu-probes: agent.trace.gpu_probes.GpuHits (takes its hits)
 
     def threads(self) -> set[int]:
         return {int(t) for t in self.host.listdir(self.host.proc(self.pid, "task"))
@@ -116,6 +117,8 @@ class AttachedReader:
                     self.uprobes.set_filter(inst, sorted(tids))
                 except OSError:
                     pass
+            if self.gpu is not None:
+                self.gpu.set_threads(sorted(tids))
 
     def read(self, max_records: int | None = None) -> np.ndarray:
         self._refresh()
@@ -138,6 +141,8 @@ class AttachedReader:
                     self._refresh()
                 if tid not in self._tids:
                     continue  # another process mapping the same library (no filter applies)
+            if self.gpu is not None and self.gpu.take(ev):
+                continue  # a GPU probe's hit: kept for the spikes' GPU split
             if ev.name in self._dropped:
                 continue  # a trial's loser, hit before its removal
             if self.trial is not None:
@@ -232,6 +237,7 @@ class Attached(Source):
     symbol: str | None = None
     unsafe_return: bool = False
     unsafe_library: bool = False
+    gpu_probes: str = "default"   # agent.trace.gpu_probes.LEVELS
 
     RANK = 10
     exporter_label = "attach"
@@ -277,10 +283,14 @@ class Attached(Source):
                              "too")
         return cls(process=pid, comm=comm, runtime=runtime or "auto", symbol=symbol,
                    unsafe_return=given.unsafe_return,
-                   unsafe_library=given.attach_unsafe_library)
+                   unsafe_library=given.attach_unsafe_library,
+                   gpu_probes=_gpu_level(given.gpu_probes))
 
     @classmethod
     def refuse(cls, given: Given, chosen: str) -> None:
+        if given.gpu_probes is not None:
+            _gpu_level(given.gpu_probes)   # (a bad value is said first)
+            raise AgentError(f"--gpu-probes is for --attach PID, not {chosen}")
         if chosen.startswith("--attach-"):  # a service by identity (identity.py) takes them
             return
         for name, v in (("--attach-runtime", given.attach_runtime),
@@ -308,6 +318,15 @@ class Attached(Source):
 
     def open(self, host: Host, cpus: list[int], warnings: list[str]) -> AttachedRun:
         return AttachedRun(self, host, cpus, warnings)
+
+
+def _gpu_level(level: str | None) -> str:
+    """--gpu-probes checked (agent/trace/gpu_probes.py LEVELS; None: the default)."""
+    from agent.trace import gpu_probes
+    try:
+        return gpu_probes.check_level(level or gpu_probes.DEFAULT_LEVEL)
+    except gpu_probes.GpuProbeError as exc:
+        raise AgentError(str(exc)) from None
 
 
 # libraries worth naming when nothing was timed: other inference runtimes and accelerators
@@ -343,6 +362,8 @@ class AttachedRun(Running):
         self.say = say
         self._armed_at = 0.0
         self._quiet_said = False
+        self.gpu: Any = None       # agent.watch.attribution.gpu_split.GpuSplitter
+        self._gpu_uprobes: Any = None
 
     def start(self, events: Any, phase: Phase | None = None) -> None:
         """Uprobes on the runtime's once-per-call function (every candidate's, when the
@@ -374,7 +395,21 @@ class AttachedRun(Running):
         if len(plan.runtimes) > 1 and not reader.entry_only:
             self._arm_trial(reader, u)
         self._said(plan, reader.entry_only, attach)
+        self._arm_gpu(tracing, reader)
         self._armed_at = time.monotonic()
+
+    def _arm_gpu(self, tracing: Any, reader: AttachedReader) -> None:
+        """--gpu-probes: a few libcuda probes (agent/trace/gpu_probes.py), their hits kept
+        by the reader for each spike's GPU split (agent/watch/attribution/gpu_split.py)."""
+        from agent.trace import gpu_probes
+        from agent.watch.attribution.gpu_split import GpuSplitter
+        src = self.source
+        got = gpu_probes.arm(self.host, src.process, src.gpu_probes, src.unsafe_library,
+                             tracing, sorted(reader.threads()))
+        self.warnings += [f"attach: {n}" for n in got.notes]
+        if got.hits is not None and got.plan is not None:
+            reader.gpu, self._gpu_uprobes, self.gpu = got.hits, got.uprobes, GpuSplitter(got.hits)
+            self.info["gpu_probes"] = got.plan.to_dict()
 
     def _arm_trial(self, reader: AttachedReader, u: Any) -> None:
         from agent.trace.trial import Trial
@@ -459,8 +494,19 @@ class AttachedRun(Running):
             self._say_quiet()
         return EXIT_NOTHING_TIMED
 
+    def summary(self, lat: Any) -> dict[str, Any]:
+        out = super().summary(lat)
+        if self.gpu is not None and self.reader is not None:  # --gpu-probes: hits paid, parts
+            out["gpu"] = {**self.gpu.summary(), **self.gpu.hits.stats(self.reader.calls)}
+        return out
+
     def close(self) -> None:
         super().close()
+        if self._gpu_uprobes is not None:
+            left = self._gpu_uprobes.remove()
+            if left:
+                self.warnings.append("GPU uprobe events not removed: " + "; ".join(left))
+            self._gpu_uprobes = None
         if self._uprobes is not None:
             left = self._uprobes.remove()
             if left:

@@ -47,6 +47,7 @@ class Given:
     attach_name: str | None = None
     attach_unit: str | None = None
     attach_cgroup: str | None = None
+    gpu_probes: str | None = None
 
 
 class Source(ABC):
