@@ -13,8 +13,9 @@ refuses instead of falling back.
 The followed threads' own events (:data:`FOLLOWED`, issue #35 item 2: their user page
 faults, :data:`FAULT_EVENT`, and their runtime updates, :data:`RUNTIME_EVENT`) are not in
 :data:`WANTED`: a process can fault hundreds of thousands of times a second, so they are
-enabled only once the threads to follow are known (:meth:`Recording.follow_threads`, from
-the first spike of each), filtered to them in the kernel (``common_pid == tid || ...``,
+enabled only once the threads to follow are known (:meth:`Recording.follow_threads`: watch
+asks as soon as its latency source names them, from their first timed call on; a thread
+first seen in a spike is asked then), filtered to them in the kernel (``common_pid == tid || ...``,
 evaluated before the record is committed), and :meth:`Recording.faults_from` /
 :meth:`Recording.runtime_from` say from when each thread's are recorded (a window that
 begins earlier does not have them all).
@@ -146,6 +147,13 @@ class Recording:
         for t in new:
             self.fault_tids[t] = now
         return self._follow_reason()
+
+    def unfollow(self, tids: Iterable[int]) -> None:
+        """Stop following ``tids`` (threads that exited): their room in the filter's bound
+        goes to the next new thread; the filters are rewritten with the next one (until then
+        a gone thread's pid matches nothing)."""
+        for t in tids:
+            self.fault_tids.pop(int(t), None)
 
     def _follow_one(self, system: str, name: str, expr: str) -> str | None:
         """Filter one followed event to ``expr`` (enabling it the first time): None, or why

@@ -219,6 +219,7 @@ class WatchSession:
         if (w := self.trace.open(self.clock())) is not None:
             self.warnings.append(w)
         self.source.start(self.trace, self.phase)
+        self.trace.follow_process(self.source.pid)  # (issue #35: before its first call)
         # (a stop or an error while it starts leaves no helper and no shared file behind)
         self.sampler, self.sampler_note = self._open_sampler(
             cfg.sampler, self.open_collectors, cfg.sample_hz, cfg.housekeeping_cpus,
@@ -288,7 +289,9 @@ class WatchSession:
         self.samples += len(recs)
         self.hist.add(lat)
         self.lat.extend(recs)
-        self.sched.watch_tids(np.unique(recs[:, F["tid"]]).tolist())
+        tids = np.unique(recs[:, F["tid"]]).tolist()
+        self.sched.watch_tids(tids)
+        self.trace.follow_calls(tids, recs)  # their faults and runtime from now (issue #35)
         if self.metrics is not None:
             self.metrics.observe_many(lat)
         for sp, detected in self.detector.scan(recs, lat):

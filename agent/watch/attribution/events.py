@@ -24,7 +24,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from agent.client import FIELDS
 from agent.errors import AgentError
+from agent.trace.recording import MAX_FAULT_TIDS
 from agent.trace.timeline import (
     BACKLOG,
     BLOCKED,
@@ -65,6 +67,8 @@ REFIT_AFTER_S = 2.0  # the rate measured over at least this long before refit()
 GROW_EVERY_NS = 1_000_000_000  # after lost events the rings grow (×4), at most once a second
 SLOWDOWN_MIN_INTERRUPTS = 20  # a spike interrupted this often measures the probe's slowdown
 SLOWDOWN_MIN_SPIKES = 5       # earlier such spikes before the estimate is used
+ASKED_KEPT = 4096  # follow_calls' threads remembered (a bound: forgotten ones are asked again)
+F_PID, F_TID = FIELDS.index("pid"), FIELDS.index("tid")
 SLOWDOWN_KEPT = 16            # the latest ones per probe CPU (the slowdown drifts: see below)
 
 
@@ -239,6 +243,8 @@ class SpikeEvents:
         self.grow_notes: list[str] = []  # each time the rings grew after lost events
         self._ran = False
         self._final: dict = {}  # the source's description, rate and losses at close
+        self._asked: set[int] = set()  # the timed threads asked to be followed (follow_calls)
+        self._pids: set[int] = set()   # their processes, whose threads were listed
 
     def open(self, now_ns: int) -> str | None:
         """Open the source; returns the warning line for ``auto``/``mount`` when it cannot
@@ -403,20 +409,78 @@ class SpikeEvents:
                 out["queued_behind_stall_us"] = round(q / 1e3, 1)
         return out, _triples(tl, items, cost, queued)
 
+    def follow_process(self, pid: int | None) -> None:
+        """Follow the page faults and runtime updates of process ``pid``'s threads from now
+        (the session calls it once its latency source has started: the process it times is
+        known before its first call)."""
+        if pid is not None and pid > 0 and self._follows():
+            self._pids.add(pid)
+            self._ask(self._threads_of(pid))
+
+    def follow_calls(self, tids: list[int], recs) -> None:
+        """Follow the threads of a batch of latency records (``tids``: their distinct tids;
+        ``recs``: rows of agent.client.FIELDS) from their first timed call on, not from their
+        first spike (issue #35): a new thread (one started later, a restarted process's) is
+        asked with the other threads of its process (/proc/PID/task) once its process is
+        new. The cost of a batch whose threads are all known is one set comparison."""
+        if not self._follows() or self._asked.issuperset(tids):
+            return
+        new = [int(t) for t in tids if int(t) not in self._asked and int(t) > 0]
+        if len(self._asked) + len(new) > ASKED_KEPT:  # (threads come and go: a bound)
+            self._asked.clear()
+        self._asked.update(new)
+        ask: list[int] = []
+        for t in new:
+            ask.append(t)
+            pid = int(recs[recs[:, F_TID] == t][0, F_PID])
+            if pid > 0 and pid not in self._pids:
+                self._pids.add(pid)
+                ask += self._threads_of(pid)
+        self._ask(ask)
+
+    def _follows(self) -> bool:
+        return self.source is not None and hasattr(self.source, "follow_threads")
+
+    def _threads_of(self, pid: int) -> list[int]:
+        if self.host is None:
+            return [pid]
+        try:
+            return [int(t) for t in self.host.listdir(self.host.proc(pid, "task"))
+                    if t.isdigit()]
+        except OSError:  # (gone already)
+            return []
+
+    def _ask(self, tids: list[int]) -> None:
+        """Ask the source to follow ``tids`` (the first ones first where the filter's bound
+        leaves room for some only); when the bound is reached, the followed threads that
+        exited give up their room first (/proc/TID gone)."""
+        src = self.source
+        tids = [t for t in dict.fromkeys(tids) if src.faults_from(t) is None and
+                src.runtime_from(t) is None]
+        if not tids:
+            return
+        followed = getattr(src, "fault_tids", None)
+        if self.host is not None and followed is not None and \
+                len(followed) + len(tids) > MAX_FAULT_TIDS and hasattr(src, "unfollow"):
+            src.unfollow([t for t in list(followed)
+                          if not self.host.exists(self.host.proc(t))])
+        src.follow_threads(tids)
+
     def _follow(self, sp) -> tuple[int | None, int | None]:
         """From when the page faults and the runtime updates of the spike's thread are
-        recorded (None: not, or a source without them). The first spike of a process asks
-        the source to follow all its threads (/proc/PID/task; a thread first seen later is
-        added at its first spike): a call before that has them unknown, never zero."""
+        recorded (None: not, or a source without them). Threads are followed from their
+        first timed call (:meth:`follow_calls`); one first seen in a spike (a source whose
+        records the session did not pass) asks here, with all its process's threads: a
+        call before that has them unknown, never zero."""
         src = self.source
         if not hasattr(src, "follow_threads") or sp.tid <= 0:
             return None, None
         if src.faults_from(sp.tid) is None and src.runtime_from(sp.tid) is None:
             tids = [sp.tid]  # first: the one that must fit the filter's bound
-            if self.host is not None and sp.pid > 0:
-                tids += [int(t) for t in self.host.listdir(self.host.proc(sp.pid, "task"))
-                         if t.isdigit()]
-            src.follow_threads(tids)
+            if sp.pid > 0:
+                self._pids.add(sp.pid)
+                tids += self._threads_of(sp.pid) if self.host is not None else []
+            self._ask(tids)
         return src.faults_from(sp.tid), src.runtime_from(sp.tid)
 
     def _hidden(self, tl) -> dict:
