@@ -64,6 +64,15 @@ from .event import Event
 from .oncpu import OnCpu
 from .thread_states import RUN, WOKEN, ThreadStates
 
+# The events that leave a page fault's sleep watched for (OnCpu.fault_ends): an interrupt's
+# entry or exit, a TLB flush, an IPI sent, a wake-up or a task moved (the fault's read waking
+# kworker/N:1H), block I/O issued or completed
+FAULT_PATH_OPS = CONTEXT_OPS | {OP_WAKE, OP_MIGRATE, OP_IO_ISSUE, OP_IO_DONE}
+
+
+def _on_fault_path(code: int, ev: Event) -> bool:
+    return code in FAULT_PATH_OPS or code == OP_OTHER and ev.name == RUNTIME_EVENT
+
 
 def _on_switch(f: dict) -> bool:
     """A tlb_flush of reason TLB_FLUSH_ON_TASK_SWITCH (0, "flush on task switch")."""
@@ -199,8 +208,8 @@ class CpuStory:
             self._ran(self.last)  # it ran: the interval before is its own
         oncpu = self.oncpu
         if oncpu.fault_at is not None or oncpu.reading:
-            oncpu.fault_ends(ts, ev if code == OP_SWITCH else None,
-                             reads=code == OP_IO_ISSUE and pid == th.tid)
+            oncpu.fault_ends(ts, ev if code == OP_SWITCH else None, code == OP_IO_ISSUE and
+                             pid == th.tid, bool(stack) or _on_fault_path(code, ev))
         if code == OP_OTHER and ev.name == FAULT_EVENT:
             oncpu.fault(ts, pid)
         elif code == OP_OTHER and ev.name == RUNTIME_EVENT:

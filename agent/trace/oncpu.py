@@ -25,6 +25,12 @@ from __future__ import annotations
 from .accounting import FAULT_CAP_NS, Timeline
 from .event import Event
 
+# How long after a fault's entry a switch out not runnable is still the fault's sleep, where
+# only its path's events came between (fault_ends): a fault's own work before it sleeps (its
+# readahead's page-cache insertions, the read issued) takes µs to ~2 ms (a 2 MiB readahead
+# on a 2-vCPU guest: 1.5 ms from the fault to its block_rq_issue).
+FAULT_SLEEP_NS = 3_000_000
+
 
 class OnCpu:
     """The followed thread ``tid``'s page faults and runtime stretches in ``tl`` (module
@@ -34,7 +40,10 @@ class OnCpu:
         self.tl = tl
         self.tid = tid
         self.fault_at: int | None = None  # the open page fault's entry
-        self.reading = False  # the last fault issued block I/O: its switch out is a sleep
+        # a fault's sleep is still watched for (the events since it are its path's: see
+        # fault_ends), from sleep_from (the entry of the last fault)
+        self.reading = False
+        self.sleep_from = 0
         # the runtime stretch: where it began (a switch-in or an update; None while the
         # thread is not current), the interrupts charged in it, whether a remote enqueue came
         self.rt_at: int | None = None
@@ -48,20 +57,33 @@ class OnCpu:
             tl.faults += 1
             self.fault_at = ts
 
-    def fault_ends(self, ts: int, switch: Event | None, reads: bool = False) -> None:
+    def fault_ends(self, ts: int, switch: Event | None, reads: bool = False,
+                   passing: bool = False) -> None:
         """The open fault's time ends at ``ts`` (the next event on the CPU); ``switch``: that
         event when it is a sched_switch; ``reads``: it is block I/O the thread issued (the
-        fault reading its page: the switch out that follows is still the fault's sleep)."""
+        fault reading its page: the switch out that follows is still the fault's sleep);
+        ``passing``: an event the fault's path emits or that interrupts it (an interrupt's
+        entry, exit or anything inside one, a wake-up, an IPI sent, a TLB flush, a runtime
+        update): the watch for the fault's sleep goes on through it, for up to
+        :data:`FAULT_SLEEP_NS` after the fault's entry. A major fault on 6.18 issues its read
+        (block_rq_issue), wakes kworker/N:1H to dispatch the rest of it (sched_waking in the
+        thread's context), is interrupted (a tick, the disk's completion) and only then
+        switches out in D: a watch ended at the first of those counted none of them slept."""
         tl, at = self.tl, self.fault_at
         if at is None and not self.reading:
             return
         if at is not None:
             self.fault_at = None
             tl.fault_ns += max(0, min(ts, tl.t1_ns, at + FAULT_CAP_NS) - at)
-        if switch is not None and switch.fields.get("prev_pid") == self.tid and \
-                not str(switch.fields.get("prev_state", "R")).startswith("R"):
-            tl.faults_slept += 1
-        self.reading = reads and (at is not None or self.reading)
+            self.sleep_from = at
+        soon = ts - self.sleep_from <= FAULT_SLEEP_NS
+        if switch is not None:
+            if soon and switch.fields.get("prev_pid") == self.tid and \
+                    not str(switch.fields.get("prev_state", "R")).startswith("R"):
+                tl.faults_slept += 1
+            self.reading = False
+            return
+        self.reading = soon and (reads or passing)
 
     def stretch(self, at: int | None) -> None:
         """A runtime stretch begins at ``at`` (None: the thread left the CPU)."""
