@@ -6,8 +6,9 @@ to it, each with its evidence.
 part               what it is, and where it comes from
 =================  ========================================================================
 enqueue            from the call's start to the calling thread's last enqueue (its last
-                   launch, host function or copy entry; a probed copy's return), less the
-                   parts below inside it: the CPU work of issuing the GPU's work. Its CPU
+                   launch, host function or copy), less the parts below and its
+                   other waits off the CPU inside it: the CPU work of issuing the GPU's work
+                   (on the CPU, or runnable and waiting for it). Its CPU
                    causes: what the timeline shows on the CPU then (``enqueue.others``)
 copies             inside the calling thread's copy calls (entry to return): their count,
                    bytes (the ``ByteCount`` argument) and µs; copies by the process's
@@ -19,11 +20,13 @@ gpu_wait           the caller blocked until the GPU finished: off the CPU and wo
                    (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize)
 completion_lag     from that wake-up (the waker's ``sched_waking``: "GPU done") to the
                    caller running again (the timeline's next run of the thread)
-rest               everything else: CPU work after the last enqueue, other waits
+rest               everything else: CPU work after the last enqueue, the caller's waits
+                   off the CPU that were not for the GPU
 =================  ========================================================================
 
 Precedence where two overlap (each nanosecond is given once): copies, completion lag, GPU
-wait, enqueue, rest. Without the timeline (no kernel events, or past the CPU budget) the
+wait, the caller's other waits off the CPU (rest: a lock, I/O, another process's wake-up),
+enqueue; rest where nothing covers it. Without the timeline (no kernel events, or past the CPU budget) the
 parts off the CPU are unknown and fall in ``rest``; ``timeline`` says so.
 
 GPU causes, named with their evidence when the data exists: the polled GPU causes of the
@@ -43,7 +46,7 @@ import numpy as np
 from agent.trace.gpu_probes import COPY, HOST_FUNC, LAUNCH, SYNC, GpuHits, Hit
 
 PARTS = ("enqueue", "copies", "gpu_wait", "completion_lag", "rest")
-_PRIO = {"copies": 0, "completion_lag": 1, "gpu_wait": 2, "enqueue": 3}
+_PRIO = {"copies": 0, "completion_lag": 1, "gpu_wait": 2, "rest": 3, "enqueue": 4}
 SLOW_COPY_RATIO = 3.0
 SLOW_COPY_SHARE = 0.2
 GPU_CAUSES = ("gpu_foreign_process", "gpu_throttle")
@@ -122,14 +125,18 @@ def _parts_waits(tl: dict, t0: int, t1: int, tid_hits: dict[int, list[Hit]], tid
     runs = sorted(t0 + int(s[0] * 1e3) for s in tl.get("spans") or []
                   if str(s[2]).startswith("probe "))
     for part in tl.get("parts") or []:
-        if part.get("kind") != "blocked" or part.get("to_us") is None:
+        if part.get("to_us") is None:
             continue
         a, b = t0 + int(part["from_us"] * 1e3), t0 + int(part["to_us"] * 1e3)
+        if part.get("kind") != "blocked":   # I/O, stopped, a late timer: another wait
+            spans.append((a, b, "rest"))
+            continue
         in_sync = any(sa <= max(a, t0) and b <= sb for sa, sb, _ in syncs)
         woken_by_gpu = part.get("same_process") and part.get("waker_tid") not in enqueuers \
             and part.get("waker_tid") != tid and first_enqueue is not None \
             and first_enqueue <= b
         if not (in_sync or woken_by_gpu):
+            spans.append((a, b, "rest"))   # a wait for something else (not on the CPU)
             continue
         spans.append((a, b, "gpu_wait"))
         run = next((r for r in runs if r >= b), None)
