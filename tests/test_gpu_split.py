@@ -206,12 +206,13 @@ def test_hits_are_taken_kept_in_time_order_and_split_per_spike():
     Bare = namedtuple("Bare", "ts_ns cpu pid name")
     assert hits.take(Bare(T0 + 40 * US, 1, TID, f"gpu{h2d}"))
     assert hits.between(T0 + 40 * US, T0 + 40 * US)[0].nbytes == -1
-    splitter = gs.GpuSplitter(hits)
     body: dict = {"causes": []}
-    out = splitter.annotate(_spike(T0, T0 + 50 * US), body)
+    out = gs.annotate(hits, _spike(T0, T0 + 50 * US), body)
     assert out is body["gpu"] and out["launches"] == 1
-    assert splitter.summary()["spikes_split"] == 1
-    assert splitter.annotate(_spike(T0 + 60 * US, T0 + 90 * US), {}) is None  # no hit there
+    st = hits.stats(calls=1)
+    assert st["spikes_split"] == 1
+    assert sum(st["parts_us"].values()) == pytest.approx(50, abs=0.5)
+    assert gs.annotate(hits, _spike(T0 + 60 * US, T0 + 90 * US), {}) is None  # no hit there
 
 
 def test_levels_hold_the_ones_before_and_say_their_cost():

@@ -99,7 +99,7 @@ AttachCgroupOpt = Annotated[str | None, _opt(
     "--attach-cgroup", metavar="PATH", help="As --attach-name, for every process of a cgroup "
     "directory (and its descendants) under /sys/fs/cgroup, absolute or relative to it.")]
 GpuProbesOpt = Annotated[str | None, _opt(
-    "--gpu-probes", metavar="off|launches|default|full", help="With --attach, on a process "
+    "--gpu-probes", metavar="LEVEL", help="With --attach, on a process "
     "that maps libcuda: which driver calls get a uprobe, for each slow call's GPU split "
     "(enqueue, copies, GPU wait, completion lag). default: kernel launches, copies (with "
     "their bytes), cuLaunchHostFunc and the sync calls; launches: launches and sync calls "

@@ -275,6 +275,10 @@ class GpuHits:
         self.counts: dict[str, int] = {}
         # the latest copies' ns per byte (> 0), or -ns per copy where no byte count came
         self.rates: deque[float] = deque(maxlen=COPY_RATES)
+        # the spikes split from these hits and their parts' ns (agent/watch/attribution/
+        # gpu_split.py adds them: the run's summary says them)
+        self.spikes_split = 0
+        self.parts_ns: dict[str, int] = {}
         self._copy_open: dict[tuple[int, str], tuple[int, int]] = {}
 
     def take(self, ev: Any) -> bool:
@@ -329,7 +333,8 @@ class GpuHits:
     def stats(self, calls: int) -> dict:
         """Hits per symbol, and per call where calls were timed (the cost actually paid)."""
         total = sum(self.counts.values())
-        out: dict = {"hits": dict(self.counts)}
+        out: dict = {"hits": dict(self.counts), "spikes_split": self.spikes_split,
+                     "parts_us": {p: round(ns / 1e3, 1) for p, ns in self.parts_ns.items()}}
         if calls:
             out["hits_per_call"] = round(total / calls, 2)
             out["cost_us_per_call"] = round(total / calls * HIT_US, 1)

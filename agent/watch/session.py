@@ -341,7 +341,8 @@ class WatchSession:
         elif self.trace.active:
             self._exact(sp, body)
         if getattr(self.source, "gpu", None) is not None:  # --attach --gpu-probes
-            self.source.gpu.annotate(sp, body)  # the call's GPU split (attribution/gpu_split.py)
+            from agent.watch.attribution import gpu_split
+            gpu_split.annotate(self.source.gpu, sp, body)  # the call's GPU split
         with self.own.part("attribution"):
             rec = self.records.log(sp, body)
             if body["causes"] and body["cause"] != "unexplained":

@@ -249,33 +249,22 @@ def gpu_causes(body: dict, hits: Sequence[Hit], usual: tuple[float | None, float
     return out + ([slow] if slow else [])
 
 
-class GpuSplitter:
-    """Per spike of an attached process with GPU probes: its split (:func:`split_call`)
-    and GPU causes in the spike record (``gpu``), from the kept hits (:class:`GpuHits`).
-    ``totals`` sums the parts over the spikes (ns), for the run's summary."""
-
-    def __init__(self, hits: GpuHits) -> None:
-        self.hits = hits
-        self.totals = dict.fromkeys(PARTS, 0)
-        self.spikes = 0
-
-    def annotate(self, sp: Any, body: dict) -> dict | None:
-        """Add ``body["gpu"]`` for spike ``sp`` (a :class:`~.spike.Spike`); None (nothing
-        added) when no GPU probe fired in the call."""
-        hits = self.hits.between(sp.start_ns, sp.end_ns)
-        if not hits:
-            return None
-        tl = (body.get("events") or {}).get("timeline")
-        out = split_call(sp.start_ns, sp.end_ns, sp.tid, hits, tl)
-        causes = gpu_causes(body, hits, usual_rates(self.hits.rates), sp.excess_ns)
-        if causes:
-            out["causes"] = causes
-        body["gpu"] = out
-        self.spikes += 1
-        for p, us in out["parts"].items():
-            self.totals[p] += int(us * 1e3)
-        return out
-
-    def summary(self) -> dict:
-        return {"spikes_split": self.spikes,
-                "parts_us": {p: round(v / 1e3, 1) for p, v in self.totals.items()}}
+def annotate(kept: GpuHits, sp: Any, body: dict) -> dict | None:
+    """Add ``body["gpu"]`` for spike ``sp`` (a :class:`~.spike.Spike` of an attached process
+    with GPU probes: the session calls it for each one) from the hits ``kept`` (the
+    attached run's :class:`GpuHits`): its split (:func:`split_call`) and GPU causes; the
+    parts are summed into ``kept.parts_ns`` for the run's summary. None (nothing added)
+    when no GPU probe fired in the call."""
+    hits = kept.between(sp.start_ns, sp.end_ns)
+    if not hits:
+        return None
+    tl = (body.get("events") or {}).get("timeline")
+    out = split_call(sp.start_ns, sp.end_ns, sp.tid, hits, tl)
+    causes = gpu_causes(body, hits, usual_rates(kept.rates), sp.excess_ns)
+    if causes:
+        out["causes"] = causes
+    body["gpu"] = out
+    kept.spikes_split += 1
+    for p, us in out["parts"].items():
+        kept.parts_ns[p] = kept.parts_ns.get(p, 0) + int(us * 1e3)
+    return out

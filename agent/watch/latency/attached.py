@@ -362,7 +362,7 @@ class AttachedRun(Running):
         self.say = say
         self._armed_at = 0.0
         self._quiet_said = False
-        self.gpu: Any = None       # agent.watch.attribution.gpu_split.GpuSplitter
+        self.gpu: Any = None       # agent.trace.gpu_probes.GpuHits (the session splits spikes)
         self._gpu_uprobes: Any = None
 
     def start(self, events: Any, phase: Phase | None = None) -> None:
@@ -400,15 +400,15 @@ class AttachedRun(Running):
 
     def _arm_gpu(self, tracing: Any, reader: AttachedReader) -> None:
         """--gpu-probes: a few libcuda probes (agent/trace/gpu_probes.py), their hits kept
-        by the reader for each spike's GPU split (agent/watch/attribution/gpu_split.py)."""
+        by the reader for each spike's GPU split (agent/watch/attribution/gpu_split.py,
+        called by the session)."""
         from agent.trace import gpu_probes
-        from agent.watch.attribution.gpu_split import GpuSplitter
         src = self.source
         got = gpu_probes.arm(self.host, src.process, src.gpu_probes, src.unsafe_library,
                              tracing, sorted(reader.threads()))
         self.warnings += [f"attach: {n}" for n in got.notes]
         if got.hits is not None and got.plan is not None:
-            reader.gpu, self._gpu_uprobes, self.gpu = got.hits, got.uprobes, GpuSplitter(got.hits)
+            reader.gpu, self._gpu_uprobes, self.gpu = got.hits, got.uprobes, got.hits
             self.info["gpu_probes"] = got.plan.to_dict()
 
     def _arm_trial(self, reader: AttachedReader, u: Any) -> None:
@@ -497,7 +497,7 @@ class AttachedRun(Running):
     def summary(self, lat: Any) -> dict[str, Any]:
         out = super().summary(lat)
         if self.gpu is not None and self.reader is not None:  # --gpu-probes: hits paid, parts
-            out["gpu"] = {**self.gpu.summary(), **self.gpu.hits.stats(self.reader.calls)}
+            out["gpu"] = self.gpu.stats(self.reader.calls)
         return out
 
     def close(self) -> None:
