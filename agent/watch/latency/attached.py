@@ -64,6 +64,8 @@ TID_REFRESH_S = 1.0
 class AttachedReader:
     """``read()`` → rows of :data:`FIELDS` for the calls completed since the last read."""
 
+    gpu: Any = None   # --gpu-probes: agent.trace.gpu_probes.GpuHits (takes its hits)
+
     def __init__(self, host: Host, pid: int, events, uprobes, entry_only: bool) -> None:
         self.host = host
         self.pid = pid
@@ -92,7 +94,6 @@ class AttachedReader:
         self.trial: Any = None
         self.on_choice: Callable[[Any], set[str]] | None = None
         self._dropped: set[str] = set()
-        self.gpu: Any = None   # --gpu-probes: agent.trace.gpu_probes.GpuHits (takes its hits)
 
     def threads(self) -> set[int]:
         return {int(t) for t in self.host.listdir(self.host.proc(self.pid, "task"))
