@@ -31,6 +31,22 @@ The P50 added per call is what ``watch --attach`` charges the service for each c
 ``hftagent_attach_charged_cpu_seconds_total`` are the attach plan's ``cost_us_per_call``
 (agent/trace/attach.py ``COST_US``) × the calls timed; this bench, on the ~1 µs model, checks
 that figure on the box (docs/benchmarks.md "Attach" has the command).
+
+GPU mode (issue #36: ``--gpu-probes``' cost)::
+
+    sudo .venv/bin/python bench/attach_overhead.py --gpu [--gpu-probes default]
+                                                   [--gpu-service jax|fake] [--pairs 12]
+
+A GPU service in its own process times every call with ``time.perf_counter_ns``: ``jax`` (the
+default: a small jitted model whose input is copied in and output copied out each call, as
+XLA's stream executor does it; needs JAX with CUDA) or ``fake`` (tests/fixtures/fake_cuda: a
+fake libcuda.so.1 and an XLA-shaped service compiled here with cc; no GPU: it checks the
+mechanism, its figures are not a GPU's). Blocks alternate ABBA with the GPU probes of the
+level placed (agent/trace/gpu_probes.py: the plan, GpuUprobes, enabled in a private instance
+on the service's CPUs, filtered to its threads) and without. Reported: the added µs per call
+at P50 and P99 with their 95 % bootstrap intervals over pairs, the added P50 as a share of the
+detached P50 (target ≤ 2.5 %), the hits recorded per call, and the expected cost from the
+plan.
 """
 
 from __future__ import annotations
@@ -85,6 +101,145 @@ def paired_diff(a_blocks, b_blocks, p: float, n_boot: int = 2000, seed: int = 1)
             "per_pair_us": [round(float(x), 2) for x in d]}
 
 
+GPU_JAX = r"""
+import os, sys, time, numpy as np
+import jax, jax.numpy as jnp
+@jax.jit
+def f(w, x):
+    for _ in range(4):
+        x = jnp.tanh(x @ w)
+    return x
+w = jax.device_put(np.full((256, 256), 0.01, np.float32))
+x = np.ones((64, 256), np.float32)
+clock = time.perf_counter_ns
+for _ in range(300):
+    np.asarray(f(w, x))
+print("ready", flush=True)
+for line in sys.stdin:
+    n, out = line.split()
+    t = np.empty((int(n), 2), dtype=np.int64)
+    for k in range(int(n)):
+        a = clock(); np.asarray(f(w, x)); b = clock()
+        t[k, 0] = a; t[k, 1] = b
+    np.save(out, t)
+    print("done", flush=True)
+"""
+GPU_FAKE = r"""
+import ctypes, os, sys, time, numpy as np
+os.sched_setaffinity(0, {int(sys.argv[3])})
+svc = ctypes.CDLL(sys.argv[1])
+assert svc.svc_init(sys.argv[2].encode()) == 0
+clock = time.perf_counter_ns
+print("ready", flush=True)
+for line in sys.stdin:
+    n, out = line.split()
+    t = np.empty((int(n), 2), dtype=np.int64)
+    for k in range(int(n)):
+        a = clock(); svc.svc_infer(300); b = clock()
+        t[k, 0] = a; t[k, 1] = b
+    np.save(out, t)
+    print("done", flush=True)
+"""
+
+
+def _gpu_child(kind: str, cpu: int, tmp: Path) -> subprocess.Popen:
+    """The GPU service of ``--gpu-service``, started and warmed (stdin: "N OUT" a block)."""
+    if kind == "jax":
+        return subprocess.Popen([sys.executable, "-c", GPU_JAX], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    fix = REPO / "tests" / "fixtures" / "fake_cuda"
+    cuda, svc = tmp / "libcuda.so.1", tmp / "libhftsvc.so"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(cuda), str(fix / "libcuda.c"),
+                    "-lpthread"], check=True)
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(svc), str(fix / "service.c"),
+                    "-ldl", "-lpthread"], check=True)
+    return subprocess.Popen([sys.executable, "-c", GPU_FAKE, str(svc), str(cuda), str(cpu)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _block(child: subprocess.Popen, calls: int, out: Path) -> np.ndarray:
+    child.stdin.write(f"{calls} {out}\n")
+    child.stdin.flush()
+    assert child.stdout.readline().strip() == "done"
+    t = np.load(out)
+    return t[:, 1] - t[:, 0]
+
+
+def gpu_main(args: argparse.Namespace) -> int:
+    """``--gpu``: the GPU probes' cost per call (module docstring, GPU mode)."""
+    from agent.trace import gpu_probes
+    from agent.trace.tracefs import EventSource
+    from collectors.host import Host
+    host = Host()
+    tmp = Path(tempfile.mkdtemp(prefix="attach-gpu-ab-"))
+    child = _gpu_child(args.gpu_service, args.cpu, tmp)
+    src = None
+    blocks: dict[str, list[np.ndarray]] = {"on": [], "off": []}
+    hits: list[float] = []
+    try:
+        if child.stdout.readline().strip() != "ready":
+            print("attach_overhead: the GPU service did not start", file=sys.stderr)
+            return 2
+        cpus = sorted(os.sched_getaffinity(child.pid))
+        src = EventSource.open(host, cpus, buffer_s=4, mount=True)
+        plan = gpu_probes.plan(host, child.pid, args.gpu_probes)
+        if not src or plan is None or not plan.targets:
+            why = src.reason if not src else "no GPU probe to place (no libcuda, or off)"
+            print(f"attach_overhead: {why}", file=sys.stderr)
+            return 2
+        plan.close()   # (each attached block plans and pins again, as watch does)
+        order: list[str] = []
+        for j in range(args.pairs):  # ABBA
+            order += ["on", "off"] if j % 2 == 0 else ["off", "on"]
+        for k, arm in enumerate(order):
+            u = None
+            if arm == "on":
+                plan = gpu_probes.plan(host, child.pid, args.gpu_probes)
+                u = gpu_probes.GpuUprobes(src.tracefs, plan.targets)
+                u.define()
+                src.add_uprobes(u, [int(t) for t in os.listdir(f"/proc/{child.pid}/task")])
+                src.uprobe_events()
+            lat = _block(child, args.calls, tmp / f"b{k}.npy")
+            blocks[arm].append(lat)
+            if u is not None:
+                hits.append(len(src.uprobe_events()) / len(lat))
+                src.drop_uprobes(u)   # (disabled, removed, the pinned libcuda closed)
+            print(f"block {k + 1}/{len(order)} {arm}: P50 {np.median(lat) / 1e3:.1f} µs",
+                  file=sys.stderr, flush=True)
+    finally:
+        child.stdin.close()
+        child.kill()
+        child.wait()
+        if src:
+            src.close()
+    return _gpu_report(args, blocks, hits, plan)
+
+
+def _gpu_report(args: argparse.Namespace, blocks: dict, hits: list[float], plan) -> int:
+    on, off = blocks["on"], blocks["off"]
+    p50_off = float(np.median(np.concatenate(off))) / 1e3
+    d50, d99 = paired_diff(on, off, 0.5), paired_diff(on, off, 0.99)
+    doc = {"mode": "gpu", "service": args.gpu_service, "level": args.gpu_probes,
+           "pairs": args.pairs, "calls_per_block": args.calls,
+           "p50_us": {"attached": float(np.median(np.concatenate(on))) / 1e3,
+                      "detached": p50_off},
+           "p50": d50, "p99": d99,
+           "p50_share_pct": [round(100 * v / p50_off, 2)
+                             for v in (d50["added_us"], *d50["ci_us"])],
+           "hits_per_call": round(float(np.median(hits)), 2) if hits else None,
+           "expected": plan.to_dict()}
+    share = doc["p50_share_pct"]
+    print(f"GPU probes ({args.gpu_probes}, {args.gpu_service} service): added per call P50 "
+          f"{d50['added_us']:+.2f} µs [{d50['ci_us'][0]:+.2f}, {d50['ci_us'][1]:+.2f}] = "
+          f"{share[0]:+.2f} % [{share[1]:+.2f}, {share[2]:+.2f}] of {p50_off:.1f} µs; P99 "
+          f"{d99['added_us']:+.2f} µs [{d99['ci_us'][0]:+.2f}, {d99['ci_us'][1]:+.2f}]")
+    print(f"hits recorded per call: {doc['hits_per_call']} (plan: "
+          f"{plan.hits_per_call:g} for a JAX call, ~{plan.cost_us_per_call} µs expected)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)))
@@ -92,10 +247,21 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=10000)
     ap.add_argument("--model", default=str(REPO / "bench/models/lstm-64x32.tflite"))
     ap.add_argument("--json")
+    ap.add_argument("--gpu", action="store_true", help="the GPU probes' cost (GPU mode)")
+    ap.add_argument("--gpu-probes", default="default", help="the level (GPU mode)")
+    ap.add_argument("--gpu-service", choices=("jax", "fake"), default="jax")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("attach_overhead: needs root (uprobes)", file=sys.stderr)
         return 2
+    if args.gpu:
+        from agent.trace.gpu_probes import GpuProbeError, check_level
+        try:
+            check_level(args.gpu_probes)
+        except GpuProbeError as exc:
+            print(f"attach_overhead: {exc}", file=sys.stderr)
+            return 2
+        return gpu_main(args)
     from agent.trace import attach, uprobe
     from agent.trace.tracefs import EventSource
     from collectors.host import Host
