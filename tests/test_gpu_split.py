@@ -265,3 +265,17 @@ def test_gpu_probes_without_attach_is_refused():
     assert latency.choose(Host(), latency.Given(attach=os.getpid())).gpu_probes == "default"
     assert latency.choose(Host(), latency.Given(attach=os.getpid(),
                                                 gpu_probes="off")).gpu_probes == "off"
+
+
+def test_the_exporter_sums_the_split_by_part():
+    from agent.export.metrics import GPU_PARTS, WatchMetrics
+    from agent.export.server import spike_families
+    assert GPU_PARTS == gs.PARTS
+    m = WatchMetrics()
+    assert not [f for f in spike_families(m.snapshot()) if f.name.endswith("spike_gpu_seconds")]
+    m.gpu_split({"enqueue": 100.0, "gpu_wait": 4000.0, "rest": 0.0, "bogus": 7.0})
+    m.gpu_split({"gpu_wait": 1000.0, "completion_lag": 5.0})
+    fam = next(f for f in spike_families(m.snapshot()) if f.name.endswith("spike_gpu_seconds"))
+    got = {s.labels["part"]: s.value for s in fam.samples if s.name.endswith("_total")}
+    assert got == pytest.approx({"enqueue": 100e-6, "copies": 0.0, "gpu_wait": 5000e-6,
+                                 "completion_lag": 5e-6, "rest": 0.0})

@@ -58,6 +58,11 @@ Attribution and sampler (slow path: Hz, not kHz)
                                    the process, every other one is counted as "other" (a
                                    counter never moves between series, so a label once given
                                    stays); causes outside :data:`EVENT_CAUSES` are "other".
+    ``gpu_split(parts_us)``        one spike's GPU split (agent/watch/attribution/
+                                   gpu_split.py: enqueue, copies, gpu_wait, completion_lag,
+                                   rest, µs each); feeds
+                                   ``hftagent_spike_gpu_seconds_total{part}`` (a fixed label
+                                   set: :data:`GPU_PARTS`; exported once a split was seen).
     ``set_collector(name, success, duration_s)``
                                    outcome of one collector run (collectors.base.CollectorResult
                                    has exactly these fields; ``set_collector_result(r)`` takes
@@ -155,6 +160,8 @@ AUDIT_STATUSES: tuple[str, ...] = (
     "ok", "warn", "fail", "unsupported", "pending-reboot", "error")
 
 MAX_COLLECTORS = 32
+# the parts of an attached GPU call's split (agent/watch/attribution/gpu_split.py PARTS)
+GPU_PARTS = ("enqueue", "copies", "gpu_wait", "completion_lag", "rest")
 MAX_OWN_PARTS = 16  # watch's own-cost parts (agent/watch/budget.py PARTS: 7)
 BUDGET_DECISIONS: tuple[str, ...] = ("exact", "skipped")
 MAX_AUDIT_CHECKS = 256
@@ -268,6 +275,8 @@ class Snapshot:
     attach_cost_per_call_s: float | None = None
     attach_charged_cpu_s: float | None = None
     service: str = ""                       # hftagent_probe_info's service label ("": none)
+    # --gpu-probes: the spikes' GPU split, s by part (empty until a split was seen)
+    gpu_split_s: tuple[tuple[str, float], ...] = ()
 
 
 class WatchMetrics:
@@ -328,6 +337,7 @@ class WatchMetrics:
         self._budget_share: float | None = None
         self._budget_spikes: dict[str, int] = {}
         self._cost_per_call_ns: float | None = None
+        self._gpu_ns: dict[str, int] = {}
         # Quantile cache: at most one window computation per quantile_refresh_s, however many
         # scrapers there are (50 concurrent scrapers must not multiply the work).
         self._q_lock = threading.Lock()
@@ -430,6 +440,14 @@ class WatchMetrics:
                         culprit = "other"
                 key = (cause, culprit)
                 self._cause_ns[key] = self._cause_ns.get(key, 0) + ns
+
+    def gpu_split(self, parts_us: dict[str, float]) -> None:
+        """Add one spike's GPU split (µs per part; parts outside :data:`GPU_PARTS` are
+        dropped: the label set stays fixed)."""
+        with self._lock:
+            for part, us in parts_us.items():
+                if part in GPU_PARTS and us > 0:
+                    self._gpu_ns[part] = self._gpu_ns.get(part, 0) + int(us * 1e3)
 
     def set_collector(self, name: str, success: bool, duration_s: float) -> None:
         """Outcome of one collector run (CollectorResult.name/.success/.duration_s)."""
@@ -542,6 +560,8 @@ class WatchMetrics:
             decided = tuple((k, self._budget_spikes.get(k, 0)) for k in BUDGET_DECISIONS) \
                 if self._budget_spikes else ()
             per_call = self._cost_per_call_ns
+            gpu = tuple((p, self._gpu_ns.get(p, 0) / 1e9) for p in GPU_PARTS) \
+                if self._gpu_ns else ()
         now_mono = time.monotonic_ns()
         cum, acc = [], 0
         for c in counts:
@@ -562,7 +582,8 @@ class WatchMetrics:
             bucket_exemplars=exemplars, own_cpu_s=own, cpu_budget_ratio=budget,
             budget_spikes=decided,
             attach_cost_per_call_s=None if per_call is None else per_call / 1e9,
-            attach_charged_cpu_s=None if per_call is None else per_call * n / 1e9)
+            attach_charged_cpu_s=None if per_call is None else per_call * n / 1e9,
+            gpu_split_s=gpu)
 
     def _window_quantiles(self, now_mono: int) -> tuple[int, dict[float, float]]:
         with self._q_lock:

@@ -153,6 +153,13 @@ def spike_families(s: Snapshot) -> Iterator[Metric]:
     for (cause, culprit), v in sorted(s.cause_seconds.items()):
         cs.add_metric([cause, culprit], v)
     yield cs
+    if s.gpu_split_s:  # watch --attach --gpu-probes (docs/attach.md, "A GPU service")
+        g = CounterMetricFamily(P + "spike_gpu_seconds", "Wall time of the attached GPU "
+                                "service's slow calls, by part of their GPU split.",
+                                labels=["part"])
+        for part, v in s.gpu_split_s:
+            g.add_metric([part], v)
+        yield g
 
 
 def audit_families(audit: dict[str, str] | None, audit_unix_s: float | None

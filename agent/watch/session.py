@@ -342,7 +342,9 @@ class WatchSession:
             self._exact(sp, body)
         if getattr(self.source, "gpu", None) is not None:  # --attach --gpu-probes
             from agent.watch.attribution import gpu_split
-            gpu_split.annotate(self.source.gpu, sp, body)  # the call's GPU split
+            split = gpu_split.annotate(self.source.gpu, sp, body)  # the call's GPU split
+            if split is not None and self.metrics is not None:
+                self.metrics.gpu_split(split["parts"])
         with self.own.part("attribution"):
             rec = self.records.log(sp, body)
             if body["causes"] and body["cause"] != "unexplained":

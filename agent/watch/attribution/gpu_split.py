@@ -45,7 +45,7 @@ import numpy as np
 
 from agent.trace.gpu_probes import COPY, HOST_FUNC, LAUNCH, SYNC, GpuHits, Hit
 
-PARTS = ("enqueue", "copies", "gpu_wait", "completion_lag", "rest")
+PARTS = ("enqueue", "copies", "gpu_wait", "completion_lag", "rest")  # (export: GPU_PARTS)
 _PRIO = {"copies": 0, "completion_lag": 1, "gpu_wait": 2, "rest": 3, "enqueue": 4}
 SLOW_COPY_RATIO = 3.0
 SLOW_COPY_SHARE = 0.2
