@@ -590,3 +590,29 @@ def test_a_sleep_long_after_a_fault_is_not_the_faults():
     tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T0 + 6_000_000,
                   follow=True, faults_from_ns=0).to_dict()
     assert tl["page_faults"]["count"] == 1 and tl["page_faults"]["slept"] == 0
+
+
+POLLED_FAULTS = {"cause": "page_faults", "latency_us": 2000.0, "p50_us": 400.0, "causes": [
+    {"cause": "page_faults", "score": 0.6, "strength": 0.8, "evidence": {"majflt": 3},
+     "detail": "3 major fault(s) in the call; pgmajfault +3; memory PSI stall 90 µs"}]}
+
+
+def test_a_polled_page_fault_verdict_takes_its_count_and_us_from_the_timeline():
+    """The polled rules named page_faults from getrusage; the call's complete timeline counted
+    its faults (too few µs for the on-CPU rule): the verdict stands, in the timeline's
+    numbers, the polled detail kept (weights_pageout on the dev VM: 115 of 305 page-fault
+    verdicts said only 'pgmajfault +N; memory PSI stall N µs')."""
+    body = attribute(Source(on_cpu(*faulting(3, every_ns=300_000))), POLLED_FAULTS)
+    lead = body["causes"][0]
+    assert body["cause"] == "page_faults" and lead["cause"] == "page_faults"
+    assert lead["detail"] == ("3 page faults inside the call, up to 150 µs in their handlers "
+                              "on CPU 1 (kernel events)")
+    assert lead["polled_detail"].startswith("3 major fault(s) in the call")
+    assert lead["evidence"]["page_faults"] == 3 and lead["evidence"]["majflt"] == 3
+    slept = attribute(Source(_major_fault_as_on_6_18()), POLLED_FAULTS)["causes"][0]
+    assert "the thread slept in 1 of them (major: their pages read)" in slept["detail"] or \
+        "1 of them major" in slept["detail"]
+    unrecorded = attribute(Source(on_cpu(*faulting(3, every_ns=300_000)), faults_at=None),
+                           POLLED_FAULTS)["causes"][0]
+    assert unrecorded["detail"].startswith("3 major fault(s)") and \
+        "polled_detail" not in unrecorded

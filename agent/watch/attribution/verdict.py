@@ -5,8 +5,9 @@ summed over 10-50 ms rows, steal ticks and IRQ counts of a CPU, the task scan's 
 context, never proof that the call itself was delayed so. Where the call's own kernel-event
 timeline is complete it is proof: :func:`contradiction` says when a cause the timeline sees
 directly is not in it, :func:`overrule` replaces such a verdict, and :func:`from_timeline`
-rewrites the surviving cause's detail and culprit from the timeline, so that every number
-of a verdict on a complete timeline is the timeline's. The polled detail stays
+rewrites the surviving cause's detail and culprit from the timeline (a polled page_faults
+verdict too, where the timeline counted the call's faults: :func:`faults_from_timeline`), so
+that every number of a verdict on a complete timeline is the timeline's. The polled detail stays
 (``polled_detail``) as context.
 
 A cause the timeline sees directly (:data:`SEEN`) must hold at least
@@ -156,6 +157,9 @@ def from_timeline(entry: dict, ev: dict, per: dict[str, int],
     Contention is named by :func:`~agent.watch.attribution.events.name_tasks`; steal only
     where hidden time was measured."""
     cause = entry.get("cause")
+    if cause == "page_faults":
+        faults_from_timeline(entry, ev)
+        return
     if cause not in ("irq", "softirq", "steal") or per.get(cause, 0) <= 0:
         return
     if cause == "steal" and (ev.get("hw_noise") or {}).get("hidden_us") is None:
@@ -173,6 +177,30 @@ def from_timeline(entry: dict, ev: dict, per: dict[str, int],
     entry["polled_detail"] = detail
     entry["detail"] = new
     entry.setdefault("evidence", {})["events_us"] = round(us, 1)
+
+
+def faults_from_timeline(entry: dict, ev: dict) -> None:
+    """A ``page_faults`` verdict the polled rules gave (getrusage's major faults, pgmajfault,
+    memory PSI) to a call whose timeline counted its faults: the detail from the timeline —
+    the count, their handlers' µs, those the thread slept in and its µs in D reading their
+    pages — the polled one kept as ``polled_detail``. Where the faults were not recorded
+    (no ``page_faults`` in the timeline) or none came inside the call, the polled detail
+    stays (reclaim, a TLB shootdown, cold caches after a page-in need no fault of its own)."""
+    tl = ev.get("timeline") or {}
+    pf = tl.get("page_faults") or {}
+    n, us, slept = pf.get("count") or 0, pf.get("us") or 0.0, pf.get("slept") or 0
+    detail = entry.get("detail") or ""
+    if n <= 0 or "kernel events" in detail:
+        return
+    io_us = sum(p.get("us") or 0.0 for p in tl.get("parts") or []
+                if p.get("kind") == "io_wait") if slept else 0.0
+    more = (f"; the thread slept in {slept:,} of them (major: their pages read), "
+            f"{io_us:,.0f} µs in D") if slept else ""
+    entry["polled_detail"] = detail
+    entry["detail"] = (f"{n:,} page faults inside the call, up to {us:,.0f} µs in their "
+                       f"handlers on CPU {tl.get('cpu', '?')}{more} (kernel events)")
+    entry.setdefault("evidence", {}).update(page_faults=n, page_fault_us=us,
+                                            faults_slept=slept, io_wait_us=round(io_us, 1))
 
 
 def page_faults(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
