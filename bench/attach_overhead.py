@@ -149,8 +149,8 @@ def _gpu_child(kind: str, cpu: int, tmp: Path) -> subprocess.Popen:
                                 stdout=subprocess.PIPE, text=True)
     fix = REPO / "tests" / "fixtures" / "fake_cuda"
     cuda, svc = tmp / "libcuda.so.1", tmp / "libhftsvc.so"
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(cuda), str(fix / "libcuda.c"),
-                    "-lpthread"], check=True)
+    subprocess.run(["cc", "-O1", "-fno-omit-frame-pointer", "-shared", "-fPIC", "-o",
+                    str(cuda), str(fix / "libcuda.c"), "-lpthread"], check=True)
     subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(svc), str(fix / "service.c"),
                     "-ldl", "-lpthread"], check=True)
     return subprocess.Popen([sys.executable, "-c", GPU_FAKE, str(svc), str(cuda), str(cpu)],

@@ -55,7 +55,8 @@ def fake(tmp_path_factory) -> tuple[Path, Path]:
         pytest.skip("no C compiler")
     d = tmp_path_factory.mktemp("fakecuda")
     cuda, svc = d / "libcuda.so.1", d / "libhftsvc.so"
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(cuda),
+    # (-fno-omit-frame-pointer: every entry begins with push %rbp, emulated: libcuda.c)
+    subprocess.run([cc, "-O1", "-fno-omit-frame-pointer", "-shared", "-fPIC", "-o", str(cuda),
                     str(FIXTURE / "libcuda.c"), "-lpthread"], check=True)
     subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(svc),
                     str(FIXTURE / "service.c"), "-ldl", "-lpthread"], check=True)
@@ -108,6 +109,7 @@ def test_attach_check_lists_the_gpu_probes_of_a_process_that_maps_libcuda(fake, 
         assert any(f"gpu probe {sym} " in ln for ln in gpu), r.stdout
     assert any("libcuda.so.1" in ln for ln in gpu)
     assert any("µs per call" in ln and "13 hits" in ln for ln in gpu), gpu
+    assert all("entry push %rbp" in ln for ln in gpu if ln.strip().startswith("gpu probe"))
     d = json.loads(j.stdout)["gpu_probes"]
     assert d["level"] == "launches" and d["expected_hits_per_call"] == 4
     assert {p["symbol"] for p in d["probes"]} == {"cuLaunchKernel", "cuLaunchKernelEx",
@@ -138,6 +140,8 @@ def test_a_slow_gpu_call_is_split_and_its_gpu_wait_named(fake, tmp_path):
     hits = summary["gpu"]["hits"]
     assert hits.get("cuLaunchKernelEx", 0) >= 4 * 100, summary
     assert hits.get("cuLaunchHostFunc", 0) >= 100 and hits.get("cuMemcpyDtoHAsync_v2", 0)
+    # 4 launches, 2 copies with their returns, 1 host function per call (the probe paid)
+    assert 8 <= summary["gpu"]["hits_per_call"] <= 10, summary["gpu"]
     recs = [json.loads(x) for x in (tmp_path / "spikes.jsonl").read_text().splitlines()]
     slow = [r for r in recs if r.get("gpu") and r["gpu"]["wall_us"] >= 0.9 * SLOW_US]
     assert len(slow) >= 5, ([r.get("latency_us") for r in recs], s.warnings)

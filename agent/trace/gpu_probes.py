@@ -47,7 +47,8 @@ from collectors.host import Host
 LEVELS = ("off", "launches", "default", "full")
 DEFAULT_LEVEL = "default"
 LIBCUDA = re.compile(r"^libcuda\.so(\.\d+)*$")
-HIT_US = 1.75   # one uprobe hit (x86-64, shared/notes/gpu-attach.md)
+HIT_US = 1.75   # one uprobe hit on an emulated entry (x86-64, shared/notes/gpu-attach.md)
+STEP_US = 8.6   # one hit on an entry that is single-stepped (shared/notes/attach.md)
 
 LAUNCH, COPY, HOST_FUNC, SYNC, EVENT = "launch", "copy", "host_func", "sync", "event"
 # (the register of the third integer argument, by ELF machine: elf.MACHINES' names)
@@ -117,6 +118,12 @@ class GpuTarget:
     offset: int
     fetch: str            # the entry's fetch-args ("" when none)
     pin: Any = field(default=None, repr=False, compare=False)
+    entry: str = ""       # the instruction at the entry (elf.describe_entry)
+
+    @property
+    def hit_us(self) -> float:
+        """What one hit costs: an entry that is single-stepped costs ~5× an emulated one."""
+        return STEP_US if "single-stepped" in self.entry else HIT_US
 
     @property
     def returns(self) -> bool:
@@ -130,7 +137,8 @@ class GpuTarget:
         p = self.probe
         return {"symbol": p.symbol, "kind": p.kind, "library": self.library,
                 "offset": self.offset, "returns": p.returns, "bytes": p.bytes_arg,
-                "expected_hits_per_call": p.hits_per_call}
+                "entry": self.entry, "expected_hits_per_call": p.hits_per_call,
+                "expected_us_per_call": round(p.hits_per_call * self.hit_us, 2)}
 
 
 @dataclass
@@ -146,7 +154,7 @@ class GpuPlan:
 
     @property
     def cost_us_per_call(self) -> float:
-        return round(self.hits_per_call * HIT_US, 1)
+        return round(sum(t.probe.hits_per_call * t.hit_us for t in self.targets), 1)
 
     def to_dict(self) -> dict:
         return {"level": self.level, "library": self.library,
@@ -192,7 +200,8 @@ def plan(host: Host, pid: int, level: str, unsafe_library: bool = False) -> GpuP
             p.notes.append(f"GPU probes: {m.name} has no function {q.symbol}")
             continue
         fetch = f"bytes={reg}:u64" if q.bytes_arg and reg else ""
-        p.targets.append(GpuTarget(q, m.path, pinned.via, s.offset, fetch, pinned))
+        p.targets.append(GpuTarget(q, m.path, pinned.via, s.offset, fetch, pinned,
+                                   elf.describe_entry(s.first_bytes, info.machine)))
     p.notes += [f"GPU probes: {r}" for r in info.reasons]
     if not p.targets:
         pinned.close()
@@ -208,12 +217,18 @@ def check_lines(p: GpuPlan | None) -> list[str]:
         q = t.probe
         lines.append(f"  gpu probe {q.symbol} ({q.kind}{', return' if q.returns else ''}"
                      f"{', bytes' if t.fetch else ''}) at 0x{t.offset:x}: ~{q.hits_per_call:g} "
-                     "hit(s) per JAX call")
+                     f"hit(s) per JAX call; entry {t.entry}")
     lines += [f"  note      {n}" for n in p.notes]
+    stepped = [t.symbol for t in p.targets if t.hit_us > HIT_US]
     if p.targets:
         lines.append(f"  gpu cost  ~{p.cost_us_per_call} µs per call ({p.hits_per_call:g} hits "
-                     f"at ~{HIT_US} µs, counts of one JAX inference); every process that maps "
-                     "this libcuda pays the trap too while watch runs")
+                     f"at ~{HIT_US} µs, ~{STEP_US} µs where single-stepped; counts of one JAX "
+                     "inference); every process that maps this libcuda pays the trap too "
+                     "while watch runs")
+    if stepped:
+        lines.append(f"  gpu note  single-stepped entries ({', '.join(stepped)}) cost ~"
+                     f"{STEP_US / HIT_US:.0f}× an emulated one a hit: --gpu-probes launches "
+                     "places fewer")
     return lines
 
 
