@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "fake_cuda"
 TRACEFS = Path("/sys/kernel/tracing")
 CLI = [sys.executable, "-c", "from agent.cli import main; main()"]
-SLOW_US, FAST_US = 4000, 300     # the callback thread's sleep: every 8th call, else
+# the callback thread's sleep: every 8th call, else (a slow call is longer than what a busy
+# loop on the service's CPU makes of a fast one: the slow spikes are the GPU's)
+SLOW_US, FAST_US = 20_000, 300
 LOOP = r"""
 import ctypes, os, sys, time
 os.sched_setaffinity(0, {int(sys.argv[3])})   # (the callback thread inherits it)
