@@ -134,7 +134,7 @@ def test_a_slow_gpu_call_is_split_and_its_gpu_wait_named(fake, tmp_path):
                           cpu_budget=100)
         s = WatchSession(cfg)
         assert s.run() == 0, s.warnings
-        summary = s.source.summary(s.lat)
+        summary = s.summary()     # (watch --json's: the source's gpu lines carried)
     finally:
         child.kill()
         child.wait()
@@ -144,6 +144,7 @@ def test_a_slow_gpu_call_is_split_and_its_gpu_wait_named(fake, tmp_path):
     assert hits.get("cuLaunchHostFunc", 0) >= 100 and hits.get("cuMemcpyDtoHAsync_v2", 0)
     # 4 launches, 2 copies with their returns, 1 host function per call (the probe paid)
     assert 8 <= summary["gpu"]["hits_per_call"] <= 10, summary["gpu"]
+    assert summary["gpu"]["spikes_split"] >= 5 and summary["gpu"]["parts_us"]["gpu_wait"] > 0
     recs = [json.loads(x) for x in (tmp_path / "spikes.jsonl").read_text().splitlines()]
     slow = [r for r in recs if r.get("gpu") and r["gpu"]["wall_us"] >= 0.9 * SLOW_US]
     assert len(slow) >= 5, ([r.get("latency_us") for r in recs], s.warnings)

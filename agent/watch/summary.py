@@ -117,6 +117,8 @@ def build(s, *, native: bool, now_ns: int) -> dict:
                                  "max": delays[-1] if delays else None},
         "flight_records": s.flight_files, "collectors": col, "sampler": sampler,
         "own_cpu": own_cost(s, dur),
+        # --attach --gpu-probes: the hits paid per call, the spikes' split (gpu_probes.py)
+        **({"gpu": own["gpu"]} if "gpu" in own else {}),
         "source_error": s.source_error, "stopped_by": s.stopped_by,
         "output_error": s.output_error,
         "warnings": s.warnings + _invalid_warning(s) + s.source.end_warnings(s.lat, h, cpu_busy)
