@@ -435,6 +435,10 @@ for v in ["", "bogus"]:
 path_family(["watch", "--probe", "numpy", "--duration", "1"], "--root",
             values=["{MISSING}", "{FILE}", "{LOOP}"], expect="root")
 add("watch", "--probe", "external", expect="--pid")
+for v in ("", "most", "DEFAULT", "default\n", "\x1b[31m"):  # --gpu-probes (issue #36)
+    add("watch", "--attach", "1", "--gpu-probes", v, "--duration", "1", expect="--gpu-probes")
+    add("attach", "1", "--gpu-probes", v, expect="--gpu-probes")
+add("watch", "--probe", "numpy", "--gpu-probes", "off", expect="--gpu-probes")
 # bounds (issue #30 item 8): a web config nested 10,000 deep (was internal error:
 # RecursionError) or over its size; profile strings a megabyte long (a hang in rich's
 # highlighter) or with a terminal escape in them

@@ -325,7 +325,7 @@ def _gpu_level(level: str | None) -> str:
     """--gpu-probes checked (agent/trace/gpu_probes.py LEVELS; None: the default)."""
     from agent.trace import gpu_probes
     try:
-        return gpu_probes.check_level(level or gpu_probes.DEFAULT_LEVEL)
+        return gpu_probes.check_level(gpu_probes.DEFAULT_LEVEL if level is None else level)
     except gpu_probes.GpuProbeError as exc:
         raise AgentError(str(exc)) from None
 
