@@ -97,6 +97,10 @@ def test_attach_check_lists_the_gpu_probes_of_a_process_that_maps_libcuda(fake, 
         j = subprocess.run([*CLI, "attach", "--check", str(child.pid), "--attach-symbol",
                             "libhftsvc.so:svc_infer", "--gpu-probes", "launches", "--json"],
                            cwd=REPO, capture_output=True, text=True, timeout=60)
+        # no runtime of the catalogue (a JAX process): the GPU probes still shown, one line
+        # on stderr, exit 1
+        alone = subprocess.run([*CLI, "attach", "--check", str(child.pid)], cwd=REPO,
+                               capture_output=True, text=True, timeout=60)
         none = subprocess.run([*CLI, "attach", "--check", str(plain.pid), "--attach-symbol",
                                f"{infer_lib.name}:hft_infer"], cwd=REPO, capture_output=True,
                               text=True, timeout=60)
@@ -117,6 +121,9 @@ def test_attach_check_lists_the_gpu_probes_of_a_process_that_maps_libcuda(fake, 
     assert {p["symbol"] for p in d["probes"]} == {"cuLaunchKernel", "cuLaunchKernelEx",
                                                   "cuStreamSynchronize",
                                                   "cuEventSynchronize", "cuCtxSynchronize"}
+    assert alone.returncode == 1 and len(alone.stderr.strip().splitlines()) == 1, alone.stderr
+    assert "known inference runtime" in alone.stderr
+    assert "gpu probe cuLaunchHostFunc" in alone.stdout and "--attach-symbol" in alone.stdout
     assert none.returncode == 0, none.stderr
     assert not [ln for ln in none.stdout.splitlines() if ln.strip().startswith("gpu")]
     assert _our_events() == []

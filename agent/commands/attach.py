@@ -30,7 +30,9 @@ line each on stderr (--json: removed_stale), as every start of watch and cpus do
 A process that maps libcuda also gets the GPU probes watch --attach would place there
 (--gpu-probes LEVEL, default `default`): each driver function, its library, its expected
 hits per call (counts of one JAX inference) and the expected cost per call at ~1.75 µs a
-hit; nothing is printed for them when the process maps no libcuda.
+hit; nothing is printed for them when the process maps no libcuda. A process with libcuda
+but no runtime of the catalogue (JAX) still gets them, before the one line that says why
+nothing can be attached without --attach-symbol (exit 1).
 
 A process that maps several runtimes (every TF2 Python process maps the TF C API it never
 calls) lists them all as candidates: the choice is made by trial at attach time, where watch
@@ -80,6 +82,7 @@ def attach(
                  progress=lambda msg: print(msg + " ...", file=sys.stderr, flush=True),
                  unsafe_library=unsafe_library)
     except AttachError as exc:
+        _gpu_alone(host, pid, gpu_probes, unsafe_library, as_json)
         raise fail(str(exc)) from None
     p.close()   # read-only: nothing is defined on the pinned libraries
     gpu = _gpu_plan(host, pid, gpu_probes, unsafe_library)
@@ -108,6 +111,27 @@ def _gpu_plan(host, pid: int, level: str, unsafe_library: bool):
     if gpu is not None:
         gpu.close()
     return gpu
+
+
+def _gpu_alone(host, pid: int, level: str, unsafe_library: bool, as_json: bool) -> None:
+    """No function to time was found (a JAX process maps no runtime of the catalogue): the
+    GPU probes watch --attach --attach-symbol would add are still shown on stdout, before
+    the one line on stderr that says why nothing can be attached."""
+    from agent.trace import gpu_probes as gp
+    from agent.trace.attach import AttachError
+    try:
+        gpu = gp.plan(host, pid, level, unsafe_library)
+    except AttachError:
+        return
+    if gpu is None:
+        return
+    gpu.close()
+    if as_json:
+        print(json.dumps({"pid": pid, "targets": [], "gpu_probes": gpu.to_dict()}, indent=2))
+    else:
+        print("\n".join([f"pid {pid}: no function to time (stderr says why; --attach-symbol "
+                         "LIB:SYMBOL names one); with it, watch --attach would add:",
+                         *gp.check_lines(gpu)]))
 
 
 def register(app: typer.Typer) -> None:
