@@ -77,6 +77,7 @@ from agent.trace.timeline import (  # noqa: E402
     IDLE_BEFORE_WAKE,
     SLOWED,
 )
+from agent.watch.attribution import verdict  # noqa: E402
 from agent.watch.probe_worker import auto_rate  # noqa: E402
 from agent.watch.session import WatchConfig, WatchSession  # noqa: E402
 from bench.faults import kit  # noqa: E402
@@ -668,6 +669,8 @@ def contradiction(r: dict) -> str | None:
         if who.get("cpu") != cpu or not any(lb.startswith(f"{who.get('comm')}[")
                                             for lb in labels):
             return "culprit not on the call's CPU"
+    if cause == "page_faults" and verdict.no_faults(entry, tl) is not None:
+        return "page_faults not in the timeline"
     excess = r.get("latency_us", 0.0) - (r.get("p50_us") or 0.0)
     if not (tl.get("probe_run_us") or 0) > 0 or excess <= 0:
         return None

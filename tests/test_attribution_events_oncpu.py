@@ -616,3 +616,27 @@ def test_a_polled_page_fault_verdict_takes_its_count_and_us_from_the_timeline():
                            POLLED_FAULTS)["causes"][0]
     assert unrecorded["detail"].startswith("3 major fault(s)") and \
         "polled_detail" not in unrecorded
+
+
+HOST_FAULTS = {"cause": "page_faults", "latency_us": 2000.0, "p50_us": 400.0, "causes": [
+    {"cause": "page_faults", "score": 0.5, "strength": 0.8, "detail": "pgmajfault +65; memory "
+     "PSI stall 5635 µs", "evidence": {"mem.all.pgmajfault": {"window": 65.0},
+                                       "psi.memory.some_us": {"window": 5635.0}}}]}
+
+
+def test_host_wide_fault_counters_never_name_a_call_whose_timeline_shows_no_fault():
+    """pgmajfault and memory PSI count every process's faults (weights_pageout's: 48 of its
+    dev-VM spikes were named page_faults so for calls that ran without one fault); the
+    call's faults were recorded, none inside it: the verdict is contradicted, and with
+    nothing else shown it is unexplained with its µs. Faults not recorded, one counted, or
+    the call's own getrusage faults as evidence: the verdict stands."""
+    body = attribute(Source(on_cpu()), HOST_FAULTS)
+    assert body["cause"] == "unexplained" and body["polled_cause"] == "page_faults"
+    assert body["contradicted"]["why"].startswith("the timeline counts no page fault")
+    unrecorded = attribute(Source(on_cpu(), faults_at=None), HOST_FAULTS)
+    assert unrecorded["cause"] == "page_faults" and "contradicted" not in unrecorded
+    one = attribute(Source(on_cpu(*faulting(1))), HOST_FAULTS)
+    assert one["cause"] == "page_faults" and "contradicted" not in one
+    own = copy.deepcopy(HOST_FAULTS)
+    own["causes"][0]["evidence"]["majflt"] = 2
+    assert attribute(Source(on_cpu()), own)["cause"] == "page_faults"

@@ -838,3 +838,21 @@ def test_the_control_run_starts_no_fault():
     with contextlib.ExitStack() as stack:
         _start_fault(None, stack, None, None, 1, 1, 0, params)
     assert params == {}
+
+
+def test_a_page_fault_verdict_from_host_counters_for_a_call_without_a_fault_is_counted():
+    """Issue #35: pgmajfault and PSI are every process's; where the call's faults were
+    recorded and none came inside it, a page_faults verdict that rests on them alone
+    contradicts the timeline. Its own getrusage faults, or faults not recorded: it does
+    not."""
+    from bench.attribution import contradiction
+    host = {"mem.all.pgmajfault": {"window": 65.0}}
+    none = _timed(1, "page_faults", evidence=host)
+    none["events"]["timeline"]["page_faults"] = {"count": 0, "us": 0.0, "slept": 0}
+    own = _timed(2, "page_faults", evidence={**host, "majflt": 2})
+    own["events"]["timeline"]["page_faults"] = {"count": 0, "us": 0.0, "slept": 0}
+    some = _timed(3, "page_faults", evidence=host)
+    some["events"]["timeline"]["page_faults"] = {"count": 4, "us": 20.0, "slept": 1}
+    unrecorded = _timed(4, "page_faults", evidence=host)
+    assert [contradiction(r) for r in (none, own, some, unrecorded)] == [
+        "page_faults not in the timeline", None, None, None]

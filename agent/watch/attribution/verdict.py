@@ -19,7 +19,9 @@ CPU the call ran on. Contention may also lie in time the timeline cannot account
 time, a state no event says: a switch the window lacks); a thread the timeline never shows
 on its CPU is not covered by it. What the timeline cannot see (frequency, NUMA, a move, the
 GPU, PCIe; page faults where they were not recorded) happens inside the thread's own time on
-the CPU and is never contradicted.
+the CPU and is never contradicted; a ``page_faults`` verdict that rests on the host's
+counters only (pgmajfault, memory PSI: any process's) is, where the call's faults were
+recorded and none came inside it (:func:`no_faults`).
 
 A contradicted verdict is replaced, in this order, by the first of:
 
@@ -75,6 +77,8 @@ def contradiction(entry: dict, ev: dict, per: dict[str, int], excess_ns: int) ->
     cause = entry.get("cause")
     tl = ev.get("timeline") or {}
     cpu = tl.get("cpu", "?")
+    if cause == "page_faults":
+        return no_faults(entry, tl)
     if cause == "steal":
         counted = steal_cpu(entry)
         if counted is not None and isinstance(cpu, int) and counted != cpu:
@@ -95,6 +99,27 @@ def contradiction(entry: dict, ev: dict, per: dict[str, int], excess_ns: int) ->
         return None
     return (f"the timeline shows {got / 1e3:,.0f} µs of {SEEN[cause]} on CPU {cpu} in a "
             f"{excess_ns / 1e3:,.0f} µs excess")
+
+
+# The memory rule's evidence from the call's own thread (agent/attribution/memory.py: its
+# getrusage faults, slow after its own recent page-ins, its thread's schedstat faults)
+OWN_FAULT_EVIDENCE = ("majflt", "minflt", "after_faults")
+
+
+def no_faults(entry: dict, tl: dict) -> str | None:
+    """Why a ``page_faults`` verdict resting on the host's counters only (pgmajfault,
+    memory PSI: any process's faults and stalls in the window) names a call the timeline
+    shows did not fault: its thread's faults were recorded over the whole call (the
+    timeline's ``page_faults``) and none came inside it. A verdict with the call's own
+    evidence (its getrusage faults, a slow run after its own page-ins, its thread's counted
+    faults) is not contradicted: reclaim of its pages or cold caches need no fault in it."""
+    pf = tl.get("page_faults")
+    evidence = entry.get("evidence") or {}
+    if pf is None or (pf.get("count") or 0) > 0 or any(
+            k in OWN_FAULT_EVIDENCE or k.startswith("sched.") for k in evidence):
+        return None
+    return (f"the timeline counts no page fault of the thread inside the call on CPU "
+            f"{tl.get('cpu', '?')}: the host's counters are other processes' faults")
 
 
 def overrule(body: dict, ev: dict, per: dict[str, int], excess_ns: int,
