@@ -69,6 +69,9 @@ def test_a_callback_wait_is_gpu_wait_and_its_wake_up_the_completion_lag():
     assert out["copies"] == {"count": 2, "bytes": 4096 + 8192, "us": 35.0}
     assert out["gpu_waits"][0]["how"] == "callback thread"
     assert "cuda-EvtHandlr" in out["gpu_waits"][0]["woken_by"]
+    assert out["summary"].startswith("gpu_wait 4,000 µs; enqueue 90 µs; copies 35 µs;")
+    assert "woken by thread 101 of the same process (cuda-EvtHandlr)" in out["summary"]
+    assert out["summary"].endswith("2 copies, 12,288 B")
 
 
 def test_the_parts_add_up_to_the_wall_time_whatever_overlaps():

@@ -205,7 +205,22 @@ def split_call(t0: int, t1: int, tid: int, hits: Sequence[Hit], tl: dict | None)
     enq = _enqueue_causes(tl, t0, segments)
     if enq:
         out["enqueue"] = enq
+    out["summary"] = summary_line(out)
     return out
+
+
+def summary_line(out: dict) -> str:
+    """One line for a person: the parts largest first (µs of the wall time), the GPU wait's
+    waker, the copies."""
+    parts = sorted(((p, us) for p, us in out["parts"].items() if us > 0), key=lambda kv: -kv[1])
+    line = "; ".join(f"{p} {us:,.0f} µs" for p, us in parts) + f" of {out['wall_us']:,.0f} µs"
+    woken = [w["woken_by"] for w in out.get("gpu_waits", []) if w.get("woken_by")]
+    if woken:
+        line += f" (GPU wait woken by {woken[0]})"
+    c = out["copies"]
+    if c["count"]:
+        line += f"; {c['count']} copies" + (f", {c['bytes']:,} B" if c["bytes"] else "")
+    return line
 
 
 def usual_rates(rates: Iterable[float]) -> tuple[float | None, float | None]:
