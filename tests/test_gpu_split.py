@@ -190,7 +190,7 @@ def _spike(t0: int, t1: int) -> Spike:
 
 
 def test_hits_are_taken_kept_in_time_order_and_split_per_spike():
-    probes = gp.probes_for("default")
+    probes = gp.probes_for("copies")
     u = _U(probes)
     hits = GpuHits(u)  # type: ignore[arg-type]
     idx = {p.symbol: i for i, p in enumerate(probes)}
@@ -221,16 +221,16 @@ def test_hits_are_taken_kept_in_time_order_and_split_per_spike():
 def test_levels_hold_the_ones_before_and_say_their_cost():
     names = {lv: [p.symbol for p in gp.probes_for(lv)] for lv in gp.LEVELS}
     assert names["off"] == []
-    assert set(names["launches"]) == {"cuLaunchKernel", "cuLaunchKernelEx",
+    assert set(names["default"]) == {"cuLaunchKernel", "cuLaunchKernelEx",
                                       "cuStreamSynchronize", "cuEventSynchronize",
                                       "cuCtxSynchronize"}
-    assert set(names["launches"]) < set(names["default"]) < set(names["full"])
+    assert set(names["default"]) < set(names["copies"]) < set(names["full"])
     assert {"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyHtoD_v2",
-            "cuMemcpyDtoH_v2", "cuLaunchHostFunc"} <= set(names["default"])
+            "cuMemcpyDtoH_v2", "cuLaunchHostFunc"} <= set(names["copies"])
     assert len(names["full"]) < 45   # never every driver call
-    assert all(p.bytes_arg for p in gp.probes_for("default") if p.kind == COPY)
-    plan = gp.GpuPlan("default", [gp.GpuTarget(p, "/l", "", 0, "") for p in
-                                  gp.probes_for("default")], library="/l")
+    assert all(p.bytes_arg for p in gp.probes_for("copies") if p.kind == COPY)
+    plan = gp.GpuPlan("copies", [gp.GpuTarget(p, "/l", "", 0, "") for p in
+                                  gp.probes_for("copies")], library="/l")
     # one JAX inference (notes): 4 launches, 2 copies with their returns, 5 host functions
     assert plan.hits_per_call == 4 + 2 * 2 + 5
     assert plan.cost_us_per_call == pytest.approx(13 * gp.HIT_US, abs=0.1)
@@ -241,7 +241,7 @@ def test_levels_hold_the_ones_before_and_say_their_cost():
 
 
 def test_a_bad_level_is_refused():
-    with pytest.raises(gp.GpuProbeError, match="--gpu-probes must be one of off, launches"):
+    with pytest.raises(gp.GpuProbeError, match="--gpu-probes must be one of off, default, copies"):
         gp.check_level("most")
 
 
@@ -263,7 +263,7 @@ def test_gpu_probes_without_attach_is_refused():
     from agent.watch import latency
     from collectors.host import Host
     with pytest.raises(AgentError, match="--gpu-probes is for --attach PID"):
-        latency.choose(Host(), latency.Given(probe="numpy", gpu_probes="launches"))
+        latency.choose(Host(), latency.Given(probe="numpy", gpu_probes="default"))
     import os
     assert latency.choose(Host(), latency.Given(attach=os.getpid())).gpu_probes == "default"
     assert latency.choose(Host(), latency.Given(attach=os.getpid(),
@@ -289,17 +289,17 @@ def test_a_single_stepped_entry_is_costed_as_one_and_said():
     the dev VM ~20 µs a hit against ~1.4 emulated (measured on the fake libcuda built
     without a frame pointer); the plan's cost and attach --check say so."""
     from agent.trace import elf
-    launch = gp.probes_for("launches")[1]
+    launch = gp.probes_for("default")[1]
     assert launch.symbol == "cuLaunchKernelEx"
     pushed = gp.GpuTarget(launch, "/l", "", 0, "", entry=elf.describe_entry(b"\x55\x48",
                                                                             "x86_64"))
     stepped = gp.GpuTarget(launch, "/l", "", 0, "", entry=elf.describe_entry(
         b"\xb8\x00\x00\x00\x00\xc3", "x86_64"))
     assert pushed.hit_us == gp.HIT_US and stepped.hit_us == gp.STEP_US
-    assert gp.GpuPlan("launches", [pushed], library="/l").cost_us_per_call == \
+    assert gp.GpuPlan("default", [pushed], library="/l").cost_us_per_call == \
         pytest.approx(4 * gp.HIT_US, abs=0.1)
-    plan = gp.GpuPlan("launches", [stepped], library="/l")
+    plan = gp.GpuPlan("default", [stepped], library="/l")
     assert plan.cost_us_per_call == pytest.approx(4 * gp.STEP_US, abs=0.1)
     assert any("single-stepped entries (cuLaunchKernelEx)" in ln for ln in gp.check_lines(plan))
     assert not any("single-stepped entries" in ln for ln in
-                   gp.check_lines(gp.GpuPlan("launches", [pushed], library="/l")))
+                   gp.check_lines(gp.GpuPlan("default", [pushed], library="/l")))

@@ -92,10 +92,10 @@ def test_attach_check_lists_the_gpu_probes_of_a_process_that_maps_libcuda(fake, 
     assert plain.stdout.readline().strip() == "ready"
     try:
         r = subprocess.run([*CLI, "attach", "--check", str(child.pid), "--attach-symbol",
-                            "libhftsvc.so:svc_infer"], cwd=REPO, capture_output=True,
-                           text=True, timeout=60)
+                            "libhftsvc.so:svc_infer", "--gpu-probes", "copies"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
         j = subprocess.run([*CLI, "attach", "--check", str(child.pid), "--attach-symbol",
-                            "libhftsvc.so:svc_infer", "--gpu-probes", "launches", "--json"],
+                            "libhftsvc.so:svc_infer", "--gpu-probes", "default", "--json"],
                            cwd=REPO, capture_output=True, text=True, timeout=60)
         # no runtime of the catalogue (a JAX process): the GPU probes still shown, one line
         # on stderr, exit 1
@@ -117,13 +117,13 @@ def test_attach_check_lists_the_gpu_probes_of_a_process_that_maps_libcuda(fake, 
     assert any("µs per call" in ln and "13 hits" in ln for ln in gpu), gpu
     assert all("entry push %rbp" in ln for ln in gpu if ln.strip().startswith("gpu probe"))
     d = json.loads(j.stdout)["gpu_probes"]
-    assert d["level"] == "launches" and d["expected_hits_per_call"] == 4
+    assert d["level"] == "default" and d["expected_hits_per_call"] == 4
     assert {p["symbol"] for p in d["probes"]} == {"cuLaunchKernel", "cuLaunchKernelEx",
                                                   "cuStreamSynchronize",
                                                   "cuEventSynchronize", "cuCtxSynchronize"}
     assert alone.returncode == 1 and len(alone.stderr.strip().splitlines()) == 1, alone.stderr
     assert "known inference runtime" in alone.stderr
-    assert "gpu probe cuLaunchHostFunc" in alone.stdout and "--attach-symbol" in alone.stdout
+    assert "gpu probe cuLaunchKernelEx" in alone.stdout and "--attach-symbol" in alone.stdout
     assert none.returncode == 0, none.stderr
     assert not [ln for ln in none.stdout.splitlines() if ln.strip().startswith("gpu")]
     assert _our_events() == []
@@ -133,7 +133,8 @@ def test_a_slow_gpu_call_is_split_and_its_gpu_wait_named(fake, tmp_path):
     needs_uprobes()
     child = _service(fake)
     try:
-        src = Attached(child.pid, "svc", symbol="libhftsvc.so:svc_infer", unsafe_return=True)
+        src = Attached(child.pid, "svc", symbol="libhftsvc.so:svc_infer", unsafe_return=True,
+                       gpu_probes="copies")
         cfg = WatchConfig(source=src, probe_cpus=[_cpu()],
                           housekeeping_cpus=[c for c in os.sched_getaffinity(0)
                                              if c != _cpu()],

@@ -51,8 +51,8 @@ UnsafeLibraryOpt = Annotated[bool, typer.Option(
 
 
 GpuProbesCheckOpt = Annotated[str, typer.Option(
-    "--gpu-probes", metavar="LEVEL", help="The GPU probes' level to show (off, launches, "
-    "default, full) for a process that maps libcuda (watch --attach's --gpu-probes): each driver function, "
+    "--gpu-probes", metavar="LEVEL", help="The GPU probes' level to show (off, default, "
+    "copies, full) for a process that maps libcuda (watch --attach's --gpu-probes): each driver function, "
     "its expected hits per call and their cost.")]
 
 
