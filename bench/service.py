@@ -405,8 +405,8 @@ def serve(args: argparse.Namespace, build=_build, control=None) -> int:
         return _fail(f"--rate must be in (0, 100000] calls a second, not {args.rate:g}")
     if not 0 < args.seconds <= 1e7:
         return _fail(f"--seconds must be in (0, 1e7], not {args.seconds:g}")
-    if not 1 <= args.warmup <= 100_000:
-        return _fail(f"--warmup must be in 1..100000 calls, not {args.warmup}")
+    if not 0 <= args.warmup <= 100_000:
+        return _fail(f"--warmup must be in 0..100000 calls, not {args.warmup}")
     parent = args.parent or os.getppid()
     libc = _libc()
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -447,18 +447,16 @@ def serve(args: argparse.Namespace, build=_build, control=None) -> int:
             os.mkfifo(directory / name, 0o600)
         ctl = (control or Control)(directory, sw)
         try:
-            from agent.probe.harness import warm_up
             try:
-                wu = warm_up(fn, min_calls=args.warmup, budget_ns=int(20e9))
+                n_warm, p50 = _warm_up(fn, args.warmup)
             except Exception as exc:  # noqa: BLE001 - a model that fails to run: one line
                 return _fail(f"the model fails to run: {type(exc).__name__}: "
                              f"{str(exc).strip()[:200]}")
-            import numpy as np
-            p50 = int(np.median(wu.latency_ns)) if len(wu.latency_ns) else 0
             _say({"ready": True, "pid": os.getpid(), "tid": threading.get_native_id(),
                   "ring": str(ring.path), "dir": str(directory), "model": desc,
                   "weights": getattr(fn, "weights", None),
-                  "rate_hz": args.rate, "cpu": cpu, "warmup_p50_us": round(p50 / 1e3, 1)})
+                  "rate_hz": args.rate, "cpu": cpu, "warmup_calls": n_warm,
+                  "warmup_p50_us": None if p50 is None else round(p50 / 1e3, 1)})
             calls = _loop(args, fn, ring, sw, ctl, stop, parent, libc)
         finally:
             sw.stop_holder()
@@ -469,6 +467,18 @@ def serve(args: argparse.Namespace, build=_build, control=None) -> int:
     finally:
         ring.close(unlink=True)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _warm_up(fn, min_calls: int) -> tuple[int, int | None]:
+    """(calls, P50 ns) of the warm-up (:func:`agent.probe.harness.warm_up`); ``min_calls``
+    0: none, so every call of the model is a call of the loop, recorded in the ring (a
+    count of the runtime's calls that bench/restarts.py compares with watch's)."""
+    if not min_calls:
+        return 0, None
+    from agent.probe.harness import warm_up
+    wu = warm_up(fn, min_calls=min_calls, budget_ns=int(20e9))
+    import numpy as np
+    return wu.calls, int(np.median(wu.latency_ns)) if len(wu.latency_ns) else 0
 
 
 def _loop(args, fn, ring, sw: Switches, ctl: Control, stop: dict, parent: int, libc) -> int:
@@ -707,7 +717,8 @@ def parser(prog: str = "bench/service.py", description: str = "") -> argparse.Ar
     ap.add_argument("--plain", action="store_true", help="record calls as an application "
                     "does (agent.client start/end: no in-process evidence)")
     ap.add_argument("--ring", help="the latency ring's path (default: agent.client's)")
-    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=200, help="calls before the loop, at "
+                    "least (0: none; every call of the model is then recorded in the ring)")
     ap.add_argument("--parent", type=int, help=argparse.SUPPRESS)
     return ap
 

@@ -546,3 +546,105 @@ def test_the_summary_keeps_the_latest_processes_and_sums_the_others():
     assert len([x for x in lines if ": pid " in x and "call(s) timed" in x]) == MAX_LINES
     assert "pid 113: 2 (of its own count 12)" in lines[-1]
     assert "pid 114: not countable (the process keeps no count" in lines[-1]
+
+
+def test_past_max_kept_the_oldest_exited_processes_are_summed_not_kept(monkeypatch):
+    """An always-on run whose service crash-loops: beyond MAX_KEPT processes the oldest that
+    exited are summed (calls, missed, not countable) and forgotten, per pid figures too; the
+    run's calls and the summary's lines still count them."""
+    from agent.watch.latency import identity
+    from agent.watch.latency.identity import Proc, Service, ServiceRun
+    monkeypatch.setattr(identity, "MAX_KEPT", 4)
+    said: list[str] = []
+    run = ServiceRun(Service(ident=Identity("name", "svc")), Host(), [0], [],
+                     say=said.append)
+    for i in range(7):
+        p = run.procs[100 + i] = Proc(100 + i, "svc", 0.0, armed_at=0.1, exited_at=1.0,
+                                      state="exited", started_in_run=True)
+        run.calls_before[p.pid], run.first_ns[p.pid] = 10, 5
+        if i % 2:
+            p.own_calls, p.missed = 12, 2
+    run.procs[106].exited_at = None            # (still leaving: said at this settle)
+    run._exited(run.procs[106], 2.0)
+    run.settle()
+    assert said == ["hftagent: --attach-name svc: pid 106 (svc) exited after 10 call(s) timed; "
+                    "watching for the next"]
+    assert sorted(run.procs) == [103, 104, 105, 106]
+    assert run.folded == {"processes": 3, "calls": 30, "missed": 2, "not_countable": 2}
+    assert set(run.calls_before) == set(run.first_ns) == {103, 104, 105, 106}
+    assert run.calls == 70
+    lines = run.end_warnings(None, None, None)
+    assert lines[0] == ("--attach-name svc: 3 earlier process(es): 30 call(s) timed; missed "
+                        "before their timing: 2 counted, 2 process(es) not countable")
+    assert run.summary(None)["processes_earlier"] == run.folded
+    assert [d["pid"] for d in run.summary(None)["processes"]] == [103, 104, 105, 106]
+
+
+def test_an_exit_is_said_once_the_calls_it_made_before_are_read(tmp_path):
+    """A process that exits between two reads: the calls it made after the last read, still
+    in the trace buffers when the poll sees it gone, are read and given to it (its threads
+    stay in the reader's set until then), and its exit line counts them (before, the exit
+    took its threads out of the set first and those calls were dropped)."""
+    from agent.trace.event import Event
+    from agent.watch.latency.identity import Proc, Service, ServiceReader, ServiceRun, _Feed
+    root = _tree(tmp_path)
+    # two live pids (kill(pid, 0) answers; nothing is sent), their fixture /proc: A exits
+    a, b = os.getppid(), os.getpid()
+    for pid in (a, b):
+        _proc(root, pid, "svc", ["svc"])
+        (root / "proc" / str(pid) / "task" / str(pid)).mkdir(parents=True)
+
+    class Src:
+        evs: list = []
+
+        def lost(self):
+            return 0
+
+        def uprobe_events(self):
+            out, self.evs = self.evs, []
+            return out
+
+        def is_return(self, ev):
+            return ev.name.startswith("ret")
+
+    class U:
+        group, instances, names, targets = "g", [], [], []
+
+    class Armed:
+        def __init__(self, reader):
+            self.reader = reader
+
+    class Pids:
+        now = {a, b}
+
+        def poll(self):
+            return set(self.now)
+
+    host, said, clock = Host(root=root), [], [100.0]
+    run = ServiceRun(Service(ident=Identity("name", "svc")), host, [1], [], say=said.append,
+                     matcher=Pids(), clock=lambda: clock[0])
+    run._polls = 1   # (both started during the run)
+    reader = ServiceReader(host, [a, b], Src(), U(), False, "svc")
+    run.armed, run.key = Armed(reader), frozenset({(1, 2, "/lib/libx.so")})
+    for pid in (a, b):
+        run.procs[pid] = Proc(pid, "svc", 99.0, armed_at=99.5, state="timed",
+                              started_in_run=True)
+    feed = _Feed(run)
+    ev = lambda t, n, tid: Event(t, 1, n, tid, {})  # noqa: E731
+    reader.events.evs = [ev(10, "call0", a), ev(20, "ret0", a), ev(15, "call0", b),
+                         ev(25, "ret0", b)]
+    assert len(feed.read()) == 2 and run.calls == 2
+    # A makes two more calls and exits; the poll sees it gone before they are read
+    reader.events.evs = [ev(30, "call0", a), ev(40, "ret0", a), ev(50, "call0", a),
+                         ev(60, "ret0", a)]
+    import shutil
+    shutil.rmtree(root / "proc" / str(a))
+    Pids.now, clock[0] = {b}, 101.0
+    rows = feed.read()
+    assert sorted(int(r[F["pid"]]) for r in rows) == [a, a]
+    assert run.calls_of(a) == 3 and run.procs[a].state == "exited"
+    assert said == [f"hftagent: --attach-name svc: pid {a} (svc) exited after 3 call(s) "
+                    "timed; watching for the next"]
+    assert reader.pids == [b] and a not in reader.tid_pid.values()
+    reader.events.evs = [ev(70, "call0", a), ev(80, "ret0", a)]   # (a reused tid)
+    assert not len(feed.read()) and run.calls_of(a) == 3

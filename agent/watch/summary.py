@@ -39,7 +39,8 @@ class LatencyHistogram:
         idx = np.floor(np.log(np.maximum(lat_ns, self.LO_NS) / self.LO_NS)
                        / math.log(self.BASE)).astype(np.int64) + 1
         idx = np.clip(idx, 0, self.n_buckets - 1)
-        np.add.at(self.counts, idx, 1)
+        lo, hi = int(idx.min()), int(idx.max()) + 1  # (a batch spans a few buckets)
+        self.counts[lo:hi] += np.bincount(idx - lo, minlength=hi - lo)
         self.total += len(lat_ns)
         self.max_ns = max(self.max_ns, int(lat_ns.max()))
 
@@ -119,6 +120,9 @@ def build(s, *, native: bool, now_ns: int) -> dict:
         "own_cpu": own_cost(s, dur),
         # --attach --gpu-probes: the hits paid per call, the spikes' split (gpu_probes.py)
         **({"gpu": own["gpu"]} if "gpu" in own else {}),
+        # a service followed by identity: each of its processes (calls timed, re-arm delay,
+        # calls missed before its timing: agent/watch/latency/identity.py)
+        **{k: own[k] for k in ("processes", "processes_earlier") if k in own},
         "source_error": s.source_error, "stopped_by": s.stopped_by,
         "output_error": s.output_error,
         "warnings": s.warnings + _invalid_warning(s) + s.source.end_warnings(s.lat, h, cpu_busy)

@@ -59,6 +59,7 @@ RING_TRIES = 8           # a process's agent.client ring is looked for this ofte
 RING_READS = 64          # reads of it to its newest record (each bounded: agent.client)
 COPY = "waiting: it maps another copy of the runtime than the one armed"
 MAX_LINES = 10           # the summary's lines of processes (the latest; the others summed)
+MAX_KEPT = 1000          # processes that exited kept one by one (older ones: summed only)
 NO_THREAD = [0]          # a filter no user thread passes (pid 0 is the idle task)
 
 
@@ -77,17 +78,20 @@ class ServiceReader(AttachedReader):
         self.tid_pid: dict[int, int] = {}
         self.per_pid: dict[int, int] = {}
         self.first_ns: dict[int, int] = {}    # pid -> the start of its first timed call
+        self.leaving: set[int] = set()        # exited: its calls still in the buffers
         super().__init__(host, pids[0], events, uprobes, entry_only)
         self.path = f"uprobes {uprobes.group} on {label}"
 
     def threads(self) -> set[int]:
+        """The live processes' threads, and those of the processes leaving (their calls made
+        before the exit are still to be read: a thread not in the set is another process's)."""
         out: dict[int, int] = {}
         for pid in self.pids:
             for t in self.host.listdir(self.host.proc(pid, "task")):
                 if t.isdigit():
                     out[int(t)] = pid
         self.tid_pid.update(out)
-        return set(out)
+        return set(out) | {t for t, p in self.tid_pid.items() if p in self.leaving}
 
     def _row(self, t0: int, t1: int, tid: int, c0: int, c1: int) -> list[int]:
         r = super()._row(t0, t1, tid, c0, c1)
@@ -103,9 +107,15 @@ class ServiceReader(AttachedReader):
             self.pids.append(pid)
         self.refilter()
 
+    def leave(self, pid: int) -> None:
+        """Process ``pid`` exited: its threads are kept until the next read has taken the
+        calls it made before (:meth:`forget`)."""
+        self.leaving.add(pid)
+
     def forget(self, pid: int) -> None:
-        """Process ``pid`` exited: its open calls are closed and counted (``open_at_exit``),
-        its threads leave the filter."""
+        """Process ``pid`` exited and its calls were read: its open calls are closed and
+        counted (``open_at_exit``), its threads leave the filter."""
+        self.leaving.discard(pid)
         self.pids = [p for p in self.pids if p != pid]
         for tid in [t for t, p in self.tid_pid.items() if p == pid]:
             del self.tid_pid[tid]
@@ -214,6 +224,7 @@ class Proc:
     pid: int
     comm: str
     seen_at: float
+    mapped_at: float | None = None # the first poll that found its runtime mapped
     armed_at: float | None = None
     exited_at: float | None = None
     state: str = "waiting for its runtime"
@@ -226,16 +237,23 @@ class Proc:
     missed: int | None = None      # its calls recorded before its first timed one
     why: str = "the process keeps no count watch can read: no agent.client ring"
 
-    def to_dict(self, calls: int) -> dict[str, Any]:
-        def rel(t: float | None) -> float | None:
-            return None if t is None else round(t - self.seen_at, 3)
+    def to_dict(self, calls: int, first_ns: int | None = None) -> dict[str, Any]:
+        """Its incarnation: state, calls timed, when it was seen to map its runtime, armed
+        (both s after it was first seen; ``rearm_s``: armed after that mapping was seen) and
+        exited, its first timed call's start (``first_call_ns``, CLOCK_MONOTONIC), its own
+        count and the calls missed before its timing."""
+        def rel(t: float | None, since: float | None = None) -> float | None:
+            base = self.seen_at if since is None else since
+            return None if t is None else round(t - base, 3)
         missed: int | str | None = None
         if self.started_in_run and self.armed_at is not None:
             missed = self.missed if self.missed is not None else \
                 f"not countable ({self.why})"
+        rearm = None if self.mapped_at is None else rel(self.armed_at, self.mapped_at)
         return {"pid": self.pid, "comm": self.comm, "state": self.state, "calls": calls,
-                "armed_after_s": rel(self.armed_at), "exited_after_s": rel(self.exited_at),
-                "own_calls": self.own_calls, "missed": missed}
+                "mapped_after_s": rel(self.mapped_at), "armed_after_s": rel(self.armed_at),
+                "rearm_s": rearm, "exited_after_s": rel(self.exited_at),
+                "first_call_ns": first_ns, "own_calls": self.own_calls, "missed": missed}
 
     def find_ring(self, host: Host) -> None:
         """Its agent.client ring, looked for at most :data:`RING_TRIES` times (once a poll
@@ -310,6 +328,10 @@ class ServiceRun(Running):
         self.first_ns: dict[int, int] = {}      # pid -> its first timed call's start (ditto)
         self._polled = -POLL_S
         self._polls = 0
+        self._leaving: list[Proc] = []          # exited: said once their calls are read
+        # the exited processes beyond MAX_KEPT, summed (a crash-looping service, always on)
+        self.folded = {"processes": 0, "calls": 0, "missed": 0, "not_countable": 0}
+        self._stash: list[np.ndarray] = []      # calls read from a set before its removal
 
     def start(self, events: Any, phase: Phase | None = None) -> None:
         """Arm on the processes that run now (none is fine: the run waits for one)."""
@@ -350,15 +372,48 @@ class ServiceRun(Running):
                 self._arm(p)
 
     def _exited(self, p: Proc, now: float) -> None:
+        """Process ``p`` is gone: said once the calls it made before are read
+        (:meth:`settle`, after the next read of the set)."""
         p.exited_at, was = now, p.state
         p.state = "exited"
-        p.count_own(self._first_ns(p.pid))
         if self.armed is not None and was == "timed":
-            reader: ServiceReader = self.armed.reader
-            reader.forget(p.pid)
-        self.say(f"hftagent: {self.source.said}: pid {p.pid} ({p.comm}) exited after "
-                 f"{self.calls_of(p.pid)} call(s) timed; watching for the next")
-        self.info["probe"] = self._described()
+            self.armed.reader.leave(p.pid)
+        self._leaving.append(p)
+
+    def settle(self) -> None:
+        """The processes that exited before the last read: their threads leave the filter,
+        their own count is read, their exit is said."""
+        leaving, self._leaving = self._leaving, []
+        for p in leaving:
+            if self.armed is not None and p.pid in self.armed.reader.leaving:
+                self.armed.reader.forget(p.pid)
+            p.count_own(self._first_ns(p.pid))
+            self.say(f"hftagent: {self.source.said}: pid {p.pid} ({p.comm}) exited after "
+                     f"{self.calls_of(p.pid)} call(s) timed; watching for the next")
+        if leaving:
+            self._fold()
+            self.info["probe"] = self._described()
+
+    def _fold(self) -> None:
+        """Past :data:`MAX_KEPT` processes, the oldest that exited are summed into
+        ``folded`` and forgotten (their calls, missed count and per-pid figures), so an
+        always-on run's memory does not grow with its service's restarts."""
+        old = [p for p in self.procs.values() if p.exited_at is not None and
+               p not in self._leaving][:max(0, len(self.procs) - MAX_KEPT)]
+        for p in old:
+            d = p.to_dict(self.calls_of(p.pid))
+            self.folded["processes"] += 1
+            self.folded["calls"] += d["calls"]
+            if isinstance(d["missed"], int):
+                self.folded["missed"] += d["missed"]
+            elif isinstance(d["missed"], str):
+                self.folded["not_countable"] += 1
+            del self.procs[p.pid]
+            self.calls_before.pop(p.pid, None)
+            self.first_ns.pop(p.pid, None)
+            if self.armed is not None:
+                self.armed.reader.per_pid.pop(p.pid, None)
+                self.armed.reader.first_ns.pop(p.pid, None)
 
     def _arm(self, p: Proc) -> None:
         """Time ``p`` once its runtime is mapped: on the armed set when it maps the same
@@ -370,6 +425,8 @@ class ServiceRun(Running):
         key = _runtime_files(self.host, p.pid, self.source)
         if key is None:
             return   # not mapped yet (or gone: the next poll says so)
+        if p.mapped_at is None:
+            p.mapped_at = now
         if key != p.files:   # settled: the same runtime files on two polls (an import
             p.files = key    # maps libLiteRt.so before the Python wrapper's library)
             return
@@ -470,6 +527,9 @@ class ServiceRun(Running):
         run, self.armed, self.key = self.armed, None, None
         if run is None:
             return
+        rows = run.reader.read()   # the calls of the processes that exited, still unread
+        if len(rows):
+            self._stash.append(rows)
         for pid, n in run.reader.per_pid.items():
             self.calls_before[pid] = self.calls_before.get(pid, 0) + n
         for pid, t in run.reader.first_ns.items():
@@ -495,7 +555,7 @@ class ServiceRun(Running):
 
     @property
     def calls(self) -> int:
-        return sum(self.calls_of(p) for p in self.procs)
+        return sum(self.calls_of(p) for p in self.procs) + self.folded["calls"]
 
     def _described(self) -> str:
         timed = [f"{p.pid} ({p.comm})" for p in self.procs.values() if p.state == "timed"]
@@ -506,23 +566,31 @@ class ServiceRun(Running):
     def processes(self) -> list[dict[str, Any]]:
         """Each process seen: its state, calls timed, when it was armed and exited (s
         after it was first seen)."""
-        return [p.to_dict(self.calls_of(p.pid)) for p in self.procs.values()]
+        return [p.to_dict(self.calls_of(p.pid), self._first_ns(p.pid))
+                for p in self.procs.values()]
 
     def summary(self, lat: Any) -> dict[str, Any]:
+        """Its lines, and ``processes``: each incarnation of the service
+        (:meth:`Proc.to_dict`; ``processes_earlier``: those past :data:`MAX_KEPT`, summed)."""
         out = super().summary(lat)
         out["source"] = self._described()
+        out["processes"] = self.processes()
+        if self.folded["processes"]:
+            out["processes_earlier"] = dict(self.folded)
         return out
 
     def end_warnings(self, lat: Any, hist: Any, cpu_busy: float | None) -> list[str]:
         """A line per process seen, and what cannot be counted."""
-        lines, every = [], self.processes()
-        if len(every) > MAX_LINES:
+        lines, every, f = [], self.processes(), self.folded
+        if len(every) > MAX_LINES or f["processes"]:
             older, every = every[:-MAX_LINES], every[-MAX_LINES:]
             counted = [d["missed"] for d in older if isinstance(d["missed"], int)]
-            unknown = sum(1 for d in older if isinstance(d["missed"], str))
-            lines.append(f"{self.source.said}: {len(older)} earlier process(es): "
-                         f"{sum(d['calls'] for d in older)} call(s) timed; missed before "
-                         f"their timing: {sum(counted)} counted"
+            unknown = sum(1 for d in older if isinstance(d["missed"], str)) + \
+                f["not_countable"]
+            lines.append(f"{self.source.said}: {len(older) + f['processes']} earlier "
+                         f"process(es): {sum(d['calls'] for d in older) + f['calls']} call(s) "
+                         f"timed; missed before their timing: {sum(counted) + f['missed']} "
+                         "counted"
                          + (f", {unknown} process(es) not countable" if unknown else ""))
         for d in every:
             armed = "" if d["armed_after_s"] is None else \
@@ -552,8 +620,20 @@ class ServiceRun(Running):
                  f"({len(self.procs)} process(es) seen)")
         return EXIT_NOTHING_TIMED
 
+    def take(self) -> np.ndarray:
+        """The calls read now: those of a set removed since the last read, then the armed
+        set's; then the processes that exited before this read are settled."""
+        if self.armed is not None:
+            self._stash.append(self.armed.reader.read())
+        got, self._stash = self._stash, []
+        self.settle()
+        if not got:
+            return np.empty((0, len(FIELDS)), dtype=np.int64)
+        return got[0] if len(got) == 1 else np.concatenate(got)
+
     def close(self) -> None:
         super().close()
+        self.settle()
         for p in self.procs.values():
             p.count_own(self._first_ns(p.pid))
         if self.armed is not None:
@@ -582,9 +662,7 @@ class _Feed:
 
     def read(self, max_records: int | None = None) -> np.ndarray:
         self.run.poll()
-        if self.run.armed is None:
-            return np.empty((0, len(FIELDS)), dtype=np.int64)
-        return self.run.armed.reader.read()
+        return self.run.take()
 
     def stats(self) -> dict:
         armed = self.run.armed
