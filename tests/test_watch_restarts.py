@@ -131,8 +131,9 @@ def test_30_restarts_every_call_from_the_first_timed_one_is_timed_and_nothing_is
             short.append((n - d["missed"] - d["calls"], d))
         assert _said(lines, f"pid {pid} (", f"exited after {d['calls']} call(s) timed")
     # but one process may lack a few: the trace ring's one re-size after warm-up
-    # (agent/trace/sizing.py refit) stops the instance's tracing while the kernel resizes it
-    # (6.x __tracing_resize_ring_buffer: tracing_stop_tr), and hits in that window are lost
+    # (agent/trace/sizing.py refit): the kernel stops the instance's tracing while it resizes
+    # the ring (kernel/trace/trace.c __tracing_resize_ring_buffer: tracing_stop_tr), and hits
+    # in that window are lost
     assert len(short) <= 1 and all(k <= 20 for k, _ in short), short
     assert summary["samples"] == sum(d["calls"] for d in summary["processes"])
     assert fds[1] <= fds[0], fds
