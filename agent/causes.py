@@ -17,11 +17,18 @@ CAUSES: dict[str, str] = {
     # the kernel events only: wall time on the CPU that the scheduler did not count as the
     # thread's runtime (sched_stat_runtime): the vCPU preempted by the hypervisor, an SMI/NMI
     "hidden": "time hidden from the thread on its CPU (hypervisor, SMI/NMI)",
+    # the kernel events only: another task ran on the SMT sibling of the call's CPU while
+    # the call ran there without leaving it (sched_switch of the sibling)
+    "smt_sibling": "another task on the SMT sibling of the call's CPU",
     "migration": "migration to another CPU",
     "page_faults": "page faults / reclaim / compaction",
     "numa_remote": "NUMA remote memory",
     "gpu_throttle": "GPU clock throttle",
     "gpu_foreign_process": "foreign GPU process",
+    # an attached GPU call's split (agent/watch/attribution/gpu_verdict.py): its GPU wait
+    # grew with no other process on the GPU and no throttle (longer kernels, bigger input)
+    "gpu_kernel": "GPU work took longer (the caller's GPU wait)",
+    "gpu_copy": "slow or large host-device copy",
     "pcie_errors": "PCIe errors / degraded link",
     # the kernel events only: the probe CPU idle, the probe's wake-up late (timer slack, a
     # C-state's exit, in a VM the halted vCPU's wake-up): the cure is keep-awake / PM QoS.

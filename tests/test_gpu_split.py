@@ -150,7 +150,7 @@ def test_a_slow_copy_is_named_against_the_latest_copies_p50():
     assert usual == (10.0, None)
     slow = [_h(0, COPY, nbytes=100_000), _h(4000, COPY, ret=True)]   # 40 ns per byte
     c = gs.slow_copy(slow, usual, excess_ns=3_000_000)
-    assert c is not None and c["cause"] == "slow_copy"
+    assert c is not None and c["cause"] == "gpu_copy"
     assert c["evidence"]["ns_per_byte"] == pytest.approx(40)
     ok = [_h(0, COPY, nbytes=100_000), _h(1100, COPY, ret=True)]      # 11 ns per byte
     assert gs.slow_copy(ok, usual, excess_ns=1_000_000) is None

@@ -33,7 +33,9 @@ GPU causes, named with their evidence when the data exists: the polled GPU cause
 same spike (agent/watch/attribution/gpu.py: another process on the probe's GPU from NVML's
 running processes, a clock-event/throttle reason), and a slow copy: the call's copies' ns
 per byte at least :data:`SLOW_COPY_RATIO` × the P50 of the latest copies, and their time at
-least :data:`SLOW_COPY_SHARE` of the call's excess over its P50.
+least :data:`SLOW_COPY_SHARE` of the call's excess over its P50 (``gpu_copy``).
+:func:`annotate` then lets the part that grew name the record's cause
+(agent/watch/attribution/gpu_verdict.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from agent.trace.gpu_probes import COPY, HOST_FUNC, LAUNCH, SYNC, GpuHits, Hit
+from agent.watch.attribution import gpu_verdict
 
 PARTS = ("enqueue", "copies", "gpu_wait", "completion_lag", "rest")  # (export: GPU_PARTS)
 _PRIO = {"copies": 0, "completion_lag": 1, "gpu_wait": 2, "rest": 3, "enqueue": 4}
@@ -171,9 +174,11 @@ def _enqueue_causes(tl: dict | None, t0: int, segments: list[Span]) -> dict:
             "others": [{"what": label, "us": round(ns / 1e3, 1)} for label, ns in others]}
 
 
-def split_call(t0: int, t1: int, tid: int, hits: Sequence[Hit], tl: dict | None) -> dict:
+def split_call(t0: int, t1: int, tid: int, hits: Sequence[Hit], tl: dict | None,
+               segments_out: list[Span] | None = None) -> dict:
     """The split of one call ``[t0, t1]`` of thread ``tid`` (module docstring): ``parts``
-    (µs each, summing to ``wall_us``), the copies, the waits and their wakers."""
+    (µs each, summing to ``wall_us``), the copies, the waits and their wakers. The painted
+    segments are appended to ``segments_out`` where given (the verdict reads them)."""
     by_tid: dict[int, list[Hit]] = {}
     for h in hits:
         by_tid.setdefault(h.tid, []).append(h)
@@ -191,6 +196,8 @@ def split_call(t0: int, t1: int, tid: int, hits: Sequence[Hit], tl: dict | None)
     waits += [{"woken_by": None, "how": "sync call", "us": round((b - a) / 1e3, 1)}
               for a, b, _ in syncs if not tl]
     segments = paint(t0, t1, spans)
+    if segments_out is not None:
+        segments_out.extend(segments)
     ns = totals(segments)
     kinds = [h.kind for h in mine if not h.ret]
     out = {"wall_us": round((t1 - t0) / 1e3, 1),
@@ -246,7 +253,7 @@ def slow_copy(hits: Sequence[Hit], usual: tuple[float | None, float | None], exc
         (ns / len(pairs), usual[1], "copy")
     if not p50 or rate < SLOW_COPY_RATIO * p50 or ns < SLOW_COPY_SHARE * excess_ns:
         return None
-    return {"cause": "slow_copy", "detail": f"{len(pairs)} copy(ies)"
+    return {"cause": "gpu_copy", "detail": f"{len(pairs)} copy(ies)"
             + (f", {nbytes} bytes" if nbytes else "") + f" in {ns / 1e3:.1f} µs: "
             f"{rate / p50:.1f}× the usual µs per {unit}",
             "evidence": {f"ns_per_{unit}": round(rate, 4), f"p50_ns_per_{unit}": round(p50, 4),
@@ -274,11 +281,13 @@ def annotate(kept: GpuHits, sp: Any, body: dict) -> dict | None:
     if not hits:
         return None
     tl = (body.get("events") or {}).get("timeline")
-    out = split_call(sp.start_ns, sp.end_ns, sp.tid, hits, tl)
+    segments: list[Span] = []
+    out = split_call(sp.start_ns, sp.end_ns, sp.tid, hits, tl, segments)
     causes = gpu_causes(body, hits, usual_rates(kept.rates), sp.excess_ns)
     if causes:
         out["causes"] = causes
     body["gpu"] = out
+    gpu_verdict.decide(body, out, segments, sp)
     kept.spikes_split += 1
     for p, us in out["parts"].items():
         kept.parts_ns[p] = kept.parts_ns.get(p, 0) + int(us * 1e3)
