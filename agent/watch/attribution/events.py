@@ -50,7 +50,7 @@ from agent.trace.timeline import (
     timeline,
 )
 from agent.trace.tracefs import EventSource
-from agent.watch.attribution import verdict
+from agent.watch.attribution import smt, verdict
 
 MODES = ("auto", "on", "off", "mount")
 # The window read around a spike: events from MARGIN_BEFORE_NS before its intended start
@@ -244,6 +244,7 @@ class SpikeEvents:
         self._ran = False
         self._final: dict = {}  # the source's description, rate and losses at close
         self._asked: set[int] = set()  # the timed threads asked to be followed (follow_calls)
+        self.siblings: dict[int, list[int]] = {}  # probe CPU -> its SMT siblings (traced too)
         self._pids: set[int] = set()   # their processes, whose threads were listed
 
     def open(self, now_ns: int) -> str | None:
@@ -252,7 +253,12 @@ class SpikeEvents:
         if self.mode == "off":
             self.reason = "off (--trace off)"
             return None
-        src = self.opener(self.host, self.cpus, self.buffer_s, mount=self.mode == "mount")
+        # the SMT siblings of the probe CPUs are traced too: their sched_switch says what
+        # shared the call's core (smt.py); none without SMT
+        self.siblings = smt.siblings(self.host, self.cpus)
+        extra = sorted({s for v in self.siblings.values() for s in v} - set(self.cpus))
+        src = self.opener(self.host, self.cpus + extra, self.buffer_s,
+                          mount=self.mode == "mount")
         if not src:
             self.reason = src.reason
             if self.mode == "on":
@@ -396,6 +402,11 @@ class SpikeEvents:
                "read_cpu_us": round(win.cpu_ns / 1e3, 1)}
         if tl.runtime_ns is not None:
             out["timeline"]["runtime"].update(self._hidden(tl))
+        sib = self.siblings.get(cpu)
+        if sib:  # (the first: a core of more than two threads is rare)
+            out["timeline"]["smt_sibling"] = smt.sibling_runs(
+                win.events, sib[0], sp.start_ns, sp.end_ns, sp.pid,
+                comms=getattr(win, "comms", None), tgid_of=self._tgid_or_none)
         if cost is not None:
             out["irq_cost_us"] = round(cost / 1e3, 2)
         if slow is not None:

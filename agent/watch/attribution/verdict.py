@@ -29,8 +29,9 @@ A contradicted verdict is replaced, in this order, by the first of:
    the CPU, ``decided_by: events``: :func:`page_faults` (the call's own faults, counted by
    the timeline, hold :data:`PAGE_FAULT_MIN_SHARE` of the excess), :func:`hidden` (time on
    the CPU that was not the thread's runtime, :data:`HIDDEN_MIN_SHARE`); the one with the
-   largest share leads; the SMT sibling (issue #35 item 2) belongs there too. A call the
-   polled rules left unexplained asks the same rules (:func:`on_cpu`);
+   largest share leads; :func:`smt_sibling` (another task on the SMT sibling of the call's
+   CPU while the call kept it, :data:`SMT_MIN_SHARE`). A call the polled rules left
+   unexplained asks the same rules (:func:`on_cpu`);
 2. the next polled cause (strength ≥ ``MIN_STRENGTH``) the timeline does not contradict,
    ``decided_by: events+polled`` (the events overruled the first, the polled evidence named
    this one);
@@ -275,7 +276,55 @@ def hidden(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | 
                          "excess_us": round(excess_ns / 1e3, 1)}}
 
 
-ON_CPU_RULES: list[OnCpuRule] = [page_faults, hidden]
+# the SMT sibling names a call when another task ran there for this share of the excess
+SMT_MIN_SHARE = 0.5
+SMT_ON_CPU_SHARE = 0.9  # the call ran on its CPU for this share of its wall time at least
+
+
+def kept_its_cpu(tl: dict) -> bool:
+    """The call ran on its CPU without leaving it: no preemption, no block, no move, and on
+    the CPU (interrupts on top included) for :data:`SMT_ON_CPU_SHARE` of its wall time."""
+    st = tl.get("state_us") or {}
+    wall = tl.get("wall_us") or 0
+    return not (tl.get("preemptions") or tl.get("blocks") or tl.get("migrations")) and \
+        (st.get("on_cpu") if "on_cpu" in st else tl.get("probe_run_us") or 0) >= \
+        SMT_ON_CPU_SHARE * wall > 0
+
+
+def smt_sibling(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
+    """``smt_sibling`` where the call kept its CPU (:func:`kept_its_cpu`) and tasks other
+    than idle and the call's own process ran on the SMT sibling of that CPU for at least
+    :data:`SMT_MIN_SHARE` of the excess (the timeline's ``smt_sibling``: the sibling's
+    sched_switch over the call, agent/watch/attribution/smt.py): they shared the core's
+    execution units, caches and memory bandwidth. Its score is the share of the excess the
+    call's own faults and hidden time leave (those are measured; the sibling's slowdown is
+    not), so that a call whose faults took the excess is named for them."""
+    tl = ev.get("timeline") or {}
+    sib = tl.get("smt_sibling") or {}
+    busy_ns = (sib.get("busy_us") or 0) * 1e3
+    if not sib.get("tasks") or not kept_its_cpu(tl) or \
+            busy_ns < SMT_MIN_SHARE * max(1, excess_ns):
+        return None
+    measured = ((tl.get("page_faults") or {}).get("us") or 0) + \
+        ((tl.get("runtime") or {}).get("hidden_us") or 0)
+    left = max(0.0, min(busy_ns, excess_ns - measured * 1e3))
+    if left <= 0:
+        return None
+    top, cpu = sib["tasks"][0], tl.get("cpu", "?")
+    return {"cause": "smt_sibling", "score": round(min(1.0, left / max(1, excess_ns)), 3),
+            "strength": 1.0,
+            "detail": f"{top['comm']} (pid {top['pid']}) ran {top['us']:,.0f} µs on CPU "
+                      f"{sib['cpu']}, the SMT sibling of CPU {cpu}, during the call's "
+                      f"{tl.get('wall_us') or 0:,.0f} µs (the call kept its CPU; "
+                      f"{excess_ns / 1e3:,.0f} µs over its P50): they shared the core "
+                      "(kernel events)",
+            "evidence": {"sibling_cpu": sib["cpu"], "ran_on_sibling": sib["tasks"],
+                         "sibling_busy_us": sib.get("busy_us"),
+                         "sibling_idle_us": sib.get("idle_us"),
+                         "excess_us": round(excess_ns / 1e3, 1)}}
+
+
+ON_CPU_RULES: list[OnCpuRule] = [page_faults, hidden, smt_sibling]
 
 
 def on_cpu_cause(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
