@@ -648,3 +648,45 @@ def test_an_exit_is_said_once_the_calls_it_made_before_are_read(tmp_path):
     assert reader.pids == [b] and a not in reader.tid_pid.values()
     reader.events.evs = [ev(70, "call0", a), ev(80, "ret0", a)]   # (a reused tid)
     assert not len(feed.read()) and run.calls_of(a) == 3
+
+
+def test_a_pid_taken_again_by_the_service_is_a_new_process_not_its_zombie(tmp_path):
+    """An always-on run outlives pid_max: a new process of the service may get the pid of one
+    that exited. Another start time (/proc/PID/stat) makes it a new process, waited for and
+    timed as any; the old one's line and calls are kept. The same start time (its zombie,
+    still in /proc until reaped) is not a new process."""
+    from agent.watch.latency.identity import Service, ServiceRun, _Feed
+    root = _tree(tmp_path)
+    me = os.getpid()   # (a live pid: kill(pid, 0) answers; nothing is sent)
+    _proc(root, me, "svc", ["svc"], started_s=10.0)
+
+    class Pids:
+        now = {me}
+
+        def poll(self):
+            return set(self.now)
+
+    said, clock = [], [100.0]
+    run = ServiceRun(Service(ident=Identity("name", "svc")), Host(root=root), [1], [],
+                     say=said.append, matcher=Pids(), clock=lambda: clock[0])
+    feed = _Feed(run)
+
+    def step(pids: set[int]) -> None:
+        Pids.now = pids
+        clock[0] += 1.0
+        feed.read()
+    step({me})
+    first = run.procs[me]
+    run.calls_before[me] = 7
+    step(set())                                  # it exits
+    assert first.state == "exited" and "exited after 7 call(s)" in said[-1]
+    step({me})                                   # its zombie: the same start time
+    assert run.procs[me] is first
+    _proc(root, me, "svc", ["svc"], started_s=20.0)
+    step({me})                                   # a new process with its pid
+    new = run.procs[me]
+    assert new is not first and new.state == "waiting for its runtime" and new.started_in_run
+    assert run.calls_of(me) == 0 and run.calls == 7
+    got = run.processes()
+    assert [(d["pid"], d["state"], d["calls"]) for d in got] == \
+        [(me, "exited", 7), (me, "waiting for its runtime", 0)]

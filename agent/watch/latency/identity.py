@@ -224,6 +224,7 @@ class Proc:
     pid: int
     comm: str
     seen_at: float
+    started: int | None = None     # its start time (/proc/PID/stat, clock ticks after boot)
     mapped_at: float | None = None # the first poll that found its runtime mapped
     armed_at: float | None = None
     exited_at: float | None = None
@@ -331,6 +332,7 @@ class ServiceRun(Running):
         self._leaving: list[Proc] = []          # exited: said once their calls are read
         # the exited processes beyond MAX_KEPT, summed (a crash-looping service, always on)
         self.folded = {"processes": 0, "calls": 0, "missed": 0, "not_countable": 0}
+        self.earlier: list[dict[str, Any]] = []  # exited processes whose pid was reused
         self._stash: list[np.ndarray] = []      # calls read from a set before its removal
 
     def start(self, events: Any, phase: Phase | None = None) -> None:
@@ -355,9 +357,11 @@ class ServiceRun(Running):
             return
         self._polled = now
         pids = self.matcher.poll() if self.matcher is not None else set()
-        for pid in sorted(pids - set(self.procs)):
-            self.procs[pid] = Proc(pid, _comm(self.host, pid), now,
-                                   started_in_run=self._polls > 0)
+        for pid in sorted(pids):
+            if pid not in self.procs or self._reused(self.procs[pid]):
+                self.procs[pid] = Proc(pid, _comm(self.host, pid), now,
+                                       started_in_run=self._polls > 0,
+                                       started=_started(self.host, pid))
         self._polls += 1
         for p in list(self.procs.values()):
             if p.state == "timed" and p.started_in_run:
@@ -370,6 +374,24 @@ class ServiceRun(Running):
             elif p.exited_at is None and p.armed_at is None and \
                     not p.state.startswith("not timed"):
                 self._arm(p)
+
+    def _reused(self, p: Proc) -> bool:
+        """Whether ``p``, which exited, has its pid taken by a new process of the service
+        (another start time: not its zombie). Its incarnation is kept as it ended
+        (``earlier``), its per-pid figures cleared for the new one."""
+        if p.exited_at is None or p in self._leaving or \
+                _started(self.host, p.pid) in (None, p.started):
+            return False
+        self.earlier.append(p.to_dict(self.calls_of(p.pid), self._first_ns(p.pid)))
+        self._forget_pid(p.pid)
+        return True
+
+    def _forget_pid(self, pid: int) -> None:
+        self.calls_before.pop(pid, None)
+        self.first_ns.pop(pid, None)
+        if self.armed is not None:
+            self.armed.reader.per_pid.pop(pid, None)
+            self.armed.reader.first_ns.pop(pid, None)
 
     def _exited(self, p: Proc, now: float) -> None:
         """Process ``p`` is gone: said once the calls it made before are read
@@ -398,22 +420,20 @@ class ServiceRun(Running):
         """Past :data:`MAX_KEPT` processes, the oldest that exited are summed into
         ``folded`` and forgotten (their calls, missed count and per-pid figures), so an
         always-on run's memory does not grow with its service's restarts."""
+        over = len(self.procs) + len(self.earlier) - MAX_KEPT
+        gone, self.earlier = self.earlier[:max(0, over)], self.earlier[max(0, over):]
         old = [p for p in self.procs.values() if p.exited_at is not None and
-               p not in self._leaving][:max(0, len(self.procs) - MAX_KEPT)]
-        for p in old:
-            d = p.to_dict(self.calls_of(p.pid))
+               p not in self._leaving][:max(0, over - len(gone))]
+        for d in gone + [p.to_dict(self.calls_of(p.pid)) for p in old]:
             self.folded["processes"] += 1
             self.folded["calls"] += d["calls"]
             if isinstance(d["missed"], int):
                 self.folded["missed"] += d["missed"]
             elif isinstance(d["missed"], str):
                 self.folded["not_countable"] += 1
+        for p in old:
             del self.procs[p.pid]
-            self.calls_before.pop(p.pid, None)
-            self.first_ns.pop(p.pid, None)
-            if self.armed is not None:
-                self.armed.reader.per_pid.pop(p.pid, None)
-                self.armed.reader.first_ns.pop(p.pid, None)
+            self._forget_pid(p.pid)
 
     def _arm(self, p: Proc) -> None:
         """Time ``p`` once its runtime is mapped: on the armed set when it maps the same
@@ -555,7 +575,8 @@ class ServiceRun(Running):
 
     @property
     def calls(self) -> int:
-        return sum(self.calls_of(p) for p in self.procs) + self.folded["calls"]
+        return sum(self.calls_of(p) for p in self.procs) + self.folded["calls"] + \
+            sum(d["calls"] for d in self.earlier)
 
     def _described(self) -> str:
         timed = [f"{p.pid} ({p.comm})" for p in self.procs.values() if p.state == "timed"]
@@ -566,8 +587,8 @@ class ServiceRun(Running):
     def processes(self) -> list[dict[str, Any]]:
         """Each process seen: its state, calls timed, when it was armed and exited (s
         after it was first seen)."""
-        return [p.to_dict(self.calls_of(p.pid), self._first_ns(p.pid))
-                for p in self.procs.values()]
+        return list(self.earlier) + [p.to_dict(self.calls_of(p.pid), self._first_ns(p.pid))
+                                     for p in self.procs.values()]
 
     def summary(self, lat: Any) -> dict[str, Any]:
         """Its lines, and ``processes``: each incarnation of the service
@@ -674,6 +695,16 @@ class _Feed:
 
 def _comm(host: Host, pid: int) -> str:
     return (host.read(host.proc(pid, "comm")).value or "?").strip()
+
+
+def _started(host: Host, pid: int) -> int | None:
+    """Process ``pid``'s start time (/proc/PID/stat field 22, clock ticks after boot): what
+    tells a new process from an old one with the same pid. None when gone."""
+    st = host.read(host.proc(pid, "stat")).value or ""
+    try:
+        return int(st[st.rindex(")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
 
 
 def _runtime_files(host: Host, pid: int, src: Service) -> frozenset | None:
