@@ -1,7 +1,8 @@
 """The event source inside ``hftagent watch`` (``--trace auto|on|off|mount``).
 
 :class:`SpikeEvents` owns the :class:`~.tracefs.EventSource` of one watch run: it opens it
-on the probe CPUs when the session starts (``auto``: where tracefs is usable, else one
+on the probe CPUs (and their SMT siblings where the cores have them: what ran beside the
+call, :mod:`.smt`) when the session starts (``auto``: where tracefs is usable, else one
 ``unsupported: <reason>`` warning and the run goes on as without events; ``on``: an error
 instead; ``mount``: tracefs mounted first when it is not; ``off``: never), re-sizes the ring
 once after warm-up (:meth:`maybe_refit`), reads one window per attributed spike
