@@ -75,17 +75,17 @@ smt_sibling_hog     a memory-bound (or busy) helper pinned to the SMT   smt_sibl
                     "unsupported: no SMT sibling" without SMT
 gpu_other_process   (GPU) a second process runs JAX matmuls in bursts   gpu_foreign_process
                     on the same GPU
-gpu_long_kernel     (bench/gpu_service.py) ``per_s`` calls a second     gpu_kernel (new:
-                    run the model on a big device-resident input:       the GPU wait part)
+gpu_long_kernel     (bench/gpu_service.py) ``per_s`` calls a second     gpu_kernel (the
+                    run the model on a big device-resident input:       GPU wait part)
                     longer kernels, the caller waits longer
 gpu_enqueue_hog     (GPU) the RT burst hog of cpu_hog_rt on the         cpu_contention (the
                     service's CPU: the launches are late                enqueue part)
-gpu_big_copy        (gpu_service) ``per_s`` calls a second copy         gpu_copy (new: a
-                    ``--copy-mb`` MiB device-to-host                    slow copy)
+gpu_big_copy        (gpu_service) ``per_s`` calls a second copy         gpu_copy (the
+                    ``--copy-mb`` MiB device-to-host                    copies part)
 ==================  ==================================================  =================
 
 The GPU faults need JAX and a GPU (:func:`jax_gpu_missing` says why not); gpu_kernel and
-gpu_copy are the names of issue #36's GPU split, not yet causes of agent/causes.py.
+gpu_copy are causes of issue #36's GPU split (agent/watch/attribution/gpu_verdict.py).
 smt_sibling and the page fault count are issue #35's on-CPU breakdown.
 
 The last five make the service not runnable for a known time (``hold_ms``, default 5 ms,
