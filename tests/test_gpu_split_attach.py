@@ -166,3 +166,10 @@ def test_a_slow_gpu_call_is_split_and_its_gpu_wait_named(fake, tmp_path):
              any(w["how"] == "callback thread" and "cuda-EvtHandlr" in str(w["woken_by"])
                  for w in r["gpu"].get("gpu_waits", []))]
     assert len(named) >= 0.8 * len(slow), [r["gpu"] for r in slow if r not in named][:2]
+    # the verdict comes from the split (gpu_verdict.py): the GPU took longer, no other
+    # process or throttle seen, where the call's timeline is complete
+    complete = [r for r in named if r["events"].get("complete")]
+    assert complete, [r["events"].get("reason") for r in named][:3]
+    for r in complete:
+        assert (r["cause"], r["decided_by"]) == ("gpu_kernel", "events+gpu"), r["causes"][0]
+        assert r["causes"][0]["evidence"]["gpu_part"] == "gpu_wait"
