@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from functools import partial
@@ -69,6 +71,13 @@ def _service(tmp: Path, marker: str, i: int) -> tuple[subprocess.Popen, dict]:
     return p, ready
 
 
+def _clean(d: Path) -> None:
+    """A SIGKILLed service's control directory (its FIFOs: it removes them itself on
+    SIGTERM)."""
+    if d.parent == Path(tempfile.gettempdir()) and d.name.startswith("hftagent-service-"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _own_count(r) -> int:
     """The calls an ended service recorded: its ring's last sequence number (``r``: a
     reader opened while it ran; SIGTERM unlinks the ring)."""
@@ -106,6 +115,7 @@ def test_30_restarts_every_call_from_the_first_timed_one_is_timed_and_nothing_is
             p.send_signal(signal.SIGTERM if i % 3 == 2 else signal.SIGKILL)
             p.wait(timeout=30)
             p.stdout.close()
+            _clean(Path(ready["dir"]))
             own[p.pid] = _own_count(ring)
             if i in (2, RESTARTS - 1):   # (between two processes: the set armed, no ring open)
                 assert _until(partial(_said, lines, f"pid {p.pid} (", ") exited")), lines[-5:]
