@@ -33,7 +33,7 @@ needs_amtool = pytest.mark.skipif(
 
 ALERTS = ("HftTailJitterHigh", "HftP99OverBudget", "HftProbeDown", "HftProbeStale",
           "HftAuditDrift", "HftPcieLinkDegraded", "HftGpuThrottled", "HftSpikesOwnWaits",
-          "HftProcessStopped", "HftWatchOverCpuBudget")
+          "HftProcessStopped", "HftWatchOverCpuBudget", "HftGpuShared")
 
 
 def run(*cmd: str, cwd: Path | None = None, stdin: str | None = None):
