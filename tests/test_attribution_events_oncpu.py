@@ -248,8 +248,8 @@ def test_threads_that_exited_give_their_room_in_the_filter_to_new_ones(tmp_path)
         f"common_pid == {PROC} || common_pid == {PROBE}"
 
 
-def test_the_on_cpu_rules_hold_page_faults_and_hidden_time():
-    assert verdict.ON_CPU_RULES == [verdict.page_faults, verdict.hidden]
+def test_the_on_cpu_rules_hold_page_faults_hidden_time_and_the_smt_sibling():
+    assert verdict.ON_CPU_RULES == [verdict.page_faults, verdict.hidden, verdict.smt_sibling]
 
 
 # -- hidden time: the thread's runtime against its time on the CPU -------------------------
