@@ -28,10 +28,12 @@ P50 = 400_000
 US = 1000
 
 
-def _topology(root: Path, siblings: dict[int, str]) -> Host:
+def _topology(root: Path, siblings: dict[int, str], online: str = "0-3") -> Host:
+    (root / "devices" / "system" / "cpu").mkdir(parents=True)
+    (root / "devices" / "system" / "cpu" / "online").write_text(online + "\n")
     for cpu, text in siblings.items():
         d = root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
-        d.mkdir(parents=True)
+        d.mkdir(parents=True, exist_ok=True)
         (d / "thread_siblings_list").write_text(text + "\n")
     return Host(sysfs=str(root))
 
@@ -40,6 +42,8 @@ def test_siblings_come_from_the_topology_through_the_host(tmp_path):
     host = _topology(tmp_path / "smt", {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"})
     assert smt.siblings(host, [1]) == {1: [3]}
     assert smt.siblings(host, [0, 1]) == {0: [2], 1: [3]}
+    off = _topology(tmp_path / "off", {1: "1,3"}, online="0-2")   # its sibling offline
+    assert smt.siblings(off, [1]) == {}
     flat = _topology(tmp_path / "flat", {0: "0", 1: "1"})   # one thread a core
     assert smt.siblings(flat, [0, 1]) == {}
     (tmp_path / "none").mkdir()

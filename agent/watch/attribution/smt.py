@@ -21,16 +21,20 @@ SHOWN = 3  # tasks listed in the record (largest first)
 
 
 def siblings(host: Any, cpus: Iterable[int]) -> dict[int, list[int]]:
-    """The other hardware threads of each CPU's core ({} without SMT, or where the topology
-    files are missing: nothing to add)."""
+    """The other online hardware threads of each CPU's core ({} without SMT, or where the
+    topology files are missing: nothing to add)."""
     if host is None:
         return {}
-    from collectors.cpu import smt
+    from collectors.cpu import online_cpus, smt
     try:
         sib = smt(host, sorted(set(cpus))).siblings
+        online = set(online_cpus(host).value or ())
     except (OSError, ValueError):
         return {}
-    return {c: sorted(set(v) - {c}) for c, v in sib.items() if len(set(v) - {c}) > 0}
+    # only online siblings: the event source refuses an offline CPU (x86 drops an offline
+    # thread from its core's list; not every architecture does)
+    out = {c: sorted((set(v) - {c}) & online) for c, v in sib.items()}
+    return {c: v for c, v in out.items() if v}
 
 
 def _marks(events: Iterable[Any], cpu: int) -> list[tuple[int, int, int, dict[int, str]]]:
