@@ -38,6 +38,11 @@
 #   gate_rerun   bench/gate_rerun.py: $RERUNS identical gate reruns with a busy loop on each
 #                housekeeping CPU, then $BURSTS runs with SCHED_FIFO bursts on CPU $cpu
 #                                                                       -> gate_rerun.txt
+#   restarts     bench/restarts.py: $RESTARTS (100) restarts of a LiteRT service under
+#                watch --attach-name: calls timed after each first second, fds, leftovers
+#                                                                       -> restarts.txt/.json
+#   gpu_cost     bench/attach_overhead.py --gpu at --gpu-probes default, then copies (JAX)
+#                                                                  -> gpu_cost.txt, _LEVEL.json
 #   (LiteRT is not on that machine: carry its cp312 wheel in .whl and install it first, as
 #   the device tool's README shows; the steps that need it say so when it is missing)
 #   gpu          bench/device/gpu_validation.sh (read-only NVML and nsight checks)
@@ -283,6 +288,21 @@ if want gate_rerun; then
 step "gate_rerun, probe CPU $cpu"
 timeout 590 python3 bench/gate_rerun.py --cpu "$cpu" --reruns "${RERUNS:-20}" \
   --bursts "${BURSTS:-20}" --json "$out/gate_rerun.json" > "$out/gate_rerun.txt" 2>> "$log"; rc
+fi
+
+if want restarts; then
+step "restarts, CPU $cpu"; tracefs
+timeout 590 python3 bench/restarts.py --restarts "${RESTARTS:-100}" --cpu "$cpu" \
+  --json "$out/restarts.json" > "$out/restarts.txt" 2>> "$log"; rc
+fi
+
+if want gpu_cost; then
+# the GPU probes' cost per JAX call, each level against none, ABBA blocks (issue #36)
+step "gpu_cost, CPU $cpu"; tracefs
+for lv in default copies; do
+  timeout 280 python3 bench/attach_overhead.py --gpu --gpu-probes "$lv" --cpu "$cpu" \
+    --json "$out/gpu_cost_$lv.json" >> "$out/gpu_cost.txt" 2>> "$log"; rc
+done
 fi
 
 if want roundtrip; then step roundtrip; bash bench/device/tuning_roundtrip.sh >> "$log" 2>&1; rc; fi
