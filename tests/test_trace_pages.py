@@ -19,6 +19,8 @@ from agent.trace.event import FormatError
 from agent.trace.pages import (
     PageLayout,
     check_header_event,
+    decode_record,
+    id_hits,
     iter_page,
     page_info,
     page_last_ts,
@@ -210,3 +212,58 @@ def test_any_delta_sequence_round_trips(steps):
         w.event(t, ev, long_form=long_form)
         want.append(t)
     assert [e.ts_ns for e in iter_page(w.build(), 0, BY_ID)] == want
+
+
+# --- id_hits: the always-on uprobe read (watch --attach) gives iter_page's answer ---------------
+
+def _hits_by_events(page: bytes, ids) -> list[tuple[int, int, int]]:
+    return [(e.ts_ns, BY_ID_NAME[e.name], e.pid) for e in iter_page(page, 0, BY_ID, only=ids)]
+
+
+def _hits(page: bytes, ids) -> list[tuple[int, int, int]]:
+    """id_hits' (ts, id, pid), each record's (start, length) checked to decode to the same
+    event as iter_page's."""
+    got = id_hits(page, ids)
+    for ts, _i, _pid, start, length in got:
+        assert decode_record(page, 0, BY_ID, (ts, start, length)) in list(
+            iter_page(page, 0, BY_ID, t_from=ts, t_to=ts))
+    return [h[:3] for h in got]
+
+
+BY_ID_NAME = {f.name: f.id for f in FMTS.values()}
+
+
+def test_id_hits_are_iter_pages_events_on_the_captured_pages():
+    pages = _fixture_pages()
+    seen = {BY_ID_NAME[e.name] for p in pages for e in iter_page(p, 0, BY_ID)}
+    assert len(seen) > 5
+    for ids in [frozenset(seen), *(frozenset({i}) for i in seen), frozenset({9999})]:
+        got = [h for p in pages for h in _hits(p, ids)]
+        assert got == [h for p in pages for h in _hits_by_events(p, ids)]
+    switch = frozenset({FMTS["sched_switch"].id})
+    assert sum(len(id_hits(p, switch)) for p in pages) > 100
+
+
+def test_id_hits_through_extends_stamps_padding_and_a_cut_record():
+    top = 0b00001 << 59
+    t0 = top | ((1 << 59) - 100)
+    ev = payload(FMTS["local_timer_entry"], -5, vector=236)  # (a negative common_pid)
+    sw = _switch(7, ("probe", 7), ("kworker/1:0", 45))
+    w = (PageWriter(t0).event(t0 + 1, ev).event(t0 + 2, sw, long_form=True)
+         .event(t0 + 5 + (3 << 27), ev).discarded(12).time_stamp(t0 + (1 << 30))
+         .event(t0 + (1 << 30) + 9, sw).event(t0 + (1 << 30) + 10, ev))
+    for page in (w.build(), w.build(commit=len(w.body) - 8)):
+        for ids in (frozenset({FMTS["local_timer_entry"].id}), frozenset(BY_ID)):
+            assert _hits(page, ids) == _hits_by_events(page, ids)
+    assert [h[2] for h in id_hits(w.build(), frozenset(BY_ID))] == [-5, 7, -5, 7, -5]
+    # a discarded record of a length that is not whole words: walked by bytes, same answer
+    odd = PageWriter(t0).event(t0 + 1, ev).discarded(13).event(t0 + 3, ev).build()
+    assert _hits(odd, frozenset(BY_ID)) == _hits_by_events(odd, frozenset(BY_ID))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=0, max_size=4096), st.integers(0, 4096))
+def test_id_hits_on_garbage_pages_are_iter_pages(body, commit):
+    page = PageWriter(0).raw(body[:4080]).build(commit=min(commit, len(body[:4080])))
+    ids = frozenset(BY_ID)
+    assert _hits(page, ids) == _hits_by_events(page, ids)

@@ -35,6 +35,7 @@ import re
 from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from collectors.host import Host
 
@@ -42,11 +43,27 @@ from .event import Event, parse_format
 from .guardian import guard, guardian_of
 from .instance import PREFIX as INSTANCE_PREFIX
 from .instance import _proc_is_dead_or_reused, _read
-from .pages import iter_page
+from .pages import id_hits, iter_page
 
 PREFIX = "hftagent_"
 MAX_FILTER_TIDS = 64    # beyond this many threads, record every hit and pair by tid set
 _GROUP_RE = re.compile(r"^[pr]:(hftagent_(\d+))/(\S+)\s")
+
+
+class UprobeHit(NamedTuple):
+    """One uprobe hit as watch --attach pairs it: what an :class:`Event` of it would say
+    that the pairing reads (its fields, the probed address, are never read)."""
+
+    ts_ns: int
+    cpu: int
+    pid: int   # common_pid: the thread
+    name: str  # call<i> or ret<i>
+
+
+_TS = attrgetter("ts_ns")
+# the fields every uprobe event has (entry: the probed address; return: the function and
+# the return address): nothing else to decode for the pairing
+_PROBE_FIELDS = frozenset({"__probe_ip", "__probe_func", "__probe_ret_ip"})
 
 
 class UprobeError(Exception):
@@ -340,27 +357,39 @@ class UprobeEvents:
             self._names.add(fmt.name)
         self.events += [f"{uprobes.group}:{n}" for n in uprobes.names]
 
-    def uprobe_events(self) -> list[Event]:
+    def uprobe_events(self) -> list[UprobeHit | Event]:
         """The uprobe hits recorded since the last call, in time order (drains the kernel
         rings first; the pages stay kept for the spike windows as before). Each page is
-        scanned once for the uprobe ids only."""
+        scanned once for the uprobe ids only, by :func:`agent.trace.pages.id_hits` (no
+        event made per record: a hit is its time, CPU, thread and event name; an event
+        with arguments of its own beyond the probed addresses is a whole :class:`Event`)."""
         if self._closed or not self._uprobe_ids or self.reader != "raw":
             return []
         self.drain()
-        only = set(self._uprobe_ids)
-        out: list[Event] = []
+        only = frozenset(self._uprobe_ids)
+        fmts = self._formats
+        names = {i: fmts[i].name for i in only}
+        # an event with arguments of its own (a GPU copy's size) is decoded whole
+        full = {i for i in only if any(f.name not in _PROBE_FIELDS for f in fmts[i].fields)}
+        fast = all(fmts[i].pid_offset == 4 for i in only)
+        out: list[UprobeHit | Event] = []
         for ring in self._rings.values():
             done = self._uprobe_done.get(ring.cpu, 0)
             first = max(0, done - ring.evicted_pages)
-            pages = ring.pages
+            pages, cpu = ring.pages, ring.cpu
             for i in range(first, len(pages)):
-                out.extend(iter_page(pages[i].data, ring.cpu, self._formats,
-                                     layout=self._layout, only=only))
+                buf = pages[i].data
+                if not fast:  # (a common header of another shape: the events' own decoding)
+                    out += iter_page(buf, cpu, fmts, layout=self._layout, only=only)
+                    continue
+                for ts, ev, pid, start, length in id_hits(buf, only, self._layout):
+                    out.append(fmts[ev].make_event(buf, start, length, ts, cpu) if ev in full
+                               else UprobeHit(ts, cpu, pid, names[ev]))
             self._uprobe_done[ring.cpu] = ring.evicted_pages + len(pages)
-        out.sort(key=attrgetter("ts_ns"))
+        out.sort(key=_TS)  # (the CPUs' hits merged; one CPU's are in order already)
         return out
 
-    def is_return(self, ev: Event) -> bool:
+    def is_return(self, ev: UprobeHit | Event) -> bool:
         """Whether ``ev`` is a return probe's hit (else an entry)."""
         return bool(self._uprobe_names.get(ev.name))
 
