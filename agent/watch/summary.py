@@ -22,36 +22,69 @@ ROLLING_SAMPLES = 10_000  # the live view's window
 
 class LatencyHistogram:
     """Log-bucketed latency counts (1 % wide buckets from 1 µs to ~100 s): bounded memory for
-    a days-long run; percentiles within 1 %."""
+    a days-long run; percentiles within 1 %.
+
+    :meth:`add` only keeps the batch: the batches are bucketed together once
+    :data:`FLUSH_SAMPLES` wait, or when a figure is read (``counts``, ``total``, ``max_ns``,
+    :meth:`quantile`) — the same counts, in a few array operations every few seconds
+    instead of at each of watch's loop steps (each runs cold after its sleep, where a
+    dozen small array operations cost ~0.15 ms of CPU on a 2-vCPU VM)."""
 
     BASE = 1.01
     LO_NS = 1000.0
+    FLUSH_SAMPLES = 4096
 
     def __init__(self) -> None:
         self.n_buckets = int(math.log(1e11 / self.LO_NS) / math.log(self.BASE)) + 2
-        self.counts = np.zeros(self.n_buckets, dtype=np.int64)
-        self.total = 0
-        self.max_ns = 0
+        self._counts = np.zeros(self.n_buckets, dtype=np.int64)
+        self._total = 0
+        self._max_ns = 0
+        self._pending: list[np.ndarray] = []
+        self._n_pending = 0
 
     def add(self, lat_ns: np.ndarray) -> None:
         if not len(lat_ns):
             return
+        self._pending.append(lat_ns)
+        self._n_pending += len(lat_ns)
+        if self._n_pending >= self.FLUSH_SAMPLES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        lat_ns = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending, self._n_pending = [], 0
         idx = np.floor(np.log(np.maximum(lat_ns, self.LO_NS) / self.LO_NS)
                        / math.log(self.BASE)).astype(np.int64) + 1
         idx = np.clip(idx, 0, self.n_buckets - 1)
-        lo, hi = int(idx.min()), int(idx.max()) + 1  # (a batch spans a few buckets)
-        self.counts[lo:hi] += np.bincount(idx - lo, minlength=hi - lo)
-        self.total += len(lat_ns)
-        self.max_ns = max(self.max_ns, int(lat_ns.max()))
+        self._counts += np.bincount(idx, minlength=self.n_buckets)
+        self._total += len(lat_ns)
+        self._max_ns = max(self._max_ns, int(lat_ns.max()))
+
+    @property
+    def counts(self) -> np.ndarray:
+        self._flush()
+        return self._counts
+
+    @property
+    def total(self) -> int:
+        return self._total + self._n_pending
+
+    @property
+    def max_ns(self) -> int:
+        self._flush()
+        return self._max_ns
 
     def quantile(self, q: float) -> float | None:
         """The nearest-rank quantile ``q`` (a fraction: 0.99) to within 1 %; None when empty."""
-        if not self.total:
+        self._flush()
+        if not self._total:
             return None
-        rank = stats.nearest_rank(stats.percent(q), self.total)
-        i = int(np.searchsorted(np.cumsum(self.counts), rank))
+        rank = stats.nearest_rank(stats.percent(q), self._total)
+        i = int(np.searchsorted(np.cumsum(self._counts), rank))
         # the bucket's upper edge (within 1 % above the true value), never above the maximum
-        return min(self.LO_NS * self.BASE ** i, float(self.max_ns))
+        return min(self.LO_NS * self.BASE ** i, float(self._max_ns))
 
 
 def build(s, *, native: bool, now_ns: int) -> dict:
