@@ -938,3 +938,42 @@ def test_open_sampler_picks_native_python_or_falls_back_and_leaves_no_feed_open(
     s, note = open_sampler("auto", cols, 100, [0], feed_factory=FakeFeed)
     assert s.mode == "native" and note is None and s.feed is FakeFeed.made[-1]
     assert FakeFeed.made[-1].closed == 0
+
+
+def test_the_helpers_rounds_are_as_far_apart_as_the_hot_sources_allow(helper, tmp_path):
+    """issue #38: with every hot source at 20 Hz or slower (the kernel events on), the
+    helper makes 20 rounds a second, not 100, and each file is read on the same rounds'
+    times as before; one source at the sampler's rate keeps it at 100; never more than
+    MAX_ROUND_NS apart (a spike's rows)."""
+    h = _copy_proc(tmp_path)
+
+    def sampler(periods: list[float]) -> NativeSampler:
+        cs = _collectors(h)
+        for c, p in zip(cs, periods):
+            c.period_s = p
+        return NativeSampler(cs, Feed(10_000_000, helper=helper, shm_dir=str(tmp_path)),
+                             hz=100, cpus=None, drain_hz=20)
+
+    nat = sampler([0.05, 0.2, 0.05, 0.1])
+    try:
+        assert nat.period_ns == nat.feed.period_ns() == 50_000_000
+        assert [e.div for e in nat.entries] == [1, 4, 1, 2]
+        nat.start()
+        _until(lambda: nat.stats.rounds >= 10)
+        t0, n0 = time.monotonic(), nat.stats.rounds
+        time.sleep(1.0)
+        _until(lambda: nat.stats.rounds > n0)
+        rate = (nat.stats.rounds - n0) / (time.monotonic() - t0)
+        assert rate < 40, rate  # 20 a second (100 before)
+        softirq = nat.ring("softirq")
+        assert softirq is not None and softirq.rows >= 10
+    finally:
+        nat.stop()
+    for periods, want in (([0.0, 0.2, 0.05, 0.1], 10_000_000),    # one at 100 Hz
+                          ([1.0, 1.0, 1.0, 1.0], 50_000_000),     # capped
+                          ([0.05, 0.03, 0.05, 0.05], 10_000_000)):  # 50 and 30 ms: 10
+        nat = sampler(periods)
+        try:
+            assert nat.period_ns == nat.feed.period_ns() == want, periods
+        finally:
+            nat.feed.close()

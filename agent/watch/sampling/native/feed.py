@@ -166,6 +166,15 @@ class Feed:
         self.overruns = 0  # times the reader fell a whole ring behind (rounds lost)
         self.corrupt = 0  # records that failed the framing checks (never expected)
 
+    def set_period(self, period_ns: int) -> None:
+        """The helper's round period (read once when it starts: refused after)."""
+        if self.proc is not None:
+            raise RuntimeError("the helper runs already: its period is set")
+        _U64.pack_into(self.mm, _H_PERIOD, int(period_ns))
+
+    def period_ns(self) -> int:
+        return _U64.unpack_from(self.mm, _H_PERIOD)[0]
+
     # -- the slot table ----------------------------------------------------------------------
     def register(self, path, div: int = 1, owner: str | None = None) -> Slot:
         """Have the helper read ``path`` on rounds where ``round % div == 0`` (from its next

@@ -3,6 +3,7 @@ filled from the native reader's recorded rounds (:mod:`agent.watch.sampling.nati
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,10 @@ class NativeSampler(Sampler):
         self.plans: dict[int, ReplayPlan] = {}  # id(entry) → its source's plan
         # on_result wants every row's CollectorResult: no values rows
         self._values_rows = on_result is None
+        rounds_ns = self._round_period()
+        if rounds_ns != self.period_ns and feed.proc is None:  # (read when the helper starts)
+            self.period_ns = rounds_ns
+            feed.set_period(rounds_ns)
         for e in self.entries:
             e.div = max(1, round(e.period_ns / self.period_ns))
             if isinstance(e.collector, HotSource):
@@ -83,6 +88,23 @@ class NativeSampler(Sampler):
         self._replayed = threading.Condition()
 
     STALL_NS = 2_000_000_000  # no new round for this long from a live helper: stuck
+    # The helper's rounds are as far apart as the hot sources allow, up to this: a round
+    # costs its wake-up and record whether or not a file is due in it (~70 µs of the
+    # helper's and the replay's CPU a round on a 2-vCPU VM), and a spike's attribution
+    # waits for the 20 Hz rows anyway (Sampler.covered_ns)
+    MAX_ROUND_NS = 50_000_000
+
+    def _round_period(self) -> int:
+        """The helper's round period: ``hz``'s, times the largest common divisor of the hot
+        sources' periods in those rounds that keeps it ≤ :data:`MAX_ROUND_NS` — each file
+        is read at the very times it would be at ``hz`` (with the events on, every hot
+        source runs at 20 Hz or slower: 20 rounds a second instead of 100)."""
+        divs = [max(1, round(e.period_ns / self.period_ns)) for e in self.entries
+                if isinstance(e.collector, HotSource)]
+        k = math.gcd(*divs) if divs else 1
+        best = max(d for d in range(1, k + 1)
+                   if k % d == 0 and (d == 1 or d * self.period_ns <= self.MAX_ROUND_NS))
+        return best * self.period_ns
     # A poked replay comes at least this long after the previous one. It was 200 ms: with
     # the task scan's gap that held a spike's record back 0.25-0.6 s (bench/attribution.py);
     # watch pokes at most once per 50 ms loop step, so the replays stay ≤ ~20 a second.
