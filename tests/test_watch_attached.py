@@ -271,10 +271,15 @@ def test_cli_attach_metrics_spike_log_and_ctrl_c_leave_nothing(lib, tmp_path):
         while time.monotonic() < deadline and not (log.exists() and log.stat().st_size > 0):
             time.sleep(0.2)
         assert f"hftagent_{p.pid}/" in (TRACEFS / "uprobe_events").read_text()
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
-        count = [ln for ln in body.splitlines()
-                 if ln.startswith("hftagent_probe_latency_seconds_count")]
-        assert count and float(count[0].split()[-1]) > 0, body[:2000]
+        deadline = time.monotonic() + 30
+        while True:  # (a condition: the first record can come before the 100th call)
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+            count = [ln for ln in body.splitlines()
+                     if ln.startswith("hftagent_probe_latency_seconds_count")]
+            assert count and float(count[0].split()[-1]) > 0, body[:2000]
+            if float(count[0].split()[-1]) > 100 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         info = [ln for ln in body.splitlines() if ln.startswith("hftagent_probe_info{")]
         assert info and 'source="attach"' in info[0], info   # the bounded source label
         p.send_signal(signal.SIGINT)

@@ -5,7 +5,10 @@ One :class:`WatchSession` owns the parts and runs the loop; each part is a modul
 (docs/design.md): config, latency/ (the latency sources: the probe worker, an external
 client's ring, an attached process), wiring (the host collectors), detect, schedule,
 attribution/, output and flight, metrics_feed, summary, view.
-Every ``loop_s`` (50 ms), on a housekeeping CPU, :meth:`WatchSession.step` drains the latency
+Every ``loop_s`` (50 ms) — every :data:`QUIET_LOOPS` × that while no spike has come for
+:data:`QUIET_AFTER_S` and none waits (each step runs cold after its sleep: its fixed cost is
+most of watch's own CPU on a quiet box, and a record still comes within the 200 ms target) —,
+on a housekeeping CPU, :meth:`WatchSession.step` drains the latency
 ring, marks spikes (asking the sched collector for a task scan), attributes, inherits or drops
 what is ready — each record written to the spike log, flushed, and fed to the metrics, the
 live view and the flight recorder — and writes the flight records whose "after" part has been
@@ -58,6 +61,8 @@ F = {name: i for i, name in enumerate(FIELDS)}
 EXIT_SOURCE_DIED = 3
 EXIT_OUTPUT_FAILED = 1  # the spike log could not be written
 RECENT_EVIDENCE = 500  # latest samples whose faults and switches are the in-process baseline
+QUIET_LOOPS = 2        # quiet: a step every 2 loop_s (100 ms; module docstring)
+QUIET_AFTER_S = 2.0    # quiet: no spike detected for this long, none pending
 
 
 def _polled_only(body: dict, why: str) -> None:
@@ -140,6 +145,8 @@ class WatchSession:
         self._looping = False
         self._stopping = False
         self._recent: np.ndarray | None = None  # this step's in-process baseline
+        self._spikes_seen = 0   # the loop's pace (_pause_s): spikes counted at the last step
+        self._busy_until = 0.0  # (monotonic s) steps every loop_s until then
         # watch's own CPU by part, and the budget that decides exact attribution (budget.py)
         self.own = own_cpu or OwnCpu()
         self.budget = CpuBudget(cfg.cpu_budget, self.own, clock) \
@@ -289,7 +296,7 @@ class WatchSession:
         self.samples += len(recs)
         self.hist.add(lat)
         self.lat.extend(recs)
-        tids = np.unique(recs[:, F["tid"]]).tolist()
+        tids = sorted(set(recs[:, F["tid"]].tolist()))  # (np.unique: ~10 array calls, cold)
         self.sched.watch_tids(tids)
         self.trace.follow_calls(tids, recs)  # their faults and runtime from now (issue #35)
         if self.metrics is not None:
@@ -418,7 +425,7 @@ class WatchSession:
                     break
                 if self.view is not None:
                     self.view.update(self)
-                time.sleep(max(0.0, cfg.loop_s - (time.monotonic() - t)))
+                time.sleep(max(0.0, self._pause_s() - (time.monotonic() - t)))
         except StopRequested:
             rc = 0
         except KeyboardInterrupt:  # no handler installed (library use): same clean stop
@@ -430,6 +437,15 @@ class WatchSession:
         if self.output_error is not None and rc == 0:  # (a write of the final drain)
             rc = EXIT_OUTPUT_FAILED
         return rc or self.source.exit_code()
+
+    def _pause_s(self, now: float | None = None) -> float:
+        """The loop's period from this step on: ``loop_s`` while spikes come or wait (a
+        spike within :data:`QUIET_AFTER_S`, one pending, a flight record to finish), else
+        :data:`QUIET_LOOPS` × ``loop_s``. ``now``: monotonic s (default: now)."""
+        now = time.monotonic() if now is None else now
+        if self.spikes != self._spikes_seen or self.schedule.pending or self.flight.pending:
+            self._spikes_seen, self._busy_until = self.spikes, now + QUIET_AFTER_S
+        return self.cfg.loop_s if now < self._busy_until else self.cfg.loop_s * QUIET_LOOPS
 
     def stop(self) -> None:
         self._stopping = True
