@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# What `watch --attach PID` costs watch itself (issue #38): own CPU, in all and by part
+# (the summary's own_cpu), attached to a LiteRT service (bench/service.py, 500 calls/s on
+# CPU 1), first quiet, then under SCHED_FIFO bursts on the service's CPU (bench/faults/kit.py
+# cpu_hog: 2-200 ms bursts at RT priority 10: hundreds of spikes a minute).
+#
+#   sudo D=60 OUT=/tmp/own bench/own_cpu.sh [TREE]
+#
+# TREE: the hftagent checkout whose watch is measured (default: this one), so two trees can
+# be compared side by side in one sitting with the same service and hog (this one's).
+# Prints one line per phase (samples, spikes, attributed, own share of one CPU, budget
+# decisions) and the parts; the summaries stay in OUT/quiet.json and OUT/storm.json.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+TREE=$(cd "${1:-$HERE}" && pwd)
+D=${D:-60}
+OUT=${OUT:-$(mktemp -d /tmp/own-cpu.XXXXXXXX)}
+PY="$HERE/.venv/bin/python"
+mkdir -p "$OUT"
+watch() {  # the tree's own watch (its directory first on sys.path)
+  (cd "$TREE" && "$PY" -c 'import sys; sys.argv[0] = "hftagent"
+from agent.cli import main; sys.exit(main())' watch --attach "$SVC" --duration "$D" \
+    --json --no-history --no-live "$@")
+}
+cd "$HERE"
+"$PY" bench/service.py --cpu 1 --rate 500 --seconds $((2 * D + 40)) --plain \
+  --model bench/models/lstm-64x32.tflite > "$OUT/service.log" 2>&1 & SVC=$!
+HOG=
+trap 'kill $SVC $HOG 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+sleep 8
+watch > "$OUT/quiet.json" 2> "$OUT/quiet.err" || true
+# (SIGTERM ends the with block, so its hog process goes too: never a SCHED_FIFO loop left)
+"$PY" -c "import signal, sys, time; from bench.faults.kit import cpu_hog
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+with cpu_hog(1, burst_ms=(2.0, 200.0), rt_prio=10): time.sleep($D + 15)" \
+  > "$OUT/hog.log" 2>&1 & HOG=$!
+sleep 2
+watch > "$OUT/storm.json" 2> "$OUT/storm.err" || true
+for f in quiet storm; do
+  "$PY" - "$OUT/$f.json" "$f" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+oc = s.get("own_cpu") or {}
+b = oc.get("budget") or {}
+print(f"{sys.argv[2]}: samples {s.get('samples')} spikes {s.get('spikes')} attributed "
+      f"{s.get('attributed')} exact {b.get('exact_attributions')} skipped "
+      f"{b.get('skipped_exact_attributions')} own {100 * (oc.get('share_of_one_cpu') or 0):.2f} %")
+print("  by part (% of one CPU):", ", ".join(
+    f"{k} {100 * v:.2f}" for k, v in (oc.get("by_part") or {}).items() if v is not None))
+PY
+done
+echo "summaries: $OUT"
