@@ -434,11 +434,16 @@ def test_idle_wakeup_starts_calls_late_by_the_slack(service):
     assert info["injected"] >= 3
     # The slack delays a wake-up only while the CPU idles (a busy CPU's tick expires the
     # timer early, within 1/HZ): on a loaded machine fewer calls show it.
+    # A wake-up is late with about the chance that the CPU idles then: on a quiet CPU
+    # (idle ≥ 95 %) most are; on a CPU idle half the time or more at least one of the
+    # injections is (all missing: 0.2 % at 9 injections and even odds); on a busier one
+    # the slack cannot show (a CI run beside other work: 5 of 9 at idle 50-60 %).
     late = _late_idle_starts(recs, HOLD_MS / 2)
-    if late < 0.6 * info["injected"] and info["idle_share"] < 0.5:
-        pytest.skip(f"the service's CPU was idle only {100 * info['idle_share']:.0f} % of the "
-                    "time: a busy CPU's tick cuts the slack short")
-    assert late >= 0.6 * info["injected"]
+    idle = info["idle_share"]
+    if idle < 0.5:
+        pytest.skip(f"the service's CPU was idle only {100 * idle:.0f} % of the time: a busy "
+                    "CPU's tick cuts the slack short")
+    assert late >= (0.6 * info["injected"] if idle >= 0.95 else 1), (late, info)
 
 
 # -- bench/service.py itself ---------------------------------------------------------------------
@@ -450,7 +455,7 @@ SERVICE = Path(__file__).resolve().parents[1] / "bench" / "service.py"
     (["--rate", "0"], "--rate must be in (0, 100000] calls a second, not 0"),
     (["--seconds", "-1"], "--seconds must be in (0, 1e7], not -1"),
     (["--seconds", "inf"], "--seconds must be in (0, 1e7], not inf"),
-    (["--warmup", "0"], "--warmup must be in 1..100000 calls, not 0"),
+    (["--warmup", "-1"], "--warmup must be in 0..100000 calls, not -1"),
     (["--cpu", "4096"], "--cpu 4096 is not online"),
     (["--model", "/nonexistent/m.tflite"], "--model /nonexistent/m.tflite: no such file"),
 ])

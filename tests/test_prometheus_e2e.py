@@ -205,8 +205,8 @@ def test_prometheus_fires_tail_jitter_and_evaluates_the_dashboard(stack):
         if not r["data"]["result"]:
             empty.append(e)
     # the panels fed by this synthetic box must show data (GPU/PCIe ones may be empty)
-    for must in ("p99_rate5m", "jitter_ratio:rate5m", "spikes_total", "audit_check_status",
-                 "probe_up"):
+    for must in ("p99_rate5m", "jitter_ratio:rate5m", "hftagent_spikes_total",
+                 "audit_check_status", "probe_up"):
         assert not [e for e in empty if must in e], (must, empty)
 
 
