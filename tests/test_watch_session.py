@@ -951,3 +951,18 @@ def test_the_loop_steps_every_loop_s_while_spikes_come_and_twice_that_when_quiet
     assert s._pause_s(100.0 + QUIET_AFTER_S + 0.1) == 0.05 * QUIET_LOOPS
     waiting, _r, _a = _storm_session(1, 0.0)       # one pending: not quiet
     assert waiting._pause_s(500.0) == 0.05
+
+
+def test_start_ups_objects_are_frozen_for_the_run_and_thawed_at_its_end():
+    """issue #38: the garbage collector's older passes skip what start-up made (gc.freeze)
+    while the session runs; stop() thaws them."""
+    import gc
+    s, _recs, _attr = _storm_session(0, 0.0)
+    s.sampler.stop = lambda: None
+    assert gc.get_freeze_count() == 0
+    s.begin_costs()
+    try:
+        assert gc.get_freeze_count() > 0
+    finally:
+        s.stop()
+    assert gc.get_freeze_count() == 0
