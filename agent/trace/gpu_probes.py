@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from agent.trace import elf
-from agent.trace.uprobe import UprobeError, Uprobes, _append, _kernel_says
+from agent.trace.uprobe import UprobeError, Uprobes
 from collectors.host import Host
 
 LEVELS = ("off", "default", "copies", "full")
@@ -238,24 +238,13 @@ class GpuUprobes(Uprobes):
     fetched) and ``gpuret<i>`` (return) per target; defined, enabled, filtered and removed
     as :class:`~agent.trace.uprobe.Uprobes` does."""
 
-    def _define_one(self, i: int, t: Any) -> None:
-        if getattr(t, "pin", None) is None or t.pin.fd < 0:
-            raise UprobeError(f"{t.library}: no open descriptor of the library: refused")
-        for kind, name in (("p", f"gpu{i}"), ("r", f"gpuret{i}")):
-            if kind == "r" and not t.returns:
-                continue
-            args = f" {t.fetch}" if kind == "p" and t.fetch else ""
-            try:
-                _append(self.tracefs / "uprobe_events",
-                        f"{kind}:{self.group}/{name} {t.pin.probe_path}:0x{t.offset:x}{args}")
-            except OSError as exc:
-                said = _kernel_says(self.tracefs)
-                raise UprobeError(
-                    f"the kernel refused the GPU uprobe on {t.library}:{t.symbol}: "
-                    f"{exc.strerror or exc}" + (f" ({said})" if said else "")) from None
-            self.names.append(name)
-            if kind == "r":
-                self.returns.add(name)
+    ENTRY, RETURN = "gpu", "gpuret"
+
+    def _fetch(self, t: Any) -> str:
+        return f" {t.fetch}" if t.fetch else ""
+
+    def _where(self, t: Any) -> str:
+        return f"GPU uprobe on {t.library}:{t.symbol}"
 
 
 class Hit(NamedTuple):

@@ -143,20 +143,31 @@ class Uprobes:
             self.remove()
             raise
 
+    # the events' names (entry, return) + the target's index; a subclass names its own
+    ENTRY, RETURN = "call", "ret"
+
+    def _fetch(self, t) -> str:
+        """The entry event's fetch arguments (" name=%reg:type ..."), none here."""
+        return ""
+
+    def _where(self, t) -> str:
+        return f"uprobe on {t.library}:0x{t.offset:x}"
+
     def _define_one(self, i: int, t) -> None:
         if getattr(t, "pin", None) is None or t.pin.fd < 0:
             raise UprobeError(f"{t.library}: no open descriptor of the library (attach.plan "
                               "pins it): refused")
-        for kind, name in (("p", f"call{i}"), ("r", f"ret{i}")):
+        for kind, name in (("p", f"{self.ENTRY}{i}"), ("r", f"{self.RETURN}{i}")):
             if kind == "r" and not t.returns:
                 continue
+            args = self._fetch(t) if kind == "p" else ""
             try:
                 _append(self.tracefs / "uprobe_events",
-                        f"{kind}:{self.group}/{name} {t.pin.probe_path}:0x{t.offset:x}")
+                        f"{kind}:{self.group}/{name} {t.pin.probe_path}:0x{t.offset:x}{args}")
             except OSError as exc:
                 said = _kernel_says(self.tracefs)
                 raise UprobeError(
-                    f"the kernel refused the uprobe on {t.library}:0x{t.offset:x}: "
+                    f"the kernel refused the {self._where(t)}: "
                     f"{exc.strerror or exc}" + (f" ({said})" if said else "")) from None
             self.names.append(name)
             if kind == "r":
