@@ -235,6 +235,52 @@ def test_the_rollback_waits_for_a_task_that_joined_to_leave(tmp_path, monkeypatc
     assert not (sd / "journal.json").exists() and diff(before, snapshot(root)) == []
 
 
+def test_the_rollback_retries_a_cgroup_that_a_dying_task_still_holds(tmp_path, monkeypatch):
+    """A task that exited but is not yet reaped is in no cgroup.procs, yet keeps the cpuset
+    populated (rmdir: EBUSY): the rollback is tried again for DYING_WAIT_S although no task
+    is listed (a CI run with a busy loop on each CPU left the cgroup and its two files)."""
+    from types import SimpleNamespace
+
+    import tuning.apply
+    from agent.trial import levers
+    root, host, sim = _tree(tmp_path, monkeypatch)
+    before = snapshot(root)
+    sd = tmp_path / "state" / "trial"
+    procs = root / "sys/fs/cgroup/cpuset/hftagent-isolated/cgroup.procs"
+    monkeypatch.setattr("agent.trial.levers.JOINED_WAIT_S", 0.0)
+    monkeypatch.setattr("agent.trial.levers.DYING_WAIT_S", 0.0)
+    with pytest.raises(TrialError), isolation(host, [1], sd):
+        saved = procs.read_text()
+        procs.write_text(saved + "907\n")
+    procs.write_text(saved)     # listed nowhere now, but "still dying" for two more tries
+    real, tries = tuning.apply.rollback, []
+
+    def dying(ctx, state_dir):
+        tries.append(1)
+        if len(tries) <= 2:
+            return SimpleNamespace(ok=False, remaining=3, journal=state_dir / "journal.json")
+        return real(ctx, state_dir)
+    monkeypatch.setattr(tuning.apply, "rollback", dying)
+    naps: list[float] = []
+    monkeypatch.setattr("agent.trial.levers.DYING_WAIT_S", 3.0)
+    levers.roll_back(host, sd, wait_s=15, sleep=naps.append)
+    assert naps == [0.5, 0.5] and len(tries) == 3
+    assert not (sd / "journal.json").exists() and diff(before, snapshot(root)) == []
+    # past DYING_WAIT_S with no task listed: the one error, the journal kept
+    with pytest.raises(TrialError), isolation(host, [1], sd):
+        procs.write_text(saved + "907\n")
+    procs.write_text(saved)
+    tries.clear()
+    def held(ctx, state_dir):
+        tries.append(1)
+        return SimpleNamespace(ok=False, remaining=3, journal=state_dir / "journal.json")
+    monkeypatch.setattr(tuning.apply, "rollback", held)
+    naps.clear()
+    with pytest.raises(TrialError, match="3 entries left"):
+        levers.roll_back(host, sd, wait_s=15, sleep=naps.append)
+    assert naps == [0.5] * 6 and (sd / "journal.json").exists()
+
+
 def test_a_stop_during_the_rollback_still_rolls_everything_back(tmp_path, monkeypatch):
     """SIGTERM arriving while a block's isolation is being rolled back: the rollback is run
     again to the end (the stop ignores further signals), then the stop goes on."""

@@ -98,13 +98,19 @@ def _iso_context(host: Host, cpus: list[int] | None):
 
 
 JOINED_WAIT_S = 15.0  # how long a rollback waits for tasks that joined the cpuset to leave
+# how long it retries with no task listed: a task that has exited but is not yet reaped is no
+# longer in cgroup.procs, yet keeps the cgroup populated (rmdir: EBUSY) until its parent
+# waits for it (a probe worker of the block; seen in a CI run with a busy loop on each CPU)
+DYING_WAIT_S = 3.0
 
 
 def roll_back(host: Host, state_dir: Path, *, wait_s: float | None = None,
               sleep: Callable[[float], None] = time.sleep) -> None:
     """``tune rollback --state-dir`` of the trial's journal. A task that joined the isolated
     cpuset during the block keeps it from being removed: the rollback is tried again every
-    0.5 s while such a task is there, for up to ``wait_s`` (a short-lived worker leaves). Then
+    0.5 s while such a task is there, for up to ``wait_s`` (a short-lived worker leaves), and
+    for :data:`DYING_WAIT_S` in any case (an exited task not yet reaped is listed nowhere but
+    still holds the cgroup). Then
     TrialError when entries are left (drift, a value that could not be written back, a task
     still in the cpuset): the user must see it."""
     from tuning.apply import rollback
@@ -112,7 +118,7 @@ def roll_back(host: Host, state_dir: Path, *, wait_s: float | None = None,
     _prof, ctx = _iso_context(host, None)
     rep = rollback(ctx, state_dir)
     waited, limit = 0.0, JOINED_WAIT_S if wait_s is None else wait_s
-    while not rep.ok and _joined(host) and waited < limit:
+    while not rep.ok and waited < limit and (waited < DYING_WAIT_S or _joined(host)):
         sleep(0.5)
         waited += 0.5
         rep = rollback(ctx, state_dir)
