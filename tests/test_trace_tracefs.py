@@ -537,30 +537,23 @@ def test_cpumask_and_sizing():
     assert sizing.size_ring_kb(0.001, 1)[0] == sizing.MIN_CPU_KB
 
 
-def test_refit_does_not_shrink_a_ring_that_carries_the_timed_calls(host, tmp_path):
+def test_refit_does_not_shrink_a_ring_that_carries_the_timed_calls(host):
     """A resize stops the instance's recording for a moment (Linux 6.18: 2-4 calls of a
     300/s attached service lost at each one): with a uprobe group of ours enabled in the
     instance the measured rate may not shrink the rings; without one it does."""
     from types import SimpleNamespace
-
-    from agent.trace import uprobe
     carries = sizing.RingSizing._carries_calls
-    group = tmp_path / "events" / f"{uprobe.PREFIX}4242"
-    group.mkdir(parents=True)
-    (tmp_path / "events" / "othertool_1").mkdir()
-    (tmp_path / "events" / "othertool_1" / "enable").write_text("1\n")
-    for enable, want in (("0\n", False), ("1\n", True), ("X\n", True)):
-        (group / "enable").write_text(enable)
-        assert carries(SimpleNamespace(path=tmp_path)) is want, enable
-    assert carries(SimpleNamespace(path=tmp_path / "gone")) is False
+    for ids, want in (({}, False), ({7: False}, True), ({7: False, 8: True}, True)):
+        assert carries(SimpleNamespace(_uprobe_ids=ids)) is want, ids
+    assert carries(SimpleNamespace()) is False
     src = _open(host, buffer_s=1, rate_hint=10_000_000)
     try:
         big = src.buffer_kb
-        src._carries_calls = lambda: True   # type: ignore[method-assign]
+        src._uprobe_ids[1] = False   # (as add_uprobes records an enabled uprobe event)
         time.sleep(0.3)
         line = src.refit()
         assert line is not None and "kept" in line and src.buffer_kb == big
-        del src._carries_calls
+        src._uprobe_ids.clear()      # (as drop_uprobes leaves it)
         line = src.refit()
         assert line is not None and "measured" in line and src.buffer_kb < big // 2
     finally:

@@ -14,11 +14,9 @@ made of it is read back. The rate is what ``per_cpu/cpuN/stats`` counts as writt
 
 from __future__ import annotations
 
-import os
 import time
 
 from .instance import CpuStats, _read, _write, parse_stats
-from .uprobe import PREFIX as UPROBE_GROUP_PREFIX
 
 # Ring sizing. The assumed rate is what a probe CPU showed on a 2-vCPU guest with a
 # CPU hog and a 500 Hz probe (sched + tlb + irq events, ~6k/s) with headroom for a storm
@@ -125,23 +123,13 @@ class RingSizing:
         return self.sizing
 
     def _carries_calls(self) -> bool:
-        """Whether a uprobe group of ours (agent/trace/uprobe.py: ``hftagent_<pid>``) is
-        enabled in this instance: its calls' entry and return records share these rings, and
-        the kernel stops the instance's recording while it resizes them (measured on Linux
-        6.18: 2-4 calls of a 300/s service lost at each resize), so the rings are not shrunk
-        then; they still grow after losses (a loss is worse than a resize)."""
-        events = self.path / "events"
-        try:
-            groups = [d for d in os.listdir(events) if d.startswith(UPROBE_GROUP_PREFIX)]
-        except OSError:
-            return False
-        for g in groups:
-            try:
-                if _read(events / g / "enable").strip() not in ("", "0"):
-                    return True
-            except OSError:
-                continue
-        return False
+        """Whether uprobe events of ours are enabled in this instance (the source's
+        ``_uprobe_ids``, :class:`agent.trace.uprobe.UprobeEvents`): their calls' entry and
+        return records share these rings, and the kernel stops the instance's recording
+        while it resizes them (measured on Linux 6.18: 2-4 calls of a 300/s service lost at
+        each resize), so the rings are not shrunk then; they still grow after losses (a
+        loss is worse than a resize)."""
+        return bool(getattr(self, "_uprobe_ids", None))
 
     def grow(self) -> str | None:
         """Grow the probe CPUs' rings GROW_FACTOR-fold after events were lost (a storm beyond
