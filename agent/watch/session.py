@@ -7,7 +7,8 @@ client's ring, an attached process), wiring (the host collectors), detect, sched
 attribution/, output and flight, metrics_feed, summary, view.
 Every ``loop_s`` (50 ms) while a spike waits, else every :data:`QUIET_LOOPS` × that (each step
 runs cold after its sleep: its fixed cost is most of watch's own CPU, and a spike read up to
-100 ms late still has its record within the 200 ms target: max 143 ms measured on the dev VM),
+100 ms late still has its record within the 200 ms target: max 143 ms measured on a 2-vCPU
+Linux 6.18 guest),
 on a housekeeping CPU, :meth:`WatchSession.step` drains the latency
 ring, marks spikes (asking the sched collector for a task scan), attributes, inherits or drops
 what is ready — each record written to the spike log, flushed, and fed to the metrics, the
