@@ -11,7 +11,8 @@
 #   attribution  bench/attribution.py with kernel events, one run per word of RUNS (a
 #                comma-separated fault list; "all" = every fault); WATCH_NICE=-10 runs watch's
 #                own threads at that nice value; SOURCE=service|attach times bench/service.py
-#                (by its ring, or unmodified by uprobes) instead of watch's probe
+#                (by its ring, or unmodified by uprobes) instead of watch's probe; GPU=1 runs
+#                the GPU fault group on bench/gpu_service.py (JAX) instead
 #                                                                -> attribution.txt, -runs.tar.gz
 #   events_cost  bench/events_ab.py, 3 pairs                                -> events_ab.json
 #   own_cost     watch's own summary: sampler + event reads, % of one CPU  -> own_cost.txt
@@ -76,6 +77,9 @@ tracefs() { grep -q ' /sys/kernel/tracing ' /proc/mounts || mount -t tracefs nod
   done
   grep -m1 'model name' /proc/cpuinfo; cat /proc/loadavg; cat /proc/cmdline
   mount | grep -E 'cgroup|tracefs'
+  echo "perf event sources: $(ls /sys/bus/event_source/devices 2>&1 | tr '\n' ' ')"
+  echo "perf_event_paranoid: $(cat /proc/sys/kernel/perf_event_paranoid 2>&1)"
+  grep -o -m1 -w 'hypervisor\|arch_perfmon\|pdcm' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
 } > "$out/env.txt" 2>&1
 
 if want capture; then step capture; bash bench/device/capture.sh >> "$log" 2>&1; rc; fi
@@ -123,7 +127,7 @@ for faults in ${RUNS:-all}; do
   [ "$faults" = all ] && faults=$all
   step "attribution run$i: $faults"
   timeout 300 python3 bench/attribution.py --duration "${DURATION:-7}" --settle 3 --trace mount \
-    --faults "$faults" ${WATCH_NICE:+--watch-nice "$WATCH_NICE"} --source "${SOURCE:-probe}" \
+    --faults "$faults" ${WATCH_NICE:+--watch-nice "$WATCH_NICE"} --source "${SOURCE:-probe}" ${GPU:+--gpu} \
     --json "$d/attribution.json" --log-dir "$d/attribution-logs" \
     > "$d/attribution.txt" 2>> "$log"
   rc
