@@ -6,6 +6,9 @@
 #
 #   sudo D=60 OUT=/tmp/own bench/own_cpu.sh [TREE]
 #
+# CPU (default 1) is the service's and the hog's CPU; PY (default the checkout's .venv python)
+# the interpreter, for a box without the venv (bench/device/validate.sh's own_attach step).
+#
 # TREE: the hftagent checkout whose watch is measured (default: this one), so two trees can
 # be compared side by side in one sitting with the same service and hog (this one's).
 # Prints one line per phase (samples, spikes, attributed, own share of one CPU, budget
@@ -15,7 +18,8 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 TREE=$(cd "${1:-$HERE}" && pwd)
 D=${D:-60}
 OUT=${OUT:-$(mktemp -d /tmp/own-cpu.XXXXXXXX)}
-PY="$HERE/.venv/bin/python"
+PY=${PY:-$HERE/.venv/bin/python}
+CPU=${CPU:-1}
 mkdir -p "$OUT"
 watch() {  # the tree's own watch (its directory first on sys.path)
   (cd "$TREE" && "$PY" -c 'import sys; sys.argv[0] = "hftagent"
@@ -23,7 +27,7 @@ from agent.cli import main; sys.exit(main())' watch --attach "$SVC" --duration "
     --json --no-history --no-live "$@")
 }
 cd "$HERE"
-"$PY" bench/service.py --cpu 1 --rate 500 --seconds $((2 * D + 40)) --plain \
+"$PY" bench/service.py --cpu "$CPU" --rate 500 --seconds $((2 * D + 40)) --plain \
   --model bench/models/lstm-64x32.tflite > "$OUT/service.log" 2>&1 & SVC=$!
 HOG=
 trap 'kill $SVC $HOG 2>/dev/null || true; wait 2>/dev/null || true' EXIT
@@ -32,7 +36,7 @@ watch > "$OUT/quiet.json" 2> "$OUT/quiet.err" || true
 # (SIGTERM ends the with block, so its hog process goes too: never a SCHED_FIFO loop left)
 "$PY" -c "import signal, sys, time; from bench.faults.kit import cpu_hog
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-with cpu_hog(1, burst_ms=(2.0, 200.0), rt_prio=10): time.sleep($D + 15)" \
+with cpu_hog($CPU, burst_ms=(2.0, 200.0), rt_prio=10): time.sleep($D + 15)" \
   > "$OUT/hog.log" 2>&1 & HOG=$!
 sleep 2
 watch > "$OUT/storm.json" 2> "$OUT/storm.err" || true

@@ -39,6 +39,8 @@
 #   gate_rerun   bench/gate_rerun.py: $RERUNS identical gate reruns with a busy loop on each
 #                housekeeping CPU, then $BURSTS runs with SCHED_FIFO bursts on CPU $cpu
 #                                                                       -> gate_rerun.txt
+#   own_attach   bench/own_cpu.sh: watch --attach's own CPU on a LiteRT service on CPU $cpu,
+#                quiet then under SCHED_FIFO bursts, $D_OWN (45) s each   -> own_attach.txt
 #   restarts     bench/restarts.py: $RESTARTS (100) restarts of a LiteRT service under
 #                watch --attach-name: calls timed after each first second, fds, leftovers
 #                                                                       -> restarts.txt/.json
@@ -292,6 +294,12 @@ if want gate_rerun; then
 step "gate_rerun, probe CPU $cpu"
 timeout 590 python3 bench/gate_rerun.py --cpu "$cpu" --reruns "${RERUNS:-20}" \
   --bursts "${BURSTS:-20}" --json "$out/gate_rerun.json" > "$out/gate_rerun.txt" 2>> "$log"; rc
+fi
+
+if want own_attach; then
+step "own_attach, CPU $cpu"; tracefs
+D=${D_OWN:-45} CPU=$cpu PY=python3 OUT=/tmp/own-attach timeout 400 bash bench/own_cpu.sh \
+  > "$out/own_attach.txt" 2>> "$log"; rc
 fi
 
 if want restarts; then
