@@ -20,6 +20,10 @@ CAUSES: dict[str, str] = {
     # the kernel events only: another task ran on the SMT sibling of the call's CPU while
     # the call ran there without leaving it (sched_switch of the sibling)
     "smt_sibling": "another task on the SMT sibling of the call's CPU",
+    # an attached call's CPU counters only (agent/watch/attribution/pmu.py): the call kept
+    # its CPU and its own code took longer — more instructions, a lower IPC (cache/memory)
+    # or a lower clock than its calls' median (the sub-kind in the detail)
+    "slow_code": "the call's own code ran longer on its CPU (CPU counters)",
     "migration": "migration to another CPU",
     "page_faults": "page faults / reclaim / compaction",
     "numa_remote": "NUMA remote memory",

@@ -248,8 +248,9 @@ def test_threads_that_exited_give_their_room_in_the_filter_to_new_ones(tmp_path)
         f"common_pid == {PROC} || common_pid == {PROBE}"
 
 
-def test_the_on_cpu_rules_hold_page_faults_hidden_time_and_the_smt_sibling():
-    assert verdict.ON_CPU_RULES == [verdict.page_faults, verdict.hidden, verdict.smt_sibling]
+def test_the_on_cpu_rules_hold_page_faults_hidden_time_the_smt_sibling_and_slow_code():
+    assert verdict.ON_CPU_RULES == [verdict.page_faults, verdict.hidden, verdict.smt_sibling,
+                                    verdict.slow_code]
 
 
 # -- hidden time: the thread's runtime against its time on the CPU -------------------------

@@ -45,34 +45,19 @@ def _offset(lib: Path, sym: str) -> int:
 
 @pytest.fixture
 def traced(infer_lib):
-    """(child, group, names): a child calling hft_infer, our uprobe events on it."""
+    """(child, probes): a child calling hft_infer, and perf uprobes on it (perf's own: they
+    are the descriptors', nothing in uprobe_events)."""
     needs_uprobes()
     off = _offset(infer_lib, "hft_infer")
-    group = f"hftagent_{os.getpid()}"
-    ue = TRACEFS / "uprobe_events"
-
-    def append(line: str) -> None:
-        fd = os.open(ue, os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-
     child = subprocess.Popen([sys.executable, "-c", LOOP, str(infer_lib)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        append(f"p:{group}/call0 {infer_lib}:0x{off:x}")
-        append(f"r:{group}/ret0 {infer_lib}:0x{off:x}")
-        yield child, group
+        yield child, [pmu.Probe("call0", str(infer_lib), off, False),
+                      pmu.Probe("ret0", str(infer_lib), off, True)]
     finally:
         child.kill()
         child.wait()
-        for n in ("ret0", "call0"):
-            try:
-                append(f"-:{group}/{n}")
-            except OSError:
-                pass
 
 
 def _tids(pid: int) -> list[int]:
@@ -84,9 +69,9 @@ def _fds() -> int:
 
 
 def test_each_hit_is_one_sample_of_the_group_and_calls_join_exactly(traced):
-    child, group = traced
+    child, probes = traced
     before = _fds()
-    with pmu.Counters(TRACEFS, group, ["call0"], ["ret0"], pmu.SOFTWARE, pages=1) as c:
+    with pmu.Counters(probes, pmu.SOFTWARE, pages=1) as c:
         c.set_threads(_tids(child.pid))
         # 3 counters + entry + return, and the ring's (mmap keeps a dup of the leader's)
         assert len(c.groups) == 1 and c.fds() == 6
@@ -95,47 +80,67 @@ def test_each_hit_is_one_sample_of_the_group_and_calls_join_exactly(traced):
         child.stdin.flush()
         time.sleep(0.3)
         c.set_threads(_tids(child.pid))             # the thread started since: picked up
+        # perf's own uprobes: the descriptors', nothing defined in uprobe_events
+        assert probes[0].path not in (TRACEFS / "uprobe_events").read_text()
         assert len(c.groups) == 2 and _fds() == before + 12
-        got: dict[int, list[pmu.Sample]] = {}
+        got: dict[int, list[tuple[pmu.Sample, pmu.Sample]]] = {}
         end = time.monotonic() + 1.5
         while time.monotonic() < end:                # a 4 KiB ring: it wraps many times
             c.read()
             for tid, g in c.groups.items():
-                got.setdefault(tid, []).extend(g.samples)
-                g.samples.clear()
+                got.setdefault(tid, []).extend(g.calls)
+                g.calls.clear()
             time.sleep(0.02)
         lost = c.lost
     assert _fds() == before                          # every descriptor closed
-    assert len(got) == 2 and all(len(v) >= 50 for v in got.values()), \
+    assert len(got) == 2 and all(len(v) >= 20 for v in got.values()), \
         {t: len(v) for t, v in got.items()}
-    for tid, samples in got.items():
-        ts = [s.ts_ns for s in samples]
+    names = {"task_clock_ns", "page_faults", "context_switches"}
+    for tid, calls in got.items():
+        ts = [a.ts_ns for a, _ in calls]
         assert ts == sorted(ts)
-        names = {"task_clock_ns", "page_faults", "context_switches"}
-        calls = 0
-        for a, b in zip(samples, samples[1:]):
-            if a.event == "call0" and b.event == "ret0":  # one call of this thread
-                n = pmu.counts(a, b, names)
-                assert 0 < n["task_clock_ns"] <= b.ts_ns - a.ts_ns + 50_000
-                assert b.values["ret0"] == a.values["ret0"] + 1
-                calls += 1
-        assert calls >= 20 or lost, (tid, calls, lost)
-        # hits counted in the group match the samples where none was lost in between
-        assert samples[-1].values["call0"] >= len([s for s in samples if s.event == "call0"])
+        for a, b in calls:                           # one call of this thread each
+            assert (a.event, b.event) == ("call0", "ret0") and a.ts_ns < b.ts_ns
+            n = pmu.counts(a, b, names)
+            assert 0 < n["task_clock_ns"] <= b.ts_ns - a.ts_ns + 50_000
+            assert b.values["ret0"] == a.values["ret0"] + 1   # its own return, none between
+        assert lost or all(x[1].values["call0"] + 1 == y[0].values["call0"]
+                           for x, y in zip(calls, calls[1:]))  # no call missed
 
 
-def test_join_takes_the_outermost_entry_and_its_return():
-    s = lambda ts, ev, tc, en=None: pmu.Sample(  # noqa: E731
-        ts, ev, 0, {"task_clock_ns": tc}, en if en is not None else ts, ts)
-    q = deque([s(90, "ret0", 5), s(101, "call0", 10), s(150, "call1", 40),
-               s(180, "ret1", 60), s(201, "ret0", 90), s(300, "call0", 100)])
-    first, last = pmu.join(q, 100, 200, {"call0", "call1"}, {"ret0", "ret1"})
-    assert (first.ts_ns, last.ts_ns) == (101, 201)
+def _s(ts, ev, tc=0, en=None):
+    return pmu.Sample(ts, ev, 0, {"task_clock_ns": tc}, en if en is not None else ts, ts)
+
+
+def test_pairing_takes_the_outermost_entry_to_its_return_and_a_gap_starts_again():
+    g = pmu.Group(1)
+    for s in [_s(90, "ret0"), _s(101, "call0"), _s(150, "call1"), _s(180, "ret1"),
+              _s(201, "ret0"), _s(300, "call0"), _s(310, "call0"), _s(400, "ret0")]:
+        g.pair(s, s.event.startswith("ret"), False)
+    assert [(a.ts_ns, b.ts_ns) for a, b in g.calls] == [(101, 201), (310, 400)]
+    g.pair(_s(500, "call0"), False, False)
+    g.gap()
+    g.pair(_s(600, "ret0"), True, False)             # its entry was before the gap
+    assert len(g.calls) == 2
+    e = pmu.Group(2)
+    for t in (10, 20, 35):
+        e.pair(_s(t, "call0"), False, True)           # entry-only: one entry to the next
+    assert [(a.ts_ns, b.ts_ns) for a, b in e.calls] == [(10, 20), (20, 35)]
+
+
+def test_join_takes_the_nearest_call_within_its_window_in_either_order():
+    q = deque([(_s(1_000, "call0", 1), _s(9_000, "ret0", 5)),
+               (_s(100_000, "call0", 10), _s(200_001, "ret0", 90)),
+               (_s(300_000, "call0", 100), _s(400_000, "ret0", 130))])
+    # the perf sample came 1 ns before the trace event at the entry, 1 ns after at the end
+    first, last = pmu.join(q, 100_001, 200_000)
+    assert (first.ts_ns, last.ts_ns) == (100_000, 200_001)
     assert pmu.counts(first, last, {"task_clock_ns"}) == {"task_clock_ns": 80}
-    assert [x.ts_ns for x in q] == [201, 300]        # what came before the return: dropped
-    assert pmu.join(q, 300, 400, {"call0"}, {"ret0"}) is None   # its return not there yet
-    mux = deque([s(10, "call0", 0, en=10), s(50, "ret0", 30, en=60)])
-    assert pmu.join(mux, 10, 50, {"call0"}, {"ret0"}) == "multiplexed"
+    assert [a.ts_ns for a, _ in q] == [300_000]       # the calls before it: dropped
+    assert pmu.join(q, 500_000, 600_000) is None      # not there (yet)
+    assert len(q) == 1
+    mux = deque([(_s(10, "call0", 0, en=10), _s(50, "ret0", 30, en=60))])
+    assert pmu.join(mux, 10, 50) == "multiplexed"
 
 
 def test_a_record_that_wraps_the_ring_end_is_reassembled():
@@ -177,3 +182,21 @@ def test_attr_is_the_kernels_layout():
     assert stype == (1 << 16) | (1 << 1) | (1 << 2) | (1 << 7) | (1 << 4)
     assert rfmt == 15 and flags & (1 << 25)
     assert struct.unpack_from("<i", a, 92)[0] == 1   # clockid: CLOCK_MONOTONIC
+
+
+def test_a_dropped_probe_leaves_every_group_and_its_descriptor_closes(traced, infer_lib):
+    child, probes = traced
+    other = pmu.Probe("call1", str(infer_lib), _offset(infer_lib, "hft_other"), False)
+    before = _fds()
+    with pmu.Counters([*probes, other], pmu.SOFTWARE, pages=1) as c:
+        c.set_threads(_tids(child.pid))
+        assert _fds() == before + 7
+        c.drop({"call1"})                  # a trial's loser
+        assert _fds() == before + 6 and [p.name for p in c.probes] == ["call0", "ret0"]
+        assert all("call1" not in g.probe_fds for g in c.groups.values())
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(0.2)
+        c.read()                           # the group still samples its other probes
+        assert any(g.calls for g in c.groups.values())
+    assert _fds() == before

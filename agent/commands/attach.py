@@ -92,11 +92,14 @@ def attach(
     stale = clean_stale(host)
     for note in stale:
         print(f"attach: {note}", file=sys.stderr, flush=True)
+    from agent.watch.attribution.pmu import check_line
+    pmu_line = check_line(pid)   # watch --attach --pmu: its counters open here, or why not
     if as_json:
         print(json.dumps({**p.to_dict(), "kernel": host_notes(host), "removed_stale": stale,
-                          "gpu_probes": gpu.to_dict() if gpu else None}, indent=2))
+                          "gpu_probes": gpu.to_dict() if gpu else None, "pmu": pmu_line},
+                         indent=2))
     else:
-        print("\n".join(check_text(p, host) + gp.check_lines(gpu)))
+        print("\n".join(check_text(p, host) + gp.check_lines(gpu) + [f"pmu: {pmu_line}"]))
 
 
 def _gpu_plan(host, pid: int, level: str, unsafe_library: bool):

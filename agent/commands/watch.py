@@ -23,6 +23,7 @@ from agent.commands.common import (
     RootOpt,
     SysfsOpt,
     check_history_db,
+    fail,
     make_host,
     register_command,
 )
@@ -123,6 +124,13 @@ TraceOpt = Annotated[str, _opt(
     "usable, else said as 'unsupported: ...' and watch runs without), on (an error where "
     "unusable), off, or mount (mount tracefs at /sys/kernel/tracing first when it is not "
     "mounted). Needs root.")]
+PmuOpt = Annotated[str, _opt(
+    "--pmu", metavar="auto|on|off", help="With --attach: each call's cycles, instructions "
+    "and on-CPU time (a perf group per thread, sampled at the call's entry and return "
+    "uprobes), so a slow call that kept its CPU is named slow_code: it did more work, ran "
+    "at a lower IPC or at a lower clock. auto (where a hardware cycles counter opens for "
+    "the process, else 'pmu: unsupported: ...' once), on (exit 2 where none opens), off. "
+    "docs/attach.md.")]
 IrqCostOpt = Annotated[str, _opt(
     "--irq-cost", metavar="auto|off|US", help="One interrupt's cost to the probe, its sub-µs "
     "handler included (entry/exit; in a VM the exit to the hypervisor): with kernel events, "
@@ -188,7 +196,7 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
           attach_name: AttachNameOpt = None, attach_unit: AttachUnitOpt = None,
           attach_cgroup: AttachCgroupOpt = None, gpu_probes: GpuProbesOpt = None,
           sample_hz: SampleHzOpt = 100.0,
-          sampler: SamplerOpt = "auto", trace: TraceOpt = "auto",
+          sampler: SamplerOpt = "auto", trace: TraceOpt = "auto", pmu: PmuOpt = "auto",
           irq_cost: IrqCostOpt = "auto", nice: NiceOpt = "0",
           threshold_us: ThresholdOpt = None, k: KOpt = 3.0, flight_us: FlightOpt = None,
           flight_dir: FlightDirOpt = None, spike_log: SpikeLogOpt = None,
@@ -209,15 +217,18 @@ def watch(probe: ProbeOpt = None, model: ModelOpt = None, variant: VariantOpt = 
         attach_runtime=attach_runtime, attach_symbol=attach_symbol,
         unsafe_return=unsafe_return, attach_unsafe_library=attach_unsafe_library,
         attach_name=attach_name, attach_unit=attach_unit, attach_cgroup=attach_cgroup,
-        gpu_probes=gpu_probes, sample_hz=sample_hz, sampler=sampler, trace=trace,
+        gpu_probes=gpu_probes, sample_hz=sample_hz, sampler=sampler, trace=trace, pmu=pmu,
         irq_cost=irq_cost, nice=nice, threshold_us=threshold_us, k=k, flight_us=flight_us,
         flight_dir=flight_dir, spike_log=spike_log, duration=duration, perf=perf,
         listen=listen, web_config_file=web_config_file, live=live, json_out=json_out,
         p99_budget_us=p99_budget_us, profile=profile, cpu_budget=cpu_budget)
     record = check_history_db(db, no_history)  # (a --db that cannot be used: before the run)
     phases = _Phases(sys.stderr.isatty())
+    from agent.watch.attribution.pmu import Refused
     try:
         rc, summary = run_watch(req, host, on_phase=phases)
+    except Refused as exc:  # --pmu on where no counter opens: exit 2, as audit's "not tuned"
+        raise fail(str(exc), 2) from None
     finally:
         phases.cancel()
     text = json.dumps(summary, indent=1) if json_out else "\n".join(report.render(summary,

@@ -9,16 +9,25 @@ that thread runs, on whatever CPU):
   the members are software ones), the other counters (``instructions``) and
   ``task_clock`` (PERF_COUNT_SW_TASK_CLOCK: the thread's on-CPU ns, so that
   cycles / on-CPU ns is the effective frequency);
-- watch's own uprobe events (PERF_TYPE_TRACEPOINT, ``config`` = the id from tracefs
-  ``events/<group>/<event>/id``; entry and return) as *sampling* members,
-  ``sample_period=1``, ``sample_type`` IDENTIFIER|TID|TIME|CPU|READ and ``read_format``
+- a uprobe on each function watch times, at the same file offset as watch's own uprobe
+  events, entry and return, as *sampling* members (:data:`UPROBE_PMU`: perf's ``uprobe``
+  event source, ``config`` bit 0 the return probe, ``config1`` the path — watch's pinned
+  ``/proc/self/fd/N`` of the library — and ``config2`` the offset), ``sample_period=1``, ``sample_type`` IDENTIFIER|TID|TIME|CPU|READ and ``read_format``
   GROUP|ID|TOTAL_TIME_ENABLED|TOTAL_TIME_RUNNING, their output redirected into the leader's
   mmap'd ring (PERF_EVENT_IOC_SET_OUTPUT: allowed between events of one task and one cpu).
 
 Each uprobe hit then writes one PERF_RECORD_SAMPLE holding the whole group's values at that
 instant (a sample with PERF_FORMAT_GROUP reads the leader and every sibling, whichever member
-fired): a call's counts are its return sample minus its entry sample, on its own thread. The
-uprobe events are members, not leaders (the brief's first idea): one group reads *one* set of
+fired): a call's counts are its return sample minus its entry sample, on its own thread.
+
+Why perf's own uprobes and not watch's uprobe events (PERF_TYPE_TRACEPOINT with the id from
+``events/<group>/<event>/id``, the first idea): a uprobe event is either ftrace's or perf's —
+kernel/trace/trace_uprobe.c ``probe_event_enable`` returns -EINTR to perf while the event is
+enabled in a trace instance (TP_FLAG_TRACE) and the other way round; measured on Linux 6.18:
+EINTR for every thread. A uprobe of the ``uprobe`` PMU is a private probe of its descriptor
+on the same instruction (one breakpoint, a second consumer): nothing is written to
+``uprobe_events``, and it goes with its descriptor on every exit, SIGKILL included. The
+uprobes are members, not leaders (the brief's first idea): one group reads *one* set of
 counters at both the entry and the return, where a group per uprobe event would need a
 hardware counter pair per event (two per target; a trial arms several targets) and the
 entry's and the return's counters would be different counters. Per thread rather than per
@@ -30,13 +39,14 @@ counters stop when the thread is switched out, which is what "the call's work" i
 
 The clock: ``use_clockid`` with CLOCK_MONOTONIC, which the kernel reads with
 ``ktime_get_mono_fast_ns`` — the very function of the trace instance's ``mono`` clock
-(agent/trace/instance.py sets it; the calls' ``start_ns``/``end_ns`` come from it). For one
-hit the kernel's uprobe dispatcher writes the trace event first, then the perf sample, so a
-call's entry sample is the first entry sample of its thread at or after ``start_ns``, its
-return sample the first return sample at or after ``end_ns`` (a nested probed function's
-hits fall strictly inside) — :func:`join`. A call is joined only where its group ran the
-whole call (time_running grew as much as time_enabled: no multiplexing with another user of
-the PMU); otherwise it is counted in ``multiplexed`` and left without counts.
+(agent/trace/instance.py sets it; the calls' ``start_ns``/``end_ns`` come from it). Each
+thread's samples are paired as watch's reader pairs the trace events (:meth:`Group.pair`:
+the outermost entry to its return), and a call watch timed is joined to the paired call
+whose entry and end are both nearest, within :data:`JOIN_NS` (:func:`join`): the trace
+event and the perf sample of one hit are written by two consumers of one breakpoint, one
+after the other, µs apart. A call is joined only where its group ran the whole call
+(time_running grew as much as time_enabled: no multiplexing with another user of the PMU);
+otherwise it is counted in ``multiplexed`` and left without counts.
 
 The ring (``perf_event_mmap_page``): ``data_head`` at offset 1024 is read once per drain, the
 records behind it are parsed (PERF_RECORD_SAMPLE; PERF_RECORD_LOST and LOST_SAMPLES counted:
@@ -56,8 +66,7 @@ tests run on such a box, so the ring and the join are tested for real.
 
 Every descriptor (counters, uprobe members, rings) is closed on every exit path:
 :meth:`Counters.close` (idempotent; also the refusal paths of :meth:`Counters.open` and a
-thread's group that fails half-way). The groups must be closed before watch removes its
-uprobe events: an event perf still holds cannot be removed (EBUSY).
+thread's group that fails half-way); watch's reader closes them with itself.
 """
 
 from __future__ import annotations
@@ -89,13 +98,16 @@ IOC_ENABLE, IOC_DISABLE, IOC_SET_OUTPUT, IOC_ID = 0x2400, 0x2401, 0x2405, 0x8008
 IOC_FLAG_GROUP = 1
 RECORD_LOST, RECORD_SAMPLE, RECORD_LOST_SAMPLES = 2, 9, 13
 CLOCK_MONOTONIC = 1
+UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe/type")   # perf's uprobe event source
+UPROBE_RETURN = 1   # its "retprobe" format bit (config:0)
 ATTR_SIZE = 136          # PERF_ATTR_SIZE_VER8 (Linux 6.3+); older kernels take the zeros
 HEAD_OFF, TAIL_OFF, DATA_OFF, SIZE_OFF = 1024, 1032, 1040, 1048
 PAGE = mmap.PAGESIZE
 RING_PAGES = 16          # data pages per thread (64 KiB: ~300 calls of 2 samples)
 MAX_THREADS = 256        # groups opened at most (threads beyond it: their calls uncounted)
-KEEP_SAMPLES = 8192      # samples kept per thread waiting for their calls
-PENDING_READS = 3        # a call whose samples are not there yet is tried this many reads
+KEEP_CALLS = 4096        # calls kept per thread, waiting for watch's rows of them
+PENDING_READS = 3        # a row whose samples are not there yet is tried this many reads
+JOIN_NS = 50_000         # a row and its perf call: their entries and ends this close at most
 
 
 class Counter(NamedTuple):
@@ -160,9 +172,11 @@ def _ioctl(fd: int, req: int, arg: int | ctypes.c_uint64 = 0) -> None:
         raise OSError(e, os.strerror(e))
 
 
-def attr(c: Counter, *, sampling: bool = False, disabled: bool = False) -> bytes:
+def attr(c: Counter, *, sampling: bool = False, disabled: bool = False, config1: int = 0,
+         config2: int = 0) -> bytes:
     """A ``struct perf_event_attr`` (:data:`ATTR_SIZE` bytes): a counting member, or a
-    sampling one (every hit a sample of the group's values) for a uprobe event."""
+    sampling one (every hit a sample of the group's values) for a uprobe (``config1``: the
+    address of its path, ``config2``: its offset)."""
     flags = BIT_USE_CLOCKID | (BIT_DISABLED if disabled else 0)
     period = 1 if sampling else 0
     stype = SAMPLE_IDENTIFIER | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_READ \
@@ -171,7 +185,7 @@ def attr(c: Counter, *, sampling: bool = False, disabled: bool = False) -> bytes
     head = struct.pack("<IIQQQQQ", c.type, ATTR_SIZE, c.config, period, stype, rfmt, flags)
     # wakeup_events, bp_type, config1, config2, branch_sample_type, sample_regs_user,
     # sample_stack_user, clockid
-    tail = struct.pack("<IIQQQQIi", 0, 0, 0, 0, 0, 0, 0, CLOCK_MONOTONIC)
+    tail = struct.pack("<IIQQQQIi", 0, 0, config1, config2, 0, 0, 0, CLOCK_MONOTONIC)
     out = head + tail
     return out + bytes(ATTR_SIZE - len(out))
 
@@ -256,14 +270,43 @@ class Ring:
 
 @dataclass
 class Group:
-    """One thread's perf group: its descriptors (leader first), its ring, and the ids of
-    its members (id → counter or event name)."""
+    """One thread's perf group: its descriptors (leader first), its ring, the ids of its
+    members (id → counter or probe name) and its calls paired from the samples
+    (:meth:`pair`): (entry sample, end sample), oldest first."""
 
     tid: int
     fds: list[int] = field(default_factory=list)
     ring: Ring | None = None
     names: dict[int, str] = field(default_factory=dict)
-    samples: deque = field(default_factory=lambda: deque(maxlen=KEEP_SAMPLES))
+    probe_fds: dict[str, int] = field(default_factory=dict)   # probe name → its descriptor
+    calls: deque = field(default_factory=lambda: deque(maxlen=KEEP_CALLS))
+    _open: dict[str, Sample] = field(default_factory=dict)
+    _start: Sample | None = None
+
+    def pair(self, s: Sample, is_return: bool, entry_only: bool) -> None:
+        """The pairing watch's reader does with the trace events (agent/watch/latency/
+        attached.py), on this thread's samples: the outermost entry to its return is a call
+        (a nested probed function inside it apart); an entry whose last entry did not return
+        starts again; entry-only timing, one entry to the next."""
+        if entry_only:
+            if self._start is not None:
+                self.calls.append((self._start, s))
+            self._start = s
+            return
+        if is_return:
+            if self._open.pop("call" + s.event[3:], None) is not None and not self._open:
+                self.calls.append((self._start, s))
+            return
+        if s.event in self._open:   # its return was never sampled
+            self._open.clear()
+        if not self._open:
+            self._start = s
+        self._open[s.event] = s
+
+    def gap(self) -> None:
+        """Samples were lost: no call is paired across them."""
+        self._open.clear()
+        self._start = None
 
     def close(self) -> None:
         if self.ring is not None:
@@ -286,10 +329,19 @@ class Call(NamedTuple):
     counts: dict[str, int]
 
 
-def event_ids(tracefs: Path, group: str, names: Iterable[str]) -> dict[str, int]:
-    """The tracepoint id of each uprobe event (``events/<group>/<name>/id`` under the
-    tracefs root: the id is global, not per instance)."""
-    return {n: int((tracefs / "events" / group / n / "id").read_text()) for n in names}
+class Probe(NamedTuple):
+    """A uprobe of the group: its name (watch's event name, ``call<i>``/``ret<i>``), the
+    library's path as the kernel should open it, the file offset, entry or return."""
+
+    name: str
+    path: str
+    offset: int
+    returns: bool
+
+
+def uprobe_type(path: Path = UPROBE_PMU) -> int:
+    """perf's uprobe event source's type (Linux 4.17+); OSError without one."""
+    return int(path.read_text())
 
 
 def event_sources(root: Path = Path("/sys/bus/event_source/devices")) -> list[str]:
@@ -336,15 +388,24 @@ class Counters:
     and go, :meth:`read` (drain every ring into per-thread samples), :func:`join` of the
     calls, :meth:`close`."""
 
-    def __init__(self, tracefs: Path, group: str, entries: list[str], returns: list[str],
-                 counters: tuple[Counter, ...] = HARDWARE, pages: int = RING_PAGES) -> None:
-        self.ids = event_ids(tracefs, group, entries + returns)
-        self.entries, self.returns = set(entries), set(returns)
+    def __init__(self, probes: list[Probe], counters: tuple[Counter, ...] = HARDWARE,
+                 pages: int = RING_PAGES, pmu_type: Path = UPROBE_PMU) -> None:
+        try:
+            self.type = uprobe_type(pmu_type)
+        except (OSError, ValueError):
+            raise PmuError(f"unsupported: no uprobe event source ({pmu_type}: perf's "
+                           "uprobes, Linux 4.17+)") from None
+        self.probes = list(probes)
+        self.entries = [p.name for p in probes if not p.returns]
+        self.returns = [p.name for p in probes if p.returns]
+        self._returns = set(self.returns)
+        self.entry_only = not self.returns
         self.counters = counters
         self.pages = pages
         self.groups: dict[int, Group] = {}
         self.lost = 0
         self.failed: dict[int, str] = {}   # tid → why its group did not open
+        self.opened = 0                    # groups opened over the run (threads counted)
         self.closed = False
 
     def open_thread(self, tid: int) -> Group:
@@ -356,11 +417,14 @@ class Counters:
                 g.fds.append(fd)
                 g.names[self._id(fd)] = c.name
             g.ring = Ring(g.fds[0], self.pages)
-            for name, eid in self.ids.items():
-                fd = _perf_open(attr(Counter(name, TYPE_TRACEPOINT, eid), sampling=True),
-                                tid, -1, g.fds[0])
+            for p in self.probes:
+                path = ctypes.create_string_buffer(os.fsencode(p.path))
+                a = attr(Counter(p.name, self.type, UPROBE_RETURN if p.returns else 0),
+                         sampling=True, config1=ctypes.addressof(path), config2=p.offset)
+                fd = _perf_open(a, tid, -1, g.fds[0])   # (path: alive through the call)
                 g.fds.append(fd)
-                g.names[self._id(fd)] = name
+                g.names[self._id(fd)] = p.name
+                g.probe_fds[p.name] = fd
                 _ioctl(fd, IOC_SET_OUTPUT, g.fds[0])
             _ioctl(g.fds[0], IOC_ENABLE, IOC_FLAG_GROUP)
         except (OSError, ValueError):
@@ -385,12 +449,13 @@ class Counters:
                 continue
             try:
                 self.groups[tid] = self.open_thread(tid)
+                self.opened += 1
             except OSError as exc:
                 if exc.errno != errno.ESRCH:
                     self.failed[tid] = exc.strerror or str(exc)
 
     def read(self) -> int:
-        """Drain every ring into its thread's samples; the number of samples read."""
+        """Drain every ring into its thread's calls; the number of samples read."""
         n = 0
         for g in self.groups.values():
             if g.ring is None:
@@ -398,14 +463,26 @@ class Counters:
             recs, lost = g.ring.records()
             for rtype, body in recs:
                 if rtype != RECORD_SAMPLE:
-                    g.samples.clear()   # a gap: no call is paired across it
+                    g.gap()
                     continue
                 got = parse_sample(body, g.names)
                 if got is not None and got[0] == g.tid:
-                    g.samples.append(got[1])
+                    g.pair(got[1], got[1].event in self._returns, self.entry_only)
                     n += 1
             self.lost += lost
         return n
+
+    def drop(self, names: Iterable[str]) -> None:
+        """Close the uprobes ``names`` in every group (a trial's losers: watch drops their
+        trace events, and a uprobe costs its function a trap while any consumer holds it):
+        a sibling closed leaves its group."""
+        gone = set(names)
+        self.probes = [p for p in self.probes if p.name not in gone]
+        for g in self.groups.values():
+            for n in gone & set(g.probe_fds):
+                fd = g.probe_fds.pop(n)
+                g.fds.remove(fd)
+                os.close(fd)
 
     def fds(self) -> int:
         """Descriptors held: each group's, and each ring's (Python's mmap keeps a dup of the
@@ -425,27 +502,25 @@ class Counters:
         self.close()
 
 
-def join(samples: deque, start_ns: int, end_ns: int, entries: set[str],
-         ends: set[str]) -> tuple[Sample, Sample] | None | str:
-    """The (entry, end) samples of the call ``[start_ns, end_ns]`` of one thread: the first
-    entry sample at or after ``start_ns`` and the first ``ends`` sample (its return; entry-only
-    timing: the next entry) at or after ``end_ns`` and before the thread's next entry after it;
-    None when they are not (yet) there; "multiplexed" when the group did not run the whole
-    call. Samples before the call's end sample are dropped (calls of a thread come in order)."""
-    first = last = None
-    for s in samples:
-        if first is None:
-            if s.ts_ns >= start_ns and s.event in entries:
-                if s.ts_ns > end_ns:
-                    return None
-                first = s
-        elif s.ts_ns >= end_ns and s.event in ends:
-            last = s
+def join(calls: deque, start_ns: int, end_ns: int) -> tuple[Sample, Sample] | None | str:
+    """The (entry, end) samples of the call that watch's trace events timed ``[start_ns,
+    end_ns]`` on one thread: the paired call (:meth:`Group.pair`) nearest to it, both ends
+    within :data:`JOIN_NS` (the two probes' handlers run one after the other on the same hit,
+    in either order: the kernel keeps a uprobe's consumers in a list); None when it is not
+    (yet) there; "multiplexed" when the group did not run the whole call. Calls before it
+    are dropped (a thread's calls come in order)."""
+    best, dist = None, JOIN_NS + 1
+    for i, (a, b) in enumerate(calls):
+        d = max(abs(a.ts_ns - start_ns), abs(b.ts_ns - end_ns))
+        if d < dist:
+            best, dist = i, d
+        elif a.ts_ns > end_ns + JOIN_NS:
             break
-    if first is None or last is None:
+    if best is None:
         return None
-    while samples and samples[0] is not last:
-        samples.popleft()
+    for _ in range(best):
+        calls.popleft()
+    first, last = calls.popleft()
     if last.running_ns - first.running_ns != last.enabled_ns - first.enabled_ns:
         return "multiplexed"
     return first, last
@@ -457,8 +532,8 @@ def counts(first: Sample, last: Sample, names: set[str]) -> dict[str, int]:
     return {k: last.values[k] - first.values.get(k, 0) for k in names if k in last.values}
 
 
-def prune(samples: deque, before_ns: int) -> None:
-    """Drop the samples older than ``before_ns`` (a call given up: its thread's later calls
-    are joined from there)."""
-    while samples and samples[0].ts_ns < before_ns:
-        samples.popleft()
+def prune(calls: deque, before_ns: int) -> None:
+    """Drop the calls that ended before ``before_ns`` (a row given up: its thread's later
+    calls are joined from there)."""
+    while calls and calls[0][1].ts_ns < before_ns:
+        calls.popleft()

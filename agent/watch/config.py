@@ -53,6 +53,9 @@ class WatchConfig:
     # watch's own CPU budget, a share of one CPU (--cpu-budget: 1 % → 0.01), which decides
     # each spike's exact attribution (agent/watch/budget.py); None: no budget (library use)
     cpu_budget: float | None = None
+    # --attach: each call's cycles, instructions and on-CPU ns (agent/trace/pmu.py): auto
+    # (where a hardware cycles counter opens), on (else exit 2), off
+    pmu: str = "auto"
 
 
 class CpuPlan(NamedTuple):

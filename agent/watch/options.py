@@ -57,7 +57,7 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
           attach_unsafe_library: bool = False, attach_name: str | None = None,
           attach_unit: str | None = None, attach_cgroup: str | None = None,
           gpu_probes: str | None = None, sample_hz: float = 100.0,
-          sampler: str = "auto", trace: str = "auto",
+          sampler: str = "auto", trace: str = "auto", pmu: str = "auto",
           irq_cost: str = "auto", nice: str = "0", threshold_us: float | None = None,
           k: float = 3.0, flight_us: float | None = None, flight_dir: str | None = None,
           spike_log: str | None = None, duration: float | None = None, perf: bool = False,
@@ -79,6 +79,8 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
         gpu_probes=gpu_probes))
     _choice("--sampler", sampler, SAMPLERS)
     _choice("--trace", trace, TRACE_MODES)
+    from agent.watch.attribution.pmu import check_mode
+    check_mode(pmu)   # (--pmu on for a source other than --attach: refused as it starts)
     from agent.watch.attribution.events import parse_irq_cost
     from agent.watch.priority import parse_nice
     parse_irq_cost(irq_cost)
@@ -105,7 +107,7 @@ def build(host: Host, *, probe: str | None = None, model: str | None = None,
                       threshold_ns=threshold_ns, k_p50=k, flight_ns=flight_ns,
                       flight_dir=flight_dir or "hftagent-flight", spike_log=spike_log,
                       duration_s=duration, perf=perf, sampler=sampler, trace=trace,
-                      irq_cost=irq_cost, nice=nice_n, cpu_budget=budget)
+                      irq_cost=irq_cost, nice=nice_n, cpu_budget=budget, pmu=pmu)
     req = WatchRequest(cfg, listen=listen, p99_budget_us=p99_budget_us, live=live,
                        json_out=json_out)
     if listen is not None:

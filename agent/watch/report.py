@@ -13,8 +13,8 @@ def render(s: dict, spike_log: str | None = None) -> list[str]:
     """The summary's lines, in order: what was watched, the spikes and their causes, the
     attribution delay, the collectors, perf, the sampler, the kernel events, the warnings
     and where the records went."""
-    parts = (headline, spikes, causes, delay, collectors, perf, sampler, events, own_cost,
-             warnings)
+    parts = (headline, spikes, causes, delay, collectors, perf, pmu, sampler, events,
+             own_cost, warnings)
     lines = [line for part in parts for line in part(s)]
     return lines + outputs(s, spike_log)
 
@@ -99,6 +99,22 @@ def perf(s: dict) -> list[str]:
     pid = f" (pid {s['pid']})" if s.get("pid") is not None else ""
     return [f"perf{pid}: {counts or 'nothing counted'}"
             + (f"; not supported here: {hw}" if hw else "")]
+
+
+def pmu(s: dict) -> list[str]:
+    """--attach --pmu: the calls counted per thread, or the one line why not (never 0)."""
+    p = s.get("pmu")
+    if not p:
+        return []
+    if "status" in p:
+        return [f"pmu: {p['status']}"]
+    return [f"pmu: {', '.join(p['counters'])} per call: {p['calls_counted']} calls counted "
+            f"on {p['threads']} thread(s)"
+            + (f", {p['calls_unmatched']} without their samples" if p["calls_unmatched"]
+               else "")
+            + (f", {p['calls_multiplexed']} multiplexed (not exact: left out)"
+               if p["calls_multiplexed"] else "")
+            + (f", {p['lost']} samples lost" if p["lost"] else "")]
 
 
 def sampler(s: dict) -> list[str]:

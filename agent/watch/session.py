@@ -126,6 +126,7 @@ class WatchSession:
         # what the kernel events made slower (wiring.reduce_for_events), for the summary
         self.reduced_by_events: dict[str, dict] = {}
         self.attributor: Attributor | None = None
+        self.pmu = None  # agent.watch.attribution.pmu (PerCall, Unsupported) for --attach
         self.detector = SpikeDetector(cfg.threshold_ns, cfg.k_p50, cfg.min_samples,
                                       queueing=cfg.source.queueing,
                                       clock=clock)
@@ -228,6 +229,8 @@ class WatchSession:
         if (w := self.trace.open(self.clock())) is not None:
             self.warnings.append(w)
         self.source.start(self.trace, self.phase)
+        from agent.watch.attribution import pmu  # --pmu: each attached call's CPU counters
+        self.pmu = pmu.arm(self.source, cfg.pmu, self.warnings)
         self.trace.follow_process(self.source.pid)  # (issue #35: before its first call)
         # (a stop or an error while it starts leaves no helper and no shared file behind)
         self.sampler, self.sampler_note = self._open_sampler(
@@ -345,6 +348,9 @@ class WatchSession:
             with self.sampler.lock:
                 a = self.attributor.attribute(sp, self._recent)
             body = a.to_dict()  # the polled attribution
+            if self.pmu is not None:  # the call's CPU counters, for the on-CPU rules
+                from agent.watch.attribution.pmu import annotate
+                annotate(self.pmu, sp, body)
         if self.trace.active and not events:  # past the step budget (schedule.py)
             _polled_only(body, "not read: attribution step budget (spike storm): the polled "
                          "rules only")

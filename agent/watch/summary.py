@@ -153,6 +153,8 @@ def build(s, *, native: bool, now_ns: int) -> dict:
         "own_cpu": own_cost(s, dur),
         # --attach --gpu-probes: the hits paid per call, the spikes' split (gpu_probes.py)
         **({"gpu": own["gpu"]} if "gpu" in own else {}),
+        # --attach --pmu: the calls counted, or why not (agent/watch/attribution/pmu.py)
+        **({"pmu": s.pmu.stats()} if getattr(s, "pmu", None) is not None else {}),
         # a service followed by identity: each of its processes (calls timed, re-arm delay,
         # calls missed before its timing: agent/watch/latency/identity.py)
         **{k: own[k] for k in ("processes", "processes_earlier") if k in own},

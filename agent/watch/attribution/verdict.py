@@ -30,7 +30,9 @@ A contradicted verdict is replaced, in this order, by the first of:
    the timeline, hold :data:`PAGE_FAULT_MIN_SHARE` of the excess), :func:`hidden` (time on
    the CPU that was not the thread's runtime, :data:`HIDDEN_MIN_SHARE`); the one with the
    largest share leads; :func:`smt_sibling` (another task on the SMT sibling of the call's
-   CPU while the call kept it, :data:`SMT_MIN_SHARE`). A call the polled rules left
+   CPU while the call kept it, :data:`SMT_MIN_SHARE`); :func:`~.pmu.slow_code` (its CPU
+   counters: more instructions, a lower IPC or a lower clock than its calls' median, where
+   ``watch --attach`` counted them). A call the polled rules left
    unexplained asks the same rules (:func:`on_cpu`);
 2. the next polled cause (strength ≥ ``MIN_STRENGTH``) the timeline does not contradict,
    ``decided_by: events+polled`` (the events overruled the first, the polled evidence named
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from agent.watch.attribution.pmu import slow_code
 from agent.watch.attribution.rules import MIN_STRENGTH
 
 SUPPORT_MIN_SHARE = 0.2  # a cause the timeline sees holds at least this share of the excess
@@ -324,7 +327,7 @@ def smt_sibling(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> di
                          "excess_us": round(excess_ns / 1e3, 1)}}
 
 
-ON_CPU_RULES: list[OnCpuRule] = [page_faults, hidden, smt_sibling]
+ON_CPU_RULES: list[OnCpuRule] = [page_faults, hidden, smt_sibling, slow_code]
 
 
 def on_cpu_cause(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:

@@ -66,6 +66,7 @@ class AttachedReader:
     """``read()`` → rows of :data:`FIELDS` for the calls completed since the last read."""
 
     gpu: Any = None   # --gpu-probes: agent.trace.gpu_probes.GpuHits (takes its hits)
+    pmu: Any = None   # --pmu: agent.watch.attribution.pmu.PerCall (each call's counters)
 
     def __init__(self, host: Host, pid: int, events, uprobes, entry_only: bool) -> None:
         self.host = host
@@ -121,6 +122,8 @@ class AttachedReader:
                     pass
             if self.gpu is not None:
                 self.gpu.set_threads(sorted(tids))
+            if self.pmu is not None:
+                self.pmu.set_threads(sorted(tids))
 
     def read(self, max_records: int | None = None) -> np.ndarray:
         self._refresh()
@@ -179,6 +182,8 @@ class AttachedReader:
                 opened[name] = (ev.ts_ns, ev.cpu)
         if self.trial is not None and self.trial.decided(time.monotonic_ns()):
             self._decide()
+        if self.pmu is not None:
+            self.pmu.feed(rows)
         if not rows:
             return np.empty((0, len(FIELDS)), dtype=np.int64)
         return np.array(rows, dtype=np.int64)
@@ -230,6 +235,8 @@ class AttachedReader:
 
     def close(self) -> None:
         self.finish()
+        if self.pmu is not None:  # --pmu: its perf groups, rings and perf's own uprobes
+            self.pmu.close()
 
 
 @dataclass(frozen=True)
