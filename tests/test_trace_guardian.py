@@ -2,7 +2,7 @@
 and the stale rule of agent/trace/uprobe.py.
 
 - The guardian alone, on a tracefs-shaped directory of the test's (no root): its arguments
-  are checked (only ``hftagent_<parent pid>`` and ``hftagent-<parent pid>[-wake]``); when its
+  are checked (only ``hftagent_<parent pid>`` and ``hftagent-<parent pid>[-wake|-calls]``); when its
   lifeline reads EOF it removes its parent's group (appending ``-:`` lines: the global file
   is never truncated) and instances, nothing else, and exits; it keeps none of its
   starter's descriptors and dies with it.
@@ -84,7 +84,8 @@ def _fake_tracefs(tmp_path: Path, ppid: int) -> Path:
     (t / "uprobe_events").write_text(
         f"p:hftagent_{ppid}/call0 /lib/x.so:0x10\nr:hftagent_{ppid}/ret0 /lib/x.so:0x10\n"
         f"p:othertool/x /lib/x.so:0x20\np:hftagent_{ppid + 1}/call0 /lib/x.so:0x10\n")
-    for inst in (f"hftagent-{ppid}", f"hftagent-{ppid}-wake", f"hftagent-{ppid + 1}", "other"):
+    for inst in (f"hftagent-{ppid}", f"hftagent-{ppid}-wake", f"hftagent-{ppid}-calls",
+                 f"hftagent-{ppid + 1}", "other"):
         (t / "instances" / inst / "events" / f"hftagent_{ppid}").mkdir(parents=True)
         (t / "instances" / inst / "events" / f"hftagent_{ppid}" / "enable").write_text("1")
         (t / "instances" / inst / "tracing_on").write_text("1")
@@ -102,7 +103,8 @@ def test_on_eof_it_removes_its_parent_s_group_and_instances_and_nothing_else(tmp
     before = (t / "uprobe_events").read_text()
     r, w = os.pipe()
     g = subprocess.Popen(_argv(me, r, t, "--group", f"hftagent_{me}", "--instance",
-                               f"hftagent-{me}", "--instance", f"hftagent-{me}-wake"),
+                               f"hftagent-{me}", "--instance", f"hftagent-{me}-wake",
+                               "--instance", f"hftagent-{me}-calls"),
                          pass_fds=(r,), stderr=subprocess.PIPE, text=True)
     os.close(r)
     try:
@@ -125,8 +127,8 @@ def test_on_eof_it_removes_its_parent_s_group_and_instances_and_nothing_else(tmp
     # its parent's instances stopped, no other instance; its parent's group disabled
     # wherever it was enabled
     assert {n: (inst / n / "tracing_on").read_text() for n in os.listdir(inst)} == {
-        f"hftagent-{me}": "0", f"hftagent-{me}-wake": "0", f"hftagent-{me + 1}": "1",
-        "other": "1"}
+        f"hftagent-{me}": "0", f"hftagent-{me}-wake": "0", f"hftagent-{me}-calls": "0",
+        f"hftagent-{me + 1}": "1", "other": "1"}
     for name in os.listdir(inst):
         assert (inst / name / "events" / f"hftagent_{me}" / "enable").read_text() == "0"
 
@@ -172,7 +174,7 @@ def test_what_it_may_remove_is_checked_first(tmp_path, names, why):
     assert g.returncode == 2 and why in g.stderr and "usage:" in g.stderr, g.stderr
     assert "Traceback" not in g.stderr
     assert (t / "uprobe_events").read_text() == before
-    assert len(os.listdir(t / "instances")) == 4
+    assert len(os.listdir(t / "instances")) == 5
 
 
 @pytest.mark.parametrize("bad", ["relative", "dotdot", "no_instances", "link", "fd"])

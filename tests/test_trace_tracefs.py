@@ -406,6 +406,7 @@ def test_instance_of_a_sigkilled_watch_is_removed_at_the_next_start(host):
         from agent.trace import EventSource
         host = Host(sysfs={str(host.sysfs)!r})
         src = EventSource.open(host, [{CPU}], buffer_s=1)
+        src._open_calls()  # (watch --attach's: made by add_uprobes)
         print(src.path if src else src.reason, flush=True)
         time.sleep(60)
         """)
@@ -414,17 +415,19 @@ def test_instance_of_a_sigkilled_watch_is_removed_at_the_next_start(host):
     assert path.is_dir()
     wake = path.with_name(path.name + instance.WAKE_SUFFIX)
     assert wake.is_dir()  # its wake instance (every CPU's wake-ups of the probe CPUs)
+    calls = path.with_name(path.name + instance.CALLS_SUFFIX)
+    assert calls.is_dir()  # its calls instance (the attached process's uprobe events)
     from agent.trace.guardian import SCRIPT  # its guardian killed with it (kill -9 -1, OOM)
     for g in [k for k in psutil.Process(child.pid).children() if SCRIPT in k.cmdline()]:
         g.kill()   # a zombie until its parent goes: not waited for
     child.send_signal(signal.SIGKILL)
     child.wait()
-    assert path.is_dir() and wake.is_dir()  # kill -9 ran no clean-up
+    assert path.is_dir() and wake.is_dir() and calls.is_dir()  # kill -9 ran no clean-up
     src = _open(host, buffer_s=1)
     try:
-        assert not path.exists() and not wake.exists()
-        assert any(f"removed stale tracefs instance {path.name}" in n for n in src.notes)
-        assert any(f"removed stale tracefs instance {wake.name}" in n for n in src.notes)
+        assert not path.exists() and not wake.exists() and not calls.exists()
+        for p in (path, wake, calls):
+            assert any(f"removed stale tracefs instance {p.name}" in n for n in src.notes)
     finally:
         src.close()
 
@@ -537,24 +540,32 @@ def test_cpumask_and_sizing():
     assert sizing.size_ring_kb(0.001, 1)[0] == sizing.MIN_CPU_KB
 
 
-def test_refit_does_not_shrink_a_ring_that_carries_the_timed_calls(host):
-    """A resize stops the instance's recording for a moment (Linux 6.18: 2-4 calls of a
-    300/s attached service lost at each one): with a uprobe group of ours enabled in the
-    instance the measured rate may not shrink the rings; without one it does."""
-    from types import SimpleNamespace
-    carries = sizing.RingSizing._carries_calls
-    for ids, want in (({}, False), ({7: False}, True), ({7: False, 8: True}, True)):
-        assert carries(SimpleNamespace(_uprobe_ids=ids)) is want, ids
-    assert carries(SimpleNamespace()) is False
+def test_the_calls_instance_holds_only_the_uprobe_events_and_is_never_refitted(host):
+    """watch --attach's uprobe events get an instance of their own (agent/trace/calls.py),
+    made at the first add_uprobes: the probe CPUs' mask, small rings, nothing enabled but
+    what is added; the kernel-event instance's refit may then shrink its rings (no call is
+    recorded there), the calls rings keep their size; close removes it."""
     src = _open(host, buffer_s=1, rate_hint=10_000_000)
     try:
-        big = src.buffer_kb
+        path = src._open_calls()
+        assert path.name == src.name + instance.CALLS_SUFFIX and path.is_dir()
+        assert src._open_calls() == path                     # made once
+        assert int((path / "tracing_cpumask").read_text(), 16) == 1 << CPU
+        assert (path / "trace_clock").read_text().find("[mono]") >= 0
+        assert (path / "tracing_on").read_text().strip() == "1"
+        enabled = [d for d, _, files in os.walk(path / "events") if "enable" in files and
+                   d != str(path / "events") and (Path(d) / "enable").read_text()[:1] == "1"]
+        assert enabled == []                                 # nothing but what is added
+        calls_kb = src.calls_kb
+        assert calls_kb >= 1024 and src.describe()["calls"]["buffer_kb_per_cpu"] == calls_kb
         src._uprobe_ids[1] = False   # (as add_uprobes records an enabled uprobe event)
+        big = src.buffer_kb
         time.sleep(0.3)
         line = src.refit()
-        assert line is not None and "kept" in line and src.buffer_kb == big
-        src._uprobe_ids.clear()      # (as drop_uprobes leaves it)
-        line = src.refit()
         assert line is not None and "measured" in line and src.buffer_kb < big // 2
+        got = (path / "per_cpu" / f"cpu{CPU}" / "buffer_size_kb").read_text().split()[0]
+        assert int(got) == calls_kb
+        assert src._calls_pages() == [] and src.calls_lost() == 0
     finally:
         src.close()
+    assert not path.exists()

@@ -1,12 +1,13 @@
 """agent.trace.uprobe.UprobeEvents.uprobe_events: the always-on read of watch --attach's
-uprobe hits from the kept pages (agent.trace.pages.id_hits) gives, per hit, what the
-events decoded whole say (time, CPU, thread, name), in time order across CPUs, each page
+uprobe hits from the calls instance's pages (agent.trace.pages.id_hits) gives, per hit, what
+the events decoded whole say (time, CPU, thread, name), in time order across CPUs, each page
 read once; an event with arguments of its own (a GPU copy's size) comes whole, fields and
-all. Pages written byte by byte (tests/eventpages.py) with format files of the kernel's
-uprobe shape."""
+all; the kernel-event rings are drained only every KERNEL_DRAIN_S. Pages written byte by
+byte (tests/eventpages.py) with format files of the kernel's uprobe shape."""
 
 from __future__ import annotations
 
+from agent.trace import uprobe
 from agent.trace.event import parse_format
 from agent.trace.pages import Page, PageLayout, iter_page
 from agent.trace.uprobe import UprobeEvents
@@ -35,7 +36,8 @@ SWITCH = load_formats()["sched_switch"]
 
 
 class _Source(UprobeEvents):
-    """The part of EventSource that uprobe_events reads: kept pages per CPU."""
+    """The part of EventSource that uprobe_events reads: the calls rings' pages (each
+    handed out once, as a drain does), and the kernel-event drain it asks for."""
 
     def __init__(self, rings: dict) -> None:
         super().__init__()
@@ -44,8 +46,18 @@ class _Source(UprobeEvents):
         self._uprobe_ids = {CALL.id: False, RET.id: True, COPY.id: False}
         self._uprobe_names = {"call0": False, "ret0": True, "gpu0": False}
         self._rings = rings
+        self.drains = 0
+        self.drained_ns = 0
+
+    def _calls_pages(self) -> list[tuple[int, bytes]]:
+        out = [(r.cpu, p.data) for r in self._rings.values() for p in r.pages]
+        for r in self._rings.values():
+            r.pages.clear()
+        return out
 
     def drain(self) -> int:
+        self.drains += 1
+        self.drained_ns = uprobe.time.monotonic_ns()
         return 0
 
 
@@ -67,18 +79,33 @@ def test_hits_are_the_decoded_events_in_time_order_each_page_read_once():
                      _page(1, 2000, [(2001, call(7, 9)), (2005, sw)])])
     r0.pages.append(_page(0, 1500, [(1500, call(8, 3)), (1600, ret(8))]))
     src = _Source({1: r1, 0: r0})
-    got = src.uprobe_events()
     fmts = src._formats
     want = sorted((e for r in (r1, r0) for p in r.pages
                    for e in iter_page(p.data, r.cpu, fmts, only=set(src._uprobe_ids))),
                   key=lambda e: e.ts_ns)
+    got = src.uprobe_events()
     assert [(h.ts_ns, h.cpu, h.pid, h.name) for h in got] == \
         [(e.ts_ns, e.cpu, e.pid, e.name) for e in want]
     assert [h.name for h in got] == ["call0", "ret0", "gpu0", "call0", "ret0", "call0"]
     assert got[2].fields["bytes"] == 1 << 20  # an argument of its own: the whole event
     assert [src.is_return(h) for h in got] == [False, True, False, False, True, False]
     assert src.uprobe_events() == []  # read once
-    r1.pages.popleft()
-    r1.evicted_pages += 1
     r1.pages.append(_page(1, 3000, [(3001, ret(7))]))
     assert [(h.ts_ns, h.name) for h in src.uprobe_events()] == [(3001, "ret0")]
+
+
+def test_the_kernel_event_rings_are_drained_once_a_kernel_drain_period(monkeypatch):
+    """The calls are read every step; the kernel-event rings (drained into the kept pages,
+    never walked here) only once KERNEL_DRAIN_S has passed since their last drain, so a
+    quiet stretch never reads as lost events."""
+    now = [10_000_000_000]
+    monkeypatch.setattr(uprobe.time, "monotonic_ns", lambda: now[0])
+    src = _Source({1: _CpuRing(1)})
+    for _ in range(5):
+        src.uprobe_events()
+        now[0] += 100_000_000
+    assert src.drains == 1
+    now[0] += int(uprobe.KERNEL_DRAIN_S * 1e9)
+    src.uprobe_events()
+    src.uprobe_events()
+    assert src.drains == 2

@@ -118,7 +118,7 @@ def test_pairing_keeps_threads_apart_and_counts_what_it_cannot_pair():
         def __init__(self, evs):
             self.evs = evs
 
-        def lost(self):
+        def calls_lost(self):
             return 0
 
         def uprobe_events(self):
@@ -165,7 +165,7 @@ def test_a_trials_choice_forgets_the_losers_open_calls():
     class Src:
         evs: list = []
 
-        def lost(self):
+        def calls_lost(self):
             return 0
 
         def uprobe_events(self):
@@ -391,3 +391,46 @@ def test_attach_unsafe_library_without_attach_is_refused():
     src = latency.choose(Host(), latency.Given(attach=os.getpid(),
                                                attach_unsafe_library=True))
     assert src.unsafe_library
+
+
+def test_only_lost_calls_restart_the_pairing_not_lost_kernel_events():
+    """The timed calls have rings of their own (agent/trace/calls.py): events the kernel
+    rings lost (a storm of sched/irq events) leave an open call open; hits the calls rings
+    lost make the pairing start again from a clean state (``resynced``)."""
+    from agent.trace.event import Event
+
+    class Src:
+        def __init__(self):
+            self.evs, self.kernel_lost, self.calls = [], 0, 0
+
+        def lost(self):
+            return self.kernel_lost
+
+        def calls_lost(self):
+            return self.calls
+
+        def uprobe_events(self):
+            out, self.evs = self.evs, []
+            return out
+
+        def is_return(self, ev):
+            return ev.name.startswith("ret")
+
+    class U:
+        group, instances = "g", []
+
+    src = Src()
+    r = AttachedReader.__new__(AttachedReader)
+    r.host, r.pid, r.events, r.uprobes, r.entry_only = None, 10, src, U(), False
+    r.calls = r.unpaired_returns = r.open_at_exit = r.resynced = r.lost = r.invalid = 0
+    r.lost_returns, r._seq, r._open, r._start, r._lost_seen = 0, 0, {}, {}, 0
+    r._tids, r._tids_at = {11}, time.monotonic()
+    r.trial, r.on_choice, r._dropped = None, None, set()
+    src.evs = [Event(100, 1, "call0", 11, {})]
+    assert len(r.read()) == 0
+    src.kernel_lost, src.evs = 500, [Event(200, 1, "ret0", 11, {})]
+    assert [(int(x[1]), int(x[2])) for x in r.read()] == [(100, 200)] and r.resynced == 0
+    src.evs = [Event(300, 1, "call0", 11, {})]
+    r.read()
+    src.calls, src.evs = 1, [Event(400, 1, "ret0", 11, {})]
+    assert len(r.read()) == 0 and r.resynced == 1 and r.unpaired_returns == 1

@@ -12,7 +12,8 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
   read and closed there, and put together from :mod:`.instance` (an instance's life:
   create, settings, remove, stale ones of a killed run), :mod:`.window` (the per-CPU pages
   kept and read back as a :class:`Window`), :mod:`.wake` (the second instance that sees
-  wake-ups and signals from the other CPUs), :mod:`.uprobe`'s ``UprobeEvents``,
+  wake-ups and signals from the other CPUs), :mod:`.uprobe`'s ``UprobeEvents`` (watch
+  --attach's uprobe hits, in :mod:`.calls`' third instance where they are the only events),
   :mod:`.sizing` (the rings' size, the rate, the losses) and :mod:`.recording` (the events
   enabled, their formats, the reader).
 - :mod:`.event` — :class:`Event` and its decoder, built from the kernel's event ``format``

@@ -29,7 +29,8 @@ What it may touch is passed explicitly and checked before it waits: the tracefs 
 absolute, normalised path to a directory, not a link, with ``instances/``; its device is
 checked again through an ``O_NOFOLLOW`` descriptor before anything is written), the group,
 which must be ``hftagent_<parent pid>``, and the instances, which must be
-``hftagent-<parent pid>`` or ``hftagent-<parent pid>-wake``. Nothing else is written.
+``hftagent-<parent pid>``, ``hftagent-<parent pid>-wake`` or ``hftagent-<parent pid>-calls``.
+Nothing else is written.
 
 A guardian killed together with its parent (``kill -9`` of the whole process group, the OOM
 killer) leaves the state behind; the next start of watch, cpus (or anything that opens an
@@ -42,7 +43,7 @@ process with a group ``hftagent_<pid>`` is its creator when it has a guardian of
 Usage (what :func:`guard` runs; exit 0 all removed, 1 something left, 2 bad arguments)::
 
     python -I -S agent/trace/guardian.py PARENT_PID LIFELINE_FD TRACEFS \\
-        [--group hftagent_PID] [--instance hftagent-PID[-wake]]...
+        [--group hftagent_PID] [--instance hftagent-PID[-wake|-calls]]...
 """
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ if TYPE_CHECKING:  # for the parent's side; the guardian itself imports none of 
 GROUP_PREFIX = "hftagent_"       # agent.trace.uprobe.PREFIX
 INSTANCE_PREFIX = "hftagent-"    # agent.trace.instance.PREFIX
 WAKE_SUFFIX = "-wake"            # agent.trace.instance.WAKE_SUFFIX
+CALLS_SUFFIX = "-calls"          # agent.trace.instance.CALLS_SUFFIX
 RETRY_S = 0.8                    # an instance busy for a moment (a reader's open file)
 SCRIPT = os.path.realpath(__file__)
 _SCRIPT_TAIL = b"/agent/trace/guardian.py"   # any install's guardian
 USAGE = ("usage: guardian.py PARENT_PID LIFELINE_FD TRACEFS [--group hftagent_PID] "
-         "[--instance hftagent-PID[-wake]]...")
+         "[--instance hftagent-PID[-wake|-calls]]...")
 
 # (our pid, tracefs) -> the guardian started for it
 _STARTED: dict[tuple[int, str], subprocess.Popen] = {}
@@ -96,7 +98,8 @@ def guard(tracefs: Path) -> str | None:
         atexit.register(_let_go)
     argv = [sys.executable, "-I", "-S", str(SCRIPT), str(pid), str(r), str(tracefs),
             "--group", f"{GROUP_PREFIX}{pid}", "--instance", f"{INSTANCE_PREFIX}{pid}",
-            "--instance", f"{INSTANCE_PREFIX}{pid}{WAKE_SUFFIX}"]
+            "--instance", f"{INSTANCE_PREFIX}{pid}{WAKE_SUFFIX}",
+            "--instance", f"{INSTANCE_PREFIX}{pid}{CALLS_SUFFIX}"]
     try:
         _STARTED[key] = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -189,7 +192,8 @@ def parse(argv: list[str]) -> Job:
     job = Job(ppid, fd, tracefs, st.st_dev)
     allowed = {"--group": (job.groups, {f"{GROUP_PREFIX}{ppid}"}),
                "--instance": (job.instances, {f"{INSTANCE_PREFIX}{ppid}",
-                                              f"{INSTANCE_PREFIX}{ppid}{WAKE_SUFFIX}"})}
+                                              f"{INSTANCE_PREFIX}{ppid}{WAKE_SUFFIX}",
+                                              f"{INSTANCE_PREFIX}{ppid}{CALLS_SUFFIX}"})}
     for opt, name in zip(argv[3::2], argv[4::2], strict=True):
         if opt not in allowed or name not in allowed[opt][1]:
             raise ValueError(f"{opt} {name!r}: not one of the parent's ({ppid})")

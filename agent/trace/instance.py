@@ -8,7 +8,7 @@ buffer, events, ``tracing_on``, ``trace_clock`` and ``tracing_cpumask``; ``rmdir
 (EBUSY while one of its files is open, so ours are closed first). Nothing outside that
 directory is ever written: not the top-level ``tracing_on``, ``current_tracer`` or events,
 not another instance — except removing an instance named ``hftagent-<pid>`` (or its
-``-wake`` companion) whose creator is dead or its pid reused, at the next start
+``-wake`` or ``-calls`` companion) whose creator is dead or its pid reused, at the next start
 (:func:`remove_stale`): a SIGKILLed run's guardian (:mod:`.guardian`, started before the
 instance) removes it within a second; the next start removes what a guardian killed with its
 run left. Every instance this process holds is in :data:`_HELD`: removed at
@@ -33,9 +33,12 @@ from pathlib import Path
 from collectors.host import Host
 from collectors.parsers import format_cpumask
 
-# Our instances' names: hftagent-<pid> (the probe CPUs) and hftagent-<pid>-wake (agent.trace.wake)
+# Our instances' names: hftagent-<pid> (the probe CPUs), hftagent-<pid>-wake (agent.trace.wake)
+# and hftagent-<pid>-calls (agent.trace.calls: watch --attach's uprobe events alone)
 PREFIX = "hftagent-"
 WAKE_SUFFIX = "-wake"
+CALLS_SUFFIX = "-calls"
+SUFFIXES = (WAKE_SUFFIX, CALLS_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -227,16 +230,16 @@ def online_cpus(host: Host) -> set[int]:
 
 
 def remove_stale(host: Host, inst_dir: Path, notes: list[str]) -> None:
-    """Remove the instances ``hftagent-<pid>`` (and ``-wake``) of ``inst_dir`` whose
+    """Remove the instances ``hftagent-<pid>`` (and ``-wake``, ``-calls``) of ``inst_dir`` whose
     creator is gone (:func:`_proc_is_dead_or_reused`), never one this process holds;
     each removal, or refusal, is a line in ``notes``."""
     for entry in host.listdir(inst_dir):
-        m = re.fullmatch(re.escape(PREFIX) + r"(\d+)(?:" + re.escape(WAKE_SUFFIX) + ")?",
-                         entry)
+        m = re.fullmatch(re.escape(PREFIX) + r"(\d+)(" + "|".join(map(re.escape, SUFFIXES))
+                         + ")?", entry)
         if not m:
             continue
         path = inst_dir / entry
-        if str(path).removesuffix(WAKE_SUFFIX) in _HELD:
+        if str(path).removesuffix(m.group(2) or "") in _HELD:
             continue  # ours, open
         pid = int(m.group(1))
         try:

@@ -100,7 +100,10 @@ class RingSizing:
     def refit(self) -> str | None:
         """Re-size the rings for ``buffer_s`` at the rate measured since open (content is
         kept: the kernel resizes in place). Returns the new sizing line, None if unchanged
-        (within a factor of 2) or closed."""
+        (within a factor of 2) or closed. A resize stops the instance's recording for a
+        moment (Linux 6.18: 2-4 calls of a 300/s attached service lost at each one): the
+        timed calls' uprobe events are not in these rings but in the calls instance's
+        (agent/trace/calls.py), which is never resized but to grow after lost hits."""
         if self._closed:
             return None
         rates = self.rate()
@@ -112,24 +115,11 @@ class RingSizing:
         kb, why = size_ring_kb(self.buffer_s, len(self.cpus), max(rate, 1.0), ebytes)
         if self.buffer_kb // 2 <= kb <= self.buffer_kb * 2:
             return None
-        if kb < self.buffer_kb and self._carries_calls():
-            return (f"{self.buffer_kb} KiB per probe CPU kept (the measured rate needs "
-                    f"{kb}): this instance carries the timed calls' uprobe events, and a "
-                    "resize stops its recording for a moment (Linux 6.18: calls lost)")
         refused = self._resize(kb)
         if refused:
             return refused
         self.sizing = why + " (measured)"
         return self.sizing
-
-    def _carries_calls(self) -> bool:
-        """Whether uprobe events of ours are enabled in this instance (the source's
-        ``_uprobe_ids``, :class:`agent.trace.uprobe.UprobeEvents`): their calls' entry and
-        return records share these rings, and the kernel stops the instance's recording
-        while it resizes them (measured on Linux 6.18: 2-4 calls of a 300/s service lost at
-        each resize), so the rings are not shrunk then; they still grow after losses (a
-        loss is worse than a resize)."""
-        return bool(getattr(self, "_uprobe_ids", None))
 
     def grow(self) -> str | None:
         """Grow the probe CPUs' rings GROW_FACTOR-fold after events were lost (a storm beyond

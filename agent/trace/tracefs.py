@@ -12,7 +12,9 @@
 - :mod:`.wake` — :class:`~agent.trace.wake.WakeInstance`: the second instance that sees
   wake-ups and signals from the other CPUs;
 - :mod:`.uprobe` — :class:`~agent.trace.uprobe.UprobeEvents`: our uprobe events (watch
-  ``--attach``) in the same instance;
+  ``--attach``), enabled in :mod:`.calls`' :class:`~agent.trace.calls.CallsInstance`, the
+  third instance, where they are the only events (read every step without walking the
+  kernel events);
 - :mod:`.sizing` — :class:`~agent.trace.sizing.RingSizing`: the rings' size (at open,
   :meth:`~agent.trace.sizing.RingSizing.refit`, :meth:`~agent.trace.sizing.RingSizing.grow`),
   the rate and the losses;
@@ -48,6 +50,7 @@ from pathlib import Path
 
 from collectors.host import Host
 
+from .calls import CallsInstance
 from .guardian import guard
 from .instance import (
     _HELD,
@@ -98,7 +101,8 @@ def _tracefs_root(host: Host, mount: bool, notes: list[str]) -> Path:
     return root
 
 
-class EventSource(WindowReader, WakeInstance, UprobeEvents, RingSizing, Recording):
+class EventSource(WindowReader, WakeInstance, UprobeEvents, CallsInstance, RingSizing,
+                  Recording):
     """A private tracefs instance on the probe CPUs (module docstring). Build it with
     :meth:`open`; read with :meth:`window`; :meth:`close` (or ``with``) removes it."""
 
@@ -274,7 +278,8 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents, RingSizing, Recordin
         return {"instance": self.host.display(self.path) if self.host else str(self.path),
                 "cpus": self.cpus, "reader": self.reader, "buffer_kb_per_cpu": self.buffer_kb,
                 "sizing": self.sizing, "events": self.events, "missing": self.missing,
-                "notes": self.notes, "wake": self.describe_wake()}
+                "notes": self.notes, "wake": self.describe_wake(),
+                **({"calls": c} if (c := self.describe_calls()) else {})}
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -285,6 +290,7 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents, RingSizing, Recordin
         self._teardown()
 
     def _teardown(self) -> None:
+        self._close_calls()
         self._close_wake()
         _close_rings(self._rings.values())
         if self._creator == os.getpid() and self.path != Path() and self.name:

@@ -1,5 +1,5 @@
 """uprobe events of our own: defined in tracefs's ``uprobe_events``, enabled only in watch's
-private instance, removed on every exit path.
+private calls instance (:mod:`.calls`), removed on every exit path.
 
 Kernel interface (Documentation/trace/uprobetracer.rst, ``CONFIG_UPROBE_EVENTS``)::
 
@@ -22,8 +22,8 @@ pid). Every exit path removes it:
   and only those (:func:`_alive`); an event of another tool is never touched.
 
 :class:`Uprobes` defines and removes the events; :class:`UprobeEvents` (part of
-:class:`agent.trace.tracefs.EventSource`) enables them in watch's instance and reads their
-hits from its kept pages.
+:class:`agent.trace.tracefs.EventSource`) enables them in watch's calls instance and reads
+their hits from its rings.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import atexit
 import errno
 import os
 import re
+import time
 from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import NamedTuple
 
 from collectors.host import Host
 
+from .calls import KERNEL_DRAIN_S
 from .event import Event, parse_format
 from .guardian import guard, guardian_of
 from .instance import PREFIX as INSTANCE_PREFIX
@@ -343,23 +345,25 @@ _AT_EXIT = _AtExit()
 
 class UprobeEvents:
     """The uprobe events of :class:`agent.trace.tracefs.EventSource` (watch --attach; this
-    module defines them): enabled in the source's instance, their hits read from its kept
-    pages. Uses, from the source it is mixed into: ``path``, ``events``, ``reader``,
-    ``_closed``, and the reader's ``_formats``, ``_names``, ``_rings``, ``_layout``,
-    :meth:`drain`."""
+    module defines them): enabled in the source's calls instance (:mod:`.calls`: only they
+    are recorded there), their hits read from its rings at each step. Uses, from the source
+    it is mixed into: ``events``, ``reader``, ``_closed``, the reader's ``_formats``,
+    ``_names``, ``_layout``, :meth:`drain` and ``drained_ns``, and the calls instance's
+    :meth:`_open_calls` and :meth:`_calls_pages`."""
 
     def __init__(self) -> None:
         super().__init__()
         self._uprobe_ids: dict[int, bool] = {}    # event id -> a return probe
         self._uprobe_names: dict[str, bool] = {}
-        self._uprobe_done: dict[int, int] = {}    # cpu -> pages scanned for uprobe hits
 
     def add_uprobes(self, uprobes, tids: list[int]) -> None:
-        """Enable ``uprobes`` (an :class:`Uprobes`, defined) in this
-        instance, filtered to ``tids``, and learn their formats; :meth:`uprobe_events` then
-        returns their hits. Raises OSError or FormatError when the kernel refuses."""
-        uprobes.enable(self.path, tids)
-        ev_dir = self.path / "events" / uprobes.group
+        """Enable ``uprobes`` (an :class:`Uprobes`, defined) in the calls instance (made
+        now if it is not yet), filtered to ``tids``, and learn their formats;
+        :meth:`uprobe_events` then returns their hits. Raises OSError or FormatError when
+        the kernel refuses."""
+        path = self._open_calls()
+        uprobes.enable(path, tids)
+        ev_dir = path / "events" / uprobes.group
         for name in uprobes.names:
             fmt = parse_format(_read(ev_dir / name / "format"), uprobes.group)
             self._formats[fmt.id] = fmt
@@ -369,14 +373,17 @@ class UprobeEvents:
         self.events += [f"{uprobes.group}:{n}" for n in uprobes.names]
 
     def uprobe_events(self) -> list[UprobeHit | Event]:
-        """The uprobe hits recorded since the last call, in time order (drains the kernel
-        rings first; the pages stay kept for the spike windows as before). Each page is
-        scanned once for the uprobe ids only, by :func:`agent.trace.pages.id_hits` (no
-        event made per record: a hit is its time, CPU, thread and event name; an event
-        with arguments of its own beyond the probed addresses is a whole :class:`Event`)."""
+        """The uprobe hits recorded since the last call, in time order: the calls rings
+        drained (their pages read once, not kept: no spike window needs them), each page
+        walked for the uprobe ids by :func:`agent.trace.pages.id_hits` (no event made per
+        record: a hit is its time, CPU, thread and event name; an event with arguments of
+        its own beyond the probed addresses is a whole :class:`Event`). The kernel-event
+        rings are drained too when :data:`~agent.trace.calls.KERNEL_DRAIN_S` has passed
+        since their last drain (moved into the kept pages, not walked)."""
         if self._closed or not self._uprobe_ids or self.reader != "raw":
             return []
-        self.drain()
+        if time.monotonic_ns() - getattr(self, "drained_ns", 0) >= KERNEL_DRAIN_S * 1e9:
+            self.drain()
         only = frozenset(self._uprobe_ids)
         fmts = self._formats
         names = {i: fmts[i].name for i in only}
@@ -384,19 +391,13 @@ class UprobeEvents:
         full = {i for i in only if any(f.name not in _PROBE_FIELDS for f in fmts[i].fields)}
         fast = all(fmts[i].pid_offset == 4 for i in only)
         out: list[UprobeHit | Event] = []
-        for ring in self._rings.values():
-            done = self._uprobe_done.get(ring.cpu, 0)
-            first = max(0, done - ring.evicted_pages)
-            pages, cpu = ring.pages, ring.cpu
-            for i in range(first, len(pages)):
-                buf = pages[i].data
-                if not fast:  # (a common header of another shape: the events' own decoding)
-                    out += iter_page(buf, cpu, fmts, layout=self._layout, only=only)
-                    continue
-                for ts, ev, pid, start, length in id_hits(buf, only, self._layout):
-                    out.append(fmts[ev].make_event(buf, start, length, ts, cpu) if ev in full
-                               else UprobeHit(ts, cpu, pid, names[ev]))
-            self._uprobe_done[ring.cpu] = ring.evicted_pages + len(pages)
+        for cpu, buf in self._calls_pages():
+            if not fast:  # (a common header of another shape: the events' own decoding)
+                out += iter_page(buf, cpu, fmts, layout=self._layout, only=only)
+                continue
+            for ts, ev, pid, start, length in id_hits(buf, only, self._layout):
+                out.append(fmts[ev].make_event(buf, start, length, ts, cpu) if ev in full
+                           else UprobeHit(ts, cpu, pid, names[ev]))
         out.sort(key=_TS)  # (the CPUs' hits merged; one CPU's are in order already)
         return out
 

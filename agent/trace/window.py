@@ -165,6 +165,7 @@ class WindowReader:
         self._comm_cache: dict[int, str] = {}
         self._rings: dict[int, _CpuRing] = {}
         self._symbols: SymbolResolver | None = None
+        self.drained_ns = 0  # (CLOCK_MONOTONIC) the last drain's
 
     def _page_events(self, ring: _CpuRing, pg: Page, ids: frozenset[int], lo: int, hi: int,
                      before: bool, store: bool) -> tuple[list[Event], object, int, bool]:
@@ -209,6 +210,7 @@ class WindowReader:
         a margin per CPU per call, whatever the rate."""
         if self._closed or self.reader != "raw":
             return 0
+        self.drained_ns = time.monotonic_ns()
         total = 0
         newest = 0
         for ring in (*self._rings.values(), *self._wake_rings.values()):
