@@ -1,7 +1,8 @@
 """An unmodified process (``watch --attach PID``): its inference calls,
 timed by uprobes on its runtime's once-per-call function (agent/trace/attach.py chooses it,
-agent/trace/uprobe.py defines the events) and read from watch's own tracefs instance, the same
-rings that hold the sched/irq events the spikes are explained with.
+agent/trace/uprobe.py defines the events) and read from watch's own tracefs instance of them
+alone (agent/trace/calls.py), not from the rings of the sched/irq events the spikes are
+explained with.
 
 Pairing, per thread: the outermost entry to its return is one call (an entry of another
 probed function inside it, e.g. LiteRT's Invoke around LiteRtRunCompiledModel, is nested), so
@@ -12,8 +13,8 @@ not place the return probe, or dropped its event), so the open call is dropped a
 ``lost_returns`` and the new one starts — a lost return never stalls the pairing. A return
 without its entry (the call began before the attach) is skipped and counted. A call still open
 when its thread or the process ends is closed, counted in ``open_at_exit`` and not made a
-sample (its end is unknown). Events the kernel lost (a ring overwritten) make the pairing start
-again from a clean state (``resynced``) rather than pair across the gap.
+sample (its end is unknown). Hits the kernel lost (a calls ring overwritten) make the pairing
+start again from a clean state (``resynced``) rather than pair across the gap.
 
 Each call becomes one row of :data:`agent.client.FIELDS`: ``start_ns``/``end_ns`` from the
 entry and return events (CLOCK_MONOTONIC: the instance's ``mono`` clock), ``pid`` the
@@ -88,7 +89,7 @@ class AttachedReader:
         self._open: dict[int, dict[str, tuple[int, int]]] = {}
         # tid -> (ts, cpu) of its outermost open entry (entry-only: of its last entry)
         self._start: dict[int, tuple[int, int]] = {}
-        self._lost_seen = events.lost()
+        self._lost_seen = events.calls_lost()
         self._tids = self.threads()
         self._tids_at = time.monotonic()
         # the choice among candidate runtimes (agent/trace/trial.py), while it is open;
@@ -127,7 +128,7 @@ class AttachedReader:
 
     def read(self, max_records: int | None = None) -> np.ndarray:
         self._refresh()
-        lost = self.events.lost()
+        lost = self.events.calls_lost()
         if lost != self._lost_seen:  # events lost: pair again from a clean state
             self._lost_seen = lost
             if any(self._open.values()):
