@@ -96,7 +96,7 @@ def test_each_hit_is_one_sample_of_the_group_and_calls_join_exactly(traced):
     assert len(got) == 2 and all(len(v) >= 20 for v in got.values()), \
         {t: len(v) for t, v in got.items()}
     names = {"task_clock_ns", "page_faults", "context_switches"}
-    for tid, calls in got.items():
+    for calls in got.values():
         ts = [a.ts_ns for a, _ in calls]
         assert ts == sorted(ts)
         for a, b in calls:                           # one call of this thread each
@@ -109,7 +109,7 @@ def test_each_hit_is_one_sample_of_the_group_and_calls_join_exactly(traced):
 
 
 def _s(ts, ev, tc=0, en=None):
-    return pmu.Sample(ts, ev, 0, {"task_clock_ns": tc}, en if en is not None else ts, ts)
+    return pmu.Sample(ts, ev, 0, ("task_clock_ns",), (tc,), en if en is not None else ts, ts)
 
 
 def test_pairing_takes_the_outermost_entry_to_its_return_and_a_gap_starts_again():
@@ -157,9 +157,11 @@ def test_a_record_that_wraps_the_ring_end_is_reassembled():
     for i, b in enumerate(rec):
         r.map[4096 + (start + i) % size] = b
     struct.pack_into("<QQ", r.map, pmu.HEAD_OFF, start + len(rec), start)
-    recs, lost = r.records()
-    assert lost == 3 and recs == [(pmu.RECORD_LOST, body)]
+    buf, recs, lost = r.records()
+    assert lost == 3 and [(t, bytes(buf[a:a + n])) for t, a, n in recs] == \
+        [(pmu.RECORD_LOST, body)]
     assert struct.unpack_from("<Q", r.map, pmu.TAIL_OFF)[0] == start + len(rec)
+    assert r.records() == (b"", [], 0)                # nothing new: nothing read
 
 
 def test_no_counter_is_said_in_one_line_never_zero(traced):

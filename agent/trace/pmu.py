@@ -191,27 +191,57 @@ def attr(c: Counter, *, sampling: bool = False, disabled: bool = False, config1:
 
 
 class Sample(NamedTuple):
-    """One uprobe hit's sample: when, which event, the group's values (by counter name), and
-    the group's enabled/running ns (equal growth: the counters ran the whole time)."""
+    """One uprobe hit's sample: when, which event, the group's members' names and values in
+    the group's order (:attr:`values` by name: built only for the calls joined), and the
+    group's enabled/running ns (equal growth: the counters ran the whole time)."""
 
     ts_ns: int
     event: str
     cpu: int
-    values: dict[str, int]
+    keys: tuple[str, ...]
+    vals: tuple[int, ...]
     enabled_ns: int
     running_ns: int
 
+    @property
+    def values(self) -> dict[str, int]:
+        return dict(zip(self.keys, self.vals))
 
-def parse_sample(rec: bytes, names: dict[int, str]) -> tuple[int, Sample] | None:
-    """(tid, :class:`Sample`) of one PERF_RECORD_SAMPLE body (after its 8-byte header), in
-    the layout :func:`attr` asks for; None for an id not ours."""
-    ident, _pid, tid, ts, cpu, _res, nr, en, run = struct.unpack_from("<QIIQIIQQQ", rec, 0)
-    event = names.get(ident)
+
+_HEADER = struct.Struct("<IHH")   # perf_event_header: type, misc, size
+_SAMPLE_HEAD = "<QIIQIIQQQ"   # id, pid, tid, time, cpu, res, nr, time_enabled, time_running
+_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _layout(nr: int) -> struct.Struct:
+    """The sample body of a group of ``nr`` members (a Struct per size, made once)."""
+    st = _STRUCTS.get(nr)
+    if st is None:
+        st = _STRUCTS[nr] = struct.Struct(_SAMPLE_HEAD + "QQ" * nr)
+    return st
+
+
+def parse_sample(buf: bytes, at: int, size: int, names: dict[int, str],
+                 order: dict[tuple, tuple[str, ...]] | None = None
+                 ) -> tuple[int, Sample] | None:
+    """(tid, :class:`Sample`) of the PERF_RECORD_SAMPLE body of ``size`` bytes at ``at`` in
+    ``buf`` (after its 8-byte header), in the layout :func:`attr` asks for; None for an id not
+    ours. ``order``: a cache of the members' names by their ids' order (the same each
+    sample of a group: leader first, then the siblings as added)."""
+    nr = (size - 56) // 16
+    if nr <= 0:
+        return None
+    v = _layout(nr).unpack_from(buf, at)
+    event = names.get(v[0])
     if event is None:
         return None
-    vals = struct.unpack_from(f"<{2 * nr}Q", rec, 56)
-    values = {names.get(vals[i + 1], str(vals[i + 1])): vals[i] for i in range(0, 2 * nr, 2)}
-    return tid, Sample(ts, event, cpu, values, en, run)
+    ids = v[10::2]
+    keys = order.get(ids) if order is not None else None
+    if keys is None:
+        keys = tuple(names.get(i, str(i)) for i in ids)
+        if order is not None:
+            order[ids] = keys
+    return v[2], Sample(v[3], event, v[4], keys, v[9::2], v[7], v[8])
 
 
 class Ring:
@@ -226,40 +256,38 @@ class Ring:
             self.off, self.size = PAGE, pages * PAGE
         self._fence = threading.Lock()
 
-    def records(self) -> tuple[list[tuple[int, bytes]], int]:
-        """[(type, body)] of the records between our tail and the kernel's head, and the
-        events the kernel says it lost there (PERF_RECORD_LOST, LOST_SAMPLES)."""
+    def records(self) -> tuple[bytes, list[tuple[int, int, int]], int]:
+        """The bytes between our tail and the kernel's head (copied out at once, reassembled
+        where they wrap the end of the data area), each record in them as (type, offset of
+        its body, body size), and the events the kernel says it lost there
+        (PERF_RECORD_LOST, LOST_SAMPLES)."""
         m = self.map
         head = struct.unpack_from("<Q", m, HEAD_OFF)[0]
         with self._fence:   # smp_rmb() (module docstring)
             tail = struct.unpack_from("<Q", m, TAIL_OFF)[0]
-        out: list[tuple[int, bytes]] = []
-        lost = 0
+        if head <= tail:
+            return b"", [], 0
         size, off = self.size, self.off
-        while tail < head:
-            pos = tail % size
-            hdr = self._copy(off, pos, 8, size)
-            rtype, _misc, rsize = struct.unpack("<IHH", hdr)
-            if rsize < 8:   # never written so by the kernel: stop rather than spin
-                break
-            body = self._copy(off, (pos + 8) % size, rsize - 8, size)
-            if rtype == RECORD_SAMPLE:
-                out.append((rtype, body))
-            elif rtype == RECORD_LOST:
-                lost += struct.unpack_from("<QQ", body, 0)[1]
-                out.append((rtype, body))
-            elif rtype == RECORD_LOST_SAMPLES:
-                lost += struct.unpack_from("<Q", body, 0)[0]
-                out.append((rtype, body))
-            tail += rsize
-        struct.pack_into("<Q", m, TAIL_OFF, tail)   # after the copies: smp_mb() then store
-        return out, lost
-
-    def _copy(self, off: int, pos: int, n: int, size: int) -> bytes:
-        """``n`` bytes at ring position ``pos``, reassembled where they wrap the end."""
+        pos, n = tail % size, min(head - tail, size)
         first = min(n, size - pos)
-        b = self.map[off + pos: off + pos + first]
-        return b + self.map[off: off + n - first] if first < n else b
+        buf = m[off + pos: off + pos + first]
+        if first < n:
+            buf += m[off: off + n - first]
+        struct.pack_into("<Q", m, TAIL_OFF, tail + n)   # after the copy: smp_mb(), store
+        out: list[tuple[int, int, int]] = []
+        lost, at, hdr = 0, 0, _HEADER.unpack_from
+        while at + 8 <= n:
+            rtype, _misc, rsize = hdr(buf, at)
+            if rsize < 8 or at + rsize > n:   # never written so by the kernel: stop
+                break
+            if rtype == RECORD_LOST:
+                lost += struct.unpack_from("<QQ", buf, at + 8)[1]
+            elif rtype == RECORD_LOST_SAMPLES:
+                lost += struct.unpack_from("<Q", buf, at + 8)[0]
+            if rtype in (RECORD_SAMPLE, RECORD_LOST, RECORD_LOST_SAMPLES):
+                out.append((rtype, at + 8, rsize - 8))
+            at += rsize
+        return buf, out, lost
 
     def close(self) -> None:
         try:
@@ -279,6 +307,7 @@ class Group:
     ring: Ring | None = None
     names: dict[int, str] = field(default_factory=dict)
     probe_fds: dict[str, int] = field(default_factory=dict)   # probe name → its descriptor
+    order: dict[tuple, tuple[str, ...]] = field(default_factory=dict)   # (parse_sample's)
     calls: deque = field(default_factory=lambda: deque(maxlen=KEEP_CALLS))
     _open: dict[str, Sample] = field(default_factory=dict)
     _start: Sample | None = None
@@ -460,12 +489,12 @@ class Counters:
         for g in self.groups.values():
             if g.ring is None:
                 continue
-            recs, lost = g.ring.records()
-            for rtype, body in recs:
+            buf, recs, lost = g.ring.records()
+            for rtype, at, size in recs:
                 if rtype != RECORD_SAMPLE:
                     g.gap()
                     continue
-                got = parse_sample(body, g.names)
+                got = parse_sample(buf, at, size, g.names, g.order)
                 if got is not None and got[0] == g.tid:
                     g.pair(got[1], got[1].event in self._returns, self.entry_only)
                     n += 1
@@ -529,7 +558,8 @@ def join(calls: deque, start_ns: int, end_ns: int) -> tuple[Sample, Sample] | No
 def counts(first: Sample, last: Sample, names: set[str]) -> dict[str, int]:
     """Counter name → its growth from ``first`` to ``last``, for the counters ``names`` (the
     uprobe members' hit counts left out)."""
-    return {k: last.values[k] - first.values.get(k, 0) for k in names if k in last.values}
+    a, b = first.values, last.values
+    return {k: b[k] - a.get(k, 0) for k in names if k in b}
 
 
 def prune(calls: deque, before_ns: int) -> None:
