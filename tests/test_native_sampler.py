@@ -970,7 +970,8 @@ def test_the_helpers_rounds_are_as_far_apart_as_the_hot_sources_allow(helper, tm
     finally:
         nat.stop()
     for periods, want in (([0.0, 0.2, 0.05, 0.1], 10_000_000),    # one at 100 Hz
-                          ([1.0, 1.0, 1.0, 1.0], 50_000_000),     # capped
+                          ([0.1, 0.2, 0.1, 0.1], 100_000_000),    # the events' 10 Hz
+                          ([1.0, 1.0, 1.0, 1.0], 100_000_000),    # capped
                           ([0.05, 0.03, 0.05, 0.05], 10_000_000)):  # 50 and 30 ms: 10
         nat = sampler(periods)
         try:

@@ -8,8 +8,8 @@ caller adds. A collector whose ``available()`` says no (or raises) is left out a
 
 With kernel events on the probe CPUs (``--trace``, :attr:`SpikeEvents.active`: the source
 opens in ``WatchSession.start()`` before the sampler is built), what the events see directly
-is polled less (:func:`reduce_for_events`): /proc/interrupts, /proc/softirqs, an external
-process's threads' schedstat and the task scans a spike asks for. Not to zero: the polled
+is polled less (:func:`reduce_for_events`): /proc/interrupts, /proc/softirqs, /proc/stat,
+the memory counters, the watched threads' schedstat and the task scans a spike asks for. Not to zero: the polled
 rules still decide where a window is incomplete or the events decide nothing, and they need
 their baselines.
 """
@@ -30,7 +30,7 @@ GPU_PERIOD_S = 0.05
 # (in-process evidence), so their threads' schedstat at 100 Hz would only repeat it: 20 Hz
 # there (each cold /proc read after a wake-up costs 30-50 µs on a VM). An external process's
 # records carry none: every round. (Each source says which: its ``sched_period_s``,
-# agent/watch/latency/; this is the reduced rate with kernel events.)
+# agent/watch/latency/; with kernel events it is EVENTS_SCHED_PERIOD_S.)
 SCHED_PERIOD_BUILTIN_S = 0.05
 
 # Polled less where the kernel events cover it (reduce_for_events). /proc/interrupts (the
@@ -44,8 +44,16 @@ SCHED_PERIOD_BUILTIN_S = 0.05
 # periodic scan (every 2 s) keeps others_share's baseline. An external process's threads'
 # schedstat (its run-queue delay, every round without events): 20 Hz, as for the built-in
 # probes, since the events' switches and wake-ups of those threads time each wait exactly.
+# Every other hot source (/proc/stat, the memory counters, /proc/softirqs, the watched threads'
+# schedstat) at 10 Hz, so the native helper makes 10 rounds a second, not 20 (issue #38: its
+# procfs reads were ~0.45 % of one CPU at 20 rounds/s beside an attached LiteRT service on a
+# 2-vCPU Linux 6.18 guest): with the events on, the polled rows are the fallback (a window
+# incomplete, a spike the CPU budget skips) and the spike's own window still has them (a
+# spike waits for the round after it: Sampler.covered_ns).
 EVENTS_IRQ_PERIOD_S = 0.2
-EVENTS_SOFTIRQ_PERIOD_S = 0.05
+EVENTS_SOFTIRQ_PERIOD_S = 0.1
+EVENTS_POLL_PERIOD_S = 0.1
+EVENTS_SCHED_PERIOD_S = 0.1
 EVENTS_MIN_SCAN_GAP_S = 0.5
 IRQ_DESC_S = 5.0  # the IRQ device names re-read this often whatever the irq rate
 # "0": poll as without events even when they run (the before/after A/B of the reduction:
@@ -137,17 +145,22 @@ def reduce_for_events(c: Collectors, sample_hz: float, env=None) -> dict[str, di
 
     irq = c.irq
     slower("irq", irq, "/proc/interrupts rows of the probe CPUs", EVENTS_IRQ_PERIOD_S)
+    for x in c.active:
+        what = {"cpu": "/proc/stat rows of the probe CPUs",
+                "memory": "the memory counters"}.get(getattr(x, "name", ""))
+        if what:
+            slower(x.name, x, what, EVENTS_POLL_PERIOD_S)
     if "irq" in out:
         irq.desc_every = max(1, round(IRQ_DESC_S / EVENTS_IRQ_PERIOD_S))
     soft = next((x for x in c.active if getattr(x, "name", "") == "softirq"), None)
     slower("softirq", soft, "/proc/softirqs rows of the probe CPUs", EVENTS_SOFTIRQ_PERIOD_S)
     sched = c.sched
     if sched is not None and id(sched) in active and \
-            sched.period_s < SCHED_PERIOD_BUILTIN_S:
+            sched.period_s < EVENTS_SCHED_PERIOD_S:
         out["sched"] = {"what": "the watched threads' schedstat, stat and status",
                         "from_hz": _hz(sched.period_s, sample_hz),
-                        "to_hz": _hz(SCHED_PERIOD_BUILTIN_S, sample_hz)}
-        sched.slow_to(SCHED_PERIOD_BUILTIN_S)
+                        "to_hz": _hz(EVENTS_SCHED_PERIOD_S, sample_hz)}
+        sched.slow_to(EVENTS_SCHED_PERIOD_S)
     if sched is not None and id(sched) in active and \
             sched.min_scan_gap_s < EVENTS_MIN_SCAN_GAP_S:
         out["sched_scan"] = {"what": "task scans on spikes (who ran); records do not wait "

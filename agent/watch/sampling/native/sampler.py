@@ -91,14 +91,15 @@ class NativeSampler(Sampler):
     # The helper's rounds are as far apart as the hot sources allow, up to this: a round
     # costs its wake-up and record whether or not a file is due in it (~70 µs of the
     # helper's and the replay's CPU a round on a 2-vCPU VM), and a spike's attribution
-    # waits for the 20 Hz rows anyway (Sampler.covered_ns)
-    MAX_ROUND_NS = 50_000_000
+    # waits for the round after it anyway (Sampler.covered_ns); with the kernel events on,
+    # every hot source is polled at 10 Hz (agent/watch/wiring.py): 10 rounds a second
+    MAX_ROUND_NS = 100_000_000
 
     def _round_period(self) -> int:
         """The helper's round period: ``hz``'s, times the largest common divisor of the hot
         sources' periods in those rounds that keeps it ≤ :data:`MAX_ROUND_NS` — each file
         is read at the very times it would be at ``hz`` (with the events on, every hot
-        source runs at 20 Hz or slower: 20 rounds a second instead of 100)."""
+        source runs at 10 Hz or slower: 10 rounds a second instead of 100)."""
         divs = [max(1, round(e.period_ns / self.period_ns)) for e in self.entries
                 if isinstance(e.collector, HotSource)]
         k = math.gcd(*divs) if divs else 1
