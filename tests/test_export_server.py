@@ -619,8 +619,8 @@ def test_textfile_bad_directory(tmp_path):
 
 
 def test_series_count_matches_docs_fleet_formula():
-    """docs/fleet.md: exporter series per box = 61 + 7 C + 2 K + P + 16 G + 3 D without
-    watch's own cost (the other 31 of its 92: that cost's 10, Prometheus' own 5 per target
+    """docs/fleet.md: exporter series per box = 62 + 7 C + 2 K + P + 16 G + 3 D without
+    watch's own cost (the other 31 of its 93: that cost's 10, Prometheus' own 5 per target
     and the 16 recording rules)."""
     C, K, P, G, D = 32, 7, 2, 1, 1
     m = WatchMetrics(p99_budget_us=2000)
@@ -646,7 +646,7 @@ def test_series_count_matches_docs_fleet_formula():
             m.set_gauge(name, 1, device=dev)
     body = render(make_registry(m))[0].decode()
     series = [ln for ln in body.splitlines() if ln and not ln.startswith("#")]
-    assert len(series) == 61 + 7 * C + 2 * K + P + 16 * G + 3 * D
+    assert len(series) == 62 + 7 * C + 2 * K + P + 16 * G + 3 * D
 
 
 def test_audit_families_are_rendered_once_per_audit_and_format():

@@ -5,6 +5,9 @@ What ran on the probe CPUs during a slow sample, and uprobes on an unmodified pr
 - :mod:`.elf`, :mod:`.attach`, :mod:`.uprobe` — a runtime's once-per-call function in a
   running process (catalogue, file offset, entry instruction) and our own uprobe events on it
   (``watch --attach``, ``attach --check``).
+- :mod:`.pmu` — each attached call's cycles, instructions and on-CPU ns: a perf group per
+  thread sampled by perf's own uprobes at the call's entry and return (``watch --attach
+  --pmu``).
 - :mod:`.irqcost` (+ ``hftirqcost.c``) — what one interrupt costs a running task, measured.
 - :mod:`.tracefs` — :class:`EventSource`, a private tracefs instance
   ``instances/hftagent-<pid>`` on the probe CPUs whose kernel ring is the flight recorder;
