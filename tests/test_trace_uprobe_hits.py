@@ -109,3 +109,21 @@ def test_the_kernel_event_rings_are_drained_once_a_kernel_drain_period(monkeypat
     src.uprobe_events()
     src.uprobe_events()
     assert src.drains == 2
+
+
+def test_without_an_event_decoded_whole_the_hits_are_the_same():
+    """No GPU copy probe (the common case): every hit made straight from the page walk,
+    the same time, CPU, thread and name as the events decoded whole; one CPU's hits in
+    page order."""
+    call = lambda tid, t: (t, payload(CALL, tid, __probe_ip=9))  # noqa: E731
+    ret = lambda tid, t: (t, payload(RET, tid, __probe_func=1, __probe_ret_ip=2))  # noqa: E731
+    r1 = _CpuRing(1)
+    r1.pages.extend([_page(1, 1000, [call(7, 1001), ret(7, 1020), call(7, 1030)]),
+                     _page(1, 2000, [ret(7, 2001), call(9, 2002), ret(9, 2003)])])
+    src = _Source({1: r1})
+    src._uprobe_ids = {CALL.id: False, RET.id: True}
+    want = [(e.ts_ns, e.cpu, e.pid, e.name) for p in r1.pages
+            for e in iter_page(p.data, 1, src._formats, only=set(src._uprobe_ids))]
+    got = src.uprobe_events()
+    assert [(h.ts_ns, h.cpu, h.pid, h.name) for h in got] == want and len(want) == 6
+    assert all(type(h) is uprobe.UprobeHit for h in got)

@@ -63,6 +63,7 @@ class UprobeHit(NamedTuple):
 
 
 _TS = attrgetter("ts_ns")
+_new = tuple.__new__
 # the fields every uprobe event has (entry: the probed address; return: the function and
 # the return address): nothing else to decode for the pairing
 _PROBE_FIELDS = frozenset({"__probe_ip", "__probe_func", "__probe_ret_ip"})
@@ -355,6 +356,9 @@ class UprobeEvents:
         super().__init__()
         self._uprobe_ids: dict[int, bool] = {}    # event id -> a return probe
         self._uprobe_names: dict[str, bool] = {}
+        # (ids, id -> name, ids decoded whole, common_pid at byte 4): made at the first read
+        # after the events change
+        self._hit_plan: tuple | None = None
 
     def add_uprobes(self, uprobes, tids: list[int]) -> None:
         """Enable ``uprobes`` (an :class:`Uprobes`, defined) in the calls instance (made
@@ -370,6 +374,7 @@ class UprobeEvents:
             self._uprobe_ids[fmt.id] = name in uprobes.returns
             self._uprobe_names[fmt.name] = name in uprobes.returns
             self._names.add(fmt.name)
+        self._hit_plan = None
         self.events += [f"{uprobes.group}:{n}" for n in uprobes.names]
 
     def uprobe_events(self) -> list[UprobeHit | Event]:
@@ -384,21 +389,31 @@ class UprobeEvents:
             return []
         if time.monotonic_ns() - getattr(self, "drained_ns", 0) >= KERNEL_DRAIN_S * 1e9:
             self.drain()
-        only = frozenset(self._uprobe_ids)
+        if self._hit_plan is None:
+            only = frozenset(self._uprobe_ids)
+            fmts = self._formats
+            # an event with arguments of its own (a GPU copy's size) is decoded whole
+            self._hit_plan = (only, {i: fmts[i].name for i in only},
+                              {i for i in only if any(f.name not in _PROBE_FIELDS
+                                                      for f in fmts[i].fields)},
+                              all(fmts[i].pid_offset == 4 for i in only))
+        only, names, full, fast = self._hit_plan
         fmts = self._formats
-        names = {i: fmts[i].name for i in only}
-        # an event with arguments of its own (a GPU copy's size) is decoded whole
-        full = {i for i in only if any(f.name not in _PROBE_FIELDS for f in fmts[i].fields)}
-        fast = all(fmts[i].pid_offset == 4 for i in only)
         out: list[UprobeHit | Event] = []
+        cpus = set()
         for cpu, buf in self._calls_pages():
+            cpus.add(cpu)
             if not fast:  # (a common header of another shape: the events' own decoding)
                 out += iter_page(buf, cpu, fmts, layout=self._layout, only=only)
-                continue
-            for ts, ev, pid, start, length in id_hits(buf, only, self._layout):
-                out.append(fmts[ev].make_event(buf, start, length, ts, cpu) if ev in full
-                           else UprobeHit(ts, cpu, pid, names[ev]))
-        out.sort(key=_TS)  # (the CPUs' hits merged; one CPU's are in order already)
+            elif not full:  # (each hit made as a tuple: UprobeHit(...) is a Python call)
+                out += [_new(UprobeHit, (ts, cpu, pid, names[ev]))
+                        for ts, ev, pid, _start, _len in id_hits(buf, only, self._layout)]
+            else:
+                for ts, ev, pid, start, length in id_hits(buf, only, self._layout):
+                    out.append(fmts[ev].make_event(buf, start, length, ts, cpu) if ev in full
+                               else _new(UprobeHit, (ts, cpu, pid, names[ev])))
+        if len(cpus) > 1:
+            out.sort(key=_TS)  # (the CPUs' hits merged; one CPU's are in order already)
         return out
 
     def is_return(self, ev: UprobeHit | Event) -> bool:
@@ -414,5 +429,6 @@ class UprobeEvents:
             self._uprobe_ids.pop(i, None)
         for n in uprobes.names:
             self._uprobe_names.pop(n, None)
+        self._hit_plan = None
         self.events = [e for e in self.events if not e.startswith(uprobes.group + ":")]
         return left
