@@ -80,3 +80,18 @@ def test_a_storm_does_not_raise_the_bar_it_is_measured_against():
     got = d.scan(recs, lat)
     assert len(got) == int((lat > 750_000).sum()) > 100
     assert d.p50_ns < 300_000
+
+
+def test_the_rolling_median_is_numpys_for_every_fill():
+    """The window's median (one np.partition, issue #38) is np.median's value: odd and even
+    fills, ties, a window that wrapped."""
+    import numpy as np
+
+    from agent.watch.detect import _Recent
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 20, 21, 1999, 2000, 2001, 4500):
+        for hi in (5, 10**7):
+            r = _Recent()
+            r.extend(rng.integers(1, hi, n))
+            held = r.buf[:r.n] if r.n < len(r.buf) else r.buf
+            assert r.median() == float(np.median(held)), (n, hi)
