@@ -205,3 +205,18 @@ def test_a_dropped_probe_leaves_every_group_and_its_descriptor_closes(traced, in
         c.read()                           # the group still samples its other probes
         assert any(g.calls for g in c.groups.values())
     assert _fds() == before
+
+
+def test_threads_past_the_cap_are_said_and_hold_nothing(traced, monkeypatch):
+    child, probes = traced
+    child.stdin.write("go\n")   # a second thread
+    child.stdin.flush()
+    time.sleep(0.2)
+    monkeypatch.setattr(pmu, "MAX_THREADS", 1)
+    before = _fds()
+    with pmu.Counters(probes, pmu.SOFTWARE, pages=1) as c:
+        c.set_threads(_tids(child.pid))
+        assert len(c.groups) == 1 and _fds() == before + 6
+        assert list(c.failed.values()) == ["over 1 threads or 50% of the descriptor limit "
+                                           "(RLIMIT_NOFILE)"]
+    assert _fds() == before

@@ -76,6 +76,7 @@ import errno
 import mmap
 import os
 import platform
+import resource
 import struct
 import threading
 from collections import deque
@@ -104,7 +105,8 @@ ATTR_SIZE = 136          # PERF_ATTR_SIZE_VER8 (Linux 6.3+); older kernels take 
 HEAD_OFF, TAIL_OFF, DATA_OFF, SIZE_OFF = 1024, 1032, 1040, 1048
 PAGE = mmap.PAGESIZE
 RING_PAGES = 16          # data pages per thread (64 KiB: ~300 calls of 2 samples)
-MAX_THREADS = 256        # groups opened at most (threads beyond it: their calls uncounted)
+MAX_THREADS = 64         # groups opened at most (threads beyond it: their calls uncounted)
+FD_SHARE = 0.5           # ... and no more descriptors than this share of RLIMIT_NOFILE
 KEEP_CALLS = 4096        # calls kept per thread, waiting for watch's rows of them
 PENDING_READS = 3        # a row whose samples are not there yet is tried this many reads
 JOIN_NS = 50_000         # a row and its perf call: their entries and ends this close at most
@@ -473,8 +475,14 @@ class Counters:
         want = set(tids)
         for tid in [t for t in self.groups if t not in want]:
             self.groups.pop(tid).close()
+        per = len(self.counters) + len(self.probes) + 1   # a group's descriptors, its ring's
+        room = int(resource.getrlimit(resource.RLIMIT_NOFILE)[0] * FD_SHARE)
         for tid in sorted(want - set(self.groups)):
-            if len(self.groups) >= MAX_THREADS or tid in self.failed:
+            if tid in self.failed:
+                continue
+            if len(self.groups) >= MAX_THREADS or self.fds() + per > room:
+                self.failed[tid] = (f"over {MAX_THREADS} threads or {FD_SHARE:.0%} of the "
+                                    "descriptor limit (RLIMIT_NOFILE)")
                 continue
             try:
                 self.groups[tid] = self.open_thread(tid)
