@@ -308,3 +308,32 @@ def test_pmu_on_needs_attach_and_a_bad_mode_is_one_line():
     assert pmu.arm(probe_run, "auto", []) is None and pmu.arm(probe_run, "off", []) is None
     with pytest.raises(AgentError, match=r"^--pmu must be one of auto, on, off, not "):
         options.build(Host(), pmu="sometimes", duration=1)
+
+
+def test_where_a_pmu_exists_the_calls_that_did_more_work_are_slow_code(infer_lib, tmp_path):
+    """The hardware path end to end (skipped on a box without a PMU, e.g. a Firecracker
+    guest): every 50th call does 10x the work; its record names slow_code, more_work."""
+    needs_uprobes()
+    import json
+
+    from agent.watch.session import WatchSession
+    child = _loop(infer_lib)
+    try:
+        why = trace_pmu.probe(child.pid)
+        if why:
+            pytest.skip(why)
+        s = WatchSession(_cfg(child.pid, infer_lib, tmp_path, duration_s=5))
+        assert s.run() == 0, s.warnings
+    finally:
+        child.kill()
+        child.wait()
+    assert isinstance(s.pmu, pmu.PerCall) and s.pmu.counted >= 500, s.pmu.stats()
+    recs = [json.loads(x) for x in (tmp_path / "spikes.jsonl").read_text().splitlines()]
+    more = [r for r in recs if (r.get("pmu") or {}).get("slow_code", {}).get("kind")
+            == "more_work"]
+    assert len(more) >= 5, [r.get("pmu") for r in recs[:3]]
+    for r in more:   # 10x the instructions of the median call, told as such
+        assert r["pmu"]["slow_code"]["ratios"]["instructions"] >= 5
+    named = [r for r in more if r["cause"] == "slow_code"]
+    assert len(named) >= 0.5 * len(more), [(r["cause"], r.get("decided_by")) for r in more]
+    assert all(r["causes"][0]["evidence"]["kind"] == "more_work" for r in named)

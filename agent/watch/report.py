@@ -114,7 +114,9 @@ def pmu(s: dict) -> list[str]:
                else "")
             + (f", {p['calls_multiplexed']} multiplexed (not exact: left out)"
                if p["calls_multiplexed"] else "")
-            + (f", {p['lost']} samples lost" if p["lost"] else "")]
+            + (f", {p['lost']} samples lost" if p["lost"] else "")
+            + (f", {p['threads_failed']} thread(s) not counted" if p.get("threads_failed")
+               else "")]
 
 
 def sampler(s: dict) -> list[str]:
