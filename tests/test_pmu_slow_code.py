@@ -337,3 +337,26 @@ def test_where_a_pmu_exists_the_calls_that_did_more_work_are_slow_code(infer_lib
     named = [r for r in more if r["cause"] == "slow_code"]
     assert len(named) >= 0.5 * len(more), [(r["cause"], r.get("decided_by")) for r in more]
     assert all(r["causes"][0]["evidence"]["kind"] == "more_work" for r in named)
+
+
+def test_a_trials_losers_are_dropped_from_the_groups_once_watch_drops_them():
+    from types import SimpleNamespace
+
+    class C(_Counters):
+        probes = [trace_pmu.Probe(n, "/x", 0, n.startswith("ret"))
+                  for n in ("call0", "ret0", "call1", "ret1")]
+        dropped_here: list = []
+
+        def drop(self, names):
+            self.dropped_here.append(set(names))
+            self.probes = [p for p in self.probes if p.name not in names]
+    c = C()
+    u = SimpleNamespace(dropped=set())
+    per = pmu.PerCall(c, u)
+    per.feed([])
+    assert c.dropped_here == []                       # the trial still runs
+    u.dropped = {"call1", "ret1"}                     # watch chose target 0
+    per.feed([])
+    per.feed([])
+    assert c.dropped_here == [{"call1", "ret1"}]      # once
+    assert [p.name for p in c.probes] == ["call0", "ret0"]
