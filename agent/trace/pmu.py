@@ -12,7 +12,8 @@ that thread runs, on whatever CPU):
 - a uprobe on each function watch times, at the same file offset as watch's own uprobe
   events, entry and return, as *sampling* members (:data:`UPROBE_PMU`: perf's ``uprobe``
   event source, ``config`` bit 0 the return probe, ``config1`` the path — watch's pinned
-  ``/proc/self/fd/N`` of the library — and ``config2`` the offset), ``sample_period=1``, ``sample_type`` IDENTIFIER|TID|TIME|CPU|READ and ``read_format``
+  ``/proc/self/fd/N`` of the library — and ``config2`` the offset), ``sample_period=1``,
+  ``sample_type`` IDENTIFIER|TID|TIME|CPU|READ and ``read_format``
   GROUP|ID|TOTAL_TIME_ENABLED|TOTAL_TIME_RUNNING, their output redirected into the leader's
   mmap'd ring (PERF_EVENT_IOC_SET_OUTPUT: allowed between events of one task and one cpu).
 
@@ -31,11 +32,11 @@ uprobes are members, not leaders (the brief's first idea): one group reads *one*
 counters at both the entry and the return, where a group per uprobe event would need a
 hardware counter pair per event (two per target; a trial arms several targets) and the
 entry's and the return's counters would be different counters. Per thread rather than per
-CPU (decided by experiment: a uprobe tracepoint opened with ``pid=tid, cpu=-1`` samples
-that thread's hits only, on Linux 6.18, and may sit in a group beside counters and share
-its ring); a per-CPU counter counts whatever runs on the CPU, so
-a call that was preempted would be charged the other task's instructions; per thread the
-counters stop when the thread is switched out, which is what "the call's work" is.
+CPU (decided by experiment on Linux 6.18: a uprobe opened with ``pid=tid, cpu=-1`` samples
+that thread's hits only, sits in a group beside the counters and shares its ring); a
+per-CPU counter counts whatever runs on the CPU, so a call that was preempted would be
+charged the other task's instructions; per thread the counters stop when the thread is
+switched out, which is what "the call's work" is.
 
 The clock: ``use_clockid`` with CLOCK_MONOTONIC, which the kernel reads with
 ``ktime_get_mono_fast_ns`` — the very function of the trace instance's ``mono`` clock
