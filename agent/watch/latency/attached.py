@@ -384,8 +384,9 @@ class AttachedRun(Running):
 
     def start(self, events: Any, phase: Phase | None = None) -> None:
         """Uprobes on the runtime's once-per-call function (every candidate's, when the
-        process maps several), enabled in the kernel-event instance of ``events`` (the
-        session's SpikeEvents: it must be active), read by an :class:`AttachedReader`.
+        process maps several), enabled in the calls instance of ``events``' source
+        (agent/trace/calls.py; the session's SpikeEvents: it must be active), read by an
+        :class:`AttachedReader`.
         AgentError with one line when the process cannot be attached."""
         from agent.trace import attach, uprobe
         if not events.active:
