@@ -399,15 +399,18 @@ def test_watch_attach_killed_leaves_no_uprobe(infer_lib, tmp_path):
          "--duration", "120", "--no-live", "--json", "--no-history", "--trace", "on"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     group, inst = f"hftagent_{w.pid}", TRACEFS / "instances" / f"hftagent-{w.pid}"
+    calls = inst.with_name(inst.name + "-calls")   # its uprobe events' own instance
     try:
-        assert _wait(lambda: _has_group(group) and inst.is_dir(), START_S, child=w)
+        assert _wait(lambda: _has_group(group) and inst.is_dir() and calls.is_dir(), START_S,
+                     child=w)
         time.sleep(0.3)
         g = _guardian_of(w.pid)
         assert g is not None
         t0 = time.monotonic()
         w.send_signal(signal.SIGKILL)
         w.wait()
-        gone = _wait(lambda: not _has_group(group) and not inst.exists(), GONE_S)
+        gone = _wait(lambda: not _has_group(group) and not inst.exists() and
+                     not calls.exists(), GONE_S)
         print(f"watch --attach: uprobes and instance gone {time.monotonic() - t0:.3f} s "
               "after SIGKILL")
         assert gone, _events()
@@ -423,6 +426,7 @@ def test_watch_attach_killed_leaves_no_uprobe(infer_lib, tmp_path):
                     uprobe._append(TRACEFS / "uprobe_events", "-:" + ln.split()[0][2:])
                 except FileNotFoundError:
                     pass
+        _remove_instance(calls.name)
         _remove_instance(inst.name)
 
 
