@@ -597,7 +597,7 @@ def test_an_exit_is_said_once_the_calls_it_made_before_are_read(tmp_path):
     class Src:
         evs: list = []
 
-        def lost(self):
+        def calls_lost(self):
             return 0
 
         def uprobe_events(self):
