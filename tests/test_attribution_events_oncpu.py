@@ -269,14 +269,15 @@ def updates(*runtimes_us: int) -> list[str]:
 
 
 def test_the_runtime_is_compared_with_the_time_on_the_cpu_between_updates():
-    """Four stretches of 400 µs inside the call (the first update opens them; the one after
-    the call is outside): 1,600 µs on the CPU, 1,000 µs of runtime; the 2 µs of each tick
-    inside a stretch are interrupts (own time)."""
+    """Four stretches of 400 µs inside the call, and the two that overlap its ends: from the
+    switch-in 500 µs before it to the first update (600 µs, 400 counted), and from the last
+    update inside to the one 100 µs after it: 2,600 µs on the CPU, 600 of them outside the
+    call, 1,800 µs of runtime; the 2 µs of each tick inside the call are interrupts."""
     text = on_cpu(*updates(400, 100, 100, 400, 400))
     tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
                   runtime_from_ns=0).to_dict()
-    assert tl["runtime"] == {"runtime_us": 1000.0, "wall_us": 1600.0, "own_us": 1596.0,
-                             "stretches": 4, "skipped": 0}
+    assert tl["runtime"] == {"runtime_us": 1800.0, "wall_us": 2600.0, "own_us": 2596.0,
+                             "outside_us": 600.0, "stretches": 6, "skipped": 0}
     late = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
                     runtime_from_ns=T0 + 1).to_dict()
     assert "runtime" not in late
@@ -290,8 +291,8 @@ def test_a_stretch_a_remote_wakeup_onto_the_cpu_cuts_is_left_out():
     text = on_cpu(*updates(400, 100, 400, 400, 400), woke)
     tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
                   runtime_from_ns=0).to_dict()
-    assert tl["runtime"]["stretches"] == 3 and tl["runtime"]["skipped"] == 1
-    assert tl["runtime"]["runtime_us"] == 1200.0
+    assert tl["runtime"]["stretches"] == 5 and tl["runtime"]["skipped"] == 1
+    assert tl["runtime"]["runtime_us"] == 2000.0
 
 
 def test_an_unexplained_call_with_time_hidden_from_its_runtime_is_named_hidden():
@@ -299,11 +300,67 @@ def test_an_unexplained_call_with_time_hidden_from_its_runtime_is_named_hidden()
                      UNEXPLAINED)
     assert body["cause"] == "hidden" and body["decided_by"] == "events"
     rt = body["events"]["timeline"]["runtime"]
-    assert rt["hidden_us"] == 596.0 and rt["compared_us"] == 1596.0  # (interrupts left out)
+    # (interrupts left out; per stretch: the 400 µs stretch with a 2 µs tick and 400 µs
+    # counted hides nothing, it does not cancel another's hidden time)
+    assert rt["hidden_us"] == 598.0 and rt["compared_us"] == 2596.0
     lead = body["causes"][0]
-    assert lead["evidence"]["hidden_us"] == 596.0
-    assert lead["detail"].startswith("596 µs of the 1,600 µs excess on CPU 1 was not the "
-                                     "thread's runtime (1,000 µs counted in 1,596 µs")
+    assert lead["evidence"]["hidden_us"] == 598.0
+    assert lead["detail"].startswith("598 µs of the 1,600 µs excess on CPU 1 was not the "
+                                     "thread's runtime (1,800 µs counted in 2,596 µs on the "
+                                     "CPU, 600 µs of it outside the call")
+
+
+def one_stretch(runtime_us: int, out_ns: int = 1_000, *extra: str) -> str:
+    """A thread that sleeps between calls: switched in 150 µs before the call, no update
+    inside it (the ticks are 4 ms apart), switched out ``out_ns`` after it, its runtime
+    update at the switch out (emitted before the switch)."""
+    rows = [sw("swapper/1", 0, ts(T0 - 150_000), "probe", PROBE, "R"),
+            update(T1 + out_ns, runtime_us * 1000),
+            sw("probe", PROBE, ts(T1 + out_ns + 1_000), "swapper/1", 0, "S"), *extra]
+    return "\n".join(sorted(rows, key=lambda r: r.split("]")[1].split()[1]))
+
+
+def test_a_call_inside_one_stretch_is_compared_from_its_switch_in_to_the_update_after_it():
+    """The call (2 ms) runs in one stretch of 2,151 µs with no update inside: 1,100 µs
+    counted, so at least 2,151 - 1,100 - 151 (outside the call) = 900 µs were hidden inside
+    it: named ``hidden`` (the comparison of stretches wholly inside the call measured
+    none of such a thread's calls)."""
+    text = one_stretch(1100)
+    tl = timeline(parse_text(text.splitlines()), 1, {PROBE}, T0, T1, follow=True,
+                  runtime_from_ns=0).to_dict()
+    assert tl["runtime"] == {"runtime_us": 1100.0, "wall_us": 2151.0, "own_us": 2151.0,
+                             "outside_us": 151.0, "stretches": 1, "skipped": 0}
+    body = attribute(Source(text, runtime_at=0), UNEXPLAINED)
+    assert body["cause"] == "hidden" and body["decided_by"] == "events"
+    assert body["events"]["timeline"]["runtime"]["hidden_us"] == 900.0
+
+
+def test_a_stretch_that_hid_no_more_than_its_time_outside_the_call_names_nothing():
+    """2,151 µs with 2,000 counted: the 151 µs not counted may lie outside the call (before
+    its start, after its end): no hidden time is claimed for it."""
+    body = attribute(Source(one_stretch(2000), runtime_at=0), UNEXPLAINED)
+    assert body["events"]["timeline"]["runtime"]["hidden_us"] == 0
+    assert body["cause"] != "hidden"
+
+
+def test_a_stretch_that_began_before_the_updates_were_recorded_is_not_compared():
+    """The thread's updates recorded only from 100 µs before the call: its stretch began at
+    its switch-in 150 µs before, when an update may have gone unrecorded."""
+    tl = timeline(parse_text(one_stretch(1100).splitlines()), 1, {PROBE}, T0, T1,
+                  follow=True, runtime_from_ns=T0 - 100_000).to_dict()
+    assert tl["runtime"]["stretches"] == 0
+
+
+def test_the_interrupts_after_the_call_are_charged_to_its_stretch():
+    """A 20 µs interrupt after the call, before the switch out's update: own time leaves it
+    out too."""
+    irq = [line("probe", PROBE, ts(T1 + 300_000), "irq_handler_entry: irq=24 name=virtio0",
+                "d.h1."),
+           line("probe", PROBE, ts(T1 + 320_000), "irq_handler_exit: irq=24 ret=handled",
+                "d.h1.")]
+    tl = timeline(parse_text(one_stretch(1100, 500_000, *irq).splitlines()), 1, {PROBE}, T0,
+                  T1, follow=True, runtime_from_ns=0).to_dict()
+    assert tl["runtime"]["wall_us"] == 2650.0 and tl["runtime"]["own_us"] == 2630.0
 
 
 def test_runtime_that_matches_the_time_on_the_cpu_hides_nothing():

@@ -227,15 +227,25 @@ class Timeline:
     faults_slept: int = 0
     # The followed thread's runtime as the scheduler counted it (sched_stat_runtime, filtered
     # to it) against its time on the CPU, over the stretches between two of its updates on
-    # this CPU inside [t0, t1] while it was current throughout (from a switch-in, or an
-    # update, to the next update): runtime_ns its runtime there, runtime_wall_ns the
-    # stretches' wall time, runtime_own_ns the same less the interrupts recorded in them.
-    # None where its updates were not recorded over the whole window. runtime_skipped: the
-    # stretches left out because a wake-up onto this CPU from another one came in them (the
-    # enqueue there updates the thread's runtime on that CPU, which is not traced).
+    # this CPU that overlap [t0, t1] while it was current throughout (from a switch-in, or
+    # an update, to the next update, which may come after t1: a call of a thread that sleeps
+    # between calls is one stretch, from its switch-in before t0 to the update of its switch
+    # out after t1): runtime_ns its runtime there, runtime_wall_ns the stretches' wall time,
+    # runtime_own_ns the same less the interrupts recorded in them inside [t0, t1],
+    # runtime_outside_ns the stretches' time outside [t0, t1] (what hid there cannot be the
+    # call's: the hidden time inside is at least own - runtime - outside, per stretch),
+    # runtime_hidden_ns that lower bound summed over the stretches (0 for a stretch whose
+    # runtime covers it), runtime_hidden_wall_ns the same from the wall time (where the
+    # kernel charges interrupts to the task's runtime). None where its
+    # updates were not recorded over the whole stretch. runtime_skipped: the stretches left
+    # out because a wake-up onto this CPU from another one came in them (the enqueue there
+    # updates the thread's runtime on that CPU, which is not traced).
     runtime_ns: int | None = None
     runtime_wall_ns: int = 0
     runtime_own_ns: int = 0
+    runtime_outside_ns: int = 0
+    runtime_hidden_ns: int = 0
+    runtime_hidden_wall_ns: int = 0
     runtime_stretches: int = 0
     runtime_skipped: int = 0
 
@@ -325,6 +335,7 @@ class Timeline:
         if self.runtime_ns is not None:
             d["runtime"] = {"runtime_us": us(self.runtime_ns), "wall_us": us(self.runtime_wall_ns),
                             "own_us": us(self.runtime_own_ns),
+                            "outside_us": us(self.runtime_outside_ns),
                             "stretches": self.runtime_stretches,
                             "skipped": self.runtime_skipped}
         return d

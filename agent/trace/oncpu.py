@@ -11,10 +11,17 @@ its user page faults inside the window and its runtime as the scheduler counted 
   file page: ``block_rq_issue``, then the switch out in D);
 - **runtime** (``sched:sched_stat_runtime``, emitted for CFS tasks at each tick and switch out
   on 6.18): each update covers the *stretch* since the thread's switch-in or its previous
-  update on this CPU; a stretch wholly in the window is compared with the runtime it reports
-  (its wall time, and its wall time less the interrupts charged in it), unless a task was
-  enqueued onto this CPU from another in it (that enqueue updated the thread's runtime on a
-  CPU whose events we do not walk): skipped and counted.
+  update on this CPU; a stretch that overlaps the window is compared with the runtime it
+  reports (its wall time, and its wall time less the interrupts charged in it inside the
+  window), with its part outside the window counted apart (``runtime_outside_ns``: the time
+  hidden there is not the call's), unless a task was enqueued onto this CPU from another in
+  it (that enqueue updated the thread's runtime on a CPU whose events we do not walk):
+  skipped and counted. A thread that sleeps between calls runs each call in one stretch,
+  from its switch-in before ``t0`` to the update of its switch out after ``t1``, with no
+  update inside (a tick comes every 1-4 ms): comparing only the stretches wholly inside
+  the window measured none of its calls. :meth:`CpuStory.run <.cpu_story.CpuStory.run>`
+  walks on past ``t1`` to that update. A stretch that began before the thread's updates
+  were recorded (``from_ns``) is not compared.
 
 The results go into the :class:`~.accounting.Timeline` (``faults``, ``fault_ns``,
 ``faults_slept``, ``runtime_*``), where ``None`` says the event was not recorded.
@@ -49,6 +56,7 @@ class OnCpu:
         self.rt_at: int | None = None
         self.rt_irq = 0
         self.rt_remote = False
+        self.from_ns: int | None = None  # from when the thread's updates are recorded
 
     def fault(self, ts: int, pid: int) -> None:
         """A user page fault's entry (of ``pid``), where faults are recorded."""
@@ -105,13 +113,25 @@ class OnCpu:
         tl, f = self.tl, ev.fields
         if tl.runtime_ns is None or f.get("pid") != self.tid or ev.pid != f.get("pid"):
             return
-        at, ts = self.rt_at, ev.ts_ns
-        if at is not None and tl.t0_ns <= at and ts <= tl.t1_ns:
+        at, ts, t0, t1 = self.rt_at, ev.ts_ns, tl.t0_ns, tl.t1_ns
+        if at is not None and at < t1 and ts > t0 and \
+                (self.from_ns is None or self.from_ns <= at):
             if self.rt_remote:
                 tl.runtime_skipped += 1
             else:
-                tl.runtime_ns += int(f.get("runtime") or 0)
+                run = int(f.get("runtime") or 0)
+                out = max(0, t0 - at) + max(0, ts - t1)
+                tl.runtime_ns += run
                 tl.runtime_wall_ns += ts - at
                 tl.runtime_own_ns += ts - at - self.rt_irq
+                tl.runtime_outside_ns += out
+                tl.runtime_hidden_ns += max(0, ts - at - self.rt_irq - run - out)
+                tl.runtime_hidden_wall_ns += max(0, ts - at - run - out)
                 tl.runtime_stretches += 1
         self.stretch(ts)
+
+    def open_past(self, t1_ns: int) -> bool:
+        """A stretch that overlaps the window is still open at its end: its update (after
+        ``t1_ns``) is worth walking on to."""
+        return self.tl.runtime_ns is not None and self.rt_at is not None and \
+            self.rt_at < t1_ns

@@ -137,6 +137,7 @@ def timeline(events: Iterable[Event], cpu: int, probe_tids: Iterable[int], t0_ns
         walk.tl.faults = 0
     if runtime:
         walk.tl.runtime_ns = 0
+        walk.oncpu.from_ns = runtime_from_ns
     tl = walk.run(evs)
     tl.complete = complete
     tl.reason = reason

@@ -496,21 +496,27 @@ class SpikeEvents:
         return src.faults_from(sp.tid), src.runtime_from(sp.tid)
 
     def _hidden(self, tl) -> dict:
-        """The followed thread's time on the CPU that its runtime updates do not count
-        (``hidden_us``; 0 under max(HIDDEN_NOISE_NS, 2 %): the trace clock and the task
-        clock are read µs apart at each update), over the stretches the timeline compared.
+        """The followed thread's time on the CPU inside the call that its runtime updates
+        do not count (``hidden_us``; 0 under max(HIDDEN_NOISE_NS, 2 %): the trace clock and
+        the task clock are read µs apart at each update), over the stretches the timeline
+        compared: each one's time on the CPU less its runtime less its time outside the call
+        (``runtime_hidden_ns``: a lower bound; what hid outside is not the call's).
         Interrupts are in the runtime where this kernel charges them to the task
         (:class:`IrqInCpuTime`, also voted on here: the runtime is the task's CPU time);
-        until that is known the comparison leaves them out (the conservative one)."""
+        until that is known the comparison leaves them out (the conservative one). The vote
+        takes only stretches wholly inside the call (no time outside), whose interrupts are
+        all recorded."""
         wall, own, run = tl.runtime_wall_ns, tl.runtime_own_ns, tl.runtime_ns
-        if wall - own >= IRQ_IN_CPU_MIN_NS and tl.complete:
+        out = tl.runtime_outside_ns
+        if not out and wall - own >= IRQ_IN_CPU_MIN_NS and tl.complete:
             if abs(run - wall) < abs(run - own):
                 self.irq_in_cpu.included += 1
             else:
                 self.irq_in_cpu.excluded += 1
-        on = wall if self.irq_in_cpu.includes is True else own
-        h = on - run
-        if h < max(HIDDEN_NOISE_NS, int(0.02 * on)):
+        wall_based = self.irq_in_cpu.includes is True
+        on = wall if wall_based else own
+        h = tl.runtime_hidden_wall_ns if wall_based else tl.runtime_hidden_ns
+        if h < max(HIDDEN_NOISE_NS, int(0.02 * (on - out))):
             h = 0
         return {"compared_us": round(on / 1e3, 1), "hidden_us": round(h / 1e3, 1)}
 

@@ -258,7 +258,8 @@ def page_faults(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> di
 def hidden(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
     """``hidden`` where the call's time on the CPU that the scheduler did not count as the
     thread's runtime (the timeline's ``runtime.hidden_us``: wall time of its stretches
-    between two runtime updates minus the runtime sched_stat_runtime reported for them)
+    between two runtime updates minus the runtime sched_stat_runtime reported for them,
+    less each stretch's time outside the call)
     holds at least :data:`HIDDEN_MIN_SHARE` of the excess. The task clock leaves out what
     the hypervisor stole from the vCPU (PARAVIRT_TIME_ACCOUNTING) and an SMI's or NMI's
     time; a lower bound: only the stretches the events bound are measured."""
@@ -272,11 +273,19 @@ def hidden(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | 
             "strength": 1.0,
             "detail": f"{h:,.0f} µs of the {excess_ns / 1e3:,.0f} µs excess on CPU {cpu} was "
                       f"not the thread's runtime ({rt.get('runtime_us', 0):,.0f} µs counted "
-                      f"in {rt.get('compared_us', 0):,.0f} µs on the CPU: sched_stat_runtime): "
-                      "the hypervisor preempted the vCPU, or an SMI/NMI ran (kernel events)",
+                      f"in {rt.get('compared_us', 0):,.0f} µs on the CPU"
+                      f"{_outside(rt)}: sched_stat_runtime): the hypervisor preempted the "
+                      "vCPU, or an SMI/NMI ran (kernel events)",
             "evidence": {"hidden_us": h, "runtime_us": rt.get("runtime_us"),
                          "on_cpu_compared_us": rt.get("compared_us"),
                          "excess_us": round(excess_ns / 1e3, 1)}}
+
+
+def _outside(rt: dict) -> str:
+    """The compared stretches' time outside the call, where there is any (what hid there
+    is left out of the hidden time)."""
+    out = rt.get("outside_us") or 0
+    return f", {out:,.0f} µs of it outside the call" if out else ""
 
 
 # the SMT sibling names a call when another task ran there for this share of the excess
