@@ -20,10 +20,12 @@ CAUSES: dict[str, str] = {
     # the kernel events only: another task ran on the SMT sibling of the call's CPU while
     # the call ran there without leaving it (sched_switch of the sibling)
     "smt_sibling": "another task on the SMT sibling of the call's CPU",
-    # an attached call's CPU counters only (agent/watch/attribution/pmu.py): the call kept
-    # its CPU and its own code took longer — more instructions, a lower IPC (cache/memory)
-    # or a lower clock than its calls' median (the sub-kind in the detail)
-    "slow_code": "the call's own code ran longer on its CPU (CPU counters)",
+    # the kernel events (agent/watch/attribution/pmu.py): the call kept its CPU and its own
+    # code took longer — from an attached call's CPU counters, more instructions, a lower
+    # IPC (cache/memory) or a lower clock than its calls' median (the sub-kind in the
+    # detail); without counters, its runtime counted the whole excess (sub-kind unknown)
+    "slow_code": "the call's own code ran longer on its CPU (CPU counters, or its runtime "
+                 "counting the whole excess)",
     "migration": "migration to another CPU",
     "page_faults": "page faults / reclaim / compaction",
     "numa_remote": "NUMA remote memory",

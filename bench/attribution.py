@@ -50,7 +50,10 @@ checked against the fault's. For the not-runnable faults a verdict of a host cau
 (:data:`HOST_CAUSES`) over the rest is counted apart (the target: none), and the CPU's idle
 stretch before the stalled thread woke is the fault's own doing, not the host's
 (:func:`background`), unless the timer that ended it was the loop's pacing sleep between calls
-(it began, or was due, before the call began: :func:`_pacing_timer_late`).
+(it began, or was due, before the call began: :func:`_pacing_timer_late`). A spike named
+``slow_code`` from its timeline alone (its runtime counted the whole excess, no CPU counters:
+the code or the hardware under it ran slow) is the box's too under every fault but those
+that slow the execution itself (:func:`_own_execution`).
 
     sudo .venv/bin/python bench/attribution.py --source service --duration 3 \
         --faults none,lock_holder,pipe_late,sigstop,sleep_in_call,idle_wakeup
@@ -601,6 +604,20 @@ def _ran_slow(r: dict, excess: float) -> bool:
     return waited <= 0.25 * excess and st.get("on_cpu", 0.0) - r["p50_us"] >= 0.5 * excess
 
 
+# the expected causes of the faults that slow the call's own execution on its CPU
+OWN_EXECUTION_FAULTS = ("slow_code", "smt_sibling")
+
+
+def _own_execution(r: dict) -> bool:
+    """The record names ``slow_code`` from the timeline alone (sub-kind unknown: the call's
+    runtime counted its whole excess, no CPU counters to say why): the code or the hardware
+    under it ran slow, nothing a fault of the kit does but those that slow the execution
+    itself (:data:`OWN_EXECUTION_FAULTS`); the control run has them too."""
+    lead = (r.get("causes") or [{}])[0]
+    return r.get("cause") == "slow_code" and \
+        (lead.get("evidence") or {}).get("kind") == "unknown"
+
+
 def _runnable_on_idle(r: dict, idle_us: float) -> bool:
     """The events show the thread runnable (woken, not yet running) for as long as its CPU
     idled: the idle CPU ran it late (the host's), the fault had already let it go."""
@@ -609,7 +626,8 @@ def _runnable_on_idle(r: dict, idle_us: float) -> bool:
 
 
 def _host(r: dict, excess: float, exp: str | None, fault: str | None = None) -> str | None:
-    if fault in kit.EXPECTED_BY and _ran_slow(r, excess):
+    if fault in kit.EXPECTED_BY and _ran_slow(r, excess) or \
+            exp not in OWN_EXECUTION_FAULTS and _own_execution(r):
         return RAN_SLOW
     bd = (r.get("events") or {}).get("breakdown") or []
     if exp in NOT_RUNNABLE and _pacing_timer_late(r):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.attribution import background, score
+from bench.attribution import RAN_SLOW, background, score
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "attribution.py"
 KIT = [101, 102]
@@ -50,6 +50,20 @@ def test_box_task_in_a_cpu_fault_is_counted_apart():
     assert background(recs, "cpu_contention", KIT) == {1: "kdamond.0[78]",
                                                        5: "kdamond.0[78]",
                                                        6: "kworker/1:2 (gc_worker)"}
+
+
+def test_a_call_named_its_own_execution_is_the_boxs_unless_the_fault_slows_execution():
+    """slow_code from the timeline alone (sub-kind unknown: the runtime counted the whole
+    excess, no counters) is the box's under a page-fault or a CPU fault, the fault's under
+    one that slows the execution itself; slow_code from counters is never counted apart."""
+    own = rec(1, "slow_code")
+    own["causes"] = [{"cause": "slow_code", "evidence": {"kind": "unknown"}}]
+    counted = rec(2, "slow_code")
+    counted["causes"] = [{"cause": "slow_code", "evidence": {"kind": "more_work"}}]
+    recs = [own, counted, rec(3, "slow_code", inherited=1)]
+    assert background(recs, "page_faults", KIT) == {1: RAN_SLOW, 3: RAN_SLOW}
+    assert background(recs, "cpu_contention", KIT) == {1: RAN_SLOW, 3: RAN_SLOW}
+    assert background(recs, "smt_sibling", KIT) == {}
 
 
 def test_host_time_is_counted_apart_unless_it_is_the_expected_cause():

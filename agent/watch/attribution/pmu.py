@@ -20,6 +20,15 @@ The on-CPU rule :func:`slow_code` (agent/watch/attribution/verdict.py ON_CPU_RUL
 for a call whose timeline shows it kept its CPU, with a score of the named factor's share of
 the on-CPU growth that the excess over P50 holds.
 
+Without counters for the call (no PMU exposed, as in most guests), :func:`own_execution`
+still names ``slow_code`` where the timeline proves the excess was the thread's own
+execution: it was on its CPU for nearly all of the call, its runtime stretches (sched_stat_runtime) cover the call and
+counted all of it (no hidden time), its page faults were recorded, and what the breakdown
+leaves unexplained holds :data:`OWN_MIN_SHARE` of the excess. The sub-kind is then
+``unknown``: more work or a slower CPU (a busy SMT sibling of another guest, memory
+bandwidth, a lower clock) cannot be told apart without counters, and the detail says so.
+Asked only when no other on-CPU rule names the call.
+
 ``--pmu auto|on|off`` (:func:`arm`): auto counts where a hardware cycles counter opens for
 the process, else says ``pmu: unsupported: <reason>`` once (the run's summary; ``attach
 --check`` says the same); on refuses to run without one (one line, exit 2); off: nothing is
@@ -51,6 +60,10 @@ LOWER_CLOCK = 0.85      # cycles / on-CPU ns ≤ 0.85 × the median: it ran at a
 COUNTERS: Any = None   # the counter set (agent.trace.pmu.HARDWARE when None; tests: SOFTWARE)
 KINDS = {"more_work": "did more work", "lower_ipc": "ran slower (lower IPC: cache/memory)",
          "lower_clock": "ran at a lower clock"}
+# own_execution: the unexplained rest holds at least this share of the excess, the runtime
+# stretches cover at least this share of the call's wall time
+OWN_MIN_SHARE = 0.5
+OWN_COVER = 0.9
 
 
 def metrics(c: dict[str, int]) -> dict[str, float] | None:
@@ -290,4 +303,47 @@ def slow_code(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict
             "evidence": {"kind": kind, "instructions": p["instructions"], "ipc": p["ipc"],
                          "ghz": p["ghz"], "on_cpu_us": p["on_cpu_us"], "baseline": base,
                          "ratios": r, "shares": sc["shares"],
+                         "excess_us": round(excess_ns / 1e3, 1)}}
+
+
+def own_execution(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
+    """``slow_code`` (sub-kind ``unknown``) for a call without CPU counters whose timeline
+    proves its excess was the thread's own execution (module docstring): it was on its CPU
+    and its runtime stretches covered :data:`OWN_COVER` of the call, and they hid nothing (``runtime.hidden_us`` 0: the task clock counted every µs, so the
+    vCPU was not preempted); its faults were recorded; the breakdown's unexplained rest, less
+    the faults' time, holds :data:`OWN_MIN_SHARE` of the excess. Score: that rest's share."""
+    p = body.get("pmu") or {}
+    if p.get("counts"):  # counters for the call: slow_code decides from them, or nothing
+        return None
+    tl = ev.get("timeline") or {}
+    rt, pf = tl.get("runtime") or {}, tl.get("page_faults")
+    wall = tl.get("wall_us") or 0
+    on_cpu = (tl.get("state_us") or {}).get("on_cpu", 0)
+    if not rt.get("stretches") or pf is None or rt.get("hidden_us") or \
+            on_cpu < OWN_COVER * wall or \
+            (rt.get("wall_us") or 0) - (rt.get("outside_us") or 0) < OWN_COVER * wall:
+        return None
+    rest = sum(b.get("us") or 0 for b in ev.get("breakdown") or ()
+               if b.get("what") == "unexplained") - (pf.get("us") or 0)
+    rest_ns = min(rest * 1e3, excess_ns)
+    if rest_ns < OWN_MIN_SHARE * max(1, excess_ns):
+        return None
+    cpu = tl.get("cpu", "?")
+    irq = sum(b.get("us") or 0 for b in ev.get("breakdown") or ()
+              if b.get("what") != "unexplained")
+    return {"cause": "slow_code", "score": round(min(1.0, rest_ns / max(1, excess_ns)), 3),
+            "strength": 1.0,
+            "detail": f"the call's own execution: {rest:,.0f} µs of the {excess_ns / 1e3:,.0f} "
+                      f"µs excess on CPU {cpu}, all of it the thread's runtime "
+                      f"({rt.get('runtime_us', 0):,.0f} µs counted in "
+                      f"{rt.get('wall_us', 0):,.0f} µs on the CPU: nothing hidden), "
+                      f"{pf.get('count', 0)} page faults, {irq:,.0f} µs of interrupts and "
+                      "other tasks; "
+                      "more work or a slower CPU (a busy SMT sibling of another guest, memory "
+                      "bandwidth, a lower clock): no CPU counters here to tell which "
+                      "(kernel events)",
+            "evidence": {"kind": "unknown", "own_us": round(rest, 1),
+                         "runtime_us": rt.get("runtime_us"), "on_cpu_us": rt.get("wall_us"),
+                         "outside_us": rt.get("outside_us"), "faults": pf.get("count"),
+                         "others_us": round(irq, 1),
                          "excess_us": round(excess_ns / 1e3, 1)}}

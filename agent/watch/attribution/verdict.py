@@ -32,7 +32,9 @@ A contradicted verdict is replaced, in this order, by the first of:
    largest share leads; :func:`smt_sibling` (another task on the SMT sibling of the call's
    CPU while the call kept it, :data:`SMT_MIN_SHARE`); :func:`~.pmu.slow_code` (its CPU
    counters: more instructions, a lower IPC or a lower clock than its calls' median, where
-   ``watch --attach`` counted them). A call the polled rules left
+   ``watch --attach`` counted them); where none names the call, :func:`~.pmu.own_execution`
+   (``slow_code``, sub-kind unknown: its runtime counted the whole excess, no counters to
+   say why). A call the polled rules left
    unexplained asks the same rules (:func:`on_cpu`);
 2. the next polled cause (strength ≥ ``MIN_STRENGTH``) the timeline does not contradict,
    ``decided_by: events+polled`` (the events overruled the first, the polled evidence named
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.watch.attribution.pmu import slow_code
+from agent.watch.attribution.pmu import own_execution, slow_code
 from agent.watch.attribution.rules import MIN_STRENGTH
 
 SUPPORT_MIN_SHARE = 0.2  # a cause the timeline sees holds at least this share of the excess
@@ -340,10 +342,13 @@ ON_CPU_RULES: list[OnCpuRule] = [page_faults, hidden, smt_sibling, slow_code]
 
 
 def on_cpu_cause(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> dict | None:
-    """The on-CPU rules' cause with the largest share of the excess, None when none names
-    one."""
+    """The on-CPU rules' cause with the largest share of the excess; where none names one,
+    :func:`~.pmu.own_execution` (the excess was the thread's own execution, without counters
+    to say why); None when that does not either."""
     found = [c for rule in ON_CPU_RULES if (c := rule(body, ev, per, excess_ns)) is not None]
-    return max(found, key=lambda c: c["score"], default=None)
+    if not found:
+        return own_execution(body, ev, per, excess_ns)
+    return max(found, key=lambda c: c["score"])
 
 
 def on_cpu(body: dict, ev: dict, per: dict[str, int], excess_ns: int) -> bool:
