@@ -48,18 +48,12 @@ from .contexts import (
     EXITS,
     OP_IO_DONE,
     OP_IO_ISSUE,
-    OP_IRQ_IN,
-    OP_IRQ_OUT,
     OP_MIGRATE,
     OP_OTHER,
     OP_SIGNAL,
-    OP_SOFT_IN,
-    OP_SOFT_OUT,
     OP_SWITCH,
     OP_TIMER_SET,
     OP_TLB,
-    OP_VEC_IN,
-    OP_VEC_OUT,
     OP_WAKE,
     OP_WQ_IN,
     OP_WQ_OUT,
@@ -74,9 +68,6 @@ from .thread_states import RUN, WOKEN, ThreadStates
 # entry or exit, a TLB flush, an IPI sent, a wake-up or a task moved (the fault's read waking
 # kworker/N:1H), block I/O issued or completed
 FAULT_PATH_OPS = CONTEXT_OPS | {OP_WAKE, OP_MIGRATE, OP_IO_ISSUE, OP_IO_DONE}
-_WAKE_NAMES = frozenset({"sched_waking", "sched_wakeup"})
-_IRQ_IN = frozenset({OP_IRQ_IN, OP_SOFT_IN, OP_VEC_IN})  # the interrupt contexts' entries
-_IRQ_OUT = frozenset({OP_IRQ_OUT, OP_SOFT_OUT, OP_VEC_OUT})
 
 
 def _on_fault_path(code: int, ev: Event) -> bool:
@@ -121,8 +112,8 @@ class CpuStory:
         local = [e.ts_ns for e in evs if e.cpu == cpu]
         self.last = self.thread.first_ns = min(tl.t0_ns, local[0]) if local else tl.t0_ns
         tl.seen_until_ns = local[-1] if local else None
-        after, i = None, -1
-        for i, ev in enumerate(evs):
+        after, rest = None, iter(evs)
+        for ev in rest:
             if ev.cpu != cpu:
                 if ev.ts_ns <= tl.t1_ns:
                     self.remote(ev)
@@ -132,41 +123,9 @@ class CpuStory:
                 break
             self.step(ev)
         self.end(after)
-        if after is not None and self.oncpu.open_past(tl.t1_ns):
-            self._close_stretch(evs, i, cpu)
+        self.oncpu.close_stretch(after, rest, cpu)  # (the call's stretch: its update is later)
         self.finish()
         return tl
-
-    def _close_stretch(self, evs: Sequence[Event], i: int, cpu: int) -> None:
-        """Walk on from ``evs[i]`` (the first of this CPU's events after ``t1``) to the
-        followed thread's next runtime update, which closes the stretch the call ran in
-        (OnCpu.runtime), charging to it the interrupts on the way and noting a remote
-        enqueue onto this CPU; a switch out of the thread before any update (no update: not
-        a CFS task), or the window's end, leaves the stretch uncompared."""
-        oncpu, tid = self.oncpu, self.thread.tid
-        irq_at: list[int] = []  # the open interrupt contexts' entries (nested)
-        for ev in evs[i:]:
-            if ev.cpu != cpu:
-                if ev.name in _WAKE_NAMES and ev.fields.get("target_cpu") == cpu and \
-                        ev.fields.get("pid") != tid:
-                    oncpu.enqueued_from_elsewhere()
-                continue
-            if ev.name == RUNTIME_EVENT:
-                if ev.fields.get("pid") == tid:
-                    if irq_at:  # (a tick's update comes inside its interrupt)
-                        oncpu.interrupted(ev.ts_ns - irq_at[0])
-                    oncpu.runtime(ev)
-                    return
-                continue
-            if ev.name == "sched_switch":
-                return
-            code = op(ev.name)[0]
-            if code in _IRQ_IN:
-                irq_at.append(ev.ts_ns)
-            elif code in _IRQ_OUT and irq_at:
-                at = irq_at.pop()
-                if not irq_at:
-                    oncpu.interrupted(ev.ts_ns - at)
 
     # -- tasks -------------------------------------------------------------------------------
     def task_entity(self, pid: int) -> Entity:
@@ -389,9 +348,8 @@ class CpuStory:
         """Charge the rest of the window: to whoever the first event after it (``after``)
         says was current (its common_pid; a switch's prev), as every interval before an
         event is charged; without one, to whoever is current after the last event. The
-        kernel does not always record the switch in (a 6.18 Firecracker guest's kernel
-        records no sched_switch from idle at all), so the task after the last event can be
-        stale where the next one is not."""
+        kernel does not always record the switch in (6.18 in a Firecracker guest records no
+        sched_switch from idle at all): the task after the last event can be stale."""
         t1, th = self.tl.t1_ns, self.thread
         self.oncpu.fault_ends(after.ts_ns if after is not None else t1, after if after is
                               not None and after.name == "sched_switch" else None)

@@ -20,7 +20,7 @@ its user page faults inside the window and its runtime as the scheduler counted 
   from its switch-in before ``t0`` to the update of its switch out after ``t1``, with no
   update inside (a tick comes every 1-4 ms): comparing only the stretches wholly inside
   the window measured none of its calls. :meth:`CpuStory.run <.cpu_story.CpuStory.run>`
-  walks on past ``t1`` to that update. A stretch that began before the thread's updates
+  walks on past ``t1`` to that update (:meth:`OnCpu.close_stretch`). A stretch that began before the thread's updates
   were recorded (``from_ns``) is not compared.
 
 The results go into the :class:`~.accounting.Timeline` (``faults``, ``fault_ns``,
@@ -29,8 +29,16 @@ The results go into the :class:`~.accounting.Timeline` (``faults``, ``fault_ns``
 
 from __future__ import annotations
 
-from .accounting import FAULT_CAP_NS, Timeline
+from collections.abc import Iterator
+from itertools import chain
+
+from .accounting import FAULT_CAP_NS, RUNTIME_EVENT, Timeline
+from .contexts import OP_IRQ_IN, OP_IRQ_OUT, OP_SOFT_IN, OP_SOFT_OUT, OP_VEC_IN, OP_VEC_OUT, op
 from .event import Event
+
+_WAKE_NAMES = frozenset({"sched_waking", "sched_wakeup"})
+_IRQ_IN = frozenset({OP_IRQ_IN, OP_SOFT_IN, OP_VEC_IN})  # the interrupt contexts' entries
+_IRQ_OUT = frozenset({OP_IRQ_OUT, OP_SOFT_OUT, OP_VEC_OUT})
 
 # How long after a fault's entry a switch out not runnable is still the fault's sleep, where
 # only its path's events came between (fault_ends): a fault's own work before it sleeps (its
@@ -130,8 +138,39 @@ class OnCpu:
                 tl.runtime_stretches += 1
         self.stretch(ts)
 
-    def open_past(self, t1_ns: int) -> bool:
-        """A stretch that overlaps the window is still open at its end: its update (after
-        ``t1_ns``) is worth walking on to."""
-        return self.tl.runtime_ns is not None and self.rt_at is not None and \
-            self.rt_at < t1_ns
+
+
+    def close_stretch(self, after: Event | None, rest: Iterator[Event], cpu: int) -> None:
+        """Where a stretch that overlaps the window is still open at its end, walk on from
+        ``after`` (the first of ``cpu``'s events after the window) through ``rest`` to the
+        thread's next runtime update, which closes the stretch the call ran in
+        (:meth:`runtime`), charging to it the interrupts on the way and noting a remote
+        enqueue onto this CPU; a switch before any update (no update: not a CFS task), or
+        the events' end, leaves the stretch uncompared."""
+        if after is None or self.tl.runtime_ns is None or self.rt_at is None or \
+                self.rt_at >= self.tl.t1_ns:
+            return
+        tid = self.tid
+        irq_at: list[int] = []  # the open interrupt contexts' entries (nested)
+        for ev in chain((after,), rest):
+            if ev.cpu != cpu:
+                if ev.name in _WAKE_NAMES and ev.fields.get("target_cpu") == cpu and \
+                        ev.fields.get("pid") != tid:
+                    self.enqueued_from_elsewhere()
+                continue
+            if ev.name == RUNTIME_EVENT:
+                if ev.fields.get("pid") == tid:
+                    if irq_at:  # (a tick's update comes inside its interrupt)
+                        self.interrupted(ev.ts_ns - irq_at[0])
+                    self.runtime(ev)
+                    return
+                continue
+            if ev.name == "sched_switch":
+                return
+            code = op(ev.name)[0]
+            if code in _IRQ_IN:
+                irq_at.append(ev.ts_ns)
+            elif code in _IRQ_OUT and irq_at:
+                at = irq_at.pop()
+                if not irq_at:
+                    self.interrupted(ev.ts_ns - at)
