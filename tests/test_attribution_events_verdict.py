@@ -147,6 +147,34 @@ def test_a_call_that_waited_is_contention_with_the_hog_the_timeline_shows():
     assert contradiction(rec["_before"]) == "culprit not on the call's CPU"
 
 
+STOPPER = polled("migration", "migration/1 stopper thread preempted the probe (13 "
+                 "involuntary switch(es) in the window; migration/1 (pid 93) ran on CPU 1)",
+                 {"thread_nivcsw_window": 13.0,
+                  "ran_on_cpu": [{"comm": "migration/1", "pid": 93, "tid": 93, "cpu": 1}]})
+
+
+def test_a_call_on_its_cpu_all_along_is_not_a_migration_the_window_polled():
+    """The GPU box's gpu_big_copy spike: a stopper thread ran on the call's CPU somewhere in
+    the polled window, the call's timeline shows it there throughout, never preempted by it:
+    the verdict is contradicted (bench/attribution.py: "culprit not on the call's CPU")."""
+    rec = attribute(on_cpu_all_along(), STOPPER, cpu_ns=-1)
+    assert rec["cause"] != "migration" and rec["polled_cause"] == "migration"
+    assert rec["contradicted"]["why"] == ("the timeline shows the thread on CPU 1 throughout "
+                                          "and migration/1 running 0 µs in a 1,600 µs excess")
+    assert contradiction(rec["_before"]) == "culprit not on the call's CPU"
+    assert contradiction(rec) is None
+
+
+def test_a_call_the_stopper_thread_preempted_keeps_its_migration_verdict():
+    stopped = "\n".join([
+        sw("swapper/1", 0, "100.000500", "probe", PROBE, "R"),
+        sw("probe", PROBE, "100.001200", "migration/1", 93, "R+"),
+        sw("migration/1", 93, "100.002600", "probe", PROBE, "S"),
+        *_ticks(1, "100.003200")])
+    rec = attribute(stopped, STOPPER, cpu_ns=-1)
+    assert rec["cause"] == "migration" and "contradicted" not in rec
+
+
 STEAL_CPU1 = polled("steal", "3 steal ticks on CPU 1 in the window: at least 20 ms stolen",
                     {"cpu.1.steal_ticks": {"window": 3.0}})
 

@@ -85,6 +85,8 @@ def contradiction(entry: dict, ev: dict, per: dict[str, int], excess_ns: int) ->
     cpu = tl.get("cpu", "?")
     if cause == "page_faults":
         return no_faults(entry, tl)
+    if cause == "migration":
+        return no_migration(entry, tl, excess_ns)
     if cause == "steal":
         counted = steal_cpu(entry)
         if counted is not None and isinstance(cpu, int) and counted != cpu:
@@ -126,6 +128,26 @@ def no_faults(entry: dict, tl: dict) -> str | None:
         return None
     return (f"the timeline counts no page fault of the thread inside the call on CPU "
             f"{tl.get('cpu', '?')}: the host's counters are other processes' faults")
+
+
+def no_migration(entry: dict, tl: dict, excess_ns: int) -> str | None:
+    """Why a ``migration`` verdict names a call that the timeline shows on one CPU from its
+    start to its end (no move in it, none in the polled evidence either) while the stopper
+    threads it names (``ran_on_cpu``: migration/N) ran there for less than
+    :data:`SUPPORT_MIN_SHARE` of the excess: the polled window saw them, the call did not
+    wait for them. A call that moved, or one the timeline never saw run, is not
+    contradicted."""
+    evidence = entry.get("evidence") or {}
+    if not (tl.get("probe_run_us") or 0) > 0 or tl.get("migrations") or "cpu_start" in evidence:
+        return None
+    names = [w.get("comm") for w in evidence.get("ran_on_cpu") or [] if w.get("comm")]
+    ran_us = sum(e.get("us") or 0 for e in tl.get("entities") or []
+                 if any(str(e.get("label", "")).startswith(f"{n}[") for n in names))
+    if ran_us * 1e3 >= SUPPORT_MIN_SHARE * max(1, excess_ns):
+        return None
+    who = ", ".join(names) or "no stopper thread"
+    return (f"the timeline shows the thread on CPU {tl.get('cpu', '?')} throughout and "
+            f"{who} running {ran_us:,.0f} µs in a {excess_ns / 1e3:,.0f} µs excess")
 
 
 def overrule(body: dict, ev: dict, per: dict[str, int], excess_ns: int,
