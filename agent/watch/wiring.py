@@ -53,6 +53,11 @@ SCHED_PERIOD_BUILTIN_S = 0.05
 EVENTS_IRQ_PERIOD_S = 0.2
 EVENTS_SOFTIRQ_PERIOD_S = 0.1
 EVENTS_POLL_PERIOD_S = 0.1
+# The memory counters (/proc/vmstat: ~170 counters the kernel sums over every CPU per read,
+# and PSI) at 2 Hz where the events run: the call's own page faults are in its timeline
+# (exceptions:page_fault_user, followed from its first call), so the counters are context
+# for the polled memory rule, whose window of rows covers a 0.5 s round anyway.
+EVENTS_MEMORY_PERIOD_S = 0.5
 EVENTS_SCHED_PERIOD_S = 0.1
 EVENTS_MIN_SCAN_GAP_S = 0.5
 IRQ_DESC_S = 5.0  # the IRQ device names re-read this often whatever the irq rate
@@ -146,10 +151,11 @@ def reduce_for_events(c: Collectors, sample_hz: float, env=None) -> dict[str, di
     irq = c.irq
     slower("irq", irq, "/proc/interrupts rows of the probe CPUs", EVENTS_IRQ_PERIOD_S)
     for x in c.active:
-        what = {"cpu": "/proc/stat rows of the probe CPUs",
-                "memory": "the memory counters"}.get(getattr(x, "name", ""))
-        if what:
-            slower(x.name, x, what, EVENTS_POLL_PERIOD_S)
+        name = getattr(x, "name", "")
+        if name == "cpu":
+            slower(name, x, "/proc/stat rows of the probe CPUs", EVENTS_POLL_PERIOD_S)
+        elif name == "memory":
+            slower(name, x, "the memory counters", EVENTS_MEMORY_PERIOD_S)
     if "irq" in out:
         irq.desc_every = max(1, round(IRQ_DESC_S / EVENTS_IRQ_PERIOD_S))
     soft = next((x for x in c.active if getattr(x, "name", "") == "softirq"), None)
