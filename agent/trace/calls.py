@@ -22,7 +22,6 @@ SIGKILL, and by the next start after a guardian killed with its run
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from .event import FormatError
 from .instance import CALLS_SUFFIX, _read, _write, cpumask_hex, online_cpus, remove_instance
 from .pages import page_info
 from .sizing import OTHER_CPU_KB
-from .window import _close_rings, _CpuRing
+from .window import _close_rings, _CpuRing, _read_page
 
 CALLS_KB = 1024
 CALLS_MAX_KB = 16 * 1024
@@ -99,15 +98,8 @@ class CallsInstance:
         for ring in self._calls_rings.values():
             cap = self.calls_kb * 1024 // self.page_size + 64
             for _ in range(cap):
-                try:
-                    buf = os.read(ring.fd, self.page_size)
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    if exc.errno == errno.EINTR:
-                        continue
-                    break
-                if not buf:
+                buf = _read_page(ring.fd, self.page_size)
+                if buf is None:
                     break
                 try:
                     ts, _size, lost = page_info(buf, self._layout)

@@ -132,6 +132,19 @@ class _CpuRing:
     keep_bytes: int = 0  # the kept pages' bound (0: the source's keep_bytes)
 
 
+def _read_page(fd: int, size: int) -> bytes | None:
+    """One page of a ring's trace_pipe_raw (opened non-blocking), an interrupted read tried
+    again; None when the ring has no full page now (empty, would block, or an error)."""
+    while True:
+        try:
+            return os.read(fd, size) or None
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EINTR:
+                return None
+
+
 def _close_rings(rings) -> None:
     """Close each ring's trace_pipe_raw and drop its kept pages (idempotent)."""
     for ring in rings:
@@ -217,15 +230,8 @@ class WindowReader:
             n = 0
             cap = (ring.keep_bytes or self.buffer_kb * 1024) // self.page_size + 64
             while n < cap:
-                try:
-                    buf = os.read(ring.fd, self.page_size)
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    if exc.errno == errno.EINTR:
-                        continue
-                    break
-                if not buf:
+                buf = _read_page(ring.fd, self.page_size)
+                if buf is None:
                     break
                 n += 1
                 try:
