@@ -111,10 +111,16 @@ def test_a_hog_on_the_attached_process_cpu_is_named(lib, tmp_path):
     assert named, contention[0]["causes"][0]
 
 
-def test_pairing_keeps_threads_apart_and_counts_what_it_cannot_pair():
+@pytest.mark.parametrize("as_tuples", [False, True])
+def test_pairing_keeps_threads_apart_and_counts_what_it_cannot_pair(as_tuples):
+    """The same answer whether the hits are whole events (the general pairing) or the
+    source's UprobeHit tuples (the always-on one, issue #38)."""
     from agent.trace.event import Event
+    from agent.trace.uprobe import UprobeHit
 
     class Src:
+        hits_are_tuples = as_tuples
+
         def __init__(self, evs):
             self.evs = evs
 
@@ -128,11 +134,14 @@ def test_pairing_keeps_threads_apart_and_counts_what_it_cannot_pair():
         def is_return(self, ev):
             return ev.name.startswith("ret")
 
+        def is_return_name(self, name):
+            return name.startswith("ret")
+
     class U:
         group, instances = "g", []
 
     def ev(t, name, tid, cpu=1):
-        return Event(t, cpu, name, tid, {})
+        return UprobeHit(t, cpu, tid, name) if as_tuples else Event(t, cpu, name, tid, {})
 
     evs = [ev(100, "call0", 11), ev(110, "call0", 12),
            ev(120, "call0", 12),                      # 12 re-entered: its return was lost
@@ -174,6 +183,11 @@ def test_a_trials_choice_forgets_the_losers_open_calls():
 
         def is_return(self, ev):
             return ev.name.startswith("ret")
+
+        def is_return_name(self, name):
+            return name.startswith("ret")
+
+        hits_are_tuples = False  # (Events: the general pairing)
 
     class U:
         group, instances = "g", []
@@ -415,6 +429,11 @@ def test_only_lost_calls_restart_the_pairing_not_lost_kernel_events():
 
         def is_return(self, ev):
             return ev.name.startswith("ret")
+
+        def is_return_name(self, name):
+            return name.startswith("ret")
+
+        hits_are_tuples = False  # (Events: the general pairing)
 
     class U:
         group, instances = "g", []

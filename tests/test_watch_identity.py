@@ -607,6 +607,11 @@ def test_an_exit_is_said_once_the_calls_it_made_before_are_read(tmp_path):
         def is_return(self, ev):
             return ev.name.startswith("ret")
 
+        def is_return_name(self, name):
+            return name.startswith("ret")
+
+        hits_are_tuples = False  # (Events: the general pairing)
+
     class U:
         group, instances, names, targets = "g", [], [], []
 

@@ -420,6 +420,21 @@ class UprobeEvents:
         """Whether ``ev`` is a return probe's hit (else an entry)."""
         return bool(self._uprobe_names.get(ev.name))
 
+    def is_return_name(self, name: str) -> bool:
+        """Whether the uprobe event ``name`` is a return probe's."""
+        return bool(self._uprobe_names.get(name))
+
+    @property
+    def hits_are_tuples(self) -> bool:
+        """Whether the last :meth:`uprobe_events` gave every hit as an :class:`UprobeHit`,
+        which a reader may unpack as ``(ts_ns, cpu, pid, name)``: no event of the calls
+        instance is decoded whole (only a GPU copy probe's is, for its byte count) and the
+        common header is every kernel's."""
+        if self._hit_plan is None:
+            return False
+        _only, _names, full, fast = self._hit_plan
+        return fast and not full
+
     def drop_uprobes(self, uprobes) -> list[str]:
         """Disable and remove ``uprobes`` (:meth:`Uprobes.remove`) and forget their formats;
         returns what could not be removed."""

@@ -6,8 +6,10 @@ A sample is a spike when its latency is over ``threshold_ns`` (``--threshold-us`
 rolling P50 is the median of the last :data:`RECENT_SAMPLES` samples that were not spikes,
 recomputed after a batch once :data:`MIN_RECENT_FOR_P50` are there and the normal samples
 since the last time are at least 1/:data:`P50_EVERY` of the window (every batch while it
-fills; every ~63 samples once full, where so few more cannot move a median of 2,000): a storm
-of spikes does not raise the bar it is measured against.
+fills; every 250 samples once full, where so few more cannot move a median of 2,000 far: at
+500 calls a second, every half second rather than every loop step, whose cold partition was
+a third of the detection's CPU): a storm of spikes does not raise the bar it is measured
+against.
 
 Queueing (built-in probes only, open loop): a spike whose intended start fell inside the
 previous slow sample of its thread, by at least :data:`QUEUE_WAIT_SHARE` of its own excess
@@ -33,7 +35,7 @@ from agent.watch.attribution import Spike
 F = {name: i for i, name in enumerate(FIELDS)}
 RECENT_SAMPLES = 2000  # normal samples the rolling P50 is the median of
 MIN_RECENT_FOR_P50 = 20  # fewer: the P50 stays where it was (0 at first: no k × P50 yet)
-P50_EVERY = 32  # the P50 is recomputed once 1/32 of the window is new (module docstring)
+P50_EVERY = 8  # the P50 is recomputed once 1/8 of the window is new (module docstring)
 QUEUE_WAIT_SHARE = 0.5  # the wait behind the previous spike must be this much of the excess
 _EVIDENCE = ("nivcsw", "nvcsw", "minflt", "majflt", "cpu_ns", "rq_delay_ns", "cpu_start",
              "cpu_end")

@@ -60,6 +60,9 @@ from collectors.host import Host
 from collectors.parsers import format_cpulist
 
 F = {name: i for i, name in enumerate(FIELDS)}
+_BLANK = [-1] * len(FIELDS)  # a row's unknowns (the in-process evidence)
+_SEQ, _SEQ2, _START, _END, _PID, _TID, _CPU0, _CPU1 = (
+    F[k] for k in ("seq", "seq2", "start_ns", "end_ns", "pid", "tid", "cpu_start", "cpu_end"))
 TID_REFRESH_S = 1.0
 
 
@@ -97,6 +100,7 @@ class AttachedReader:
         self.trial: Any = None
         self.on_choice: Callable[[Any], set[str]] | None = None
         self._dropped: set[str] = set()
+        self._looked = False
 
     def threads(self) -> set[int]:
         return {int(t) for t in self.host.listdir(self.host.proc(self.pid, "task"))
@@ -136,51 +140,13 @@ class AttachedReader:
             self._open.clear()
             self._start.clear()
         rows: list[list[int]] = []
-        is_ret = self.events.is_return
-        kind: dict[str, str | None] = {}  # event name -> its entry's name (a return), else None
-        refreshed = False
-        tids, dropped, row = self._tids, self._dropped, self._row
-        for ev in self.events.uprobe_events():
-            tid = ev.pid
-            if tid not in tids:
-                if not refreshed:  # a thread started since the last look?
-                    refreshed = True
-                    self._tids_at = 0.0
-                    self._refresh()
-                    tids = self._tids
-                if tid not in tids:
-                    continue  # another process mapping the same library (no filter applies)
-            if self.gpu is not None and self.gpu.take(ev):
-                continue  # a GPU probe's hit: kept for the spikes' GPU split
-            name = ev.name
-            if name in dropped:
-                continue  # a trial's loser, hit before its removal
-            if self.trial is not None:
-                self.trial.feed(tid, name, ev.ts_ns)
-            if self.entry_only:
-                prev = self._start.get(tid)
-                self._start[tid] = (ev.ts_ns, ev.cpu)
-                if prev is not None:
-                    rows.append(row(prev[0], ev.ts_ns, tid, prev[1], ev.cpu))
-                continue
-            opened = self._open.setdefault(tid, {})
-            if name not in kind:
-                kind[name] = self._entry_of(name) if is_ret(ev) else None
-            key = kind[name]
-            if key is not None:
-                if opened.pop(key, None) is None:
-                    self.unpaired_returns += 1
-                    continue
-                if not opened:  # the outermost call returned
-                    t0, c0 = self._start.pop(tid)
-                    rows.append(row(t0, ev.ts_ns, tid, c0, ev.cpu))
-            else:
-                if name in opened:  # its last entry never returned: a lost return
-                    self.lost_returns += 1
-                    opened.clear()
-                if not opened:
-                    self._start[tid] = (ev.ts_ns, ev.cpu)
-                opened[name] = (ev.ts_ns, ev.cpu)
+        self._looked = False  # (_new_thread: the threads looked at again once per read)
+        hits = self.events.uprobe_events()
+        if self.gpu is None and self.trial is None and not self.entry_only and \
+                self.events.hits_are_tuples:
+            self._pair(hits, rows)
+        else:
+            self._pair_each(hits, rows)
         if self.trial is not None and self.trial.decided(time.monotonic_ns()):
             self._decide()
         if self.pmu is not None:
@@ -188,6 +154,78 @@ class AttachedReader:
         if not rows:
             return np.empty((0, len(FIELDS)), dtype=np.int64)
         return np.array(rows, dtype=np.int64)
+
+    def _pair_each(self, hits: list, rows: list[list[int]]) -> None:
+        """Pair ``hits`` (in time order) into ``rows``, whatever they are: a GPU probe's hit
+        taken aside, a trial fed, entry-only timing; the rest as :meth:`_pair` does."""
+        tids, kept = self._tids, []
+        for ev in hits:
+            tid = ev.pid
+            if tid not in tids:
+                if not self._new_thread(tid):
+                    continue
+                tids = self._tids
+            if self.gpu is not None and self.gpu.take(ev):
+                continue  # a GPU probe's hit: kept for the spikes' GPU split
+            if ev.name in self._dropped:
+                continue
+            if self.trial is not None:
+                self.trial.feed(tid, ev.name, ev.ts_ns)
+            if self.entry_only:
+                prev = self._start.get(tid)
+                self._start[tid] = (ev.ts_ns, ev.cpu)
+                if prev is not None:
+                    rows.append(self._row(prev[0], ev.ts_ns, tid, prev[1], ev.cpu))
+                continue
+            kept.append((ev.ts_ns, ev.cpu, tid, ev.name))
+        self._pair(kept, rows)
+
+    def _pair(self, hits: list, rows: list[list[int]]) -> None:
+        """Pair ``hits``, ``(ts_ns, cpu, tid, name)`` tuples in time order, entry to return
+        (module docstring) into ``rows``: the always-on case (no GPU probe, no trial) takes
+        the source's hits here directly, each unpacked once and looked at in as few steps
+        as the pairing needs (watch's own CPU, issue #38)."""
+        tids, dropped, row = self._tids, self._dropped, self._row
+        open_, start = self._open, self._start
+        entry_of: dict[str, str | None] = {}  # event name -> its entry's (a return), else None
+        for ts, cpu, tid, name in hits:
+            if tid not in tids:
+                if not self._new_thread(tid):
+                    continue  # another process mapping the same library (no filter applies)
+                tids = self._tids
+            if name in dropped:
+                continue  # a trial's loser, hit before its removal
+            try:
+                key = entry_of[name]
+            except KeyError:
+                key = entry_of[name] = self._entry_of(name) \
+                    if self.events.is_return_name(name) else None
+            opened = open_.get(tid)
+            if opened is None:
+                opened = open_[tid] = {}
+            if key is not None:
+                if opened.pop(key, None) is None:
+                    self.unpaired_returns += 1
+                    continue
+                if not opened:  # the outermost call returned
+                    t0, c0 = start.pop(tid)
+                    rows.append(row(t0, ts, tid, c0, cpu))
+            else:
+                if name in opened:  # its last entry never returned: a lost return
+                    self.lost_returns += 1
+                    opened.clear()
+                if not opened:
+                    start[tid] = (ts, cpu)
+                opened[name] = (ts, cpu)
+
+    def _new_thread(self, tid: int) -> bool:
+        """Whether ``tid``, not among the threads known, is one of the process's: they are
+        looked at again once per read (a thread started since the last look)."""
+        if not self._looked:
+            self._looked = True
+            self._tids_at = 0.0
+            self._refresh()
+        return tid in self._tids
 
     def _decide(self) -> None:
         """The trial's choice is made: its losers' events are dropped (``on_choice``) and
@@ -214,11 +252,11 @@ class AttachedReader:
     def _row(self, t0: int, t1: int, tid: int, c0: int, c1: int) -> list[int]:
         self._seq += 1
         self.calls += 1
-        r = [-1] * len(FIELDS)
-        r[F["seq"]] = r[F["seq2"]] = self._seq
-        r[F["start_ns"]], r[F["end_ns"]] = t0, t1
-        r[F["pid"]], r[F["tid"]] = self.pid, tid
-        r[F["cpu_start"]], r[F["cpu_end"]] = c0, c1
+        r = _BLANK[:]
+        r[_SEQ] = r[_SEQ2] = self._seq
+        r[_START], r[_END] = t0, t1
+        r[_PID], r[_TID] = self.pid, tid
+        r[_CPU0], r[_CPU1] = c0, c1
         return r
 
     def finish(self) -> None:
