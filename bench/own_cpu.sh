@@ -7,7 +7,8 @@
 #   sudo D=60 OUT=/tmp/own bench/own_cpu.sh [TREE]
 #
 # CPU (default 1) is the service's and the hog's CPU; PY (default the checkout's .venv python)
-# the interpreter, for a box without the venv (bench/device/validate.sh's own_attach step).
+# the interpreter, for a box without the venv (bench/device/validate.sh's own_attach step);
+# PHASES=quiet measures the quiet phase only (more sittings in the same time).
 #
 # TREE: the hftagent checkout whose watch is measured (default: this one), so two trees can
 # be compared side by side in one sitting with the same service and hog (this one's).
@@ -33,6 +34,10 @@ HOG=
 trap 'kill $SVC $HOG 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 sleep 8
 watch > "$OUT/quiet.json" 2> "$OUT/quiet.err" || true
+phases="quiet storm"
+if [ "${PHASES:-}" = quiet ]; then
+  phases=quiet
+else
 # (SIGTERM ends the with block, so its hog process goes too: never a SCHED_FIFO loop left)
 "$PY" -c "import signal, sys, time; from bench.faults.kit import cpu_hog
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -40,7 +45,8 @@ with cpu_hog($CPU, burst_ms=(2.0, 200.0), rt_prio=10): time.sleep($D + 15)" \
   > "$OUT/hog.log" 2>&1 & HOG=$!
 sleep 2
 watch > "$OUT/storm.json" 2> "$OUT/storm.err" || true
-for f in quiet storm; do
+fi
+for f in $phases; do
   "$PY" - "$OUT/$f.json" "$f" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
