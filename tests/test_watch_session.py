@@ -814,6 +814,11 @@ def _waiting_session(replay_brings_rows: bool | None):
 
     class Native(Sampler):
         replays = 3
+        asked: list = []
+
+        def ask_round(self, need_ns):
+            self.asked.append(need_ns)
+            return True
 
         def wait_replay(self, seen, timeout_s):
             self.waited.append((seen, timeout_s))
@@ -850,8 +855,10 @@ def test_a_spike_is_attributed_in_the_step_whose_replay_brings_its_rows():
     (≤ loop_s / 2) and attributes with what it brought in the same step, not one loop period
     later (spike → record ≤ 200 ms, bench/attribution.py)."""
     s, recs = _waiting_session(True)
+    need = s.pending[0][0].end_ns + 1_000_000  # its end + the rows' slack
     s.attribute_pending()
     assert s.sampler.pokes == 1 and s.sampler.waited == [(3, 0.025)]
+    assert s.sampler.asked == [need]  # the helper asked for the round after it (issue #38)
     assert [r["cause"] for r in recs] == ["cpu_contention"] and not s.pending
     s, recs = _waiting_session(False)  # the replay came without them: next step
     s.attribute_pending()

@@ -326,6 +326,9 @@ class WatchSession:
         # Spikes wait for rows: the native sampler replays now; what that replay brings is
         # attributed in this step, not the next (half a loop period at most is spent waiting).
         seen = getattr(self.sampler, "replays", None)  # (the Python sampler's rows are current)
+        if seen is not None and self.schedule.pending:  # the native helper: a round now
+            self.sampler.ask_round(max(sp.end_ns for sp, _ in self.schedule.pending)
+                                   + self.attributor.slack_ns)
         self.sampler.poke()
         if seen is not None and self.sampler.wait_replay(seen, self.cfg.loop_s / 2) and \
                 self.schedule.pending:

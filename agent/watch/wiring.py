@@ -44,21 +44,23 @@ SCHED_PERIOD_BUILTIN_S = 0.05
 # periodic scan (every 2 s) keeps others_share's baseline. An external process's threads'
 # schedstat (its run-queue delay, every round without events): 20 Hz, as for the built-in
 # probes, since the events' switches and wake-ups of those threads time each wait exactly.
-# Every other hot source (/proc/stat, the memory counters, /proc/softirqs, the watched threads'
-# schedstat) at 10 Hz, so the native helper makes 10 rounds a second, not 20 (issue #38: its
-# procfs reads were ~0.45 % of one CPU at 20 rounds/s beside an attached LiteRT service on a
+# Every other hot source (/proc/stat, /proc/softirqs, the watched threads' schedstat) at 5 Hz,
+# so the native helper makes 5 rounds a second, not 20 (issue #38: its procfs reads were
+# ~0.45 % of one CPU at 20 rounds/s, ~0.2 % at 10, beside an attached LiteRT service on a
 # 2-vCPU Linux 6.18 guest): with the events on, the polled rows are the fallback (a window
-# incomplete, a spike the CPU budget skips) and the spike's own window still has them (a
-# spike waits for the round after it: Sampler.covered_ns).
+# incomplete, a spike the CPU budget skips) and the spike's own window still has them: a
+# spike waits for the round after it (Sampler.covered_ns), and where that round is not
+# there when the spike is seen, the helper is asked for it (NativeSampler.ask_round), so
+# the record is not later than at 10 rounds a second.
 EVENTS_IRQ_PERIOD_S = 0.2
-EVENTS_SOFTIRQ_PERIOD_S = 0.1
-EVENTS_POLL_PERIOD_S = 0.1
+EVENTS_SOFTIRQ_PERIOD_S = 0.2
+EVENTS_POLL_PERIOD_S = 0.2
 # The memory counters (/proc/vmstat: ~170 counters the kernel sums over every CPU per read,
 # and PSI) at 2 Hz where the events run: the call's own page faults are in its timeline
 # (exceptions:page_fault_user, followed from its first call), so the counters are context
-# for the polled memory rule, whose window of rows covers a 0.5 s round anyway.
-EVENTS_MEMORY_PERIOD_S = 0.5
-EVENTS_SCHED_PERIOD_S = 0.1
+# for the polled memory rule, whose window of rows covers a 0.4 s round anyway.
+EVENTS_MEMORY_PERIOD_S = 0.4  # (a multiple of the 0.2 s rounds)
+EVENTS_SCHED_PERIOD_S = 0.2
 EVENTS_MIN_SCAN_GAP_S = 0.5
 IRQ_DESC_S = 5.0  # the IRQ device names re-read this often whatever the irq rate
 # "0": poll as without events even when they run (the before/after A/B of the reduction:
@@ -156,6 +158,8 @@ def reduce_for_events(c: Collectors, sample_hz: float, env=None) -> dict[str, di
             slower(name, x, "/proc/stat rows of the probe CPUs", EVENTS_POLL_PERIOD_S)
         elif name == "memory":
             slower(name, x, "the memory counters", EVENTS_MEMORY_PERIOD_S)
+        elif name == "numa":  # (never waited for: a round of its own would be 10 a second)
+            slower(name, x, "numastat of the probe CPUs' nodes", EVENTS_POLL_PERIOD_S)
     if "irq" in out:
         irq.desc_every = max(1, round(IRQ_DESC_S / EVENTS_IRQ_PERIOD_S))
     soft = next((x for x in c.active if getattr(x, "name", "") == "softirq"), None)

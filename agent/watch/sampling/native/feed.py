@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import struct
 import subprocess
 import tempfile
@@ -336,6 +337,23 @@ class Feed:
 
     def state(self) -> int:
         return _U64.unpack_from(self.mm, _H_STATE)[0]
+
+    def rounds(self) -> int:
+        """The rounds the helper has recorded so far (0 once the shared file is closed)."""
+        return _U64.unpack_from(self.mm, _H_ROUNDS)[0] if self.mm is not None else 0
+
+    def ask_round(self) -> bool:
+        """Ask the helper for a round now (SIGUSR1: hftsampler.c ends its wait, makes the
+        round and the next one a period after it). False where it is not asked: not the
+        built helper (a test's stand-in, a path, would die of the signal), not running, or no round
+        recorded yet (the helper blocks the signal before its first round)."""
+        if not isinstance(self.helper, Helper) or self.proc is None or not self.rounds():
+            return False
+        try:
+            self.proc.send_signal(signal.SIGUSR1)  # (none once it is reaped: never another's)
+        except OSError:
+            return False
+        return self.proc.returncode is None
 
     def error(self) -> str:
         raw = bytes(self.mm[_H_ERROR:_H_ERROR + _ERROR_LEN])

@@ -29,6 +29,7 @@
  * (LAYOUT_BYTES each), then the data ring. Every
  * field the other side reads is written with a release store after the data it publishes.
  * It exits when the header's stop flag is set, on SIGTERM/SIGINT, or when its parent dies.
+ * SIGUSR1 asks for a round now (watch: a spike waits for the round after it).
  * Reads only the paths in the slot table, opened O_RDONLY; writes only SHM_FILE.
  */
 #define _GNU_SOURCE
@@ -375,6 +376,15 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    /* SIGUSR1: watch asks for a round now (a spike waits for the round after it). Blocked,
+     * and waited for between rounds with sigtimedwait: one that comes during a round stays
+     * pending and ends the next wait at once (that round began before it was asked for); the
+     * next regular round then comes a period after the asked one. Python asks only once a
+     * round is recorded, so never before this line. */
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, NULL);
 
     if (strcmp(argv[2], "-") != 0) {
         cpu_set_t set;
@@ -540,10 +550,13 @@ int main(int argc, char **argv) {
             next = after; /* never catch up in a burst */
             continue;
         }
-        ts.tv_sec = (time_t)(next / 1000000000ull);
-        ts.tv_nsec = (long)(next % 1000000000ull);
-        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-            if (stop_signal) break;
+        for (uint64_t t = after; t < next && !stop_signal; t = mono_ns()) {
+            ts.tv_sec = (time_t)((next - t) / 1000000000ull);
+            ts.tv_nsec = (long)((next - t) % 1000000000ull);
+            if (sigtimedwait(&usr1, NULL, &ts) == SIGUSR1) {
+                next = mono_ns(); /* asked: a round now */
+                break;
+            } /* else the time came (EAGAIN) or SIGTERM/SIGINT's handler ran (EINTR) */
         }
     }
     H->cpu_ns = self_cpu_ns();

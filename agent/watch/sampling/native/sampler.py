@@ -85,6 +85,9 @@ class NativeSampler(Sampler):
         self._why: str | None = None  # why the replay stopped (helper died, stalled, error)
         self._last_round_at = time.monotonic_ns()
         self.replays = 0  # replays done (wait_replay waits for the count to move)
+        self.asked_rounds = 0  # rounds asked of the helper (ask_round)
+        self._asked_ns = -self.ASK_GAP_NS
+        self._asked_rounds: int | None = None  # the helper's count when a round was asked
         self._replayed = threading.Condition()
 
     STALL_NS = 2_000_000_000  # no new round for this long from a live helper: stuck
@@ -92,14 +95,15 @@ class NativeSampler(Sampler):
     # costs its wake-up and record whether or not a file is due in it (~70 µs of the
     # helper's and the replay's CPU a round on a 2-vCPU VM), and a spike's attribution
     # waits for the round after it anyway (Sampler.covered_ns); with the kernel events on,
-    # every hot source is polled at 10 Hz (agent/watch/wiring.py): 10 rounds a second
-    MAX_ROUND_NS = 100_000_000
+    # every hot source is polled at 5 Hz or slower (agent/watch/wiring.py): 5 rounds a
+    # second, and a spike whose round after it has not come asks for one (ask_round)
+    MAX_ROUND_NS = 200_000_000
 
     def _round_period(self) -> int:
         """The helper's round period: ``hz``'s, times the largest common divisor of the hot
         sources' periods in those rounds that keeps it ≤ :data:`MAX_ROUND_NS` — each file
         is read at the very times it would be at ``hz`` (with the events on, every hot
-        source runs at 10 Hz or slower: 10 rounds a second instead of 100)."""
+        source runs at 5 Hz or slower: 5 rounds a second instead of 100)."""
         divs = [max(1, round(e.period_ns / self.period_ns)) for e in self.entries
                 if isinstance(e.collector, HotSource)]
         k = math.gcd(*divs) if divs else 1
@@ -114,6 +118,38 @@ class NativeSampler(Sampler):
     def poke(self) -> None:
         """Replay now (at most one per :data:`POKE_GAP_NS`): a spike waits for rows."""
         self._poke.set()
+
+    # A round asked for (ask_round) comes at least this long after the previous one asked: a
+    # storm's steps (every 50 ms while spikes wait) do not make the helper's rounds more
+    # frequent than they were before the rounds went to 5 a second with the events on.
+    ASK_GAP_NS = 100_000_000
+    ASKED_WAIT_NS = 10_000_000  # a replay after an ask waits this long at most for its round
+
+    def ask_round(self, need_ns: int) -> bool:
+        """A spike waits for rows up to ``need_ns`` (monotonic): where the newest round
+        replayed is older, none is due before the next step could replay it and ``need_ns``
+        has passed, the helper makes a round now (:meth:`Feed.ask_round`), and the replay
+        the caller's :meth:`poke` brings waits for it. True when one was asked."""
+        now = time.monotonic_ns()
+        if need_ns > now or self._latest >= need_ns or \
+                now - self._asked_ns < self.ASK_GAP_NS or self._asked_rounds is not None:
+            return False
+        rounds = self.feed.rounds()
+        if not self.feed.ask_round():
+            return False
+        self._asked_ns, self._asked_rounds = now, rounds
+        self.asked_rounds += 1
+        return True
+
+    def _await_asked(self) -> None:
+        """Before a replay: the round asked for, once the helper has recorded it (at most
+        :data:`ASKED_WAIT_NS`: the round is a few hundred µs of reads)."""
+        if self._asked_rounds is None:
+            return
+        deadline = time.monotonic_ns() + self.ASKED_WAIT_NS
+        while self.feed.rounds() <= self._asked_rounds and time.monotonic_ns() < deadline:
+            time.sleep(0.0005)
+        self._asked_rounds = None
 
     def wait_replay(self, seen: int, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for a replay after the ``seen``-th (:attr:`replays`
@@ -292,6 +328,7 @@ class NativeSampler(Sampler):
             since = now - last
             if since >= every or (poke.is_set() and since >= gap):
                 poke.clear()
+                self._await_asked()
                 r0 = feed.rpos
                 if self._drain_or_stop() is False:
                     return
