@@ -245,8 +245,18 @@ def test_it_keeps_no_descriptor_of_its_starter_and_dies_with_it(tmp_path):
         kids = psutil.Process(child.pid).children()
         assert len(kids) == 1 and guardian.SCRIPT in kids[0].cmdline()
         g = kids[0]
-        fds = {int(f): os.readlink(f"/proc/{g.pid}/fd/{f}")
-               for f in os.listdir(f"/proc/{g.pid}/fd")}
+
+        def fds_of() -> dict[int, str]:
+            return {int(f): os.readlink(f"/proc/{g.pid}/fd/{f}")
+                    for f in os.listdir(f"/proc/{g.pid}/fd")}
+
+        def settled() -> dict[int, str] | None:  # once its start-up closed what it opened
+            try:
+                fds = fds_of()
+            except FileNotFoundError:  # one closed between the listing and its link
+                return None
+            return fds if len(fds) == 4 else None
+        fds = _wait(settled, START_S) or fds_of()  # (else: what it holds, in the failure)
         assert [fds[i] for i in (0, 1, 2)] == ["/dev/null"] * 3
         others = [v for k, v in fds.items() if k > 2]
         assert len(others) == 1 and others[0].startswith("pipe:"), fds  # the lifeline only
