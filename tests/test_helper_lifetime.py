@@ -117,9 +117,16 @@ def _helper_of(child: subprocess.Popen, prefix: str) -> int | None:
     return None
 
 
+# A child started from a background job of a non-interactive shell (a CI runner's `cmd &`)
+# inherits SIGINT ignored, and Python keeps it ignored: the SIGINT cases would then wait for
+# the child's own end (a 60 s sleep against a 60 s timeout). The child takes SIGINT as a
+# terminal's Ctrl-C would reach it.
+_SIGINT_DEFAULT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def _child(code: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen([sys.executable, "-c", _SIGINT_DEFAULT + textwrap.dedent(code)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
 
 
