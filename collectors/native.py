@@ -335,13 +335,16 @@ def command(exe: Helper | str | os.PathLike[str], *args: str, lifeline: bool = T
 
 
 def build(source: Path, name: str, what: str, out_dir: Path | None = None,
-          machines: tuple[str, ...] | None = None, machines_why: str = "") -> Helper:
+          machines: tuple[str, ...] | None = None, machines_why: str = "",
+          shared: bool = False) -> Helper:
     """The compiled ``source`` (``<cache>/<name>-<hash>``), compiled (~0.3 s) when not cached,
     as a :class:`Helper` to start with :meth:`Helper.command`. ``what`` names the helper in
     messages ("native sampler"). ``machines``: the ``uname -m`` values it may be built for
     (None: any), ``machines_why`` says why. Raises :class:`NativeUnavailable` (wrong
     machine, no compiler, failed build) or :class:`CacheRefused` (a cache directory, a
-    directory above it or a cached binary that someone else could have written)."""
+    directory above it or a cached binary that someone else could have written).
+    ``shared``: a shared library (``-shared -fPIC``) to load with ctypes through
+    :attr:`Helper.exe` (the same checked directory descriptor), not a program to start."""
     machine = os.uname().machine
     if machines is not None and machine not in machines:
         raise NativeUnavailable(f"the {what} needs {machines_why or '/'.join(machines)} "
@@ -350,7 +353,8 @@ def build(source: Path, name: str, what: str, out_dir: Path | None = None,
         src = source.read_bytes()
     except OSError as exc:
         raise NativeUnavailable(f"{what} source missing: {exc.strerror}") from None
-    key = hashlib.sha256(src + machine.encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + machine.encode() + (b"\0shared" if shared else b"")
+                         ).hexdigest()[:16]
     if out_dir is not None:
         d, origin = out_dir, ""
     else:
@@ -369,7 +373,7 @@ def build(source: Path, name: str, what: str, out_dir: Path | None = None,
         exe = f"{name}-{key}"
         fd = _open_binary(dfd, exe, what, real / exe)
         if fd is None:
-            _compile(src, dfd, real, exe, what)
+            _compile(src, dfd, real, exe, what, shared)
             fd = _open_binary(dfd, exe, what, real / exe)
             if fd is None:
                 raise NativeUnavailable(f"building the {what} failed: {real / exe} is not "
@@ -381,7 +385,8 @@ def build(source: Path, name: str, what: str, out_dir: Path | None = None,
         raise
 
 
-def _compile(src: bytes, dfd: int, real: Path, exe: str, what: str) -> None:
+def _compile(src: bytes, dfd: int, real: Path, exe: str, what: str,
+             shared: bool = False) -> None:
     """Compile ``src`` into ``real/exe`` (``dfd`` is ``real``, checked): into a temporary
     name, checked and made executable through its descriptor, then renamed over ``exe``."""
     cc_name, cc = compiler(what)
@@ -389,7 +394,8 @@ def _compile(src: bytes, dfd: int, real: Path, exe: str, what: str) -> None:
     try:
         # Through the real path: every directory in it is root's or ours and writable by
         # nobody else (open_trusted_dir), so no other user can redirect it.
-        r = subprocess.run([cc_name, "-O2", "-std=gnu11", "-Wall", "-pthread", "-o",
+        kind = ["-shared", "-fPIC"] if shared else ["-pthread"]
+        r = subprocess.run([cc_name, "-O2", "-std=gnu11", "-Wall", *kind, "-o",
                             str(real / tmp), "-x", "c", "-"], executable=cc, input=src,
                            capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -385,23 +385,14 @@ class UprobeEvents:
         its own beyond the probed addresses is a whole :class:`Event`). The kernel-event
         rings are drained too when :data:`~agent.trace.calls.KERNEL_DRAIN_S` has passed
         since their last drain (moved into the kept pages, not walked)."""
-        if self._closed or not self._uprobe_ids or self.reader != "raw":
+        pages = self.uprobe_pages()
+        if not pages:
             return []
-        if time.monotonic_ns() - getattr(self, "drained_ns", 0) >= KERNEL_DRAIN_S * 1e9:
-            self.drain()
-        if self._hit_plan is None:
-            only = frozenset(self._uprobe_ids)
-            fmts = self._formats
-            # an event with arguments of its own (a GPU copy's size) is decoded whole
-            self._hit_plan = (only, {i: fmts[i].name for i in only},
-                              {i for i in only if any(f.name not in _PROBE_FIELDS
-                                                      for f in fmts[i].fields)},
-                              all(fmts[i].pid_offset == 4 for i in only))
-        only, names, full, fast = self._hit_plan
+        only, names, full, fast = self._plan()
         fmts = self._formats
         out: list[UprobeHit | Event] = []
         cpus = set()
-        for cpu, buf in self._calls_pages():
+        for cpu, buf in pages:
             cpus.add(cpu)
             if not fast:  # (a common header of another shape: the events' own decoding)
                 out += iter_page(buf, cpu, fmts, layout=self._layout, only=only)
@@ -415,6 +406,42 @@ class UprobeEvents:
         if len(cpus) > 1:
             out.sort(key=_TS)  # (the CPUs' hits merged; one CPU's are in order already)
         return out
+
+    def uprobe_pages(self) -> list[tuple[int, bytes]]:
+        """``(cpu, page)`` of the calls rings' pages recorded since the last call, undecoded
+        (:meth:`uprobe_events` decodes them; watch --attach's native pairing,
+        agent/watch/latency/native_pair.py, takes them whole); the kernel-event rings are
+        drained as :meth:`uprobe_events` says."""
+        if self._closed or not self._uprobe_ids or self.reader != "raw":
+            return []
+        if time.monotonic_ns() - getattr(self, "drained_ns", 0) >= KERNEL_DRAIN_S * 1e9:
+            self.drain()
+        return self._calls_pages()
+
+    def _plan(self) -> tuple:
+        """(ids, id -> event name, ids decoded whole, common header of every kernel)."""
+        if self._hit_plan is None:
+            only = frozenset(self._uprobe_ids)
+            fmts = self._formats
+            # an event with arguments of its own (a GPU copy's size) is decoded whole
+            self._hit_plan = (only, {i: fmts[i].name for i in only},
+                              {i for i in only if any(f.name not in _PROBE_FIELDS
+                                                      for f in fmts[i].fields)},
+                              all(fmts[i].pid_offset == 4 for i in only))
+        return self._hit_plan
+
+    def hit_names(self) -> dict[int, str] | None:
+        """Event id -> uprobe event name of every hit, where each hit is just its time, CPU,
+        thread and name (:attr:`hits_are_tuples`); else None."""
+        if not self._uprobe_ids:
+            return None
+        _only, names, full, fast = self._plan()
+        return names if fast and not full else None
+
+    @property
+    def page_layout(self):
+        """The calls rings' page layout (agent.trace.pages.PageLayout)."""
+        return self._layout
 
     def is_return(self, ev: UprobeHit | Event) -> bool:
         """Whether ``ev`` is a return probe's hit (else an entry)."""

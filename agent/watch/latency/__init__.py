@@ -12,6 +12,7 @@ interface (:mod:`agent.watch.latency.base`), chosen once.
                   writes, found in /proc/PID/maps or named, owned by the process's user
     attached.py   an unmodified process (--attach PID): uprobes on its runtime's once-per-call
                   function (agent/trace), calls paired per thread from the kernel events
+                  (native_pair.py + hftpair.c: the same pairing in C, for the always-on case)
     identity.py   a service by identity (--attach-name, --attach-unit, --attach-cgroup): its
                   processes timed through attached.py's classes, one probe set per library
                   file, across restarts; procs.py decides which processes are the service

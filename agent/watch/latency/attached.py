@@ -61,6 +61,7 @@ from collectors.parsers import format_cpulist
 
 F = {name: i for i, name in enumerate(FIELDS)}
 _BLANK = [-1] * len(FIELDS)  # a row's unknowns (the in-process evidence)
+_EMPTY = np.empty((0, len(FIELDS)), dtype=np.int64)
 _SEQ, _SEQ2, _START, _END, _PID, _TID, _CPU0, _CPU1 = (
     F[k] for k in ("seq", "seq2", "start_ns", "end_ns", "pid", "tid", "cpu_start", "cpu_end"))
 TID_REFRESH_S = 1.0
@@ -71,6 +72,8 @@ class AttachedReader:
 
     gpu: Any = None   # --gpu-probes: agent.trace.gpu_probes.GpuHits (takes its hits)
     pmu: Any = None   # --pmu: agent.watch.attribution.pmu.PerCall (each call's counters)
+    native: Any = None  # native_pair.NativePairing: the C pairing, once in use
+    _native_tried = False
 
     def __init__(self, host: Host, pid: int, events, uprobes, entry_only: bool) -> None:
         self.host = host
@@ -102,6 +105,76 @@ class AttachedReader:
         self._dropped: set[str] = set()
         self._looked = False
 
+    # -- the C pairing (native_pair.py): the always-on case ------------------------------------
+    def _native_pairing(self, names: dict[int, str] | None) -> Any:
+        """The C pairing, when it applies to this read (no GPU probe, no trial, entry to
+        return, every hit a tuple, a library built): made once, the Python state handed
+        over; else None."""
+        if names is None or self.gpu is not None or self.trial is not None or \
+                self.entry_only:
+            return None
+        if self.native is None:
+            if self._native_tried or os.environ.get("HFTAGENT_PY_PAIRING"):
+                return None
+            self._native_tried = True
+            from agent.watch.latency import native_pair
+            lib = native_pair.library()
+            if lib is None:
+                return None
+            nat = native_pair.NativePairing(lib, self.pid, (_SEQ, _SEQ2, _START, _END, _PID,
+                                                            _TID, _CPU0, _CPU1), len(FIELDS))
+            if not self._hand_over(nat, names):
+                return None
+            self.native = nat
+        if not self.native.set_codes(names, self.events.is_return_name, self._dropped):
+            return None  # (a name it cannot pair; the Python state is empty: none handed)
+        return self.native
+
+    def _hand_over(self, nat: Any, names: dict[int, str]) -> bool:
+        """The Python pairing's open calls into ``nat`` (after a trial); False, nothing
+        changed, when a name cannot be coded."""
+        from agent.watch.latency.native_pair import code_of
+        if not nat.set_codes(names, self.events.is_return_name, self._dropped):
+            return False
+        opened = {}
+        for tid, o in self._open.items():
+            mask = 0
+            for name in o:
+                c = code_of(name, False)
+                if c is None:
+                    return False
+                mask |= 1 << c
+            opened[tid] = mask
+        for tid, mask in opened.items():
+            if mask and tid in self._start:
+                t0, c0 = self._start[tid]
+                nat.set_open(tid, mask, t0, c0)
+        self._open.clear()
+        self._start.clear()
+        return True
+
+    def _read_native(self, nat: Any) -> np.ndarray:
+        """One read through the C pairing: decode, the threads not known looked at once,
+        pair."""
+        pages = self.events.uprobe_pages()
+        if not pages:
+            return _EMPTY
+        hits = nat.decode(pages, self.events.page_layout)
+        nat.set_threads(self._tids)
+        if len(hits):
+            unknown = nat.unknown(hits)
+            if unknown and any([self._new_thread(t) for t in unknown]):
+                nat.set_threads(self._tids)
+        rows = nat.pair(hits, self._seq)
+        if len(rows):
+            self._seq += len(rows)
+            self.calls += len(rows)
+            self._rows_made(rows)
+        return rows
+
+    def _rows_made(self, rows: np.ndarray) -> None:
+        """Rows the C pairing made (a subclass sets what :meth:`_row` would)."""
+
     def threads(self) -> set[int]:
         return {int(t) for t in self.host.listdir(self.host.proc(self.pid, "task"))
                 if t.isdigit()}
@@ -115,10 +188,9 @@ class AttachedReader:
         if not tids:
             return
         if tids != self._tids:
-            for gone in set(self._open) - tids:  # a thread ended inside a call
-                if self._open.pop(gone, None):
-                    self.open_at_exit += 1
-                self._start.pop(gone, None)
+            self._close_threads(set(self._open) - tids)  # a thread ended inside a call
+            if self.native is not None:
+                self.open_at_exit += self.native.keep(tids)
             self._tids = tids
             for inst in self.uprobes.instances:
                 try:
@@ -130,17 +202,33 @@ class AttachedReader:
             if self.pmu is not None:
                 self.pmu.set_threads(sorted(tids))
 
+    def _close_threads(self, tids) -> None:
+        """Threads that ended (or left): their open calls closed and counted."""
+        for gone in tids:
+            if self._open.pop(gone, None):
+                self.open_at_exit += 1
+            self._start.pop(gone, None)
+
     def read(self, max_records: int | None = None) -> np.ndarray:
         self._refresh()
         lost = self.events.calls_lost()
         if lost != self._lost_seen:  # events lost: pair again from a clean state
             self._lost_seen = lost
-            if any(self._open.values()):
+            if any(self._open.values()) or (self.native is not None and self.native.clear()):
                 self.resynced += 1
             self._open.clear()
             self._start.clear()
-        rows: list[list[int]] = []
         self._looked = False  # (_new_thread: the threads looked at again once per read)
+        nat = None
+        if self.native is not None or not self._native_tried:
+            names = getattr(self.events, "hit_names", None)  # (a source of raw pages)
+            nat = self._native_pairing(names() if names is not None else None)
+        if nat is not None:
+            rows_ = self._read_native(nat)
+            if self.pmu is not None and len(rows_):
+                self.pmu.feed(rows_.tolist())
+            return rows_
+        rows: list[list[int]] = []
         hits = self.events.uprobe_events()
         if self.gpu is None and self.trial is None and not self.entry_only and \
                 self.events.hits_are_tuples:
@@ -262,12 +350,17 @@ class AttachedReader:
     def finish(self) -> None:
         """The process ended (or watch stops): calls still open are closed and counted."""
         self.open_at_exit += sum(1 for o in self._open.values() if o)
+        if self.native is not None:
+            self.open_at_exit += self.native.clear()
         self._open.clear()
         self._start.clear()
 
     def stats(self) -> dict:
-        return {"calls": self.calls, "unpaired_returns": self.unpaired_returns,
-                "lost_returns": self.lost_returns,
+        nat = self.native
+        return {"calls": self.calls,
+                "unpaired_returns": self.unpaired_returns + (nat.unpaired_returns if nat
+                                                             else 0),
+                "lost_returns": self.lost_returns + (nat.lost_returns if nat else 0),
                 "open_at_exit": self.open_at_exit, "resynced": self.resynced,
                 "timing": "entry to next entry (call period)" if self.entry_only else
                 "entry to return"}

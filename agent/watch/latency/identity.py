@@ -101,6 +101,18 @@ class ServiceReader(AttachedReader):
         self.first_ns.setdefault(pid, t0)
         return r
 
+    def _rows_made(self, rows: np.ndarray) -> None:
+        """:meth:`_row`'s work on the C pairing's rows: each row's process, the calls per
+        process and the start of each one's first call."""
+        tids, inv = np.unique(rows[:, F["tid"]], return_inverse=True)
+        pids = np.array([self.tid_pid.get(t, self.pid) for t in tids.tolist()],
+                        dtype=np.int64)[inv]
+        rows[:, F["pid"]] = pids
+        for pid in set(pids.tolist()):
+            mine = pids == pid
+            self.per_pid[pid] = self.per_pid.get(pid, 0) + int(mine.sum())
+            self.first_ns.setdefault(pid, int(rows[mine, F["start_ns"]][0]))
+
     def follow(self, pid: int) -> None:
         """Time process ``pid`` too (it maps the set's library)."""
         if pid not in self.pids:
@@ -117,11 +129,12 @@ class ServiceReader(AttachedReader):
         counted (``open_at_exit``), its threads leave the filter."""
         self.leaving.discard(pid)
         self.pids = [p for p in self.pids if p != pid]
-        for tid in [t for t, p in self.tid_pid.items() if p == pid]:
+        gone = [t for t, p in self.tid_pid.items() if p == pid]
+        for tid in gone:
             del self.tid_pid[tid]
-            if self._open.pop(tid, None):
-                self.open_at_exit += 1
-            self._start.pop(tid, None)
+        self._close_threads(gone)
+        if self.native is not None:
+            self.open_at_exit += self.native.drop(gone)
         self.refilter()
 
     def refilter(self) -> None:
