@@ -128,15 +128,30 @@ class SpikeDetector:
         and nothing is queued: a sample is a spike when it is over the lower of the two
         bars in force (one comparison over the batch; most batches have no spike)."""
         lat = np.asarray(lat, dtype=np.int64)
-        bars = [b for b in (self.threshold_ns, self.k_p50 * self.p50_ns if self.p50_ns > 0
-                            else None) if b is not None]
-        if not bars or not len(lat) or not lat.max() > min(bars):
+        bar = self._bar()
+        if bar is None or not len(lat) or not lat.max() > bar:
             self._keep(lat)
             return []
-        spike = lat > min(bars)
+        spike = lat > bar
         self._keep(lat[~spike])
         return [(self._spike(recs[i], int(lat[i]), -1), self.clock())
                 for i in np.flatnonzero(spike).tolist()]
+
+    def _bar(self) -> float | None:
+        """The lower of the two bars in force (None: neither yet)."""
+        bars = [b for b in (self.threshold_ns, self.k_p50 * self.p50_ns if self.p50_ns > 0
+                            else None) if b is not None]
+        return min(bars) if bars else None
+
+    def quiet(self, lat: np.ndarray) -> bool:
+        """Whether :meth:`scan` would find no spike in a batch of these latencies, as
+        :meth:`_scan_batch` decides it; False where that rule does not apply (queueing, or
+        a baseline short of ``min_samples``). The session holds such a batch for a while
+        (agent/watch/session.py ``HOLD_S``): its scan, whenever it comes, marks nothing."""
+        if self.queueing or self.baseline_samples < self.min_samples:
+            return False
+        bar = self._bar()
+        return bar is None or not len(lat) or not lat.max() > bar
 
     def _keep(self, lat_ns: np.ndarray) -> None:
         """Normal samples for the window (joined at the next P50)."""

@@ -61,11 +61,18 @@ from agent.watch.wiring import attributor_for, build_collectors
 from collectors.host import Host
 
 F = {name: i for i, name in enumerate(FIELDS)}
+_START, _END, _TID = F["start_ns"], F["end_ns"], F["tid"]
 EXIT_SOURCE_DIED = 3
 EXIT_OUTPUT_FAILED = 1  # the spike log could not be written
 RECENT_EVIDENCE = 500  # latest samples whose faults and switches are the in-process baseline
 QUIET_LOOPS = 3        # no spike waiting: a step every 3 loop_s (150 ms; module docstring)
 QUIET_AFTER_S = 0.0    # ... and none detected for this long
+# A batch of calls without a spike (SpikeDetector.quiet), of threads already followed, is
+# held and ingested with the next batch that has one, a spike waiting, the stop, or this long
+# after the first held one: its counts, histogram, latency ring and metrics are at most this
+# late, its scan marks nothing whenever it comes (no P50 moves in between), and a quiet step
+# costs a subtraction and a max instead of an ingest (watch's own CPU, issue #38).
+HOLD_S = 1.0
 
 
 def _polled_only(body: dict, why: str) -> None:
@@ -141,6 +148,9 @@ class WatchSession:
         self.hist = summary_.LatencyHistogram()
         self.records = SpikeRecords(self.spike_log, self.flight, clock, self._wall_off, metrics)
         self.samples = 0
+        self._held: list[np.ndarray] = []  # batches without a spike, not ingested yet
+        self._held_since = 0
+        self._followed: set[int] = set()  # threads an ingest gave the sched collector
         self.spikes = 0
         self.source_error: str | None = None
         self.started_ns = 0
@@ -289,15 +299,36 @@ class WatchSession:
         with self.own.part("source"):
             recs = self.reader.read()
         now = self.clock()
-        if len(recs):
-            with self.own.part("detection"):
-                self.ingest(recs)
+        with self.own.part("detection"):
+            if len(recs):
+                self._take(recs, now)
+            if self._held and (self._stopping or self.schedule.pending or
+                               now - self._held_since >= HOLD_S * 1e9):
+                self._flush_held()
         self.attribute_pending(now)
         self.trace.maybe_refit(now, self.samples >= self.cfg.min_samples)
         with self.own.part("flight"):
             self._flight_step()
         if self.metrics is not None:
             self.metrics.set_gauges(self)
+
+    def _take(self, recs: np.ndarray, now: int) -> None:
+        """Ingest ``recs`` now, or hold them (:data:`HOLD_S`) when they have no spike and
+        every thread of theirs is followed already."""
+        lat = recs[:, _END] - recs[:, _START]
+        if not self._stopping and self.detector.quiet(lat) and \
+                self._followed.issuperset(recs[:, _TID].tolist()):
+            if not self._held:
+                self._held_since = now
+            self._held.append(recs)
+            return
+        self._flush_held()
+        self.ingest(recs)
+
+    def _flush_held(self) -> None:
+        if self._held:
+            held, self._held = self._held, []
+            self.ingest(held[0] if len(held) == 1 else np.concatenate(held))
 
     def ingest(self, recs: np.ndarray) -> None:
         """Take a batch of latency records (rows of :data:`agent.client.FIELDS`): counts,
@@ -307,6 +338,7 @@ class WatchSession:
         self.hist.add(lat)
         self.lat.extend(recs)
         tids = sorted(set(recs[:, F["tid"]].tolist()))  # (np.unique: ~10 array calls, cold)
+        self._followed.update(tids)
         self.sched.watch_tids(tids)
         self.trace.follow_calls(tids, recs)  # their faults and runtime from now (issue #35)
         if self.metrics is not None:

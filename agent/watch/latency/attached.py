@@ -154,18 +154,18 @@ class AttachedReader:
         return True
 
     def _read_native(self, nat: Any) -> np.ndarray:
-        """One read through the C pairing: decode, the threads not known looked at once,
-        pair."""
+        """One read through the C pairing (one C call; the threads not known looked at
+        first where there are some)."""
         pages = self.events.uprobe_pages()
         if not pages:
             return _EMPTY
-        hits = nat.decode(pages, self.events.page_layout)
         nat.set_threads(self._tids)
-        if len(hits):
-            unknown = nat.unknown(hits)
-            if unknown and any([self._new_thread(t) for t in unknown]):
+
+        def known(unknown: list[int]) -> None:
+            if any([self._new_thread(t) for t in unknown]):
                 nat.set_threads(self._tids)
-        rows = nat.pair(hits, self._seq)
+
+        rows = nat.read(pages, self.events.page_layout, self._seq, known)
         if len(rows):
             self._seq += len(rows)
             self.calls += len(rows)

@@ -191,6 +191,26 @@ int64_t hft_pair(state_t *st, const hit_t *hits, int64_t n, const int32_t *tids,
     return k;
 }
 
+/* A read in one call (each call from Python is paid cold, once a loop step): decode, then,
+ * when every hit's thread is known, pair into rows (rcap of them: the caller gives
+ * rcap >= the hits: a call is completed by a return record here). Returns the rows made; or -1 - k when k (> 0) threads are not known:
+ * they are in unknown[] (at most ucap) and the hits, decoded, wait in out for hft_pair
+ * once the caller has looked at them. *nhits: the hits decoded. */
+int64_t hft_read(state_t *st, const uint8_t *buf, int64_t page_size, const int32_t *cpus,
+                 int32_t npages, int32_t ts_off, int32_t commit_off, int32_t data_off,
+                 const int8_t *codes, hit_t *out, int64_t cap, int64_t *nhits,
+                 const int32_t *tids, int32_t ntids, int32_t *unknown, int32_t ucap,
+                 int64_t pid, int64_t seq0, const int32_t *fields, int32_t nf, int64_t *rows,
+                 int64_t rcap) {
+    int64_t n = hft_decode(buf, page_size, cpus, npages, ts_off, commit_off, data_off, codes,
+                           out, cap);
+    if (n < 0) n = 0;
+    *nhits = n;
+    int32_t k = hft_unknown(out, n, tids, ntids, unknown, ucap);
+    if (k > 0) return -1 - (int64_t)k;
+    return hft_pair(st, out, n, tids, ntids, pid, seq0, fields, nf, rows, rcap);
+}
+
 /* Forget every thread; returns how many had a call open. */
 int64_t hft_clear(state_t *st) {
     int64_t open = 0;

@@ -1,9 +1,10 @@
 """watch --attach's always-on pairing in C (hftpair.c, loaded with ctypes): the calls rings'
-pages → the process's calls as rows of :data:`agent.client.FIELDS`, in three C calls a read.
+pages → the process's calls as rows of :data:`agent.client.FIELDS`, in one C call a read.
 
 Why: a quiet attached service costs watch a read every loop step (~7 a second), and the
-Python walk of the pages and pairing of the hits was ~40 % of watch's own CPU (issue #38:
-~2 µs a hit, cold, on a 2-vCPU Linux 6.18 guest). The Python pairing
+Python walk of the pages and pairing of the hits was a third of watch's own CPU (issue #38:
+~600 µs a read of ~140 hits, cold, on a 2-vCPU Linux 6.18 guest; ~300 µs here, most of it
+the page reads and the call into C, paid cold after each sleep: one C call a read). The Python pairing
 (:meth:`agent.watch.latency.attached.AttachedReader._pair`) stays the reference and the path
 whenever this one does not apply (a GPU probe's hits, a runtime trial, entry-only timing, a
 common header of another shape, no C compiler): tests/test_native_pair.py checks both give
@@ -18,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import re
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,12 +56,11 @@ def library() -> ctypes.CDLL | None:
     except (NativeUnavailable, OSError) as exc:
         _why = str(exc)
         return None
-    lib.hft_decode.argtypes = [_P, _I64, _P, _I32, _I32, _I32, _I32, _P, _P, _I64]
-    lib.hft_decode.restype = _I64
-    lib.hft_unknown.argtypes = [_P, _I64, _P, _I32, _P, _I32]
-    lib.hft_unknown.restype = _I32
     lib.hft_pair.argtypes = [_P, _P, _I64, _P, _I32, _I64, _I64, _P, _I32, _P, _I64]
     lib.hft_pair.restype = _I64
+    lib.hft_read.argtypes = [_P, _P, _I64, _P, _I32, _I32, _I32, _I32, _P, _P, _I64, _P, _P,
+                             _I32, _P, _I32, _I64, _I64, _P, _I32, _P, _I64]
+    lib.hft_read.restype = _I64
     lib.hft_clear.argtypes = [_P]
     lib.hft_clear.restype = _I64
     lib.hft_keep.argtypes = [_P, _P, _I32]
@@ -109,6 +110,9 @@ class NativePairing:
         self._hits_p = self._hits.ctypes.data
         self._unknown = np.empty(64, dtype=np.int32)
         self._unknown_p = self._unknown.ctypes.data
+        self._rows = np.empty((1024, nfields), dtype=np.int64)
+        self._nhits = np.zeros(1, dtype=np.int64)
+        self._nhits_p = self._nhits.ctypes.data
         self._tids = np.zeros(1, dtype=np.int32)
         self._tids_p, self._ntids = self._tids.ctypes.data, 0
         self._tids_of: frozenset[int] | set[int] | None = None
@@ -136,40 +140,44 @@ class NativePairing:
             self._tids_of = tids
 
     # -- a read ------------------------------------------------------------------------------
-    def decode(self, pages: list[tuple[int, bytes]], layout) -> np.ndarray:
-        """The hits of ``pages`` (``(cpu, page)`` in each CPU's order, at least one),
-        merged in time order; :meth:`unknown` and :meth:`pair` take them.
-        (Each step runs cold after its sleep: as few Python and numpy calls as it can.)"""
-        npages = len(pages)
-        size = len(pages[0][1])  # (trace_pipe_raw reads whole sub-buffers)
-        if any(len(p) != size for _, p in pages):  # (else each padded to the longest)
-            size = max(len(p) for _, p in pages)
-            buf = b"".join([p.ljust(size, b"\0") for _, p in pages])
-        else:
-            buf = b"".join([p for _, p in pages])
-        cpus = array("i", [c for c, _ in pages])
+    def read(self, pages: list[tuple[int, bytes]], layout, seq0: int,
+             known: Callable[[list[int]], None]) -> np.ndarray:
+        """The calls ``pages`` (``(cpu, page)``, each CPU's in order, at least one) complete,
+        as rows numbered from ``seq0 + 1``: one C call when every hit's thread is known;
+        else ``known(tids)`` is told them first (it calls :meth:`set_threads` where they
+        are the process's) and the hits are paired then."""
+        buf, size, cpus = self._joined(pages)
         cap = len(buf) // 12 + 1  # (the smallest record: a 4 B header and 8 B of data)
         if len(self._hits) < cap:
             self._hits = np.empty(max(cap, 2 * len(self._hits)), dtype=HIT)
             self._hits_p = self._hits.ctypes.data
-        n = self.lib.hft_decode(buf, size, cpus.buffer_info()[0], npages, layout.ts_offset,
-                                layout.commit_offset, layout.data_offset, self._codes_p,
-                                self._hits_p, len(self._hits))
-        return self._hits[:max(n, 0)]
-
-    def unknown(self, hits: np.ndarray) -> list[int]:
-        """The distinct threads of ``hits`` not among :meth:`set_threads`' (64 at most)."""
-        k = self.lib.hft_unknown(self._hits_p, len(hits), self._tids_p, self._ntids,
-                                 self._unknown_p, len(self._unknown))
-        return self._unknown[:k].tolist()
-
-    def pair(self, hits: np.ndarray, seq0: int) -> np.ndarray:
-        """The calls ``hits`` complete, numbered from ``seq0 + 1``, as rows."""
-        rows = np.empty((len(hits), self.nfields), dtype=np.int64)
-        k = self.lib.hft_pair(self._st, self._hits_p, len(hits), self._tids_p, self._ntids,
+        if len(self._rows) < cap:  # (each row: a return record in these pages)
+            self._rows = np.empty((max(cap, 2 * len(self._rows)), self.nfields), np.int64)
+        rows = self._rows
+        k = self.lib.hft_read(self._st, buf, size, cpus.buffer_info()[0], len(pages),
+                              layout.ts_offset, layout.commit_offset, layout.data_offset,
+                              self._codes_p, self._hits_p, len(self._hits), self._nhits_p,
+                              self._tids_p, self._ntids, self._unknown_p, len(self._unknown),
                               self.pid, seq0, self._fields_p, self.nfields, rows.ctypes.data,
-                              len(hits))
-        return rows[:k]
+                              cap)
+        if k < 0:  # threads not known: looked at, then paired
+            known(self._unknown[:-1 - k].tolist())
+            n = int(self._nhits[0])
+            k = self.lib.hft_pair(self._st, self._hits_p, n, self._tids_p, self._ntids,
+                                  self.pid, seq0, self._fields_p, self.nfields,
+                                  rows.ctypes.data, cap)
+        return rows[:k].copy()
+
+    @staticmethod
+    def _joined(pages: list[tuple[int, bytes]]) -> tuple[bytes, int, array]:
+        """The pages one after the other, each as long as the longest (trace_pipe_raw reads
+        whole sub-buffers: a shorter read is padded), and their CPUs."""
+        cpus = array("i", [c for c, _ in pages])
+        size = len(pages[0][1])
+        if any(len(p) != size for _, p in pages):
+            size = max(len(p) for _, p in pages)
+            return b"".join([p.ljust(size, b"\0") for _, p in pages]), size, cpus
+        return b"".join([p for _, p in pages]), size, cpus
 
     # -- the state ---------------------------------------------------------------------------
     def clear(self) -> int:
