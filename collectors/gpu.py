@@ -214,11 +214,17 @@ class GpuCollector:
         return vals
 
     def _slow_loop(self) -> None:
+        """Every ``slow_interval_s``: the slow signals, unless the last sample found the probe
+        on no GPU (a CPU-only service: no GPU cause can blame a GPU it never touches). Those
+        reads cost ~3 ms of CPU a second on an H200 (NVML's PCIe throughput waits out a
+        sampling period): the largest part of an attached CPU service's own cost there
+        (issue #38). A context it opens later turns them on at the next sample."""
         while not self._stop.is_set():
-            try:
-                self.refresh_slow()
-            except Exception:  # noqa: BLE001 - the slow thread must outlive one bad read
-                pass
+            if self.probe_on_gpu is not False:
+                try:
+                    self.refresh_slow()
+                except Exception:  # noqa: BLE001 - the slow thread must outlive one bad read
+                    pass
             self._stop.wait(self._slow_interval_s)
 
     def close(self) -> None:

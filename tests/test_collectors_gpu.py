@@ -38,8 +38,9 @@ def test_sample_names_and_base_units_on_the_h200():
 
 
 def test_pcie_throughput_runs_only_on_the_slow_thread():
-    lib = FakeNvmlLib([FakeGpu()], pcie_delay_s=0.02)  # the real call blocks ~20 ms
-    col = GpuCollector(Nvml(lib=lib), slow_interval_s=0.05)
+    # the real call blocks ~20 ms; the probe (100) has a context on the GPU
+    lib = FakeNvmlLib([FakeGpu(processes=[(100, 2**30)])], pcie_delay_s=0.02)
+    col = GpuCollector(Nvml(lib=lib), own_pids={100}, slow_interval_s=0.05)
     try:
         durations = []
         deadline = time.monotonic() + 3
@@ -56,6 +57,30 @@ def test_pcie_throughput_runs_only_on_the_slow_thread():
     assert lib.count("nvmlDeviceGetPcieThroughput") >= 4
     assert sorted(durations)[len(durations) // 2] < 0.02  # the fast path never waits for it
     assert col._thread is None  # close() joined it
+
+
+def test_the_slow_signals_are_not_read_while_the_probe_is_on_no_gpu():
+    """A CPU-only service (no context of the probe's on any GPU): the slow thread reads
+    nothing (its PCIe reads cost CPU); a context opened later turns them back on."""
+    g = FakeGpu(processes=[(4242, 2**30)])
+    lib = FakeNvmlLib([g])
+    col = GpuCollector(Nvml(lib=lib), own_pids={100}, slow_interval_s=0.01)
+    try:
+        col.sample()  # (starts the slow thread; it may read once before this sample's verdict)
+        assert col.probe_on_gpu is False
+        time.sleep(0.05)
+        before = lib.count("nvmlDeviceGetPcieThroughput")
+        time.sleep(0.2)
+        assert lib.count("nvmlDeviceGetPcieThroughput") == before
+        g.processes.append((100, 2**20))  # the probe opens a context
+        col.sample()
+        deadline = time.monotonic() + 5
+        while lib.count("nvmlDeviceGetPcieThroughput") == before and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lib.count("nvmlDeviceGetPcieThroughput") > before
+    finally:
+        col.close()
 
 
 def test_foreign_processes_are_counted_and_named():
