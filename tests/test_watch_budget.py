@@ -291,3 +291,20 @@ def test_cpu_budget_option_is_refused_in_one_line():
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
         "hftagent: error: --cpu-budget must be a share of one CPU in % (0 < PCT ≤ 100), not 0"]
+
+
+def test_a_spike_asks_for_a_task_scan_only_where_the_events_will_not_name_who_ran():
+    """A task scan (every task's stat: milliseconds of CPU) for a spike's polled rules only
+    where its exact attribution is not to come: events off, or the budget spent."""
+    c = Clocks()
+    s, _recs, _spike = _session(c)
+    assert s.trace.active and s.budget.has_tokens()
+    assert not s._scan_for_spike()  # the events will name who ran
+    exact = s.budget.exact
+    s.budget.tokens_ns = -s.budget.capacity_ns  # spent
+    assert s._scan_for_spike()
+    assert s.budget.exact == exact and s.budget.skipped == 0  # (asking counts nothing)
+    s2, _r, _s = _session(Clocks(), pct=None)
+    assert not s2._scan_for_spike()  # no budget: every spike gets its events
+    s2.trace.source = None  # (events off)
+    assert s2._scan_for_spike()  # no events: the scan names who ran

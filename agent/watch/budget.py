@@ -200,6 +200,12 @@ class CpuBudget:
             self.skipped += 1
         return ok
 
+    def has_tokens(self) -> bool:
+        """Whether a spike now would get exact attribution (not counted: :meth:`allow`
+        decides when it is attributed)."""
+        self.refill()
+        return self.tokens_ns > 0
+
     def charge(self, cpu_ns: int) -> None:
         """One exact attribution's measured cost."""
         self.tokens_ns -= cpu_ns
