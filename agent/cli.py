@@ -213,6 +213,52 @@ def get_command():
     return _command
 
 
+# OpenBLAS (numpy's wheel) starts one worker thread per CPU when numpy loads, each spinning
+# ~0.1 s before it sleeps: 15 threads and ~1.5 s of CPU on a 16-CPU box, on every CPU the
+# process may use, the isolated ones included — the noise this tool hunts, for arrays of a
+# few thousand values that one thread handles. numpy is loaded with these at 1 (a value the
+# caller set is kept) and the environment is put back at once: what hftagent starts (`run`'s
+# command, the probe's workers) inherits the caller's.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class _OneBlasThread:
+    """A meta-path finder for ``numpy`` alone: its module runs with :data:`BLAS_THREAD_VARS`
+    at 1, whenever it is first imported (most commands never import it)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "numpy":
+            return None
+        from importlib.machinery import PathFinder
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, run = spec.loader, spec.loader.exec_module
+
+        def exec_module(module):
+            saved = {v: os.environ.get(v) for v in BLAS_THREAD_VARS}
+            for v in BLAS_THREAD_VARS:
+                os.environ.setdefault(v, "1")
+            try:
+                run(module)
+            finally:
+                for v, old in saved.items():
+                    if old is None:
+                        os.environ.pop(v, None)
+                    else:
+                        os.environ[v] = old
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def one_blas_thread() -> None:
+    """Load numpy, when something first imports it, with one BLAS thread (above)."""
+    if "numpy" not in sys.modules and not any(isinstance(f, _OneBlasThread)
+                                              for f in sys.meta_path):
+        sys.meta_path.insert(0, _OneBlasThread())
+
+
 def _started_early(args: list[str]) -> dict:
     """Work a command starts before typer is imported and has parsed its options (typer and
     pydantic take about 0.1 s of a 0.3 s audit), handed to it as the context's ``obj``:
@@ -258,6 +304,7 @@ def _print_root_help(stream) -> int:
 
 
 def _run():
+    one_blas_thread()
     early = _started_early(sys.argv[1:])  # before typer is imported
     import typer
 
