@@ -49,7 +49,7 @@ class Attributor:
                  probe_cpus: list[int], *, who_ran=None, others_share=None, irq_desc=None,
                  gpu_detail=None,
                  baseline_s: float = 10.0, exclude_s: float = 0.1,
-                 slack_ns: int = 1_000_000, baseline_quantum_s: float = 0.25) -> None:
+                 slack_ns: int = 1_000_000, baseline_quantum_s: float = 1.0) -> None:
         self._rings = rings
         self.probe_cpus = list(probe_cpus)
         self.who_ran = who_ran
@@ -73,7 +73,11 @@ class Attributor:
         t_from, t_to = spike.start_ns - self.slack_ns, spike.end_ns + self.slack_ns
         # The baseline ends at least exclude_s before the window, on a quantum boundary:
         # spikes of one storm share their baselines' statistics (computed once per ring per
-        # quantum, all columns at a time) instead of one median per signal per spike.
+        # quantum, all columns at a time) instead of one median per signal per spike. A 1 s
+        # quantum (0.25 s before issue #38): natural spikes a second or two apart share them
+        # too (the baselines' medians were ~40 % of a spike's polled rules, recomputed for
+        # nearly every spike of a quiet run); a 10 s baseline that ends up to 1.1 s before
+        # the window instead of 0.35 s.
         q = self.baseline_quantum_ns
         b_to = t_from - int(self.exclude_s * 1e9)
         if q > 0:
