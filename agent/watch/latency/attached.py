@@ -541,6 +541,9 @@ class AttachedRun(Running):
             raise AgentError(f"--attach {src.process}: "
                              f"{getattr(exc, 'strerror', None) or exc}") from None
         self._uprobes, self.reader, self._plan = u, reader, plan
+        if not reader.entry_only and not os.environ.get("HFTAGENT_PY_PAIRING"):
+            from agent.watch.latency import native_pair
+            native_pair.library()  # built now (~0.2 s, once per cache), not in the loop
         if len(plan.runtimes) > 1 and not reader.entry_only:
             self._arm_trial(reader, u)
         self._said(plan, reader.entry_only, attach)

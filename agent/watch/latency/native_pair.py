@@ -11,7 +11,9 @@ common header of another shape, no C compiler): tests/test_native_pair.py checks
 the same rows, counters and open calls.
 
 The library is built like the native helpers (collectors/native.py: the checked per-user
-cache, compiled from the hashed bytes) and loaded through the cache directory's descriptor.
+cache, compiled from the hashed bytes) when the attach starts, and loaded through the cache
+directory's descriptor. ``HFTAGENT_PY_PAIRING=1`` keeps the Python pairing (a benchmark's
+side-by-side run).
 """
 
 from __future__ import annotations
