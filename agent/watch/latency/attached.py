@@ -162,8 +162,9 @@ class AttachedReader:
         nat.set_threads(self._tids)
 
         def known(unknown: list[int]) -> None:
-            if any([self._new_thread(t) for t in unknown]):
-                nat.set_threads(self._tids)
+            for t in unknown:  # (the threads are listed again once per read, at the first)
+                self._new_thread(t)
+            nat.set_threads(self._tids)
 
         rows = nat.read(pages, self.events.page_layout, self._seq, known)
         if len(rows):
@@ -214,7 +215,10 @@ class AttachedReader:
         lost = self.events.calls_lost()
         if lost != self._lost_seen:  # events lost: pair again from a clean state
             self._lost_seen = lost
-            if any(self._open.values()) or (self.native is not None and self.native.clear()):
+            had = any(self._open.values())
+            if self.native is not None and self.native.clear():
+                had = True
+            if had:
                 self.resynced += 1
             self._open.clear()
             self._start.clear()
