@@ -216,15 +216,15 @@ def get_command():
 # OpenBLAS (numpy's wheel) starts one worker thread per CPU when numpy loads, each spinning
 # ~0.1 s before it sleeps: 15 threads and ~1.5 s of CPU on a 16-CPU box, on every CPU the
 # process may use, the isolated ones included — the noise this tool hunts, for arrays of a
-# few thousand values that one thread handles. numpy is loaded with these at 1 (a value the
-# caller set is kept) and the environment is put back at once: what hftagent starts (`run`'s
-# command, the probe's workers) inherits the caller's.
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# few thousand values that one thread handles. numpy is loaded with the BLAS variables at 1
+# (agent.defaults.BLAS_THREAD_VARS; a value the caller set is kept) and the environment is put
+# back at once: what hftagent starts (`run`'s command, the probe's workers) inherits the
+# caller's.
 
 
 class _OneBlasThread:
-    """A meta-path finder for ``numpy`` alone: its module runs with :data:`BLAS_THREAD_VARS`
-    at 1, whenever it is first imported (most commands never import it)."""
+    """A meta-path finder for ``numpy`` alone: its module runs with the BLAS variables at 1,
+    whenever it is first imported (most commands never import it)."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "numpy":
@@ -234,6 +234,8 @@ class _OneBlasThread:
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader, run = spec.loader, spec.loader.exec_module
+
+        from agent.defaults import BLAS_THREAD_VARS  # (here: `hftagent --help` imports none)
 
         def exec_module(module):
             saved = {v: os.environ.get(v) for v in BLAS_THREAD_VARS}

@@ -21,3 +21,9 @@ EXCEEDANCE_THRESHOLDS_US: tuple[int, ...] = (500, 1000, int(JITTER_THRESHOLD_US)
 # The largest latency threshold or budget a command takes, µs (1,000 s): beyond it a
 # threshold is no threshold (probe --threshold-us, watch --threshold-us).
 MAX_THRESHOLD_US: float = 1e9
+
+# The variables a BLAS pool (OpenBLAS, OpenMP, MKL) reads its thread count from, once, when
+# numpy loads: hftagent's own numpy (agent/cli.py) and the numpy probe's workers
+# (agent/probe/runner.py) load it with 1.
+BLAS_THREAD_VARS: tuple[str, ...] = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                     "MKL_NUM_THREADS")

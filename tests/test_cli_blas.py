@@ -18,13 +18,13 @@ VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 CHILD = textwrap.dedent("""
     import os, sys
-    import agent.cli
+    import agent.cli, agent.defaults
     if sys.argv[1] == "fix":
         agent.cli.one_blas_thread()
     import numpy as np
     a = np.ones((256, 256)); (a @ a).sum()  # (a BLAS call)
     print(len(os.listdir("/proc/self/task")),
-          ",".join(os.environ.get(v, "-") for v in agent.cli.BLAS_THREAD_VARS))
+          ",".join(os.environ.get(v, "-") for v in agent.defaults.BLAS_THREAD_VARS))
 """)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.defaults import BLAS_THREAD_VARS
 from agent.errors import AgentError
 from agent.probe.config import CALLER_THREAD, ProbeSettings, ThreadConfig
 from agent.probe.harness import Samples
@@ -256,8 +257,6 @@ def _ms(ns: int | None) -> str:
     return "—" if ns is None else f"{ns / 1e6:,.1f} ms"
 
 
-# BLAS pools read these once, when numpy loads: before the worker pins itself.
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def worker_env(settings: ProbeSettings, base: dict[str, str] | None = None) -> dict[str, str]:
