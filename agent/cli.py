@@ -214,7 +214,7 @@ def get_command():
 
 
 # OpenBLAS (numpy's wheel) starts one worker thread per CPU when numpy loads, each spinning
-# ~0.1 s before it sleeps: 15 threads and ~1.5 s of CPU on a 16-CPU box, on every CPU the
+# ~0.1 s before it sleeps (nproc - 1 threads: 15 and ~1.5 s of CPU with 16 CPUs), on every CPU the
 # process may use, the isolated ones included — the noise this tool hunts, for arrays of a
 # few thousand values that one thread handles. numpy is loaded with the BLAS variables at 1
 # (agent.defaults.BLAS_THREAD_VARS; a value the caller set is kept) and the environment is put

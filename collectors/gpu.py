@@ -216,9 +216,10 @@ class GpuCollector:
     def _slow_loop(self) -> None:
         """Every ``slow_interval_s``: the slow signals, unless the last sample found the probe
         on no GPU (a CPU-only service: no GPU cause can blame a GPU it never touches). Those
-        reads cost ~3 ms of CPU a second on an H200 (NVML's PCIe throughput waits out a
-        sampling period): the largest part of an attached CPU service's own cost there
-        (issue #38). A context it opens later turns them on at the next sample."""
+        reads cost ~3 ms of CPU a second per GPU (nvmlDeviceGetPcieThroughput waits out the
+        driver's 20 ms sampling period, R580): the largest part of an attached CPU service's
+        own cost on a GPU machine (issue #38). A context it opens later turns them on at the
+        next sample."""
         while not self._stop.is_set():
             if self.probe_on_gpu is not False:
                 try:

@@ -3,7 +3,7 @@ pages → the process's calls as rows of :data:`agent.client.FIELDS`, in one C c
 
 Why: a quiet attached service costs watch a read every loop step (~7 a second), and the
 Python walk of the pages and pairing of the hits was a third of watch's own CPU (issue #38:
-~600 µs a read of ~140 hits, cold, on a 2-vCPU Linux 6.18 guest; ~300 µs here, most of it
+~600 µs a read of ~140 hits, cold, under Linux 6.18 in a KVM guest; ~300 µs here, most of it
 the page reads and the call into C, paid cold after each sleep: one C call a read). The Python pairing
 (:meth:`agent.watch.latency.attached.AttachedReader._pair`) stays the reference and the path
 whenever this one does not apply (a GPU probe's hits, a runtime trial, entry-only timing, a
