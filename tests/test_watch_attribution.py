@@ -587,3 +587,31 @@ def test_block_softirq_beside_page_ins_that_did_not_sleep_is_their_io(rng):
     # no faults in the call: the BLOCK softirq is the cause
     c = Attributor(rings_with("BLOCK"), [1]).attribute(spike(), recent)
     assert c.cause == "softirq"
+
+
+def test_window_median_is_numpys_median():
+    from agent.watch.attribution.window import median
+    g = np.random.default_rng(3)
+    for n in range(1, 40):
+        a = g.normal(size=n) * 1e6
+        assert median(a) == pytest.approx(float(np.median(a)), rel=0, abs=1e-6)
+    assert median(np.array([2.0, 2.0, 5.0, 5.0])) == 3.5
+    assert np.isnan(median(np.empty(0)))
+
+
+def test_a_spike_is_attributed_without_loading_numpy_ma():
+    """np.median imports numpy.ma (~17 ms of CPU) on its first call: the first spike a
+    watch attributed paid it (issue #38). The attribution path uses window.median."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, numpy as np\n"
+        "import tests.test_watch_attribution as t\n"
+        "rings = t.quiet_rings(np.random.default_rng(1))\n"
+        "a = t.Attributor(rings, [1]).attribute(t.spike(), np.zeros((40, 4)))\n"
+        "assert a.cause, a\n"
+        "print('numpy.ma' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

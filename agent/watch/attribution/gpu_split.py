@@ -47,6 +47,7 @@ import numpy as np
 
 from agent.trace.gpu_probes import COPY, HOST_FUNC, LAUNCH, SYNC, GpuHits, Hit
 from agent.watch.attribution import gpu_verdict
+from agent.watch.attribution.window import median
 
 PARTS = ("enqueue", "copies", "gpu_wait", "completion_lag", "rest")  # (export: GPU_PARTS)
 _PRIO = {"copies": 0, "completion_lag": 1, "gpu_wait": 2, "rest": 3, "enqueue": 4}
@@ -235,8 +236,8 @@ def usual_rates(rates: Iterable[float]) -> tuple[float | None, float | None]:
     positive ns per byte, negative ns per copy where no byte count came)."""
     r = np.fromiter(rates, float)
     per_byte, per_copy = r[r > 0], -r[r < 0]
-    return (float(np.median(per_byte)) if len(per_byte) else None,
-            float(np.median(per_copy)) if len(per_copy) else None)
+    return (median(per_byte) if len(per_byte) else None,
+            median(per_copy) if len(per_copy) else None)
 
 
 def slow_copy(hits: Sequence[Hit], usual: tuple[float | None, float | None], excess_ns: int
