@@ -354,7 +354,7 @@ class WatchSession:
         rules): not where the kernel events will name who ran — they are on and the CPU
         budget has tokens for its exact attribution. A scan reads every task's stat: 1.3 ms
         of CPU with ~150 tasks and 2 CPUs, 3.3 ms with ~190 and 16 (issue #38); the periodic
-        scans (sched.py ``scan_period_s``) go on."""
+        scans (sched.py ``scan_period_s``, every 10 s with the events) go on."""
         if not self.trace.active:
             return True
         return self.budget is not None and not self.budget.has_tokens()

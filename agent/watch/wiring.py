@@ -41,7 +41,7 @@ SCHED_PERIOD_BUILTIN_S = 0.05
 # still waited for (a softirq flood that loses events — ring overwritten, window
 # incomplete — keeps its polled verdict). The task scan a spike asks for: ≥ 0.1 s → ≥ 0.5 s
 # apart, and records no longer wait for one (the events name the task that ran); the
-# periodic scan (every 2 s) keeps others_share's baseline. An external process's threads'
+# periodic scan every 10 s, not 2 (EVENTS_SCAN_PERIOD_S). An external process's threads'
 # schedstat (its run-queue delay, every round without events): 20 Hz, as for the built-in
 # probes, since the events' switches and wake-ups of those threads time each wait exactly.
 # Every other hot source (/proc/stat, /proc/softirqs, the watched threads' schedstat) at 5 Hz,
@@ -62,6 +62,13 @@ EVENTS_POLL_PERIOD_S = 0.2
 EVENTS_MEMORY_PERIOD_S = 0.4  # (a multiple of the 0.2 s rounds)
 EVENTS_SCHED_PERIOD_S = 0.2
 EVENTS_MIN_SCAN_GAP_S = 0.5
+# The periodic task scan (every 2 s without events: others_share's and who_ran's intervals
+# between a spike's scans) every 10 s where the events run: they name the task that ran on
+# the probe CPUs to the µs, so a scan's rows serve only a spike the CPU budget skips, which
+# asks for its own scan (≥ EVENTS_MIN_SCAN_GAP_S apart: a storm's later spikes get 0.5 s
+# intervals). A scan reads every task's stat: ~1.5 ms of CPU with ~150 tasks, ~3.3 ms with
+# ~190 and 16 CPUs (Linux 6.18), 0.07-0.16 % of one CPU at one every 2 s (issue #38).
+EVENTS_SCAN_PERIOD_S = 10.0
 IRQ_DESC_S = 5.0  # the IRQ device names re-read this often whatever the irq rate
 # "0": poll as without events even when they run (the before/after A/B of the reduction:
 # bench/events_reduce_ab.py); anything else or unset: reduce.
@@ -177,6 +184,13 @@ def reduce_for_events(c: Collectors, sample_hz: float, env=None) -> dict[str, di
                              "for one", "from_hz": round(1.0 / sched.min_scan_gap_s, 2),
                              "to_hz": round(1.0 / EVENTS_MIN_SCAN_GAP_S, 2)}
         sched.min_scan_gap_s = EVENTS_MIN_SCAN_GAP_S
+    if sched is not None and id(sched) in active and \
+            sched.scan_period_s < EVENTS_SCAN_PERIOD_S:
+        out["task_scan"] = {"what": "the periodic task scan (who ran; the budget's skipped "
+                            "spikes ask for their own)",
+                            "from_hz": round(1.0 / sched.scan_period_s, 2),
+                            "to_hz": round(1.0 / EVENTS_SCAN_PERIOD_S, 2)}
+        sched.scan_period_s = EVENTS_SCAN_PERIOD_S
     return out
 
 
