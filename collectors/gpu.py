@@ -76,6 +76,9 @@ class GpuCollector:
       gpu.N.compute_processes, gpu.N.foreign_processes   count (foreign = not in own_pids)
       gpu.N.probe_gpu                              1 when GPU N is the probe's GPU, else 0
       gpu.N.ecc_uncorrected_volatile_total         ecc.errors.uncorrected.volatile.total
+      gpu.N.full_sample                            1 when this sample read every signal above,
+                                                   0 when only the process lists (the probe on
+                                                   no GPU: ``idle_full_s``)
     from the slow thread (latest value, refreshed every ``slow_interval_s``):
       gpu.N.pcie_tx_bytes_per_s, gpu.N.pcie_rx_bytes_per_s    (~20 ms blocking call each)
       gpu.N.pcie_replay_total                      replays since reset
@@ -99,6 +102,13 @@ class GpuCollector:
     # context it opens later is seen within that time (:meth:`current_period_s`).
     period_s = 0.0
     idle_period_s = 1.0
+    # While the probe is on no GPU, a sample reads the process lists only (one NVML call per
+    # GPU: whether it opens a context), and the clocks, throttle reasons, utilisation and ECC
+    # (5 more calls per GPU: a whole sample once a second cost ~0.55 ms of CPU on a 16-CPU
+    # host with one GPU, driver R580) this often: the
+    # exporter's GPU gauges stay at most this old (agent/watch/metrics_feed.py), and no GPU
+    # cause blames a GPU the probe never touches (issue #38).
+    idle_full_s = 10.0
 
     def __init__(self, nvml: Nvml | None = None, *, own_pids: Iterable[int] = (),
                  gpus: Sequence[int] | None = None, probe_gpus: Iterable[int] | None = None,
@@ -122,6 +132,7 @@ class GpuCollector:
         # whether the last sample found one of own_pids on a probe GPU (None: not known yet,
         # or a process list could not be read)
         self.probe_on_gpu: bool | None = None
+        self._full_ns = 0  # (clock ns) the last sample that read every signal
 
     # -- interface ---------------------------------------------------------------------------
     def available(self) -> Availability:
@@ -161,8 +172,19 @@ class GpuCollector:
         nv = self.nvml
         out: dict[str, float | None] = {}
         foreign_all: dict[int, list[GpuProcess]] = {}
+        now = self._clock()
+        # The probe on no GPU (the last sample found none of its contexts): the process
+        # lists only (whether it opens one), the rest every ``idle_full_s``.
+        light = self.probe_on_gpu is False and self.probe_gpus is None and \
+            now - self._full_ns < self.idle_full_s * 1e9
+        if not light:
+            self._full_ns = now
         for g in self.gpus:
             p = f"gpu.{g}."
+            out[p + "full_sample"] = 0.0 if light else 1.0
+            if light:
+                self._processes(g, p, out, foreign_all)
+                continue
             sm = nv.clock_mhz(g, CLOCK_SM).value
             mem = nv.clock_mhz(g, CLOCK_MEM).value
             out[p + "sm_clock_hz"] = None if sm is None else sm * 1e6
@@ -174,27 +196,34 @@ class GpuCollector:
             util = nv.utilization(g).value
             out[p + "util_gpu_ratio"] = None if util is None else util[0] / 100
             out[p + "util_mem_ratio"] = None if util is None else util[1] / 100
-            procs = nv.compute_processes(g, names=False).value
-            if procs is None:
-                out[p + "compute_processes"] = out[p + "foreign_processes"] = None
-            else:
-                foreign = [self._named(x) for x in procs if x.pid not in self.own_pids]
-                out[p + "compute_processes"] = len(procs)
-                out[p + "foreign_processes"] = len(foreign)
-                if foreign:
-                    foreign_all[g] = foreign
-            if self.probe_gpus is not None:
-                out[p + "probe_gpu"] = float(g in self.probe_gpus)
-            else:
-                out[p + "probe_gpu"] = (None if procs is None else
-                                        float(any(x.pid in self.own_pids for x in procs)))
+            self._processes(g, p, out, foreign_all)
             out[p + "ecc_uncorrected_volatile_total"] = nv.ecc_volatile_uncorrected(g).value
         flags = [out[f"gpu.{g}.probe_gpu"] for g in self.gpus]
         self.probe_on_gpu = None if None in flags else any(flags)
+        if light and self.probe_on_gpu is not False:
+            self._full_ns = 0  # it has a context now (or it is unknown): full from the next
         with self._slow_lock:
             out.update(self._slow)
-        self.history.append(GpuSample(self._clock(), dict(out), foreign_all))
+        self.history.append(GpuSample(now, dict(out), foreign_all))
         return out
+
+    def _processes(self, g: int, p: str, out: dict, foreign_all: dict) -> None:
+        """GPU ``g``'s compute processes: their count, the foreign ones (named), and whether
+        the probe is one of them."""
+        procs = self.nvml.compute_processes(g, names=False).value
+        if procs is None:
+            out[p + "compute_processes"] = out[p + "foreign_processes"] = None
+        else:
+            foreign = [self._named(x) for x in procs if x.pid not in self.own_pids]
+            out[p + "compute_processes"] = len(procs)
+            out[p + "foreign_processes"] = len(foreign)
+            if foreign:
+                foreign_all[g] = foreign
+        if self.probe_gpus is not None:
+            out[p + "probe_gpu"] = float(g in self.probe_gpus)
+        else:
+            out[p + "probe_gpu"] = (None if procs is None else
+                                    float(any(x.pid in self.own_pids for x in procs)))
 
     def refresh_slow(self) -> dict[str, float | None]:
         """Read the slow signals once (blocks ~40 ms per GPU). The slow thread calls this."""

@@ -208,3 +208,59 @@ def test_the_sampler_follows_the_gpu_period_and_does_not_wait_for_an_idle_one():
         s.round(t)
     assert s.stats.per_collector["gpu"].runs - runs >= 30
     assert s.period_now_ns(s.entries[0]) == 50_000_000
+
+
+def test_on_no_gpu_a_sample_reads_the_process_lists_and_the_rest_every_10_s():
+    """A CPU-only probe (issue #38): one NVML call per GPU a sample (whether it opens a
+    context), every signal every ``idle_full_s`` (the exporter's gauges), every signal at
+    once again when it opens one."""
+    class Clock:
+        t = 1_000_000_000
+
+        def __call__(self):
+            return self.t
+    clock = Clock()
+    g = FakeGpu(processes=[(4242, 2**30)])
+    lib = FakeNvmlLib([g])
+    col = GpuCollector(Nvml(lib=lib), own_pids={100}, slow_thread=False, clock=clock)
+    first = col.sample()  # not known yet: every signal
+    assert first["gpu.0.full_sample"] == 1.0 and first["gpu.0.sm_clock_hz"] is not None
+    assert col.probe_on_gpu is False
+    clocks = lib.count("nvmlDeviceGetClockInfo")
+    for _ in range(9):
+        clock.t += 1_000_000_000
+        v = col.sample()
+        assert v["gpu.0.full_sample"] == 0.0 and "gpu.0.sm_clock_hz" not in v
+        assert v["gpu.0.foreign_processes"] == 1 and v["gpu.0.probe_gpu"] == 0.0
+    assert lib.count("nvmlDeviceGetClockInfo") == clocks
+    clock.t += 1_000_000_000  # 10 s after the last full one
+    assert col.sample()["gpu.0.full_sample"] == 1.0
+    assert lib.count("nvmlDeviceGetClockInfo") > clocks
+    clock.t += 1_000_000_000
+    assert col.sample()["gpu.0.full_sample"] == 0.0
+    g.processes.append((100, 2**20))  # the probe opens a context: seen by the light sample,
+    clock.t += 1_000_000_000          # every signal from the next one on
+    assert col.sample()["gpu.0.probe_gpu"] == 1.0 and col.probe_on_gpu is True
+    clock.t += 50_000_000
+    v = col.sample()
+    assert v["gpu.0.full_sample"] == 1.0 and v["gpu.0.sm_clock_hz"] is not None
+
+
+def test_the_gpu_gauges_come_from_the_newest_full_sample():
+    from types import SimpleNamespace
+
+    from agent.export.metrics import WatchMetrics
+    from agent.watch.metrics_feed import MetricsFeed
+    from agent.watch.ring import SignalRing
+    gpu = SignalRing("gpu", 16)
+    gpu.append(0, 10, {"gpu.0.sm_clock_hz": 1.98e9, "gpu.0.full_sample": 1.0})
+    gpu.append(10, 20, {"gpu.0.foreign_processes": 0.0, "gpu.0.full_sample": 0.0})
+    sess = SimpleNamespace(sampler=SimpleNamespace(ring={"gpu": gpu}.get),
+                           cfg=SimpleNamespace(probe_cpus=[]))
+    wm = WatchMetrics()
+    MetricsFeed(wm).set_gauges(sess)
+    assert wm.snapshot().gauges["gpu_clock_hertz"][("0", "sm")] == 1.98e9
+    gpu.append(20, 30, {"gpu.0.sm_clock_hz": None, "gpu.0.full_sample": 1.0})  # lost
+    wm = WatchMetrics()
+    MetricsFeed(wm).set_gauges(sess)
+    assert ("0", "sm") not in wm.snapshot().gauges["gpu_clock_hertz"]

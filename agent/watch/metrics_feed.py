@@ -91,10 +91,11 @@ class MetricsFeed:
         if gpu is not None:
             for g in sorted({n.split(".")[1] for n in gpu.cols if n.count(".") == 2}):
                 p = f"gpu.{g}."
+                full = _full_row(gpu, p)
                 for clock, key in (("sm", "sm_clock_hz"), ("memory", "mem_clock_hz")):
-                    self.m.set_gauge("gpu_clock_hertz", _latest(gpu, p + key), gpu=g,
+                    self.m.set_gauge("gpu_clock_hertz", _latest(gpu, p + key, full), gpu=g,
                                      clock=clock)
-                mask = _latest(gpu, p + "clock_event_reasons")
+                mask = _latest(gpu, p + "clock_event_reasons", full)
                 self.m.set_gpu_clock_event_reasons(g, None if mask is None else int(mask))
                 self.m.set_gauge("gpu_foreign_processes", _latest(gpu, p + "foreign_processes"),
                                  gpu=g)
@@ -136,10 +137,27 @@ def _unix_s(iso) -> float | None:
         return None
 
 
-def _latest(ring, name: str) -> float | None:
-    """The newest non-NaN value of ``name`` in the ring's latest row (None: not measured)."""
+def _latest(ring, name: str, row: int | None = None) -> float | None:
+    """The value of ``name`` in the ring's latest row, or in ring row ``row`` (None: not
+    measured)."""
     if ring is None or not ring.rows:
         return None
-    idx = ring.window(ring.latest_t1, ring.latest_t1)
+    idx = ring.window(ring.latest_t1, ring.latest_t1) if row is None else np.array([row])
     v = ring.column(name, idx)
     return float(v[-1]) if len(v) and v[-1] == v[-1] else None
+
+
+def _full_row(gpu, p: str) -> int | None:
+    """The ring row of GPU ``p``'s newest sample that read every signal: the latest, unless
+    the GPU collector read the process lists only there (``gpu.N.full_sample`` 0: the probe
+    on no GPU, collectors/gpu.py ``idle_full_s``); then the newest with ``full_sample`` 1
+    within the ring (None: the latest row's values)."""
+    i = gpu.cols.get(p + "full_sample")
+    if i is None:
+        return None
+    idx = gpu._order()
+    flags = gpu.data[idx, i]
+    if not len(flags) or flags[-1] != 0:
+        return None
+    hit = np.flatnonzero(flags == 1)
+    return int(idx[hit[-1]]) if len(hit) else None
