@@ -8,7 +8,10 @@
 #
 # CPU (default 1) is the service's and the hog's CPU; PY (default the checkout's .venv python)
 # the interpreter, for a box without the venv (bench/device/validate.sh's own_attach step);
-# PHASES=quiet measures the quiet phase only (more sittings in the same time).
+# PHASES=quiet measures the quiet phase only (more sittings in the same time). HOG_MS
+# (default "2,200": busy 2 ms of every 200 ms) sets the bursts: a burst makes a spike only when
+# it starts inside a call, so a host whose calls are short needs them more often for hundreds
+# of spikes a minute ("3,50" on a 16-CPU H200 host, P50 ~0.37 ms).
 #
 # TREE: the hftagent checkout whose watch is measured (default: this one), so two trees can
 # be compared side by side in one sitting with the same service and hog (this one's).
@@ -39,9 +42,11 @@ if [ "${PHASES:-}" = quiet ]; then
   phases=quiet
 else
 # (SIGTERM ends the with block, so its hog process goes too: never a SCHED_FIFO loop left)
+HOG_MS=${HOG_MS:-2,200}
 "$PY" -c "import signal, sys, time; from bench.faults.kit import cpu_hog
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-with cpu_hog($CPU, burst_ms=(2.0, 200.0), rt_prio=10): time.sleep($D + 15)" \
+with cpu_hog($CPU, burst_ms=tuple(float(x) for x in '$HOG_MS'.split(',')), rt_prio=10):
+    time.sleep($D + 15)" \
   > "$OUT/hog.log" 2>&1 & HOG=$!
 sleep 2
 watch > "$OUT/storm.json" 2> "$OUT/storm.err" || true
@@ -52,7 +57,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 oc = s.get("own_cpu") or {}
 b = oc.get("budget") or {}
-print(f"{sys.argv[2]}: samples {s.get('samples')} spikes {s.get('spikes')} attributed "
+print(f"{sys.argv[2]}: samples {s.get('samples')} spikes {s.get('spikes')} "
+      f"({60 * (s.get('spikes') or 0) / max(s.get('duration_s') or 1, 1):.0f}/min) attributed "
       f"{s.get('attributed')} exact {b.get('exact_attributions')} skipped "
       f"{b.get('skipped_exact_attributions')} own {100 * (oc.get('share_of_one_cpu') or 0):.2f} %")
 print("  by part (% of one CPU):", ", ".join(
