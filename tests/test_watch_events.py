@@ -410,7 +410,7 @@ def test_events_active_polls_irq_softirq_and_spike_scans_slower_and_the_summary_
         red = s.reduced_by_events
         assert {k: (v["from_hz"], v["to_hz"]) for k, v in red.items()} == {
             "irq": (20.0, 5.0), "cpu": (20.0, 5.0), "memory": (20.0, 2.5),
-            "softirq": (100.0, 5.0), "sched": (20.0, 5.0), "sched_scan": (10.0, 2.0),
+            "softirq": (100.0, 5.0), "sched": (20.0, 5.0), "sched_scan": (10.0, 0.5),
             "numa": (10.0, 5.0), "task_scan": (0.5, 0.1)}
         assert s.sched.scan_period_s == wiring.EVENTS_SCAN_PERIOD_S == 10.0
         s.sampler = smp

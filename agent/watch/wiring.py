@@ -39,7 +39,7 @@ SCHED_PERIOD_BUILTIN_S = 0.05
 # only, so records are not held back): the events name the IRQ; /proc/stat's irq time and
 # the later spikes of a burst keep the polled rule. /proc/softirqs: every round → 20 Hz,
 # still waited for (a softirq flood that loses events — ring overwritten, window
-# incomplete — keeps its polled verdict). The task scan a spike asks for: ≥ 0.1 s → ≥ 0.5 s
+# incomplete — keeps its polled verdict). The task scan a spike asks for: ≥ 0.1 s → ≥ 2 s
 # apart, and records no longer wait for one (the events name the task that ran); the
 # periodic scan every 10 s, not 2 (EVENTS_SCAN_PERIOD_S). An external process's threads'
 # schedstat (its run-queue delay, every round without events): 20 Hz, as for the built-in
@@ -61,11 +61,13 @@ EVENTS_POLL_PERIOD_S = 0.2
 # for the polled memory rule, whose window of rows covers a 0.4 s round anyway.
 EVENTS_MEMORY_PERIOD_S = 0.4  # (a multiple of the 0.2 s rounds)
 EVENTS_SCHED_PERIOD_S = 0.2
-EVENTS_MIN_SCAN_GAP_S = 0.5
+# (2 s, not 0.5: a scan costs ~3.3 ms of CPU with ~190 tasks on 16 CPUs, and a storm whose
+# spikes the budget skips asked for one every 0.5 s: ~0.7 % of one CPU, issue #38)
+EVENTS_MIN_SCAN_GAP_S = 2.0
 # The periodic task scan (every 2 s without events: others_share's and who_ran's intervals
 # between a spike's scans) every 10 s where the events run: they name the task that ran on
 # the probe CPUs to the µs, so a scan's rows serve only a spike the CPU budget skips, which
-# asks for its own scan (≥ EVENTS_MIN_SCAN_GAP_S apart: a storm's later spikes get 0.5 s
+# asks for its own scan (≥ EVENTS_MIN_SCAN_GAP_S apart: a storm's later spikes get 2 s
 # intervals). A scan reads every task's stat: ~1.5 ms of CPU with ~150 tasks, ~3.3 ms with
 # ~190 and 16 CPUs (Linux 6.18), 0.07-0.16 % of one CPU at one every 2 s (issue #38).
 EVENTS_SCAN_PERIOD_S = 10.0
