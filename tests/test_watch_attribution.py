@@ -615,3 +615,24 @@ def test_a_spike_is_attributed_without_loading_numpy_ma():
                          timeout=120, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_spikes_over_the_same_rows_share_their_views_until_a_row_comes(rng):
+    """A storm's spikes within one sampler round read the same rows against the same
+    baseline: one view per ring for all of them (issue #38), the same attribution as views
+    made afresh; a new row makes new views."""
+    rings = quiet_rings(rng, **{
+        "irq__irq.1.38": at_spike(lambda i, g: float(g.integers(0, 2)), 400.0)})
+    shared = Attributor(rings, [1])
+    a1 = shared.attribute(spike(seq=1))
+    views = {n: v for n, (_k, v) in shared._views.items()}
+    a2 = shared.attribute(spike(seq=2, start_ns=spike().start_ns + 1 * MS))  # same row
+    assert all(shared._views[n][1] is v for n, v in views.items())
+    fresh = Attributor(rings, [1]).attribute(spike(seq=2, start_ns=spike().start_ns + 1 * MS))
+    assert a1.cause == a2.cause == fresh.cause == "irq"
+    assert [(c.cause, c.score, c.detail) for c in a2.causes] == \
+        [(c.cause, c.score, c.detail) for c in fresh.causes]
+    rings["irq"].append(T0 + N * ROW, T0 + (N + 1) * ROW, {"irq.1.38": 0.0})
+    shared.attribute(spike(seq=3))
+    assert shared._views["irq"][1] is not views["irq"]
+    assert shared._views["cpu"][1] is views["cpu"]  # (no row came there)

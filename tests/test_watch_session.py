@@ -965,6 +965,7 @@ def test_start_ups_objects_are_frozen_for_the_run_and_thawed_at_its_end():
     import gc
     s, _recs, _attr = _storm_session(0, 0.0)
     s.sampler.stop = lambda: None
+    gc.unfreeze()  # (another test's session that never stopped: tests/test_watch_budget.py)
     assert gc.get_freeze_count() == 0
     s.begin_costs()
     try:

@@ -62,6 +62,7 @@ class Attributor:
         self.baseline_quantum_ns = int(baseline_quantum_s * 1e9)
         self._stats_cache: dict = {}  # ring name → its baseline of the current quantum
         self._recent_memo: tuple | None = None  # (recent array, {column: (median, MAD)})
+        self._views: dict = {}  # ring name → (key, its view of the last spike window)
 
     def rings(self) -> Mapping[str, SignalRing]:
         return self._rings() if callable(self._rings) else self._rings
@@ -82,8 +83,7 @@ class Attributor:
         b_to = t_from - int(self.exclude_s * 1e9)
         if q > 0:
             b_to -= b_to % q
-        views = {name: RingView(r, t_from, t_to, self.baseline_s, self.exclude_s, b_to,
-                                self._stats_cache)
+        views = {name: self._view(r, t_from, t_to, b_to)
                  for name, r in self.rings().items() if r.rows}
         cpus = set(self.probe_cpus)
         if spike.cpu_start >= 0:
@@ -99,6 +99,22 @@ class Attributor:
             found = family(ctx)
             scores.extend(found if isinstance(found, list) else [found])
         return rules.combine([s for s in scores if s is not None and s.strength > 0], spike)
+
+    def _view(self, ring: SignalRing, t_from: int, t_to: int, b_to: int) -> RingView:
+        """The ring's view of a spike window: the one made for an earlier spike whose window
+        covers the same rows against the same baseline while the ring has no new row (a
+        storm's spikes within one sampler round: 0.2 s rounds with the events on), else a
+        new one. A view is read-only once made (its sums are the rows'), so spikes share it."""
+        win = ring.window(t_from, t_to)
+        key = (id(ring), ring.rows, b_to, len(win), int(win[0]) if len(win) else -1,
+               int(win[-1]) if len(win) else -1)
+        hit = self._views.get(ring.name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        v = RingView(ring, t_from, t_to, self.baseline_s, self.exclude_s, b_to,
+                     self._stats_cache, win=win)
+        self._views[ring.name] = (key, v)
+        return v
 
     def _recent_stat(self, recent: np.ndarray | None, col: int) -> tuple[float, float]:
         """median_mad of the in-process baseline, once per ``recent`` array (watch passes
