@@ -293,12 +293,43 @@ class SignalRing:
         return int(self.t1[(self.rows - 1) % self.capacity]) if self.rows else 0
 
     def window(self, t_from: int, t_to: int) -> np.ndarray:
-        """Ring indices (chronological) of rows whose interval overlaps [t_from, t_to]."""
-        idx = self._order()
-        if not len(idx):
-            return idx
-        sel = (self.t1[idx] >= t_from) & (self.t0[idx] <= t_to)
-        return idx[sel]
+        """Ring indices (chronological) of rows whose interval overlaps [t_from, t_to]. Rows
+        appended in time order (every sampler's: :meth:`_in_order`) are found by binary
+        search on each of the ring's two segments, not by a pass over all of them (the
+        attribution asks each ring once per spike: issue #38)."""
+        n = min(self.rows, self.capacity)
+        if not n:
+            return np.empty(0, dtype=np.int64)
+        if not self._in_order():
+            idx = self._order()
+            sel = (self.t1[idx] >= t_from) & (self.t0[idx] <= t_to)
+            return idx[sel]
+        t0, t1, ss = self.t0, self.t1, np.searchsorted
+        if self.rows <= self.capacity:
+            lo = int(ss(t1[:n], t_from, "left"))
+            hi = int(ss(t0[:n], t_to, "right"))
+            return np.arange(lo, max(lo, hi), dtype=np.int64)
+        r = self.rows % self.capacity  # the oldest row; logical j is physical (r + j) % cap
+        lo = int(ss(t1[r:], t_from, "left")) + int(ss(t1[:r], t_from, "left"))
+        hi = int(ss(t0[r:], t_to, "right")) + int(ss(t0[:r], t_to, "right"))
+        return (np.arange(lo, max(lo, hi), dtype=np.int64) + r) % self.capacity
+
+    _checked = 0  # rows whose order :meth:`_in_order` has checked
+    _unordered = False  # a row started or ended before its predecessor (then: full passes)
+
+    def _in_order(self) -> bool:
+        """Whether every held row's t0 and t1 are ≥ its predecessor's (checked for the rows
+        written since the last call only)."""
+        if self._unordered:
+            return False
+        if self._checked < self.rows:
+            first = max(self._checked - 1, self.rows - self.capacity, 0)
+            idx = np.arange(first, self.rows) % self.capacity
+            if (np.diff(self.t0[idx]) < 0).any() or (np.diff(self.t1[idx]) < 0).any():
+                self._unordered = True
+                return False
+            self._checked = self.rows
+        return True
 
     def column(self, name: str, idx: np.ndarray) -> np.ndarray:
         i = self.cols.get(name)

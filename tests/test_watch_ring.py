@@ -1,0 +1,28 @@
+"""SignalRing.window: the binary search on rows in time order against the full pass."""
+
+
+def test_window_by_binary_search_is_the_full_pass():  # issue #38
+    import numpy as np
+
+    from agent.watch.ring import SignalRing
+    g = np.random.default_rng(5)
+    for cap, rows in ((7, 5), (7, 7), (7, 23), (50, 333)):
+        r = SignalRing("x", capacity=cap)
+        t, last_b = 1000, 0
+        for _ in range(rows):
+            a = t + int(g.integers(0, 3))  # gaps, touching, equal and overlapping stamps
+            b = last_b = max(last_b, a + int(g.integers(0, 20)))
+            r.append(a, b, {"v": 1.0})
+            t = b if g.random() < 0.5 else a
+        for _ in range(300):
+            lo = int(g.integers(900, t + 50))
+            hi = lo + int(g.integers(-5, 60))
+            idx = r._order()
+            want = idx[(r.t1[idx] >= lo) & (r.t0[idx] <= hi)]
+            got = r.window(lo, hi)
+            assert r._in_order() and got.tolist() == want.tolist(), (cap, rows, lo, hi)
+    r = SignalRing("y", capacity=8)
+    for a, b in ((10, 20), (20, 30), (5, 40), (40, 50)):  # out of order: the full pass
+        r.append(a, b, {"v": 1.0})
+    assert not r._in_order()
+    assert r.window(6, 9).tolist() == [2] and r.window(25, 45).tolist() == [1, 2, 3]
