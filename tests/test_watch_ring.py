@@ -6,7 +6,7 @@ def test_window_by_binary_search_is_the_full_pass():  # issue #38
 
     from agent.watch.ring import SignalRing
     g = np.random.default_rng(5)
-    for cap, rows in ((7, 5), (7, 7), (7, 23), (50, 333)):
+    for cap, rows in ((7, 5), (7, 7), (7, 23), (50, 333), (100, 333)):  # (100: numpy's check)
         r = SignalRing("x", capacity=cap)
         t, last_b = 1000, 0
         for _ in range(rows):
@@ -26,3 +26,8 @@ def test_window_by_binary_search_is_the_full_pass():  # issue #38
         r.append(a, b, {"v": 1.0})
     assert not r._in_order()
     assert r.window(6, 9).tolist() == [2] and r.window(25, 45).tolist() == [1, 2, 3]
+    for n in (10, 90):  # a row out of order among a few new rows, and among many
+        r = SignalRing("z", capacity=200)
+        for i in range(n):
+            r.append(i * 10 - (25 if i == n - 3 else 0), i * 10 + 10, {"v": 1.0})
+        assert not r._in_order()
