@@ -636,3 +636,25 @@ def test_spikes_over_the_same_rows_share_their_views_until_a_row_comes(rng):
     shared.attribute(spike(seq=3))
     assert shared._views["irq"][1] is not views["irq"]
     assert shared._views["cpu"][1] is views["cpu"]  # (no row came there)
+
+
+def test_hot_rows_are_the_counters_over_both_thresholds(rng):
+    """RingView.hot (the interrupts rule's row scan) is counter() column by column."""
+    from agent.watch.attribution.window import RingView
+    rings = quiet_rings(rng, **{
+        "irq__irq.1.38": at_spike(lambda i, g: float(g.integers(0, 2)), 400.0),
+        "irq__irq.1.LOC": at_spike(lambda i, g: float(g.integers(5, 12)), 40.0),
+        "irq__irq.1.NMI": at_spike(lambda i, g: float("nan"), float("nan")),
+        "irq__irq.1.ERR": lambda i, g: 0.0,  # excess and z exactly 0: the bounds count
+        "irq__irq.0.38": at_spike(lambda i, g: 0.0, 900.0)})
+    sp = spike()
+    for z_min, ex_min in ((3, 5), (0, 0), (-1e9, -1e9), (50, 1), (3, 1000)):
+        for prefix in ("irq.1.", "irq.0.", "irq.", "irq.2."):
+            v = RingView(rings["irq"], sp.start_ns - MS, sp.end_ns + MS, 10.0, 0.1)
+            want = [w for w in (v.counter(n) for n in v.names(prefix))
+                    if w is not None and w.z >= z_min and w.excess >= ex_min]
+            got = v.hot(prefix, z_min, ex_min)
+            assert [(w.name, w.window, w.z, w.excess) for w in got] == \
+                [(w.name, w.window, w.z, w.excess) for w in want], (prefix, z_min, ex_min)
+    v = RingView(rings["irq"], sp.start_ns - MS, sp.end_ns + MS, 10.0, 0.1)
+    assert [w.name for w in v.hot("irq.1.", 3, 5)] == ["irq.1.LOC", "irq.1.38"]  # (columns)

@@ -93,10 +93,8 @@ def interrupts(ctx: Context) -> CauseScore | None:
         if v is None:
             continue
         for c in cpus:
-            for name in v.names(f"{fam}.{c}."):
-                w = v.counter(name)
-                if w is None or not (w.z >= ROW_Z_MIN and w.excess >= ROW_EXCESS_MIN):
-                    continue
+            for w in v.hot(f"{fam}.{c}.", ROW_Z_MIN, ROW_EXCESS_MIN):
+                name = w.name
                 row = name.rsplit(".", 1)[1]
                 st = min(ROW_MAX, ROW_SLOPE * math.log2(1 + w.excess / ROW_EXCESS_UNIT))
                 if row in HOUSEKEEPING_ROWS:

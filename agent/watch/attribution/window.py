@@ -228,4 +228,32 @@ class RingView:
     def names(self, prefix: str) -> list[str]:
         return [n for n in self.ring.cols if n.startswith(prefix)]
 
+    def hot(self, prefix: str, z_min: float, excess_min: float) -> list[SignalWindow]:
+        """:meth:`counter` of each column named ``prefix``… (in column order) whose window is
+        at least ``z_min`` over its baseline and ``excess_min`` above what it predicts: the
+        interrupt rows a spike's rule weighs, without a SignalWindow for each of the dozens
+        that are not (issue #38)."""
+        if not len(self.win):
+            return []
+        if self._wsum is None:
+            self._window_sums()
+        total_l, seen, st = self._wsum, self._wseen, self.stats
+        med_l, mad_l, dt = st.med_l, st.mad_l, self.win_dt
+        floor = 1.0 / max(self.row_s, 1e-3)  # (counter's arithmetic, column by column)
+        out = []
+        for name, i in self.ring.cols.items():
+            if not seen[i] or not name.startswith(prefix):
+                continue
+            total, med = total_l[i], med_l[i]
+            excess = total - med * dt
+            if not excess >= excess_min:
+                continue
+            rate = total / dt if dt > 0 else float("nan")
+            mad = mad_l[i]
+            z = (rate - med) / max(1.4826 * mad, 0.1 * abs(med), floor) \
+                if rate == rate else float("nan")
+            if z >= z_min:
+                out.append(SignalWindow(name, total, rate, med, mad, z, excess))
+        return out
+
 
