@@ -590,7 +590,7 @@ def test_block_softirq_beside_page_ins_that_did_not_sleep_is_their_io(rng):
 
 
 def test_window_median_is_numpys_median():
-    from agent.watch.attribution.window import median
+    from agent.stats import median
     g = np.random.default_rng(3)
     for n in range(1, 40):
         a = g.normal(size=n) * 1e6
@@ -601,7 +601,7 @@ def test_window_median_is_numpys_median():
 
 def test_a_spike_is_attributed_without_loading_numpy_ma():
     """np.median imports numpy.ma (~17 ms of CPU) on its first call: the first spike a
-    watch attributed paid it (issue #38). The attribution path uses window.median."""
+    watch attributed paid it (issue #38). The attribution path uses agent.stats.median."""
     import subprocess
     import sys
     code = (

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from agent.client import FIELDS
+from agent.stats import median
 from agent.watch.attribution import Spike
 
 F = {name: i for i, name in enumerate(FIELDS)}
@@ -66,14 +67,10 @@ class _Recent:
         self.n = min(size, self.n + k)
 
     def median(self) -> float:
-        """np.median's value, from one np.partition (np.median goes through several Python
-        layers: ~0.1 ms a call in a loop step that runs cold, several a second)."""
-        a = self.buf[:self.n] if self.n < len(self.buf) else self.buf
-        k = len(a) // 2
-        if len(a) % 2:
-            return float(np.partition(a, k)[k])
-        p = np.partition(a, (k - 1, k))
-        return (int(p[k - 1]) + int(p[k])) / 2
+        """np.median's value (:func:`agent.stats.median`: one np.partition; np.median goes
+        through several Python layers, ~0.1 ms a call in a loop step that runs cold, several
+        a second)."""
+        return median(self.buf[:self.n] if self.n < len(self.buf) else self.buf)
 
 
 class SpikeDetector:

@@ -45,9 +45,9 @@ from typing import Any
 
 import numpy as np
 
+from agent.stats import median
 from agent.trace.gpu_probes import COPY, HOST_FUNC, LAUNCH, SYNC, GpuHits, Hit
 from agent.watch.attribution import gpu_verdict
-from agent.watch.attribution.window import median
 
 PARTS = ("enqueue", "copies", "gpu_wait", "completion_lag", "rest")  # (export: GPU_PARTS)
 _PRIO = {"copies": 0, "completion_lag": 1, "gpu_wait": 2, "rest": 3, "enqueue": 4}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agent.stats import median
 from agent.watch.ring import SignalRing
 
 
@@ -29,20 +30,6 @@ class SignalWindow:
     def to_dict(self) -> dict:
         return {"window": rnd(self.window), "baseline_rate_per_s": rnd(self.base_rate),
                 "z": rnd(self.z), "excess": rnd(self.excess)}
-
-
-def median(a: np.ndarray) -> float:
-    """np.median of a 1-D float array without NaN (NaN when empty), from one np.partition:
-    np.median checks for NaN through numpy.ma, whose import (~17 ms of CPU, numpy 2) fell
-    in the first spike a watch attributed, and goes through several Python layers a call."""
-    n = len(a)
-    if not n:
-        return float("nan")
-    k = n // 2
-    if n % 2:
-        return float(np.partition(a, k)[k])
-    p = np.partition(a, (k - 1, k))
-    return (float(p[k - 1]) + float(p[k])) / 2.0
 
 
 def median_mad(recent: np.ndarray | None, col: int) -> tuple[float, float]:
