@@ -6,7 +6,7 @@ def test_window_by_binary_search_is_the_full_pass():  # issue #38
 
     from agent.watch.ring import SignalRing
     g = np.random.default_rng(5)
-    for cap, rows in ((7, 5), (7, 7), (7, 23), (50, 333), (100, 333)):  # (100: numpy's check)
+    for cap, rows in ((7, 5), (7, 7), (7, 23), (50, 333), (100, 333)):
         r = SignalRing("x", capacity=cap)
         t, last_b = 1000, 0
         for _ in range(rows):

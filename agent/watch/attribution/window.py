@@ -187,6 +187,10 @@ class RingView:
             self._window_sums()
         if not self._wseen[i]:
             return None
+        return self._counter_at(i, name)
+
+    def _counter_at(self, i: int, name: str) -> SignalWindow:
+        """Column ``i``'s window against its baseline (the window sums made)."""
         total = self._wsum[i]
         rate = total / self.win_dt if self.win_dt > 0 else float("nan")
         st = self.stats
@@ -219,28 +223,16 @@ class RingView:
         """:meth:`counter` of each column named ``prefix``… (in column order) whose window is
         at least ``z_min`` over its baseline and ``excess_min`` above what it predicts: the
         interrupt rows a spike's rule weighs, without a SignalWindow for each of the dozens
-        that are not (issue #38)."""
+        whose excess alone rules them out (issue #38)."""
         if not len(self.win):
             return []
         if self._wsum is None:
             self._window_sums()
-        total_l, seen, st = self._wsum, self._wseen, self.stats
-        med_l, mad_l, dt = st.med_l, st.mad_l, self.win_dt
-        floor = 1.0 / max(self.row_s, 1e-3)  # (counter's arithmetic, column by column)
+        total, seen, med, dt = self._wsum, self._wseen, self.stats.med_l, self.win_dt
         out = []
         for name, i in self.ring.cols.items():
-            if not seen[i] or not name.startswith(prefix):
-                continue
-            total, med = total_l[i], med_l[i]
-            excess = total - med * dt
-            if not excess >= excess_min:
-                continue
-            rate = total / dt if dt > 0 else float("nan")
-            mad = mad_l[i]
-            z = (rate - med) / max(1.4826 * mad, 0.1 * abs(med), floor) \
-                if rate == rate else float("nan")
-            if z >= z_min:
-                out.append(SignalWindow(name, total, rate, med, mad, z, excess))
+            if seen[i] and name.startswith(prefix) and total[i] - med[i] * dt >= excess_min:
+                w = self._counter_at(i, name)
+                if w.z >= z_min:
+                    out.append(w)
         return out
-
-
