@@ -45,8 +45,9 @@ else
 HOG_MS=${HOG_MS:-2,200}
 "$PY" -c "import signal, sys, time; from bench.faults.kit import cpu_hog
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-with cpu_hog($CPU, burst_ms=tuple(float(x) for x in '$HOG_MS'.split(',')), rt_prio=10):
-    time.sleep($D + 15)" \
+busy, period = (float(x) for x in sys.argv[3].split(','))
+with cpu_hog(int(sys.argv[1]), burst_ms=(busy, period), rt_prio=10):
+    time.sleep(float(sys.argv[2]) + 15)" "$CPU" "$D" "$HOG_MS" \
   > "$OUT/hog.log" 2>&1 & HOG=$!
 sleep 2
 if kill -0 "$HOG" 2>/dev/null; then

@@ -104,10 +104,10 @@ class GpuCollector:
     idle_period_s = 1.0
     # While the probe is on no GPU, a sample reads the process lists only (one NVML call per
     # GPU: whether it opens a context), and the clocks, throttle reasons, utilisation and ECC
-    # (5 more calls per GPU: a whole sample once a second cost ~0.55 ms of CPU on a 16-CPU
-    # host with one GPU, driver R580) this often: the
-    # exporter's GPU gauges stay at most this old (agent/watch/metrics_feed.py), and no GPU
-    # cause blames a GPU the probe never touches (issue #38).
+    # (5 more calls per GPU: a whole sample once a second cost ~0.55 ms of CPU with one GPU,
+    # driver R580) this often: the exporter's GPU gauges stay at most this old
+    # (agent/watch/metrics_feed.py), and no GPU cause blames a GPU the probe never touches
+    # (issue #38).
     idle_full_s = 10.0
 
     def __init__(self, nvml: Nvml | None = None, *, own_pids: Iterable[int] = (),
@@ -247,7 +247,7 @@ class GpuCollector:
         on no GPU (a CPU-only service: no GPU cause can blame a GPU it never touches). Those
         reads cost ~3 ms of CPU a second per GPU (nvmlDeviceGetPcieThroughput waits out the
         driver's 20 ms sampling period, R580): the largest part of an attached CPU service's
-        own cost on a GPU machine (issue #38). A context it opens later turns them on at the
+        own cost where NVML sees a GPU (issue #38). A context it opens later turns them on at the
         next sample."""
         while not self._stop.is_set():
             if self.probe_on_gpu is not False:

@@ -257,8 +257,6 @@ def _ms(ns: int | None) -> str:
     return "—" if ns is None else f"{ns / 1e6:,.1f} ms"
 
 
-
-
 def worker_env(settings: ProbeSettings, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a probe worker process. For the numpy model the BLAS threads are 1:
     numpy loads (and OpenBLAS starts its pool) before the worker pins itself, so pool threads
