@@ -489,3 +489,22 @@ def test_a_spike_attributed_past_the_step_budget_reads_no_window_and_says_so():
     assert rec["events"]["complete"] is False
     assert rec["events"]["reason"].startswith("not read: attribution step budget")
     s.trace.close()
+
+
+def test_tgid_is_read_once_per_keep_window_then_forgotten():
+    """A task named by spike after spike (one hog) costs one /proc read per TGID_KEEP_S, and
+    after it every tid is read again (a reused tid is not named from the old process)."""
+    from agent.watch.attribution.events import TGID_KEEP_S, SpikeEvents
+    ev = SpikeEvents("off", object(), [1])
+    now = [100.0]
+    ev.mono = lambda: now[0]
+    reads: list[int] = []
+    owners = {7: 3}
+    ev._read_tgid = lambda tid: (reads.append(tid), owners.get(tid))[1]
+    assert ev.tgid(7) == 3 and ev.tgid(7) == 3 and ev.tgid(9) == 9  # 9: gone, its own tid
+    assert reads == [7, 9]
+    now[0] += TGID_KEEP_S / 2
+    assert ev.tgid(7) == 3 and reads == [7, 9]
+    owners[7] = 42  # tid 7 reused by another process
+    now[0] += TGID_KEEP_S
+    assert ev.tgid(7) == 42 and reads == [7, 9, 7]

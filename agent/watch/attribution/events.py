@@ -68,6 +68,10 @@ REFIT_AFTER_S = 2.0  # the rate measured over at least this long before refit()
 GROW_EVERY_NS = 1_000_000_000  # after lost events the rings grow (×4), at most once a second
 SLOWDOWN_MIN_INTERRUPTS = 20  # a spike interrupted this often measures the probe's slowdown
 SLOWDOWN_MIN_SPIKES = 5       # earlier such spikes before the estimate is used
+# a named task's thread group is read from /proc once and kept this long (an exact attribution
+# read it for every spike: two /proc reads, ~8 % of its cost in a storm of one hog); all are
+# forgotten together after it, so a reused tid is named from /proc again
+TGID_KEEP_S = 5.0
 ASKED_KEPT = 4096  # follow_calls' threads remembered (a bound: forgotten ones are asked again)
 F_PID, F_TID = FIELDS.index("pid"), FIELDS.index("tid")
 SLOWDOWN_KEPT = 16            # the latest ones per probe CPU (the slowdown drifts: see below)
@@ -247,6 +251,9 @@ class SpikeEvents:
         self._asked: set[int] = set()  # the timed threads asked to be followed (follow_calls)
         self.siblings: dict[int, list[int]] = {}  # probe CPU -> its SMT siblings (traced too)
         self._pids: set[int] = set()   # their processes, whose threads were listed
+        self._tgids: dict[int, int | None] = {}  # tid -> thread group, read within TGID_KEEP_S
+        self._tgids_t = float("-inf")
+        self.mono = time.monotonic  # (tests inject a clock)
 
     def open(self, now_ns: int) -> str | None:
         """Open the source; returns the warning line for ``auto``/``mount`` when it cannot
@@ -530,6 +537,15 @@ class SpikeEvents:
         """(the timeline's ``tgid_of``: None where the task is gone or unreadable)"""
         if self.host is None or tid <= 0:
             return None
+        now = self.mono()
+        if now - self._tgids_t > TGID_KEEP_S:  # forget them all: a tid may be reused
+            self._tgids.clear()
+            self._tgids_t = now
+        if tid not in self._tgids:
+            self._tgids[tid] = self._read_tgid(tid)
+        return self._tgids[tid]
+
+    def _read_tgid(self, tid: int) -> int | None:
         from collectors.tasks import find_task
         try:
             t = find_task(self.host, tid)
