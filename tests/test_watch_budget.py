@@ -130,8 +130,8 @@ def test_refill_is_the_budget_less_the_always_on_parts():
 
 def test_always_on_over_the_budget_leaves_exact_attribution_its_reserved_share():
     """Always-on parts at 3 % (a loaded box) spend a 1 % budget alone: exact attribution still
-    earns RESERVED of the budget (0.5 % of a CPU: 5 ms a second), so a spike costing 10 ms
-    gets it every other second, never none at all."""
+    earns RESERVED of the budget (0.25 % of a CPU: 2.5 ms a second), so a spike costing 10 ms
+    gets it every fourth second, never none at all."""
     from agent.watch.budget import RESERVED
     c, own, b = _bucket()
     b.tokens_ns = 0
@@ -142,8 +142,8 @@ def test_always_on_over_the_budget_leaves_exact_attribution_its_reserved_share()
             with own.part("events"):
                 c.spend(10 * MS)
             b.charge(10 * MS)
-    assert RESERVED == 0.5
-    assert 25 <= b.exact <= 31 and b.exact + b.skipped == 60
+    assert RESERVED == 0.25
+    assert 12 <= b.exact <= 16 and b.exact + b.skipped == 60
     # exact attribution spent its reserved share, not more
     assert own.parts["events"] <= 0.01 * RESERVED * 60 * S + 10 * MS
     c.wall += 11 * S  # quiet again (no CPU): the bucket is full within its burst
