@@ -11,7 +11,10 @@
 # PHASES=quiet measures the quiet phase only (more sittings in the same time). HOG_MS
 # (default "2,200": busy 2 ms of every 200 ms) sets the bursts: a burst makes a spike only when
 # it starts inside a call, so a host whose calls are short needs them more often for hundreds
-# of spikes a minute ("3,50" on a 16-CPU H200 host, P50 ~0.37 ms).
+# of spikes a minute ("3,50" on a 16-CPU H200 host, P50 ~0.37 ms). STORM=stop makes the
+# storm's spikes without SCHED_FIFO (a container that refuses it, where a nice 0 hog makes
+# none: the sleeping service wins EEVDF's wake-up placement): the service is stopped for
+# `busy` ms of every `period` (SIGSTOP, SIGCONT), a spike for each stop inside a call.
 #
 # TREE: the hftagent checkout whose watch is measured (default: this one), so two trees can
 # be compared side by side in one sitting with the same service and hog (this one's).
@@ -41,14 +44,26 @@ phases="quiet storm"
 if [ "${PHASES:-}" = quiet ]; then
   phases=quiet
 else
-# (SIGTERM ends the with block, so its hog process goes too: never a SCHED_FIFO loop left)
 HOG_MS=${HOG_MS:-2,200}
+if [ "${STORM:-fifo}" = stop ]; then  # (SIGTERM: the service is continued before it ends)
+"$PY" -c "import os, signal, sys, time
+pid = int(sys.argv[1]); busy, period = (float(x) / 1e3 for x in sys.argv[3].split(','))
+def end(*_):
+    os.kill(pid, signal.SIGCONT); sys.exit(0)
+signal.signal(signal.SIGTERM, end)
+t_end = time.monotonic() + float(sys.argv[2]) + 15
+while time.monotonic() < t_end:
+    os.kill(pid, signal.SIGSTOP); time.sleep(busy); os.kill(pid, signal.SIGCONT)
+    time.sleep(period - busy)" "$SVC" "$D" "$HOG_MS" > "$OUT/hog.log" 2>&1 & HOG=$!
+else
+# (SIGTERM ends the with block, so its hog process goes too: never a SCHED_FIFO loop left)
 "$PY" -c "import signal, sys, time; from bench.faults.kit import cpu_hog
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 busy, period = (float(x) for x in sys.argv[3].split(','))
 with cpu_hog(int(sys.argv[1]), burst_ms=(busy, period), rt_prio=10):
     time.sleep(float(sys.argv[2]) + 15)" "$CPU" "$D" "$HOG_MS" \
   > "$OUT/hog.log" 2>&1 & HOG=$!
+fi
 sleep 2
 if kill -0 "$HOG" 2>/dev/null; then
   watch > "$OUT/storm.json" 2> "$OUT/storm.err" || true

@@ -15,7 +15,7 @@ cpu=$((n - 1))
 grep -q ' /sys/kernel/tracing ' /proc/mounts || mount -t tracefs nodev /sys/kernel/tracing
 base=$(cd "${BASE:?BASE: the earlier tree}" && pwd)
 {
-  echo "== $(nproc) CPUs, $(uname -r), service and hog on CPU $cpu, D=${D_OWN:-40} s a phase, hog bursts ${HOG_MS:-2,200} ms (busy, period)"
+  echo "== $(nproc) CPUs, $(uname -r), service and hog on CPU $cpu, D=${D_OWN:-40} s a phase, ${STORM:-fifo} bursts ${HOG_MS:-2,200} ms (busy, period)"
   for i in $(seq 1 "${ROUNDS:-2}"); do
     for t in new base; do
       tree=.; [ "$t" = base ] && tree=$base
