@@ -62,10 +62,11 @@ def col_median(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.full(a.shape[1] if a.ndim == 2 else 0, np.nan), \
             np.zeros(a.shape[1] if a.ndim == 2 else 0, dtype=np.int64)
     srt = np.sort(a, axis=0)
-    n = (~np.isnan(a)).sum(axis=0)
-    lo = np.clip((n - 1) // 2, 0, a.shape[0] - 1)[None, :]
-    hi = np.clip(n // 2, 0, a.shape[0] - 1)[None, :]
-    med = (np.take_along_axis(srt, lo, 0)[0] + np.take_along_axis(srt, hi, 0)[0]) / 2.0
+    n = a.shape[0] - np.isnan(srt).sum(axis=0)
+    # (indexing by (row, column) arrays: np.clip and np.take_along_axis are Python wrappers,
+    # four of them ~40 % of a baseline's cost; n // 2 ≤ rows - 1 for any rows ≥ 1)
+    cols = np.arange(a.shape[1])
+    med = (srt[np.maximum(n - 1, 0) // 2, cols] + srt[n // 2, cols]) / 2.0
     med[n == 0] = np.nan
     return med, n
 
