@@ -128,7 +128,7 @@ def quantile(values: Sequence[Any] | np.ndarray, q: float) -> Any:
     return quantile_sorted(sorted(values), q)
 
 
-# -- a proportion: intervals ----------------------------------------------------------------
+# -- the median ------------------------------------------------------------------------------
 def median(a: np.ndarray) -> float:
     """np.median of a 1-D array without NaN (NaN when empty), from one ``np.partition``:
     np.median goes through several Python layers a call and checks for NaN through
@@ -144,6 +144,7 @@ def median(a: np.ndarray) -> float:
     return (float(p[k - 1]) + float(p[k])) / 2.0
 
 
+# -- a proportion: intervals ----------------------------------------------------------------
 def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """Wilson score interval for a proportion k/n (default 95 %). (0, 1) when n == 0."""
     if n <= 0:
