@@ -530,9 +530,11 @@ def test_live_the_faults_of_a_followed_thread_are_recorded_and_counted():
         child.stdin.write("go\n")
         child.stdin.flush()
         t0, t1 = map(int, child.stdout.readline().split())
-        child.wait(timeout=30)
         time.sleep(0.01)
+        # read before the child's exit: its exit can take seconds on a busy host, while the
+        # CPU's other events fill the kept pages (the window's pages then evicted)
         win = src.window(t0, t1)
+        child.wait(timeout=30)
         assert src.faults_from(child.pid) <= t0
         tl = timeline(win.events, cpu, {child.pid}, t0, t1, comms=win.comms, follow=True,
                       faults_from_ns=src.faults_from(child.pid))
