@@ -21,10 +21,12 @@ def test_window_by_binary_search_is_the_full_pass():  # issue #38
             want = idx[(r.t1[idx] >= lo) & (r.t0[idx] <= hi)]
             got = r.window(lo, hi)
             assert r._in_order() and got.tolist() == want.tolist(), (cap, rows, lo, hi)
+            first, count = r.span(lo, hi)  # the same rows as two ints
+            assert [(first + k) % cap for k in range(count)] == want.tolist()
     r = SignalRing("y", capacity=8)
     for a, b in ((10, 20), (20, 30), (5, 40), (40, 50)):  # out of order: the full pass
         r.append(a, b, {"v": 1.0})
-    assert not r._in_order()
+    assert not r._in_order() and r.span(6, 9) is None
     assert r.window(6, 9).tolist() == [2] and r.window(25, 45).tolist() == [1, 2, 3]
     for n in (10, 90):  # a row out of order among a few new rows, and among many
         r = SignalRing("z", capacity=200)

@@ -105,14 +105,14 @@ class Attributor:
         covers the same rows against the same baseline while the ring has no new row (a
         storm's spikes within one sampler round: 0.2 s rounds with the events on), else a
         new one. A view is read-only once made (its sums are the rows'), so spikes share it."""
-        win = ring.window(t_from, t_to)
-        key = (id(ring), ring.rows, b_to, len(win), int(win[0]) if len(win) else -1,
-               int(win[-1]) if len(win) else -1)
+        span = ring.span(t_from, t_to)  # (None: rows out of order, no key: a new view)
+        key = (id(ring), ring.rows, b_to, span)
         hit = self._views.get(ring.name)
-        if hit is not None and hit[0] == key:
+        if span is not None and hit is not None and hit[0] == key:
             return hit[1]
         v = RingView(ring, t_from, t_to, self.baseline_s, self.exclude_s, b_to,
-                     self._stats_cache, win=win)
+                     self._stats_cache,
+                     win=ring.window(t_from, t_to) if span is None else ring.indices(span))
         self._views[ring.name] = (key, v)
         return v
 

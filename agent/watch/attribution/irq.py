@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 import os
 
-import numpy as np
-
 from agent.watch.attribution.spike import CauseScore, Context, Spike, wait_explains
 from agent.watch.attribution.window import SignalWindow, rnd
 from collectors.irq import action_names
@@ -72,9 +70,7 @@ def irq_time(views, cpus) -> dict[str, dict[int, dict]]:
             w = v.counter(name)
             if w is None or w.window != w.window:
                 continue
-            i = v.ring.cols[name]
-            seen = np.concatenate([v.ring.data[v.base, i], v.ring.data[v.win, i]])
-            if not np.nansum(seen) > 0:
+            if not v.base_sum(name) + w.window > 0:
                 continue  # never moved: not accounted here
             tick_s = 1.0 / CLK_TCK
             out[fam][c] = {"share": w.window * tick_s / v.win_dt,

@@ -18,8 +18,7 @@ def numa_remote(ctx: Context) -> CauseScore | None:
         v = ctx.views.get(rname)
         if v is None:
             continue
-        for name in names or [n for n in v.ring.cols
-                              if n.endswith((".numa_miss", ".other_node", ".numa_foreign"))]:
+        for name in names or v.names(suffixes=(".numa_miss", ".other_node", ".numa_foreign")):
             w = v.counter(name)
             if w is not None and w.excess >= EXCESS_MIN and w.z >= Z_MIN:
                 ev[name] = w.to_dict()

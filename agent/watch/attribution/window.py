@@ -97,7 +97,7 @@ class BaselineStats:
 class _Baseline:
     """One ring's baseline rows for one baseline end (shared by the spikes of a quantum)."""
 
-    __slots__ = ("base", "base_dt", "row_s", "_stats", "_ring", "rows_then")
+    __slots__ = ("base", "base_dt", "row_s", "_stats", "_ring", "rows_then", "_sums")
 
     def __init__(self, ring: SignalRing, b_from: int, b_to: int) -> None:
         self.rows_then = ring.rows
@@ -109,12 +109,21 @@ class _Baseline:
         self.row_s = median(ok) if len(ok) else None
         self._ring = ring
         self._stats: BaselineStats | None = None
+        self._sums: dict[int, float] = {}
 
     @property
     def stats(self) -> BaselineStats:
         if self._stats is None:
             self._stats = BaselineStats(self._ring, self.base, self.base_dt)
         return self._stats
+
+    def col_sum(self, i: int) -> float:
+        """Column ``i``'s sum over the baseline rows, NaN as 0 (once per column)."""
+        got = self._sums.get(i)
+        if got is None:
+            got = self._sums[i] = float(np.nansum(self._ring.data[self.base, i])) \
+                if len(self.base) else 0.0
+        return got
 
 
 class RingView:
@@ -145,62 +154,77 @@ class RingView:
                 stats_cache[ring.name] = (key, bl)
         self._bl = bl
         self.base, self.base_dt = bl.base, bl.base_dt
-        dt_w = (ring.t1[self.win] - ring.t0[self.win]) / 1e9
-        self.win_dt = float(dt_w.sum()) if len(dt_w) else 0.0
+        if len(self.win) <= self.FEW_ROWS:  # (a row or two: plain ints, no numpy calls)
+            t0, t1 = ring._t0, ring._t1
+            self.win_dt = sum([t1[k] - t0[k] for k in self.win.tolist()]) / 1e9
+        else:
+            self.win_dt = float((ring.t1[self.win] - ring.t0[self.win]).sum()) / 1e9
         self.row_s = bl.row_s if bl.row_s is not None else \
             (self.win_dt / max(1, len(self.win)) or 0.01)
-        self._wsum: np.ndarray | None = None
-        self._wseen: np.ndarray | None = None
+        self._rows: list[list[float]] | None = None  # the window's rows (a few)
+        self._wsum: list[float] | None = None  # or every column's window sum (many rows)
+        self._wseen: list[bool] | None = None  # and whether it was read there
+        self._med: list[float] = []
+        self._mad: list[float] = []
+        self._floor = 1.0 / max(self.row_s, 1e-3)  # one event per row
 
     @property
     def stats(self) -> BaselineStats:
         return self._bl.stats
 
-    def _window_sums(self) -> None:
-        """Every column's window sum and whether it was read there. A spike window covers a
-        row or two: plain floats (one ``tolist`` a row) cost less than a dozen numpy calls
-        on 1 × 40 arrays (issue #38: the polled rules run for every spike of a storm); the
-        counters' arithmetic is done for the columns the rules ask for only (:meth:`counter`)."""
+    def base_sum(self, name: str) -> float:
+        """The named column's sum over the baseline rows (NaN as 0; 0 without the column)."""
+        i = self.ring.cols.get(name)
+        return 0.0 if i is None else self._bl.col_sum(i)
+
+    def _load(self) -> None:
+        """The window's values and the baseline's statistics, at the first counter asked. A
+        spike window covers a row or two: its rows as plain floats (one ``tolist``), each
+        asked column summed from those — the rules ask for a few dozen of a ring's
+        hundreds (issue #38: they run for every spike of a storm). A longer window: every
+        column's sum at once."""
         n = len(self.ring.cols)
+        w = self.ring.data[self.win, :n]
         if len(self.win) > self.FEW_ROWS:
-            w = self.ring.data[self.win, :n]
             nan = np.isnan(w)
             self._wseen = (~nan).any(axis=0).tolist()
             self._wsum = np.where(nan, 0.0, w).sum(axis=0).tolist()
-            return
-        total = [0.0] * n
-        seen = [False] * n
-        data = self.ring.data
-        for r in self.win.tolist():
-            for i, x in enumerate(data[r, :n].tolist()):
-                if x == x:
-                    total[i] += x
-                    seen[i] = True
-        self._wsum, self._wseen = total, seen
+        else:
+            self._rows = w.tolist()
+        st = self._bl.stats
+        self._med, self._mad = st.med_l, st.mad_l
 
-    FEW_ROWS = 8  # windows of at most this many rows are summed in plain Python
+    FEW_ROWS = 8  # windows of at most this many rows are kept as plain rows
+
+    def _sum(self, i: int) -> float | None:
+        """Column ``i``'s window sum, None where no row of the window read it."""
+        rows = self._rows
+        if rows is None:
+            return self._wsum[i] if self._wseen[i] else None
+        total = None
+        for row in rows:
+            x = row[i]
+            if x == x:
+                total = x if total is None else total + x
+        return total
 
     def counter(self, name: str) -> SignalWindow | None:
         i = self.ring.cols.get(name)
         if i is None or not len(self.win):
             return None
-        if self._wsum is None:
-            self._window_sums()
-        if not self._wseen[i]:
-            return None
-        return self._counter_at(i, name)
+        if self._rows is None and self._wsum is None:
+            self._load()
+        total = self._sum(i)
+        return None if total is None else self._counter_at(i, name, total)
 
-    def _counter_at(self, i: int, name: str) -> SignalWindow:
-        """Column ``i``'s window against its baseline (the window sums made)."""
-        total = self._wsum[i]
-        rate = total / self.win_dt if self.win_dt > 0 else float("nan")
-        st = self.stats
-        med, mad = st.med_l[i], st.mad_l[i]
-        floor = 1.0 / max(self.row_s, 1e-3)  # one event per row
-        scale = max(1.4826 * mad, 0.1 * abs(med), floor)
+    def _counter_at(self, i: int, name: str, total: float) -> SignalWindow:
+        """Column ``i``'s window sum ``total`` against its baseline."""
+        dt = self.win_dt
+        rate = total / dt if dt > 0 else float("nan")
+        med, mad = self._med[i], self._mad[i]
+        scale = max(1.4826 * mad, 0.1 * abs(med), self._floor)
         z = (rate - med) / scale if rate == rate else float("nan")
-        excess = total - med * self.win_dt
-        return SignalWindow(name, total, rate, med, mad, z, excess)
+        return SignalWindow(name, total, rate, med, mad, z, total - med * dt)
 
     def gauge(self, name: str, low: bool = True) -> SignalWindow | None:
         i = self.ring.cols.get(name)
@@ -217,8 +241,8 @@ class RingView:
         z = (val - med) / max(1.4826 * mad, 1e-9) if len(b) else float("nan")
         return SignalWindow(name, val, val, med, mad, z, val - med if len(b) else float("nan"))
 
-    def names(self, prefix: str) -> list[str]:
-        return [n for n in self.ring.cols if n.startswith(prefix)]
+    def names(self, prefix: str = "", suffixes: tuple[str, ...] = ()) -> list[str]:
+        return [n for n, _ in self.ring.cols_like(prefix, suffixes)]
 
     def hot(self, prefix: str, z_min: float, excess_min: float) -> list[SignalWindow]:
         """:meth:`counter` of each column named ``prefix``… (in column order) whose window is
@@ -227,13 +251,14 @@ class RingView:
         whose excess alone rules them out (issue #38)."""
         if not len(self.win):
             return []
-        if self._wsum is None:
-            self._window_sums()
-        total, seen, med, dt = self._wsum, self._wseen, self.stats.med_l, self.win_dt
+        if self._rows is None and self._wsum is None:
+            self._load()
+        med, dt = self._med, self.win_dt
         out = []
-        for name, i in self.ring.cols.items():
-            if seen[i] and name.startswith(prefix) and total[i] - med[i] * dt >= excess_min:
-                w = self._counter_at(i, name)
+        for name, i in self.ring.cols_like(prefix):
+            total = self._sum(i)
+            if total is not None and total - med[i] * dt >= excess_min:
+                w = self._counter_at(i, name, total)
                 if w.z >= z_min:
                     out.append(w)
         return out
