@@ -310,16 +310,14 @@ def test_a_spike_asks_for_a_task_scan_only_where_the_events_will_not_name_who_ra
     assert s2._scan_for_spike()  # no events: the scan names who ran
 
 
-def test_lumpy_always_on_costs_over_the_budget_earn_only_the_reserved_share():
-    """issue #38: a storm's steps are lumpy — a 150 ms sleep with 0.5 ms of sampler work,
-    then 2 ms of polled rules just before each spike's refill — 1.66 % of one CPU in all.
-    Applied to each interval alone, the floor paid the sleeps' surplus and the floor for the
-    lumps (exact earned ~0.9 % here); the overspend is owed instead, so over a minute exact
-    attribution spends RESERVED of the budget, one burst and one attribution's debt."""
-    from agent.watch.budget import RESERVED
-    c, own, b = _bucket()
-    t0 = c.wall
+def _lumpy_storm(b, c, own, exact_ns: int) -> tuple[int, int]:
+    """A minute of a storm's lumpy steps — a 150 ms sleep with 0.5 ms of sampler work, then
+    2 ms of polled rules just before each spike's refill (1.66 % of one CPU in all) — each
+    spike's exact attribution costing ``exact_ns``. Returns the wall time it took and the
+    spikes."""
+    t0, n = c.wall, 0
     while c.wall - t0 < 60 * S:
+        n += 1
         c.wall += 150 * MS
         c.spend(500_000, thread=False)  # the sampler while the loop sleeps
         b.refill()
@@ -327,8 +325,34 @@ def test_lumpy_always_on_costs_over_the_budget_earn_only_the_reserved_share():
         c.spend(2 * MS)                 # the spike's polled rules, then its budget decision
         if b.allow():
             with own.part("events"):
-                c.spend(1 * MS)
-            b.charge(1 * MS)
-    wall = c.wall - t0
-    assert own.parts["events"] <= 0.01 * RESERVED * wall + b.capacity_ns + 2 * MS
-    assert b.exact >= 0.01 * RESERVED * wall / MS - 2  # the reserved share is still given
+                c.spend(exact_ns)
+            b.charge(exact_ns)
+    return c.wall - t0, n
+
+
+def test_lumpy_always_on_costs_over_the_budget_earn_only_the_reserved_share():
+    """issue #38: applied to each interval alone, the floor paid the sleeps' surplus and the
+    floor for the lumps (exact earned ~0.9 % of one CPU in this storm, with 10 ms
+    attributions); the overspend is owed instead, so over a minute exact attribution spends
+    RESERVED of the budget, one burst and one attribution's debt."""
+    from agent.watch.budget import RESERVED
+    c, own, b = _bucket()
+    wall, _ = _lumpy_storm(b, c, own, 10 * MS)
+    assert own.parts["events"] <= 0.01 * RESERVED * wall + b.capacity_ns + 10 * MS
+    # the reserved share is still given (2.5 ms a second: one 10 ms attribution every 4 s)
+    assert b.exact >= (0.01 * RESERVED * wall + b.capacity_ns) / (10 * MS) - 2
+
+
+def test_a_storm_of_cheap_attributions_earns_one_every_two_seconds_not_the_quarter():
+    """issue #38: with exact attributions of 1 ms, a quarter of the budget (2.5 ms a second)
+    would be 2.5 of them a second on top of always-on parts already over the budget; the
+    floor is one every 1 / FLOOR_EXACT_PER_S seconds at their measured cost instead: 0.05 %
+    of one CPU, not 0.25 %. Still never none."""
+    from agent.watch.budget import FLOOR_EXACT_PER_S
+    c, own, b = _bucket()
+    wall, spikes = _lumpy_storm(b, c, own, 1 * MS)
+    floor_ns = FLOOR_EXACT_PER_S * wall / S * MS
+    assert b.cost_ns == pytest.approx(MS)
+    assert own.parts["events"] <= floor_ns + b.capacity_ns + 2 * MS
+    assert b.exact >= (floor_ns + b.capacity_ns) / MS - 2
+    assert b.exact + b.skipped == spikes  # every spike decided
