@@ -180,9 +180,9 @@ class RingView:
     def _load(self) -> None:
         """The window's values and the baseline's statistics, at the first counter asked. A
         spike window covers a row or two: its rows as plain floats (one ``tolist``), each
-        asked column summed from those — the rules ask for a few dozen of a ring's
-        hundreds (issue #38: they run for every spike of a storm). A longer window: every
-        column's sum at once."""
+        asked column summed from those — the rules ask for a few of a ring's columns (issue
+        #38: they run for every spike of a storm). A longer window: every column's sum at
+        once."""
         n = len(self.ring.cols)
         w = self.ring.data[self.win, :n]
         if len(self.win) > self.FEW_ROWS:
