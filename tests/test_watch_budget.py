@@ -304,6 +304,15 @@ def test_a_spike_asks_for_a_task_scan_only_where_the_events_will_not_name_who_ra
     s.budget.tokens_ns = -s.budget.capacity_ns  # spent
     assert s._scan_for_spike()
     assert s.budget.exact == exact and s.budget.skipped == 0  # (asking counts nothing)
+    # a storm the budget skips, its exact attributions cheap: the floor pays for one every
+    # 2 s, as often as the scans may come (min_scan_gap_s), so no scan; dear ones (20 ms: the
+    # quarter share's one every 8 s), a scan again
+    s.sched.min_scan_gap_s = 2.0
+    s.budget.charge(1 * MS)
+    s.budget.tokens_ns = -s.budget.capacity_ns
+    assert s.budget.floor_gap_s() == 2.0 and not s._scan_for_spike()
+    s.budget.cost_ns = 20 * MS
+    assert s.budget.floor_gap_s() == pytest.approx(8.0) and s._scan_for_spike()
     s2, _r, _s = _session(Clocks(), pct=None)
     assert not s2._scan_for_spike()  # no budget: every spike gets its events
     s2.trace.source = None  # (events off)

@@ -243,6 +243,14 @@ class CpuBudget:
         self.refill()
         return self.tokens_ns > 0
 
+    def floor_gap_s(self) -> float | None:
+        """Seconds between the exact attributions the floor alone pays for, at their mean
+        cost: 1 / FLOOR_EXACT_PER_S, or more where the quarter share is the smaller (None
+        before the first one is charged)."""
+        if self.cost_ns is None or self.share <= 0:
+            return None
+        return max(1.0 / FLOOR_EXACT_PER_S, self.cost_ns / (self.share * RESERVED * 1e9))
+
     def charge(self, cpu_ns: int) -> None:
         """One exact attribution's measured cost."""
         self.tokens_ns -= cpu_ns
