@@ -511,36 +511,48 @@ def test_live_the_faults_of_a_followed_thread_are_recorded_and_counted():
     if not src:
         pytest.skip(src.reason)
     child = None
+    incomplete = []
     try:
-        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-            import mmap, os, sys, time
-            os.sched_setaffinity(0, {{{cpu}}})
-            m = mmap.mmap(-1, 2000 * 4096)
-            print("ready", flush=True)
-            sys.stdin.readline()
-            t0 = time.monotonic_ns()
-            for i in range(2000):
-                m[i * 4096] = 1
-            print(t0, time.monotonic_ns(), flush=True)
-            """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert child.stdout.readline().strip() == "ready"
-        why = src.follow_threads([child.pid])
-        if why is not None:
-            pytest.skip(why)
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        t0, t1 = map(int, child.stdout.readline().split())
-        time.sleep(0.01)
-        # read before the child's exit: its exit can take seconds on a busy host, while the
-        # CPU's other events fill the kept pages (the window's pages then evicted)
-        win = src.window(t0, t1)
-        child.wait(timeout=30)
-        assert src.faults_from(child.pid) <= t0
-        tl = timeline(win.events, cpu, {child.pid}, t0, t1, comms=win.comms, follow=True,
-                      faults_from_ns=src.faults_from(child.pid))
-        pf = tl.to_dict()["page_faults"]
-        assert pf["count"] >= 2000 and 0 < pf["us"] <= pf["count"] * 50, pf
-        assert not [e for e in win.events if e.name == "page_fault_user" and e.pid != child.pid]
+        # A window the source says is incomplete (its kept pages evicted by the CPU's other
+        # events while this process waited for the CPU: ~1 run in 20 on a busy 2-vCPU VM)
+        # proves nothing either way: the run is tried again, up to three times.
+        for _attempt in range(3):
+            child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+                import mmap, os, sys, time
+                os.sched_setaffinity(0, {{{cpu}}})
+                m = mmap.mmap(-1, 2000 * 4096)
+                print("ready", flush=True)
+                sys.stdin.readline()
+                t0 = time.monotonic_ns()
+                for i in range(2000):
+                    m[i * 4096] = 1
+                print(t0, time.monotonic_ns(), flush=True)
+                """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert child.stdout.readline().strip() == "ready"
+            why = src.follow_threads([child.pid])
+            if why is not None:
+                pytest.skip(why)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            t0, t1 = map(int, child.stdout.readline().split())
+            time.sleep(0.01)
+            # read before the child's exit: its exit can take seconds on a busy host, while
+            # the CPU's other events fill the kept pages
+            win = src.window(t0, t1)
+            child.wait(timeout=30)
+            if not win.complete:
+                incomplete.append(win.reason)
+                continue
+            assert src.faults_from(child.pid) <= t0
+            tl = timeline(win.events, cpu, {child.pid}, t0, t1, comms=win.comms, follow=True,
+                          faults_from_ns=src.faults_from(child.pid))
+            pf = tl.to_dict()["page_faults"]
+            assert pf["count"] >= 2000 and 0 < pf["us"] <= pf["count"] * 50, pf
+            assert not [e for e in win.events
+                        if e.name == "page_fault_user" and e.pid != child.pid]
+            break
+        else:
+            pytest.fail(f"three incomplete windows: {incomplete}")
     finally:
         if child is not None and child.poll() is None:
             child.kill()
