@@ -68,8 +68,10 @@ EVENTS_MIN_SCAN_GAP_S = 2.0
 # between a spike's scans) every 10 s where the events run: they name the task that ran on
 # the probe CPUs to the µs, so a scan's rows serve only a spike the CPU budget skips, which
 # asks for its own scan (≥ EVENTS_MIN_SCAN_GAP_S apart: a storm's later spikes get 2 s
-# intervals). A scan reads every task's stat: ~1.5 ms of CPU with ~150 tasks, ~3.3 ms with
-# ~190 and 16 CPUs (Linux 6.18), 0.07-0.16 % of one CPU at one every 2 s (issue #38).
+# intervals) where the budget's floor pays for exact attribution less often than that
+# (session.py _scan_for_spike). A scan reads every task's stat: ~1.5 ms of CPU with ~150
+# tasks, ~3.3 ms with ~190 and 16 CPUs (Linux 6.18), 0.07-0.16 % of one CPU at one every 2 s
+# (issue #38).
 EVENTS_SCAN_PERIOD_S = 10.0
 IRQ_DESC_S = 5.0  # the IRQ device names re-read this often whatever the irq rate
 # "0": poll as without events even when they run (the before/after A/B of the reduction:
