@@ -25,15 +25,20 @@ def _launch(args: list[str]) -> subprocess.Popen:
 
 
 def _wait_exec(pid: int, comm: str, timeout: float = 20.0) -> dict[str, str]:
-    """Wait until the launcher has exec'd into ``comm``; return its /proc status fields."""
+    """Wait until the launcher has exec'd into ``comm`` and its new environment is readable;
+    return its /proc status fields. (The name changes first: execve sets it in
+    begin_new_exec, and the new stack's environment bounds only later, in the ELF loader's
+    create_elf_tables — /proc/PID/environ reads empty in between, which a busy CPU made
+    visible: fs/exec.c, fs/binfmt_elf.c, Linux 6.x.)"""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             status = Path(f"/proc/{pid}/status").read_text()
+            env = Path(f"/proc/{pid}/environ").read_bytes()
         except FileNotFoundError:
             break
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        if fields.get("Name", "").strip() == comm:
+        if fields.get("Name", "").strip() == comm and env:
             return {k: v.strip() for k, v in fields.items()}
         time.sleep(0.02)
     raise AssertionError(f"pid {pid} never became {comm}")
