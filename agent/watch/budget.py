@@ -218,9 +218,7 @@ class CpuBudget:
         # attribution earned ~0.6 % of one CPU, not 0.25 %, under ~260 spikes a minute on a
         # 16-CPU host (issue #38)
         raw = budget - (used - self._always) - self._owed
-        floor = budget * RESERVED
-        if self.cost_ns is not None:  # (at most one attribution per 1 / FLOOR_EXACT_PER_S s)
-            floor = min(floor, (t - self._t) / 1e9 * FLOOR_EXACT_PER_S * self.cost_ns)
+        floor = (t - self._t) / 1e9 * self.floor_ns_per_s()
         self._owed = min(self.capacity_ns, max(0.0, floor - raw))  # (a bounded memory)
         earned = max(raw, floor)
         self.tokens_ns = min(self.capacity_ns,
@@ -243,13 +241,22 @@ class CpuBudget:
         self.refill()
         return self.tokens_ns > 0
 
+    def floor_ns_per_s(self) -> float:
+        """What the floor earns exact attribution, CPU ns a second: RESERVED of the budget,
+        or FLOOR_EXACT_PER_S attributions at their mean cost when that is less (once one
+        has been charged)."""
+        floor = self.share * RESERVED * 1e9
+        if self.cost_ns is not None:
+            floor = min(floor, FLOOR_EXACT_PER_S * self.cost_ns)
+        return floor
+
     def floor_gap_s(self) -> float | None:
         """Seconds between the exact attributions the floor alone pays for, at their mean
-        cost: 1 / FLOOR_EXACT_PER_S, or more where the quarter share is the smaller (None
-        before the first one is charged)."""
-        if self.cost_ns is None or self.share <= 0:
+        cost (None before the first one is charged, or with no floor)."""
+        floor = self.floor_ns_per_s()
+        if self.cost_ns is None or floor <= 0:
             return None
-        return max(1.0 / FLOOR_EXACT_PER_S, self.cost_ns / (self.share * RESERVED * 1e9))
+        return self.cost_ns / floor
 
     def charge(self, cpu_ns: int) -> None:
         """One exact attribution's measured cost."""
