@@ -91,7 +91,8 @@ class SignalRing:
         self.t1 = np.frombuffer(self._t1, dtype=np.int64)
         self._alloc(8)
         self.cols: dict[str, int] = {}
-        self._like: dict = {}  # (prefix, suffixes) → [(name, column)], for len(cols) columns
+        self._like: dict = {}  # (prefix, suffixes) → [(name, column)], for _like_n columns
+        self._like_n = 0
         self.rows = 0  # total rows ever written
         self.dropped_signals = 0
 
@@ -291,9 +292,9 @@ class SignalRing:
         given), in column order; kept until a signal is added (columns are never removed),
         so the rules that weigh "every IRQ row of CPU 3" do not test each name per spike."""
         like = self._like
-        if like.get(None) != len(self.cols):
+        if self._like_n != len(self.cols):
             like.clear()
-            like[None] = len(self.cols)
+            self._like_n = len(self.cols)
         key = (prefix, suffixes)
         got = like.get(key)
         if got is None:
