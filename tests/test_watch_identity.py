@@ -21,6 +21,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.client import FIELDS
@@ -110,6 +111,58 @@ def test_a_new_process_is_read_again_until_it_execs_and_a_gone_one_is_forgotten(
     _proc(root, 301, "python3", ["python3", "serve.py"])
     now[0] += 0.2
     assert m.poll() == {201, 300}
+
+
+def test_proc_is_listed_again_only_after_a_fork_and_young_pids_are_read_between(tmp_path):
+    root = _tree(tmp_path)
+    loadavg = root / "proc" / "loadavg"
+    loadavg.write_text("0.00 0.00 0.00 1/100 500\n")  # the namespace's last pid: 500
+    host = Host(root=root)
+    listed = []
+    pids = host.pids
+    host.pids = lambda: listed.append(1) or pids()
+    now = [0.0]
+    m = Matcher(host, Identity("name", "serve"), own=999, clock=lambda: now[0])
+    assert m.poll() == set() and len(listed) == 1
+    now[0] = 0.2
+    assert m.poll() == set() and len(listed) == 1          # no fork since: no listing
+    _proc(root, 501, "bash", ["bash", "run.sh"])            # forked: the last pid moves
+    loadavg.write_text("0.00 0.00 0.00 1/101 501\n")
+    now[0] = 0.4
+    assert m.poll() == set() and len(listed) == 2 and 501 in m._young
+    _proc(root, 501, "python3", ["python3", "serve.py"])   # exec'd: no new pid, still read
+    now[0] = 0.6
+    assert m.poll() == {501} and len(listed) == 2
+    read = []
+    matches = m.matches
+    m.matches = lambda pid: read.append(pid) or matches(pid)
+    now[0] = 0.8
+    assert m.poll() == {501} and read == [] and len(listed) == 2  # nothing new: nothing read
+    m.matches = matches
+    # where /proc/loadavg says nothing, every poll lists (the fixture trees above)
+    loadavg.write_text("garbage\n")
+    m.poll()
+    m.poll()
+    assert len(listed) == 4
+
+
+def test_one_process_rows_take_its_pid_as_the_per_thread_lookup_does():
+    from types import SimpleNamespace
+
+    from agent.watch.latency.identity import ServiceReader
+    rows = np.zeros((4, len(FIELDS)), dtype=np.int64)
+    rows[:, F["tid"]] = [70, 71, 70, 72]
+    rows[:, F["start_ns"]] = [1000, 2000, 3000, 4000]
+
+    def reader(pids, leaving):
+        return SimpleNamespace(pids=pids, leaving=leaving, pid=7, per_pid={7: 5},
+                               first_ns={}, tid_pid={70: 7, 71: 7, 72: 7})
+    fast, full = reader([7], set()), reader([7, 8], set())  # 8: a process with no call
+    a, b = rows.copy(), rows.copy()
+    ServiceReader._rows_made(fast, a)
+    ServiceReader._rows_made(full, b)
+    assert (a == b).all() and (a[:, F["pid"]] == 7).all()
+    assert fast.per_pid == full.per_pid == {7: 9} and fast.first_ns == full.first_ns == {7: 1000}
 
 
 def test_a_unit_without_systemd_is_its_cgroup_and_with_systemd_its_main_pid(tmp_path):

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import sys
 import time
 from collections.abc import Callable
@@ -55,7 +54,14 @@ import numpy as np
 
 from agent.client import FIELDS
 from agent.errors import AgentError
-from agent.watch.latency.base import Given, Phase, Running, Source, process_alive, process_cpus
+from agent.watch.latency.base import (
+    Given,
+    Phase,
+    ProcessLife,
+    Running,
+    Source,
+    process_cpus,
+)
 from collectors.host import Host
 from collectors.parsers import format_cpulist
 
@@ -513,7 +519,7 @@ class AttachedRun(Running):
         self.say = say
         self._armed_at = 0.0
         self._quiet_said = False
-        self._pidfd: int | None = None  # the process's pidfd (check(); -1: none here)
+        self._life: ProcessLife | None = None  # whether the process runs (check())
         self.gpu: Any = None       # agent.trace.gpu_probes.GpuHits (the session splits spikes)
         self._gpu_uprobes: Any = None
 
@@ -621,20 +627,11 @@ class AttachedRun(Running):
         return f"attached process {self.source.process} exited"
 
     def _alive(self) -> bool:
-        """Whether the process runs: its pidfd (Linux 5.3+, opened at the first check)
-        polls readable once it has exited — one syscall a loop step where kill(0) and a
-        read of /proc/PID/stat were four (and it names this process, never a later one
-        given the pid); without one, :func:`process_alive`."""
-        if self._pidfd is None:
-            self._pidfd = -1
-            if process_alive(self.host, self.source.process):
-                try:
-                    self._pidfd = os.pidfd_open(self.source.process)
-                except (OSError, AttributeError):
-                    pass
-        if self._pidfd < 0:
-            return process_alive(self.host, self.source.process)
-        return not select.select([self._pidfd], [], [], 0)[0]
+        """Whether the process runs (:class:`~agent.watch.latency.base.ProcessLife`: its
+        pidfd, opened at the first check)."""
+        if self._life is None:
+            self._life = ProcessLife(self.host, self.source.process)
+        return self._life.alive()
 
     def _say_quiet(self) -> None:
         """What is armed, what else the process maps, and what to try instead."""
@@ -674,9 +671,8 @@ class AttachedRun(Running):
 
     def close(self) -> None:
         super().close()
-        if self._pidfd is not None and self._pidfd >= 0:
-            os.close(self._pidfd)
-            self._pidfd = None
+        if self._life is not None:
+            self._life.close()
         if self._gpu_uprobes is not None:
             left = self._gpu_uprobes.remove()
             if left:

@@ -18,9 +18,11 @@ config.
 from __future__ import annotations
 
 import os
+import select
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from collectors.host import Host
@@ -200,3 +202,33 @@ def process_alive(host: Host, pid: int) -> bool:
         pass
     st = host.read(host.proc(pid, "stat")).value
     return not (st and st[st.rfind(")") + 2:st.rfind(")") + 3] in ("Z", "X"))
+
+
+class ProcessLife:
+    """Whether one process still runs, cheaply: its pidfd (Linux 5.3+, opened at the first
+    check while it runs) polls readable once it has exited — one syscall where kill(0) and a
+    read of /proc/PID/stat were four (~0.1 ms of CPU a check, issue #38) — and it names this
+    process, never a later one given the pid. Without one (an older kernel, a --root tree's
+    pid, which is not this system's): :func:`process_alive`. :meth:`close` closes it."""
+
+    def __init__(self, host: Host, pid: int) -> None:
+        self.host, self.pid = host, pid
+        self._fd: int | None = None  # None: not opened yet; -1: none (process_alive)
+
+    def alive(self) -> bool:
+        if self._fd is None:
+            self._fd = -1
+            if process_alive(self.host, self.pid) and self.host.procfs == Path("/proc"):
+                try:
+                    self._fd = os.pidfd_open(self.pid)
+                except (OSError, AttributeError):
+                    pass
+        if self._fd < 0:
+            return process_alive(self.host, self.pid)
+        return not select.select([self._fd], [], [], 0)[0]
+
+    def close(self) -> None:
+        """Close the pidfd (later checks: :func:`process_alive`)."""
+        if self._fd is not None and self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
