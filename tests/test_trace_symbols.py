@@ -88,3 +88,58 @@ def test_aliases_name_the_first_listed_and_every_name_has_its_address():
     for absent in ("hidden_by_kptr_restrict", "some_data", "vmstat", "update", "nf_tables",
                    "T startup_64"):
         assert res.address(absent) is None
+
+
+def test_wait_returns_once_the_table_is_loaded_and_at_once_when_none_was_started():
+    import threading
+    go = threading.Event()
+
+    def slow():
+        go.wait(5)
+        return b"ffffffff814204b0 t hrtimer_wakeup\n"
+    res = SymbolResolver(slow)
+    assert res.wait(0)                 # nothing started: nothing to wait for
+    res.load_async()
+    assert not res.wait(0.01) and not res.ready
+    go.set()
+    assert res.wait(5) and res.address("hrtimer_wakeup") == 0xFFFFFFFF814204B0
+
+
+def test_watch_zeroes_its_costs_after_the_symbol_tables_load(monkeypatch, tmp_path):
+    """The kernel symbol table's load (a thread from the events' opening) is start-up: the
+    session waits for it before the own-cost clocks' zero, so a short run's own CPU is not
+    the load's."""
+    import os
+    from pathlib import Path
+
+    import pytest
+    if os.geteuid() != 0 or not Path("/sys/kernel/tracing/instances").is_dir():
+        pytest.skip("needs root and tracefs at /sys/kernel/tracing")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    import time
+
+    from typer.testing import CliRunner
+
+    from agent.cli import get_app
+    from agent.watch import session
+    seen: list[bool] = []
+    load = SymbolResolver._load
+
+    def slow_load(self):
+        time.sleep(0.4)  # (a table that takes long to read, in its own thread)
+        load(self)
+    begin = session.WatchSession.begin_costs
+
+    def begin_costs(self):
+        seen.append(self.trace.source._symbols.ready)
+        begin(self)
+    monkeypatch.setattr(SymbolResolver, "_load", slow_load)
+    monkeypatch.setattr(session.WatchSession, "begin_costs", begin_costs)
+    cpus = sorted(os.sched_getaffinity(0))
+    r = CliRunner().invoke(get_app(), [
+        "watch", "--probe", "numpy", "--duration", "1", "--trace", "on", "--cpus",
+        str(cpus[-1]), "--housekeeping", str(cpus[0]), "--no-history", "--json",
+        "--no-live"])
+    assert r.exit_code == 0, r.output
+    assert seen == [True]

@@ -42,6 +42,11 @@ class SymbolResolver:
         """Whether the table is loaded (from then on a lookup's answer never changes)."""
         return self._done.is_set()
 
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for the table (at most ``timeout_s``); True once it is loaded. Not started:
+        True at once (nothing is running)."""
+        return not self._started or self._done.wait(timeout_s)
+
     def load_async(self) -> None:
         with self._lock:
             if self._started:

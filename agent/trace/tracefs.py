@@ -281,6 +281,11 @@ class EventSource(WindowReader, WakeInstance, UprobeEvents, CallsInstance, RingS
                 "notes": self.notes, "wake": self.describe_wake(),
                 **({"calls": c} if (c := self.describe_calls()) else {})}
 
+    def startup_done(self, timeout_s: float) -> bool:
+        """Wait for start-up work still running in the background (the kernel symbol
+        table's load) at most ``timeout_s``; True when none is left."""
+        return self._symbols is None or self._symbols.wait(timeout_s)
+
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
         """Stop and remove the instance (idempotent; never raises). A forked child never

@@ -81,8 +81,9 @@ def parse_pct(value: float | None) -> float:
 class OwnCpu:
     """Watch's own CPU time (module docstring). ``process_ns``: the process's CPU clock;
     ``thread_ns``: the calling thread's. :meth:`watch_sampler` names the sampler's readers
-    once it runs; :meth:`begin` sets the zero (after start-up: the symbol reads and the
-    interrupt-cost measurement are start-up, not watch's running cost)."""
+    once it runs; :meth:`begin` sets the zero (after start-up: the symbol reads, the
+    interrupt-cost measurement and the kernel symbol table's load, which the session waits
+    for, are start-up, not watch's running cost)."""
 
     def __init__(self, process_ns: Clock = time.process_time_ns,
                  thread_ns: Clock = time.thread_time_ns) -> None:

@@ -73,6 +73,7 @@ QUIET_AFTER_S = 0.0    # ... and none detected for this long
 # late, its scan marks nothing whenever it comes (no P50 moves in between), and a quiet step
 # costs a subtraction and a max instead of an ingest (watch's own CPU, issue #38).
 HOLD_S = 1.0
+STARTUP_WAIT_S = 2.0   # background start-up work waited for before the costs' zero
 
 
 def _polled_only(body: dict, why: str) -> None:
@@ -251,6 +252,10 @@ class WatchSession:
         self.sampler.start()  # a NativeSampler's helper is already running
         self.renice_own()
         self.started_ns = self.clock()
+        # the kernel symbol table loads in a thread from the events' opening (~50 ms of
+        # CPU): start-up's, not the run's — waited for (it is done already where the
+        # attach's symbol reads took longer), so the running cost starts after it
+        self.trace.startup_done(STARTUP_WAIT_S)
         self.begin_costs()
         self.phase("")  # start-up is over: nothing more to say (a pending line is dropped)
 

@@ -325,6 +325,12 @@ class SpikeEvents:
     def active(self) -> bool:
         return self.source is not None
 
+    def startup_done(self, timeout_s: float) -> bool:
+        """Wait for the event source's background start-up (its symbol table) at most
+        ``timeout_s``; True when none is left."""
+        done = getattr(self.source, "startup_done", None)
+        return done is None or done(timeout_s)
+
     def maybe_refit(self, now_ns: int, warmed: bool) -> None:
         """Once, after warm-up (``warmed``) and ≥ REFIT_AFTER_S of measured rate."""
         if self._refitted or self.source is None or not warmed or \
