@@ -16,6 +16,10 @@
 # none: the sleeping service wins EEVDF's wake-up placement): the service is stopped for
 # `busy` ms of every `period` (SIGSTOP, SIGCONT), a spike for each stop inside a call.
 #
+# ATTACH=name follows the service as `watch --attach-name 'bench/service\.py'` (a regular
+# expression on its command line: the identity's /proc polls are measured too) instead of
+# `--attach PID`.
+#
 # TREE: the hftagent checkout whose watch is measured (default: this one), so two trees can
 # be compared side by side in one sitting with the same service and hog (this one's).
 # Prints one line per phase (samples, spikes, attributed, own share of one CPU, budget
@@ -29,8 +33,10 @@ PY=${PY:-$HERE/.venv/bin/python}
 CPU=${CPU:-1}
 mkdir -p "$OUT"
 watch() {  # the tree's own watch (its directory first on sys.path)
+  local src=(--attach "$SVC")
+  [ "${ATTACH:-pid}" = name ] && src=(--attach-name 'bench/service\.py')
   (cd "$TREE" && "$PY" -c 'import sys; sys.argv[0] = "hftagent"
-from agent.cli import main; sys.exit(main())' watch --attach "$SVC" --duration "$D" \
+from agent.cli import main; sys.exit(main())' watch "${src[@]}" --duration "$D" \
     --json --no-history --no-live "$@")
 }
 cd "$HERE"
