@@ -170,9 +170,13 @@ def test_live_view_in_a_terminal():
         assert cause in CAUSES and int(us) > 0
     cause_table = re.findall(r"^ (\w+)\s+│\s+(\d+) │\s+(\d+) % $", final, re.M)
     assert cause_table and all(c in CAUSES for c, _, _ in cause_table)
-    # a contention row shows its evidence (the task that ran, the run-queue wait ...)
-    assert all(re.search(r"ran on CPU|run queue|context switch", d)
-               for _, _, c, d in rows if c == "cpu_contention"), rows
+    # a contention row shows its evidence (the task that ran, the run-queue wait ...); from
+    # the kernel events: "waited N µs for CPU c" or "other tasks ran N µs on CPU c", and the
+    # task only where the timeline named one (events.py name_tasks; 1 CI run of 26 had a
+    # row without it, under a busy loop pinned on each CPU)
+    bare = [d for _, _, c, d in rows if c == "cpu_contention" and not re.search(
+        r"ran on CPU|run queue|context switch|µs for CPU \d|µs on CPU \d", d)]
+    assert not bare, bare
     assert "spikes:" in summary and "sampler (" in summary and "on CPU" in summary
 
 
