@@ -22,7 +22,6 @@ import select
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from collectors.host import Host
@@ -218,7 +217,7 @@ class ProcessLife:
     def alive(self) -> bool:
         if self._fd is None:
             self._fd = -1
-            if process_alive(self.host, self.pid) and self.host.procfs == Path("/proc"):
+            if process_alive(self.host, self.pid) and self.host.live:
                 try:
                     self._fd = os.pidfd_open(self.pid)
                 except (OSError, AttributeError):

@@ -39,9 +39,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from collectors.host import Host
+from collectors.host import Host, HotFile
 
 TASK_COMM_LEN = 16          # include/linux/sched.h: comm holds 15 bytes and a NUL
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -239,7 +238,7 @@ class Matcher:
         self._seen_cgroup = False
         self._live: set[int] | None = None      # the pids of the last listing of /proc
         self._listed_at: bytes | None = None    # the namespace's last pid before it
-        self._loadavg: Any = None               # /proc/loadavg, open (False: unreadable)
+        self._loadavg: HotFile | bool | None = None  # /proc/loadavg open (False: unreadable)
         self._judged: set[int] | None = None    # the listing every pid of has a verdict
         self._matched: set[int] = set()         # ... and those that match
 
