@@ -748,3 +748,55 @@ def test_a_pid_taken_again_by_the_service_is_a_new_process_not_its_zombie(tmp_pa
     got = run.processes()
     assert [(d["pid"], d["state"], d["calls"]) for d in got] == \
         [(me, "exited", 7), (me, "waiting for its runtime", 0)]
+
+
+def test_a_process_running_before_the_run_is_armed_in_start_up_a_young_one_at_a_poll(
+        tmp_path, monkeypatch):
+    """Issue #38: the arming of a process that ran before watch started (the plan, the
+    probes: ~30-50 ms of CPU) is start-up's, as --attach PID's is: its runtime files' second
+    look, which settles them, is taken in start(), not one poll later in the run, where it
+    counted as watch's running cost. One that started under LOAD_WAIT_S before may still be
+    loading: it is armed at a poll, once two looks agree."""
+    from agent.watch.latency import identity
+    from agent.watch.latency.identity import Service, ServiceRun
+    root = _tree(tmp_path)   # uptime 1000 s
+    old, young = os.getpid(), os.getppid()   # (live pids: their pidfds open; nothing is sent)
+    _proc(root, old, "svc", ["svc"], started_s=900.0)
+    _proc(root, young, "svc", ["svc"], started_s=999.5)
+    looks: list[int] = []
+
+    def files(host, pid, src):
+        looks.append(pid)
+        return frozenset({(1, 2, "/lib/libx.so")})
+    armed: list[int] = []
+
+    def new_set(self, p, key):
+        armed.append(p.pid)
+        self.armed, self.key = object(), key
+    monkeypatch.setattr(identity, "_runtime_files", files)
+    monkeypatch.setattr(ServiceRun, "_new_set", new_set)
+
+    class Pids:
+        now = {old}
+
+        def poll(self):
+            return set(self.now)
+
+    class Events:
+        active = True
+
+    clock = [100.0]
+    run = ServiceRun(Service(ident=Identity("name", "svc")), Host(root=root), [1], [],
+                     say=lambda _: None, matcher=Pids(), clock=lambda: clock[0])
+    run.start(Events())
+    assert armed == [old] and run.procs[old].state == "timed" and looks == [old, old]
+    # a second run, whose process started half a second before it: not armed in start-up
+    armed.clear()
+    Pids.now = {young}
+    run = ServiceRun(Service(ident=Identity("name", "svc")), Host(root=root), [1], [],
+                     say=lambda _: None, matcher=Pids(), clock=lambda: clock[0])
+    run.start(Events())
+    assert armed == [] and run.procs[young].state == "waiting for its runtime"
+    clock[0] += identity.POLL_S
+    run.poll()
+    assert armed == [young] and run.procs[young].state == "timed"
