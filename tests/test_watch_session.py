@@ -975,3 +975,39 @@ def test_start_ups_objects_are_frozen_for_the_run_and_thawed_at_its_end():
     finally:
         s.stop()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_storms_spikes_share_their_in_process_baseline_for_a_second():
+    """Issue #38: the spikes of a storm share the in-process baseline (the latest
+    RECENT_EVIDENCE samples' faults and switches) and its medians for RECENT_EVERY_S, as they
+    share the rings' baselines, instead of a copy and a median per column every step; a
+    baseline short of RECENT_EVIDENCE samples (the run's start) is taken again every step."""
+    import numpy as np
+
+    from agent.client import FIELDS
+    from agent.watch.attribution import Attribution, Spike
+    from agent.watch.session import RECENT_EVERY_S, RECENT_EVIDENCE
+    s, recs, _ = _storm_session(0, 0.0)
+    seen: list = []
+
+    def attribute(sp, recent):
+        seen.append(recent)
+        return Attribution("cpu_contention", [], 0.0, sp.in_process())
+    s.attributor.attribute = attribute
+
+    def step(dt_s: float) -> None:
+        s.clock.advance(dt_s)
+        now = s.clock()
+        s.schedule.add(Spike(len(seen), now - 3_000_000, now - 1_000_000, 1, 1, 500_000), now)
+        s.attribute_pending(now)
+    s.lat.extend(np.zeros((RECENT_EVIDENCE // 2, len(FIELDS)), dtype=np.int64))
+    step(0.15)
+    step(0.15)
+    assert len(seen) == 2 and seen[0] is not seen[1]        # short: taken every step
+    s.lat.extend(np.ones((RECENT_EVIDENCE, len(FIELDS)), dtype=np.int64))
+    for _ in range(5):
+        step(0.15)
+    assert len(seen) == 7 and all(r is seen[2] for r in seen[2:])
+    assert len(seen[2]) == RECENT_EVIDENCE and seen[2].min() == 1
+    step(RECENT_EVERY_S)
+    assert len(seen) == 8 and seen[7] is not seen[2]

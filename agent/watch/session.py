@@ -65,6 +65,10 @@ _START, _END, _TID = F["start_ns"], F["end_ns"], F["tid"]
 EXIT_SOURCE_DIED = 3
 EXIT_OUTPUT_FAILED = 1  # the spike log could not be written
 RECENT_EVIDENCE = 500  # latest samples whose faults and switches are the in-process baseline
+# ... taken again for a step's spikes once this old (a full one): the spikes of a storm share
+# it and its medians, as they share the rings' baselines (a 1 s quantum, engine.py), instead of
+# a copy of 500 rows and a median per column every step (~0.1 ms of CPU a step, issue #38)
+RECENT_EVERY_S = 1.0
 QUIET_LOOPS = 3        # no spike waiting: a step every 3 loop_s (150 ms; module docstring)
 QUIET_AFTER_S = 0.0    # ... and none detected for this long
 # A batch of calls without a spike (SpikeDetector.quiet), of threads already followed, is
@@ -159,7 +163,8 @@ class WatchSession:
         self.stopped_by: str | None = None
         self._looping = False
         self._stopping = False
-        self._recent: np.ndarray | None = None  # this step's in-process baseline
+        self._recent: np.ndarray | None = None  # the spikes' in-process baseline
+        self._recent_at = 0  # (clock ns) when it was taken
         self._busy_until = 0.0  # (monotonic s) steps every loop_s until then
         # watch's own CPU by part, and the budget that decides exact attribution (budget.py)
         self.own = own_cpu or OwnCpu()
@@ -391,7 +396,9 @@ class WatchSession:
     def _schedule_step(self, now: int) -> bool:
         """One :meth:`AttributionScheduler.step` on the rows and scan there are now; True
         when spikes still wait for them."""
-        self._recent = None
+        if self._recent is not None and (len(self._recent) < RECENT_EVIDENCE or
+                                         now - self._recent_at >= RECENT_EVERY_S * 1e9):
+            self._recent = None
         rows_ns = self.sampler.covered_ns() - self.attributor.slack_ns
         # with events naming the task that ran, the spike's scans are rarer and not waited for
         scan_ns = now if "sched_scan" in self.reduced_by_events else \
@@ -400,8 +407,9 @@ class WatchSession:
 
     # the schedule's Sink: attribute, log with an inherited cause, drop
     def attribute(self, sp: Spike, *, events: bool = True) -> dict:
-        if self._recent is None:  # one in-process baseline for the step's spikes
+        if self._recent is None:  # one in-process baseline for the spikes of a second
             self._recent = self.lat.last(RECENT_EVIDENCE)[:, [F[k] for k in RECENT_FIELDS]]
+            self._recent_at = self.clock()
         with self.own.part("attribution"):
             with self.sampler.lock:
                 a = self.attributor.attribute(sp, self._recent)
