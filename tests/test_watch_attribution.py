@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -638,9 +640,12 @@ def test_spikes_over_the_same_rows_share_their_views_until_a_row_comes(rng):
     assert shared._views["cpu"][1] is views["cpu"]  # (no row came there)
 
 
-def test_hot_rows_are_the_counters_over_both_thresholds(rng):
-    """RingView.hot (the interrupts rule's row scan) is counter() column by column."""
+@pytest.mark.parametrize("arrays_min", [10**9, 0], ids=["by-column", "arrays"])
+def test_hot_rows_are_the_counters_over_both_thresholds(rng, monkeypatch, arrays_min):
+    """RingView.hot (the interrupts rule's row scan) is counter() column by column, in its
+    Python loop (a VM's few dozen rows) and in its array pass (a host's hundreds, issue #38)."""
     from agent.watch.attribution.window import RingView
+    monkeypatch.setattr(RingView, "HOT_ARRAYS_MIN", arrays_min)
     rings = quiet_rings(rng, **{
         "irq__irq.1.38": at_spike(lambda i, g: float(g.integers(0, 2)), 400.0),
         "irq__irq.1.LOC": at_spike(lambda i, g: float(g.integers(5, 12)), 40.0),
@@ -648,9 +653,10 @@ def test_hot_rows_are_the_counters_over_both_thresholds(rng):
         "irq__irq.1.ERR": lambda i, g: 0.0,  # excess and z exactly 0: the bounds count
         "irq__irq.0.38": at_spike(lambda i, g: 0.0, 900.0)})
     sp = spike()
-    for z_min, ex_min in ((3, 5), (0, 0), (-1e9, -1e9), (50, 1), (3, 1000)):
-        for prefix in ("irq.1.", "irq.0.", "irq.", "irq.2."):
-            v = RingView(rings["irq"], sp.start_ns - MS, sp.end_ns + MS, 10.0, 0.1)
+    for (z_min, ex_min), pad in itertools.product(
+            ((3, 5), (0, 0), (-1e9, -1e9), (50, 1), (3, 1000)), (MS, 12 * ROW)):
+        for prefix in ("irq.1.", "irq.0.", "irq.", "irq.2."):   # (12 rows: sums at once)
+            v = RingView(rings["irq"], sp.start_ns - pad, sp.end_ns + pad, 10.0, 0.1)
             want = [w for w in (v.counter(n) for n in v.names(prefix))
                     if w is not None and w.z >= z_min and w.excess >= ex_min]
             got = v.hot(prefix, z_min, ex_min)

@@ -33,3 +33,20 @@ def test_window_by_binary_search_is_the_full_pass():  # issue #38
         for i in range(n):
             r.append(i * 10 - (25 if i == n - 3 else 0), i * 10 + 10, {"v": 1.0})
         assert not r._in_order()
+
+
+def test_cols_at_is_a_slice_where_the_columns_are_contiguous_and_follows_new_columns():
+    """RingView.hot's array pass reads a prefix's columns as a slice where they are
+    contiguous (a CPU's interrupt rows, added together), else by index; a new column is
+    seen at the next call."""
+    import numpy as np
+
+    from agent.watch.ring import SignalRing
+    r = SignalRing("irq", capacity=8)
+    r.append(0, 1, {"irq.1.a": 1.0, "irq.1.b": 2.0, "irq.2.a": 3.0})
+    names, cols = r.cols_at("irq.1.")
+    assert names == ["irq.1.a", "irq.1.b"] and cols == slice(0, 2)
+    r.append(1, 2, {"irq.1.c": 4.0})
+    names, cols = r.cols_at("irq.1.")
+    assert names == ["irq.1.a", "irq.1.b", "irq.1.c"] and isinstance(cols, np.ndarray)
+    assert cols.tolist() == [0, 1, 3] and r.cols_at("irq.3.")[0] == []

@@ -302,6 +302,20 @@ class SignalRing:
                                and (not suffixes or n.endswith(suffixes))]
         return got
 
+    def cols_at(self, prefix: str) -> tuple[list[str], np.ndarray | slice]:
+        """:meth:`cols_like`'s names and their columns, as a slice where they are
+        contiguous (the usual case: a collector adds a CPU's rows together), else an index
+        array; kept as :meth:`cols_like` is."""
+        key = (prefix, None)
+        got = self._like.get(key) if self._like_n == len(self.cols) else None
+        if got is None:
+            like = self.cols_like(prefix)
+            at = [i for _, i in like]
+            cols: np.ndarray | slice = slice(at[0], at[-1] + 1) \
+                if at and at == list(range(at[0], at[-1] + 1)) else np.array(at, dtype=np.intp)
+            got = self._like[key] = ([n for n, _ in like], cols)
+        return got
+
     def _order(self) -> np.ndarray:
         n = min(self.rows, self.capacity)
         return (np.arange(self.rows - n, self.rows) % self.capacity).astype(np.int64)
