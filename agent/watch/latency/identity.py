@@ -15,7 +15,8 @@ armed again on the new file.
 Polling, from the loop's reads (:meth:`ServiceRun.poll`, every :data:`POLL_S`): the identity's
 pids (/proc: comm and cmdline of new pids only), and each new process's maps until its
 runtime library is mapped; then it is timed. So a restarted service is timed within
-~2 × POLL_S of its first mapping of the runtime. An exit is said on stderr; the run keeps its
+~2 × POLL_S of its first mapping of the runtime (a process that ran :data:`LOAD_WAIT_S` before
+the run: both looks in start-up). An exit is said on stderr; the run keeps its
 history and metrics and goes on.
 
 The calls a process started during the run made before it was timed: counted by the
