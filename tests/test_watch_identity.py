@@ -755,14 +755,14 @@ def test_a_process_running_before_the_run_is_armed_in_start_up_a_young_one_at_a_
     """Issue #38: the arming of a process that ran before watch started (the plan, the
     probes: ~30-50 ms of CPU) is start-up's, as --attach PID's is: its runtime files' second
     look, which settles them, is taken in start(), not one poll later in the run, where it
-    counted as watch's running cost. One that started under LOAD_WAIT_S before may still be
-    loading: it is armed at a poll, once two looks agree."""
+    counted as watch's running cost. One that started under SETTLED_AFTER_S before may still
+    be loading: it is armed at a poll, once two looks agree."""
     from agent.watch.latency import identity
     from agent.watch.latency.identity import Service, ServiceRun
     root = _tree(tmp_path)   # uptime 1000 s
     old, young = os.getpid(), os.getppid()   # (live pids: their pidfds open; nothing is sent)
     _proc(root, old, "svc", ["svc"], started_s=900.0)
-    _proc(root, young, "svc", ["svc"], started_s=999.5)
+    _proc(root, young, "svc", ["svc"], started_s=1000.0 - identity.SETTLED_AFTER_S + 0.5)
     looks: list[int] = []
 
     def files(host, pid, src):
@@ -790,7 +790,7 @@ def test_a_process_running_before_the_run_is_armed_in_start_up_a_young_one_at_a_
                      say=lambda _: None, matcher=Pids(), clock=lambda: clock[0])
     run.start(Events())
     assert armed == [old] and run.procs[old].state == "timed" and looks == [old, old]
-    # a second run, whose process started half a second before it: not armed in start-up
+    # a second run, whose process started just under SETTLED_AFTER_S before: not in start-up
     armed.clear()
     Pids.now = {young}
     run = ServiceRun(Service(ident=Identity("name", "svc")), Host(root=root), [1], [],

@@ -15,7 +15,7 @@ armed again on the new file.
 Polling, from the loop's reads (:meth:`ServiceRun.poll`, every :data:`POLL_S`): the identity's
 pids (/proc: comm and cmdline of new pids only), and each new process's maps until its
 runtime library is mapped; then it is timed. So a restarted service is timed within
-~2 × POLL_S of its first mapping of the runtime (a process that ran :data:`LOAD_WAIT_S` before
+~2 × POLL_S of its first mapping of the runtime (a process that ran :data:`SETTLED_AFTER_S` before
 the run: both looks in start-up). An exit is said on stderr; the run keeps its
 history and metrics and goes on.
 
@@ -55,6 +55,10 @@ F = {name: i for i, name in enumerate(FIELDS)}
 POLL_S = 0.15            # the identity and the waiting processes' maps: ~6.7 Hz
 RECHECK_S, RECHECK_EVERY_S = 5.0, 0.5   # a timed process with no call: its maps again
 LOAD_WAIT_S = 2.0        # a process mapping part of the armed set's files: waited for
+# a process that had run this long when the run began is armed in start-up (ServiceRun.
+# _settle_running): its imports are done (a TF import maps its libraries over 2-4 s; one
+# still loading after it is armed again by _recheck within RECHECK_S, before its first call)
+SETTLED_AFTER_S = 5.0
 SLOW_AFTER_S, SLOW_POLL_S = 10.0, 1.0   # a process waiting longer: its maps read at 1 Hz
 RING_TRIES = 8           # a process's agent.client ring is looked for this often
 RING_READS = 64          # reads of it to its newest record (each bounded: agent.client)
@@ -374,7 +378,7 @@ class ServiceRun(Running):
             self.say(f"hftagent: {self.source.said}: no process of it runs yet; waiting")
 
     def _settle_running(self) -> None:
-        """The processes that had run :data:`LOAD_WAIT_S` or more when the run began have
+        """The processes that had run :data:`SETTLED_AFTER_S` or more when the run began have
         loaded their runtime: the second look at their files, which settles them
         (:meth:`_arm`), is taken now, in start-up, not one poll later in the loop — their
         arming (the plan, the probes: ~30-50 ms of CPU) is start-up's, as ``--attach PID``'s
@@ -389,7 +393,7 @@ class ServiceRun(Running):
         for p in list(self.procs.values()):
             if p.armed_at is None and p.exited_at is None and p.files is not None and \
                     p.started is not None and \
-                    now_ticks - p.started >= LOAD_WAIT_S * os.sysconf("SC_CLK_TCK"):
+                    now_ticks - p.started >= SETTLED_AFTER_S * os.sysconf("SC_CLK_TCK"):
                 self._arm(p)
 
     def poll(self) -> None:
