@@ -253,7 +253,9 @@ class RingView:
             return []
         cols = self.ring.cols_like(prefix)
         if len(cols) >= self.HOT_ARRAYS_MIN:
-            return self._hot_arrays(prefix, z_min, excess_min)
+            cols = self._may_reach(prefix, excess_min)
+            if not cols:
+                return []
         if self._rows is None and self._wsum is None:
             self._load()
         med, dt = self._med, self.win_dt
@@ -272,27 +274,14 @@ class RingView:
     # every column; under it column by column (a VM's few dozen: cheaper than the arrays)
     HOT_ARRAYS_MIN = 80
 
-    def _hot_arrays(self, prefix: str, z_min: float, excess_min: float) -> list[SignalWindow]:
-        """:meth:`hot` with an array pass first: a column whose window sum (NaN where a row
-        did not read it: kept, weighed exactly below) falls short of ``excess_min`` (less a
-        margin for the order of the sums) is left out; the rest as :meth:`hot` weighs them,
-        so the answer is the same."""
+    def _may_reach(self, prefix: str, excess_min: float) -> list[tuple[str, int]]:
+        """The (name, column) of ``prefix``'s columns whose window excess may reach
+        ``excess_min``, by one array pass: a column whose sum falls short (less a margin for
+        the order of the sums) is left out; one with NaN (a row did not read it) is kept, for
+        :meth:`hot` to weigh exactly as it weighs every column."""
         names, cols = self.ring.cols_at(prefix)
-        st = self._bl.stats
-        ex = self.ring.data[self.win][:, cols].sum(axis=0) - st.med[cols] * self.win_dt
-        maybe = np.flatnonzero(~(ex < excess_min - 1e-6 * (1.0 + abs(excess_min))))
-        if not len(maybe):
-            return []
-        if self._rows is None and self._wsum is None:
-            self._load()
-        med, dt = self._med, self.win_dt
-        first = cols.start if isinstance(cols, slice) else 0
-        out = []
-        for j in maybe.tolist():
-            i = first + j if isinstance(cols, slice) else int(cols[j])
-            total = self._sum(i)
-            if total is not None and total - med[i] * dt >= excess_min:
-                w = self._counter_at(i, names[j], total)
-                if w.z >= z_min:
-                    out.append(w)
-        return out
+        ex = self.ring.data[self.win][:, cols].sum(axis=0) - \
+            self._bl.stats.med[cols] * self.win_dt
+        maybe = np.flatnonzero(~(ex < excess_min - 1e-6 * (1.0 + abs(excess_min)))).tolist()
+        at = range(cols.start, cols.stop) if isinstance(cols, slice) else cols.tolist()
+        return [(names[j], at[j]) for j in maybe]
