@@ -385,15 +385,11 @@ class ServiceRun(Running):
         is, not the running cost's (issue #38: ~0.1 % of one CPU over a minute's run). A
         younger one may still be loading (an import maps libLiteRt.so before its Python
         wrapper's library): it waits for the next poll."""
-        up = self.host.read(self.host.proc("uptime")).value or ""
-        try:
-            now_ticks = float(up.split()[0]) * os.sysconf("SC_CLK_TCK")
-        except (ValueError, IndexError):
-            return
+        up = self.host.read(self.host.proc("uptime")).value
         for p in list(self.procs.values()):
+            ran = procs.running_for_s(p.started, up)
             if p.armed_at is None and p.exited_at is None and p.files is not None and \
-                    p.started is not None and \
-                    now_ticks - p.started >= SETTLED_AFTER_S * os.sysconf("SC_CLK_TCK"):
+                    ran is not None and ran >= SETTLED_AFTER_S:
                 self._arm(p)
 
     def poll(self) -> None:
@@ -408,7 +404,7 @@ class ServiceRun(Running):
             if pid not in self.procs or self._reused(self.procs[pid]):
                 self.procs[pid] = Proc(pid, _comm(self.host, pid), now,
                                        started_in_run=self._polls > 0,
-                                       started=_started(self.host, pid))
+                                       started=procs.started(self.host, pid))
         self._polls += 1
         for p in list(self.procs.values()):
             if p.state == "timed" and p.started_in_run:
@@ -431,7 +427,7 @@ class ServiceRun(Running):
         (another start time: not its zombie). Its incarnation is kept as it ended
         (``earlier``), its per-pid figures cleared for the new one."""
         if p.exited_at is None or p in self._leaving or \
-                _started(self.host, p.pid) in (None, p.started):
+                procs.started(self.host, p.pid) in (None, p.started):
             return False
         self.earlier.append(p.to_dict(self.calls_of(p.pid), self._first_ns(p.pid)))
         self._forget_pid(p.pid)
@@ -752,16 +748,6 @@ class _Feed:
 
 def _comm(host: Host, pid: int) -> str:
     return (host.read(host.proc(pid, "comm")).value or "?").strip()
-
-
-def _started(host: Host, pid: int) -> int | None:
-    """Process ``pid``'s start time (/proc/PID/stat field 22, clock ticks after boot): what
-    tells a new process from an old one with the same pid. None when gone."""
-    st = host.read(host.proc(pid, "stat")).value or ""
-    try:
-        return int(st[st.rindex(")") + 2:].split()[19])
-    except (ValueError, IndexError):
-        return None
 
 
 def _runtime_files(host: Host, pid: int, src: Service) -> frozenset | None:

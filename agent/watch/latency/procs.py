@@ -202,6 +202,25 @@ def cgroup_pids(host: Host, d: Path, depth: int = MAX_CGROUP_DEPTH) -> set[int]:
     return pids
 
 
+def started(host: Host, pid: int) -> int | None:
+    """Process ``pid``'s start time (/proc/PID/stat field 22, clock ticks after boot): what
+    tells a new process from an old one with the same pid. None when gone."""
+    st = host.read(host.proc(pid, "stat")).value or ""
+    try:
+        return int(st[st.rindex(")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def running_for_s(started_ticks: int | None, uptime: str | None) -> float | None:
+    """Seconds a process started at ``started_ticks`` (:func:`started`) has run, by
+    /proc/uptime's text ``uptime``; None where either is unknown."""
+    try:
+        return float((uptime or "").split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (ValueError, IndexError, TypeError):
+        return None
+
+
 def ancestors(host: Host, pid: int) -> set[int]:
     """``pid`` and its ancestors (their command lines may name the service too)."""
     out: set[int] = set()
@@ -302,12 +321,8 @@ class Matcher:
         """Whether ``pid`` started less than :data:`RECHECK_S` ago (the first poll's
         processes: one may be between its fork and its exec), by its start time in
         /proc/PID/stat against /proc/uptime (``up``)."""
-        st = self.host.read(self.host.proc(pid, "stat")).value or ""
-        try:
-            started = int(st[st.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
-            return float((up or "").split()[0]) - started < RECHECK_S
-        except (ValueError, IndexError):
-            return False
+        ran = running_for_s(started(self.host, pid), up)
+        return ran is not None and ran < RECHECK_S
 
     def _learned(self, cg: str) -> Path | None:
         """The unit's cgroup directory as systemd names it (``ControlGroup``: a unit in
