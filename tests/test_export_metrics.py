@@ -364,12 +364,12 @@ def test_own_cost_is_bounded_validated_and_never_goes_back():
     m = WatchMetrics()
     m.observe_many(np.full(1000, 100_000, dtype=np.int64))
     m.set_own_cost({"sampler": 3_000_000, "events": 2_000_000}, budget_share=0.01,
-                   exact=4, skipped=2, cost_us_per_call=1.8)
+                   exact=4, skipped=2, shed=5, cost_us_per_call=1.8)
     m.set_own_cost({"sampler": 1_000_000, "events": 5_000_000}, budget_share=0.01,
-                   exact=3, skipped=6, cost_us_per_call=1.8)  # an older reading: kept
+                   exact=3, skipped=6, shed=1, cost_us_per_call=1.8)  # an older reading: kept
     s = m.snapshot()
     assert dict(s.own_cpu_s) == {"events": 0.005, "sampler": 0.003}
-    assert dict(s.budget_spikes) == {"exact": 4, "skipped": 6}
+    assert dict(s.budget_spikes) == {"exact": 4, "skipped": 6, "shed": 5}
     assert s.cpu_budget_ratio == 0.01
     assert s.attach_cost_per_call_s == pytest.approx(1.8e-6)
     assert s.attach_charged_cpu_s == pytest.approx(1.8e-3)  # 1000 calls
@@ -381,6 +381,8 @@ def test_own_cost_is_bounded_validated_and_never_goes_back():
             m.set_own_cost({}, budget_share=share)
     with pytest.raises(ValueError):
         m.set_own_cost({}, budget_share=None, cost_us_per_call=float("nan"))
+    with pytest.raises(ValueError):
+        m.set_own_cost({}, budget_share=None, shed=-1)
     m.set_own_cost({f"p{i}": 1 for i in range(20)}, budget_share=None)
     assert len(m.snapshot().own_cpu_s) == 16 and m.snapshot().dropped["own_cpu_part"] == 6
     fresh = WatchMetrics().snapshot()  # nothing set: no series, no budget, nothing charged
@@ -389,8 +391,8 @@ def test_own_cost_is_bounded_validated_and_never_goes_back():
 
 
 def test_own_cost_series_count_matches_docs_fleet():
-    """docs/fleet.md's series table: watch's own cost is 10 series (7 parts, the budget, 2
-    decisions), 12 with --attach (the cost per call and the charged CPU)."""
+    """docs/fleet.md's series table: watch's own cost is 11 series (7 parts, the budget, 3
+    decisions), 13 with --attach (the cost per call and the charged CPU)."""
     from agent.export.server import make_registry, render
     from agent.watch.budget import PARTS
 
@@ -400,6 +402,6 @@ def test_own_cost_series_count_matches_docs_fleet():
     base = series(WatchMetrics())
     m = WatchMetrics()
     m.set_own_cost(dict.fromkeys(PARTS, 1), budget_share=0.01, exact=1, skipped=0)
-    assert series(m) == base + 10
+    assert series(m) == base + 11
     m.set_own_cost(dict.fromkeys(PARTS, 1), budget_share=0.01, cost_us_per_call=1.8)
-    assert series(m) == base + 12
+    assert series(m) == base + 13

@@ -620,7 +620,7 @@ def test_textfile_bad_directory(tmp_path):
 
 def test_series_count_matches_docs_fleet_formula():
     """docs/fleet.md: exporter series per box = 62 + 7 C + 2 K + P + 16 G + 3 D without
-    watch's own cost (the other 31 of its 93: that cost's 10, Prometheus' own 5 per target
+    watch's own cost (the other 32 of its 94: that cost's 11, Prometheus' own 5 per target
     and the 16 recording rules)."""
     C, K, P, G, D = 32, 7, 2, 1, 1
     m = WatchMetrics(p99_budget_us=2000)

@@ -664,3 +664,27 @@ def test_hot_rows_are_the_counters_over_both_thresholds(rng, monkeypatch, arrays
                 [(w.name, w.window, w.z, w.excess) for w in want], (prefix, z_min, ex_min)
     v = RingView(rings["irq"], sp.start_ns - MS, sp.end_ns + MS, 10.0, 0.1)
     assert [w.name for w in v.hot("irq.1.", 3, 5)] == ["irq.1.LOC", "irq.1.38"]  # (columns)
+
+
+def test_same_rows_holds_for_windows_over_the_same_rows_against_the_same_baseline(rng):
+    """Attributor.same_rows (what the CPU budget asks before a spike takes a close spike's
+    cause instead of its own polled rules): every ring's rows in the two windows are the
+    same rows, and their baselines end at the same quantum."""
+    rings = quiet_rings(rng)
+    at = Attributor(rings, [1])
+    a = spike()  # 2-6 ms into its 10 ms row (±1 ms of slack): that row only
+    assert at.same_rows(a, spike(seq=2, start_ns=a.start_ns + MS, end_ns=a.end_ns + 2 * MS))
+    assert at.same_rows(a, a)
+    # into the next row (its slack too), or a row before: not the same rows
+    assert not at.same_rows(a, spike(seq=3, start_ns=a.start_ns + 5 * MS,
+                                     end_ns=a.end_ns + 5 * MS))
+    assert not at.same_rows(a, spike(seq=4, start_ns=a.start_ns - 3 * MS, end_ns=a.end_ns))
+    # one slow ring of 5 s rows: windows within one of its rows, baselines a quantum apart
+    slow = SignalRing("slow", capacity=10)
+    for i in range(4):
+        slow.append(T0 + i * 5000 * MS, T0 + (i + 1) * 5000 * MS, {"x": 1.0})
+    at = Attributor({"slow": slow}, [1])
+    w = spike(start_ns=T0 + 10_200 * MS, end_ns=T0 + 10_204 * MS)
+    assert at.same_rows(w, spike(seq=2, start_ns=T0 + 10_300 * MS, end_ns=T0 + 10_304 * MS))
+    assert not at.same_rows(w, spike(seq=3, start_ns=T0 + 11_300 * MS,
+                                     end_ns=T0 + 11_304 * MS))

@@ -150,6 +150,81 @@ def test_always_on_over_the_budget_leaves_exact_attribution_its_reserved_share()
     assert b.allow()
 
 
+def test_the_budget_sheds_polled_rules_only_while_the_always_on_parts_spend_it():
+    """shed_note: the always-on parts' share of one CPU, smoothed over ~ON_TAU_S, at or over
+    the budget gives the note; under it, None. Exact attribution (``events``) is not always-on
+    and never makes it shed."""
+    from agent.watch.budget import ON_TAU_S
+    c, own, b = _bucket()
+    for _ in range(10):  # 0.5 % always-on, 5 % exact: under the budget
+        c.wall += S
+        c.spend(5 * MS, thread=False)
+        with own.part("events"):
+            c.spend(50 * MS)
+        assert b.shed_note() is None
+    c.wall += 100 * MS  # a lump (a spike's polled rules: 5 % of 0.1 s) does not tip it
+    c.spend(5 * MS, thread=False)
+    assert b.shed_note() is None and b.on_share < 0.008
+    for _ in range(10):  # 3 % for seconds: over it (0.5 % + (1 - e^-0.5) × 2.5 % at once)
+        c.wall += S
+        c.spend(30 * MS, thread=False)
+        note = b.shed_note()
+        assert note is not None
+    assert note == "watch's CPU budget (1 % of one CPU) spent by its always-on parts"
+    assert b.on_share == pytest.approx(0.03, rel=0.01)
+    for _ in range(int(3 * ON_TAU_S)):  # quiet again: 0.2 %
+        c.wall += S
+        c.spend(2 * MS, thread=False)
+        b.refill()
+    assert b.shed_note() is None
+
+
+def test_past_the_budget_a_storms_close_spikes_on_one_cpu_share_a_polled_cause():
+    """Always-on parts over the budget: a ready spike on the same CPU as the last attributed
+    one, whose window covers the same sampler rows (200 ms rows here), takes its cause
+    (inherited_from, the budget's note, its own in-process evidence) without its polled
+    rules; one with a major fault of its own, one on another CPU and one in the next rows get
+    theirs. Under the budget the same close spike gets its own."""
+    from agent.watch import report
+    from agent.watch.attribution import Spike
+    c = Clocks()
+    s, recs, _ = _session(c)
+    calls = []
+    inner = s.attributor.attribute
+    s.attributor.attribute = lambda sp, recent: calls.append(sp.seq) or inner(sp, recent)
+
+    def spike(seq, at_ms, cpu=1, majflt=-1):
+        return Spike(seq, T0 + at_ms * MS, T1 + at_ms * MS, 99, PROBE_TID, 500_000,
+                     majflt=majflt, cpu_start=cpu, cpu_end=cpu)
+    for sp in (spike(1, 0), spike(2, 20)):  # under the budget: each its own polled rules
+        s.schedule.add(sp, c.wall)
+    s.attribute_pending(c.wall)
+    assert calls == [1, 2] and s.schedule.shed_n == 0
+    for _ in range(5):  # the always-on parts at 3 % of one CPU for 5 s
+        c.wall += S
+        c.spend(30 * MS, thread=False)
+        s.budget.refill()
+    base = 3000  # ms: later than the spikes above
+    for sp in (spike(11, base), spike(12, base + 20), spike(13, base + 30, majflt=2),
+               spike(14, base + 40, cpu=0), spike(15, base + 200), spike(16, base + 210)):
+        s.schedule.add(sp, c.wall)
+    s.attribute_pending(c.wall)
+    assert calls == [1, 2, 11, 13, 14, 15]
+    by = {r["seq"]: r for r in recs}
+    assert [q for q in by if by[q].get("inherited_from") is not None] == [12, 16]
+    assert by[12]["inherited_from"] == 11 and by[16]["inherited_from"] == 15
+    assert by[12]["note"] == ("watch's CPU budget (1 % of one CPU) spent by its always-on "
+                              "parts: the cause of spike 11, 18.0 ms apart on the same CPU "
+                              "(the same sampler rows)")
+    assert by[12]["cause"] == by[11]["cause"] == "cpu_contention"
+    assert by[12]["in_process"] == {"cpu_start": 1, "cpu_end": 1}  # its own
+    assert s.schedule.shed_n == 2 and s.inherited == 2 and s.attributed == 8
+    oc = cost_summary(s.own, s.budget, 10.0, None, 0, s.schedule.shed_n)
+    assert oc["budget"]["shed_polled_rules"] == 2
+    assert ", 2 with the cause of a spike ms away on the same CPU (its polled rules shed)" \
+        in report.own_cost({"own_cpu": oc})[0]
+
+
 def test_a_storm_stays_within_the_budget_over_a_minute():
     """Spikes every 20 ms for 60 s, exact attribution costing 8 ms of CPU each, always-on
     parts at 0.4 %: watch's whole CPU over the minute is within the budget plus one burst."""
@@ -197,6 +272,9 @@ def _session(c: Clocks, pct: float | None = 1.0):
         def attribute(self, sp, recent):
             c.spend(MS // 2)
             return Attribution("cpu_contention", [], 0.9, sp.in_process())
+
+        def same_rows(self, a, b):  # the sampler's rows: 200 ms each
+            return a.start_ns // (200 * MS) == b.start_ns // (200 * MS)
 
     recs: list[dict] = []
     cfg = WatchConfig(source=BuiltinProbe("numpy"), probe_cpus=[1], housekeeping_cpus=[0],
@@ -261,6 +339,7 @@ def test_the_summary_and_metrics_report_own_cpu_the_budget_and_the_charged_cost(
     assert 'hftagent_watch_cpu_seconds_total{part="events"} 0.06' in text
     assert "hftagent_watch_cpu_budget_ratio 0.01" in text
     assert 'hftagent_watch_budget_spikes_total{decision="skipped"} 1.0' in text
+    assert 'hftagent_watch_budget_spikes_total{decision="shed"} 0.0' in text
     assert "hftagent_attach_cost_per_call_seconds 1.8e-06" in text
     oc = cost_summary(s.own, s.budget, 10.0, 1.8, s.samples)
     assert oc["share_of_one_cpu"] == pytest.approx(0.0062)  # 62 ms over 10 s

@@ -177,7 +177,9 @@ CpuBudgetOpt = Annotated[float | None, _opt(
     "0 < PCT <= 100): the sampler, the source's reads and the polled rules always run; a "
     "token bucket gives each spike exact attribution (its kernel-event window) while the "
     "budget allows, and past it the spike is still recorded with the polled rules' cause "
-    "and a note. The summary and /metrics report watch's CPU by part.")]
+    "and a note; while the always-on parts alone spend it, a spike whose polled rules would "
+    "see the same sampler rows as the last attributed spike's on the same CPU takes that "
+    "cause. The summary and /metrics report watch's CPU by part.")]
 ProfileOpt = Annotated[str | None, _opt(
     "--profile", metavar="NAME|FILE", help="Audit profile for the audit state exported with "
     "--listen (run once at start; default hft-cpu).")]

@@ -83,9 +83,10 @@ Attribution and sampler (slow path: Hz, not kHz)
                                    sampler, source, detection, attribution, events, flight,
                                    other; up to :data:`MAX_OWN_PARTS` names), its CPU budget
                                    (a share of one CPU, None: none), the spikes the budget
-                                   gave exact attribution and those it refused it (totals so
-                                   far), and what each timed call costs the watched service
-                                   (µs; None: nothing charged, e.g. the built-in probe).
+                                   gave exact attribution, those it refused it and those
+                                   whose polled rules it shed (totals so far), and what
+                                   each timed call costs the watched service (µs; None:
+                                   nothing charged, e.g. the built-in probe).
                                    Feeds ``hftagent_watch_cpu_seconds_total{part}``,
                                    ``hftagent_watch_cpu_budget_ratio``,
                                    ``hftagent_watch_budget_spikes_total{decision}``,
@@ -163,7 +164,9 @@ MAX_COLLECTORS = 32
 # the parts of an attached GPU call's split (agent/watch/attribution/gpu_split.py PARTS)
 GPU_PARTS = ("enqueue", "copies", "gpu_wait", "completion_lag", "rest")
 MAX_OWN_PARTS = 16  # watch's own-cost parts (agent/watch/budget.py PARTS: 7)
-BUDGET_DECISIONS: tuple[str, ...] = ("exact", "skipped")
+# exact: the kernel-event window read; skipped: the polled rules' cause only; shed: the cause
+# of a spike ms away on the same CPU (the always-on parts spent the budget)
+BUDGET_DECISIONS: tuple[str, ...] = ("exact", "skipped", "shed")
 MAX_AUDIT_CHECKS = 256
 MAX_SERIES_PER_GAUGE = 512
 
@@ -464,7 +467,7 @@ class WatchMetrics:
         self.set_collector(result.name, result.success, result.duration_s)
 
     def set_own_cost(self, cpu_ns_by_part: Mapping[str, int], *, budget_share: float | None,
-                     exact: int = 0, skipped: int = 0,
+                     exact: int = 0, skipped: int = 0, shed: int = 0,
                      cost_us_per_call: float | None = None) -> None:
         """Watch's own cost so far (see the module docstring). ValueError for a bad part
         name, a negative figure or a budget outside (0, 1]."""
@@ -475,7 +478,7 @@ class WatchMetrics:
             parts[name] = int(ns)
         if budget_share is not None and not 0 < budget_share <= 1:
             raise ValueError(f"bad budget_share {budget_share!r}")
-        if exact < 0 or skipped < 0 or (cost_us_per_call is not None and
+        if min(exact, skipped, shed) < 0 or (cost_us_per_call is not None and
                                         not cost_us_per_call >= 0):
             raise ValueError("own-cost counts and the cost per call must be >= 0")
         with self._lock:
@@ -485,7 +488,7 @@ class WatchMetrics:
                     continue
                 self._own_ns[name] = max(ns, self._own_ns.get(name, 0))
             self._budget_share = None if budget_share is None else float(budget_share)
-            for k, v in (("exact", exact), ("skipped", skipped)):
+            for k, v in (("exact", exact), ("skipped", skipped), ("shed", shed)):
                 self._budget_spikes[k] = max(int(v), self._budget_spikes.get(k, 0))
             self._cost_per_call_ns = None if cost_us_per_call is None else \
                 float(cost_us_per_call) * 1e3

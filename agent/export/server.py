@@ -226,8 +226,9 @@ def own_cost_families(s: Snapshot) -> Iterator[Metric]:
         b.add_metric([], s.cpu_budget_ratio)
     yield b
     d = CounterMetricFamily(P + "watch_budget_spikes",
-                            "Spikes the CPU budget decided: exact (kernel-event window read) "
-                            "or skipped (the polled rules' cause only).", labels=["decision"])
+                            "Spikes the CPU budget decided: exact (kernel-event window read), "
+                            "skipped (the polled rules' cause only) or shed (the cause of a "
+                            "spike ms away on the same CPU).", labels=["decision"])
     for decision, n in s.budget_spikes:
         d.add_metric([decision], n)
     yield d

@@ -62,7 +62,8 @@ def spikes(s: dict) -> list[str]:
             + (f", {s['queued']} of them queued behind a slow sample and given its cause"
                if s.get("queued") else "")
             + (f", {s['inherited']} inheriting the cause of a spike ms away (over the "
-               "attribution rate limit or step budget)" if s.get("inherited") else "")
+               "attribution rate limit, step budget or watch's CPU budget)"
+               if s.get("inherited") else "")
             + (f"; {s['not_attributed']} not attributed: rate limit, backlog or end of run, "
                "each logged with its reason" if s["not_attributed"] else "") + ")"]
 
@@ -166,7 +167,9 @@ def own_cost(s: dict) -> list[str]:
     b = oc.get("budget")
     if b is not None:
         out[0] += (f"; budget {b['pct_of_one_cpu']:g} %: {b['exact_attributions']} spike(s) "
-                   f"with exact attribution, {b['skipped_exact_attributions']} without")
+                   f"with exact attribution, {b['skipped_exact_attributions']} without"
+                   + (f", {b['shed_polled_rules']} with the cause of a spike ms away on the "
+                      "same CPU (its polled rules shed)" if b.get("shed_polled_rules") else ""))
     ch = oc.get("charged_to_service")
     if ch and ch.get("share_of_one_cpu") is not None:
         out.append(f"charged to the attached service: ~{ch['us_per_call']:g} µs a call × "

@@ -73,12 +73,15 @@ def _own_cpu(session, summary: dict) -> None:
     if smp.get("cpu_share_of_one_cpu") is not None:
         summary["own_cpu_share_of_one_cpu"] = round(smp["cpu_share_of_one_cpu"] + reads, 4)
     budget = (summary.get("own_cpu") or {}).get("budget") or {}
-    if budget.get("skipped_exact_attributions"):
+    skipped, shed = budget.get("skipped_exact_attributions"), budget.get("shed_polled_rules")
+    if skipped or shed:
         summary["warnings"].append(
             f"watch's CPU budget ({budget['pct_of_one_cpu']:g} % of one CPU, --cpu-budget) "
-            f"was spent for {budget['skipped_exact_attributions']} spike(s): recorded with "
-            "the polled rules' cause, without their kernel-event window (own_cpu.by_part "
-            "says where watch's CPU went)")
+            f"was spent for {(skipped or 0) + (shed or 0)} spike(s): recorded with the polled "
+            "rules' cause, without their kernel-event window"
+            + (f" ({shed} with the cause of a spike ms away on the same CPU: its always-on "
+               "parts spent the budget)" if shed else "")
+            + " (own_cpu.by_part says where watch's CPU went)")
 
 
 def _live_view(req: WatchRequest, say: Callable[[str], None]):

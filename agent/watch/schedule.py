@@ -16,6 +16,13 @@ passed (attributed with what there is). Then, per loop step:
   inherit the cause of the last attributed spike when it is within :data:`INHERIT_NS` (the
   same sampler rows), else are logged "not attributed: attribution rate limit" — a storm
   stays named throughout instead of its first spikes taking every token.
+- **Watch's CPU budget** (:mod:`agent.watch.budget`): while watch's always-on parts alone
+  spend it, a ready spike on the same CPU as the last attributed one whose window covers the
+  same sampler rows against the same baseline (``same_rows``: the attributor's; its polled
+  rules would weigh the same host evidence) takes its cause ("watch's CPU budget
+  (…) spent by its always-on parts: the cause of spike N"), unless the call had major
+  faults of its own: the polled rules are the one cost of a storm that grows with its spikes
+  (issue #38). ``shed``: the budget's :meth:`~agent.watch.budget.CpuBudget.shed_note`.
 - **Step budget**: one step attributes for at most :data:`ATTR_STEP_BUDGET` of the loop
   period (checked before each attribution, so one may overrun it), so a storm cannot stretch
   the loop (the run's ``--duration``, the live view, the metrics); the rest waits for the
@@ -102,8 +109,14 @@ class AttributionScheduler:
     passes the time its rows cover minus the attributor's slack."""
 
     def __init__(self, *, max_per_s: float, loop_s: float,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 shed: Callable[[], str | None] | None = None) -> None:
         self.clock = clock
+        self.shed = shed  # the CPU budget's note while it sheds polled rules, else None
+        # whether two spikes' polled rules see the same sampler rows (the attributor's);
+        # None: whether they lie within INHERIT_NS
+        self.same_rows: Callable[[Spike, Spike], bool] | None = None
+        self.shed_n = 0  # spikes that took a close spike's polled cause (the CPU budget)
         self.bucket = TokenBucket(max_per_s, clock)
         self.step_budget_ns = int(loop_s * ATTR_STEP_BUDGET * 1e9)
         self.light_budget_ns = int(loop_s * LIGHT_STEP_BUDGET * 1e9)
@@ -175,9 +188,12 @@ class AttributionScheduler:
         # lies close to the last attributed one takes its cause at once, as past the budget,
         # rather than the new step's first full attribution
         storm, self._over_budget = self._over_budget, False
+        shed = self.shed() if self.shed is not None else None  # (once a step: it reads clocks)
         for n, (sp, t_det) in enumerate(ready):
             if storm and now - t_det >= BUDGET_INHERIT_NS and \
                     self._inherit_close(sp, "budget", sink):
+                continue
+            if shed is not None and self._shed(sp, shed, sink):
                 continue
             if self.clock() > step_end:
                 self._over_budget = True
@@ -218,6 +234,23 @@ class AttributionScheduler:
         if not self._inherit_close(sp, "rate", sink):
             sink.drop(sp, "attribution rate limit")
 
+    def _shed(self, sp: Spike, note: str, sink: Sink) -> bool:
+        """The CPU budget sheds ``sp``'s polled rules: it takes the cause of the last
+        attributed spike when that one ran on the same CPUs, its polled rules saw the same
+        sampler rows (:attr:`same_rows`) and ``sp`` had no major fault of its own; False
+        otherwise."""
+        last = self.last_attributed
+        if last is None or sp.majflt > 0 or \
+                (sp.cpu_start, sp.cpu_end) != (last[0].cpu_start, last[0].cpu_end):
+            return False
+        gap = max(sp.start_ns - last[0].end_ns, last[0].start_ns - sp.end_ns, 0)
+        if not (self.same_rows(sp, last[0]) if self.same_rows is not None else
+                gap <= INHERIT_NS):
+            return False
+        self._inherit(sp, last, "cpu", sink, gap, note)
+        self.shed_n += 1
+        return True
+
     def _inherit_close(self, sp: Spike, why: str, sink: Sink) -> bool:
         """``sp`` takes the cause of the last attributed spike when it is within INHERIT_NS
         of it (the same sampler rows); False when there is none that close."""
@@ -231,15 +264,22 @@ class AttributionScheduler:
         return True
 
     def _inherit(self, sp: Spike, lead: tuple[Spike, dict], why: str, sink: Sink,
-                 gap: int = 0) -> None:
+                 gap: int = 0, budget: str = "") -> None:
         """Log ``sp`` with the cause of ``lead``, marked ``inherited_from``, with its own
-        in-process evidence. ``why``: "queued" — it waited for that slow sample —, or
-        "rate" — over the rate limit, ``gap`` ns from it (the same sampler rows)."""
+        in-process evidence. ``why``: "queued" — it waited for that slow sample —, "rate" —
+        over the rate limit, ``gap`` ns from it (the same sampler rows) —, "budget" — past
+        the step budget — or "cpu" — watch's CPU budget (``budget``: its note) shed its
+        polled rules."""
         lsp, lrec = lead
         limit = "attribution rate limit" if why == "rate" else "attribution step budget"
-        note = (f"queued behind spike {lsp.seq}: started "
-                f"{(lsp.end_ns - sp.start_ns) / 1e6:.1f} ms late" if why == "queued" else
-                f"{limit}: the cause of spike {lsp.seq}, {gap / 1e6:.1f} ms apart")
+        if why == "queued":
+            note = (f"queued behind spike {lsp.seq}: started "
+                    f"{(lsp.end_ns - sp.start_ns) / 1e6:.1f} ms late")
+        elif why == "cpu":
+            note = (f"{budget}: the cause of spike {lsp.seq}, {gap / 1e6:.1f} ms apart on "
+                    "the same CPU (the same sampler rows)")
+        else:
+            note = f"{limit}: the cause of spike {lsp.seq}, {gap / 1e6:.1f} ms apart"
         # the same record shape as an attributed spike: the host evidence is that of the
         # spike it inherits from (its rows), the in-process evidence its own
         rec = sink.log(sp, {"cause": lrec["cause"], "unexplained": lrec.get("unexplained"),

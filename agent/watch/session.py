@@ -170,6 +170,9 @@ class WatchSession:
         self.own = own_cpu or OwnCpu()
         self.budget = CpuBudget(cfg.cpu_budget, self.own, clock) \
             if cfg.cpu_budget is not None else None
+        if self.budget is not None:  # it sheds a storm's polled rules past it (schedule.py)
+            self.schedule.shed = self.budget.shed_note
+            self.schedule.same_rows = self._same_rows
 
     # the parts' state, read by the summary, the live view and tests
     reader = property(lambda self: self.source.reader)
@@ -404,6 +407,13 @@ class WatchSession:
         scan_ns = now if "sched_scan" in self.reduced_by_events else \
             self.sched.latest_scan_ns()
         return self.schedule.step(now, rows_ns, scan_ns, self)
+
+    def _same_rows(self, a: Spike, b: Spike) -> bool:
+        """Whether the polled rules of spikes ``a`` and ``b`` see the same sampler rows."""
+        if self.attributor is None:
+            return False
+        with self.sampler.lock:
+            return self.attributor.same_rows(a, b)
 
     # the schedule's Sink: attribute, log with an inherited cause, drop
     def attribute(self, sp: Spike, *, events: bool = True) -> dict:

@@ -71,18 +71,7 @@ class Attributor:
         """``recent``: in-process evidence of recent non-spike samples, rows of
         (minflt, majflt, nivcsw[, nvcsw]) for the fault and blocking baselines (None: no
         baseline)."""
-        t_from, t_to = spike.start_ns - self.slack_ns, spike.end_ns + self.slack_ns
-        # The baseline ends at least exclude_s before the window, on a quantum boundary:
-        # spikes of one storm share their baselines' statistics (computed once per ring per
-        # quantum, all columns at a time) instead of one median per signal per spike. A 1 s
-        # quantum (0.25 s before issue #38): natural spikes a second or two apart share them
-        # too (the baselines' medians were ~40 % of a spike's polled rules, recomputed for
-        # nearly every spike of a quiet run); a 10 s baseline that ends up to 1.1 s before
-        # the window instead of 0.35 s.
-        q = self.baseline_quantum_ns
-        b_to = t_from - int(self.exclude_s * 1e9)
-        if q > 0:
-            b_to -= b_to % q
+        t_from, t_to, b_to = self._bounds(spike)
         views = {name: self._view(r, t_from, t_to, b_to)
                  for name, r in self.rings().items() if r.rows}
         cpus = set(self.probe_cpus)
@@ -99,6 +88,37 @@ class Attributor:
             found = family(ctx)
             scores.extend(found if isinstance(found, list) else [found])
         return rules.combine([s for s in scores if s is not None and s.strength > 0], spike)
+
+    def _bounds(self, spike: Spike) -> tuple[int, int, int]:
+        """The spike's window (less and plus the slack) and the end of its baseline.
+
+        The baseline ends at least exclude_s before the window, on a quantum boundary:
+        spikes of one storm share their baselines' statistics (computed once per ring per
+        quantum, all columns at a time) instead of one median per signal per spike. A 1 s
+        quantum (0.25 s before issue #38): natural spikes a second or two apart share them
+        too (the baselines' medians were ~40 % of a spike's polled rules, recomputed for
+        nearly every spike of a quiet run); a 10 s baseline that ends up to 1.1 s before
+        the window instead of 0.35 s."""
+        t_from, t_to = spike.start_ns - self.slack_ns, spike.end_ns + self.slack_ns
+        q = self.baseline_quantum_ns
+        b_to = t_from - int(self.exclude_s * 1e9)
+        if q > 0:
+            b_to -= b_to % q
+        return t_from, t_to, b_to
+
+    def same_rows(self, a: Spike, b: Spike) -> bool:
+        """Whether the polled rules of spikes ``a`` and ``b`` weigh the same host evidence:
+        every ring's rows in their windows are the same rows, against the same baseline
+        (what the CPU budget asks before it sheds a storm's polled rules: schedule.py)."""
+        (a0, a1, ab), (b0, b1, bb) = self._bounds(a), self._bounds(b)
+        if ab != bb:
+            return False
+        for r in self.rings().values():
+            if r.rows:
+                sa = r.span(a0, a1)
+                if sa is None or sa != r.span(b0, b1):
+                    return False
+        return True
 
     def _view(self, ring: SignalRing, t_from: int, t_to: int, b_to: int) -> RingView:
         """The ring's view of a spike window: the one made for an earlier spike whose window
