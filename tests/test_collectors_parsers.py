@@ -321,6 +321,11 @@ def test_interrupts_rows_and_numbers_are_ascii_and_complete():
         parse_interrupts("CPU٣\n 24: 1\n")
     _, rows = parse_interrupts("CPU0\n ٣: 5 x\n")
     assert not rows[0].numeric  # a row named "٣" is not IRQ 3
+    # a count past a u64's 20 digits is refused, naming its row
+    with pytest.raises(ParseError, match=r"^bad count in /proc/interrupts row 'LOC' "):
+        parse_interrupts("CPU0 CPU1\n 24: 1 2 x\nLOC: 3 " + "1" * 21 + " Local\n")
+    _, rows = parse_interrupts("CPU0 CPU1\n 24: 1 " + "9" * 20 + " x\n")
+    assert rows[0].counts == (1, 10**20 - 1)
 
 
 def test_pci_class_speed_and_width_reject_garbage():
