@@ -219,9 +219,16 @@ def test_past_the_budget_a_storms_close_spikes_on_one_cpu_share_a_polled_cause()
     assert by[12]["cause"] == by[11]["cause"] == "cpu_contention"
     assert by[12]["in_process"] == {"cpu_start": 1, "cpu_end": 1}  # its own
     assert s.schedule.shed_n == 2 and s.inherited == 2 and s.attributed == 8
+    # a shed spike's record is the attribution part's CPU, as an attributed one's
+    log, before = s.records.log, s.own.by_part()["attribution"]
+    s.records.log = lambda sp, body: c.spend(MS) or log(sp, body)
+    s.schedule.add(spike(17, base + 215), c.wall)
+    s.attribute_pending(c.wall)
+    assert recs[-1]["inherited_from"] == 15
+    assert s.own.by_part()["attribution"] - before == MS
     oc = cost_summary(s.own, s.budget, 10.0, None, 0, s.schedule.shed_n)
-    assert oc["budget"]["shed_polled_rules"] == 2
-    assert ", 2 with the cause of a spike ms away on the same CPU (its polled rules shed)" \
+    assert oc["budget"]["shed_polled_rules"] == 3
+    assert ", 3 with the cause of a spike ms away on the same CPU (its polled rules shed)" \
         in report.own_cost({"own_cpu": oc})[0]
 
 

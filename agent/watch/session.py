@@ -461,11 +461,14 @@ class WatchSession:
             self.metrics.spike_causes(items)
 
     def log(self, sp: Spike, body: dict) -> dict:
-        """Log ``sp`` with a cause it inherits (:meth:`SpikeRecords.log`)."""
-        return self.records.log(sp, body)
+        """Log ``sp`` with a cause it inherits (:meth:`SpikeRecords.log`): its record's CPU
+        is the attribution part's, as an attributed spike's is."""
+        with self.own.part("attribution"):
+            return self.records.log(sp, body)
 
     def drop(self, sp: Spike, why: str) -> None:
-        self.records.drop(sp, why)
+        with self.own.part("attribution"):
+            self.records.drop(sp, why)
 
     def _flight_step(self) -> None:
         if not self.flight.pending:
