@@ -174,12 +174,12 @@ BudgetOpt = Annotated[int | None, _opt(
     "(hftagent_probe_p99_budget_seconds; the HftP99OverBudget alert).")]
 CpuBudgetOpt = Annotated[float | None, _opt(
     "--cpu-budget", metavar="PCT", help="watch's own CPU budget in % of one CPU (default 1; "
-    "0 < PCT <= 100): the sampler, the source's reads and the polled rules always run; a "
-    "token bucket gives each spike exact attribution (its kernel-event window) while the "
-    "budget allows, and past it the spike is still recorded with the polled rules' cause "
-    "and a note; while the always-on parts alone spend it, a spike whose polled rules would "
-    "see the same sampler rows as the last attributed spike's on the same CPU takes that "
-    "cause. The summary and /metrics report watch's CPU by part.")]
+    "0 < PCT <= 100): the sampler and the source's reads always run and every spike is "
+    "recorded with a cause; a token bucket gives each spike exact attribution (its "
+    "kernel-event window) while the budget allows, and past it the spike gets the polled "
+    "rules' cause and a note; while the always-on parts alone spend it, a spike whose polled "
+    "rules would see the same sampler rows as the last attributed spike's on the same CPU "
+    "takes that cause instead. The summary and /metrics report watch's CPU by part.")]
 ProfileOpt = Annotated[str | None, _opt(
     "--profile", metavar="NAME|FILE", help="Audit profile for the audit state exported with "
     "--listen (run once at start; default hft-cpu).")]
