@@ -460,9 +460,9 @@ def parse_interrupts(text: str) -> tuple[list[int], list[IrqRow]]:
         for f in fields[: len(cpus)]:
             if not is_uint(f):
                 break
-            if len(f) > 20:  # (parse_uint's bound, its message built only for a bad count)
-                parse_uint(f, f"count in /proc/interrupts row {_show(name)}")
-            counts.append(int(f))
+            # (parse_uint, its message built, only past its 20 digits: the common case is int)
+            counts.append(int(f) if len(f) <= 20 else
+                          parse_uint(f, f"count in /proc/interrupts row {_show(name)}"))
         if not counts or (is_uint(name) and len(counts) != len(cpus)):
             raise ParseError(f"/proc/interrupts row {_show(name)}: {len(counts)} counts for "
                              f"{len(cpus)} CPUs")

@@ -125,7 +125,7 @@ class MetricsFeed:
         self.m.set_own_cost(own.by_part(), budget_share=b.share if b is not None else None,
                             exact=b.exact if b is not None else 0,
                             skipped=b.skipped if b is not None else 0,
-                            shed=getattr(getattr(session, "schedule", None), "shed_n", 0),
+                            shed=session.schedule.shed_n if b is not None else 0,
                             cost_us_per_call=(info.get("attach") or {}).get("cost_us_per_call"))
 
 

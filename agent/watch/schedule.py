@@ -109,12 +109,11 @@ class AttributionScheduler:
     passes the time its rows cover minus the attributor's slack."""
 
     def __init__(self, *, max_per_s: float, loop_s: float,
-                 clock: Callable[[], int] = time.monotonic_ns,
-                 shed: Callable[[], str | None] | None = None) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.clock = clock
-        self.shed = shed  # the CPU budget's note while it sheds polled rules, else None
-        # whether two spikes' polled rules see the same sampler rows (the attributor's);
-        # None: whether they lie within INHERIT_NS
+        # set together by the session that has a CPU budget: its note while it sheds polled
+        # rules (else None), and whether two spikes' polled rules see the same sampler rows
+        self.shed: Callable[[], str | None] | None = None
         self.same_rows: Callable[[Spike, Spike], bool] | None = None
         self.shed_n = 0  # spikes that took a close spike's polled cause (the CPU budget)
         self.bucket = TokenBucket(max_per_s, clock)
@@ -240,14 +239,11 @@ class AttributionScheduler:
         sampler rows (:attr:`same_rows`) and ``sp`` had no major fault of its own; False
         otherwise."""
         last = self.last_attributed
-        if last is None or sp.majflt > 0 or \
-                (sp.cpu_start, sp.cpu_end) != (last[0].cpu_start, last[0].cpu_end):
+        if last is None or self.same_rows is None or sp.majflt > 0 or \
+                (sp.cpu_start, sp.cpu_end) != (last[0].cpu_start, last[0].cpu_end) or \
+                not self.same_rows(sp, last[0]):
             return False
-        gap = max(sp.start_ns - last[0].end_ns, last[0].start_ns - sp.end_ns, 0)
-        if not (self.same_rows(sp, last[0]) if self.same_rows is not None else
-                gap <= INHERIT_NS):
-            return False
-        self._inherit(sp, last, "cpu", sink, gap, note)
+        self._inherit(sp, last, "cpu", sink, _gap(sp, last[0]), note)
         self.shed_n += 1
         return True
 
@@ -255,9 +251,7 @@ class AttributionScheduler:
         """``sp`` takes the cause of the last attributed spike when it is within INHERIT_NS
         of it (the same sampler rows); False when there is none that close."""
         last = self.last_attributed
-        # the gap between the two spikes' intervals (0 when they overlap), either order
-        gap = max(sp.start_ns - last[0].end_ns, last[0].start_ns - sp.end_ns, 0) \
-            if last is not None else None
+        gap = _gap(sp, last[0]) if last is not None else None
         if gap is None or gap > INHERIT_NS:
             return False
         self._inherit(sp, last, why, sink, gap)
@@ -297,3 +291,8 @@ class AttributionScheduler:
         if len(self._logged) > REMEMBER:
             for k in list(self._logged)[:1024]:
                 del self._logged[k]
+
+
+def _gap(a: Spike, b: Spike) -> int:
+    """The gap between two spikes' intervals, ns (0 when they overlap), either order."""
+    return max(a.start_ns - b.end_ns, b.start_ns - a.end_ns, 0)

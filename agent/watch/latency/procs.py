@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.host import Host, HotFile
+from collectors.tasks import parse_stat_identity
 
 TASK_COMM_LEN = 16          # include/linux/sched.h: comm holds 15 bytes and a NUL
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -205,10 +206,9 @@ def cgroup_pids(host: Host, d: Path, depth: int = MAX_CGROUP_DEPTH) -> set[int]:
 def started(host: Host, pid: int) -> int | None:
     """Process ``pid``'s start time (/proc/PID/stat field 22, clock ticks after boot): what
     tells a new process from an old one with the same pid. None when gone."""
-    st = host.read(host.proc(pid, "stat")).value or ""
     try:
-        return int(st[st.rindex(")") + 2:].split()[19])
-    except (ValueError, IndexError):
+        return parse_stat_identity(host.read(host.proc(pid, "stat")).value or "").starttime
+    except ValueError:
         return None
 
 
