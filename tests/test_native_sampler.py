@@ -1018,3 +1018,29 @@ def test_a_round_asked_for_comes_at_once_and_the_next_a_period_after_it(helper, 
     finally:
         nat.stop()
         feed.close()
+
+
+def test_unread_says_whether_rounds_wait_and_cpu_ns_is_the_stats_figure(helper, tmp_path):
+    """Issue #38: past watch's CPU budget a replay is poked only for rounds the helper wrote
+    since the last read (Feed.unread), and the budget's refills read the helper's CPU time
+    from the header alone (Feed.cpu_ns: the same figure as stats(), kept after close)."""
+    a = tmp_path / "a"
+    a.write_bytes(b"1\n")
+    feed = Feed(10_000_000, capacity=1 << 16, helper=helper, shm_dir=str(tmp_path))
+    try:
+        feed.register(a)
+        assert not feed.unread()  # nothing written yet
+        feed.start()
+        deadline = time.monotonic() + 3
+        while not feed.unread() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert feed.unread()
+        feed.read_rounds()
+        assert feed.cpu_ns() == feed.stats()["cpu_ns"]
+        feed.stop()  # no more rounds: once what it wrote is read, nothing is unread
+        feed.read_rounds()
+        assert not feed.unread()
+        last = feed.cpu_ns()
+    finally:
+        feed.close()
+    assert not feed.unread() and feed.cpu_ns() == last

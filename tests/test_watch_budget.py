@@ -179,6 +179,34 @@ def test_the_budget_sheds_polled_rules_only_while_the_always_on_parts_spend_it()
     assert b.shed_note() is None
 
 
+def test_spent_follows_the_always_on_share_and_a_refill_within_a_ms_reads_nothing():
+    """Issue #38: spent() is shed_note's test (the loop's storm pace, session.py); a refill
+    within REFILL_NS of the previous one reads no clock of CPU time (several per spike in a
+    storm, ~20 µs each) and what was spent meanwhile counts at the next one."""
+    from agent.watch.budget import REFILL_NS
+    c, own, b = _bucket()
+    reads = []
+    own.process_ns = lambda: reads.append(1) or c.process
+    for _ in range(5):
+        c.wall += S
+        c.spend(30 * MS, thread=False)
+        b.refill()
+    assert b.spent() and b.shed_note() is not None
+    n = len(reads)
+    c.wall += REFILL_NS - 1
+    c.spend(40 * MS, thread=False)
+    share = b.on_share
+    assert b.spent() and b.has_tokens() and len(reads) == n and b.on_share == share
+    c.wall += 2
+    b.refill()  # the 40 ms counted now
+    assert len(reads) == n + 1 and b.on_share > share
+    for _ in range(10):  # quiet again
+        c.wall += S
+        c.spend(1 * MS, thread=False)
+        b.refill()
+    assert not b.spent()
+
+
 def test_past_the_budget_a_storms_close_spikes_on_one_cpu_share_a_polled_cause():
     """Always-on parts over the budget: a ready spike on the same CPU as the last attributed
     one, whose window covers the same sampler rows (200 ms rows here), takes its cause

@@ -786,7 +786,7 @@ def test_auto_rate_keeps_the_probe_cpu_a_quarter_busy(tmp_path):
     assert s["samples"] >= 0.5 * s["rate_hz"] * 2
 
 
-def _waiting_session(replay_brings_rows: bool | None):
+def _waiting_session(replay_brings_rows: bool | None, **cfg):
     """A session on a virtual clock with one spike whose sampler rows are not there yet.
     ``replay_brings_rows``: the fake native sampler's poked replay brings them (True), comes
     without them (False); None: a sampler without replays (the Python one's rows are
@@ -842,7 +842,7 @@ def _waiting_session(replay_brings_rows: bool | None):
 
     recs: list[dict] = []
     from agent.watch.latency.probe import BuiltinProbe
-    s = WatchSession(WatchConfig(source=BuiltinProbe("numpy"), loop_s=0.05), clock=clock,
+    s = WatchSession(WatchConfig(source=BuiltinProbe("numpy"), loop_s=0.05, **cfg), clock=clock,
                      on_record=recs.append)
     s.sampler = Sampler() if replay_brings_rows is None else Native()
     s.sched, s.attributor = Sched(), Attr()
@@ -1011,3 +1011,27 @@ def test_a_storms_spikes_share_their_in_process_baseline_for_a_second():
     assert len(seen[2]) == RECENT_EVIDENCE and seen[2].min() == 1
     step(RECENT_EVERY_S)
     assert len(seen) == 8 and seen[7] is not seen[2]
+
+
+def test_past_the_cpu_budget_a_storm_waits_for_the_helpers_own_rounds_at_the_quiet_pace():
+    """Issue #38: where watch's always-on parts alone spend its CPU budget, a waiting spike
+    asks the helper for no round, a replay is poked only for rounds it recorded since the
+    last one, and the loop keeps its quiet pace: fewer rounds and replays, more spikes that
+    share rows. Under the budget: the round after the spike is asked for, at loop_s."""
+    from agent.watch.session import QUIET_LOOPS
+    for spent in (True, False):
+        s, recs = _waiting_session(True, cpu_budget=0.01)
+        s.budget.spent = lambda spent=spent: spent
+        s.sampler.unreplayed = lambda: False
+        s.attribute_pending()
+        if spent:  # nothing new recorded: no ask, no poke, the spike waits
+            assert s.sampler.asked == [] and s.sampler.pokes == 0 and len(s.pending) == 1
+            assert s._pause_s(100.0) == 0.05 * QUIET_LOOPS
+            s.sampler.unreplayed = lambda: True  # the helper's next round: replayed
+            s.attribute_pending()
+            assert s.sampler.asked == [] and s.sampler.pokes == 1
+            assert [r["cause"] for r in recs] == ["cpu_contention"] and not s.pending
+        else:
+            assert len(s.sampler.asked) == 1 and s.sampler.pokes == 1 and not s.pending
+            s.schedule.pending.append(None)  # (one waiting again)
+            assert s._pause_s(100.0) == 0.05

@@ -31,7 +31,9 @@ cost afterwards. A spike that finds the bucket empty is still recorded, with the
 rules' cause and the note :attr:`CpuBudget.note`: no spike is dropped. Where the always-on
 parts alone spend the budget (their share over about :data:`ON_TAU_S`), the budget also sheds
 the polled rules of a spike that lies on the same CPU within ms of one that had them: it takes
-that spike's polled cause (:meth:`CpuBudget.shed_note`, :mod:`agent.watch.schedule`). The
+that spike's polled cause (:meth:`CpuBudget.shed_note`, :mod:`agent.watch.schedule`), and the
+session's loop keeps its quiet pace and asks the native sampler for no extra round
+(:meth:`CpuBudget.spent`, agent/watch/session.py). The
 bucket may go into debt by one attribution's cost (the cost is known only after), and never
 further than :data:`BURST_S` of the budget, so a storm that ends is followed by exact
 attribution again within seconds.
@@ -72,6 +74,9 @@ COST_WEIGHT = 0.2  # the running mean's weight of the newest exact attribution's
 # at 400-800 spikes a minute on a 16-CPU host, over always-on parts at 1.0-1.6 % (issue #38)
 ON_TAU_S = 2.0
 DEFAULT_PCT = 1.0
+# a refill this soon after the previous one changes nothing worth its reads (the process's CPU
+# clock, the helper's): ~20 µs each, several per spike in a storm (issue #38)
+REFILL_NS = 1_000_000
 
 Clock = Callable[[], int]
 
@@ -221,7 +226,10 @@ class CpuBudget:
         if self._t is None:
             self.begin()
             return
-        t, used = self.clock(), self._always_on()
+        t = self.clock()
+        if t - self._t < REFILL_NS:
+            return  # (a storm's spikes of one step decide within µs of each other)
+        used = self._always_on()
         budget = (t - self._t) * self.share
         # what the always-on parts overspent beyond the reserved share is owed by the next
         # refills: their cost is lumpy (a spike's polled rules come just before the refill
@@ -258,6 +266,11 @@ class CpuBudget:
         if self.on_share < self.share:
             return None
         return f"watch's CPU budget ({self.pct:g} % of one CPU) spent by its always-on parts"
+
+    def spent(self) -> bool:
+        """Whether the always-on parts alone spend the budget now (their smoothed share)."""
+        self.refill()
+        return self.on_share >= self.share
 
     def has_tokens(self) -> bool:
         """Whether a spike now would get exact attribution (not counted: :meth:`allow`

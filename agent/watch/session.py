@@ -9,7 +9,9 @@ Every ``loop_s`` (50 ms) while a spike waits, else every :data:`QUIET_LOOPS` × 
 runs cold after its sleep: its fixed cost is most of watch's own CPU, and a spike read up to
 150 ms late still has its record within the 200 ms target — by then the sampler's round after
 it has come, so only its replay is waited for: max 153 ms measured under SCHED_FIFO bursts
-beside an attached 500 calls/s service on a 2-vCPU Linux 6.18 guest, 143 ms at 100 ms),
+beside an attached 500 calls/s service on a 2-vCPU Linux 6.18 guest, 143 ms at 100 ms;
+at the quiet pace throughout, with no round asked of the native helper, where watch's
+always-on parts alone spend its CPU budget: records ~0.35 s late at most in such a storm),
 on a housekeeping CPU, :meth:`WatchSession.step` drains the latency
 ring, marks spikes (asking the sched collector for a task scan), attributes, inherits or drops
 what is ready — each record written to the spike log, flushed, and fed to the metrics, the
@@ -387,8 +389,19 @@ class WatchSession:
             return
         # Spikes wait for rows: the native sampler replays now; what that replay brings is
         # attributed in this step, not the next (half a loop period at most is spent waiting).
+        # Past the budget (its always-on parts alone spend it: a storm), no round is asked of
+        # the helper and a replay comes only for rounds it recorded since the last one, and
+        # the loop keeps its quiet pace (_pause_s): a spike's record waits for the helper's
+        # own next round (≤ 0.2 s with the events) and a step, ~0.35 s at most instead of
+        # ~0.15 s, and more of a storm's spikes share rows (schedule.py sheds their polled
+        # rules). Beside a stopped service on a 16-CPU host, side by side: 1.33 % of one CPU
+        # at 469 spikes a minute against 1.47 % at 462 (the helper's rounds 328 a minute
+        # against 401), 1.36 % at 825 against 1.47 % at 908 (issue #38, docs/benchmarks.md).
         seen = getattr(self.sampler, "replays", None)  # (the Python sampler's rows are current)
-        if seen is not None and self.schedule.pending:  # the native helper: a round now
+        if seen is not None and self._spent():
+            if not self.sampler.unreplayed():
+                return  # past the budget: the helper's own next round, not one asked for
+        elif seen is not None and self.schedule.pending:  # the native helper: a round now
             self.sampler.ask_round(max(sp.end_ns for sp, _ in self.schedule.pending)
                                    + self.attributor.slack_ns)
         self.sampler.poke()
@@ -535,11 +548,20 @@ class WatchSession:
         :data:`QUIET_LOOPS` × ``loop_s``. A spike detected and recorded in the same step
         (most of them: the step asks the sampler for the round after it) leaves the pace
         quiet: under ~3 spikes a second the extra turns it used to bring were ~2 a second,
-        ~0.1 % of one CPU (issue #38). ``now``: monotonic s (default: now)."""
+        ~0.1 % of one CPU (issue #38). Past the CPU budget (:meth:`_spent`) the pace stays
+        quiet while spikes wait (:meth:`attribute_pending`). ``now``: monotonic s (default:
+        now)."""
         now = time.monotonic() if now is None else now
         if self.schedule.pending or self.flight.pending:
             self._busy_until = now + QUIET_AFTER_S
-        return self.cfg.loop_s if now <= self._busy_until else self.cfg.loop_s * QUIET_LOOPS
+        if now > self._busy_until:
+            return self.cfg.loop_s * QUIET_LOOPS
+        return self.cfg.loop_s * QUIET_LOOPS if self._spent() else self.cfg.loop_s
+
+    def _spent(self) -> bool:
+        """Whether watch's always-on parts alone spend its CPU budget now (then a storm's
+        spikes wait for the helper's own rounds at the quiet pace: :meth:`attribute_pending`)."""
+        return self.budget is not None and self.budget.spent()
 
     def stop(self) -> None:
         self._stopping = True

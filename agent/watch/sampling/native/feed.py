@@ -342,6 +342,17 @@ class Feed:
         """The rounds the helper has recorded so far (0 once the shared file is closed)."""
         return _U64.unpack_from(self.mm, _H_ROUNDS)[0] if self.mm is not None else 0
 
+    def cpu_ns(self) -> int:
+        """The helper's CPU time as it last wrote it (the last figure once the file is
+        closed): one read of the header, for the CPU budget's refills."""
+        if self.mm is None:
+            return self._last_stats["cpu_ns"]
+        return _U64.unpack_from(self.mm, _H_CPU)[0]
+
+    def unread(self) -> bool:
+        """Whether the helper has written rounds that :meth:`read_rounds` has not read."""
+        return self.mm is not None and _U64.unpack_from(self.mm, _H_WPOS)[0] != self.rpos
+
     def ask_round(self) -> bool:
         """Ask the helper for a round now (SIGUSR1: hftsampler.c ends its wait, makes the
         round and the next one a period after it). False where it is not asked: not the

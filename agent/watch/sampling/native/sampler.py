@@ -300,7 +300,11 @@ class NativeSampler(Sampler):
         self.stats.cpu_ns = self.drain_cpu_ns + self.feed.stats()["cpu_ns"]
 
     def helper_cpu_ns(self) -> int:
-        return self.feed.stats()["cpu_ns"]
+        return self.feed.cpu_ns()
+
+    def unreplayed(self) -> bool:
+        """Whether the helper has recorded rounds that no replay has appended yet."""
+        return self.feed.unread()
 
     def _next_live_ns(self, default: int) -> int:
         """When the next live collector is due (by its current period: the gpu collector
