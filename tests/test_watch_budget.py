@@ -346,6 +346,27 @@ def test_a_storm_past_the_budget_records_every_spike_with_a_cause_and_a_note():
     assert recs[-1]["events"]["complete"] is True
 
 
+def test_past_the_budget_an_unexplained_polled_record_names_the_latest_exact_story():
+    """Issue #38: where the polled rules say `unexplained` for a spike the budget kept from
+    its window, the record names its CPU's latest exact story as context (nearest_exact),
+    its cause untouched; counted for the summary."""
+    from agent.watch.attribution import Attribution
+    c = Clocks()
+    s, recs, spike = _session(c)
+    s.attributor.attribute = lambda sp, recent: Attribution("unexplained", [], 0.0,
+                                                            sp.in_process())
+    for i in range(1, 11):
+        s.schedule.add(spike(i), c.wall)
+    s.attribute_pending(c.wall)
+    exact = [r for r in recs if r["decided_by"] == "events"]
+    polled = [r for r in recs if r["decided_by"] == "polled"]
+    assert len(exact) == 3 and all(r["cause"] == "cpu_contention" for r in exact)
+    assert len(polled) == 7 and all(r["cause"] == "unexplained" for r in polled)
+    assert all(r["nearest_exact"]["spike"] == exact[-1]["seq"] and
+               "hog (pid 777)" in r["nearest_exact"]["detail"] for r in polled)
+    assert s.stories.annotated == 7
+
+
 def test_without_a_budget_every_spike_gets_its_window_and_the_cost_is_still_measured():
     c = Clocks()
     s, recs, spike = _session(c, pct=None)

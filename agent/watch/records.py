@@ -4,7 +4,8 @@ Every spike ends as one record: named (attributed, or inheriting a cause: :meth:
 "not attributed: why" (:meth:`drop`). A named one is written to the spike log (flushed),
 counted (cause, delay since the spike's end on the session clock), given to the metrics and
 the live view's latest spikes, and offered to the flight recorder. The summary, the live view
-and the metrics read the counts (through the session's properties).
+and the metrics read the counts (through the session's properties). :class:`ExactStories`
+gives an ``unexplained`` record the events did not decide its CPU's latest exact story.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from agent.watch import summary as summary_
 from agent.watch.attribution import Spike
 
 DELAYS_KEPT = 10000  # attribution delays kept for the summary (the older half dropped beyond)
+# an `unexplained` record the kernel events did not decide names the latest exact story on its
+# CPU at most this old (the polled rules' baseline span: agent/watch/attribution/engine.py)
+NEAREST_EXACT_S = 10.0
 
 
 def _iso(wall_ns: int) -> str:
@@ -75,3 +79,49 @@ class SpikeRecords:
         """Write ``sp`` "not attributed: ``why``"."""
         self.not_attributed += 1
         self.spike_log.write({**self.head(sp), "cause": None, "note": f"not attributed: {why}"})
+
+
+class ExactStories:
+    """The latest exact story per CPU (a record whose cause its kernel-event timeline
+    decided: ``decided_by`` events…), and the context a record the events did not decide
+    whose cause is ``unexplained`` takes from it: ``nearest_exact`` {spike, before_ms, cause,
+    detail}, the story of the latest such spike on the same CPU within
+    :data:`NEAREST_EXACT_S` before it. Context, never the record's cause: past watch's CPU
+    budget the polled rules said ``unexplained`` for 84-89 % of a sustained SCHED_FIFO storm's
+    spikes beside an attached service (its bursts are shorter than a sampler round, and the
+    storm fills the rules' baseline), while its exact stories, one every ~2 s, named the hog
+    (issue #38, docs/benchmarks.md)."""
+
+    def __init__(self, max_age_s: float = NEAREST_EXACT_S) -> None:
+        self.max_age_ns = int(max_age_s * 1e9)
+        self._by_cpu: dict[int, tuple[int, int, str, str | None]] = {}
+        self.annotated = 0  # records given a nearest_exact
+
+    @staticmethod
+    def _exact(body: dict) -> bool:
+        return str(body.get("decided_by") or "").startswith("events")
+
+    def remember(self, sp: Spike, body: dict) -> None:
+        """Keep ``body``'s story as its CPU's latest when the events decided it (an
+        ``unexplained`` one too: then the latest exact story adds nothing)."""
+        cause = body.get("cause")
+        if not self._exact(body) or cause is None:
+            return
+        causes = body.get("causes") or []
+        detail = causes[0].get("detail") if causes else None
+        self._by_cpu[sp.cpu_end] = (sp.seq, sp.end_ns, cause, detail)
+
+    def annotate(self, sp: Spike, body: dict) -> None:
+        """Give an ``unexplained`` record the events did not decide its CPU's latest exact
+        story (when there is one at most ``max_age_s`` before it)."""
+        if body.get("cause") != "unexplained" or self._exact(body):
+            return
+        hit = self._by_cpu.get(sp.cpu_end)
+        if hit is None:
+            return
+        seq, end_ns, cause, detail = hit
+        age = sp.end_ns - end_ns
+        if cause != "unexplained" and 0 <= age <= self.max_age_ns and seq != sp.seq:
+            body["nearest_exact"] = {"spike": seq, "before_ms": round(age / 1e6, 1),
+                                     "cause": cause, "detail": detail}
+            self.annotated += 1

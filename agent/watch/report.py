@@ -65,7 +65,10 @@ def spikes(s: dict) -> list[str]:
                "attribution rate limit, step budget or watch's CPU budget)"
                if s.get("inherited") else "")
             + (f"; {s['not_attributed']} not attributed: rate limit, backlog or end of run, "
-               "each logged with its reason" if s["not_attributed"] else "") + ")"]
+               "each logged with its reason" if s["not_attributed"] else "") + ")"] + (
+        [f"  {s['unexplained_with_nearest_exact']} unexplained by the polled rules name their "
+         "CPU's latest exact story (nearest_exact)"]
+        if s.get("unexplained_with_nearest_exact") else [])
 
 
 def causes(s: dict) -> list[str]:

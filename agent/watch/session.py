@@ -53,7 +53,7 @@ from agent.watch.flight import FlightRecorder
 from agent.watch.output import SpikeLog
 from agent.watch.placement import OwnCpus, place
 from agent.watch.priority import own_threads, renice
-from agent.watch.records import SpikeRecords
+from agent.watch.records import ExactStories, SpikeRecords
 from agent.watch.ring import LatencyRing
 from agent.watch.sampling import open_sampler
 from agent.watch.sampling.native.sampler import NativeSampler
@@ -154,6 +154,7 @@ class WatchSession:
         self.lat = LatencyRing(20000)
         self.hist = summary_.LatencyHistogram()
         self.records = SpikeRecords(self.spike_log, self.flight, clock, self._wall_off, metrics)
+        self.stories = ExactStories()  # the latest exact story per CPU (records.py)
         self.samples = 0
         self._held: list[np.ndarray] = []  # batches without a spike, not ingested yet
         self._held_since = 0
@@ -454,6 +455,9 @@ class WatchSession:
             if split is not None and self.metrics is not None:
                 self.metrics.gpu_split(split["parts"])
         with self.own.part("attribution"):
+            if self.trace.active:  # an exact story kept, or the latest one as context
+                self.stories.remember(sp, body)
+                self.stories.annotate(sp, body)
             rec = self.records.log(sp, body)
             if body["causes"] and body["cause"] != "unexplained":
                 self.records.detail(body["cause"], body["causes"][0]["detail"])
@@ -477,6 +481,8 @@ class WatchSession:
         """Log ``sp`` with a cause it inherits (:meth:`SpikeRecords.log`): its record's CPU
         is the attribution part's, as an attributed spike's is."""
         with self.own.part("attribution"):
+            if self.trace.active:
+                self.stories.annotate(sp, body)
             return self.records.log(sp, body)
 
     def drop(self, sp: Spike, why: str) -> None:

@@ -142,6 +142,7 @@ def build(s, *, native: bool, now_ns: int) -> dict:
         "spikes": s.spikes, "attributed": s.attributed,
         "not_attributed": s.not_attributed, "inherited": s.inherited,
         "queued": s.queued, "attributed_without_events": s.without_events,
+        "unexplained_with_nearest_exact": s.stories.annotated,
         "causes": {c: {"count": n, "share": round(n / s.attributed, 3),
                        "label": CAUSES.get(c, c),
                        "top": [d for d, _ in s.cause_details.get(c, Counter())
