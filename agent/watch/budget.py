@@ -262,8 +262,7 @@ class CpuBudget:
         """The note of a spike whose polled rules the budget sheds (it takes the polled
         cause of a spike ms away on the same CPU) while the always-on parts alone spend the
         budget; None while they are under it."""
-        self.refill()
-        if self.on_share < self.share:
+        if not self.spent():
             return None
         return f"watch's CPU budget ({self.pct:g} % of one CPU) spent by its always-on parts"
 

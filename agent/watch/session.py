@@ -560,9 +560,9 @@ class WatchSession:
         now = time.monotonic() if now is None else now
         if self.schedule.pending or self.flight.pending:
             self._busy_until = now + QUIET_AFTER_S
-        if now > self._busy_until:
+        if now > self._busy_until or self._spent():
             return self.cfg.loop_s * QUIET_LOOPS
-        return self.cfg.loop_s * QUIET_LOOPS if self._spent() else self.cfg.loop_s
+        return self.cfg.loop_s
 
     def _spent(self) -> bool:
         """Whether watch's always-on parts alone spend its CPU budget now (then a storm's

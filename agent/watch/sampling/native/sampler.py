@@ -297,7 +297,7 @@ class NativeSampler(Sampler):
         """Called on the sampler thread: its CPU time plus the helper's (the helper writes
         its own every 32 rounds and when it exits)."""
         self.drain_cpu_ns = time.thread_time_ns() - self._cpu0
-        self.stats.cpu_ns = self.drain_cpu_ns + self.feed.stats()["cpu_ns"]
+        self.stats.cpu_ns = self.drain_cpu_ns + self.helper_cpu_ns()
 
     def helper_cpu_ns(self) -> int:
         return self.feed.cpu_ns()
@@ -385,6 +385,6 @@ class NativeSampler(Sampler):
             self._thread.join(timeout=5)
         self.feed.stop()
         # the helper's final CPU time is in the header now; the thread's was taken at its end
-        self.stats.cpu_ns = self.drain_cpu_ns + self.feed.stats()["cpu_ns"]
+        self.stats.cpu_ns = self.drain_cpu_ns + self.helper_cpu_ns()
         super().stop()  # closes the collectors
         self.feed.close()
