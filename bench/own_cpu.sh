@@ -88,6 +88,9 @@ print(f"{sys.argv[2]}: samples {s.get('samples')} spikes {s.get('spikes')} "
       f"({60 * (s.get('spikes') or 0) / max(s.get('duration_s') or 1, 1):.0f}/min) attributed "
       f"{s.get('attributed')} exact {b.get('exact_attributions')} skipped "
       f"{b.get('skipped_exact_attributions')} own {100 * (oc.get('share_of_one_cpu') or 0):.2f} %")
+d = s.get("attribution_delay_ms") or {}
+print(f"  shed {b.get('shed_polled_rules')}, rounds slowed {b.get('slow_rounds_s')} s, record "
+      f"delay P50/max {d.get('p50') or 0:.0f}/{d.get('max') or 0:.0f} ms")
 print("  by part (% of one CPU):", ", ".join(
     f"{k} {100 * v:.2f}" for k, v in (oc.get("by_part") or {}).items() if v is not None))
 PY

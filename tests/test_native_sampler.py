@@ -1044,3 +1044,37 @@ def test_unread_says_whether_rounds_wait_and_cpu_ns_is_the_stats_figure(helper, 
     finally:
         feed.close()
     assert not feed.unread() and feed.cpu_ns() == last
+
+
+def test_slow_spaces_the_helpers_rounds_while_on_and_restores_them_after(helper, tmp_path):
+    """Issue #38: past watch's CPU budget the helper's rounds come SLOW_FACTOR times further
+    apart (NativeSampler.slow: the header's period, which the helper reads after every
+    round), and at the regular period again after; slow_s counts the slowed time. (Counts
+    are upper bounds where the rounds are slow: a busy machine only makes them later.)"""
+    h = _copy_proc(tmp_path)
+    feed = Feed(20_000_000, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler([SoftirqCollector(h, [1])], feed, hz=50, cpus=None, drain_hz=5)
+    nat.SLOW_FACTOR = 50  # 1 s rounds: far enough apart to count
+    nat.slow(False)
+    assert nat.slow_s() == 0 and feed.period_ns() == 20_000_000
+    nat.start()
+    try:
+        _until(lambda: feed.rounds() >= 5)
+        nat.slow(True)
+        assert feed.period_ns() == 1_000_000_000 and nat.period_ns == 20_000_000
+        time.sleep(0.1)  # (the round then waiting ends at the old period)
+        n = feed.rounds()
+        time.sleep(1.5)
+        assert feed.rounds() - n <= 2  # ≤ 1 a second (75 at the regular period)
+        assert nat.slow_s() >= 1.5
+        nat.slow(False)
+        held = nat.slow_s()
+        assert feed.period_ns() == 20_000_000 and held >= 1.6
+        n = feed.rounds()
+        _until(lambda: feed.rounds() >= n + 10, 10.0)  # regular again after the 1 s wait
+        assert feed.rounds() >= n + 10 and nat.slow_s() == held
+        nat.slow(True)
+    finally:
+        nat.stop()  # ends the slowed stretch
+        feed.close()
+    assert nat.slow_s() == nat.slow_ns / 1e9 > held

@@ -207,6 +207,64 @@ def test_spent_follows_the_always_on_share_and_a_refill_within_a_ms_reads_nothin
     assert not b.spent()
 
 
+def test_spent_holds_until_the_always_on_share_falls_under_the_exit_share():
+    """A Schmitt trigger (SPENT_EXIT): what past the budget saves (shed polled rules, no
+    asked round, the helper's rounds slowed) brings a storm's always-on share under the
+    budget; spent() holds there, and ends only under SPENT_EXIT of it. Coming up from below,
+    a share between the two is not spent."""
+    from agent.watch.budget import ON_TAU_S, SPENT_EXIT
+
+    def settle(ms_a_second: float) -> None:
+        for _ in range(int(5 * ON_TAU_S)):
+            c.wall += S
+            c.spend(int(ms_a_second * MS), thread=False)
+            b.refill()
+
+    c, own, b = _bucket()
+    assert SPENT_EXIT == 0.8
+    settle(3)  # 0.3 %
+    assert not b.spent()
+    settle(9)  # 0.9 %: between the two, from below
+    assert b.on_share == pytest.approx(0.009, rel=0.01) and not b.spent()
+    settle(12)  # over it
+    assert b.spent() and b.shed_note() is not None
+    settle(9)  # the savings bring it under the budget: still spent
+    assert b.on_share == pytest.approx(0.009, rel=0.01) and b.spent()
+    settle(8.5)
+    assert b.spent()
+    settle(7)  # under 80 % of it: over
+    assert not b.spent() and b.shed_note() is None
+
+
+def test_each_step_slows_the_samplers_rounds_while_the_budget_is_spent():
+    """Issue #38: the loop's step has the sampler's rounds slowed while the always-on parts
+    spend the budget, and restored once they are under it again (NativeSampler.slow); the
+    summary's budget says for how long."""
+    import numpy as np
+
+    from agent.client import FIELDS
+    from agent.watch.summary import own_cost
+    c = Clocks()
+    s, recs, spike = _session(c)
+    s.source.reader = SimpleNamespace(read=lambda: np.empty((0, len(FIELDS)), dtype=np.int64))
+
+    def steps(n: int, ms_a_second: int) -> list[bool]:
+        for _ in range(n):
+            c.wall += S
+            c.spend(ms_a_second * MS, thread=False)
+            s.step()
+        return s.sampler.slowed[-n:]
+
+    assert steps(3, 2) == [False] * 3  # 0.2 % of one CPU: under the budget
+    assert steps(10, 30)[-1] is True  # 3 %: spent
+    assert steps(10, 2)[-1] is False  # 0.2 % again
+    oc = own_cost(s, 20.0)
+    assert oc["budget"]["slow_rounds_s"] == 12.3
+    from agent.watch import report
+    assert report.own_cost({"own_cpu": oc})[0].endswith("; the sampler's rounds slowed ×2 "
+                                                         "for 12 s")
+
+
 def test_past_the_budget_a_storms_close_spikes_on_one_cpu_share_a_polled_cause():
     """Always-on parts over the budget: a ready spike on the same CPU as the last attributed
     one, whose window covers the same sampler rows (200 ms rows here), takes its cause
@@ -294,12 +352,19 @@ def _session(c: Clocks, pct: float | None = 1.0):
     class Sampler:
         lock = threading.Lock()
         stats = SimpleNamespace(per_collector={})
+        slowed: list[bool] = []
 
         def covered_ns(self):
             return c.wall + S
 
         def poke(self):
             pass
+
+        def slow(self, on):
+            self.slowed.append(on)
+
+        def slow_s(self):
+            return 12.34
 
     class Attr:
         slack_ns = MS

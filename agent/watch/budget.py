@@ -29,11 +29,12 @@ floor holds over time and not only for each interval between two spikes), holds 
 :data:`BURST_S` seconds of the budget, and each exact attribution is charged its measured
 cost afterwards. A spike that finds the bucket empty is still recorded, with the polled
 rules' cause and the note :attr:`CpuBudget.note`: no spike is dropped. Where the always-on
-parts alone spend the budget (their share over about :data:`ON_TAU_S`), the budget also sheds
-the polled rules of a spike that lies on the same CPU within ms of one that had them: it takes
-that spike's polled cause (:meth:`CpuBudget.shed_note`, :mod:`agent.watch.schedule`), and the
-session's loop keeps its quiet pace and asks the native sampler for no extra round
-(:meth:`CpuBudget.spent`, agent/watch/session.py). The
+parts alone spend the budget (their share over about :data:`ON_TAU_S`, until it falls under
+:data:`SPENT_EXIT` of the budget), the budget also sheds the polled rules of a spike that lies
+on the same CPU within ms of one that had them: it takes that spike's polled cause
+(:meth:`CpuBudget.shed_note`, :mod:`agent.watch.schedule`), and the session's loop keeps its
+quiet pace, asks the native sampler for no extra round and has its helper's rounds come twice
+as far apart (:meth:`CpuBudget.spent`, agent/watch/session.py, ``NativeSampler.slow``). The
 bucket may go into debt by one attribution's cost (the cost is known only after), and never
 further than :data:`BURST_S` of the budget, so a storm that ends is followed by exact
 attribution again within seconds.
@@ -73,6 +74,11 @@ COST_WEIGHT = 0.2  # the running mean's weight of the newest exact attribution's
 # exact part's floor cannot bound — the polled rules and record were 0.33-0.63 % of one CPU
 # at 400-800 spikes a minute on a 16-CPU host, over always-on parts at 1.0-1.6 % (issue #38)
 ON_TAU_S = 2.0
+# ...and that holds until their share falls under this much of the budget (a Schmitt
+# trigger): what past the budget saves (the polled rules shed, no round asked, the helper's
+# rounds slowed: NativeSampler.slow) would otherwise bring a storm's share back just under
+# the budget, end the savings, and bring it back over within seconds
+SPENT_EXIT = 0.8
 DEFAULT_PCT = 1.0
 # a refill this soon after the previous one changes nothing worth its reads (the process's CPU
 # clock, the helper's): ~20 µs each, several per spike in a storm (issue #38)
@@ -202,6 +208,7 @@ class CpuBudget:
         self._owed = 0.0  # the always-on parts' overspend not yet taken from the earnings
         self.cost_ns: float | None = None  # an exact attribution's cost, running mean
         self.on_share = 0.0  # the always-on parts' share of one CPU (ON_TAU_S smoothing)
+        self._spent = False  # spent(): over the budget, not yet under SPENT_EXIT of it
 
     @property
     def pct(self) -> float:
@@ -267,9 +274,14 @@ class CpuBudget:
         return f"watch's CPU budget ({self.pct:g} % of one CPU) spent by its always-on parts"
 
     def spent(self) -> bool:
-        """Whether the always-on parts alone spend the budget now (their smoothed share)."""
+        """Whether the always-on parts alone spend the budget now: their smoothed share
+        reached it, and has not fallen under :data:`SPENT_EXIT` of it since."""
         self.refill()
-        return self.on_share >= self.share
+        if self.on_share >= self.share:
+            self._spent = True
+        elif self.on_share < SPENT_EXIT * self.share:
+            self._spent = False
+        return self._spent
 
     def has_tokens(self) -> bool:
         """Whether a spike now would get exact attribution (not counted: :meth:`allow`
@@ -307,16 +319,19 @@ class CpuBudget:
 
 
 def cost_summary(own: OwnCpu, budget: CpuBudget | None, duration_s: float,
-                 charged_us_per_call: float | None, calls: int, shed: int = 0) -> dict:
+                 charged_us_per_call: float | None, calls: int, shed: int = 0,
+                 slow_s: float = 0.0) -> dict:
     """The summary's ``own_cpu``: watch's CPU share of one CPU in all and by part, the budget
-    and what it decided (``shed``: the spikes whose polled rules it shed), and for an
+    and what it decided (``shed``: the spikes whose polled rules it shed; ``slow_s``: the
+    seconds the native sampler's rounds were slowed past it), and for an
     attached process the cost charged to it: µs a call (the attach overhead figure,
     bench/attach_overhead.py) × its calls a second."""
     def share(ns: int) -> float | None:
         return round(ns / 1e9 / duration_s, 5) if duration_s > 0 else None
     out: dict = {"share_of_one_cpu": share(own.total_ns()),
                  "by_part": {p: share(ns) for p, ns in own.by_part().items()},
-                 "budget": dict(budget.to_dict(), shed_polled_rules=shed)
+                 "budget": dict(budget.to_dict(), shed_polled_rules=shed,
+                                slow_rounds_s=round(slow_s, 1))
                  if budget is not None else None}
     if charged_us_per_call is not None:
         rate = calls / duration_s if duration_s > 0 else None

@@ -172,7 +172,9 @@ def own_cost(s: dict) -> list[str]:
         out[0] += (f"; budget {b['pct_of_one_cpu']:g} %: {b['exact_attributions']} spike(s) "
                    f"with exact attribution, {b['skipped_exact_attributions']} without"
                    + (f", {b['shed_polled_rules']} with the cause of a spike ms away on the "
-                      "same CPU (its polled rules shed)" if b.get("shed_polled_rules") else ""))
+                      "same CPU (its polled rules shed)" if b.get("shed_polled_rules") else "")
+                   + (f"; the sampler's rounds slowed ×2 for {b['slow_rounds_s']:.0f} s"
+                      if b.get("slow_rounds_s") else ""))
     ch = oc.get("charged_to_service")
     if ch and ch.get("share_of_one_cpu") is not None:
         out.append(f"charged to the attached service: ~{ch['us_per_call']:g} µs a call × "

@@ -10,8 +10,9 @@ runs cold after its sleep: its fixed cost is most of watch's own CPU, and a spik
 150 ms late still has its record within the 200 ms target — by then the sampler's round after
 it has come, so only its replay is waited for: max 153 ms measured under SCHED_FIFO bursts
 beside an attached 500 calls/s service on a 2-vCPU Linux 6.18 guest, 143 ms at 100 ms;
-at the quiet pace throughout, with no round asked of the native helper, where watch's
-always-on parts alone spend its CPU budget: records ~0.35 s late at most in such a storm),
+at the quiet pace throughout, with no round asked of the native helper and its rounds
+twice as far apart, where watch's always-on parts alone spend its CPU budget: records
+~0.55 s late at most in such a storm),
 on a housekeeping CPU, :meth:`WatchSession.step` drains the latency
 ring, marks spikes (asking the sched collector for a task scan), attributes, inherits or drops
 what is ready — each record written to the spike log, flushed, and fed to the metrics, the
@@ -321,6 +322,8 @@ class WatchSession:
                                now - self._held_since >= HOLD_S * 1e9):
                 self._flush_held()
         self.attribute_pending(now)
+        if self.budget is not None and hasattr(self.sampler, "slow"):
+            self.sampler.slow(self._spent())  # past the budget: the helper's rounds slowed
         self.trace.maybe_refit(now, self.samples >= self.cfg.min_samples)
         with self.own.part("flight"):
             self._flight_step()
@@ -393,9 +396,9 @@ class WatchSession:
         # Past the budget (its always-on parts alone spend it: a storm), no round is asked of
         # the helper and a replay comes only for rounds it recorded since the last one, and
         # the loop keeps its quiet pace (_pause_s): a spike's record waits for the helper's
-        # own next round (≤ 0.2 s with the events) and a step, ~0.35 s at most instead of
-        # ~0.15 s, and more of a storm's spikes share rows (schedule.py sheds their polled
-        # rules). Beside a stopped service on a 16-CPU host, side by side: 1.33 % of one CPU
+        # own next round (≤ 0.4 s with the events, its rounds slowed: step()) and a step,
+        # ~0.55 s at most instead of ~0.15 s, and more of a storm's spikes share rows
+        # (schedule.py sheds their polled rules). Beside a stopped service on a 16-CPU host, side by side: 1.33 % of one CPU
         # at 469 spikes a minute against 1.47 % at 462 (the helper's rounds 328 a minute
         # against 401), 1.36 % at 825 against 1.47 % at 908 (issue #38, docs/benchmarks.md).
         seen = getattr(self.sampler, "replays", None)  # (the Python sampler's rows are current)

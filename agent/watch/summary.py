@@ -168,11 +168,13 @@ def build(s, *, native: bool, now_ns: int) -> dict:
 
 def own_cost(s, dur: float) -> dict:
     """Watch's own CPU by part, its budget and what the budget decided (the spikes whose
-    polled rules it shed included), and for a source that charges the watched service a cost
+    polled rules it shed and how long the sampler's rounds were slowed included), and for a source that charges the watched service a cost
     per call (an attached process: the uprobes' ``cost_us_per_call`` in its attach plan) that
     cost × its calls a second (:func:`agent.watch.budget.cost_summary`)."""
     charged = (s.source.info.get("attach") or {}).get("cost_us_per_call")
-    return cost_summary(s.own, s.budget, dur, charged, s.samples, s.schedule.shed_n)
+    slow_s = getattr(s.sampler, "slow_s", None)  # (None: no sampler, or a test's stand-in)
+    return cost_summary(s.own, s.budget, dur, charged, s.samples, s.schedule.shed_n,
+                        slow_s() if slow_s is not None else 0.0)
 
 
 def rolling(s) -> dict:

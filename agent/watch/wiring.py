@@ -51,7 +51,8 @@ SCHED_PERIOD_BUILTIN_S = 0.05
 # incomplete, a spike the CPU budget skips) and the spike's own window still has them: a
 # spike waits for the round after it (Sampler.covered_ns), and where that round is not
 # there when the spike is seen, the helper is asked for it (NativeSampler.ask_round), so
-# the record is not later than at 10 rounds a second.
+# the record is not later than at 10 rounds a second. (Past watch's CPU budget, 2.5 rounds a
+# second and none asked: NativeSampler.slow, agent/watch/session.py.)
 EVENTS_IRQ_PERIOD_S = 0.2
 EVENTS_SOFTIRQ_PERIOD_S = 0.2
 EVENTS_POLL_PERIOD_S = 0.2

@@ -177,6 +177,14 @@ class Sampler:
         """Someone waits for rows (a spike to attribute): the Python sampler's rows are
         always current, nothing to do (the native sampler replays sooner)."""
 
+    def slow(self, on: bool) -> None:
+        """Past watch's CPU budget the native helper's rounds come further apart
+        (:meth:`NativeSampler.slow`); here each collector keeps its period."""
+
+    def slow_s(self) -> float:
+        """Seconds this sampler's rounds were slowed (:meth:`slow`): never here."""
+        return 0.0
+
     def round(self, now_ns: int | None = None) -> None:
         """One sampling round (public for tests and benchmarks).
 

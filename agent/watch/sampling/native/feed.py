@@ -168,9 +168,9 @@ class Feed:
         self.corrupt = 0  # records that failed the framing checks (never expected)
 
     def set_period(self, period_ns: int) -> None:
-        """The helper's round period (read once when it starts: refused after)."""
-        if self.proc is not None:
-            raise RuntimeError("the helper runs already: its period is set")
+        """The helper's round period: read when it starts and again after every round (the
+        next wait is the new period; an aligned 8-byte store, which the helper's load sees
+        whole)."""
         _U64.pack_into(self.mm, _H_PERIOD, int(period_ns))
 
     def period_ns(self) -> int:

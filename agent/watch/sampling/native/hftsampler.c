@@ -70,7 +70,7 @@
 struct header {
     uint32_t magic;           /* 0 */
     uint32_t version;         /* 4 */
-    uint64_t period_ns;       /* 8    python */
+    uint64_t period_ns;       /* 8    python: read again after every round */
     uint64_t table_gen;       /* 16   python: bumped after any slot change */
     uint64_t stop;            /* 24   python: 1 = exit */
     uint64_t capacity;        /* 32   python: data ring bytes */
@@ -543,6 +543,10 @@ int main(int argc, char **argv) {
         }
         __atomic_store_n(&H->rounds, round + 1, __ATOMIC_RELEASE);
         if (!(round & 31)) H->cpu_ns = self_cpu_ns();
+        /* the period as the header has it now: watch slows the rounds while its CPU budget is
+         * spent (NativeSampler.slow) and restores them after */
+        period = __atomic_load_n(&H->period_ns, __ATOMIC_RELAXED);
+        if (period < 100000) period = 100000;
         next += period;
         uint64_t after = mono_ns();
         if (after > next) {

@@ -89,6 +89,8 @@ class NativeSampler(Sampler):
         self._asked_ns = -self.ASK_GAP_NS
         self._asked_rounds: int | None = None  # the helper's count when a round was asked
         self._replayed = threading.Condition()
+        self.slow_ns = 0  # time the helper's rounds were slowed (slow), ended stretches
+        self._slow_since: int | None = None  # monotonic ns: slowed since then
 
     STALL_NS = 2_000_000_000  # no new round for this long from a live helper: stuck
     # The helper's rounds are as far apart as the hot sources allow, up to this: a round
@@ -302,6 +304,36 @@ class NativeSampler(Sampler):
     def helper_cpu_ns(self) -> int:
         return self.feed.cpu_ns()
 
+    # Past watch's CPU budget (its always-on parts alone spend it: a storm, issue #38) the
+    # helper's rounds come this many times further apart: every hot file is read at half its
+    # rate (0.4 s rounds with the events on) and each replay brings as many rounds as before
+    # in half as many wake-ups. Beside an attached LiteRT service in SCHED_FIFO bursts on a
+    # 2-vCPU Linux 6.18 guest, the sampler's share went 0.25 → 0.18-0.20 % of one CPU; more of
+    # a storm's spikes share a round's rows (schedule.py sheds their polled rules); a spike's
+    # record waits for the round after it, up to 0.4 s instead of 0.2 s.
+    SLOW_FACTOR = 2
+
+    def slow(self, on: bool) -> None:
+        """The helper's rounds :data:`SLOW_FACTOR` times further apart while ``on`` (the CPU
+        budget spent), its regular period after (:meth:`Feed.set_period`, read after each
+        round). Each source keeps its rounds (``round % div``) and the rows their rounds'
+        own times."""
+        if on == (self._slow_since is not None):
+            return
+        now = time.monotonic_ns()
+        if on:
+            self._slow_since = now
+            self.feed.set_period(self.period_ns * self.SLOW_FACTOR)
+        else:
+            self.slow_ns += now - self._slow_since
+            self._slow_since = None
+            self.feed.set_period(self.period_ns)
+
+    def slow_s(self) -> float:
+        """Seconds the helper's rounds were slowed so far (:meth:`slow`)."""
+        since = self._slow_since
+        return (self.slow_ns + (time.monotonic_ns() - since if since is not None else 0)) / 1e9
+
     def unreplayed(self) -> bool:
         """Whether the helper has recorded rounds that no replay has appended yet."""
         return self.feed.unread()
@@ -383,6 +415,7 @@ class NativeSampler(Sampler):
             self._replayed.notify_all()  # (and a wait_replay's)
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.slow(False)  # (the slowed stretch ends here: slow_s stays as it is)
         self.feed.stop()
         # the helper's final CPU time is in the header now; the thread's was taken at its end
         self.stats.cpu_ns = self.drain_cpu_ns + self.helper_cpu_ns()
