@@ -1057,6 +1057,13 @@ def test_slow_spaces_the_helpers_rounds_while_on_and_restores_them_after(helper,
     nat.SLOW_FACTOR = 50  # 1 s rounds: far enough apart to count
     nat.slow(False)
     assert nat.slow_s() == 0 and feed.period_ns() == 20_000_000
+    assert nat.next_round_s() is None  # (no round replayed yet)
+    nat._latest = 5_000_000_000  # a round replayed at 5 s: the next due a period after
+    assert nat.next_round_s() == pytest.approx(5.02)
+    nat.slow(True)
+    assert nat.next_round_s() == pytest.approx(6.0)  # (its period now)
+    nat.slow(False)
+    nat._latest, nat.slow_ns = 0, 0
     nat.start()
     try:
         _until(lambda: feed.rounds() >= 5)

@@ -1013,6 +1013,30 @@ def test_a_storms_spikes_share_their_in_process_baseline_for_a_second():
     assert len(seen) == 8 and seen[7] is not seen[2]
 
 
+def test_past_the_cpu_budget_the_steps_come_just_after_the_helpers_rounds():
+    """Issue #38: past the budget the next step comes ROUND_AFTER_S after the native
+    helper's next round (its newest replayed round + its period), counted from the latest
+    step's start: never sooner than the quiet pace, never later than SPENT_PAUSE_MAX_S; a
+    sampler that cannot say (the Python one) keeps the quiet pace, and under the budget the
+    pace is as before."""
+    from agent.watch.session import QUIET_LOOPS, ROUND_AFTER_S, SPENT_PAUSE_MAX_S
+    quiet = 0.05 * QUIET_LOOPS
+    s, _ = _waiting_session(True, cpu_budget=0.01)
+    s.schedule.pending.clear()
+    s.budget.spent = lambda: True
+    s._step_t0 = 100.0
+    assert s._pause_s(100.0) == quiet  # no next_round_s: the quiet pace
+    for due, want in ((100.3, 0.3 + ROUND_AFTER_S), (100.05, quiet), (99.9, quiet),
+                      (101.0, SPENT_PAUSE_MAX_S)):
+        s.sampler.next_round_s = lambda due=due: due
+        assert s._pause_s(100.02) == pytest.approx(want), due
+    s.sampler.next_round_s = lambda: None  # no round replayed yet
+    assert s._pause_s(100.0) == quiet
+    s.budget.spent = lambda: False
+    s.sampler.next_round_s = lambda: 100.3
+    assert s._pause_s(100.0) == quiet  # under the budget: the quiet pace, not the rounds'
+
+
 def test_past_the_cpu_budget_a_storm_waits_for_the_helpers_own_rounds_at_the_quiet_pace():
     """Issue #38: where watch's always-on parts alone spend its CPU budget, a waiting spike
     asks the helper for no round, a replay is poked only for rounds it recorded since the

@@ -180,7 +180,7 @@ CpuBudgetOpt = Annotated[float | None, _opt(
     "rules' cause and a note; while the always-on parts alone spend it, a spike whose polled "
     "rules would see the same sampler rows as the last attributed spike's on the same CPU "
     "takes that cause instead, and the sampler's rounds come twice as far apart until "
-    "they are under 80 % of it (records wait for its own rounds: ~0.55 s at most). The "
+    "they are under 80 % of it (records wait for its own rounds: ~0.4 s at most). The "
     "summary and /metrics report watch's CPU by part.")]
 ProfileOpt = Annotated[str | None, _opt(
     "--profile", metavar="NAME|FILE", help="Audit profile for the audit state exported with "

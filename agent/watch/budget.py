@@ -32,9 +32,9 @@ rules' cause and the note :attr:`CpuBudget.note`: no spike is dropped. Where the
 parts alone spend the budget (their share over about :data:`ON_TAU_S`, until it falls under
 :data:`SPENT_EXIT` of the budget), the budget also sheds the polled rules of a spike that lies
 on the same CPU within ms of one that had them: it takes that spike's polled cause
-(:meth:`CpuBudget.shed_note`, :mod:`agent.watch.schedule`), and the session's loop keeps its
-quiet pace, asks the native sampler for no extra round and has its helper's rounds come twice
-as far apart (:meth:`CpuBudget.spent`, agent/watch/session.py, ``NativeSampler.slow``). The
+(:meth:`CpuBudget.shed_note`, :mod:`agent.watch.schedule`), and the session asks the native
+sampler for no extra round, has its helper's rounds come twice as far apart and steps just
+after each (:meth:`CpuBudget.spent`, agent/watch/session.py, ``NativeSampler.slow``). The
 bucket may go into debt by one attribution's cost (the cost is known only after), and never
 further than :data:`BURST_S` of the budget, so a storm that ends is followed by exact
 attribution again within seconds.

@@ -10,9 +10,9 @@ runs cold after its sleep: its fixed cost is most of watch's own CPU, and a spik
 150 ms late still has its record within the 200 ms target — by then the sampler's round after
 it has come, so only its replay is waited for: max 153 ms measured under SCHED_FIFO bursts
 beside an attached 500 calls/s service on a 2-vCPU Linux 6.18 guest, 143 ms at 100 ms;
-at the quiet pace throughout, with no round asked of the native helper and its rounds
-twice as far apart, where watch's always-on parts alone spend its CPU budget: records
-~0.55 s late at most in such a storm),
+just after each of the native helper's rounds, with none asked of it and its rounds twice
+as far apart, where watch's always-on parts alone spend its CPU budget: records ~0.4 s late
+at most in such a storm),
 on a housekeeping CPU, :meth:`WatchSession.step` drains the latency
 ring, marks spikes (asking the sched collector for a task scan), attributes, inherits or drops
 what is ready — each record written to the spike log, flushed, and fed to the metrics, the
@@ -74,6 +74,8 @@ RECENT_EVIDENCE = 500  # latest samples whose faults and switches are the in-pro
 RECENT_EVERY_S = 1.0
 QUIET_LOOPS = 3        # no spike waiting: a step every 3 loop_s (150 ms; module docstring)
 QUIET_AFTER_S = 0.0    # ... and none detected for this long
+ROUND_AFTER_S = 0.005  # past the CPU budget, a step this long after the helper's next round
+SPENT_PAUSE_MAX_S = 0.45  # ... and never further apart (the latency source's reads)
 # A batch of calls without a spike (SpikeDetector.quiet), of threads already followed, is
 # held and ingested with the next batch that has one, a spike waiting, the stop, or this long
 # after the first held one: its counts, histogram, latency ring and metrics are at most this
@@ -170,6 +172,7 @@ class WatchSession:
         self._recent: np.ndarray | None = None  # the spikes' in-process baseline
         self._recent_at = 0  # (clock ns) when it was taken
         self._busy_until = 0.0  # (monotonic s) steps every loop_s until then
+        self._step_t0 = 0.0  # (monotonic s) when the latest step began
         # watch's own CPU by part, and the budget that decides exact attribution (budget.py)
         self.own = own_cpu or OwnCpu()
         self.budget = CpuBudget(cfg.cpu_budget, self.own, clock) \
@@ -312,6 +315,7 @@ class WatchSession:
 
     # -- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
+        self._step_t0 = time.monotonic()
         with self.own.part("source"):
             recs = self.reader.read()
         now = self.clock()
@@ -395,10 +399,10 @@ class WatchSession:
         # attributed in this step, not the next (half a loop period at most is spent waiting).
         # Past the budget (its always-on parts alone spend it: a storm), no round is asked of
         # the helper and a replay comes only for rounds it recorded since the last one, and
-        # the loop keeps its quiet pace (_pause_s): a spike's record waits for the helper's
-        # own next round (≤ 0.4 s with the events, its rounds slowed: step()) and a step,
-        # ~0.55 s at most instead of ~0.15 s, and more of a storm's spikes share rows
-        # (schedule.py sheds their polled rules). Beside a stopped service on a 16-CPU host, side by side: 1.33 % of one CPU
+        # the loop's steps come just after the helper's own rounds (_spent_pause_s): a
+        # spike's record waits for the round after it (≤ 0.4 s with the events, its rounds
+        # slowed: step()), ~0.4 s at most instead of ~0.15 s, and more of a storm's spikes
+        # share rows (schedule.py sheds their polled rules). Beside a stopped service on a 16-CPU host, side by side: 1.33 % of one CPU
         # at 469 spikes a minute against 1.47 % at 462 (the helper's rounds 328 a minute
         # against 401), 1.36 % at 825 against 1.47 % at 908 (issue #38, docs/benchmarks.md).
         seen = getattr(self.sampler, "replays", None)  # (the Python sampler's rows are current)
@@ -557,15 +561,34 @@ class WatchSession:
         :data:`QUIET_LOOPS` × ``loop_s``. A spike detected and recorded in the same step
         (most of them: the step asks the sampler for the round after it) leaves the pace
         quiet: under ~3 spikes a second the extra turns it used to bring were ~2 a second,
-        ~0.1 % of one CPU (issue #38). Past the CPU budget (:meth:`_spent`) the pace stays
-        quiet while spikes wait (:meth:`attribute_pending`). ``now``: monotonic s (default:
+        ~0.1 % of one CPU (issue #38). Past the CPU budget (:meth:`_spent`) the steps follow
+        the native helper's rounds, at the quiet pace or slower, while spikes wait too
+        (:meth:`_spent_pause_s`, :meth:`attribute_pending`). ``now``: monotonic s (default:
         now)."""
         now = time.monotonic() if now is None else now
         if self.schedule.pending or self.flight.pending:
             self._busy_until = now + QUIET_AFTER_S
-        if now > self._busy_until or self._spent():
+        if self._spent():
+            return self._spent_pause_s()
+        if now > self._busy_until:
             return self.cfg.loop_s * QUIET_LOOPS
         return self.cfg.loop_s
+
+    def _spent_pause_s(self) -> float:
+        """Past the CPU budget, from the start of the latest step: until just after the
+        native helper's next round (:data:`ROUND_AFTER_S`; its rounds 0.4 s apart then), at
+        least the quiet pace and at most :data:`SPENT_PAUSE_MAX_S`. A step that comes just
+        after a round finds every spike before it ready and its rows in one replay, where
+        steps at the quiet pace came 0-150 ms after a round, two or three to a round: side
+        by side on a 2-vCPU Linux 6.18 guest under ~740 spikes a minute, the same CPU
+        (1.08 / 1.10 % of one CPU against 1.09 / 1.10 %) and records P50/max 115-129 /
+        407 ms late against 178-237 / 541-552 ms (issue #38)."""
+        quiet = self.cfg.loop_s * QUIET_LOOPS
+        nxt = getattr(self.sampler, "next_round_s", None)  # (the native sampler's)
+        due = nxt() if nxt is not None else None
+        if due is None:
+            return quiet
+        return max(quiet, min(due + ROUND_AFTER_S - self._step_t0, SPENT_PAUSE_MAX_S))
 
     def _spent(self) -> bool:
         """Whether watch's always-on parts alone spend its CPU budget now (then a storm's

@@ -329,6 +329,13 @@ class NativeSampler(Sampler):
             self._slow_since = None
             self.feed.set_period(self.period_ns)
 
+    def next_round_s(self) -> float | None:
+        """When the helper's next round is due (monotonic s): the newest replayed round's
+        time plus its period now (None before the first)."""
+        if not self._latest:
+            return None
+        return (self._latest + self.feed.period_ns()) / 1e9
+
     def slow_s(self) -> float:
         """Seconds the helper's rounds were slowed so far (:meth:`slow`)."""
         since = self._slow_since
