@@ -402,9 +402,9 @@ class WatchSession:
         # the loop's steps come just after the helper's own rounds (_spent_pause_s): a
         # spike's record waits for the round after it (≤ 0.4 s with the events, its rounds
         # slowed: step()), ~0.4 s at most instead of ~0.15 s, and more of a storm's spikes
-        # share rows (schedule.py sheds their polled rules). Beside a stopped service on a 16-CPU host, side by side: 1.33 % of one CPU
-        # at 469 spikes a minute against 1.47 % at 462 (the helper's rounds 328 a minute
-        # against 401), 1.36 % at 825 against 1.47 % at 908 (issue #38, docs/benchmarks.md).
+        # share rows (schedule.py sheds their polled rules). Beside a stopped service on a
+        # 16-CPU host, no asked round alone: 1.33 % of one CPU at 469 spikes a minute against
+        # 1.47 % at 462, 1.36 % at 825 against 1.47 % at 908 (issue #38, docs/benchmarks.md).
         seen = getattr(self.sampler, "replays", None)  # (the Python sampler's rows are current)
         if seen is not None and self._spent():
             if not self.sampler.unreplayed():
