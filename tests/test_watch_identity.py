@@ -601,6 +601,30 @@ def test_the_summary_keeps_the_latest_processes_and_sums_the_others():
     assert "pid 114: not countable (the process keeps no count" in lines[-1]
 
 
+def test_the_run_is_arming_while_no_process_is_timed_or_a_new_one_waits():
+    """Issue #38: past watch's CPU budget the loop's steps follow the sampler's slowed rounds
+    (≤ 0.45 s apart) except while the service's run is arming: none of its processes
+    timed (it is down, or starting), or one seen within SLOW_AFTER_S waiting for its
+    runtime (a restart) — not one that waits longer, nor one that cannot be timed."""
+    from agent.watch.latency.identity import SLOW_AFTER_S, Proc, Service, ServiceRun
+    now = [100.0]
+    run = ServiceRun(Service(ident=Identity("name", "svc")), Host(), [0], [],
+                     clock=lambda: now[0])
+    assert run.arming()  # nothing seen yet
+    run.procs[1] = Proc(1, "svc", 10.0, armed_at=11.0, state="timed")
+    assert not run.arming()
+    run.procs[2] = Proc(2, "svc", 99.0)  # a restart's new process, not armed yet
+    assert run.arming()
+    now[0] = 99.0 + SLOW_AFTER_S + 1  # waiting this long: not a restart to hurry
+    assert not run.arming()
+    run.procs[3] = Proc(3, "svc", now[0] - 1, state="not timed: no runtime mapped")
+    assert not run.arming()
+    run.procs[1].exited_at, run.procs[1].state = now[0], "exited"  # none timed now
+    assert run.arming()
+    from agent.watch.latency.probe import BuiltinProbe
+    assert BuiltinProbe("numpy").open(Host(), [0], []).arming() is False  # (the default)
+
+
 def test_past_max_kept_the_oldest_exited_processes_are_summed_not_kept(monkeypatch):
     """An always-on run whose service crash-loops: beyond MAX_KEPT processes the oldest that
     exited are summed (calls, missed, not countable) and forgotten, per pid figures too; the

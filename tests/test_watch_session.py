@@ -1032,6 +1032,9 @@ def test_past_the_cpu_budget_the_steps_come_just_after_the_helpers_rounds():
         assert s._pause_s(100.02) == pytest.approx(want), due
     s.sampler.next_round_s = lambda: None  # no round replayed yet
     assert s._pause_s(100.0) == quiet
+    s.sampler.next_round_s = lambda: 101.0
+    s.source.arming = lambda: True  # a restarted service's new process to arm: its polls
+    assert s._pause_s(100.0) == quiet
     s.budget.spent = lambda: False
     s.sampler.next_round_s = lambda: 100.3
     assert s._pause_s(100.0) == quiet  # under the budget: the quiet pace, not the rounds'

@@ -563,14 +563,15 @@ class WatchSession:
         quiet: under ~3 spikes a second the extra turns it used to bring were ~2 a second,
         ~0.1 % of one CPU (issue #38). Past the CPU budget (:meth:`_spent`) the steps follow
         the native helper's rounds, at the quiet pace or slower, while spikes wait too
-        (:meth:`_spent_pause_s`, :meth:`attribute_pending`). ``now``: monotonic s (default:
+        (:meth:`_spent_pause_s`, :meth:`attribute_pending`), except while the source waits
+        for a process to arm (a restart: the quiet pace). ``now``: monotonic s (default:
         now)."""
         now = time.monotonic() if now is None else now
         if self.schedule.pending or self.flight.pending:
             self._busy_until = now + QUIET_AFTER_S
-        if self._spent():
+        if self._spent() and not self.source.arming():
             return self._spent_pause_s()
-        if now > self._busy_until:
+        if now > self._busy_until or self._spent():
             return self.cfg.loop_s * QUIET_LOOPS
         return self.cfg.loop_s
 

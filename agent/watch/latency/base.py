@@ -164,6 +164,12 @@ class Running(ABC):
         """Its warnings at the end of the run (the built-in probe's load)."""
         return []
 
+    def arming(self) -> bool:
+        """Whether the run waits for a process to time (one to start, or one seen whose
+        runtime is not armed yet): its polls want the loop's regular steps, not the slower
+        ones past watch's CPU budget (agent/watch/session.py). False by default."""
+        return False
+
     def exit_code(self) -> int:
         """The run's exit status when nothing else failed: non-zero for a run that did not
         do its job (an attached process of which no call was timed); 0 by default."""
