@@ -605,8 +605,15 @@ def test_the_run_is_arming_while_no_process_is_timed_or_a_new_one_waits():
     """Issue #38: past watch's CPU budget the loop's steps follow the sampler's slowed rounds
     (≤ 0.45 s apart) except while the service's run is arming: none of its processes
     timed (it is down, or starting), or one seen within SLOW_AFTER_S waiting for its
-    runtime (a restart) — not one that waits longer, nor one that cannot be timed."""
-    from agent.watch.latency.identity import SLOW_AFTER_S, Proc, Service, ServiceRun
+    runtime (a restart) — not one that waits longer, nor one that cannot be timed —, or one
+    timed whose own ring is still looked for (its missed calls' count)."""
+    from agent.watch.latency.identity import (
+        RING_TRIES,
+        SLOW_AFTER_S,
+        Proc,
+        Service,
+        ServiceRun,
+    )
     now = [100.0]
     run = ServiceRun(Service(ident=Identity("name", "svc")), Host(), [0], [],
                      clock=lambda: now[0])
@@ -619,7 +626,15 @@ def test_the_run_is_arming_while_no_process_is_timed_or_a_new_one_waits():
     assert not run.arming()
     run.procs[3] = Proc(3, "svc", now[0] - 1, state="not timed: no runtime mapped")
     assert not run.arming()
-    run.procs[1].exited_at, run.procs[1].state = now[0], "exited"  # none timed now
+    run.procs[4] = Proc(4, "svc", now[0], armed_at=now[0], state="timed",
+                        started_in_run=True)  # timed: its own ring not looked for yet
+    assert run.arming()
+    run.procs[4].ring_tries = RING_TRIES  # looked for as often as it is: none
+    assert not run.arming()
+    run.procs[4].ring_tries, run.procs[4].ring = 1, object()  # found
+    assert not run.arming()
+    for pid in (1, 4):  # none timed now
+        run.procs[pid].exited_at, run.procs[pid].state = now[0], "exited"
     assert run.arming()
     from agent.watch.latency.probe import BuiltinProbe
     assert BuiltinProbe("numpy").open(Host(), [0], []).arming() is False  # (the default)

@@ -419,15 +419,20 @@ class ServiceRun(Running):
 
     def arming(self) -> bool:
         """No process of the service is timed, or one seen within :data:`SLOW_AFTER_S`
-        waits to be armed (a restart): its arming within 1 s of the runtime's mapping needs
-        the polls' pace (POLL_S), which the steps past the CPU budget (≤ 0.45 s apart) would
-        stretch: bench/restarts.py re-armed max 0.55 s after the mapping with them, 0.37 s
-        without. (One that waits longer is polled at 1 Hz anyway.)"""
+        waits to be armed (a restart), or one timed since it started in the run is still
+        looked for its own ring (its count of the calls missed: :meth:`Proc.find_ring`, one
+        look a poll): these need the polls' pace (POLL_S), which the steps past the CPU
+        budget (≤ 0.45 s apart) would stretch — bench/restarts.py re-armed max 0.55 s after
+        the mapping with them, 0.37 s without, and a process killed 0.3 s after its timing
+        could go before its ring was looked for. (One that waits longer is polled at 1 Hz
+        anyway.)"""
         now = self.clock()
         live = [p for p in self.procs.values() if p.exited_at is None]
         return not any(p.state == "timed" for p in live) or any(
             p.armed_at is None and not p.state.startswith("not timed") and
-            now - p.seen_at < SLOW_AFTER_S for p in live)
+            now - p.seen_at < SLOW_AFTER_S or
+            p.state == "timed" and p.started_in_run and p.ring is None and
+            p.ring_tries < RING_TRIES for p in live)
 
     def _alive(self, p: Proc) -> bool:
         if p.life is None:
