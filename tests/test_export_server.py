@@ -753,7 +753,7 @@ def test_exemplar_spike_id_matches_the_spike_log_record(tmp_path):
         def latest_scan_ns(self):
             return t[0] + 10**9
 
-        def watch_tids(self, tids):
+        def watch_tids(self, tids, pids=None):
             pass
 
         def request_scan(self):

@@ -518,3 +518,47 @@ def test_cpu_collector_follows_the_derived_cpus_without_cpu_online(tmp_path):
     got = c.sample()
     assert "cpu.0.user_ticks" in got and "cpu.1.steal_ticks" in got
     c.close()
+
+
+def test_sched_follows_a_thread_of_a_process_named_by_the_records_alone():
+    """A service followed by name (--attach-name) gives the collector no pids: its threads
+    come from the records, with their process. Without it a thread is dropped as absent
+    (no schedstat rows: its spikes past the CPU budget had no polled run-queue wait); with
+    it the thread's signals are read, its process is no "other" in the scans, at most
+    max_threads new threads are taken a round (and only theirs kept), and the process's exit
+    drops them (no error: the collector watches no process of its own)."""
+    import subprocess
+    import sys
+    import time
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    code = (f"import os, threading, time\nos.sched_setaffinity(0, [{cpu}])\n"
+            "def spin():\n    print(threading.get_native_id(), flush=True)\n"
+            "    t = time.monotonic() + 0.3\n    while time.monotonic() < t: pass\n"
+            "    time.sleep(60)\n"
+            "threading.Thread(target=spin, daemon=True).start()\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        tid = int(p.stdout.readline())
+        blind = SchedCollector(Host(), [], [cpu], scan_period_s=0.0, min_scan_gap_s=0.0)
+        blind.watch_tids([tid])
+        blind.prepare()
+        assert blind.dropped == {tid: "absent"} and not blind.tracks
+        c = SchedCollector(Host(), [], [cpu], scan_period_s=0.0, min_scan_gap_s=0.0,
+                           max_threads=2)
+        c.watch_tids([tid, p.pid, 1], {tid: p.pid, p.pid: p.pid, 1: 1})
+        assert c._wanted == {tid, p.pid} and c._tid_pid == {tid: p.pid, p.pid: p.pid}
+        c.prepare()
+        c.scan()
+        t0 = time.monotonic_ns()
+        time.sleep(0.3)
+        v = c.sample()
+        assert v[f"sched.{tid}.run_ns"] > 0 and f"sched.{tid}.rq_delay_ns" in v
+        assert not any(r.pid == p.pid for r in c.who_ran(t0, time.monotonic_ns()))
+        p.kill()
+        p.wait()
+        c.sample()  # its threads are dropped, not an error
+        assert not c._threads and tid in c.dropped and not c._tid_pid
+        c.close()
+    finally:
+        p.kill()
+        p.wait()

@@ -29,7 +29,7 @@ def _batch(seq0: int, lats_us: list[int], tid: int = 7, t0: int = 10 * S) -> np.
 
 def _held_session(c: Clocks):
     s, recs, _spike = _session(c, pct=None)
-    s.sched = SimpleNamespace(latest_scan_ns=lambda: c.wall + S, watch_tids=lambda t: None,
+    s.sched = SimpleNamespace(latest_scan_ns=lambda: c.wall + S, watch_tids=lambda t, p=None: None,
                               request_scan=lambda: None)
     # an external source's detector (no queueing) with a baseline: P50 100 µs, k = 3
     s.detector = type(s.detector)(None, 3.0, 1000, queueing=False, clock=lambda: c.wall)

@@ -1,5 +1,6 @@
-"""ExactStories: an `unexplained` record the kernel events did not decide names its CPU's
-latest exact story as context (issue #38: past watch's CPU budget)."""
+"""ExactStories: a record the kernel events did not decide names its CPU's latest exact
+story as context where its cause is `unexplained` or the story's (issue #38: past watch's CPU
+budget)."""
 
 from agent.watch.attribution import Spike
 from agent.watch.records import NEAREST_EXACT_S, ExactStories
@@ -31,10 +32,22 @@ def test_an_unexplained_polled_record_names_the_latest_exact_story_on_its_cpu():
     assert inherited["nearest_exact"]["spike"] == 2 and st.annotated == 2
 
 
+def test_a_polled_record_of_the_storys_cause_takes_it_for_who_ran():
+    """Past the budget the polled rules see the thread's run-queue wait, not who ran: the
+    latest exact story of the same cause names it (not counted as an unexplained one)."""
+    st = ExactStories()
+    st.remember(_sp(1, 1000), _exact("cpu_contention"))
+    polled = {"cause": "cpu_contention", "decided_by": "polled",
+              "causes": [{"cause": "cpu_contention", "detail": "thread waited 3 ms"}]}
+    st.annotate(_sp(2, 1800), polled)
+    assert polled["nearest_exact"]["detail"] == "cpu_hog (pid 7) ran 2.9 ms on CPU 1"
+    assert polled["nearest_exact"]["before_ms"] == 800.0 and st.annotated == 0
+
+
 def test_no_context_where_it_would_say_nothing_or_something_else():
     st = ExactStories()
     st.remember(_sp(1, 1000), _exact("cpu_contention"))
-    named = {"cause": "irq", "decided_by": "polled", "causes": []}  # a polled cause: its own
+    named = {"cause": "irq", "decided_by": "polled", "causes": []}  # another cause: its own
     other_cpu = {"cause": "unexplained", "causes": []}
     too_old = {"cause": "unexplained", "causes": []}
     events = {"cause": "unexplained", "decided_by": "events", "causes": []}

@@ -430,7 +430,7 @@ def _storm_session(n: int, attr_s: float, age_s: float = 0.0, **cfg):
         def latest_scan_ns(self):
             return clock() + 10**9
 
-        def watch_tids(self, tids):
+        def watch_tids(self, tids, pids=None):
             pass
 
         def request_scan(self):
@@ -1062,3 +1062,28 @@ def test_past_the_cpu_budget_a_storm_waits_for_the_helpers_own_rounds_at_the_qui
             assert len(s.sampler.asked) == 1 and s.sampler.pokes == 1 and not s.pending
             s.schedule.pending.append(None)  # (one waiting again)
             assert s._pause_s(100.0) == 0.05
+
+
+def test_ingest_names_each_new_threads_process_to_the_sched_collector():
+    """A service followed by name gives the sched collector no pids: ingest names a new
+    thread's process from its records (its schedstat rows: the polled run-queue wait of its
+    spikes past the CPU budget), and only while a thread is new (a batch of followed ones
+    passes none)."""
+    import numpy as np
+
+    from agent.client import FIELDS
+    s, _, _ = _storm_session(0, 0.0)
+    seen: list = []
+    s.sched.watch_tids = lambda tids, pids=None: seen.append((list(tids), pids))
+
+    def batch(*pid_tid):
+        r = np.zeros((len(pid_tid), len(FIELDS)), dtype=np.int64)
+        for i, (pid, tid) in enumerate(pid_tid):
+            r[i, FIELDS.index("pid")], r[i, FIELDS.index("tid")] = pid, tid
+            r[i, FIELDS.index("start_ns")], r[i, FIELDS.index("end_ns")] = 1000 * i, 1000 * i + 500
+        return r
+    s.ingest(batch((700, 700), (700, 701)))
+    s.ingest(batch((700, 701)))
+    s.ingest(batch((900, 900), (700, 700)))
+    assert seen == [([700, 701], {700: 700, 701: 700}), ([701], None),
+                    ([700, 900], {900: 900, 700: 700})]

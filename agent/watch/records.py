@@ -84,13 +84,12 @@ class SpikeRecords:
 class ExactStories:
     """The latest exact story per CPU (a record whose cause its kernel-event timeline
     decided: ``decided_by`` events…), and the context a record the events did not decide
-    whose cause is ``unexplained`` takes from it: ``nearest_exact`` {spike, before_ms, cause,
-    detail}, the story of the latest such spike on the same CPU within
-    :data:`NEAREST_EXACT_S` before it. Context, never the record's cause: past watch's CPU
-    budget the polled rules said ``unexplained`` for 84-89 % of a sustained SCHED_FIFO storm's
-    spikes beside an attached service (its bursts are shorter than a sampler round, and the
-    storm fills the rules' baseline), while its exact stories, one every ~2 s, named the hog
-    (issue #38, docs/benchmarks.md)."""
+    takes from it where its cause is ``unexplained`` or the story's own: ``nearest_exact``
+    {spike, before_ms, cause, detail}, the story of the latest such spike on the same CPU
+    within :data:`NEAREST_EXACT_S` before it. Context, never the record's cause: past watch's
+    CPU budget a spike gets the polled rules, which say that its thread waited on the run
+    queue but not for whom (the task scans come seconds apart there), while the exact
+    stories, one every ~2 s, name the task that ran (issue #38, docs/benchmarks.md)."""
 
     def __init__(self, max_age_s: float = NEAREST_EXACT_S) -> None:
         self.max_age_ns = int(max_age_s * 1e9)
@@ -112,16 +111,19 @@ class ExactStories:
         self._by_cpu[sp.cpu_end] = (sp.seq, sp.end_ns, cause, detail)
 
     def annotate(self, sp: Spike, body: dict) -> None:
-        """Give an ``unexplained`` record the events did not decide its CPU's latest exact
-        story (when there is one at most ``max_age_s`` before it)."""
-        if body.get("cause") != "unexplained" or self._exact(body):
+        """Give a record the events did not decide its CPU's latest exact story (when there
+        is one at most ``max_age_s`` before it), where the record's cause is ``unexplained``
+        (counted: :attr:`annotated`) or the story's."""
+        own = body.get("cause")
+        if own is None or self._exact(body):
             return
         hit = self._by_cpu.get(sp.cpu_end)
         if hit is None:
             return
         seq, end_ns, cause, detail = hit
         age = sp.end_ns - end_ns
-        if cause != "unexplained" and 0 <= age <= self.max_age_ns and seq != sp.seq:
+        if cause != "unexplained" and own in ("unexplained", cause) and \
+                0 <= age <= self.max_age_ns and seq != sp.seq:
             body["nearest_exact"] = {"spike": seq, "before_ms": round(age / 1e6, 1),
                                      "cause": cause, "detail": detail}
-            self.annotated += 1
+            self.annotated += own == "unexplained"

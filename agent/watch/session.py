@@ -360,8 +360,11 @@ class WatchSession:
         self.hist.add(lat)
         self.lat.extend(recs)
         tids = sorted(set(recs[:, F["tid"]].tolist()))  # (np.unique: ~10 array calls, cold)
+        pids = None
+        if not self._followed.issuperset(tids):  # a new thread: its process, for its schedstat
+            pids = dict(zip(recs[:, F["tid"]].tolist(), recs[:, F["pid"]].tolist()))
         self._followed.update(tids)
-        self.sched.watch_tids(tids)
+        self.sched.watch_tids(tids, pids)
         self.trace.follow_calls(tids, recs)  # their faults and runtime from now (issue #35)
         if self.metrics is not None:
             self.metrics.observe_many(lat)

@@ -72,6 +72,9 @@ class SchedCollector(HotSource):
         self.max_threads = max_threads
         self._threads: dict[int, _Thread] = {}
         self._wanted: set[int] = set()
+        # tid → its process, as the records named it (a service followed by name has no
+        # pids of its own here: its processes come and go)
+        self._tid_pid: dict[int, int] = {}
         self._prev_runs: dict[int, int] = {}  # tid → schedstat run ns (watched CPUs)
         self._prev_ticks: dict[int, int] = {}  # tid → utime+stime ticks (every task)
         self._others_total: dict[int, int] = {}  # CPU → ns others ran there (counter)
@@ -96,13 +99,19 @@ class SchedCollector(HotSource):
                 t.every = 1
                 self.gen += 1
 
-    def watch_tids(self, tids) -> None:
-        """Threads to follow at full rate (the ones that report latencies)."""
+    def watch_tids(self, tids, pids: dict[int, int] | None = None) -> None:
+        """Threads to follow at full rate (the ones that report latencies), at most
+        ``max_threads`` new ones a round; ``pids``: a thread's process where the records
+        name it (a service followed by name, ``--attach-name``, gives this collector no pids:
+        without them its threads had no schedstat rows, and its spikes past the CPU budget
+        no polled run-queue wait)."""
         for t in tids:
             t = int(t)
             if t not in self._threads and t not in self.dropped and \
                     len(self._wanted) < self.max_threads:
                 self._wanted.add(t)
+                if pids and t in pids:
+                    self._tid_pid[t] = int(pids[t])
 
     def request_scan(self) -> None:
         """Ask for a task scan at the next round (a spike wants to know who ran)."""
@@ -127,12 +136,16 @@ class SchedCollector(HotSource):
         for pid in self.pids:
             if self.host.exists(self.host.proc(pid, "task", tid)):
                 return pid
+        pid = self._tid_pid.get(tid)
+        if pid is not None and self.host.exists(self.host.proc(pid, "task", tid)):
+            return pid
         return None
 
     def _attach(self, tid: int) -> None:
         pid = self._pid_of(tid)
         if pid is None:
             self.dropped[tid] = "absent"
+            self._tid_pid.pop(tid, None)
             return
         paths = schedmod.files(self.host, pid, tid)
         p = f"sched.{tid}."
@@ -158,6 +171,7 @@ class SchedCollector(HotSource):
             for key in added:
                 self._drop(key)
             self.dropped[tid] = exc.strerror or "error"
+            self._tid_pid.pop(tid, None)
             return
         t = self.tracks
         self._threads[tid] = _Thread(tid, t[p + "schedstat"], t[p + "stat"],
@@ -235,7 +249,7 @@ class SchedCollector(HotSource):
         others = dict.fromkeys(cpus, 0)
         cur_ns: dict[int, int] = {}
         cur_ticks: dict[int, int] = {}
-        own = set(self.pids) | {os.getpid()} | self.exclude_pids
+        own = set(self.pids) | set(self._tid_pid.values()) | {os.getpid()} | self.exclude_pids
         prev_ns, prev_ticks = self._prev_runs, self._prev_ticks
         first = not self._last_scan_ns
         proc = os.fspath(self.host.procfs)
@@ -371,6 +385,7 @@ class SchedCollector(HotSource):
 
     def _close_thread(self, th: _Thread) -> None:
         self._threads.pop(th.tid, None)
+        self._tid_pid.pop(th.tid, None)
         for t in (th.schedstat, th.stat, th.status):
             if t is not None:
                 self._drop(t.key)
