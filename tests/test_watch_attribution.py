@@ -217,6 +217,29 @@ def test_external_client_contention_from_thread_rq_delay(rng):
     assert a.causes[0].evidence["thread_rq_delay_window_us"] == 3500.0
 
 
+def test_external_switches_name_contention_only_where_their_wait_could_explain(rng):
+    """An attached service's involuntary switches in the window's rows are contention when
+    the thread's run-queue wait there could explain the excess; switches that got the CPU
+    back at once (a service stopped by SIGSTOP: its sender's wake-ups on its CPU) name none."""
+    ext = dict(nivcsw=-1, nvcsw=-1, minflt=-1, majflt=-1, cpu_ns=-1, rq_delay_ns=-1,
+               cpu_start=-1, cpu_end=-1)
+    sw = {f"sched__sched.{TID}.nivcsw": at_spike(lambda i, g: 0.0, 19.0)}
+    brief = Attributor(quiet_rings(rng, **sw, **{
+        f"sched__sched.{TID}.rq_delay_ns": at_spike(lambda i, g: 5_000.0, 220_000.0)}),
+        [1]).attribute(spike(**ext))
+    assert brief.cause == "unexplained"
+    assert brief.causes[0].evidence["thread_nivcsw_window"] == 19.0
+    assert "(their wait: 220 µs)" in brief.causes[0].detail
+    waited = Attributor(quiet_rings(rng, **sw, **{
+        f"sched__sched.{TID}.rq_delay_ns": at_spike(lambda i, g: 5_000.0, 90_000.0)}),
+        [1]).attribute(spike(**ext, seq=2))
+    assert waited.cause == "unexplained"  # 90 µs: under the rule's 100 µs and 30 % both
+    long_wait = Attributor(quiet_rings(rng, **sw, **{
+        f"sched__sched.{TID}.rq_delay_ns": at_spike(lambda i, g: 5_000.0, 2_000_000.0)}),
+        [1]).attribute(spike(**ext, seq=3))
+    assert long_wait.cause == "cpu_contention"
+
+
 def test_nothing_unusual_is_unexplained(rng):
     a = Attributor(quiet_rings(rng), [1]).attribute(spike())
     assert a.cause == "unexplained" and a.unexplained == 1.0 and a.causes == []

@@ -21,6 +21,12 @@ SWITCH_BRIEF = 0.4  # one that got the CPU back within a small part of the exces
 WINDOW_RQ_SHARE, WINDOW_RQ_MIN_NS = 0.3, 100_000
 WINDOW_RQ_BASE, WINDOW_RQ_SLOPE, WINDOW_RQ_MAX = 0.3, 0.6, 0.85
 WINDOW_SWITCHES = 0.55  # involuntary switches of the thread in the window's rows
+# ...whose run-queue wait, summed over those rows (every call's in them: a bound on the
+# spike's own), is under WINDOW_RQ_SHARE of the excess: they got the CPU back within a small
+# part of it, and name no cause (under rules.MIN_STRENGTH). A service stopped by SIGSTOP for
+# 3 ms every 25 ms has ~19 of them a 0.4 s row (the sender's wake-ups on its CPU) and 0.2 ms
+# of wait: not contention (its exact stories say stopped).
+WINDOW_SWITCHES_BRIEF = 0.25
 # A late wake-up: at least LATE_MIN_NS and LATE_SHARE of the excess off the CPU and off the
 # run queue, while others took at least LATE_OTHERS_MIN of the CPU: LATE_BASE + LATE_SLOPE ×
 # their share, at most LATE_MAX (below a measured wait or switch).
@@ -63,8 +69,11 @@ def contention(ctx: Context) -> CauseScore | None:
         nv = v.counter(f"sched.{sp.tid}.nivcsw")
         if nv is not None and nv.window > 0 and sp.nivcsw < 0:
             ev["thread_nivcsw_window"] = nv.window
-            s = max(s, WINDOW_SWITCHES)
-            details.append(f"{nv.window:.0f} involuntary switch(es) in the window")
+            brief = rq is not None and rq.window == rq.window and \
+                rq.window < WINDOW_RQ_SHARE * sp.excess_ns
+            s = max(s, WINDOW_SWITCHES_BRIEF if brief else WINDOW_SWITCHES)
+            details.append(f"{nv.window:.0f} involuntary switch(es) in the window" +
+                           (f" (their wait: {rq.window / 1e3:.0f} µs)" if brief else ""))
     if s <= 0:
         s = late_wake_up(ctx, ev, details)
     if s <= 0:
