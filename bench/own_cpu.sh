@@ -23,7 +23,8 @@
 # TREE: the hftagent checkout whose watch is measured (default: this one), so two trees can
 # be compared side by side in one sitting with the same service and hog (this one's).
 # Prints one line per phase (samples, spikes, attributed, own share of one CPU, budget
-# decisions) and the parts; the summaries stay in OUT/quiet.json and OUT/storm.json.
+# decisions), the spikes' causes and the parts; the summaries stay in OUT/quiet.json and
+# OUT/storm.json.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 TREE=$(cd "${1:-$HERE}" && pwd)
@@ -91,6 +92,10 @@ print(f"{sys.argv[2]}: samples {s.get('samples')} spikes {s.get('spikes')} "
 d = s.get("attribution_delay_ms") or {}
 print(f"  shed {b.get('shed_polled_rules')}, rounds slowed {b.get('slow_rounds_s')} s, record "
       f"delay P50/max {d.get('p50') or 0:.0f}/{d.get('max') or 0:.0f} ms")
+causes = s.get("causes") or {}
+if causes:
+    print("  causes:", ", ".join(f"{k} {v.get('count')}" for k, v in causes.items()),
+          f"(unexplained naming an exact story: {s.get('unexplained_with_nearest_exact') or 0})")
 print("  by part (% of one CPU):", ", ".join(
     f"{k} {100 * v:.2f}" for k, v in (oc.get("by_part") or {}).items() if v is not None))
 PY
