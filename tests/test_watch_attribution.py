@@ -229,7 +229,8 @@ def test_external_switches_name_contention_only_where_their_wait_could_explain(r
         [1]).attribute(spike(**ext))
     assert brief.cause == "unexplained"
     assert brief.causes[0].evidence["thread_nivcsw_window"] == 19.0
-    assert "(their wait: 220 µs)" in brief.causes[0].detail
+    assert "19 involuntary switch(es) in the window's 10 ms of rows (their wait: 220 µs)" \
+        in brief.causes[0].detail
     waited = Attributor(quiet_rings(rng, **sw, **{
         f"sched__sched.{TID}.rq_delay_ns": at_spike(lambda i, g: 5_000.0, 90_000.0)}),
         [1]).attribute(spike(**ext, seq=2))

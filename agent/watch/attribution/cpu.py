@@ -54,6 +54,9 @@ def contention(ctx: Context) -> CauseScore | None:
         details.append(f"{sp.nivcsw} involuntary context switch(es)")
     v = views.get("sched")
     if v is not None:
+        # (the window: the sampler rows over the call, 50 ms to 0.4 s of every call's waits)
+        span = getattr(v, "win_dt", 0.0)
+        where = f"in the window's {1e3 * span:.0f} ms of rows" if span > 0 else "in the window"
         rq = v.counter(f"sched.{sp.tid}.rq_delay_ns")
         if rq is not None and rq.window == rq.window:
             ev["thread_rq_delay_window_us"] = round(rq.window / 1e3, 1)
@@ -64,15 +67,15 @@ def contention(ctx: Context) -> CauseScore | None:
                     rq.window >= WINDOW_RQ_MIN_NS:
                 s = max(s, min(WINDOW_RQ_MAX,
                                WINDOW_RQ_BASE + WINDOW_RQ_SLOPE * rq.window / sp.excess_ns))
-                details.append(f"thread waited {rq.window / 1e3:.0f} µs on the run "
-                               "queue in the window")
+                details.append(f"thread waited {rq.window / 1e3:.0f} µs on the run queue "
+                               + where)
         nv = v.counter(f"sched.{sp.tid}.nivcsw")
         if nv is not None and nv.window > 0 and sp.nivcsw < 0:
             ev["thread_nivcsw_window"] = nv.window
             brief = rq is not None and rq.window == rq.window and \
                 rq.window < WINDOW_RQ_SHARE * sp.excess_ns
             s = max(s, WINDOW_SWITCHES_BRIEF if brief else WINDOW_SWITCHES)
-            details.append(f"{nv.window:.0f} involuntary switch(es) in the window" +
+            details.append(f"{nv.window:.0f} involuntary switch(es) {where}" +
                            (f" (their wait: {rq.window / 1e3:.0f} µs)" if brief else ""))
     if s <= 0:
         s = late_wake_up(ctx, ev, details)
