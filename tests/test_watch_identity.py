@@ -356,11 +356,11 @@ def test_a_restarted_service_is_timed_after_its_first_second(infer_lib, tmp_path
                 if f"hftagent_{os.getpid()}/" in ln]
 
 
-def _fds(pid: int) -> int:
-    """The fewest open descriptors of ``pid`` over a few looks (a read in flight is not
-    growth)."""
+def _fds(pid: int, looks: int = 5) -> int:
+    """The fewest open descriptors of ``pid`` over a few looks 50 ms apart (a read in flight
+    is not growth)."""
     n = []
-    for _ in range(5):
+    for _ in range(looks):
         n.append(len(os.listdir(f"/proc/{pid}/fd")))
         time.sleep(0.05)
     return min(n)
@@ -390,14 +390,14 @@ def test_20_restarts_leave_no_uprobe_and_no_descriptor_behind(infer_lib, tmp_pat
         for i in range(20):
             p = _start(libs[i % 2], marker)
             assert _until(partial(_said, lines, f"timing pid {p.pid} ")), lines
-            if i in (2, 19):
-                fds.append(_fds(w.pid))
             time.sleep(0.3)
             p.kill()
             p.wait()
             assert _until(partial(_said, lines, f"pid {p.pid} (", ") exited")), lines
             gone = _said(lines, f"pid {p.pid} (", ") exited")
             assert int(re.search(r"after (\d+) call", gone).group(1)) > 0, gone
+            if i in (2, 19):  # none running: its thread's files go at a sampler round
+                fds.append(_fds(w.pid, looks=60))  # (after its exit: 3 s of looks)
         w.send_signal(signal.SIGINT)
         assert w.wait(timeout=60) == 0, lines
     finally:
