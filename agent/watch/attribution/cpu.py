@@ -55,28 +55,27 @@ def contention(ctx: Context) -> CauseScore | None:
     v = views.get("sched")
     if v is not None:
         # (the window: the sampler rows over the call, 50 ms to 0.4 s of every call's waits)
-        span = getattr(v, "win_dt", 0.0)
-        where = f"in the window's {1e3 * span:.0f} ms of rows" if span > 0 else "in the window"
+        where = f"in the window's {1e3 * v.win_dt:.0f} ms of rows" if v.win_dt > 0 else \
+            "in the window"
         rq = v.counter(f"sched.{sp.tid}.rq_delay_ns")
-        if rq is not None and rq.window == rq.window:
-            ev["thread_rq_delay_window_us"] = round(rq.window / 1e3, 1)
+        waited = rq.window if rq is not None and rq.window == rq.window else None
+        if waited is not None:
+            ev["thread_rq_delay_window_us"] = round(waited / 1e3, 1)
             # Scored only without the sample's own run-queue delay (external sources):
             # the window's rows (50 ms for the built-in probes) sum many calls' ordinary
             # wake-up waits, which the sample's own figure leaves out.
-            if sp.rq_delay_ns < 0 and rq.window >= WINDOW_RQ_SHARE * sp.excess_ns and \
-                    rq.window >= WINDOW_RQ_MIN_NS:
+            if sp.rq_delay_ns < 0 and waited >= WINDOW_RQ_SHARE * sp.excess_ns and \
+                    waited >= WINDOW_RQ_MIN_NS:
                 s = max(s, min(WINDOW_RQ_MAX,
-                               WINDOW_RQ_BASE + WINDOW_RQ_SLOPE * rq.window / sp.excess_ns))
-                details.append(f"thread waited {rq.window / 1e3:.0f} µs on the run queue "
-                               + where)
+                               WINDOW_RQ_BASE + WINDOW_RQ_SLOPE * waited / sp.excess_ns))
+                details.append(f"thread waited {waited / 1e3:.0f} µs on the run queue {where}")
         nv = v.counter(f"sched.{sp.tid}.nivcsw")
         if nv is not None and nv.window > 0 and sp.nivcsw < 0:
             ev["thread_nivcsw_window"] = nv.window
-            brief = rq is not None and rq.window == rq.window and \
-                rq.window < WINDOW_RQ_SHARE * sp.excess_ns
+            brief = waited is not None and waited < WINDOW_RQ_SHARE * sp.excess_ns
             s = max(s, WINDOW_SWITCHES_BRIEF if brief else WINDOW_SWITCHES)
             details.append(f"{nv.window:.0f} involuntary switch(es) {where}" +
-                           (f" (their wait: {rq.window / 1e3:.0f} µs)" if brief else ""))
+                           (f" (their wait: {waited / 1e3:.0f} µs)" if brief else ""))
     if s <= 0:
         s = late_wake_up(ctx, ev, details)
     if s <= 0:
