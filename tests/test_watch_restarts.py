@@ -46,11 +46,12 @@ def _said(lines: list[str], *parts: str) -> bool:
     return any(all(p in ln for p in parts) for ln in list(lines))
 
 
-def _fds(pid: int) -> int:
-    """The fewest open descriptors of ``pid`` over a few looks (a read in flight is not
-    growth)."""
+def _fds(pid: int, looks: int = 60) -> int:
+    """The fewest open descriptors of ``pid`` over ``looks`` looks 50 ms apart (a read in
+    flight is not growth; an exited thread's schedstat, stat and status close at the sched
+    sampler's next round, ~0.75 s after the exit)."""
     n = []
-    for _ in range(5):
+    for _ in range(looks):
         n.append(len(os.listdir(f"/proc/{pid}/fd")))
         time.sleep(0.05)
     return min(n)
