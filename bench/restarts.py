@@ -283,6 +283,12 @@ def report(args: argparse.Namespace, w: Watch, runs: list[Run],
                      f"{min(fds[-k:])} at the end")
     if left:
         fails.append(f"left behind after watch exited: {left[:5]}")
+    # each process's thread takes 8 of the sched ring's 512 columns; past ~60 restarts they
+    # come from threads silent for 5 s (agent/watch/ring.py): none refused
+    sched = ((summary or {}).get("collectors") or {}).get("sched") or {}
+    if sched.get("signals_refused"):
+        fails.append(f"the sched ring refused {sched['signals_refused']} new thread "
+                     f"signal(s): a process's thread without its schedstat rows")
     after = sum(j["after_first_s"] for j in judged)
     timed = sum(j["timed_after_min"] for j in judged)
     rearm = [j["rearm_s"] for j in judged if j["rearm_s"] is not None]
@@ -300,6 +306,8 @@ def report(args: argparse.Namespace, w: Watch, runs: list[Run],
                     "max": max(fds)},
             "rss_kb": {"before": rss[0], "first": rss[min(1, len(rss) - 1)], "last": rss[-1],
                        "max": max(rss)},
+            "sched_columns": {"refused": sched.get("signals_refused", 0),
+                              "reused": sched.get("columns_reused", 0)},
             "watch_rc": rc, "leftovers": left, "failures": fails, "runs": judged,
             "samples": [{"fds": f, "rss_kb": r} for f, r in samples],
             "own_cpu": (summary or {}).get("own_cpu")}
@@ -324,6 +332,9 @@ def _print(res: dict) -> None:
     print(f"watch's descriptors: {fd['before']} before any process, {fd['first']} after the "
           f"first run, {fd['last']} after the last, max {fd['max']}; RSS kB {kb['before']}, "
           f"{kb['first']}, {kb['last']}, max {kb['max']}")
+    sc = res["sched_columns"]
+    print(f"the sched ring's columns: {sc['reused']} given to a new thread's signal by a "
+          f"gone one's, {sc['refused']} signal(s) refused")
     print(f"left after watch exited (rc {res['watch_rc']}): {res['leftovers'] or 'nothing'}")
     for f in res["failures"]:
         print(f"FAIL: {f}")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import queue
 import secrets
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -108,3 +111,18 @@ def needs_uprobes(cpus: int = 2) -> None:
         pytest.skip(why)
     if len(os.sched_getaffinity(0)) < cpus:
         pytest.skip(f"needs {cpus} CPUs")
+
+
+@contextlib.contextmanager
+def parked_thread():
+    """A thread of this process that waits until the block ends (then exits and is
+    joined); yields its kernel tid (the sched collector's thread tests)."""
+    done, tid = threading.Event(), queue.SimpleQueue()
+    th = threading.Thread(target=lambda: (tid.put(threading.get_native_id()), done.wait(60)),
+                          daemon=True)
+    th.start()
+    try:
+        yield tid.get(timeout=10)
+    finally:
+        done.set()
+        th.join(10)

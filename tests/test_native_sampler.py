@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from agent.watch.sampling.sources.irq import IrqCollector
 from agent.watch.sampling.sources.memory import MemoryCollector
 from agent.watch.sampling.sources.softirq import SoftirqCollector
 from collectors.host import Host
+from tests.conftest import parked_thread
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures" / "vm-dev"
@@ -684,6 +686,52 @@ def test_sched_rows_from_layouts_equal_the_parsed_ones(helper, tmp_path):
         a = pr.column(col, pr.window(0, 2**62))[-1]
         b = nr.column(col, idx)[-1]
         assert (a == b) or (a != a and b != b) or col.startswith("sched.cpu"), (col, a, b)
+
+
+def _rows_of(ring, name: str) -> bool:
+    """Whether ``name`` has a column with values in two of the ring's last four rows."""
+    import numpy as np
+    return name in ring.cols and (~np.isnan(ring.column(name, ring._order()[-4:]))).sum() >= 2
+
+
+def test_native_rows_of_a_new_thread_take_a_gone_threads_columns(helper, tmp_path):
+    """The native replay's fast rows (append_seqs keeps each key tuple's columns): threads
+    of this process one after another, on a ring of 32 columns (3 threads' worth): each
+    thread's run-queue columns have values while it runs, the later ones in columns a gone
+    thread had, and no value lands in another thread's column."""
+    import numpy as np
+
+    from agent.watch.sampling.sources.sched import SchedCollector
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    me = os.getpid()
+    sc = SchedCollector(Host(), [], [cpu], scan_period_s=1e9, status_every=1)
+    feed = Feed(10_000_000, helper=helper, shm_dir=str(tmp_path))
+    nat = NativeSampler([sc], feed, hz=100, cpus=None, drain_hz=20)
+    ring = nat.ring("sched")
+    ring.max_signals = 32
+    ring.stale_s = 0.3  # (5 s in a real run)
+    nat.start()
+    seen: dict[int, int] = {}  # tid → its run_ns column
+    try:
+        for k in range(10):
+            with parked_thread() as tid:
+                name = f"sched.{tid}.run_ns"
+                with nat.lock:
+                    start = ring.rows
+                sc.watch_tids([tid], pids={tid: me})
+                _until(partial(_rows_of, ring, name))
+                with nat.lock:
+                    seen[tid] = ring.cols[name]
+                    held = ring.column(name, ring._order())
+                    before = len(held) - (ring.rows - start)  # (rows from before its watch)
+                # (its values only: a gone thread's were dropped with its column)
+                assert before <= 0 or np.isnan(held[:before]).all(), k
+            _until(lambda: tid in sc.dropped)  # noqa: B023 - (called here, in its loop)
+            time.sleep(0.4)
+    finally:
+        nat.stop()
+    assert nat.native_error is None and ring.reused_signals >= 8
+    assert len(set(seen.values())) < len(seen)  # later threads in gone threads' columns
 
 
 def test_replays_come_at_drain_hz_and_a_poke_brings_the_next_one_forward(helper, tmp_path):

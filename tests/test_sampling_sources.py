@@ -33,6 +33,7 @@ from collectors.parsers import (
 from collectors.perf import parse_perf_line
 from collectors.sched import parse_stat_fields, parse_status_switches
 from collectors.softirq import parse_softirq_counts
+from tests.conftest import parked_thread
 
 FIX = Path(__file__).parent / "fixtures" / "vm-dev"
 
@@ -121,6 +122,44 @@ def test_sched_collector_live_thread_and_scan():
     finally:
         hog.kill()
         hog.wait()
+    c.close()
+
+
+def test_a_service_restarted_for_days_keeps_schedstat_rows_for_its_new_threads():
+    """A service followed by name, its calling thread new at each restart: each thread's
+    eight sched.<tid>.* columns are given to a later thread's once they had no value for
+    5 s (issue #38: 512 columns were full past ~60 restarts, and new threads had no
+    run-queue wait). 80 threads of this process, one after another, each restart 6 s of
+    clock after the exit."""
+    import time
+
+    import numpy as np
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    me = os.getpid()
+    c = SchedCollector(Host(), [], [cpu], scan_period_s=1e9, status_every=1)
+    s = Sampler([c], hz=100, capacity_s=0.16)
+    ring = s.ring("sched")
+    now = [10**9]
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            now[0] += 10_000_000
+            s.round(now[0])
+    for k in range(80):
+        with parked_thread() as tid:
+            c.watch_tids([tid], pids={tid: me})
+            rounds(4)
+            run = ring.column(f"sched.{tid}.run_ns", ring._order()[-3:])
+            assert not np.isnan(run).any(), (k, ring.dropped_signals)  # (deltas: from row 2)
+        for _ in range(500):  # (the task may outlive join() a moment)
+            rounds(1)
+            if tid in c.dropped:
+                break
+            time.sleep(0.002)
+        assert tid in c.dropped, k
+        now[0] += 6 * 10**9  # (the restart: no row between)
+    assert ring.reused_signals >= 80 * 8 - 512 and len(ring.cols) <= 512
+    assert not c._threads and not c.tracks  # (every thread's files closed)
     c.close()
 
 

@@ -50,3 +50,98 @@ def test_cols_at_is_a_slice_where_the_columns_are_contiguous_and_follows_new_col
     names, cols = r.cols_at("irq.1.")
     assert names == ["irq.1.a", "irq.1.b", "irq.1.c"] and isinstance(cols, np.ndarray)
     assert cols.tolist() == [0, 1, 3] and r.cols_at("irq.3.")[0] == []
+
+
+def _gone_for(r, n: int, t: int, values: dict) -> int:
+    for _ in range(n):
+        r.append(t, t + 1, values)
+        t += 1
+    return t
+
+
+def test_a_full_ring_gives_a_gone_signals_column_to_a_new_one():
+    """An exited thread's sched.<tid>.* columns: once no held row has a value in one, a new
+    signal takes it (a service restarted for days keeps rows for its new threads); until
+    then a new signal is refused, as before, and a column holding data is never taken."""
+    import numpy as np
+
+    from agent.watch.ring import SignalRing
+    r = SignalRing("sched", capacity=10, max_signals=4)
+    t = _gone_for(r, 3, 0, {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0})
+    layout = r.layout
+    t = _gone_for(r, 10, t, {"b": 2.0, "c": 3.0, "d": 4.0, "e": 5.0})  # a's in the ring
+    assert "e" not in r.cols and r.dropped_signals == 10 and r.layout == layout
+    ia = r.cols["a"]
+    t = _gone_for(r, 1, t, {"b": 2.0, "c": 3.0, "d": 4.0, "e": 5.0})  # a's rows all gone
+    assert "a" not in r.cols and r.cols["e"] == ia and r.reused_signals == 1
+    assert r.layout == layout + 1 and r.dropped_signals == 10
+    col = r.data[r._order(), ia]
+    assert col[-1] == 5.0 and np.isnan(col[:-1]).all()  # a's old values none of e's
+    idx = r.window(0, t)
+    assert r.column("a", idx).tolist() == [] or np.isnan(r.column("a", idx)).all()
+    assert [n for n, _ in r.cols_like("")] == ["e", "b", "c", "d"]  # in column order
+    for k in ("b", "c", "d"):  # the live signals kept their columns and values
+        assert (r.column(k, idx) == {"b": 2.0, "c": 3.0, "d": 4.0}[k]).all()
+
+
+def test_a_column_is_not_given_away_under_the_row_that_writes_its_signal():
+    """The gone signal comes back in the very row that brings a new one: it keeps its
+    column (the new one is refused this row), and neither value lands in the other's."""
+    from agent.watch.ring import SignalRing
+    r = SignalRing("sched", capacity=6, max_signals=2)
+    t = _gone_for(r, 1, 0, {"a": 1.0, "b": 2.0})
+    t = _gone_for(r, 6, t, {"b": 2.0})
+    r.append(t, t + 1, {"a": 7.0, "e": 9.0})
+    assert set(r.cols) == {"a", "b"} and r.dropped_signals == 1
+    assert r.data[(r.rows - 1) % r.capacity, r.cols["a"]] == 7.0
+
+
+def test_the_fast_row_path_forgets_a_given_away_column():
+    """append_seqs keeps each key tuple's columns across batches: a column given to
+    another signal since is not written with the old key's values."""
+    import numpy as np
+
+    from agent.watch.ring import DeltaTracker, SignalRing
+    r = SignalRing("sched", capacity=4, max_signals=3)
+    tr = DeltaTracker(lambda n: True)
+    keys = ("x", "y")
+    for b in range(2):  # (the first batch makes the columns, the second keeps them)
+        r.append_seqs([(i, i + 1, (10.0 * i, 20.0 * i)) for i in range(2 * b, 2 * b + 2)],
+                      keys, tr)
+    assert r._seqs  # the fast path's columns kept
+    t = _gone_for(r, 4, 10, {"w": 1.0})
+    r.append(t, t + 1, {"w": 1.0, "z": 5.0})  # x's or y's column now z's
+    gave = {"x", "y"} - set(r.cols)
+    assert len(gave) == 1 and r.reused_signals == 1
+    r.append_seqs([(t + i, t + 1 + i, (10.0 * i, 20.0 * i)) for i in (4, 5)], keys, tr)
+    r.append(t + 9, t + 10, {"w": 1.0, "z": 6.0})
+    z = r.column("z", r._order())
+    assert z[~np.isnan(z)].tolist() == [5.0, 6.0]  # z's own values only
+
+
+def test_a_signal_silent_for_stale_s_gives_its_column_and_its_held_values_go():
+    """A restart by name: the old thread's last rows are still held when the new thread's
+    first row comes after a gap with no rows (its row spans the gap). Its columns go to
+    the new thread once it had no value for stale_s (5 s), its held values with them;
+    a signal with a value inside the 5 s keeps its column."""
+    import numpy as np
+
+    from agent.watch.ring import SignalRing
+    ms = 1_000_000
+    r = SignalRing("sched", capacity=1000, max_signals=3)
+    for k in range(100):  # 1 s of rows, 10 ms each
+        r.append(k * 10 * ms, (k + 1) * 10 * ms, {"old": 1.0, "b": 2.0, "c": 3.0})
+    t = 1000 * ms
+    r.append(t, t + 4000 * ms, {"b": 2.0, "new": 5.0})  # 4 s on: "old" had a value lately
+    assert "new" not in r.cols and r.dropped_signals == 1
+    for k in range(50):  # (the look for a silent column: once in capacity // 30 rows)
+        t += 4500 * ms if not k else 10 * ms
+        r.append(t, t + 10 * ms, {"b": 2.0})
+    t += 10 * ms
+    r.append(t, t + 10 * ms, {"b": 2.0, "new": 5.0})  # 5.01 s on: c, old silent
+    assert r.reused_signals == 1 and "new" in r.cols and len(r.cols) == 3
+    gone = ({"old", "c"} - set(r.cols)).pop()
+    col = r.column("new", r._order())
+    assert col[-1] == 5.0 and np.isnan(col[:-1]).all()  # the gone signal's values dropped
+    assert r.column(gone, r._order()).size == 0 or np.isnan(r.column(gone, r._order())).all()
+    assert (r.column("b", r._order()) == 2.0).all()

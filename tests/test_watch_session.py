@@ -1087,3 +1087,25 @@ def test_ingest_names_each_new_threads_process_to_the_sched_collector():
     s.ingest(batch((900, 900), (700, 700)))
     assert seen == [([700, 701], {700: 700, 701: 700}), ([701], None),
                     ([700, 900], {900: 900, 700: 700})]
+
+
+def test_a_full_rings_refused_signals_are_in_the_summary_and_its_text():
+    """A ring whose every column had a value lately refuses a new signal (its values are
+    not kept): the summary's collector entry counts them, and the text says so."""
+    from pathlib import Path
+
+    from agent.watch import report
+    from agent.watch.sampling.python import Sampler
+    from agent.watch.sampling.sources.memory import MemoryCollector
+    from collectors.host import Host
+    s, _, _ = _storm_session(1, 0.0)
+    s.sampler = Sampler([MemoryCollector(Host(Path(__file__).parent / "fixtures" / "vm-dev"))])
+    s.sampler.round()
+    assert "signals_refused" not in s.summary()["collectors"]["memory"]
+    ring = s.sampler.ring("memory")
+    ring.max_signals = len(ring.cols)
+    ring.append(1, 2, {"new.signal": 1.0})
+    got = s.summary()
+    assert got["collectors"]["memory"]["signals_refused"] == 1
+    assert got["collectors"]["memory"]["columns_reused"] == 0
+    assert any(ln.startswith("memory: 1 new signal(s) refused") for ln in report.collectors(got))

@@ -89,7 +89,7 @@ class MetricsFeed:
                 self.m.set_gauge("cpu_frequency_hertz", v, cpu=str(c))
         gpu = session.sampler.ring("gpu")
         if gpu is not None:
-            for g in sorted({n.split(".")[1] for n in gpu.cols if n.count(".") == 2}):
+            for g in sorted({n.split(".")[1] for n in list(gpu.cols) if n.count(".") == 2}):
                 p = f"gpu.{g}."
                 full = _full_row(gpu, p)
                 for clock, key in (("sm", "sm_clock_hz"), ("memory", "mem_clock_hz")):
@@ -101,7 +101,7 @@ class MetricsFeed:
                                  gpu=g)
         pcie = session.sampler.ring("pcie")
         if pcie is not None:
-            for dev in sorted({n[5:].rsplit(".", 1)[0] for n in pcie.cols}):
+            for dev in sorted({n[5:].rsplit(".", 1)[0] for n in list(pcie.cols)}):
                 p = f"pcie.{dev}."
                 speed, width = _latest(pcie, p + "speed_gts"), _latest(pcie, p + "width")
                 mspeed, mwidth = _latest(pcie, p + "max_speed_gts"), _latest(pcie, p + "max_width")

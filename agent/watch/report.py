@@ -87,11 +87,14 @@ def delay(s: dict) -> list[str]:
 
 
 def collectors(s: dict) -> list[str]:
+    out = [f"{n}: {c['signals_refused']} new signal(s) refused (every column of its ring "
+           f"had a value lately; {c.get('columns_reused', 0)} column(s) given to new ones)"
+           for n, c in s["collectors"].items() if c.get("signals_refused")]
     bad = {n: c for n, c in s["collectors"].items() if c["state"] != "ok"}
     if not bad:
-        return []
+        return out
     return ["unsupported collectors: " + "; ".join(f"{n} ({c.get('reason') or c['state']})"
-                                                   for n, c in bad.items())]
+                                                   for n, c in bad.items())] + out
 
 
 def perf(s: dict) -> list[str]:

@@ -4,7 +4,9 @@ A :class:`SignalRing` holds one collector's rounds: per row the interval it cove
 (``t0_ns``, ``t1_ns``, CLOCK_MONOTONIC) and one float64 column per signal (NaN = not read that
 round). Counters are stored as deltas over the row's interval (see :func:`counter_delta`),
 gauges as read. Columns are added as signals appear, up to ``max_signals``; memory is
-``capacity × max_signals × 8`` bytes at most.
+``capacity × max_signals × 8`` bytes at most. A full ring gives a new signal the column of one
+that has had no value for :attr:`SignalRing.stale_s` (an exited thread's ``sched.<tid>.*``): a
+service restarted for days keeps getting rows for its new threads.
 """
 
 from __future__ import annotations
@@ -91,10 +93,16 @@ class SignalRing:
         self.t1 = np.frombuffer(self._t1, dtype=np.int64)
         self._alloc(8)
         self.cols: dict[str, int] = {}
-        self._like: dict = {}  # (prefix, suffixes) → [(name, column)], for _like_n columns
+        # bumped when a column is added or given to another signal: what caches a column's
+        # meaning keys on it (cols_like here, the attribution's baseline statistics)
+        self.layout = 0
+        self._like: dict = {}  # (prefix, suffixes) → [(name, column)], for layout _like_n
         self._like_n = 0
         self.rows = 0  # total rows ever written
-        self.dropped_signals = 0
+        self.dropped_signals = 0  # new signals refused: every column held data
+        self.reused_signals = 0  # columns given to a new signal (see _reuse)
+        self._free: list[int] = []  # columns found empty at the last look, lowest last
+        self._free_look_at = 0  # the row count before which a look for them is not repeated
 
     def _alloc(self, width: int, old: np.ndarray | None = None) -> None:
         buf = array("d", [NAN]) * (self.capacity * width)
@@ -104,18 +112,58 @@ class SignalRing:
         self._buf, self.data, self.width = buf, data, width
         self._blank = array("d", [NAN]) * width
 
-    def _col(self, name: str) -> int | None:
+    def _col(self, name: str, row: list[int] = (), t_ns: int = 0) -> int | None:
+        """``name``'s column, added now where it has none; ``row``: the columns the row
+        being written (ending at ``t_ns``) already uses, never given away under it. None:
+        the ring is full and every signal had a value lately (``dropped_signals``)."""
         i = self.cols.get(name)
         if i is not None:
             return i
         if len(self.cols) >= self.max_signals:
-            self.dropped_signals += 1
-            return None
-        i = len(self.cols)
-        if i >= self.width:
-            self._alloc(min(self.max_signals, self.width * 2), self.data)
+            i = self._reuse(row, t_ns)
+            if i is None:
+                self.dropped_signals += 1
+                return None
+        else:
+            i = len(self.cols)
+            if i >= self.width:
+                self._alloc(min(self.max_signals, self.width * 2), self.data)
         self.cols[name] = i
+        self.layout += 1
         return i
+
+    # A full ring's signal with no value for this long gives its column to a new one (its
+    # held values dropped). An exited thread's: the attribution holds a spike's record back
+    # ≤ ~0.6 s (bench/attribution.py) and reads its window's rows; a service restarted by
+    # name has no sched rows between its processes, so "no value in any held row" would
+    # keep a restart's new thread without rows for a whole ring (30 s). Every signal of a
+    # sampler's ring comes at least every 2 s (the task scan's).
+    stale_s = 5.0
+
+    def _reuse(self, row, t_ns: int) -> int | None:
+        """A column whose signal had no value in the rows ending in the :attr:`stale_s`
+        before ``t_ns`` (a row after a gap with no rows spans it: its end is the time),
+        taken from it (its name no longer reads; its held values are
+        dropped), or None. The look over every column (~0.3 ms at 500 rows × 512) runs
+        at most once in ``capacity // 30`` rows (1 s at 100 Hz) while a new signal waits
+        for one; a column it found is checked again when taken."""
+        data, free = self.data, self._free
+        while True:
+            recent = self.window(t_ns - int(self.stale_s * 1e9), t_ns)
+            while free:
+                i = free.pop()
+                if i not in row and np.isnan(data[recent, i]).all():
+                    name = next(n for n, j in self.cols.items() if j == i)
+                    del self.cols[name]
+                    data[:, i] = NAN
+                    self._seqs = None  # (their column indices)
+                    self.reused_signals += 1
+                    return i
+            if self.rows < self._free_look_at:
+                return None
+            self._free_look_at = self.rows + max(1, self.capacity // 30)
+            n = len(self.cols)
+            free[:] = np.flatnonzero(np.isnan(data[recent, :n]).all(axis=0))[::-1].tolist()
 
     def _store(self, t0_ns: int, t1_ns: int, idx: list[int], vals: list[float]) -> None:
         row = self._blank[:]
@@ -135,7 +183,7 @@ class SignalRing:
         for name, v in values.items():
             i = cols.get(name)
             if i is None:
-                i = self._col(name)
+                i = self._col(name, idx, t1_ns)
                 if i is None:
                     continue
             if v is None:
@@ -173,7 +221,7 @@ class SignalRing:
                         tracker.resets += 1
             i = cols.get(name)
             if i is None:
-                i = self._col(name)
+                i = self._col(name, idx, t1_ns)
                 if i is None:
                     continue
             idx.append(i)
@@ -289,17 +337,21 @@ class SignalRing:
 
     def cols_like(self, prefix: str = "", suffixes: tuple[str, ...] = ()) -> list[tuple[str, int]]:
         """(name, column) of every signal named ``prefix``… (and …one of ``suffixes`` when
-        given), in column order; kept until a signal is added (columns are never removed),
-        so the rules that weigh "every IRQ row of CPU 3" do not test each name per spike."""
+        given), in column order; kept until a column is added or given to another signal
+        (:attr:`layout`), so the rules that weigh "every IRQ row of CPU 3" do not test each
+        name per spike."""
         like = self._like
-        if self._like_n != len(self.cols):
+        if self._like_n != self.layout:
             like.clear()
-            self._like_n = len(self.cols)
+            self._like_n = self.layout
         key = (prefix, suffixes)
         got = like.get(key)
         if got is None:
-            got = like[key] = [(n, i) for n, i in self.cols.items() if n.startswith(prefix)
-                               and (not suffixes or n.endswith(suffixes))]
+            # (a copy first, made in one C call: the sampler's thread adds columns and
+            # gives them away while the attribution reads)
+            got = like[key] = sorted(
+                ((n, i) for n, i in list(self.cols.items()) if n.startswith(prefix)
+                 and (not suffixes or n.endswith(suffixes))), key=itemgetter(1))
         return got
 
     def cols_at(self, prefix: str) -> tuple[list[str], np.ndarray | slice]:
@@ -307,7 +359,7 @@ class SignalRing:
         contiguous (the usual case: a collector adds a CPU's rows together), else an index
         array; kept as :meth:`cols_like` is."""
         key = (prefix, None)
-        got = self._like.get(key) if self._like_n == len(self.cols) else None
+        got = self._like.get(key) if self._like_n == self.layout else None
         if got is None:
             like = self.cols_like(prefix)
             at = [i for _, i in like]
@@ -395,7 +447,7 @@ class SignalRing:
         """Rows in [t_from, t_to] as JSON-ready lists (for the flight recorder)."""
         idx = self.window(t_from, t_to)
         sig = {}
-        for name, i in self.cols.items():
+        for name, i in list(self.cols.items()):
             col = self.data[idx, i]
             if np.isnan(col).all():
                 continue

@@ -98,6 +98,12 @@ def build(s, *, native: bool, now_ns: int) -> dict:
         for name, st in smp.stats.per_collector.items():
             col[name] = st.to_dict()
         for e in getattr(smp, "entries", ()):
+            r = e.ring
+            if (r.dropped_signals or r.reused_signals) and e.state.name in col:
+                # a full ring: new signals without a column (their values not kept), and
+                # the columns given to a new signal by one silent for ring.stale_s
+                col[e.state.name].update(signals_refused=r.dropped_signals,
+                                         columns_reused=r.reused_signals)
             if getattr(e, "adapt", None) is not None and e.state.name in col:
                 # an adaptive period (gpu: 1 s while the probe is on no GPU) as it ends
                 col[e.state.name]["period_s_now"] = round(smp.period_now_ns(e) / 1e9, 3)

@@ -140,10 +140,11 @@ class RingView:
         self.win = ring.window(t_from, t_to) if win is None else win
         if b_to is None:
             b_to = t_from - int(exclude_s * 1e9)
-        # The key names the ring object and its width; the entry is dropped once the ring
-        # has written over any of its baseline rows since (a run paused longer than the
-        # ring holds, then a spike from the same quantum).
-        key = (id(ring), b_to, int(baseline_s * 1e9), len(ring.cols))
+        # The key names the ring object and its columns' layout (a column added or given to
+        # another signal since: computed again); the entry is dropped once the ring has
+        # written over any of its baseline rows since (a run paused longer than the ring
+        # holds, then a spike from the same quantum).
+        key = (id(ring), b_to, int(baseline_s * 1e9), ring.layout)
         hit = stats_cache.get(ring.name) if stats_cache is not None else None
         if hit is not None and hit[0] == key and \
                 ring.rows - hit[1].rows_then <= ring.capacity - len(hit[1].base):
