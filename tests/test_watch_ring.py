@@ -145,3 +145,22 @@ def test_a_signal_silent_for_stale_s_gives_its_column_and_its_held_values_go():
     assert col[-1] == 5.0 and np.isnan(col[:-1]).all()  # the gone signal's values dropped
     assert r.column(gone, r._order()).size == 0 or np.isnan(r.column(gone, r._order())).all()
     assert (r.column("b", r._order()) == 2.0).all()
+
+
+def test_before_it_grows_a_ring_takes_only_a_column_with_no_held_value():
+    """Not full: a new signal takes the column of one none of whose values the ring holds
+    (nothing lost), never that of one merely silent for 5 s (a GPU's clocks, read every
+    10 s while the probe is on no GPU): the ring grows instead."""
+    from agent.watch.ring import SignalRing
+    s = 1_000_000_000
+    r = SignalRing("gpu", capacity=20, max_signals=64)
+    names = [f"s{k}" for k in range(8)]  # the ring's first width
+    r.append(0, s, dict.fromkeys(names, 1.0))
+    r.append(s, 7 * s, {"s1": 1.0})  # s0, s2.. silent 6 s, their values held
+    r.append(7 * s, 8 * s, {"s1": 1.0, "new": 2.0})
+    assert r.width == 16 and r.cols["new"] == 8 and not r.reused_signals
+    for k in range(20):  # s0's value (and the others') leaves the ring
+        r.append((8 + k) * s, (9 + k) * s, {"s1": 1.0, "new": 2.0})
+    r.append(28 * s, 29 * s, {f"more{k}": 3.0 for k in range(14)})  # 7 fill the width,
+    assert r.width == 16 and r.reused_signals == 7  # 7 take the gone ones' (not s1, new)
+    assert set(r.cols) == {"s1", "new", *(f"more{k}" for k in range(14))}

@@ -1100,11 +1100,14 @@ def test_a_full_rings_refused_signals_are_in_the_summary_and_its_text():
     from collectors.host import Host
     s, _, _ = _storm_session(1, 0.0)
     s.sampler = Sampler([MemoryCollector(Host(Path(__file__).parent / "fixtures" / "vm-dev"))])
-    s.sampler.round()
+    for k in range(2):  # (a counter's first value is its second read's delta)
+        s.sampler.round(now_ns=10**12 + k * 100_000_000)
     assert "signals_refused" not in s.summary()["collectors"]["memory"]
     ring = s.sampler.ring("memory")
     ring.max_signals = len(ring.cols)
-    ring.append(1, 2, {"new.signal": 1.0})
+    assert ring.max_signals > 5
+    t = ring.latest_t1  # (every column had a value a moment ago)
+    ring.append(t, t + 10_000_000, {"new.signal": 1.0})
     got = s.summary()
     assert got["collectors"]["memory"]["signals_refused"] == 1
     assert got["collectors"]["memory"]["columns_reused"] == 0

@@ -4,9 +4,10 @@ A :class:`SignalRing` holds one collector's rounds: per row the interval it cove
 (``t0_ns``, ``t1_ns``, CLOCK_MONOTONIC) and one float64 column per signal (NaN = not read that
 round). Counters are stored as deltas over the row's interval (see :func:`counter_delta`),
 gauges as read. Columns are added as signals appear, up to ``max_signals``; memory is
-``capacity × max_signals × 8`` bytes at most. A full ring gives a new signal the column of one
-that has had no value for :attr:`SignalRing.stale_s` (an exited thread's ``sched.<tid>.*``): a
-service restarted for days keeps getting rows for its new threads.
+``capacity × max_signals × 8`` bytes at most. Before it grows, a ring gives a new signal the
+column of one with no value in any held row, and when it is full, of one with no value for
+:attr:`SignalRing.stale_s` (an exited thread's ``sched.<tid>.*``): a service restarted for days
+keeps getting rows for its new threads, in a ring a few threads wide.
 """
 
 from __future__ import annotations
@@ -112,20 +113,25 @@ class SignalRing:
         self._buf, self.data, self.width = buf, data, width
         self._blank = array("d", [NAN]) * width
 
-    def _col(self, name: str, row: list[int] = (), t_ns: int = 0) -> int | None:
+    def _col(self, name: str, row: list[int], t_ns: int) -> int | None:
         """``name``'s column, added now where it has none; ``row``: the columns the row
         being written (ending at ``t_ns``) already uses, never given away under it. None:
         the ring is full and every signal had a value lately (``dropped_signals``)."""
         i = self.cols.get(name)
         if i is not None:
             return i
-        if len(self.cols) >= self.max_signals:
-            i = self._reuse(row, t_ns)
-            if i is None:
+        # Before the ring grows, a column with no value in any held row (nothing is lost:
+        # the sched ring of a service restarted for days stays a few threads wide, not
+        # 12 MB); when it is full, one whose signal was silent for stale_s (its held values
+        # dropped, rather than the new signal refused).
+        n = len(self.cols)
+        full = n >= self.max_signals
+        i = self._reuse(row, t_ns, full) if full or n >= self.width else None
+        if i is None:
+            if full:
                 self.dropped_signals += 1
                 return None
-        else:
-            i = len(self.cols)
+            i = n
             if i >= self.width:
                 self._alloc(min(self.max_signals, self.width * 2), self.data)
         self.cols[name] = i
@@ -137,22 +143,23 @@ class SignalRing:
     # ≤ ~0.6 s (bench/attribution.py) and reads its window's rows; a service restarted by
     # name has no sched rows between its processes, so "no value in any held row" would
     # keep a restart's new thread without rows for a whole ring (30 s). Every signal of a
-    # sampler's ring comes at least every 2 s (the task scan's).
+    # sampler's ring comes at least every 2 s (the task scan's) but the GPU's while the
+    # probe is on none (every 10 s: collectors/gpu.py idle_full_s), in a ring never full.
     stale_s = 5.0
 
-    def _reuse(self, row, t_ns: int) -> int | None:
-        """A column whose signal had no value in the rows ending in the :attr:`stale_s`
-        before ``t_ns`` (a row after a gap with no rows spans it: its end is the time),
-        taken from it (its name no longer reads; its held values are
-        dropped), or None. The look over every column (~0.3 ms at 500 rows × 512) runs
-        at most once in ``capacity // 30`` rows (1 s at 100 Hz) while a new signal waits
-        for one; a column it found is checked again when taken."""
+    def _reuse(self, row, t_ns: int, full: bool) -> int | None:
+        """A column taken from its signal (its name no longer reads), or None: one with no
+        value in any held row, or where the ring is ``full``, none in the rows ending in the
+        :attr:`stale_s` before ``t_ns`` (a row after a gap with no rows spans it: its end
+        is the time; its held values are dropped). The look over every column (~0.3 ms at
+        500 rows × 512) runs at most once in ``capacity // 30`` rows (1 s at 100 Hz) while
+        a new signal waits for one; a column it found is checked again when taken."""
         data, free = self.data, self._free
+        rows = self.window(t_ns - int(self.stale_s * 1e9), t_ns) if full else slice(None)
         while True:
-            recent = self.window(t_ns - int(self.stale_s * 1e9), t_ns)
             while free:
                 i = free.pop()
-                if i not in row and np.isnan(data[recent, i]).all():
+                if i not in row and np.isnan(data[rows, i]).all():
                     name = next(n for n, j in self.cols.items() if j == i)
                     del self.cols[name]
                     data[:, i] = NAN
@@ -163,7 +170,7 @@ class SignalRing:
                 return None
             self._free_look_at = self.rows + max(1, self.capacity // 30)
             n = len(self.cols)
-            free[:] = np.flatnonzero(np.isnan(data[recent, :n]).all(axis=0))[::-1].tolist()
+            free[:] = np.flatnonzero(np.isnan(data[rows, :n]).all(axis=0))[::-1].tolist()
 
     def _store(self, t0_ns: int, t1_ns: int, idx: list[int], vals: list[float]) -> None:
         row = self._blank[:]
