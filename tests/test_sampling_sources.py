@@ -127,9 +127,9 @@ def test_sched_collector_live_thread_and_scan():
 
 def test_a_service_restarted_for_days_keeps_schedstat_rows_for_its_new_threads():
     """A service followed by name, its calling thread new at each restart: each thread's
-    eight sched.<tid>.* columns are given to a later thread's once the ring holds none of
-    its values, before the ring grows (issue #38: 512 columns were full past ~60 restarts,
-    and new threads had no run-queue wait; the ring was 12 MB by then). 80 threads of this
+    eight sched.<tid>.* columns are retired at its exit and given to a later thread's 5 s
+    after, before the ring grows (issue #38: 512 columns were full past ~60 restarts, and
+    new threads had no run-queue wait; the ring was 12 MB by then). 80 threads of this
     process, one after another, each restart 6 s of clock after the exit."""
     import time
 
@@ -158,9 +158,8 @@ def test_a_service_restarted_for_days_keeps_schedstat_rows_for_its_new_threads()
             time.sleep(0.002)
         assert tid in c.dropped, k
         now[0] += 6 * 10**9  # (the restart: no row between)
-    # (before the ring grows, the columns of a thread none of whose values the 16-row ring
-    # holds: a thread's ~6 rows, 4 threads' columns at most)
-    assert ring.reused_signals >= 76 * 8 and ring.width <= 32 and not ring.dropped_signals
+    # (each thread's columns retired at its exit, taken by the next one 6 s later: 8 wide)
+    assert ring.reused_signals == 79 * 8 and ring.width == 8 and not ring.dropped_signals
     assert not c._threads and not c.tracks  # (every thread's files closed)
     c.close()
 

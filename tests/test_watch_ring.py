@@ -147,20 +147,29 @@ def test_a_signal_silent_for_stale_s_gives_its_column_and_its_held_values_go():
     assert (r.column("b", r._order()) == 2.0).all()
 
 
-def test_before_it_grows_a_ring_takes_only_a_column_with_no_held_value():
-    """Not full: a new signal takes the column of one none of whose values the ring holds
-    (nothing lost), never that of one merely silent for 5 s (a GPU's clocks, read every
-    10 s while the probe is on no GPU): the ring grows instead."""
+def test_a_retired_signal_gives_its_column_stale_s_later_before_the_ring_grows():
+    """Not full: a signal merely silent (a GPU's clocks, read every 10 s while the probe is
+    on no GPU) keeps its column and the ring grows; one its collector retired (an exited
+    thread's) gives its column to a new signal 5 s after, not before, and not if it had a
+    value since."""
     from agent.watch.ring import SignalRing
     s = 1_000_000_000
-    r = SignalRing("gpu", capacity=20, max_signals=64)
+    r = SignalRing("sched", capacity=64, max_signals=64)
     names = [f"s{k}" for k in range(8)]  # the ring's first width
     r.append(0, s, dict.fromkeys(names, 1.0))
-    r.append(s, 7 * s, {"s1": 1.0})  # s0, s2.. silent 6 s, their values held
+    r.append(s, 7 * s, {"s1": 1.0})  # the others silent 6 s
     r.append(7 * s, 8 * s, {"s1": 1.0, "new": 2.0})
     assert r.width == 16 and r.cols["new"] == 8 and not r.reused_signals
-    for k in range(20):  # s0's value (and the others') leaves the ring
-        r.append((8 + k) * s, (9 + k) * s, {"s1": 1.0, "new": 2.0})
-    r.append(28 * s, 29 * s, {f"more{k}": 3.0 for k in range(14)})  # 7 fill the width,
-    assert r.width == 16 and r.reused_signals == 7  # 7 take the gone ones' (not s1, new)
-    assert set(r.cols) == {"s1", "new", *(f"more{k}" for k in range(14))}
+    r.retire(["s2", "s3", "s4"], 8 * s)
+    r.append(9 * s, 10 * s, {"s3": 1.0})  # (s3: a value after all)
+    for k in range(7):  # fill the width
+        r.append(10 * s, 11 * s, {f"fill{k}": 1.0})
+    r.append(11 * s, 12 * s, {"early": 1.0})  # 4 s after: the ring grows
+    assert r.width == 32 and r.cols["early"] == 16 and not r.reused_signals
+    for k in range(15):  # fill the width again
+        r.append(12 * s, 13 * s, {f"fill{k + 7}": 1.0})
+    r.append(13 * s, 14 * s, {f"late{k}": 1.0 for k in range(3)})  # 5 s after: s2's and
+    assert r.reused_signals == 2 and r.width == 64  # s4's columns, then the ring grows
+    assert "s2" not in r.cols and "s4" not in r.cols and "s3" in r.cols
+    assert [r.cols[f"late{k}"] for k in range(3)] == [2, 4, 32]
+    assert (r.column("late0", r._order()) == 1.0).sum() == 1  # s2's values dropped

@@ -4,10 +4,11 @@ A :class:`SignalRing` holds one collector's rounds: per row the interval it cove
 (``t0_ns``, ``t1_ns``, CLOCK_MONOTONIC) and one float64 column per signal (NaN = not read that
 round). Counters are stored as deltas over the row's interval (see :func:`counter_delta`),
 gauges as read. Columns are added as signals appear, up to ``max_signals``; memory is
-``capacity × max_signals × 8`` bytes at most. Before it grows, a ring gives a new signal the
-column of one with no value in any held row, and when it is full, of one with no value for
-:attr:`SignalRing.stale_s` (an exited thread's ``sched.<tid>.*``): a service restarted for days
-keeps getting rows for its new threads, in a ring a few threads wide.
+``capacity × max_signals × 8`` bytes at most. A signal its collector says is gone for good (an
+exited thread's ``sched.<tid>.*``: :meth:`SignalRing.retire`) gives its column to a new one
+:attr:`SignalRing.stale_s` later, before the ring grows; a full ring also takes the column of
+any signal silent that long. A service restarted for days keeps rows for its new threads, in a
+ring a few threads wide.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class SignalRing:
         self.reused_signals = 0  # columns given to a new signal (see _reuse)
         self._free: list[int] = []  # columns found empty at the last look, lowest last
         self._free_look_at = 0  # the row count before which a look for them is not repeated
+        self._retired: dict[int, int] = {}  # column → when its signal was said gone (retire)
 
     def _alloc(self, width: int, old: np.ndarray | None = None) -> None:
         buf = array("d", [NAN]) * (self.capacity * width)
@@ -120,13 +122,14 @@ class SignalRing:
         i = self.cols.get(name)
         if i is not None:
             return i
-        # Before the ring grows, a column with no value in any held row (nothing is lost:
-        # the sched ring of a service restarted for days stays a few threads wide, not
-        # 12 MB); when it is full, one whose signal was silent for stale_s (its held values
-        # dropped, rather than the new signal refused).
+        # Before the ring grows, a retired signal's column (the sched ring of a service
+        # restarted for days stays a few threads wide, not 12 MB); when it is full, also one
+        # whose signal was silent for stale_s (its held values dropped, rather than the new
+        # signal refused).
         n = len(self.cols)
         full = n >= self.max_signals
-        i = self._reuse(row, t_ns, full) if full or n >= self.width else None
+        i = self._reuse(row, t_ns, full) if full or (n >= self.width and self._retired) \
+            else None
         if i is None:
             if full:
                 self.dropped_signals += 1
@@ -138,39 +141,65 @@ class SignalRing:
         self.layout += 1
         return i
 
-    # A full ring's signal with no value for this long gives its column to a new one (its
-    # held values dropped). An exited thread's: the attribution holds a spike's record back
-    # ≤ ~0.6 s (bench/attribution.py) and reads its window's rows; a service restarted by
-    # name has no sched rows between its processes, so "no value in any held row" would
-    # keep a restart's new thread without rows for a whole ring (30 s). Every signal of a
-    # sampler's ring comes at least every 2 s (the task scan's) but the GPU's while the
-    # probe is on none (every 10 s: collectors/gpu.py idle_full_s), in a ring never full.
+    # A retired signal's column goes to a new one this long after, and a full ring's signal
+    # with no value for this long gives its column too (their held values dropped): the
+    # attribution holds a spike's record back ≤ ~0.6 s (bench/attribution.py) and reads its
+    # window's rows. Every signal of a sampler's ring comes at least every 2 s (the task
+    # scan's) but the GPU's while the probe is on none (every 10 s: collectors/gpu.py
+    # idle_full_s), in a ring never full.
     stale_s = 5.0
 
+    def retire(self, names, t_ns: int) -> None:
+        """``names`` are gone for good as of ``t_ns`` (an exited thread's signals): their
+        columns go to new signals :attr:`stale_s` later (their values read until then)."""
+        for name in names:
+            i = self.cols.get(name)
+            if i is not None and i not in self._retired:
+                self._retired[i] = t_ns
+
     def _reuse(self, row, t_ns: int, full: bool) -> int | None:
-        """A column taken from its signal (its name no longer reads), or None: one with no
-        value in any held row, or where the ring is ``full``, none in the rows ending in the
-        :attr:`stale_s` before ``t_ns`` (a row after a gap with no rows spans it: its end
-        is the time; its held values are dropped). The look over every column (~0.3 ms at
-        500 rows × 512) runs at most once in ``capacity // 30`` rows (1 s at 100 Hz) while
-        a new signal waits for one; a column it found is checked again when taken."""
-        data, free = self.data, self._free
-        rows = self.window(t_ns - int(self.stale_s * 1e9), t_ns) if full else slice(None)
+        """A column taken from its signal (its name no longer reads; its held values
+        dropped), or None: a retired one :attr:`stale_s` after its retirement, or where the
+        ring is ``full``, one with no value in the rows ending in the :attr:`stale_s`
+        before ``t_ns`` (a row after a gap with no rows spans it: its end is the time). The
+        look over every column (~0.3 ms at 500 rows × 512) runs at most once in
+        ``capacity // 30`` rows (1 s at 100 Hz) while a new signal waits for one; a column
+        it found is checked again when taken."""
+        stale = int(self.stale_s * 1e9)
+        data = self.data
+        for i, t in list(self._retired.items()):
+            if t_ns - t < stale:
+                break  # (oldest first)
+            if i in row:
+                continue
+            if not np.isnan(data[self.window(t + 1, t_ns), i]).all():
+                del self._retired[i]  # a value since: not gone after all
+                continue
+            return self._take(i)
+        if not full:
+            return None
+        free = self._free
+        recent = self.window(t_ns - stale, t_ns)
         while True:
             while free:
                 i = free.pop()
-                if i not in row and np.isnan(data[rows, i]).all():
-                    name = next(n for n, j in self.cols.items() if j == i)
-                    del self.cols[name]
-                    data[:, i] = NAN
-                    self._seqs = None  # (their column indices)
-                    self.reused_signals += 1
-                    return i
+                if i not in row and np.isnan(data[recent, i]).all():
+                    return self._take(i)
             if self.rows < self._free_look_at:
                 return None
             self._free_look_at = self.rows + max(1, self.capacity // 30)
             n = len(self.cols)
-            free[:] = np.flatnonzero(np.isnan(data[rows, :n]).all(axis=0))[::-1].tolist()
+            free[:] = np.flatnonzero(np.isnan(data[recent, :n]).all(axis=0))[::-1].tolist()
+
+    def _take(self, i: int) -> int:
+        """Column ``i``, its signal's name and values gone (for :meth:`_col` to give)."""
+        name = next(n for n, j in self.cols.items() if j == i)
+        del self.cols[name]
+        self._retired.pop(i, None)
+        self.data[:, i] = NAN
+        self._seqs = None  # (their column indices)
+        self.reused_signals += 1
+        return i
 
     def _store(self, t0_ns: int, t1_ns: int, idx: list[int], vals: list[float]) -> None:
         row = self._blank[:]

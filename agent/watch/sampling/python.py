@@ -64,6 +64,16 @@ class _Entry:
     prev_t_ns: int = 0
 
 
+def retire_gone(e: _Entry, t_ns: int) -> None:
+    """The signals ``e``'s collector said are gone for good (an exited thread's: the sched
+    collector's ``gone``), retired in its ring as of ``t_ns``: later signals take their
+    columns (agent/watch/ring.py)."""
+    gone = getattr(e.collector, "gone", None)
+    if gone:
+        e.ring.retire(gone, t_ns)
+        gone.clear()
+
+
 @dataclass
 class SamplerStats:
     rounds: int = 0
@@ -251,6 +261,7 @@ class Sampler:
                 return True
             with self._lock:
                 e.ring.append_raw(e.prev_t_ns or now, now, values, e.deltas)
+                retire_gone(e, now)
             e.prev_t_ns = now
             return True
         st.failures += 1

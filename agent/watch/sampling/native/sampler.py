@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from agent.watch.sampling.native.feed import Feed
 from agent.watch.sampling.native.plans import ReplayPlan
-from agent.watch.sampling.python import Sampler, _Entry
+from agent.watch.sampling.python import Sampler, _Entry, retire_gone
 from agent.watch.sampling.sources.base import HotSource
 from collectors.base import CollectorResult
 
@@ -227,7 +227,10 @@ class NativeSampler(Sampler):
                     self._merge_extra(e, rows)
             with self._lock:  # once per drain, not per row
                 for e in self.replayed:
-                    self._append_rows(e, pending[id(e)])
+                    rows = pending[id(e)]
+                    self._append_rows(e, rows)
+                    if rows:
+                        retire_gone(e, rows[-1][1])
             if rounds:
                 self._latest = rounds[-1][1]
         self._sample_due(self.live, time.monotonic_ns())

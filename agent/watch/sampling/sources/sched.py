@@ -83,6 +83,9 @@ class SchedCollector(HotSource):
         self.exclude_pids: set[int] = set()  # not "others" in scans (the native reader)
         self.scans: deque[Scan] = deque(maxlen=64)
         self.dropped: dict[int, str] = {}
+        # an exited thread's signal names, until the sampler retires them in this
+        # collector's ring (their columns go to later threads: SignalRing.retire)
+        self.gone: list[str] = []
         # stat (faults, last CPU) and status (context switches; the kernel formats ~50 lines)
         # on one row in status_every (see _attach)
         self.status_every = max(1, status_every) if not period_s else 1
@@ -214,6 +217,7 @@ class SchedCollector(HotSource):
                 for key in th.keys:
                     out.pop(key, None)
                 self.dropped[tid] = getattr(exc, "strerror", None) or str(exc)
+                self.gone.extend(th.keys)
                 self._close_thread(th)
         if not self._threads and self.pids and all(
                 not self.host.exists(self.host.proc(p)) for p in self.pids):
