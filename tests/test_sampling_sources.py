@@ -160,6 +160,7 @@ def test_a_service_restarted_for_days_keeps_schedstat_rows_for_its_new_threads()
         now[0] += 6 * 10**9  # (the restart: no row between)
     # (each thread's columns retired at its exit, taken by the next one 6 s later: 8 wide)
     assert ring.reused_signals == 79 * 8 and ring.width == 8 and not ring.dropped_signals
+    assert not s.entries[0].deltas._prev  # (no gone thread's last reads kept)
     assert not c._threads and not c.tracks  # (every thread's files closed)
     c.close()
 
