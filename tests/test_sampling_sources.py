@@ -568,7 +568,8 @@ def test_sched_follows_a_thread_of_a_process_named_by_the_records_alone():
     (no schedstat rows: its spikes past the CPU budget had no polled run-queue wait); with
     it the thread's signals are read, its process is no "other" in the scans, at most
     max_threads new threads are taken a round (and only theirs kept), and the process's exit
-    drops them (no error: the collector watches no process of its own)."""
+    drops them (no error: the collector watches no process of its own); a dropped thread's
+    tid named again in another process (pid_max wrapped) is a new thread."""
     import subprocess
     import sys
     import time
@@ -600,6 +601,10 @@ def test_sched_follows_a_thread_of_a_process_named_by_the_records_alone():
         p.wait()
         c.sample()  # its threads are dropped, not an error
         assert not c._threads and tid in c.dropped and not c._tid_pid
+        c.watch_tids([tid], {tid: p.pid})  # (a record late: the same thread, gone)
+        assert tid in c.dropped and not c._wanted
+        c.watch_tids([tid], {tid: 4_000_001})  # the tid again, in another process: new
+        assert tid not in c.dropped and c._wanted == {tid} and c._tid_pid[tid] == 4_000_001
         c.close()
     finally:
         p.kill()

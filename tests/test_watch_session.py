@@ -1068,7 +1068,7 @@ def test_ingest_names_each_new_threads_process_to_the_sched_collector():
     """A service followed by name gives the sched collector no pids: ingest names a new
     thread's process from its records (its schedstat rows: the polled run-queue wait of its
     spikes past the CPU budget), and only while a thread is new (a batch of followed ones
-    passes none)."""
+    passes none; a tid the collector dropped since is new again)."""
     import numpy as np
 
     from agent.client import FIELDS
@@ -1087,6 +1087,10 @@ def test_ingest_names_each_new_threads_process_to_the_sched_collector():
     s.ingest(batch((900, 900), (700, 700)))
     assert seen == [([700, 701], {700: 700, 701: 700}), ([701], None),
                     ([700, 900], {900: 900, 700: 700})]
+    s.sched.dropped = {701: "No such process"}  # 701 exited: its tid, given again to a
+    s.ingest(batch((950, 701)))  # thread of another process, is named with it
+    s.ingest(batch((950, 701)))
+    assert seen[3:] == [([701], {701: 950}), ([701], None)]
 
 
 def test_a_full_rings_refused_signals_are_in_the_summary_and_its_text():

@@ -162,6 +162,7 @@ class WatchSession:
         self._held: list[np.ndarray] = []  # batches without a spike, not ingested yet
         self._held_since = 0
         self._followed: set[int] = set()  # threads an ingest gave the sched collector
+        self._gone_n = 0  # the sched collector's dropped threads, as many as ingest saw
         self.spikes = 0
         self.source_error: str | None = None
         self.started_ns = 0
@@ -361,6 +362,12 @@ class WatchSession:
         self.lat.extend(recs)
         tids = sorted(set(recs[:, F["tid"]].tolist()))  # (np.unique: ~10 array calls, cold)
         pids = None
+        gone = getattr(self.sched, "dropped", None)
+        if gone is not None and len(gone) != self._gone_n:
+            # threads gone since: a tid the kernel gives again (a restarted service's new
+            # thread, after pid_max wraps) is a new thread, with its own process
+            self._followed.difference_update(gone)
+            self._gone_n = len(gone)
         if not self._followed.issuperset(tids):  # a new thread: its process, for its schedstat
             pids = dict(zip(recs[:, F["tid"]].tolist(), recs[:, F["pid"]].tolist()))
         self._followed.update(tids)

@@ -83,6 +83,7 @@ class SchedCollector(HotSource):
         self.exclude_pids: set[int] = set()  # not "others" in scans (the native reader)
         self.scans: deque[Scan] = deque(maxlen=64)
         self.dropped: dict[int, str] = {}
+        self._dropped_pid: dict[int, int] = {}  # a dropped thread's process, where known
         # an exited thread's signal names, until the sampler retires them in this
         # collector's ring (their columns go to later threads: SignalRing.retire)
         self.gone: list[str] = []
@@ -110,6 +111,12 @@ class SchedCollector(HotSource):
         no polled run-queue wait)."""
         for t in tids:
             t = int(t)
+            if t in self.dropped and pids and t in pids and \
+                    self._dropped_pid.get(t, pids[t]) != pids[t]:
+                # the tid of a thread gone, given again by the kernel to one of another
+                # process (a restarted service's, after pid_max wraps): a new thread
+                del self.dropped[t]
+                del self._dropped_pid[t]
             if t not in self._threads and t not in self.dropped and \
                     len(self._wanted) < self.max_threads:
                 self._wanted.add(t)
@@ -217,6 +224,8 @@ class SchedCollector(HotSource):
                 for key in th.keys:
                     out.pop(key, None)
                 self.dropped[tid] = getattr(exc, "strerror", None) or str(exc)
+                if tid in self._tid_pid:
+                    self._dropped_pid[tid] = self._tid_pid[tid]
                 self.gone.extend(th.keys)
                 self._close_thread(th)
         if not self._threads and self.pids and all(
