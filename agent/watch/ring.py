@@ -53,6 +53,12 @@ class DeltaTracker:
         self._kind: dict[str, bool] = {}
         self.resets = 0
 
+    def forget(self, names) -> None:
+        """Drop ``names``' last reads and kinds (signals gone for good: an exited thread's)."""
+        for name in names:
+            self._prev.pop(name, None)
+            self._kind.pop(name, None)
+
     def update(self, values: dict[str, float | None]) -> dict[str, float]:
         out: dict[str, float] = {}
         prev = self._prev

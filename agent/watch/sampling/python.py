@@ -71,10 +71,7 @@ def retire_gone(e: _Entry, t_ns: int) -> None:
     gone = getattr(e.collector, "gone", None)
     if gone:
         e.ring.retire(gone, t_ns)
-        prev, kind = e.deltas._prev, e.deltas._kind
-        for name in gone:  # (nor their last reads: a service restarted for days)
-            prev.pop(name, None)
-            kind.pop(name, None)
+        e.deltas.forget(gone)  # (nor their last reads: a service restarted for days)
         gone.clear()
 
 
